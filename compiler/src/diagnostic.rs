@@ -1,0 +1,159 @@
+//! Diagnostics as data, and their two renderings: ariadne reports for people
+//! (colour on a terminal, plain otherwise) and one JSON object per line for
+//! editors and scripts. Every phase produces [`Diagnostic`]s; nothing else in
+//! the compiler prints.
+
+use crate::source::{SourceMap, Span};
+use ariadne::{Color, Config, IndexType, Label as AriadneLabel, Report, ReportKind};
+use std::io::{self, Write};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+    }
+}
+
+/// A span with a message: the primary label says what is wrong, secondary
+/// labels say why (the clause broken, the declaration expected).
+#[derive(Clone, Debug)]
+pub struct Label {
+    pub span: Span,
+    pub message: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    /// A stable name, such as `shape-mismatch` or `unbound-index`.
+    pub code: &'static str,
+    pub message: String,
+    pub primary: Label,
+    pub secondary: Vec<Label>,
+    pub notes: Vec<String>,
+}
+
+impl Diagnostic {
+    pub fn error(code: &'static str, span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic {
+            severity: Severity::Error,
+            code,
+            message: message.into(),
+            primary: Label { span, message: String::new() },
+            secondary: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn warning(code: &'static str, span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic { severity: Severity::Warning, ..Diagnostic::error(code, span, message) }
+    }
+
+    /// The text under the primary span.
+    pub fn with_label(mut self, message: impl Into<String>) -> Diagnostic {
+        self.primary.message = message.into();
+        self
+    }
+
+    pub fn with_secondary(mut self, span: Span, message: impl Into<String>) -> Diagnostic {
+        self.secondary.push(Label { span, message: message.into() });
+        self
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
+        self.notes.push(note.into());
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// Orders diagnostics by file and position, so output is stable.
+pub fn sort(diagnostics: &mut [Diagnostic]) {
+    diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.code));
+}
+
+/// Writes an ariadne report for each diagnostic.
+pub fn render_human(
+    diagnostics: &[Diagnostic],
+    sources: &SourceMap,
+    colour: bool,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let name = |span: Span| sources.path(span.file).display().to_string();
+    let cache_files: Vec<(String, String)> =
+        sources.iter().map(|(_, file)| (file.path.display().to_string(), file.text.clone())).collect();
+    let mut cache = ariadne::sources(cache_files);
+    for diagnostic in diagnostics {
+        let kind = match diagnostic.severity {
+            Severity::Error => ReportKind::Error,
+            Severity::Warning => ReportKind::Warning,
+        };
+        let primary = &diagnostic.primary;
+        let mut report = Report::build(kind, (name(primary.span), primary.span.range()))
+            .with_config(Config::default().with_color(colour).with_index_type(IndexType::Byte))
+            .with_code(diagnostic.code)
+            .with_message(&diagnostic.message)
+            .with_label(
+                AriadneLabel::new((name(primary.span), primary.span.range()))
+                    .with_message(&primary.message)
+                    .with_color(Color::Red)
+                    .with_order(0),
+            );
+        for (at, label) in diagnostic.secondary.iter().enumerate() {
+            report = report.with_label(
+                AriadneLabel::new((name(label.span), label.span.range()))
+                    .with_message(&label.message)
+                    .with_color(Color::Blue)
+                    .with_order(at as i32 + 1),
+            );
+        }
+        for note in &diagnostic.notes {
+            report = report.with_note(note);
+        }
+        report.finish().write(&mut cache, &mut *out)?;
+    }
+    Ok(())
+}
+
+fn label_json(label: &Label, sources: &SourceMap) -> serde_json::Value {
+    let file = sources.get(label.span.file);
+    let (line, column) = file.line_column(label.span.start as usize);
+    let (end_line, end_column) = file.line_column(label.span.end as usize);
+    serde_json::json!({
+        "file": file.path.display().to_string(),
+        "line": line,
+        "column": column,
+        "end_line": end_line,
+        "end_column": end_column,
+        "message": label.message,
+    })
+}
+
+/// One JSON object per diagnostic: severity, code, message, the primary
+/// label's file and 1-based range, and the secondary labels.
+pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> serde_json::Value {
+    let mut object = label_json(&diagnostic.primary, sources);
+    let fields = object.as_object_mut().expect("label_json builds an object");
+    let label = fields.remove("message").unwrap_or_default();
+    fields.insert("severity".into(), diagnostic.severity.as_str().into());
+    fields.insert("code".into(), diagnostic.code.into());
+    fields.insert("message".into(), diagnostic.message.clone().into());
+    fields.insert("label".into(), label);
+    fields.insert(
+        "secondary".into(),
+        diagnostic.secondary.iter().map(|label| label_json(label, sources)).collect(),
+    );
+    fields.insert("notes".into(), diagnostic.notes.clone().into());
+    object
+}

@@ -1,0 +1,8 @@
+//! The Linnet compiler. The frontend reads a package (`package`), parses
+//! its modules (`syntax`) and checks names, dims and shapes (`sema`); the
+//! `driver` runs these phases for the `linnetc` CLI, and `diagnostic`
+//! renders what they report.
+
+pub mod diagnostic;
+pub mod source;
+pub mod syntax;
