@@ -4,5 +4,8 @@
 //! renders what they report.
 
 pub mod diagnostic;
+pub mod driver;
+pub mod package;
+pub mod sema;
 pub mod source;
 pub mod syntax;

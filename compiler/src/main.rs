@@ -1,13 +1,97 @@
-use linnet_compiler::*;
-fn main() {
-    let mut sm = source::SourceMap::default();
-    let mut diags = Vec::new();
-    for path in std::env::args().skip(1) {
-        let text = std::fs::read_to_string(&path).unwrap();
-        let id = sm.add(path.clone(), text.clone());
-        let t = std::time::Instant::now();
-        let m = syntax::parse_module(id, &text, &mut diags);
-        eprintln!("{path}: {} items in {:?}", m.items.len(), t.elapsed());
+//! `linnetc`, the Linnet compiler's command line.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use linnet_compiler::diagnostic;
+use linnet_compiler::driver;
+use linnet_compiler::package::LoadOptions;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "linnetc", version, about = "The Linnet compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and shape-check a package: exit 0 when clean, 1 with errors.
+    Check {
+        /// The package directory (with `linnet.toml`).
+        #[arg(default_value = ".")]
+        package: PathBuf,
+        /// How to print diagnostics.
+        #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+        message_format: MessageFormat,
+        /// A model card other than `PACKAGE/nest.toml`.
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        /// Override a generic or a `[check]` dim: `--set Groups=2`, `--set T=f32`.
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+        overrides: Vec<(String, String)>,
+        /// Colour in human output.
+        #[arg(long, value_enum, default_value_t = Colour::Auto)]
+        color: Colour,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MessageFormat {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Colour {
+    Auto,
+    Always,
+    Never,
+}
+
+fn parse_assignment(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.trim().to_string())),
+        _ => Err(format!("expected NAME=VALUE, found `{text}`")),
     }
-    diagnostic::render_human(&diags, &sm, false, &mut std::io::stderr()).unwrap();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { package, message_format, nest, overrides, color } => {
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            let checked = driver::check_package(&package, &options);
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            let written = match message_format {
+                MessageFormat::Json => checked.diagnostics.iter().try_for_each(|d| {
+                    writeln!(out, "{}", diagnostic::to_json(d, &checked.sources))
+                }),
+                MessageFormat::Human => {
+                    let colour = match color {
+                        Colour::Always => true,
+                        Colour::Never => false,
+                        Colour::Auto => std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+                    };
+                    let mut err = std::io::stderr().lock();
+                    let errors = checked.diagnostics.iter().filter(|d| d.is_error()).count();
+                    let warnings = checked.diagnostics.len() - errors;
+                    diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut err).and_then(|()| {
+                        if errors == 0 {
+                            writeln!(err, "checked `{}`: no errors, {warnings} warning(s)", package.display())
+                        } else {
+                            writeln!(err, "checking `{}` failed: {errors} error(s), {warnings} warning(s)", package.display())
+                        }
+                    })
+                }
+            };
+            if let Err(error) = written {
+                eprintln!("linnetc: cannot write diagnostics: {error}");
+                return ExitCode::from(2);
+            }
+            if checked.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+    }
 }

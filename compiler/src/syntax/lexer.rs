@@ -28,12 +28,6 @@ pub enum Token {
     Entry,
     #[token("intrinsic")]
     Intrinsic,
-    #[token("sub")]
-    Sub,
-    #[token("param")]
-    Param,
-    #[token("state")]
-    State,
     #[token("let")]
     Let,
     #[token("var")]
@@ -138,9 +132,6 @@ impl fmt::Display for Token {
             Token::Fn => "fn",
             Token::Entry => "entry",
             Token::Intrinsic => "intrinsic",
-            Token::Sub => "sub",
-            Token::Param => "param",
-            Token::State => "state",
             Token::Let => "let",
             Token::Var => "var",
             Token::Return => "return",

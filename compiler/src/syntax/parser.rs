@@ -589,7 +589,7 @@ fn member() -> impl Parser<Token, Member, Error = Error> + Clone {
         .delimited_by(just(Token::LBracket), just(Token::RBracket))
         .map(|(block, count)| (block, Some(count)))
         .or(block_ref.map(|block| (block, None)));
-    let sub = just(Token::Sub)
+    let sub = keyword_ident("sub")
         .ignore_then(ident())
         .then_ignore(just(Token::Colon))
         .then(sub_ty)
@@ -601,12 +601,12 @@ fn member() -> impl Parser<Token, Member, Error = Error> + Clone {
             count,
             span,
         });
-    let typed = |token: Token| {
-        just(token).ignore_then(ident()).then_ignore(just(Token::Colon)).then(type_expr())
+    let typed = |word: &'static str| {
+        keyword_ident(word).ignore_then(ident()).then_ignore(just(Token::Colon)).then(type_expr())
     };
-    let param = typed(Token::Param)
+    let param = typed("param")
         .map_with_span(|(name, ty), span| Member::Param { doc: None, name, ty, span });
-    let state = typed(Token::State)
+    let state = typed("state")
         .map_with_span(|(name, ty), span| Member::State { doc: None, name, ty, span });
     choice((sub, param, state, function().map(Member::Fn)))
         .labelled("a member (`sub`, `param`, `state`, `fn` or `entry`)")

@@ -1,0 +1,273 @@
+//! The package's TOML and JSON files, read with their spans so that a bad
+//! value is reported where it is written: `linnet.toml`'s package name,
+//! `nest.toml`'s source, generics, check dims and weights, and
+//! `bindings.json`'s parameter-to-tensor names.
+
+use crate::diagnostic::Diagnostic;
+use crate::source::{FileId, SourceMap, Span};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use toml::Spanned;
+
+/// A value given to a generic: a size, or a dtype name for a `Float`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NestValue {
+    Int(i64),
+    Text(String),
+    Other(String),
+}
+
+impl std::fmt::Display for NestValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NestValue::Int(value) => write!(f, "{value}"),
+            NestValue::Text(text) => write!(f, "\"{text}\""),
+            NestValue::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+/// One `NAME = value` line of `[generics]` or `[check]`.
+#[derive(Clone, Debug)]
+pub struct NestEntry {
+    pub name: String,
+    pub value: NestValue,
+    pub name_span: Span,
+    pub value_span: Span,
+}
+
+pub struct Nest {
+    pub file: FileId,
+    pub source_path: PathBuf,
+    pub source_span: Span,
+    pub root: Option<(String, Span)>,
+    pub entry: Option<(String, Span)>,
+    pub generics: Vec<NestEntry>,
+    pub generics_span: Span,
+    pub check: Vec<NestEntry>,
+    pub bindings_path: Option<(String, Span)>,
+    pub weight_files: Vec<String>,
+    pub repo: Option<String>,
+    pub revision: Option<String>,
+}
+
+pub struct Bindings {
+    pub file: FileId,
+    /// Parameter path, checkpoint tensor name, span of the key.
+    pub entries: Vec<(String, String, Span)>,
+}
+
+fn toml_error(file: FileId, error: toml::de::Error, what: &str) -> Diagnostic {
+    let span = Span::new(file, error.span().unwrap_or(0..0));
+    Diagnostic::error("package-error", span, format!("invalid {what}: {}", error.message().trim()))
+        .with_label(error.message().trim().to_string())
+}
+
+#[derive(Deserialize)]
+struct RawManifest {
+    package: Option<RawPackage>,
+}
+
+#[derive(Deserialize)]
+struct RawPackage {
+    name: Spanned<String>,
+}
+
+pub fn package_name(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic>) -> Option<String> {
+    match toml::from_str::<RawManifest>(&sources.get(file).text) {
+        Err(error) => {
+            diagnostics.push(toml_error(file, error, "linnet.toml"));
+            None
+        }
+        Ok(RawManifest { package: None }) => {
+            diagnostics.push(
+                Diagnostic::error("package-error", Span::new(file, 0..0), "linnet.toml has no [package] table")
+                    .with_label("expected `[package]` with a `name`"),
+            );
+            None
+        }
+        Ok(RawManifest { package: Some(package) }) => {
+            let name = package.name.get_ref();
+            let valid = !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                diagnostics.push(
+                    Diagnostic::error("package-error", Span::new(file, package.name.span()), "invalid package name")
+                        .with_label("a package name is an identifier: letters, digits and `_`"),
+                );
+                return None;
+            }
+            Some(name.clone())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawNest {
+    source: Option<Spanned<RawSource>>,
+    generics: Option<Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
+    check: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+    weights: Option<RawWeights>,
+}
+
+#[derive(Deserialize)]
+struct RawSource {
+    path: Option<Spanned<String>>,
+    root: Option<Spanned<String>>,
+    entry: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+struct RawWeights {
+    repo: Option<String>,
+    revision: Option<String>,
+    #[serde(default)]
+    files: Vec<String>,
+    bindings: Option<Spanned<String>>,
+}
+
+fn nest_value(value: &toml::Value) -> NestValue {
+    match value {
+        toml::Value::Integer(value) => NestValue::Int(*value),
+        toml::Value::String(text) => NestValue::Text(text.clone()),
+        other => NestValue::Other(other.to_string()),
+    }
+}
+
+fn entries(file: FileId, table: BTreeMap<Spanned<String>, Spanned<toml::Value>>) -> Vec<NestEntry> {
+    let mut entries: Vec<NestEntry> = table
+        .into_iter()
+        .map(|(name, value)| NestEntry {
+            name_span: Span::new(file, name.span()),
+            value_span: Span::new(file, value.span()),
+            name: name.into_inner(),
+            value: nest_value(value.get_ref()),
+        })
+        .collect();
+    entries.sort_by_key(|entry| entry.name_span.start);
+    entries
+}
+
+pub fn parse_nest(
+    file: FileId,
+    sources: &mut SourceMap,
+    overrides: &[(String, String)],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<Nest> {
+    let raw = match toml::from_str::<RawNest>(&sources.get(file).text) {
+        Ok(raw) => raw,
+        Err(error) => {
+            diagnostics.push(toml_error(file, error, "nest.toml"));
+            return None;
+        }
+    };
+    let span = |range: std::ops::Range<usize>| Span::new(file, range);
+    let source = raw.source.map(|source| (span(source.span()), source.into_inner()));
+    let (source_path, source_span) = match source.as_ref().and_then(|(_, s)| s.path.as_ref()) {
+        Some(path) => (PathBuf::from(path.get_ref()), span(path.span())),
+        None => (PathBuf::from("src/lib.linnet"), source.as_ref().map_or(span(0..0), |(s, _)| *s)),
+    };
+    let named = |value: &Option<Spanned<String>>| value.as_ref().map(|v| (v.get_ref().clone(), span(v.span())));
+    let root = source.as_ref().and_then(|(_, s)| named(&s.root));
+    let entry = source.as_ref().and_then(|(_, s)| named(&s.entry));
+    let (generics_span, mut generics) = match raw.generics {
+        Some(table) => (span(table.span()), entries(file, table.into_inner())),
+        None => (span(0..0), Vec::new()),
+    };
+    let mut check = raw.check.map(|table| entries(file, table)).unwrap_or_default();
+    apply_overrides(sources, overrides, &mut generics, &mut check);
+    let weights = raw.weights;
+    Some(Nest {
+        file,
+        source_path,
+        source_span,
+        root,
+        entry,
+        generics,
+        generics_span,
+        check,
+        bindings_path: weights.as_ref().and_then(|w| named(&w.bindings)),
+        weight_files: weights.as_ref().map(|w| w.files.clone()).unwrap_or_default(),
+        repo: weights.as_ref().and_then(|w| w.repo.clone()),
+        revision: weights.and_then(|w| w.revision),
+    })
+}
+
+/// `--set NAME=VALUE` replaces a `[check]` dim of that name, else a
+/// generic. The values live in a source of their own, the command line,
+/// so that a value that breaks a clause is shown where it was typed.
+fn apply_overrides(
+    sources: &mut SourceMap,
+    overrides: &[(String, String)],
+    generics: &mut Vec<NestEntry>,
+    check: &mut [NestEntry],
+) {
+    if overrides.is_empty() {
+        return;
+    }
+    let mut text = String::new();
+    let mut placed = Vec::new();
+    for (name, value) in overrides {
+        text.push_str("--set ");
+        let name_start = text.len();
+        text.push_str(name);
+        text.push('=');
+        let value_start = text.len();
+        text.push_str(value);
+        placed.push((name_start..name_start + name.len(), value_start..text.len()));
+        text.push(' ');
+    }
+    let file = sources.add("<command line>", text);
+    for ((name, value), (name_range, value_range)) in overrides.iter().zip(placed) {
+        let entry = NestEntry {
+            name: name.clone(),
+            value: value.parse::<i64>().map_or_else(|_| NestValue::Text(value.clone()), NestValue::Int),
+            name_span: Span::new(file, name_range),
+            value_span: Span::new(file, value_range),
+        };
+        if let Some(slot) = check.iter_mut().find(|e| e.name == *name) {
+            *slot = entry;
+        } else if let Some(slot) = generics.iter_mut().find(|e| e.name == *name) {
+            *slot = entry;
+        } else {
+            generics.push(entry);
+        }
+    }
+}
+
+pub fn parse_bindings(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic>) -> Option<Bindings> {
+    let source = sources.get(file);
+    let text = &source.text;
+    let map = match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+        Ok(map) => map,
+        Err(error) => {
+            let line_start: usize = text.split_inclusive('\n').take(error.line().saturating_sub(1)).map(str::len).sum();
+            let at = (line_start + error.column().saturating_sub(1)).min(text.len());
+            diagnostics.push(
+                Diagnostic::error("package-error", Span::new(file, at..at), format!("invalid bindings.json: {error}"))
+                    .with_label("expected an object of parameter paths to tensor names"),
+            );
+            return None;
+        }
+    };
+    let mut entries = Vec::new();
+    for (key, value) in map {
+        let quoted = serde_json::to_string(&key).unwrap_or_default();
+        let at = text
+            .match_indices(&quoted)
+            .map(|(at, _)| at)
+            .find(|at| text[at + quoted.len()..].trim_start().starts_with(':'))
+            .unwrap_or(0);
+        let key_span = Span::new(file, at..at + quoted.len());
+        match value {
+            serde_json::Value::String(tensor) => entries.push((key, tensor, key_span)),
+            _ => diagnostics.push(
+                Diagnostic::error("package-error", key_span, format!("binding `{key}` is not a tensor name"))
+                    .with_label("expected a string: the checkpoint's tensor name"),
+            ),
+        }
+    }
+    Some(Bindings { file, entries })
+}
