@@ -78,9 +78,12 @@ impl Diagnostic {
     }
 }
 
-/// Orders diagnostics by file and position, so output is stable.
-pub fn sort(diagnostics: &mut [Diagnostic]) {
+/// Orders diagnostics by file and position, so output is stable, and drops
+/// repeats (one clause broken by one value is one problem, however many
+/// entries share it).
+pub fn sort(diagnostics: &mut Vec<Diagnostic>) {
     diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.code));
+    diagnostics.dedup_by(|a, b| a.code == b.code && a.primary.span == b.primary.span && a.message == b.message);
 }
 
 /// Writes an ariadne report for each diagnostic.

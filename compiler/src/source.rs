@@ -40,6 +40,11 @@ pub struct SourceFile {
 }
 
 impl SourceFile {
+    /// The byte offset where each line of `text` starts.
+    pub fn lines_of(text: &str) -> Vec<usize> {
+        std::iter::once(0).chain(text.match_indices('\n').map(|(at, _)| at + 1)).collect()
+    }
+
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_column(&self, offset: usize) -> (usize, usize) {
         let offset = offset.min(self.text.len());
@@ -61,9 +66,7 @@ pub struct SourceMap {
 
 impl SourceMap {
     pub fn add(&mut self, path: impl Into<PathBuf>, text: String) -> FileId {
-        let line_starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(at, _)| at + 1))
-            .collect();
+        let line_starts = SourceFile::lines_of(&text);
         self.files.push(SourceFile { path: path.into(), text, line_starts });
         FileId(self.files.len() as u32 - 1)
     }

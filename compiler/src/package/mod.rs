@@ -108,9 +108,11 @@ pub fn load(
     };
 
     let source_path = nest.as_ref().map_or_else(|| PathBuf::from("src/lib.linnet"), |nest| nest.source_path.clone());
+    // `bindings` is relative to the model card that names it.
+    let nest_dir = nest_path.parent().map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
     let bindings = nest.as_ref().and_then(|nest| {
         let (relative, span) = nest.bindings_path.clone()?;
-        let path = dir.join(relative);
+        let path = nest_dir.join(relative);
         match options.read(&path) {
             Ok(text) => manifest::parse_bindings(sources.add(&path, text), sources, diagnostics),
             Err(error) => {

@@ -37,6 +37,8 @@ struct IndexVar {
     variadic: bool,
     span: Span,
     range: Option<IndexRange>,
+    /// Its ranges disagreed (reported): the definition has no type.
+    poisoned: bool,
 }
 
 pub struct BodyChecker<'p, 'a> {
@@ -136,12 +138,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Stmt::Assign { target, value, .. } => self.check_assign(target, value),
             Stmt::Return { value, .. } => {
                 let found = self.check_expr(value);
-                if let Err(mismatch) = compare(ret, &found, &self.facts) {
-                    self.error(
-                        Diagnostic::error(mismatch.code(), value.span, format!("returns `{found}`, but the function returns `{ret}`"))
-                            .with_label(format!("this is `{found}`")),
-                    );
-                }
+                self.check_returned(value, &found, ret);
             }
             Stmt::StaticFor { var, over, body, .. } => {
                 let element = match self.lookup_member(&over.name) {
@@ -162,6 +159,25 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 self.check_expr(expr);
             }
             Stmt::Error(_) => {}
+        }
+    }
+
+    /// Reports a returned value that does not fit, at the tuple element
+    /// that differs when a tuple is written out.
+    fn check_returned(&mut self, value: &Expr, found: &Ty, ret: &Ty) {
+        if let (ExprKind::Tuple(items), Ty::Tuple(found_items), Ty::Tuple(expected)) = (&value.kind, found, ret) {
+            if items.len() == expected.len() {
+                for ((item, found), expected) in items.iter().zip(found_items).zip(expected) {
+                    self.check_returned(item, found, expected);
+                }
+                return;
+            }
+        }
+        if let Err(mismatch) = compare(ret, found, &self.facts) {
+            self.error(
+                Diagnostic::error(mismatch.code(), value.span, format!("returns `{found}` where the function returns `{ret}`"))
+                    .with_label(format!("this is `{found}`")),
+            );
         }
     }
 
@@ -272,6 +288,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         }
         match self.program.scopes[self.module].get(&name.name) {
             Some(ItemRef::Const(id)) => return self.program.consts[*id].ty.clone(),
+            Some(ItemRef::Unresolved) => return Ty::Error,
             Some(_) => {
                 return self.error(
                     Diagnostic::error("not-a-value", name.span, format!("`{}` is a function or block, not a value", name.name))
@@ -491,14 +508,16 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     fn check_index_definition(&mut self, vars: &[ast::IndexVar], body: &Expr) -> Ty {
         let frame = vars
             .iter()
-            .map(|var| IndexVar { name: var.name.name.clone(), variadic: var.variadic, span: var.name.span, range: None })
+            .map(|var| IndexVar { name: var.name.name.clone(), variadic: var.variadic, span: var.name.span, range: None, poisoned: false })
             .collect();
         self.index_frames.push(frame);
         let body_ty = self.check_expr(body);
         let frame = self.index_frames.pop().expect("pushed above");
+        if body_ty.is_error() || frame.iter().any(|var| var.poisoned) {
+            return Ty::Error;
+        }
         let elem = match body_ty {
             Ty::Tensor(t) if t.axes.is_empty() => Some(t.elem),
-            Ty::Error => None,
             other => {
                 self.error(
                     Diagnostic::error("index-body-not-scalar", body.span, format!("an index definition's body is one element, but this is `{other}`"))
@@ -540,9 +559,18 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             self.diagnostics.extend(diagnostics);
             elem
         });
-        self.index_frames.push(vec![IndexVar { name: index.name.name.clone(), variadic: index.variadic, span: index.name.span, range: None }]);
+        self.index_frames.push(vec![IndexVar {
+            name: index.name.name.clone(),
+            variadic: index.variadic,
+            span: index.name.span,
+            range: None,
+            poisoned: false,
+        }]);
         let body_ty = self.check_expr(body);
         let var = self.index_frames.pop().expect("pushed above").pop().expect("one variable");
+        if body_ty.is_error() || var.poisoned {
+            return Ty::Error;
+        }
         if var.range.is_none() {
             self.unbound_index(&var);
         }
@@ -584,6 +612,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             (None, _) => var.range = Some(range),
             (Some(IndexRange::Dim(old, old_span)), IndexRange::Dim(new, _)) => {
                 if !facts.equal(old, new) {
+                    var.poisoned = true;
                     let old_span = *old_span;
                     let message = format!("index `{}` ranges over {old} here and over {new} there", name.name);
                     self.error(
@@ -600,6 +629,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                         (a, b) => a == b,
                     });
                 if !same {
+                    var.poisoned = true;
                     let old_span = *old_span;
                     self.error(
                         Diagnostic::error("index-range-mismatch", name.span, format!("`*{}` stands for different axes here and there", name.name))
@@ -726,10 +756,10 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
         }
         if let Some(at) = self.static_dim(position) {
-            if !self.facts.proves(&at, CmpOp::Lt, dim) {
+            if !self.facts.proves(&at, CmpOp::Lt, dim) || !self.facts.proves(&at, CmpOp::Ge, &Dim::default()) {
                 self.error(
                     Diagnostic::error("index-out-of-bounds", position.span, format!("cannot show that position {at} lies within an axis of {dim}"))
-                        .with_label(format!("needs {at} < {dim}")),
+                        .with_label(format!("needs 0 <= {at} < {dim}")),
                 );
             }
             return;
@@ -791,7 +821,17 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     .with_secondary(function.decl.name.span, "defined here"),
             );
         }
-        self.check_user_call(fn_id, sub.args.clone(), generics, args, span)
+        let declared = match &receiver.kind {
+            ExprKind::Name(name) => self.sub_declaration(&name.name),
+            _ => None,
+        };
+        self.check_user_call(fn_id, sub.args.clone(), generics, args, span, declared)
+    }
+
+    /// Where a sub of the current block is declared, for messages.
+    fn sub_declaration(&self, name: &str) -> Option<Span> {
+        let block = &self.program.blocks[self.block?];
+        block.subs.iter().find(|sub| sub.name == name).map(|sub| sub.span)
     }
 
     fn check_args_quietly(&mut self, args: &[ast::Arg]) {
@@ -810,6 +850,10 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             _ => None,
         }) {
             Some(id) => id,
+            None if self.program.scopes[self.module].get(&callee.name) == Some(&ItemRef::Unresolved) => {
+                self.check_args_quietly(args);
+                return Ty::Error;
+            }
             None => {
                 self.check_args_quietly(args);
                 let mut names = self.visible_names();
@@ -827,12 +871,20 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     .with_label("move the shared work into a `fn`"),
             );
         }
-        self.check_user_call(fn_id, Subst::default(), generics, args, span)
+        self.check_user_call(fn_id, Subst::default(), generics, args, span, None)
     }
 
     /// A call of a Linnet function: generic arguments given or inferred
     /// from the arguments, each argument checked, `where` clauses proved.
-    fn check_user_call(&mut self, fn_id: usize, mut subst: Subst, explicit: &[ast::GenericArg], args: &[ast::Arg], span: Span) -> Ty {
+    fn check_user_call(
+        &mut self,
+        fn_id: usize,
+        mut subst: Subst,
+        explicit: &[ast::GenericArg],
+        args: &[ast::Arg],
+        span: Span,
+        sub_declared: Option<Span>,
+    ) -> Ty {
         let function = &self.program.fns[fn_id];
         let name = function.name.clone();
         let arg_tys: Vec<(Ty, Span)> = args.iter().map(|arg| (self.check_expr(&arg.value), arg.value.span)).collect();
@@ -883,23 +935,25 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     .with_label(format!("give them explicitly: `{name}<...>(...)`")),
             );
         }
-        let mut ok = true;
+        let mut arguments_fit = true;
         for ((param_name, param_ty, param_span), (arg_ty, arg_span)) in params.iter().zip(&arg_tys) {
             let expected = subst.ty(param_ty);
             if let Err(mismatch) = compare(&expected, arg_ty, &self.facts) {
-                ok = false;
+                arguments_fit = false;
                 let declared = if expected != *param_ty { format!(" (declared `{param_ty}`)") } else { String::new() };
-                self.error(
+                let mut diagnostic =
                     Diagnostic::error(mismatch.code(), *arg_span, format!("argument `{param_name}` of `{name}` must be `{expected}`, found `{arg_ty}`"))
                         .with_label(format!("this is `{arg_ty}`"))
-                        .with_secondary(*param_span, format!("parameter declared here{declared}")),
-                );
+                        .with_secondary(*param_span, format!("parameter declared here{declared}"));
+                if let Some(declared) = sub_declared {
+                    diagnostic = diagnostic.with_secondary(declared, "the sub's generic arguments are declared here");
+                }
+                self.error(diagnostic);
             }
         }
         for clause in &function.clauses {
             let (lhs, rhs) = (subst.dim(&clause.lhs), subst.dim(&clause.rhs));
-            if !self.facts.proves(&lhs, clause.op, &rhs) {
-                ok = false;
+            if arguments_fit && !self.facts.proves(&lhs, clause.op, &rhs) {
                 self.error(
                     Diagnostic::error(
                         "unsatisfied-where",
@@ -911,7 +965,8 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 );
             }
         }
-        if ok { subst.ty(&function.ret) } else { Ty::Error }
+        // A broken `where` clause leaves the result's type well defined.
+        if arguments_fit { subst.ty(&function.ret) } else { Ty::Error }
     }
 
     /// Resolves a generic argument that names an element type.

@@ -33,7 +33,9 @@ impl Values {
     }
 }
 
-pub fn check(program: &Program, diagnostics: &mut Vec<Diagnostic>) {
+/// `source_is_sound`: the modules checked without errors, so the parameter
+/// tree is complete and the bindings can be checked against it.
+pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Diagnostic>) {
     let Some(nest) = &program.package.nest else { return };
     let Some((root_name, root_span)) = &nest.root else {
         if !nest.generics.is_empty() {
@@ -62,7 +64,7 @@ pub fn check(program: &Program, diagnostics: &mut Vec<Diagnostic>) {
     let Some(values) = root_values(program, root, nest, diagnostics) else { return };
     check_clauses(&program.blocks[root].clauses, &values, diagnostics);
     check_entries(program, root, nest, &values, diagnostics);
-    if let Some(bindings) = &program.package.bindings {
+    if let (Some(bindings), true) = (&program.package.bindings, source_is_sound) {
         check_bindings(program, root, &values, bindings, diagnostics);
     }
 }
@@ -152,9 +154,16 @@ fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diag
         if holds(lhs, clause.op, rhs) {
             continue;
         }
+        // The divisor of `a % b == 0` is the likelier culprit; otherwise
+        // the clause's first generic.
         let mut names = Vec::new();
+        if let Some(Atom::Rem(_, divisor)) = clause.lhs.as_atom() {
+            divisor.generics(&mut names);
+        }
         clause.lhs.generics(&mut names);
         clause.rhs.generics(&mut names);
+        let mut seen = BTreeSet::new();
+        names.retain(|name| seen.insert(name.clone()));
         let given: Vec<String> = names
             .iter()
             .filter_map(|name| values.dims.get(name).map(|value| format!("{name} = {value}")))

@@ -37,7 +37,8 @@ pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) {
         check_fn(&program, fn_id, diagnostics);
     }
     check_consts(&program, diagnostics);
-    instantiate::check(&program, diagnostics);
+    let source_is_sound = !diagnostics.iter().any(Diagnostic::is_error);
+    instantiate::check(&program, source_is_sound, diagnostics);
 }
 
 /// Each `sub`'s block must accept its arguments: its `where` clauses must

@@ -71,6 +71,8 @@ pub enum ItemRef {
     Block(usize),
     Fn(usize),
     Const(usize),
+    /// An import that failed, already reported: its uses stay quiet.
+    Unresolved,
 }
 
 pub struct Program<'a> {
@@ -384,7 +386,12 @@ impl<'a> Program<'a> {
                     _ => text,
                 };
                 // A module that failed to load was reported by the loader.
-                let Some(&target) = names.get(qualified.as_str()) else { continue };
+                let Some(&target) = names.get(qualified.as_str()) else {
+                    for name in &item.names {
+                        self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
+                    }
+                    continue;
+                };
                 for name in &item.names {
                     let found = self.items[target].get(&name.name).copied();
                     match found {
@@ -395,11 +402,15 @@ impl<'a> Program<'a> {
                                 }
                             }
                         }
-                        Some((_, false)) => diagnostics.push(
-                            Diagnostic::error("private-item", name.span, format!("`{}` is private to `{qualified}`", name.name))
-                                .with_label("declare it `pub` to use it from another module"),
-                        ),
+                        Some((_, false)) => {
+                            self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
+                            diagnostics.push(
+                                Diagnostic::error("private-item", name.span, format!("`{}` is private to `{qualified}`", name.name))
+                                    .with_label("declare it `pub` to use it from another module"),
+                            )
+                        }
                         None => {
+                            self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
                             let public = self.items[target].iter().filter(|(_, (_, p))| *p).map(|(n, _)| n.as_str());
                             diagnostics.push(
                                 Diagnostic::error(
@@ -509,6 +520,7 @@ impl<'a> Program<'a> {
     ) -> Option<(usize, Subst)> {
         let target = match self.scopes[module].get(&block.name) {
             Some(ItemRef::Block(id)) => *id,
+            Some(ItemRef::Unresolved) => return None,
             Some(_) => {
                 diagnostics.push(
                     Diagnostic::error("not-a-block", block.span, format!("`{}` is not a block", block.name))

@@ -310,9 +310,9 @@ impl Subst {
 
 /// Why two types differ, for a diagnostic.
 pub enum Mismatch {
-    /// Different structure, rank, or variadic shapes.
+    /// Different structure: a tensor for a tuple, say.
     Type,
-    /// Same rank, different dims.
+    /// Different ranks, dims or variadic shapes.
     Shape,
     /// Same shape, different element types.
     Dtype,
@@ -335,14 +335,14 @@ pub fn compare(expected: &Ty, found: &Ty, facts: &Facts) -> Result<(), Mismatch>
         (Ty::Error, _) | (_, Ty::Error) => Ok(()),
         (Ty::Tensor(e), Ty::Tensor(f)) => {
             if e.axes.len() != f.axes.len() {
-                return Err(Mismatch::Type);
+                return Err(Mismatch::Shape);
             }
             let mut shape_differs = false;
             for (a, b) in e.axes.iter().zip(&f.axes) {
                 match (a, b) {
                     (Axis::Dim(a), Axis::Dim(b)) => shape_differs |= !facts.equal(a, b),
                     (Axis::Shape(a), Axis::Shape(b)) if a == b => {}
-                    _ => return Err(Mismatch::Type),
+                    _ => return Err(Mismatch::Shape),
                 }
             }
             if shape_differs {

@@ -469,10 +469,16 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
             )
             .map(|(name, vars)| Pattern::Indexed(name, vars));
         let pattern = choice((tuple_pattern, indexed_pattern, ident().map(Pattern::Name)));
+        // A `let` whose value does not parse still binds its names, so
+        // their uses do not add errors to the syntax error.
+        let let_value = expr().recover_with(skip_until(
+            [Token::Let, Token::Var, Token::Return, Token::Static, Token::RBrace],
+            |span| Expr { kind: ExprKind::Error, span },
+        ));
         let let_stmt = just(Token::Let)
             .ignore_then(pattern)
             .then_ignore(just(Token::Assign))
-            .then(expr())
+            .then(let_value)
             .map_with_span(|(pattern, value), span| Stmt::Let { pattern, value, span });
         let var_stmt = just(Token::Var)
             .ignore_then(ident())
@@ -534,11 +540,6 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
 }
 
 fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
-    let kind = choice((
-        just(Token::Fn).to(FnKind::Fn),
-        just(Token::Entry).to(FnKind::Entry),
-        just(Token::Intrinsic).then(just(Token::Fn)).to(FnKind::Intrinsic),
-    ));
     let param = ident()
         .then_ignore(just(Token::Colon))
         .then(type_expr())
@@ -555,29 +556,36 @@ fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
             [(Token::LParen, Token::RParen), (Token::LBracket, Token::RBracket)],
             |span| vec![Stmt::Error(span)],
         ));
-    just(Token::Pub)
-        .or_not()
-        .then(kind)
-        .then(ident())
+    let signature = ident()
         .then(generics())
         .then(params)
         .then(just(Token::Arrow).ignore_then(type_expr()).or_not())
-        .then(where_clauses())
-        .then(body.map(Some).or(just(Token::Semi).or_not().to(None)))
-        .map_with_span(|(((((((is_pub, kind), name), generics), params), ret), where_clauses), body), span| {
-            FnDecl {
-                doc: None,
-                is_pub: is_pub.is_some(),
-                kind,
-                name,
-                generics,
-                params,
-                ret,
-                where_clauses,
-                body,
-                span,
-            }
-        })
+        .then(where_clauses());
+    // A body is required unless the function is an intrinsic: making it
+    // optional would let a body with a syntax error pass for a missing one.
+    let defined = choice((just(Token::Fn).to(FnKind::Fn), just(Token::Entry).to(FnKind::Entry)))
+        .then(signature.clone())
+        .then(body.map(Some));
+    let intrinsic = just(Token::Intrinsic)
+        .ignore_then(just(Token::Fn))
+        .to(FnKind::Intrinsic)
+        .then(signature)
+        .then_ignore(just(Token::Semi).or_not())
+        .map(|declaration| (declaration, None));
+    just(Token::Pub).or_not().then(defined.or(intrinsic)).map_with_span(
+        |(is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)), span| FnDecl {
+            doc: None,
+            is_pub: is_pub.is_some(),
+            kind,
+            name,
+            generics,
+            params,
+            ret,
+            where_clauses,
+            body,
+            span,
+        },
+    )
 }
 
 fn member() -> impl Parser<Token, Member, Error = Error> + Clone {

@@ -1,0 +1,174 @@
+//! The frontend as a model author meets it: the seed package checks clean
+//! under every consistent set of generics; each mistake in the corpus
+//! (`ui/model-mistakes.toml`, `ui/packages/`) is reported with the right
+//! code at the right line, and renders as its snapshot; no source, however
+//! broken, makes the checker panic.
+
+use linnet_compiler::driver::{check_package, Checked};
+use linnet_compiler::package::LoadOptions;
+use linnet_tests::{annotations, difference, render, reported, root, snapshot};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn model_dir() -> PathBuf {
+    root().join("models/qwen3.6-35b-a3b")
+}
+
+fn options() -> LoadOptions {
+    LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
+}
+
+fn assert_clean(checked: &Checked) {
+    assert!(checked.diagnostics.is_empty(), "expected no diagnostics:\n{}", render(checked));
+}
+
+#[test]
+fn seed_package_is_clean() {
+    assert_clean(&check_package(&model_dir(), &options()));
+}
+
+#[test]
+fn seed_package_is_clean_with_the_oracle_generics() {
+    for config in ["tiny-qwen3.5-moe", "tiny-qwen3.5-moe-calm"] {
+        for dtype in ["f32", "bf16"] {
+            let nest = root().join(format!("tests/fixtures/oracle/{config}/package/nest-{dtype}.toml"));
+            assert_clean(&check_package(&model_dir(), &LoadOptions { nest: Some(nest), ..options() }));
+        }
+    }
+}
+
+#[test]
+fn seed_package_is_clean_with_other_consistent_generics() {
+    let sizes = [
+        ("Vocab", "1000"), ("H", "96"), ("Heads", "6"), ("KvHeads", "3"), ("HeadDim", "40"),
+        ("KeyHeads", "3"), ("ValueHeads", "9"), ("KeyDim", "8"), ("ValueDim", "12"), ("Conv", "156"),
+        ("Width", "3"), ("Experts", "5"), ("TopK", "3"), ("ExpertInner", "7"), ("SharedInner", "11"),
+        ("Groups", "1"), ("Batch", "3"), ("MaxSeq", "17"), ("T", "f32"), ("S", "1"), ("B", "4"),
+    ];
+    let overrides = sizes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    assert_clean(&check_package(&model_dir(), &LoadOptions { overrides, ..options() }));
+}
+
+#[test]
+fn an_override_that_breaks_a_clause_points_at_the_command_line() {
+    let overrides = vec![("Conv".to_string(), "100".to_string())];
+    let checked = check_package(&model_dir(), &LoadOptions { overrides, ..options() });
+    let reports = reported(&checked);
+    assert_eq!(reports.len(), 1, "{}", render(&checked));
+    assert_eq!(reports[0].code, "unsatisfied-where");
+    assert_eq!(reports[0].file, Path::new("<command line>"));
+}
+
+#[derive(Deserialize)]
+struct Corpus {
+    case: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    edit: Vec<Edit>,
+}
+
+#[derive(Deserialize)]
+struct Edit {
+    file: String,
+    find: String,
+    replace: String,
+}
+
+fn apply(case: &Case, dir: &Path) -> Result<HashMap<PathBuf, String>, String> {
+    let mut overlay: HashMap<PathBuf, String> = HashMap::new();
+    for edit in &case.edit {
+        let path = dir.join(&edit.file);
+        let text = match overlay.get(&path) {
+            Some(text) => text.clone(),
+            None => std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+        };
+        let found = text.matches(&edit.find).count();
+        if found != 1 {
+            return Err(format!("`{}` occurs {found} times in {}, not once", edit.find, edit.file));
+        }
+        overlay.insert(path, text.replacen(&edit.find, &edit.replace, 1));
+    }
+    Ok(overlay)
+}
+
+#[test]
+fn model_mistakes_are_reported_where_they_are() {
+    let corpus_path = root().join("tests/ui/model-mistakes.toml");
+    let corpus: Corpus = toml::from_str(&std::fs::read_to_string(&corpus_path).expect("corpus")).expect("valid corpus");
+    assert!(corpus.case.len() >= 40, "the corpus has {} cases", corpus.case.len());
+    let dir = model_dir();
+    let mut failures = Vec::new();
+    for case in &corpus.case {
+        let overlay = match apply(case, &dir) {
+            Ok(overlay) => overlay,
+            Err(problem) => {
+                failures.push(format!("{}: {problem}", case.name));
+                continue;
+            }
+        };
+        let expected: Vec<_> = overlay.iter().flat_map(|(path, text)| annotations(path, text)).collect();
+        assert!(!expected.is_empty(), "{}: no `~ ERROR` annotation", case.name);
+        let checked = check_package(&dir, &LoadOptions { overlay, ..options() });
+        if let Some(difference) = difference(expected, reported(&checked)) {
+            failures.push(format!("{}:\n{difference}\n{}", case.name, render(&checked)));
+            continue;
+        }
+        if let Err(problem) = snapshot(&root().join("tests/ui/snapshots"), &case.name, &render(&checked)) {
+            failures.push(format!("{}: {problem}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n\n{}", failures.len(), corpus.case.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn package_cases_are_reported_where_they_are() {
+    let packages = root().join("tests/ui/packages");
+    let mut failures = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(&packages).expect("packages").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    assert!(!entries.is_empty());
+    for dir in entries {
+        let mut expected = Vec::new();
+        let mut stack = vec![dir.clone()];
+        while let Some(at) = stack.pop() {
+            for entry in std::fs::read_dir(&at).expect("readable") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "linnet" || e == "toml") {
+                    expected.extend(annotations(&path, &std::fs::read_to_string(&path).expect("readable")));
+                }
+            }
+        }
+        let checked = check_package(&dir, &options());
+        let name = dir.file_name().expect("named").to_string_lossy().to_string();
+        if let Some(difference) = difference(expected, reported(&checked)) {
+            failures.push(format!("{name}:\n{difference}\n{}", render(&checked)));
+        } else if let Err(problem) = snapshot(&root().join("tests/ui/snapshots"), &format!("package-{name}"), &render(&checked)) {
+            failures.push(format!("{name}: {problem}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Every prefix of every module is half-typed code: the checker must
+/// report, never panic.
+#[test]
+fn truncated_sources_never_panic() {
+    let dir = model_dir();
+    for module in ["attention", "deltanet", "lib", "moe", "norm", "rope"] {
+        let path = dir.join(format!("src/{module}.linnet"));
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let step = (text.len() / 12).max(1);
+        for cut in (0..text.len()).step_by(step) {
+            let cut = (0..=cut).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+            let overlay = HashMap::from([(path.clone(), text[..cut].to_string())]);
+            let checked = check_package(&dir, &LoadOptions { overlay, ..options() });
+            assert!(cut == text.len() || !checked.diagnostics.is_empty() || module == "rope" && cut == 0);
+        }
+    }
+}
