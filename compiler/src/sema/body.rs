@@ -347,7 +347,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ),
             ExprKind::Name(name) => self.lookup_value(name),
             ExprKind::Call { callee, generics, args } => self.check_call(callee, generics, args, expr.span),
-            ExprKind::Method { receiver, method, generics, args } => self.check_method(receiver, method, generics, args, expr.span),
+            ExprKind::Method { receiver, method, generics, args } => self.check_method(receiver, method, generics, args),
             ExprKind::Index { base, items } => self.check_index(base, items, expr.span),
             ExprKind::Unary(op, operand) => self.check_unary(*op, operand, expr.span),
             ExprKind::Binary(op, left, right) => {
@@ -707,10 +707,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 IndexItem::Range(lo, hi, range_span) => {
                     let lo_dim = lo.as_ref().map_or(Some(Dim::default()), |lo| self.slice_bound(lo));
                     let hi_dim = hi.as_ref().map_or(Some(dim.clone()), |hi| self.slice_bound(hi));
-                    let (Some(lo_dim), Some(hi_dim)) = (lo_dim, hi_dim) else {
-                        kept.push(Axis::Dim(dim));
-                        continue;
-                    };
+                    let (Some(lo_dim), Some(hi_dim)) = (lo_dim, hi_dim) else { return Ty::Error };
                     if !self.facts.proves(&lo_dim, CmpOp::Le, &hi_dim) || !self.facts.proves(&hi_dim, CmpOp::Le, &dim) {
                         self.error(
                             Diagnostic::error(
@@ -783,7 +780,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         }
     }
 
-    fn check_method(&mut self, receiver: &Expr, method: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg], span: Span) -> Ty {
+    fn check_method(&mut self, receiver: &Expr, method: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg]) -> Ty {
         let receiver_ty = self.check_expr(receiver);
         let sub = match receiver_ty {
             Ty::Sub(sub) => sub,
@@ -825,7 +822,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ExprKind::Name(name) => self.sub_declaration(&name.name),
             _ => None,
         };
-        self.check_user_call(fn_id, sub.args.clone(), generics, args, span, declared)
+        self.check_user_call(fn_id, sub.args.clone(), generics, args, method.span, declared)
     }
 
     /// Where a sub of the current block is declared, for messages.
@@ -871,11 +868,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     .with_label("move the shared work into a `fn`"),
             );
         }
-        self.check_user_call(fn_id, Subst::default(), generics, args, span, None)
+        self.check_user_call(fn_id, Subst::default(), generics, args, callee.span, None)
     }
 
     /// A call of a Linnet function: generic arguments given or inferred
     /// from the arguments, each argument checked, `where` clauses proved.
+    /// `span` is the callee's name, where call-level problems are shown.
     fn check_user_call(
         &mut self,
         fn_id: usize,
@@ -936,11 +934,22 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             );
         }
         let mut arguments_fit = true;
+        for generic in function.generics.iter().filter(|g| g.kind == GenericKind::Float) {
+            let bound = subst.elems.get(&generic.name).cloned();
+            if let Some(elem) = bound.filter(|elem| !elem.is_float()) {
+                arguments_fit = false;
+                self.error(
+                    Diagnostic::error("dtype-mismatch", span, format!("`{}` of `{name}` is a Float, but the arguments make it {elem}", generic.name))
+                        .with_label("cast the argument to a float type")
+                        .with_secondary(generic.span, "declared here"),
+                );
+            }
+        }
         for ((param_name, param_ty, param_span), (arg_ty, arg_span)) in params.iter().zip(&arg_tys) {
             let expected = subst.ty(param_ty);
             if let Err(mismatch) = compare(&expected, arg_ty, &self.facts) {
                 arguments_fit = false;
-                let declared = if expected != *param_ty { format!(" (declared `{param_ty}`)") } else { String::new() };
+                let declared = if expected.to_string() != param_ty.to_string() { format!(" as `{param_ty}`") } else { String::new() };
                 let mut diagnostic =
                     Diagnostic::error(mismatch.code(), *arg_span, format!("argument `{param_name}` of `{name}` must be `{expected}`, found `{arg_ty}`"))
                         .with_label(format!("this is `{arg_ty}`"))
@@ -958,7 +967,11 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     Diagnostic::error(
                         "unsatisfied-where",
                         span,
-                        format!("`{name}` requires {} {} {}, which does not follow from the `where` clauses here", lhs, clause.op.symbol(), rhs),
+                        format!(
+                            "`{name}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses in force",
+                            clause.text,
+                            clause.op.symbol()
+                        ),
                     )
                     .with_label("this call")
                     .with_secondary(clause.span, "required by this clause"),

@@ -174,7 +174,7 @@ fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diag
         let mut diagnostic = Diagnostic::error(
             "unsatisfied-where",
             primary,
-            format!("{} breaks `{} {} {}`: {lhs} {} {rhs} is false", given.join(", "), clause.lhs, clause.op.symbol(), clause.rhs, clause.op.symbol()),
+            format!("{} breaks `{}`: {lhs} {} {rhs} is false", given.join(", "), clause.text, clause.op.symbol()),
         )
         .with_label("this value")
         .with_secondary(clause.span, "the clause it breaks");

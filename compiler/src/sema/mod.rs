@@ -58,8 +58,9 @@ fn check_block(program: &Program, block_id: usize, diagnostics: &mut Vec<Diagnos
                         "unsatisfied-where",
                         sub.span,
                         format!(
-                            "`{}` requires {lhs} {} {rhs}, which does not follow from the `where` clauses of `{}`",
+                            "`{}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses of `{}`",
                             target.name,
+                            clause.text,
                             clause.op.symbol(),
                             block.name
                         ),

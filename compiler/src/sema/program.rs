@@ -28,6 +28,8 @@ pub struct Clause {
     pub op: CmpOp,
     pub rhs: Dim,
     pub span: Span,
+    /// As written, for messages.
+    pub text: String,
 }
 
 pub struct FnSig<'a> {
@@ -285,7 +287,8 @@ fn resolve_clauses(clauses: &[ast::WhereClause], scope: &GenericScope, diagnosti
         .filter_map(|clause| {
             let lhs = resolve_dim(&clause.lhs, scope, diagnostics);
             let rhs = resolve_dim(&clause.rhs, scope, diagnostics);
-            Some(Clause { lhs: lhs?, op: clause.op, rhs: rhs?, span: clause.span })
+            let text = format!("{} {} {}", clause.lhs, clause.op.symbol(), clause.rhs);
+            Some(Clause { lhs: lhs?, op: clause.op, rhs: rhs?, span: clause.span, text })
         })
         .collect()
 }

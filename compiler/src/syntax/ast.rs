@@ -135,6 +135,33 @@ pub enum DimExpr {
     Error(Span),
 }
 
+/// Prints a dim as written, with the parentheses its precedence needs.
+impl std::fmt::Display for DimExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn precedence(op: DimOp) -> u8 {
+            if matches!(op, DimOp::Add | DimOp::Sub) { 1 } else { 2 }
+        }
+        match self {
+            DimExpr::Int(value, _) => write!(f, "{value}"),
+            DimExpr::Name(ident) => f.write_str(&ident.name),
+            DimExpr::Error(_) => f.write_str("?"),
+            DimExpr::Binary(op, left, right, _) => {
+                let wrap = |f: &mut std::fmt::Formatter<'_>, side: &DimExpr, strict: bool| match side {
+                    DimExpr::Binary(inner, ..)
+                        if precedence(*inner) < precedence(*op) || strict && precedence(*inner) == precedence(*op) =>
+                    {
+                        write!(f, "({side})")
+                    }
+                    _ => write!(f, "{side}"),
+                };
+                wrap(f, left, false)?;
+                write!(f, " {} ", op.symbol())?;
+                wrap(f, right, true)
+            }
+        }
+    }
+}
+
 impl DimExpr {
     pub fn span(&self) -> Span {
         match self {

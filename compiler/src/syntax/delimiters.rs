@@ -62,7 +62,7 @@ pub fn balance(tokens: Vec<(Token, Span)>, end: Span, diagnostics: &mut Vec<Diag
     let mut out = Vec::with_capacity(tokens.len());
     let mut opened: Vec<(Token, Span)> = Vec::new();
     let mut stray: Option<Span> = None;
-    let mut flush_stray = |stray: &mut Option<Span>, diagnostics: &mut Vec<Diagnostic>| {
+    let flush_stray = |stray: &mut Option<Span>, diagnostics: &mut Vec<Diagnostic>| {
         if let Some(span) = stray.take() {
             diagnostics.push(Diagnostic::error("syntax-error", span, "unmatched closing bracket").with_label("nothing open to close here"));
         }

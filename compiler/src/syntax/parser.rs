@@ -93,7 +93,6 @@ fn ident() -> impl Parser<Token, Ident, Error = Error> + Clone {
         Token::Ident(name) => Ok(Ident { name, span }),
         found => Err(Simple::expected_input_found(span, Vec::new(), Some(found))),
     })
-    .labelled("a name")
 }
 
 fn keyword_ident(word: &'static str) -> impl Parser<Token, Ident, Error = Error> + Clone {
@@ -555,7 +554,8 @@ fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
             Token::RBrace,
             [(Token::LParen, Token::RParen), (Token::LBracket, Token::RBracket)],
             |span| vec![Stmt::Error(span)],
-        ));
+        ))
+        .boxed();
     let signature = ident()
         .then(generics())
         .then(params)
@@ -565,13 +565,14 @@ fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
     // optional would let a body with a syntax error pass for a missing one.
     let defined = choice((just(Token::Fn).to(FnKind::Fn), just(Token::Entry).to(FnKind::Entry)))
         .then(signature.clone())
-        .then(body.map(Some));
+        .then(body.clone().map(Some));
+    // An intrinsic with a body is parsed, so the checker can say so.
     let intrinsic = just(Token::Intrinsic)
         .ignore_then(just(Token::Fn))
         .to(FnKind::Intrinsic)
         .then(signature)
-        .then_ignore(just(Token::Semi).or_not())
-        .map(|declaration| (declaration, None));
+        .then(body.or_not())
+        .then_ignore(just(Token::Semi).or_not());
     just(Token::Pub).or_not().then(defined.or(intrinsic)).map_with_span(
         |(is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)), span| FnDecl {
             doc: None,

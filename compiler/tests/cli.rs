@@ -1,0 +1,72 @@
+//! `linnetc check` as editors and scripts run it: exit codes, the JSON
+//! message format, model cards and overrides from the command line.
+
+use std::process::{Command, Output};
+
+fn linnetc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_linnetc"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("LINNET_STDLIB", concat!(env!("CARGO_MANIFEST_DIR"), "/../stdlib"))
+        .output()
+        .expect("linnetc runs")
+}
+
+#[test]
+fn the_seed_package_checks_clean() {
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no errors"));
+}
+
+#[test]
+fn json_diagnostics_have_positions_and_codes() {
+    let output = linnetc(&["check", "tests/ui/packages/misuse", "--message-format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect();
+    assert!(lines.len() >= 10, "{stdout}");
+    for diagnostic in &lines {
+        for field in ["severity", "code", "message", "file", "line", "column", "end_line", "end_column", "secondary"] {
+            assert!(diagnostic.get(field).is_some(), "`{field}` missing in {diagnostic}");
+        }
+    }
+    let exp = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`exp` takes a float"))).expect("the exp misuse");
+    assert_eq!(exp["code"], "dtype-mismatch");
+    assert_eq!(exp["severity"], "error");
+    assert_eq!((exp["line"].as_u64(), exp["column"].as_u64()), (Some(9), Some(17)));
+    assert_eq!((exp["end_line"].as_u64(), exp["end_column"].as_u64()), (Some(9), Some(18)));
+    assert!(exp["file"].as_str().is_some_and(|f| f.ends_with("misuse/src/lib.linnet")));
+    let softmax = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`softmax`"))).expect("the softmax misuse");
+    let secondary = softmax["secondary"].as_array().expect("a list");
+    assert!(secondary.iter().any(|label| label["file"].as_str().is_some_and(|f| f.ends_with("stdlib/nn/softmax.linnet"))));
+}
+
+#[test]
+fn another_model_card_and_overrides() {
+    let nest = "tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml";
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b", "--nest", nest]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b", "--set", "HeadDim=36", "--message-format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(stdout.contains("\"code\":\"unsatisfied-where\"") && stdout.contains("<command line>"), "{stdout}");
+}
+
+#[test]
+fn a_folder_that_is_not_a_package() {
+    let output = linnetc(&["check", "docs"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is not a Linnet package"));
+}
+
+#[test]
+fn human_output_is_plain_off_a_terminal() {
+    let output = linnetc(&["check", "tests/ui/packages/misuse"]);
+    let stderr = String::from_utf8(output.stderr).expect("UTF-8");
+    assert!(!stderr.contains('\u{1b}'), "no colour codes when not on a terminal");
+    assert!(stderr.contains("[dtype-mismatch] Error"));
+    let coloured = linnetc(&["check", "tests/ui/packages/misuse", "--color", "always"]);
+    assert!(String::from_utf8_lossy(&coloured.stderr).contains('\u{1b}'));
+}
