@@ -70,3 +70,14 @@ fn human_output_is_plain_off_a_terminal() {
     let coloured = linnetc(&["check", "tests/ui/packages/misuse", "--color", "always"]);
     assert!(String::from_utf8_lossy(&coloured.stderr).contains('\u{1b}'));
 }
+
+#[test]
+fn the_examples_check_clean() {
+    for example in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples")).expect("examples") {
+        let path = example.expect("entry").path();
+        if path.join("linnet.toml").exists() {
+            let output = linnetc(&["check", path.to_str().expect("UTF-8 path")]);
+            assert!(output.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&output.stderr));
+        }
+    }
+}
