@@ -13,7 +13,7 @@ pub use stdlib::stdlib_dir;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
 use crate::syntax::{self, ast};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 
 /// A parsed module and the dotted name it is known by (`qwen3_5_moe.attention`,
@@ -153,9 +153,9 @@ impl ModuleLoader<'_> {
                 return;
             }
         }
-        let mut seen: HashMap<String, ()> = HashMap::from([(root_name, ())]);
+        let mut seen: HashSet<String> = HashSet::from([root_name]);
         while let Some((name, span)) = queue.pop_front() {
-            if seen.insert(name.clone(), ()).is_some() {
+            if !seen.insert(name.clone()) {
                 continue;
             }
             let Some(path) = self.module_path(&name, span) else { continue };

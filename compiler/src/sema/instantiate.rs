@@ -189,7 +189,9 @@ fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diag
 
 fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, diagnostics: &mut Vec<Diagnostic>) {
     let block = &program.blocks[root];
-    let entries: Vec<_> = block.fns.values().map(|id| &program.fns[*id]).filter(|f| f.is_entry()).collect();
+    let mut ids: Vec<usize> = block.fns.values().copied().collect();
+    ids.sort_unstable();
+    let entries: Vec<_> = ids.into_iter().map(|id| &program.fns[id]).filter(|f| f.is_entry()).collect();
     for entry in &nest.check {
         let known = entries.iter().any(|f| f.generics.iter().any(|g| *g.name == entry.name));
         if !known {
