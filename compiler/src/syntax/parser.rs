@@ -116,6 +116,25 @@ fn int_literal() -> impl Parser<Token, (u64, Span), Error = Error> + Clone {
     })
 }
 
+/// One precedence level: `operand (op operand)*`, folded to the left.
+fn left_assoc<O: Clone, Op: Clone>(
+    operand: impl Parser<Token, O, Error = Error> + Clone,
+    op: impl Parser<Token, Op, Error = Error> + Clone,
+    combine: fn(O, (Op, O)) -> O,
+) -> impl Parser<Token, O, Error = Error> + Clone {
+    operand.clone().then(op.then(operand).repeated()).foldl(combine)
+}
+
+/// `*`, `/` and `%` as the operators of one level.
+fn product_ops<Op: Clone>(mul: Op, div: Op, rem: Op) -> impl Parser<Token, Op, Error = Error> + Clone {
+    choice((just(Token::Star).to(mul), just(Token::Slash).to(div), just(Token::Percent).to(rem)))
+}
+
+/// `+` and `-` as the operators of one level.
+fn sum_ops<Op: Clone>(add: Op, sub: Op) -> impl Parser<Token, Op, Error = Error> + Clone {
+    choice((just(Token::Plus).to(add), just(Token::Minus).to(sub)))
+}
+
 fn path() -> impl Parser<Token, Path, Error = Error> + Clone {
     ident()
         .separated_by(just(Token::Dot))
@@ -130,30 +149,12 @@ fn dim_expr() -> impl Parser<Token, DimExpr, Error = Error> + Clone {
             .or(ident().map(DimExpr::Name))
             .or(dim.delimited_by(just(Token::LParen), just(Token::RParen)))
             .labelled("a dim");
-        let binary = |left: DimExpr, (op, right): (DimOp, DimExpr)| {
+        let binary: fn(DimExpr, (DimOp, DimExpr)) -> DimExpr = |left, (op, right)| {
             let span = left.span().to(right.span());
             DimExpr::Binary(op, Box::new(left), Box::new(right), span)
         };
-        let product = atom
-            .clone()
-            .then(
-                choice((
-                    just(Token::Star).to(DimOp::Mul),
-                    just(Token::Slash).to(DimOp::Div),
-                    just(Token::Percent).to(DimOp::Rem),
-                ))
-                .then(atom)
-                .repeated(),
-            )
-            .foldl(binary);
-        product
-            .clone()
-            .then(
-                choice((just(Token::Plus).to(DimOp::Add), just(Token::Minus).to(DimOp::Sub)))
-                    .then(product)
-                    .repeated(),
-            )
-            .foldl(binary)
+        let product = left_assoc(atom, product_ops(DimOp::Mul, DimOp::Div, DimOp::Rem), binary);
+        left_assoc(product, sum_ops(DimOp::Add, DimOp::Sub), binary)
     })
 }
 
@@ -388,32 +389,12 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
             })
             .boxed();
 
-        let binary = |left: Expr, (op, right): (BinOp, Expr)| Expr {
+        let binary: fn(Expr, (BinOp, Expr)) -> Expr = |left, (op, right)| Expr {
             span: left.span.to(right.span),
             kind: ExprKind::Binary(op, Box::new(left), Box::new(right)),
         };
-        let product = unary
-            .clone()
-            .then(
-                choice((
-                    just(Token::Star).to(BinOp::Mul),
-                    just(Token::Slash).to(BinOp::Div),
-                    just(Token::Percent).to(BinOp::Rem),
-                ))
-                .then(unary)
-                .repeated(),
-            )
-            .foldl(binary)
-            .boxed();
-        let sum = product
-            .clone()
-            .then(
-                choice((just(Token::Plus).to(BinOp::Add), just(Token::Minus).to(BinOp::Sub)))
-                    .then(product)
-                    .repeated(),
-            )
-            .foldl(binary)
-            .boxed();
+        let product = left_assoc(unary, product_ops(BinOp::Mul, BinOp::Div, BinOp::Rem), binary).boxed();
+        let sum = left_assoc(product, sum_ops(BinOp::Add, BinOp::Sub), binary).boxed();
         let comparison = sum
             .clone()
             .then(cmp_op().map(BinOp::Cmp).then(sum).or_not())
@@ -422,16 +403,8 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
                 None => left,
             })
             .boxed();
-        let conjunction = comparison
-            .clone()
-            .then(just(Token::AndAnd).to(BinOp::And).then(comparison).repeated())
-            .foldl(binary)
-            .boxed();
-        conjunction
-            .clone()
-            .then(just(Token::OrOr).to(BinOp::Or).then(conjunction).repeated())
-            .foldl(binary)
-            .boxed()
+        let conjunction = left_assoc(comparison, just(Token::AndAnd).to(BinOp::And), binary).boxed();
+        left_assoc(conjunction, just(Token::OrOr).to(BinOp::Or), binary).boxed()
     })
 }
 
