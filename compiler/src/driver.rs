@@ -28,3 +28,22 @@ pub fn check_package(dir: &Path, options: &LoadOptions) -> Checked {
     diagnostic::sort(&mut diagnostics);
     Checked { sources, diagnostics, package }
 }
+
+/// Checks the package and, when it is clean, lowers it to the IR.
+pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Model, Checked), Checked> {
+    let mut checked = check_package(dir, options);
+    if checked.has_errors() {
+        return Err(checked);
+    }
+    let Some(package) = &checked.package else { return Err(checked) };
+    let mut diagnostics = Vec::new();
+    let program = crate::sema::program::Program::build(package, &mut diagnostics);
+    let name = package.nest.as_ref().and_then(|nest| nest.model_name.clone()).unwrap_or_else(|| package.name.clone());
+    match crate::lower::lower(&program, &name) {
+        Ok(model) => Ok((model, checked)),
+        Err(errors) => {
+            checked.diagnostics.extend(errors);
+            Err(checked)
+        }
+    }
+}

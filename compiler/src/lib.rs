@@ -5,6 +5,9 @@
 
 pub mod diagnostic;
 pub mod driver;
+pub mod interp;
+pub mod ir;
+pub mod lower;
 pub mod package;
 pub mod sema;
 pub mod source;

@@ -35,6 +35,23 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Colour::Auto)]
         color: Colour,
     },
+    /// Check a package and lower it to the tensor IR.
+    Build {
+        #[arg(default_value = ".")]
+        package: PathBuf,
+        /// What to produce: `ir` prints the IR's text form.
+        #[arg(long, value_enum)]
+        emit: Emit,
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+        overrides: Vec<(String, String)>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Emit {
+    Ir,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -60,6 +77,29 @@ fn parse_assignment(text: &str) -> Result<(String, String), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Build { package, emit: Emit::Ir, nest, overrides } => {
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            match driver::lower_package(&package, &options) {
+                Ok((model, _)) => {
+                    print!("{model}");
+                    eprintln!(
+                        "built `{}`: {} parameters ({} bytes), {} states ({} bytes), {} entries",
+                        model.name,
+                        model.params.len(),
+                        model.param_bytes(),
+                        model.states.len(),
+                        model.state_bytes(),
+                        model.entries.len()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(checked) => {
+                    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+                    let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Check { package, message_format, nest, overrides, color } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             let checked = driver::check_package(&package, &options);

@@ -39,6 +39,8 @@ pub struct NestEntry {
 
 pub struct Nest {
     pub file: FileId,
+    /// `[model] name`
+    pub model_name: Option<String>,
     pub source_path: PathBuf,
     pub source_span: Span,
     pub root: Option<(String, Span)>,
@@ -106,10 +108,16 @@ pub fn package_name(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Dia
 
 #[derive(Deserialize)]
 struct RawNest {
+    model: Option<RawModel>,
     source: Option<Spanned<RawSource>>,
     generics: Option<Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
     check: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     weights: Option<RawWeights>,
+}
+
+#[derive(Deserialize)]
+struct RawModel {
+    name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -181,6 +189,7 @@ pub fn parse_nest(
     let weights = raw.weights;
     Some(Nest {
         file,
+        model_name: raw.model.and_then(|model| model.name),
         source_path,
         source_span,
         root,

@@ -12,7 +12,7 @@ use super::ty::{Dtype, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::{Nest, NestValue};
 use crate::source::Span;
-use crate::syntax::ast::{CmpOp, GenericKind};
+use crate::syntax::ast::GenericKind;
 use std::collections::{BTreeSet, HashMap};
 
 /// Concrete generics: sizes and element types, with where each was given.
@@ -37,14 +37,29 @@ impl Values {
 /// tree is complete and the bindings can be checked against it.
 pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Diagnostic>) {
     let Some(nest) = &program.package.nest else { return };
+    let Some((root, values)) = root_instance(program, diagnostics) else { return };
+    check_clauses(&program.blocks[root].clauses, &values, diagnostics);
+    check_entries(program, root, nest, &values, diagnostics);
+    if let (Some(bindings), true) = (&program.package.bindings, source_is_sound) {
+        check_bindings(program, root, &values, bindings, diagnostics);
+    }
+}
+
+/// The root block named by the model card and the values of its generics.
+pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(usize, Values)> {
+    let Some(nest) = &program.package.nest else {
+        diagnostics.push(
+            Diagnostic::error("package-error", Span::new(program.package.modules.first()?.file, 0..0), "the package has no nest.toml")
+                .with_label("a model card names the root block and its generics"),
+        );
+        return None;
+    };
     let Some((root_name, root_span)) = &nest.root else {
-        if !nest.generics.is_empty() {
-            diagnostics.push(
-                Diagnostic::error("unknown-root", nest.source_span, "nest.toml names no root block")
-                    .with_label("add `root = \"Model\"` to `[source]`"),
-            );
-        }
-        return;
+        diagnostics.push(
+            Diagnostic::error("unknown-root", nest.source_span, "nest.toml names no root block")
+                .with_label("add `root = \"Model\"` to `[source]`"),
+        );
+        return None;
     };
     let root = match program.scopes.first().and_then(|scope| scope.get(root_name)) {
         Some(ItemRef::Block(id)) => *id,
@@ -58,15 +73,10 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
                 )
                 .with_label("the root block is defined in the source file"),
             );
-            return;
+            return None;
         }
     };
-    let Some(values) = root_values(program, root, nest, diagnostics) else { return };
-    check_clauses(&program.blocks[root].clauses, &values, diagnostics);
-    check_entries(program, root, nest, &values, diagnostics);
-    if let (Some(bindings), true) = (&program.package.bindings, source_is_sound) {
-        check_bindings(program, root, &values, bindings, diagnostics);
-    }
+    root_values(program, root, nest, diagnostics).map(|values| (root, values))
 }
 
 fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Vec<Diagnostic>) -> Option<Values> {
@@ -135,23 +145,13 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
     ok.then_some(values)
 }
 
-fn holds(lhs: i64, op: CmpOp, rhs: i64) -> bool {
-    match op {
-        CmpOp::Eq => lhs == rhs,
-        CmpOp::Ne => lhs != rhs,
-        CmpOp::Lt => lhs < rhs,
-        CmpOp::Le => lhs <= rhs,
-        CmpOp::Gt => lhs > rhs,
-        CmpOp::Ge => lhs >= rhs,
-    }
-}
 
 fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diagnostic>) {
     for clause in clauses {
         let (Some(lhs), Some(rhs)) = (values.eval(&clause.lhs), values.eval(&clause.rhs)) else {
             continue;
         };
-        if holds(lhs, clause.op, rhs) {
+        if super::holds(lhs, clause.op, rhs) {
             continue;
         }
         // The divisor of `a % b == 0` is the likelier culprit; otherwise

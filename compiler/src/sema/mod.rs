@@ -21,6 +21,23 @@ use facts::Facts;
 use program::{Clause, Program};
 use ty::{compare, Ty};
 
+/// Whether `lhs op rhs` holds for these values.
+pub fn holds(lhs: i64, op: ast::CmpOp, rhs: i64) -> bool {
+    match op {
+        ast::CmpOp::Eq => lhs == rhs,
+        ast::CmpOp::Ne => lhs != rhs,
+        ast::CmpOp::Lt => lhs < rhs,
+        ast::CmpOp::Le => lhs <= rhs,
+        ast::CmpOp::Gt => lhs > rhs,
+        ast::CmpOp::Ge => lhs >= rhs,
+    }
+}
+
+/// The names of the built-in functions.
+pub fn builtin_names() -> &'static [&'static str] {
+    builtins::NAMES
+}
+
 fn assume_all(facts: &mut Facts, clauses: &[Clause]) {
     for clause in clauses {
         facts.assume(&clause.lhs, clause.op, &clause.rhs);

@@ -1,0 +1,287 @@
+//! Evaluating a `Compute` node: its scalar expression is first prepared
+//! (dims evaluated, index numbers given slots, loads given strides), then
+//! run at every point of the output shape.
+
+use super::tensor::{round, wrap, Data, Tensor};
+use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp};
+use crate::sema::dim::{Atom, Dim, Symbol};
+use crate::sema::ty::Dtype;
+use crate::syntax::ast::CmpOp;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+pub fn dim(dim: &Dim, dims: &HashMap<Symbol, i64>) -> Option<i64> {
+    dim.evaluate(&|atom| match atom {
+        Atom::Generic(name) => dims.get(name).copied(),
+        _ => None,
+    })
+    .ok()
+}
+
+pub fn shape(shape: &[Dim], dims: &HashMap<Symbol, i64>) -> Vec<usize> {
+    shape.iter().map(|d| dim(d, dims).expect("shapes are bound when an entry is called") as usize).collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum V {
+    F(f64),
+    I(i64),
+    B(bool),
+}
+
+impl V {
+    fn f(self) -> f64 {
+        match self {
+            V::F(v) => v,
+            V::I(v) => v as f64,
+            V::B(v) => f64::from(u8::from(v)),
+        }
+    }
+
+    fn i(self) -> i64 {
+        match self {
+            V::I(v) => v,
+            V::F(v) => v as i64,
+            V::B(v) => i64::from(v),
+        }
+    }
+
+    fn b(self) -> bool {
+        match self {
+            V::B(v) => v,
+            V::I(v) => v != 0,
+            V::F(v) => v != 0.0,
+        }
+    }
+}
+
+/// A scalar expression ready to run.
+enum P {
+    Slot(usize),
+    Const(V),
+    Load { tensor: usize, positions: Vec<P>, shape: Vec<usize> },
+    Unary(UnaryOp, Box<P>, Dtype),
+    Binary(BinaryOp, Box<P>, Box<P>, Dtype),
+    Select(Box<P>, Box<P>, Box<P>),
+    Cast(Box<P>, Dtype),
+    Reduce { op: ReduceOp, slot: usize, extent: i64, body: Box<P>, dtype: Dtype },
+}
+
+struct Preparer<'v> {
+    values: &'v [Rc<Tensor>],
+    dims: &'v HashMap<Symbol, i64>,
+    slots: HashMap<u32, usize>,
+    tensors: Vec<usize>,
+}
+
+impl Preparer<'_> {
+    fn prepare(&mut self, scalar: &Scalar) -> P {
+        match scalar {
+            Scalar::Index(id, _) => P::Slot(self.slots[id]),
+            Scalar::Dim(d) => P::Const(V::I(dim(d, self.dims).expect("dims are bound"))),
+            Scalar::Float(v, dtype) => P::Const(V::F(round(*v, *dtype))),
+            Scalar::Int(v, dtype) => P::Const(V::I(wrap(*v, *dtype))),
+            Scalar::Bool(v) => P::Const(V::B(*v)),
+            Scalar::Load(value, positions, _) => {
+                let tensor = self.tensors.len();
+                self.tensors.push(value.index());
+                let shape = self.values[value.index()].shape.clone();
+                P::Load { tensor, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape }
+            }
+            Scalar::Unary(op, a, dtype) => P::Unary(*op, Box::new(self.prepare(a)), *dtype),
+            Scalar::Binary(op, a, b, dtype) => P::Binary(*op, Box::new(self.prepare(a)), Box::new(self.prepare(b)), *dtype),
+            Scalar::Select(c, a, b, _) => P::Select(Box::new(self.prepare(c)), Box::new(self.prepare(a)), Box::new(self.prepare(b))),
+            Scalar::Cast(a, dtype) => P::Cast(Box::new(self.prepare(a)), *dtype),
+            Scalar::Reduce { op, index, extent, body, dtype } => {
+                let slot = self.slots.len();
+                self.slots.insert(*index, slot);
+                let extent = dim(extent, self.dims).expect("dims are bound");
+                P::Reduce { op: *op, slot, extent, body: Box::new(self.prepare(body)), dtype: *dtype }
+            }
+        }
+    }
+}
+
+struct Runner<'v> {
+    tensors: Vec<&'v Tensor>,
+}
+
+fn float_result(value: f64, dtype: Dtype) -> V {
+    match dtype {
+        Dtype::Bool => V::B(value != 0.0),
+        Dtype::I32 | Dtype::I64 => V::I(wrap(value as i64, dtype)),
+        _ => V::F(round(value, dtype)),
+    }
+}
+
+impl Runner<'_> {
+    fn run(&self, p: &P, slots: &mut [i64]) -> Result<V, String> {
+        Ok(match p {
+            P::Slot(slot) => V::I(slots[*slot]),
+            P::Const(v) => *v,
+            P::Load { tensor, positions, shape } => {
+                let mut offset = 0usize;
+                for (position, &size) in positions.iter().zip(shape) {
+                    let at = self.run(position, slots)?.i();
+                    if at < 0 || at as usize >= size {
+                        return Err(format!("position {at} is outside an axis of {size}"));
+                    }
+                    offset = offset * size + at as usize;
+                }
+                match &self.tensors[*tensor].data {
+                    Data::F32(values) => V::F(values[offset] as f64),
+                    Data::I64(values) => V::I(values[offset]),
+                    Data::Bool(values) => V::B(values[offset]),
+                }
+            }
+            P::Unary(op, a, dtype) => {
+                let a = self.run(a, slots)?;
+                match op {
+                    UnaryOp::Not => V::B(!a.b()),
+                    UnaryOp::Neg if dtype.is_int() => V::I(wrap(-a.i(), *dtype)),
+                    UnaryOp::Abs if dtype.is_int() => V::I(a.i().abs()),
+                    op => {
+                        let x = a.f();
+                        let y = match op {
+                            UnaryOp::Neg => -x,
+                            UnaryOp::Exp => x.exp(),
+                            UnaryOp::Log => x.ln(),
+                            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+                            UnaryOp::Sqrt => x.sqrt(),
+                            UnaryOp::Cos => x.cos(),
+                            UnaryOp::Sin => x.sin(),
+                            UnaryOp::Tanh => x.tanh(),
+                            UnaryOp::Abs => x.abs(),
+                            UnaryOp::Not => unreachable!("handled above"),
+                        };
+                        float_result(y, *dtype)
+                    }
+                }
+            }
+            P::Binary(op, a, b, dtype) => {
+                let (a, b) = (self.run(a, slots)?, self.run(b, slots)?);
+                binary(*op, a, b, *dtype)
+            }
+            P::Select(c, a, b) => {
+                if self.run(c, slots)?.b() {
+                    self.run(a, slots)?
+                } else {
+                    self.run(b, slots)?
+                }
+            }
+            P::Cast(a, dtype) => {
+                let a = self.run(a, slots)?;
+                match dtype {
+                    Dtype::Bool => V::B(a.b()),
+                    Dtype::I32 | Dtype::I64 => V::I(wrap(if let V::F(f) = a { f.trunc() as i64 } else { a.i() }, *dtype)),
+                    _ => V::F(round(a.f(), *dtype)),
+                }
+            }
+            P::Reduce { op, slot, extent, body, dtype } => {
+                let mut total: Option<V> = None;
+                for at in 0..*extent {
+                    slots[*slot] = at;
+                    let v = self.run(body, slots)?;
+                    total = Some(match (total, op) {
+                        (None, _) => match v {
+                            V::F(f) => V::F(f),
+                            other => other,
+                        },
+                        (Some(V::F(t)), ReduceOp::Sum) => V::F(t + v.f()),
+                        (Some(V::F(t)), ReduceOp::Max) => V::F(t.max(v.f())),
+                        (Some(V::F(t)), ReduceOp::Min) => V::F(t.min(v.f())),
+                        (Some(t), ReduceOp::Sum) => V::I(t.i() + v.i()),
+                        (Some(t), ReduceOp::Max) => V::I(t.i().max(v.i())),
+                        (Some(t), ReduceOp::Min) => V::I(t.i().min(v.i())),
+                    });
+                }
+                let total = total.unwrap_or(match op {
+                    ReduceOp::Sum => V::F(0.0),
+                    ReduceOp::Max => V::F(f64::NEG_INFINITY),
+                    ReduceOp::Min => V::F(f64::INFINITY),
+                });
+                if dtype.is_float() { float_result(total.f(), *dtype) } else { V::I(wrap(total.i(), *dtype)) }
+            }
+        })
+    }
+}
+
+fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
+    if let BinaryOp::Cmp(cmp) = op {
+        let ordering = match (a, b) {
+            (V::F(_), _) | (_, V::F(_)) => a.f().partial_cmp(&b.f()),
+            _ => Some(a.i().cmp(&b.i())),
+        };
+        return V::B(match (cmp, ordering) {
+            (_, None) => cmp == CmpOp::Ne,
+            (CmpOp::Eq, Some(o)) => o.is_eq(),
+            (CmpOp::Ne, Some(o)) => o.is_ne(),
+            (CmpOp::Lt, Some(o)) => o.is_lt(),
+            (CmpOp::Le, Some(o)) => o.is_le(),
+            (CmpOp::Gt, Some(o)) => o.is_gt(),
+            (CmpOp::Ge, Some(o)) => o.is_ge(),
+        });
+    }
+    match op {
+        BinaryOp::And => return V::B(a.b() && b.b()),
+        BinaryOp::Or => return V::B(a.b() || b.b()),
+        _ => {}
+    }
+    if dtype.is_int() {
+        let (x, y) = (a.i(), b.i());
+        let value = match op {
+            BinaryOp::Add => x.wrapping_add(y),
+            BinaryOp::Sub => x.wrapping_sub(y),
+            BinaryOp::Mul => x.wrapping_mul(y),
+            BinaryOp::Div => if y == 0 { 0 } else { x.div_euclid(y) },
+            BinaryOp::Rem => if y == 0 { 0 } else { x.rem_euclid(y) },
+            BinaryOp::Max => x.max(y),
+            BinaryOp::Min => x.min(y),
+            _ => unreachable!("handled above"),
+        };
+        return V::I(wrap(value, dtype));
+    }
+    let (x, y) = (a.f(), b.f());
+    let value = match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Rem => x % y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        _ => unreachable!("handled above"),
+    };
+    float_result(value, dtype)
+}
+
+/// Every element of a `Compute` node.
+pub fn compute(
+    scalar: &Scalar,
+    shape: Vec<usize>,
+    dtype: Dtype,
+    values: &[Rc<Tensor>],
+    dims: &HashMap<Symbol, i64>,
+) -> Result<Tensor, String> {
+    let rank = shape.len();
+    let mut preparer = Preparer { values, dims, slots: (0..rank as u32).map(|k| (k, k as usize)).collect(), tensors: Vec::new() };
+    let prepared = preparer.prepare(scalar);
+    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_ref()).collect() };
+    let mut slots = vec![0i64; preparer.slots.len().max(rank)];
+    let count: usize = shape.iter().product();
+    let mut out = Tensor::zeros(dtype, shape.clone());
+    for flat in 0..count {
+        let mut rest = flat;
+        for axis in (0..rank).rev() {
+            slots[axis] = (rest % shape[axis]) as i64;
+            rest /= shape[axis];
+        }
+        let v = runner.run(&prepared, &mut slots)?;
+        match &mut out.data {
+            Data::F32(values) => values[flat] = round(v.f(), dtype) as f32,
+            Data::I64(values) => values[flat] = wrap(v.i(), dtype),
+            Data::Bool(values) => values[flat] = v.b(),
+        }
+    }
+    Ok(out)
+}

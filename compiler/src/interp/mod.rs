@@ -1,0 +1,160 @@
+//! The reference interpreter: the semantics of record for the tensor IR.
+//! It evaluates each node of an entry in order, element by element, with
+//! the numerics of `docs/language.md`: a bf16 or f16 value is rounded
+//! where it is produced, sums accumulate in f64 and round once, and a
+//! position outside a tensor is an error naming the entry. States live in
+//! the [`Machine`] and persist across calls. Every later backend is tested
+//! against this.
+
+mod eval;
+mod intrinsics;
+pub mod tensor;
+
+use crate::ir::{Entry, Model, NodeKind};
+use crate::sema::dim::{Atom, Dim, Symbol};
+use crate::sema::ty::Dtype;
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+pub use tensor::{Data, Tensor};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunError {
+    UnknownEntry(String),
+    Inputs { entry: String, message: String },
+    Requirement { entry: String, requirement: String },
+    OutOfRange { entry: String, message: String },
+    Assertion { entry: String, message: String },
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::UnknownEntry(name) => write!(f, "the model has no entry `{name}`"),
+            RunError::Inputs { entry, message } => write!(f, "entry `{entry}`: {message}"),
+            RunError::Requirement { entry, requirement } => write!(f, "entry `{entry}` requires {requirement}, which these inputs break"),
+            RunError::OutOfRange { entry, message } => write!(f, "entry `{entry}`: {message}"),
+            RunError::Assertion { entry, message } => write!(f, "entry `{entry}`: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// A loaded model: its IR, its parameters, and its states.
+pub struct Machine {
+    model: Model,
+    params: Vec<Rc<Tensor>>,
+    states: Vec<Rc<Tensor>>,
+}
+
+impl Machine {
+    /// `params` in the model's parameter order, already validated.
+    pub fn new(model: Model, params: Vec<Tensor>) -> Machine {
+        let states = model.states.iter().map(|s| Rc::new(Tensor::zeros(s.dtype, s.shape.clone()))).collect();
+        Machine { model, params: params.into_iter().map(Rc::new).collect(), states }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Zeroes every state, as at load.
+    pub fn reset(&mut self) {
+        for (slot, state) in self.states.iter_mut().zip(&self.model.states) {
+            *slot = Rc::new(Tensor::zeros(state.dtype, state.shape.clone()));
+        }
+    }
+
+    pub fn call(&mut self, entry_name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
+        let model = &self.model;
+        let entry = model.entry(entry_name).ok_or_else(|| RunError::UnknownEntry(entry_name.to_string()))?;
+        let dims = bind_dims(entry, &inputs)?;
+        let mut values: Vec<Rc<Tensor>> = Vec::with_capacity(entry.nodes.len());
+        let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
+        let mut writes = Vec::new();
+        for (at, node) in entry.nodes.iter().enumerate() {
+            let value = match &node.kind {
+                NodeKind::Input(k) => Rc::new(inputs[*k].take().expect("each input is read once")),
+                NodeKind::Param(k) => Rc::clone(&self.params[*k]),
+                NodeKind::State(k) => Rc::clone(&self.states[*k]),
+                NodeKind::Compute(scalar) => {
+                    let shape = eval::shape(&node.shape, &dims);
+                    Rc::new(eval::compute(scalar, shape, node.dtype, &values, &dims).map_err(|message| {
+                        RunError::OutOfRange { entry: entry.name.clone(), message: format!("v{at}: {message}") }
+                    })?)
+                }
+                NodeKind::Intrinsic(intrinsic, args) => {
+                    let args: Vec<&Tensor> = args.iter().map(|v| values[v.index()].as_ref()).collect();
+                    Rc::new(intrinsics::run(*intrinsic, &args, eval::shape(&node.shape, &dims)))
+                }
+                NodeKind::WriteState(k, value) => {
+                    writes.push((*k, Rc::clone(&values[value.index()])));
+                    Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()))
+                }
+                NodeKind::Assert(value, message) => {
+                    if values[value.index()].data != Data::Bool(vec![true]) {
+                        return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
+                    }
+                    Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()))
+                }
+            };
+            values.push(value);
+        }
+        for (state, value) in writes {
+            self.states[state] = value;
+        }
+        Ok(entry.outputs.iter().map(|v| values[v.index()].as_ref().clone()).collect())
+    }
+}
+
+fn shape_text(shape: &[usize]) -> String {
+    format!("[{}]", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+}
+
+/// The entry's generics from its inputs' shapes, after checking every
+/// input's rank, shape and dtype and the entry's `where` clauses.
+fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<HashMap<Symbol, i64>, RunError> {
+    let error = |message: String| RunError::Inputs { entry: entry.name.clone(), message };
+    if inputs.len() != entry.inputs.len() {
+        return Err(error(format!("takes {} input(s), {} given", entry.inputs.len(), inputs.len())));
+    }
+    let mut dims: HashMap<Symbol, i64> = HashMap::new();
+    for (input, tensor) in entry.inputs.iter().zip(inputs) {
+        let expected: Vec<String> = input.shape.iter().map(ToString::to_string).collect();
+        if tensor.shape.len() != input.shape.len() {
+            return Err(error(format!("`{}` must have shape [{}], found {}", input.name, expected.join(", "), shape_text(&tensor.shape))));
+        }
+        if tensor.dtype != input.dtype {
+            return Err(error(format!("`{}` must be {}, found {}", input.name, input.dtype.name(), tensor.dtype.name())));
+        }
+        for (dim, &size) in input.shape.iter().zip(&tensor.shape) {
+            if let Some(Atom::Generic(name)) = dim.as_atom() {
+                dims.entry(name.clone()).or_insert(size as i64);
+            }
+        }
+    }
+    for (input, tensor) in entry.inputs.iter().zip(inputs) {
+        let fits = input.shape.iter().zip(&tensor.shape).all(|(dim, &size)| eval::dim(dim, &dims) == Some(size as i64));
+        if !fits {
+            let expected: Vec<String> = input.shape.iter().map(|d| eval::dim(d, &dims).map_or_else(|| d.to_string(), |v| v.to_string())).collect();
+            return Err(error(format!("`{}` must have shape [{}], found {}", input.name, expected.join(", "), shape_text(&tensor.shape))));
+        }
+    }
+    for requirement in &entry.requires {
+        let (lhs, rhs) = (eval::dim(&requirement.lhs, &dims), eval::dim(&requirement.rhs, &dims));
+        let holds = match (lhs, rhs) {
+            (Some(lhs), Some(rhs)) => crate::sema::holds(lhs, requirement.op, rhs),
+            _ => false,
+        };
+        if !holds {
+            return Err(RunError::Requirement { entry: entry.name.clone(), requirement: format!("`{}`", requirement.text) });
+        }
+    }
+    Ok(dims)
+}
+
+/// A dim's value under the entry's bindings.
+pub fn dim_value(dim: &Dim, dims: &HashMap<Symbol, i64>) -> Option<i64> {
+    eval::dim(dim, dims)
+}

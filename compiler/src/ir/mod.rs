@@ -1,0 +1,250 @@
+//! The tensor IR: one instantiated model. Parameters and states have
+//! concrete shapes; each entry is a list of nodes in SSA order, node `i`
+//! defining value `i`, whose shapes are dims over the entry's own generics
+//! (`B`, `S`, `M`), bound from the inputs when the entry is called.
+//!
+//! Almost everything is a [`NodeKind::Compute`]: a tensor defined by a
+//! scalar expression at every index, which may load elements of earlier
+//! values, reduce over a new index, and select lazily. Elementwise
+//! arithmetic, broadcasting, slices, gathers, reshapes, permutations and
+//! concatenations all lower to it; what cannot (the gated delta rule's
+//! recurrence) is an [`Intrinsic`]. Backends lower from this one form.
+
+mod text;
+mod verify;
+
+pub use verify::verify;
+
+use crate::sema::dim::{Dim, Symbol};
+use crate::sema::ty::Dtype;
+use crate::syntax::ast::CmpOp;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(pub u32);
+
+impl Value {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A weight, bound from the checkpoint at load time.
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// `groups.3.linear.1.mlp.gate_up_proj`
+    pub path: String,
+    pub shape: Vec<usize>,
+    pub dtype: Dtype,
+}
+
+/// A tensor that persists across calls of one loaded model; zero at load.
+#[derive(Clone, Debug)]
+pub struct State {
+    pub path: String,
+    pub shape: Vec<usize>,
+    pub dtype: Dtype,
+}
+
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub name: String,
+    pub shape: Vec<Dim>,
+    pub dtype: Dtype,
+}
+
+/// A `where` clause of an entry, checked when it is called.
+#[derive(Clone, Debug)]
+pub struct Requirement {
+    pub lhs: Dim,
+    pub op: CmpOp,
+    pub rhs: Dim,
+    pub text: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub name: String,
+    /// The entry's generics, bound from the input shapes.
+    pub dims: Vec<Symbol>,
+    pub requires: Vec<Requirement>,
+    pub inputs: Vec<Input>,
+    pub nodes: Vec<Node>,
+    /// The returned values (a tuple is flattened).
+    pub outputs: Vec<Value>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub kind: NodeKind,
+    pub shape: Vec<Dim>,
+    pub dtype: Dtype,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intrinsic {
+    GatedDeltaRule,
+    GatedDeltaStep,
+}
+
+impl Intrinsic {
+    pub fn name(self) -> &'static str {
+        match self {
+            Intrinsic::GatedDeltaRule => "gated_delta_rule",
+            Intrinsic::GatedDeltaStep => "gated_delta_step",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Intrinsic> {
+        match name {
+            "gated_delta_rule" => Some(Intrinsic::GatedDeltaRule),
+            "gated_delta_step" => Some(Intrinsic::GatedDeltaStep),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum NodeKind {
+    Input(usize),
+    Param(usize),
+    /// The state's value when the entry starts.
+    State(usize),
+    /// Element `[i0, i1, ...]` is the expression with `Index(k)` = `ik`.
+    Compute(Scalar),
+    Intrinsic(Intrinsic, Vec<Value>),
+    /// Makes `value` the state's value for the next call. Has no value of
+    /// its own (rank 0, bool).
+    WriteState(usize, Value),
+    /// Fails the call with the message unless the bool scalar is true.
+    Assert(Value, String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    Neg,
+    Not,
+    Exp,
+    Log,
+    Rsqrt,
+    Sqrt,
+    Cos,
+    Sin,
+    Tanh,
+    Abs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Max,
+    Min,
+    And,
+    Or,
+    Cmp(CmpOp),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// A scalar expression; each node has the element type of its result,
+/// and a float result of type bf16 or f16 is rounded to it.
+#[derive(Clone, Debug)]
+pub enum Scalar {
+    /// The `k`-th index: an axis of the computed tensor, or a reduction's.
+    Index(u32, Dtype),
+    /// A dim's value (i64), known when the entry is called.
+    Dim(Dim),
+    Float(f64, Dtype),
+    Int(i64, Dtype),
+    Bool(bool),
+    /// An element of an earlier value; positions are i64.
+    Load(Value, Vec<Scalar>, Dtype),
+    Unary(UnaryOp, Box<Scalar>, Dtype),
+    Binary(BinaryOp, Box<Scalar>, Box<Scalar>, Dtype),
+    /// Only the chosen side is evaluated.
+    Select(Box<Scalar>, Box<Scalar>, Box<Scalar>, Dtype),
+    Cast(Box<Scalar>, Dtype),
+    /// Index `index` runs over `0..extent`; floats accumulate in f64 and
+    /// round once to `dtype`.
+    Reduce { op: ReduceOp, index: u32, extent: Dim, body: Box<Scalar>, dtype: Dtype },
+}
+
+impl Scalar {
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            Scalar::Index(_, dtype)
+            | Scalar::Float(_, dtype)
+            | Scalar::Int(_, dtype)
+            | Scalar::Load(_, _, dtype)
+            | Scalar::Unary(_, _, dtype)
+            | Scalar::Binary(_, _, _, dtype)
+            | Scalar::Select(_, _, _, dtype)
+            | Scalar::Cast(_, dtype)
+            | Scalar::Reduce { dtype, .. } => *dtype,
+            Scalar::Dim(_) => Dtype::I64,
+            Scalar::Bool(_) => Dtype::Bool,
+        }
+    }
+
+    /// Every value this expression loads.
+    pub fn loads(&self, out: &mut Vec<Value>) {
+        match self {
+            Scalar::Load(value, positions, _) => {
+                out.push(*value);
+                positions.iter().for_each(|p| p.loads(out));
+            }
+            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => a.loads(out),
+            Scalar::Binary(_, a, b, _) => {
+                a.loads(out);
+                b.loads(out);
+            }
+            Scalar::Select(c, a, b, _) => {
+                c.loads(out);
+                a.loads(out);
+                b.loads(out);
+            }
+            Scalar::Reduce { body, .. } => body.loads(out),
+            Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        }
+    }
+}
+
+/// A model, instantiated with its card's generics.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub name: String,
+    pub params: Vec<Param>,
+    pub states: Vec<State>,
+    pub entries: Vec<Entry>,
+}
+
+impl Model {
+    pub fn entry(&self, name: &str) -> Option<&Entry> {
+        self.entries.iter().find(|entry| entry.name == name)
+    }
+
+    pub fn param_bytes(&self) -> usize {
+        self.params.iter().map(|p| p.shape.iter().product::<usize>() * dtype_bytes(p.dtype)).sum()
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.states.iter().map(|s| s.shape.iter().product::<usize>() * dtype_bytes(s.dtype)).sum()
+    }
+}
+
+pub fn dtype_bytes(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::Bf16 | Dtype::F16 => 2,
+        Dtype::F32 | Dtype::I32 => 4,
+        Dtype::I64 => 8,
+        Dtype::Bool => 1,
+    }
+}

@@ -1,0 +1,44 @@
+//! Greedy generation through a model's own entries: `prefill` of the
+//! prompt from position 0, then `decode` one token at a time, every batch
+//! row given the same prompt.
+
+use linnet_compiler::interp::{Machine, RunError, Tensor};
+use linnet_compiler::sema::ty::Dtype;
+
+/// The index of the largest value of each row of a `[rows, n]` tensor;
+/// ties go to the lower index.
+pub fn argmax_rows(logits: &Tensor) -> Vec<i64> {
+    let values = logits.as_f32().expect("logits are floats");
+    let width = *logits.shape.last().expect("a rank-2 tensor");
+    values
+        .chunks(width)
+        .map(|row| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (at, &v)| if v > best.1 { (at, v) } else { best }).0 as i64)
+        .collect()
+}
+
+/// The model's batch size: the rows its `decode` entry takes.
+pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
+    let entry = machine.model().entry("decode").ok_or("the model has no `decode` entry")?;
+    entry.inputs[0].shape[0].as_constant().map(|rows| rows as usize).ok_or_else(|| "`decode` takes a batch of unknown size".to_string())
+}
+
+/// Appends `max_tokens` greedy tokens to `prompt`; returns the new ones.
+pub fn greedy(machine: &mut Machine, prompt: &[i64], max_tokens: usize) -> Result<Vec<i64>, RunError> {
+    let rows = batch_rows(machine).map_err(|message| RunError::Inputs { entry: "decode".into(), message })?;
+    machine.reset();
+    let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
+    let prefill = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
+    let mut logits = machine.call("prefill", prefill)?.remove(0);
+    let mut generated = Vec::with_capacity(max_tokens);
+    for step in 0..max_tokens {
+        let next = argmax_rows(&logits)[0];
+        generated.push(next);
+        if step + 1 == max_tokens {
+            break;
+        }
+        let position = (prompt.len() + step) as i64;
+        let decode = vec![Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![next; rows]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![position])];
+        logits = machine.call("decode", decode)?.remove(0);
+    }
+    Ok(generated)
+}

@@ -1,0 +1,153 @@
+//! Weights from safetensors checkpoints: where they are (`--weights DIR`,
+//! else the Hugging Face cache at the model card's repo and revision), which
+//! file holds each tensor (`model.safetensors.index.json`, else the card's
+//! `[weights] files`, else every `.safetensors` file), and every parameter
+//! validated against the IR before anything runs: a missing tensor, a wrong
+//! shape or dtype, an unreadable file. All problems are reported at once.
+
+use linnet_compiler::interp::Tensor;
+use linnet_compiler::ir::Model;
+use linnet_compiler::sema::ty::Dtype;
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The Hugging Face hub cache folders, in the order they are consulted.
+fn hub_caches() -> Vec<PathBuf> {
+    let mut caches = Vec::new();
+    if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
+        caches.push(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("HF_HOME") {
+        caches.push(PathBuf::from(dir).join("hub"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        caches.push(PathBuf::from(home).join(".cache/huggingface/hub"));
+    }
+    caches
+}
+
+/// The weights folder: the one given, else the model card's snapshot in
+/// the Hugging Face cache; otherwise an error saying where it looked.
+pub fn locate(explicit: Option<&Path>, repo: Option<&str>, revision: Option<&str>) -> Result<PathBuf, String> {
+    if let Some(dir) = explicit {
+        return if dir.is_dir() { Ok(dir.to_path_buf()) } else { Err(format!("--weights {}: no such folder", dir.display())) };
+    }
+    let Some(repo) = repo else {
+        return Err("no weights: pass --weights DIR (the model card names no `[weights] repo`)".into());
+    };
+    let folder = format!("models--{}", repo.replace('/', "--"));
+    let revision = revision.unwrap_or("main");
+    let mut looked = Vec::new();
+    for cache in hub_caches() {
+        let snapshot = cache.join(&folder).join("snapshots").join(revision);
+        if snapshot.is_dir() {
+            return Ok(snapshot);
+        }
+        looked.push(snapshot.display().to_string());
+    }
+    Err(format!("no weights for {repo}@{revision}: looked in {}; pass --weights DIR", looked.join(", ")))
+}
+
+/// Which file holds each tensor.
+fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Vec<PathBuf>, String> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| format!("{}: {e}", index.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
+        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| format!("{}: no `weight_map`", index.display()))?;
+        let files: BTreeSet<&str> = map.values().filter_map(|f| f.as_str()).collect();
+        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+    }
+    if !card_files.is_empty() {
+        return Ok(card_files.iter().map(|f| dir.join(f)).collect());
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("{}: no .safetensors files", dir.display()));
+    }
+    Ok(files)
+}
+
+fn dtype_of(dtype: safetensors::Dtype) -> Option<Dtype> {
+    Some(match dtype {
+        safetensors::Dtype::BF16 => Dtype::Bf16,
+        safetensors::Dtype::F16 => Dtype::F16,
+        safetensors::Dtype::F32 => Dtype::F32,
+        _ => return None,
+    })
+}
+
+fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        Dtype::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        _ => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+    }
+}
+
+/// Every parameter of `model`, read from the checkpoint in `dir` through
+/// `bindings` (parameter path → tensor name). Tensors no binding names are
+/// ignored. Errors list every problem found.
+pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_files: &[String]) -> Result<Vec<Tensor>, Vec<String>> {
+    let files = tensor_files(dir, card_files).map_err(|e| vec![e])?;
+    let mut problems = Vec::new();
+    let mut maps = Vec::new();
+    for path in &files {
+        match File::open(path).and_then(|file| unsafe { Mmap::map(&file) }) {
+            // SAFETY: the checkpoint is read-only input; a file changed while
+            // mapped is outside what this loader promises to survive.
+            Ok(map) => maps.push((path, map)),
+            Err(error) => problems.push(format!("cannot open checkpoint file {}: {error}", path.display())),
+        }
+    }
+    let mut parsed = Vec::new();
+    for (path, map) in &maps {
+        match SafeTensors::deserialize(map) {
+            Ok(tensors) => parsed.push((path, tensors)),
+            Err(error) => problems.push(format!("checkpoint file {} is corrupt or truncated: {error}", path.display())),
+        }
+    }
+    let mut holder: HashMap<String, usize> = HashMap::new();
+    for (at, (_, tensors)) in parsed.iter().enumerate() {
+        for name in tensors.names() {
+            holder.insert(name.to_string(), at);
+        }
+    }
+    let mut params = Vec::with_capacity(model.params.len());
+    for param in &model.params {
+        let Some(name) = bindings.get(&param.path) else {
+            problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
+            continue;
+        };
+        let Some(&file) = holder.get(name) else {
+            if problems.iter().all(|p| !p.contains("corrupt")) {
+                problems.push(format!("parameter `{}`: the checkpoint has no tensor `{name}`", param.path));
+            }
+            continue;
+        };
+        let view = parsed[file].1.tensor(name).expect("listed by the file");
+        let shape = view.shape().to_vec();
+        let dtype = dtype_of(view.dtype());
+        let mut wrong = Vec::new();
+        if shape != param.shape {
+            wrong.push(format!("shape {shape:?}, expected {:?}", param.shape));
+        }
+        if dtype != Some(param.dtype) {
+            wrong.push(format!("dtype {:?}, expected {}", view.dtype(), param.dtype.name()));
+        }
+        if !wrong.is_empty() {
+            problems.push(format!("parameter `{}`: tensor `{name}` in {} has {}", param.path, parsed[file].0.display(), wrong.join(" and ")));
+            continue;
+        }
+        params.push(Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())));
+    }
+    if problems.is_empty() { Ok(params) } else { Err(problems) }
+}
