@@ -38,10 +38,15 @@ pub fn locate(explicit: Option<&Path>, repo: Option<&str>, revision: Option<&str
     let Some(repo) = repo else {
         return Err("no weights: pass --weights DIR (the model card names no `[weights] repo`)".into());
     };
+    locate_in_caches(&hub_caches(), repo, revision)
+}
+
+/// `models--ORG--NAME/snapshots/REVISION` in the first cache that has it.
+pub fn locate_in_caches(caches: &[PathBuf], repo: &str, revision: Option<&str>) -> Result<PathBuf, String> {
     let folder = format!("models--{}", repo.replace('/', "--"));
     let revision = revision.unwrap_or("main");
     let mut looked = Vec::new();
-    for cache in hub_caches() {
+    for cache in caches {
         let snapshot = cache.join(&folder).join("snapshots").join(revision);
         if snapshot.is_dir() {
             return Ok(snapshot);

@@ -59,7 +59,9 @@ impl V {
 enum P {
     Slot(usize),
     Const(V),
-    Load { tensor: usize, positions: Vec<P>, shape: Vec<usize> },
+    /// `what` names the tensor, `sources` the input each position reads
+    /// directly, for errors.
+    Load { tensor: usize, positions: Vec<P>, shape: Vec<usize>, what: Rc<str>, sources: Vec<Option<Rc<str>>> },
     Unary(UnaryOp, Box<P>, Dtype),
     Binary(BinaryOp, Box<P>, Box<P>, Dtype),
     Select(Box<P>, Box<P>, Box<P>),
@@ -67,14 +69,27 @@ enum P {
     Reduce { op: ReduceOp, slot: usize, extent: i64, body: Box<P>, dtype: Dtype },
 }
 
+/// What a value is, for messages: an input, a parameter, a state.
+pub type Origins<'o> = &'o [Option<Rc<str>>];
+
 struct Preparer<'v> {
     values: &'v [Rc<Tensor>],
+    origins: Origins<'v>,
     dims: &'v HashMap<Symbol, i64>,
     slots: HashMap<u32, usize>,
     tensors: Vec<usize>,
 }
 
 impl Preparer<'_> {
+    /// The input a position reads directly (through casts), if any.
+    fn source(&self, position: &Scalar) -> Option<Rc<str>> {
+        match position {
+            Scalar::Cast(inner, _) => self.source(inner),
+            Scalar::Load(value, _, _) => self.origins[value.index()].clone().filter(|o| o.starts_with("input")),
+            _ => None,
+        }
+    }
+
     fn prepare(&mut self, scalar: &Scalar) -> P {
         match scalar {
             Scalar::Index(id, _) => P::Slot(self.slots[id]),
@@ -86,7 +101,9 @@ impl Preparer<'_> {
                 let tensor = self.tensors.len();
                 self.tensors.push(value.index());
                 let shape = self.values[value.index()].shape.clone();
-                P::Load { tensor, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape }
+                let what = self.origins[value.index()].clone().unwrap_or_else(|| Rc::from(format!("v{}", value.0)));
+                let sources = positions.iter().map(|p| self.source(p)).collect();
+                P::Load { tensor, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape, what, sources }
             }
             Scalar::Unary(op, a, dtype) => P::Unary(*op, Box::new(self.prepare(a)), *dtype),
             Scalar::Binary(op, a, b, dtype) => P::Binary(*op, Box::new(self.prepare(a)), Box::new(self.prepare(b)), *dtype),
@@ -119,12 +136,15 @@ impl Runner<'_> {
         Ok(match p {
             P::Slot(slot) => V::I(slots[*slot]),
             P::Const(v) => *v,
-            P::Load { tensor, positions, shape } => {
+            P::Load { tensor, positions, shape, what, sources } => {
                 let mut offset = 0usize;
-                for (position, &size) in positions.iter().zip(shape) {
+                for ((position, &size), source) in positions.iter().zip(shape).zip(sources) {
                     let at = self.run(position, slots)?.i();
                     if at < 0 || at as usize >= size {
-                        return Err(format!("position {at} is outside an axis of {size}"));
+                        return Err(match source {
+                            Some(input) => format!("{input} holds {at}, outside 0..{size} (an axis of {what})"),
+                            None => format!("position {at} is outside 0..{size} (an axis of {what})"),
+                        });
                     }
                     offset = offset * size + at as usize;
                 }
@@ -261,10 +281,11 @@ pub fn compute(
     shape: Vec<usize>,
     dtype: Dtype,
     values: &[Rc<Tensor>],
+    origins: Origins,
     dims: &HashMap<Symbol, i64>,
 ) -> Result<Tensor, String> {
     let rank = shape.len();
-    let mut preparer = Preparer { values, dims, slots: (0..rank as u32).map(|k| (k, k as usize)).collect(), tensors: Vec::new() };
+    let mut preparer = Preparer { values, origins, dims, slots: (0..rank as u32).map(|k| (k, k as usize)).collect(), tensors: Vec::new() };
     let prepared = preparer.prepare(scalar);
     let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_ref()).collect() };
     let mut slots = vec![0i64; preparer.slots.len().max(rank)];

@@ -73,6 +73,16 @@ impl Machine {
         let mut values: Vec<Rc<Tensor>> = Vec::with_capacity(entry.nodes.len());
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut writes = Vec::new();
+        let origins: Vec<Option<Rc<str>>> = entry
+            .nodes
+            .iter()
+            .map(|node| match node.kind {
+                NodeKind::Input(k) => Some(Rc::from(format!("input `{}`", entry.inputs[k].name))),
+                NodeKind::Param(k) => Some(Rc::from(format!("param `{}`", model.params[k].path))),
+                NodeKind::State(k) => Some(Rc::from(format!("state `{}`", model.states[k].path))),
+                _ => None,
+            })
+            .collect();
         for (at, node) in entry.nodes.iter().enumerate() {
             let value = match &node.kind {
                 NodeKind::Input(k) => Rc::new(inputs[*k].take().expect("each input is read once")),
@@ -80,8 +90,8 @@ impl Machine {
                 NodeKind::State(k) => Rc::clone(&self.states[*k]),
                 NodeKind::Compute(scalar) => {
                     let shape = eval::shape(&node.shape, &dims);
-                    Rc::new(eval::compute(scalar, shape, node.dtype, &values, &dims).map_err(|message| {
-                        RunError::OutOfRange { entry: entry.name.clone(), message: format!("v{at}: {message}") }
+                    Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
+                        RunError::OutOfRange { entry: entry.name.clone(), message: format!("{message} (at v{at})") }
                     })?)
                 }
                 NodeKind::Intrinsic(intrinsic, args) => {

@@ -1,0 +1,62 @@
+//! `linnet run` and `linnet generate` as a user runs them.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn linnet(args: &[&str]) -> Output {
+    let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
+    let nest = oracle.join("package/nest-f32.toml");
+    let weights = oracle.join("weights-f32");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
+    command.args(&args[..1]).arg(root().join("models/qwen3.6-35b-a3b"));
+    command.arg("--nest").arg(nest).arg("--weights").arg(weights).args(&args[1..]);
+    command.env("LINNET_STDLIB", root().join("stdlib")).output().expect("linnet runs")
+}
+
+#[test]
+fn generate_prints_the_greedy_ids() {
+    let prompt = [393, 201, 20, 376, 357];
+    let output = linnet(&["generate", "--prompt-ids", "393,201,20,376,357", "--max-tokens", "12", "--temperature", "0", "--print-ids"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let ids: Vec<i64> = String::from_utf8(output.stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
+    // The same as the library's greedy decoding (which the oracle test
+    // holds to the reference's tokens).
+    let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
+    let options = linnet_compiler::package::LoadOptions {
+        nest: Some(oracle.join("package/nest-f32.toml")),
+        stdlib: Some(root().join("stdlib")),
+        ..Default::default()
+    };
+    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, Some(&oracle.join("weights-f32"))).unwrap();
+    assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
+}
+
+#[test]
+fn run_writes_npy_and_reports_bad_arguments() {
+    let dir = std::env::temp_dir().join(format!("linnet-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens.npy");
+    let tensor = linnet_compiler::interp::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, 4], vec![5, 17, 3, 9]);
+    std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
+    let logits = dir.join("logits.npy");
+    let input = format!("tokens={}", tokens.display());
+    let output = linnet(&["run", "--entry", "next_token", "--input", &input, "--output", logits.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let result = linnet_runtime::npy::read(&std::fs::read(&logits).unwrap()).unwrap();
+    assert_eq!(result.shape, vec![1, 512]);
+
+    let output = linnet(&["run", "--entry", "decode", "--input", &input, "--arg", "pos=0"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("entry `decode` has no input `tokens`"), "{stderr}");
+
+    let output = linnet(&["run", "--entry", "prefill", "--input", &input]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("needs `pos`: pass it with --arg pos=..."));
+
+    let output = linnet(&["run", "--entry", "sample", "--input", &input]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no entry `sample`"));
+}
