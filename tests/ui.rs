@@ -172,3 +172,44 @@ fn truncated_sources_never_panic() {
         }
     }
 }
+
+fn linnet_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            linnet_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "linnet") {
+            out.push(path);
+        }
+    }
+}
+
+fn tokens(text: &str) -> Vec<String> {
+    let mut diagnostics = Vec::new();
+    let lexed = linnet_compiler::syntax::lexer::lex(linnet_compiler::source::FileId(0), text, &mut diagnostics);
+    let mut pieces: Vec<(u32, String)> = lexed.tokens.iter().map(|(t, s)| (s.start, format!("{t:?}"))).collect();
+    pieces.extend(lexed.comments.iter().map(|c| (c.span.start, c.text.trim_end().to_string())));
+    pieces.sort();
+    pieces.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The formatter changes layout only: the same tokens and comments in the
+/// same order, and a second run changes nothing. The packages in the
+/// repository are formatted.
+#[test]
+fn formatting_keeps_every_token_and_is_idempotent() {
+    let mut files = Vec::new();
+    for dir in ["models", "stdlib", "examples", "tests/ui/packages"] {
+        linnet_files(&root().join(dir), &mut files);
+    }
+    assert!(files.len() > 15);
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let Some(formatted) = linnet_compiler::syntax::format::format(&text) else { continue };
+        assert_eq!(tokens(&text), tokens(&formatted), "{}: formatting changed the tokens", file.display());
+        assert_eq!(linnet_compiler::syntax::format::format(&formatted).as_deref(), Some(formatted.as_str()), "{}: not idempotent", file.display());
+        if !file.starts_with(root().join("tests")) {
+            assert_eq!(text, formatted, "{} is not formatted: run `linnetc fmt`", file.display());
+        }
+    }
+}

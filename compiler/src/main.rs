@@ -35,6 +35,14 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Colour::Auto)]
         color: Colour,
     },
+    /// Format Linnet files in the canonical layout.
+    Fmt {
+        /// Files or folders (every `.linnet` file below); default `.`.
+        paths: Vec<PathBuf>,
+        /// Change nothing; exit 1 if a file is not formatted.
+        #[arg(long)]
+        check: bool,
+    },
     /// Check a package and lower it to the tensor IR.
     Build {
         #[arg(default_value = ".")]
@@ -74,9 +82,65 @@ fn parse_assignment(text: &str) -> Result<(String, String), String> {
     }
 }
 
+fn linnet_files(path: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    if path.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        entries.sort();
+        for entry in entries {
+            if entry.file_name().is_some_and(|n| n != "target" && !n.to_string_lossy().starts_with('.')) {
+                linnet_files(&entry, out)?;
+            }
+        }
+    } else if path.extension().is_some_and(|e| e == "linnet") {
+        out.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
+    let mut files = Vec::new();
+    for path in &paths {
+        if let Err(error) = linnet_files(path, &mut files) {
+            eprintln!("linnetc fmt: {}: {error}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    let mut unformatted = 0;
+    for file in &files {
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("linnetc fmt: {}: {error}", file.display());
+                return ExitCode::from(2);
+            }
+        };
+        let Some(formatted) = linnet_compiler::syntax::format::format(&text) else {
+            eprintln!("linnetc fmt: {}: does not lex; run `linnetc check` first", file.display());
+            unformatted += 1;
+            continue;
+        };
+        if formatted == text {
+            continue;
+        }
+        unformatted += 1;
+        if check {
+            println!("{}", file.display());
+        } else if let Err(error) = std::fs::write(file, formatted) {
+            eprintln!("linnetc fmt: {}: {error}", file.display());
+            return ExitCode::from(2);
+        }
+    }
+    if check && unformatted > 0 {
+        eprintln!("{unformatted} of {} file(s) are not formatted", files.len());
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
         Command::Build { package, emit: Emit::Ir, nest, overrides } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             match driver::lower_package(&package, &options) {

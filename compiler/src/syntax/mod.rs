@@ -3,6 +3,7 @@
 
 pub mod ast;
 mod delimiters;
+pub mod format;
 pub mod lexer;
 pub mod parser;
 
