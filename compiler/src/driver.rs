@@ -10,6 +10,7 @@ pub struct Checked {
     pub sources: SourceMap,
     pub diagnostics: Vec<Diagnostic>,
     pub package: Option<Package>,
+    pub analysis: crate::sema::Analysis,
 }
 
 impl Checked {
@@ -22,11 +23,12 @@ pub fn check_package(dir: &Path, options: &LoadOptions) -> Checked {
     let mut sources = SourceMap::default();
     let mut diagnostics = Vec::new();
     let package = package::load(dir, options, &mut sources, &mut diagnostics);
-    if let Some(package) = &package {
-        crate::sema::check(package, &mut diagnostics);
-    }
+    let analysis = match &package {
+        Some(package) => crate::sema::check(package, &mut diagnostics),
+        None => crate::sema::Analysis::default(),
+    };
     diagnostic::sort(&mut diagnostics);
-    Checked { sources, diagnostics, package }
+    Checked { sources, diagnostics, package, analysis }
 }
 
 /// Checks the package and, when it is clean, lowers it to the IR.

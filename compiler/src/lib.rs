@@ -8,6 +8,7 @@ pub mod driver;
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod lsp;
 pub mod package;
 pub mod sema;
 pub mod source;

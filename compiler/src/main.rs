@@ -35,6 +35,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Colour::Auto)]
         color: Colour,
     },
+    /// A language server over stdio, for editors.
+    Lsp,
     /// Format Linnet files in the canonical layout.
     Fmt {
         /// Files or folders (every `.linnet` file below); default `.`.
@@ -140,6 +142,13 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Lsp => match linnet_compiler::lsp::serve() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("linnetc lsp: {error}");
+                ExitCode::from(2)
+            }
+        },
         Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
         Command::Build { package, emit: Emit::Ir, nest, overrides } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };

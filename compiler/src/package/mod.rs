@@ -34,10 +34,19 @@ pub struct Package {
     pub modules: Vec<LoadedModule>,
 }
 
+/// Parsed modules kept between loads, so that a language server re-parses
+/// only the file that changed. An entry is reused when the text and the
+/// file's id in the new source map are the same as when it was parsed.
+#[derive(Default)]
+pub struct ParseCache {
+    modules: HashMap<PathBuf, (String, FileId, ast::Module, Vec<Diagnostic>)>,
+}
+
 /// How to load: which model card to read, which values to override, and
 /// unsaved texts that replace files on disk.
 #[derive(Default)]
 pub struct LoadOptions {
+    pub parse_cache: Option<std::rc::Rc<std::cell::RefCell<ParseCache>>>,
     /// A model card other than `<dir>/nest.toml`.
     pub nest: Option<PathBuf>,
     /// `--set NAME=VALUE`: generics (and `[check]` dims) to override.
@@ -172,7 +181,27 @@ impl ModuleLoader<'_> {
     fn parse(&mut self, name: String, path: &Path, text: String, queue: &mut VecDeque<(String, Span)>) {
         let file = self.sources.add(path, text);
         let text = &self.sources.get(file).text;
-        let ast = syntax::parse_module(file, text, self.diagnostics);
+        let cached = self.options.parse_cache.as_ref().and_then(|cache| {
+            let cache = cache.borrow();
+            let (old_text, old_file, ast, diagnostics) = cache.modules.get(path)?;
+            (old_text == text && *old_file == file).then(|| (ast.clone(), diagnostics.clone()))
+        });
+        let ast = match cached {
+            Some((ast, diagnostics)) => {
+                self.diagnostics.extend(diagnostics);
+                ast
+            }
+            None => {
+                let mut diagnostics = Vec::new();
+                let ast = syntax::parse_module(file, text, &mut diagnostics);
+                if let Some(cache) = &self.options.parse_cache {
+                    let entry = (text.clone(), file, ast.clone(), diagnostics.clone());
+                    cache.borrow_mut().modules.insert(path.to_path_buf(), entry);
+                }
+                self.diagnostics.extend(diagnostics);
+                ast
+            }
+        };
         match &ast.name {
             Some(header) if header.text() != name => self.diagnostics.push(
                 Diagnostic::error(

@@ -23,6 +23,7 @@ enum LocalKind {
 struct Local {
     ty: Ty,
     kind: LocalKind,
+    span: Span,
 }
 
 /// What an index variable ranges over, once something it indexes says.
@@ -50,6 +51,7 @@ pub struct BodyChecker<'p, 'a> {
     locals: Vec<HashMap<String, Local>>,
     index_frames: Vec<Vec<IndexVar>>,
     pub(super) diagnostics: &'p mut Vec<Diagnostic>,
+    analysis: &'p mut super::Analysis,
 }
 
 impl<'p, 'a> BodyChecker<'p, 'a> {
@@ -60,8 +62,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         generics: Vec<GenericSig>,
         facts: Facts,
         diagnostics: &'p mut Vec<Diagnostic>,
+        analysis: &'p mut super::Analysis,
     ) -> Self {
-        BodyChecker { program, module, block, facts, generics, locals: vec![HashMap::new()], index_frames: Vec::new(), diagnostics }
+        BodyChecker { program, module, block, facts, generics, locals: vec![HashMap::new()], index_frames: Vec::new(), diagnostics, analysis }
+    }
+
+    fn define(&mut self, used: Span, declared: Span) {
+        self.analysis.definitions.push((used, declared));
     }
 
     pub(super) fn error(&mut self, diagnostic: Diagnostic) -> Ty {
@@ -69,12 +76,14 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         Ty::Error
     }
 
-    pub fn bind_param(&mut self, name: &str, ty: Ty) {
-        self.locals[0].insert(name.to_string(), Local { ty, kind: LocalKind::Param });
+    pub fn bind_param(&mut self, name: &str, ty: Ty, span: Span) {
+        self.analysis.types.push((span, ty.clone()));
+        self.locals[0].insert(name.to_string(), Local { ty, kind: LocalKind::Param, span });
     }
 
     fn bind(&mut self, name: &ast::Ident, ty: Ty, kind: LocalKind) {
-        self.locals.last_mut().expect("a scope").insert(name.name.clone(), Local { ty, kind });
+        self.analysis.types.push((name.span, ty.clone()));
+        self.locals.last_mut().expect("a scope").insert(name.name.clone(), Local { ty, kind, span: name.span });
     }
 
     /// Checks a function body against its declared return type.
@@ -141,6 +150,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 self.check_returned(value, &found, ret);
             }
             Stmt::StaticFor { var, over, body, .. } => {
+                if let Some(declared) = self.member_span(&over.name) {
+                    self.define(over.span, declared);
+                }
                 let element = match self.lookup_member(&over.name) {
                     Some(Ty::SubArray(sub, _)) => Ty::Sub(sub),
                     Some(Ty::Error) => Ty::Error,
@@ -184,8 +196,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     fn check_assign(&mut self, target: &ast::Ident, value: &Expr) {
         let found = self.check_expr(value);
         let local = self.locals.iter().rev().find_map(|scope| scope.get(&target.name));
+        if let Some(declared) = local.map(|l| l.span).or_else(|| self.member_span(&target.name)) {
+            self.define(target.span, declared);
+        }
+        let local = self.locals.iter().rev().find_map(|scope| scope.get(&target.name));
         let (expected, what) = match local {
-            Some(Local { ty, kind: LocalKind::Var }) => (ty.clone(), "variable"),
+            Some(Local { ty, kind: LocalKind::Var, .. }) => (ty.clone(), "variable"),
             Some(Local { kind, .. }) => {
                 let what = if *kind == LocalKind::Param { "a parameter" } else { "a `let`" };
                 self.error(
@@ -224,6 +240,17 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     fn block_state(&self, name: &str) -> Option<Ty> {
         let block = &self.program.blocks[self.block?];
         block.states.iter().find(|(n, _, _)| n == name).map(|(_, ty, _)| ty.clone())
+    }
+
+    /// Where a member of the current block is declared.
+    fn member_span(&self, name: &str) -> Option<Span> {
+        let block = &self.program.blocks[self.block?];
+        block
+            .subs
+            .iter()
+            .find(|sub| sub.name == name)
+            .map(|sub| sub.name_span)
+            .or_else(|| block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, _, span)| *span))
     }
 
     /// A member of the current block: a sub, a param or a state.
@@ -272,12 +299,18 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             return Ty::scalar(Dtype::I64);
         }
         if let Some(local) = self.locals.iter().rev().find_map(|scope| scope.get(&name.name)) {
-            return local.ty.clone();
-        }
-        if let Some(ty) = self.lookup_member(&name.name) {
+            let (ty, declared) = (local.ty.clone(), local.span);
+            self.define(name.span, declared);
             return ty;
         }
-        if let Some(generic) = self.generics.iter().find(|g| *g.name == name.name) {
+        if let Some(ty) = self.lookup_member(&name.name) {
+            if let Some(declared) = self.member_span(&name.name) {
+                self.define(name.span, declared);
+            }
+            return ty;
+        }
+        if let Some(generic) = self.generics.iter().find(|g| *g.name == name.name).cloned() {
+            self.define(name.span, generic.span);
             return match generic.kind {
                 GenericKind::Dim => Ty::DimValue(Dim::generic(&name.name)),
                 kind => self.error(
@@ -287,7 +320,11 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             };
         }
         match self.program.scopes[self.module].get(&name.name) {
-            Some(ItemRef::Const(id)) => return self.program.consts[*id].ty.clone(),
+            Some(ItemRef::Const(id)) => {
+                let (ty, declared) = (self.program.consts[*id].ty.clone(), self.program.consts[*id].span);
+                self.define(name.span, declared);
+                return ty;
+            }
             Some(ItemRef::Unresolved) => return Ty::Error,
             Some(_) => {
                 return self.error(
@@ -337,7 +374,14 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         }
     }
 
+    /// The type of an expression, recorded for editors.
     pub fn check_expr(&mut self, expr: &Expr) -> Ty {
+        let ty = self.expr_type(expr);
+        self.analysis.types.push((expr.span, ty.clone()));
+        ty
+    }
+
+    fn expr_type(&mut self, expr: &Expr) -> Ty {
         match &expr.kind {
             ExprKind::Int(_) => Ty::Tensor(TensorTy::scalar(Elem::IntLiteral)),
             ExprKind::Float(_) => Ty::Tensor(TensorTy::scalar(Elem::FloatLiteral)),
@@ -529,6 +573,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let mut axes = Vec::new();
         let mut complete = true;
         for var in frame {
+            if let Some(IndexRange::Dim(dim, _)) = &var.range {
+                self.analysis.types.push((var.span, Ty::DimValue(dim.clone())));
+            }
             match var.range {
                 Some(IndexRange::Dim(dim, _)) => axes.push(Axis::Dim(dim)),
                 Some(IndexRange::Shape(shape, _)) => axes.extend(shape),
@@ -811,6 +858,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             );
         };
         let function = &self.program.fns[fn_id];
+        let declared = function.decl.name.span;
+        self.define(method.span, declared);
+        let function = &self.program.fns[fn_id];
         if !function.decl.is_pub {
             return self.error(
                 Diagnostic::error("private-item", method.span, format!("`{}.{}` is private", block.name, method.name))
@@ -862,6 +912,8 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 );
             }
         };
+        let declared = self.program.fns[fn_id].decl.name.span;
+        self.define(callee.span, declared);
         if self.program.fns[fn_id].is_entry() {
             return self.error(
                 Diagnostic::error("entry-call", callee.span, format!("`{}` is an entry; entries are called by the runtime, not by code", callee.name))

@@ -15,6 +15,7 @@ pub mod ty;
 
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
+use crate::source::Span;
 use crate::syntax::ast::{self, FnKind, GenericKind};
 use body::BodyChecker;
 use facts::Facts;
@@ -44,18 +45,31 @@ fn assume_all(facts: &mut Facts, clauses: &[Clause]) {
     }
 }
 
+/// What the checker learned about the source, for editors: the type of
+/// every expression and binding, and where each name is declared.
+#[derive(Default)]
+pub struct Analysis {
+    /// An expression, a binding or an index variable, and its type (an
+    /// index variable's is `Ty::DimValue` of its range).
+    pub types: Vec<(Span, Ty)>,
+    /// A use of a name, and the name in its declaration.
+    pub definitions: Vec<(Span, Span)>,
+}
+
 /// Checks every module of the package, then its instantiation.
-pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) {
+pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
     let program = Program::build(package, diagnostics);
+    let mut analysis = Analysis { types: Vec::new(), definitions: program.definitions.clone() };
     for block_id in 0..program.blocks.len() {
         check_block(&program, block_id, diagnostics);
     }
     for fn_id in 0..program.fns.len() {
-        check_fn(&program, fn_id, diagnostics);
+        check_fn(&program, fn_id, diagnostics, &mut analysis);
     }
-    check_consts(&program, diagnostics);
+    check_consts(&program, diagnostics, &mut analysis);
     let source_is_sound = !diagnostics.iter().any(Diagnostic::is_error);
     instantiate::check(&program, source_is_sound, diagnostics);
+    analysis
 }
 
 /// Each `sub`'s block must accept its arguments: its `where` clauses must
@@ -90,7 +104,7 @@ fn check_block(program: &Program, block_id: usize, diagnostics: &mut Vec<Diagnos
     }
 }
 
-fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>) {
+fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
     let function = &program.fns[fn_id];
     let decl = function.decl;
     match (decl.kind, function.block, &decl.body) {
@@ -126,20 +140,20 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>) 
     }
     assume_all(&mut facts, &function.clauses);
     generics.extend(function.generics.iter().cloned());
-    let mut checker = BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics);
-    for (name, ty, _) in &function.params {
-        checker.bind_param(name, ty.clone());
+    let mut checker = BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, analysis);
+    for (name, ty, span) in &function.params {
+        checker.bind_param(name, ty.clone(), *span);
     }
     checker.check_body(body, &function.ret, &decl.name);
 }
 
-fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>) {
+fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
     for (module_index, module) in program.package.modules.iter().enumerate() {
         for item in &module.ast.items {
             let ast::Item::Const(constant) = item else { continue };
             let Some(program::ItemRef::Const(id)) = program.scopes[module_index].get(&constant.name.name) else { continue };
             let expected = program.consts[*id].ty.clone();
-            let mut checker = BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics);
+            let mut checker = BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, analysis);
             let found = checker.check_expr(&constant.value);
             let scalar = matches!(&expected, Ty::Tensor(t) if t.axes.is_empty());
             if !scalar && !expected.is_error() {

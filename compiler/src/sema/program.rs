@@ -45,6 +45,7 @@ pub struct FnSig<'a> {
 
 pub struct SubSig {
     pub name: String,
+    pub name_span: Span,
     pub ty: Ty,
     pub span: Span,
     /// The block's generic arguments, for checking its `where` clauses.
@@ -86,6 +87,9 @@ pub struct Program<'a> {
     pub scopes: Vec<HashMap<String, ItemRef>>,
     /// Per module: its own items only.
     items: Vec<HashMap<String, (ItemRef, bool)>>,
+    /// Uses resolved while building (imports, sub blocks) and the names
+    /// they refer to.
+    pub definitions: Vec<(Span, Span)>,
 }
 
 /// The generics in force while resolving a signature.
@@ -302,11 +306,22 @@ impl<'a> Program<'a> {
             consts: Vec::new(),
             scopes: Vec::new(),
             items: Vec::new(),
+            definitions: Vec::new(),
         };
         program.collect(diagnostics);
         program.import(diagnostics);
         program.resolve_signatures(diagnostics);
         program
+    }
+
+    /// Where an item's name is declared.
+    pub fn item_span(&self, item: ItemRef) -> Option<Span> {
+        match item {
+            ItemRef::Block(id) => Some(self.blocks[id].decl.name.span),
+            ItemRef::Fn(id) => Some(self.fns[id].decl.name.span),
+            ItemRef::Const(id) => Some(self.consts[id].span),
+            ItemRef::Unresolved => None,
+        }
     }
 
     pub fn module_name(&self, module: usize) -> &str {
@@ -399,6 +414,9 @@ impl<'a> Program<'a> {
                     let found = self.items[target].get(&name.name).copied();
                     match found {
                         Some((item_ref, true)) => {
+                            if let Some(declared) = self.item_span(item_ref) {
+                                self.definitions.push((name.span, declared));
+                            }
                             if let Some(previous) = self.scopes[module_index].insert(name.name.clone(), item_ref) {
                                 if previous != item_ref {
                                     diagnostics.push(duplicate(name, None));
@@ -462,7 +480,10 @@ impl<'a> Program<'a> {
                             (Some((block, args)), Some(Some(count))) => Ty::SubArray(SubTy { block: *block, args: args.clone() }, count),
                             _ => Ty::Error,
                         };
-                        subs.push(SubSig { name: name.name.clone(), ty, span: *span, target });
+                        if let Some((block_id, _)) = &target {
+                            self.definitions.push((block.span, self.blocks[*block_id].decl.name.span));
+                        }
+                        subs.push(SubSig { name: name.name.clone(), name_span: name.span, ty, span: *span, target });
                     }
                     ast::Member::Param { name, ty, .. } => {
                         params.push((name.name.clone(), resolve_type(ty, &scope, diagnostics), name.span))

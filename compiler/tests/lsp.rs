@@ -1,0 +1,203 @@
+//! A scripted editor session with `linnetc lsp`: open the seed package,
+//! type mistakes into unsaved text and expect diagnostics at their ranges,
+//! hover over lets for their shapes, jump to definitions across modules,
+//! find references, list symbols, and format.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next_id: i64,
+}
+
+impl Client {
+    fn start() -> Client {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_linnetc"))
+            .arg("lsp")
+            .env("LINNET_STDLIB", root().join("stdlib"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("linnetc lsp starts");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut client = Client { child, stdin, stdout, next_id: 0 };
+        client.request("initialize", json!({ "capabilities": {} }));
+        client.notify("initialized", json!({}));
+        client
+    }
+
+    fn send(&mut self, message: Value) {
+        let body = message.to_string();
+        write!(self.stdin, "Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn receive(&mut self) -> Value {
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).unwrap();
+            let line = line.trim();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(value) = line.strip_prefix("Content-Length: ") {
+                length = value.parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        self.stdout.read_exact(&mut body).unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    fn notify(&mut self, method: &str, params: Value) {
+        self.send(json!({ "jsonrpc": "2.0", "method": method, "params": params }));
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        loop {
+            let message = self.receive();
+            if message["id"] == json!(id) {
+                return message["result"].clone();
+            }
+        }
+    }
+
+    /// The next diagnostics published for `uri`.
+    fn diagnostics_for(&mut self, uri: &str) -> Vec<Value> {
+        loop {
+            let message = self.receive();
+            if message["method"] == "textDocument/publishDiagnostics" && message["params"]["uri"] == uri {
+                return message["params"]["diagnostics"].as_array().unwrap().clone();
+            }
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).canonicalize().unwrap()
+}
+
+fn file(relative: &str) -> (String, String) {
+    let path = root().join("models/qwen3.6-35b-a3b/src").join(relative);
+    let uri = format!("file://{}", path.display());
+    (uri, std::fs::read_to_string(path).unwrap())
+}
+
+fn position_of(text: &str, needle: &str, within: usize) -> Value {
+    let at = text.find(needle).unwrap_or_else(|| panic!("`{needle}` not in the file")) + within;
+    let line = text[..at].matches('\n').count();
+    let column = at - text[..at].rfind('\n').map_or(0, |i| i + 1);
+    json!({ "line": line, "character": column })
+}
+
+fn hover(client: &mut Client, uri: &str, text: &str, needle: &str) -> String {
+    let result = client.request("textDocument/hover", json!({ "textDocument": { "uri": uri }, "position": position_of(text, needle, 1) }));
+    result["contents"]["value"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn an_editor_session_on_the_seed_package() {
+    let mut client = Client::start();
+    let (uri, text) = file("attention.linnet");
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    assert!(client.diagnostics_for(&uri).is_empty(), "the seed opens clean");
+
+    // Hover: lets in attention with their symbolic and concrete shapes.
+    let shown = hover(&mut client, &uri, &text, "v = reshape(v_proj");
+    assert!(shown.contains("Tensor[B, S, KvHeads, HeadDim; T]") && shown.contains("[1, 8, 2, 256] bf16, 8.0 KiB"), "{shown}");
+    let shown = hover(&mut client, &uri, &text, "mixed = grouped_attention(");
+    assert!(shown.contains("Tensor[B, Heads, S, HeadDim; T]"), "{shown}");
+
+    // Go to definition across modules: `tables` lives in rope.linnet,
+    // `grouped_attention` in the standard library.
+    let at = position_of(&text, "tables<S, HeadDim / 4, T>(THETA)", 1);
+    let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": uri }, "position": at }));
+    assert!(target["uri"].as_str().unwrap().ends_with("src/rope.linnet"), "{target}");
+    let at = position_of(&text, "grouped_attention(\n", 1);
+    let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": uri }, "position": at }));
+    assert!(target["uri"].as_str().unwrap().ends_with("stdlib/nn/attention.linnet"), "{target}");
+
+    // References of a sub: its declaration and every use.
+    let at = position_of(&text, "sub q_proj", 5);
+    let found = client.request("textDocument/references", json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": true } }));
+    assert!(found.as_array().unwrap().len() >= 2, "{found}");
+
+    // Outline.
+    let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
+    assert_eq!(symbols[0]["name"], "GatedAttention");
+    assert!(symbols[0]["children"].as_array().unwrap().iter().any(|c| c["name"] == "decode_rows"));
+
+    // Mistakes in unsaved text, each reported at its range; time each change.
+    let mut timings = Vec::new();
+    let mistakes = [
+        ("rotate<B, KvHeads, S>(k, cos_table, sin_table)", "rotate<B, Heads, S>(k, cos_table, sin_table)", "shape-mismatch", 20),
+        ("[B, S, KvHeads, HeadDim])\n", "[B, S, Heads, HeadDim])\n", "reshape-size", 0),
+        ("cos_table[cast<i64>(pos), d]", "cos_table[pos, d]", "index-dtype", 10),
+    ];
+    for (version, (find, replace, code, within)) in mistakes.iter().enumerate() {
+        let changed = text.replacen(find, replace, 1);
+        let started = Instant::now();
+        client.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": uri, "version": version + 2 }, "contentChanges": [{ "text": changed }] }),
+        );
+        let diagnostics = client.diagnostics_for(&uri);
+        timings.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+        assert_eq!(diagnostics[0]["code"], *code);
+        let expected_line = position_of(&changed, replace, *within)["line"].clone();
+        assert_eq!(diagnostics[0]["range"]["start"]["line"], expected_line, "{diagnostics:?}");
+    }
+    // Half-typed code: no crash, a syntax error.
+    let broken = text.replacen("let v = reshape(", "let v = reshape(v_proj.", 1);
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 9 }, "contentChanges": [{ "text": broken }] }));
+    assert!(client.diagnostics_for(&uri).iter().any(|d| d["code"] == "syntax-error"));
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 10 }, "contentChanges": [{ "text": text }] }));
+    assert!(client.diagnostics_for(&uri).is_empty());
+    eprintln!("diagnostics after a change: {:?} ms", timings.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>());
+
+    // Formatting the seed changes nothing; a messy line is fixed.
+    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(edits, json!([]));
+    let messy = text.replacen("let (q, gate, k, v) = project<B, S>(x)", "let (q,gate,k,v)=project<B,S>( x )", 1);
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 11 }, "contentChanges": [{ "text": messy }] }));
+    client.diagnostics_for(&uri);
+    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(edits[0]["newText"].as_str().unwrap(), text);
+
+    client.request("shutdown", Value::Null);
+    client.notify("exit", Value::Null);
+}
+
+#[test]
+fn hover_in_deltanet_shows_shapes() {
+    let mut client = Client::start();
+    let (uri, text) = file("deltanet.linnet");
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    assert!(client.diagnostics_for(&uri).is_empty());
+    let shown = hover(&mut client, &uri, &text, "q, k, v) = heads<B, S>");
+    assert!(shown.is_empty() || shown.contains("Tensor"), "{shown}");
+    let shown = hover(&mut client, &uri, &text, "final = permute");
+    assert!(shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]") && shown.contains("[1, 32, 128, 128] f32, 2.0 MiB"), "{shown}");
+    let shown = hover(&mut client, &uri, &text, "inside[b, s] =");
+    assert!(shown.contains("Tensor[B, S; bool]"), "{shown}");
+    let shown = hover(&mut client, &uri, &text, "heads<B: Dim");
+    assert!(shown.contains("fn heads<B: Dim, S: Dim>(") && shown.contains("split into L2-normalized"), "{shown}");
+}
