@@ -139,6 +139,14 @@ fn an_editor_session_on_the_seed_package() {
     let found = client.request("textDocument/references", json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": true } }));
     assert!(found.as_array().unwrap().len() >= 2, "{found}");
 
+    // A generic: its declaration and its uses in signatures and bodies.
+    let at = position_of(&text, "KvHeads: Dim", 1);
+    let found = client.request("textDocument/references", json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": false } }));
+    assert!(found.as_array().unwrap().len() >= 12, "{found}");
+    // A state's declaration shows its shape.
+    let shown = hover(&mut client, &uri, &text, "cache_k: Tensor");
+    assert!(shown.contains("[1, 2, 262144, 256] bf16, 256.0 MiB"), "{shown}");
+
     // Outline.
     let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
     assert_eq!(symbols[0]["name"], "GatedAttention");

@@ -935,6 +935,10 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         span: Span,
         sub_declared: Option<Span>,
     ) -> Ty {
+        let scope = GenericScope { layers: vec![&self.generics] };
+        let mut uses = Vec::new();
+        explicit.iter().for_each(|arg| super::program::garg_uses(arg, &scope, &mut uses));
+        self.analysis.definitions.extend(uses);
         let function = &self.program.fns[fn_id];
         let name = function.name.clone();
         let arg_tys: Vec<(Ty, Span)> = args.iter().map(|arg| (self.check_expr(&arg.value), arg.value.span)).collect();

@@ -60,6 +60,11 @@ pub struct Analysis {
 pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
     let program = Program::build(package, diagnostics);
     let mut analysis = Analysis { types: Vec::new(), definitions: program.definitions.clone() };
+    for block in &program.blocks {
+        for (_, ty, span) in block.params.iter().chain(&block.states) {
+            analysis.types.push((*span, ty.clone()));
+        }
+    }
     for block_id in 0..program.blocks.len() {
         check_block(&program, block_id, diagnostics);
     }

@@ -311,7 +311,42 @@ impl<'a> Program<'a> {
         program.collect(diagnostics);
         program.import(diagnostics);
         program.resolve_signatures(diagnostics);
+        program.record_generic_uses();
         program
+    }
+
+    /// Records each generic named in a signature (types, clauses, sub
+    /// arguments) as a use of its declaration.
+    fn record_generic_uses(&mut self) {
+        let mut uses = Vec::new();
+        for block in &self.blocks {
+            let decl = block.decl;
+            let scope = GenericScope { layers: vec![&block.generics] };
+            decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
+            for member in &decl.members {
+                match member {
+                    ast::Member::Sub { args, count, .. } => {
+                        args.iter().for_each(|arg| garg_uses(arg, &scope, &mut uses));
+                        if let Some(count) = count {
+                            dim_uses(count, &scope, &mut uses);
+                        }
+                    }
+                    ast::Member::Param { ty, .. } | ast::Member::State { ty, .. } => type_uses(ty, &scope, &mut uses),
+                    ast::Member::Fn(_) => {}
+                }
+            }
+        }
+        for function in &self.fns {
+            let block_generics: &[GenericSig] = function.block.map_or(&[], |b| &self.blocks[b].generics);
+            let scope = GenericScope { layers: vec![block_generics, &function.generics] };
+            let decl = function.decl;
+            decl.params.iter().for_each(|p| type_uses(&p.ty, &scope, &mut uses));
+            if let Some(ret) = &decl.ret {
+                type_uses(ret, &scope, &mut uses);
+            }
+            decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
+        }
+        self.definitions.extend(uses);
     }
 
     /// Where an item's name is declared.
@@ -665,5 +700,54 @@ fn duplicate(name: &ast::Ident, first: Option<Span>) -> Diagnostic {
 impl FnSig<'_> {
     pub fn is_entry(&self) -> bool {
         self.decl.kind == FnKind::Entry
+    }
+}
+
+fn name_use(name: &ast::Ident, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    if let Some(generic) = scope.find(&name.name) {
+        uses.push((name.span, generic.span));
+    }
+}
+
+fn dim_uses(dim: &ast::DimExpr, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match dim {
+        ast::DimExpr::Name(name) => name_use(name, scope, uses),
+        ast::DimExpr::Binary(_, a, b, _) => {
+            dim_uses(a, scope, uses);
+            dim_uses(b, scope, uses);
+        }
+        ast::DimExpr::Int(..) | ast::DimExpr::Error(_) => {}
+    }
+}
+
+pub(super) fn garg_uses(arg: &ast::GenericArg, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match arg {
+        ast::GenericArg::Dim(dim) => dim_uses(dim, scope, uses),
+        ast::GenericArg::Type(ty) => type_uses(ty, scope, uses),
+    }
+}
+
+fn clause_uses(clause: &ast::WhereClause, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    dim_uses(&clause.lhs, scope, uses);
+    dim_uses(&clause.rhs, scope, uses);
+}
+
+fn type_uses(ty: &ast::TypeExpr, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match ty {
+        ast::TypeExpr::Tensor { dims, elem, .. } => {
+            for item in dims {
+                match item {
+                    ast::DimItem::Dim(dim) => dim_uses(dim, scope, uses),
+                    ast::DimItem::Shape(name) => name_use(name, scope, uses),
+                }
+            }
+            name_use(elem, scope, uses);
+        }
+        ast::TypeExpr::Named { name, args, .. } => {
+            name_use(name, scope, uses);
+            args.iter().for_each(|arg| garg_uses(arg, scope, uses));
+        }
+        ast::TypeExpr::Tuple(items, _) => items.iter().for_each(|item| type_uses(item, scope, uses)),
+        ast::TypeExpr::Error(_) => {}
     }
 }
