@@ -1,7 +1,8 @@
-//! Greedy generation through a model's own entries: `prefill` of the
-//! prompt from position 0, then `decode` one token at a time, every batch
-//! row given the same prompt.
+//! Generation through a model's own entries: `prefill` of the prompt from
+//! position 0, then `decode` one token at a time, every batch row given the
+//! same prompt; each token chosen by the sampling settings.
 
+use crate::sampling::{Rng, Sampling};
 use linnet_compiler::interp::{Machine, RunError, Tensor};
 use linnet_compiler::sema::ty::Dtype;
 
@@ -24,16 +25,34 @@ pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
 
 /// Appends `max_tokens` greedy tokens to `prompt`; returns the new ones.
 pub fn greedy(machine: &mut Machine, prompt: &[i64], max_tokens: usize) -> Result<Vec<i64>, RunError> {
+    generate(machine, prompt, max_tokens, &Sampling::default(), &mut Rng::new(0), &[], |_| true)
+}
+
+/// Appends up to `max_tokens` tokens to `prompt`, stopping after a token of
+/// `stop` or when `on_token` returns false; returns the new ones.
+pub fn generate(
+    machine: &mut Machine,
+    prompt: &[i64],
+    max_tokens: usize,
+    sampling: &Sampling,
+    rng: &mut Rng,
+    stop: &[i64],
+    mut on_token: impl FnMut(i64) -> bool,
+) -> Result<Vec<i64>, RunError> {
     let rows = batch_rows(machine).map_err(|message| RunError::Inputs { entry: "decode".into(), message })?;
     machine.reset();
     let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
     let prefill = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
     let mut logits = machine.call("prefill", prefill)?.remove(0);
     let mut generated = Vec::with_capacity(max_tokens);
+    let mut history = prompt.to_vec();
+    let width = *logits.shape.last().expect("[rows, vocab] logits");
     for step in 0..max_tokens {
-        let next = argmax_rows(&logits)[0];
+        let row = &logits.as_f32().expect("float logits")[..width];
+        let next = sampling.choose(row, &history, rng);
         generated.push(next);
-        if step + 1 == max_tokens {
+        history.push(next);
+        if !on_token(next) || stop.contains(&next) || step + 1 == max_tokens {
             break;
         }
         let position = (prompt.len() + step) as i64;

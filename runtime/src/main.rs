@@ -1,11 +1,15 @@
-//! `linnet`, the runtime CLI: one call of an entry (`run`) and greedy
-//! generation (`generate`), on the reference interpreter.
+//! `linnet`, the runtime CLI: one call of an entry (`run`), text or token
+//! generation (`generate`), an OpenAI-compatible server (`serve`), random
+//! checkpoints (`init-weights`) and throughput (`bench`), on the reference
+//! interpreter.
 
 use clap::{Args, Parser, Subcommand};
 use linnet_compiler::interp::{Data, Tensor};
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
-use linnet_runtime::{generate, npy};
+use linnet_runtime::sampling::{Rng, Sampling};
+use linnet_runtime::{bench, generate, npy, Loaded, Weights};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,19 +20,40 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct Model {
     /// The package directory.
     package: PathBuf,
     /// The checkpoint folder; else the Hugging Face cache at the card's repo.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "random_weights")]
     weights: Option<PathBuf>,
+    /// Parameters drawn at random from this seed instead of a checkpoint.
+    #[arg(long, value_name = "SEED")]
+    random_weights: Option<u64>,
     /// A model card other than `PACKAGE/nest.toml`.
     #[arg(long)]
     nest: Option<PathBuf>,
     /// Override a generic: `--set Groups=2`, `--set T=f32`.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = assignment)]
     overrides: Vec<(String, String)>,
+}
+
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f64,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f64,
+    /// Seeds the sampler, for a run that can be repeated.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(Subcommand)]
@@ -49,21 +74,62 @@ enum Command {
         #[arg(long)]
         output: Option<PathBuf>,
     },
-    /// Prefill a prompt, then decode greedily.
+    /// Prefill a prompt, then decode, streaming the text.
     Generate {
         #[command(flatten)]
         model: Model,
         /// The prompt as token ids: `--prompt-ids 1,2,3`.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
         prompt_ids: Vec<i64>,
+        /// The prompt as text, through the checkpoint's tokenizer.
+        #[arg(long)]
+        prompt: Option<String>,
+        /// Wrap the prompt in the checkpoint's chat template.
+        #[arg(long)]
+        chat: bool,
         #[arg(long, default_value_t = 16)]
         max_tokens: usize,
-        /// 0 is greedy, the only mode yet.
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f64,
+        #[command(flatten)]
+        sampling: SamplingArgs,
         /// Print the new token ids on one line.
         #[arg(long)]
         print_ids: bool,
+    },
+    /// An OpenAI-compatible server with continuous batching.
+    Serve {
+        #[command(flatten)]
+        model: Model,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+    },
+    /// Write a random checkpoint laid out as bindings.json says.
+    InitWeights {
+        package: PathBuf,
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = assignment)]
+        overrides: Vec<(String, String)>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: usize,
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+    /// Prefill and decode throughput, as llama-bench reports it.
+    Bench {
+        #[command(flatten)]
+        model: Model,
+        /// Prompt tokens per row.
+        #[arg(short = 'p', long, default_value_t = 512)]
+        prompt: usize,
+        /// Generated tokens per row.
+        #[arg(short = 'n', long, default_value_t = 32)]
+        generate: usize,
+        #[arg(short = 'r', long, default_value_t = 3)]
+        repetitions: usize,
     },
 }
 
@@ -74,9 +140,16 @@ fn assignment(text: &str) -> Result<(String, String), String> {
     }
 }
 
-fn load(model: &Model) -> Result<linnet_compiler::interp::Machine, String> {
-    let options = LoadOptions { nest: model.nest.clone(), overrides: model.overrides.clone(), ..LoadOptions::default() };
-    linnet_runtime::load(&model.package, &options, model.weights.as_deref())
+fn options(model: &Model) -> LoadOptions {
+    LoadOptions { nest: model.nest.clone(), overrides: model.overrides.clone(), ..LoadOptions::default() }
+}
+
+fn load(model: &Model) -> Result<Loaded, String> {
+    let weights = match model.random_weights {
+        Some(seed) => Weights::Random(seed),
+        None => Weights::Checkpoint(model.weights.clone()),
+    };
+    linnet_runtime::load(&model.package, &options(model), &weights)
 }
 
 /// An integer array converted to the integer type an input wants.
@@ -98,7 +171,7 @@ fn fit_input(mut tensor: Tensor, dtype: Dtype, name: &str) -> Result<Tensor, Str
 }
 
 fn run(model: &Model, entry_name: &str, inputs: &[(String, String)], args: &[(String, String)], output: Option<&PathBuf>) -> Result<(), String> {
-    let mut machine = load(model)?;
+    let mut machine = load(model)?.machine;
     let entry = machine.model().entry(entry_name).ok_or_else(|| {
         let names: Vec<&str> = machine.model().entries.iter().map(|e| e.name.as_str()).collect();
         format!("the model has no entry `{entry_name}`; it has {}", names.join(", "))
@@ -154,26 +227,75 @@ fn summary(tensor: &Tensor) -> String {
     format!("[{}] {}: min {min:.5}, max {max:.5}, mean {mean:.5}; first {}", shape.join(", "), tensor.dtype.name(), head.join(" "))
 }
 
+#[allow(clippy::too_many_arguments)]
+fn generate_text(model: &Model, prompt_ids: Vec<i64>, prompt: Option<String>, chat: bool, max_tokens: usize, sampling: &SamplingArgs, print_ids: bool) -> Result<(), String> {
+    let settings = Sampling {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        min_p: sampling.min_p,
+        repetition_penalty: sampling.repetition_penalty,
+    };
+    settings.validate()?;
+    let Loaded { mut machine, text, .. } = load(model)?;
+    let prompt_ids = match (&prompt, &text) {
+        (Some(prompt), Some(text)) => {
+            let prompt = if chat { text.chat(&[("user".to_string(), prompt.clone())])? } else { prompt.clone() };
+            text.encode(&prompt)?
+        }
+        (Some(_), None) => return Err("--prompt needs a tokenizer.json beside the weights; pass --prompt-ids".into()),
+        (None, _) if chat => return Err("--chat needs a text --prompt".into()),
+        (None, _) if prompt_ids.is_empty() => return Err("give a prompt: --prompt TEXT or --prompt-ids 1,2,3".into()),
+        (None, _) => prompt_ids,
+    };
+    let stop = text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
+    let mut stream = text.as_ref().filter(|_| !print_ids).map(linnet_runtime::text::Stream::new);
+    let mut stdout = std::io::stdout();
+    let generated = generate::generate(&mut machine, &prompt_ids, max_tokens, &settings, &mut Rng::new(sampling.seed), &stop, |token| {
+        if let Some(stream) = stream.as_mut() {
+            let _ = write!(stdout, "{}", stream.push(token));
+            let _ = stdout.flush();
+        }
+        true
+    })
+    .map_err(|e| e.to_string())?;
+    let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
+    if print_ids {
+        println!("{}", ids.join(" "));
+    } else if stream.is_some() {
+        println!();
+    } else {
+        println!("generated {} token(s): {}", ids.len(), ids.join(" "));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { model, entry, inputs, args, output } => run(&model, &entry, &inputs, &args, output.as_ref()),
-        Command::Generate { model, prompt_ids, max_tokens, temperature, print_ids } => {
-            if temperature != 0.0 {
-                Err("only greedy decoding (--temperature 0) is implemented so far".to_string())
-            } else {
-                load(&model).and_then(|mut machine| {
-                    let generated = generate::greedy(&mut machine, &prompt_ids, max_tokens).map_err(|e| e.to_string())?;
-                    let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
-                    if print_ids {
-                        println!("{}", ids.join(" "));
-                    } else {
-                        println!("generated {} token(s): {}", ids.len(), ids.join(" "));
-                    }
-                    Ok(())
-                })
-            }
+        Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
+            generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
+        Command::Serve { model, host, port } => {
+            let loader = model.clone();
+            linnet_runtime::server::serve(move || load(&loader), &host, port)
+        }
+        Command::InitWeights { package, nest, overrides, seed, shards, output } => {
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
+                let written = linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
+                println!("wrote {} parameters ({written} bytes) of `{}` to {}", model.params.len(), model.name, output.display());
+                Ok(())
+            })
+        }
+        Command::Bench { model, prompt, generate, repetitions } => load(&model).and_then(|loaded| {
+            let mut machine = loaded.machine;
+            let report = bench::run(&mut machine, prompt, generate, repetitions.max(1))?;
+            println!("{report}");
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

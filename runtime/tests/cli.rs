@@ -31,7 +31,8 @@ fn generate_prints_the_greedy_ids() {
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
     };
-    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, Some(&oracle.join("weights-f32"))).unwrap();
+    let weights = linnet_runtime::Weights::Checkpoint(Some(oracle.join("weights-f32")));
+    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
 }
 

@@ -25,7 +25,8 @@ fn options() -> LoadOptions {
 }
 
 fn load(weights: &Path) -> Result<Machine, String> {
-    linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options(), Some(weights))
+    let weights = linnet_runtime::Weights::Checkpoint(Some(weights.to_path_buf()));
+    linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights).map(|loaded| loaded.machine)
 }
 
 /// A copy of the f32 checkpoint in a fresh folder, with `change` applied

@@ -36,8 +36,8 @@ fn load(config: &str, dtype: &str) -> Oracle {
         stdlib: Some(root().join("stdlib")),
         ..LoadOptions::default()
     };
-    let machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, Some(&dir.join(format!("weights-{dtype}"))))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let weights = linnet_runtime::Weights::Checkpoint(Some(dir.join(format!("weights-{dtype}"))));
+    let machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap_or_else(|e| panic!("{e}")).machine;
     let bytes = std::fs::read(dir.join(format!("golden-{dtype}.safetensors"))).expect("golden file");
     let file = SafeTensors::deserialize(&bytes).expect("golden safetensors");
     let floats = |name: &str| -> Vec<f32> {

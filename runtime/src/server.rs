@@ -1,0 +1,432 @@
+//! `linnet serve`: an OpenAI-compatible HTTP server (axum on tokio) with
+//! continuous batching through the model's own entries. One scheduler
+//! thread owns the model: new requests are prefilled into free rows with
+//! `prefill_slots` while the others keep decoding with `decode_rows`;
+//! `Batch` rows at most, the rest wait in a queue. Each row computes only
+//! from its own tokens, so a request's tokens do not depend on what else
+//! runs. A client that goes away frees its row.
+
+use crate::sampling::{Rng, Sampling};
+use crate::text::TextModel;
+use crate::Loaded;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use linnet_compiler::interp::{Machine, Tensor};
+use linnet_compiler::sema::ty::Dtype;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+
+/// What the scheduler reports to a request.
+#[derive(Debug)]
+pub enum Update {
+    Token(i64),
+    Finished(&'static str),
+    Failed(String),
+}
+
+pub struct Job {
+    pub prompt: Vec<i64>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    pub stop: Vec<i64>,
+    pub updates: UnboundedSender<Update>,
+}
+
+struct Row {
+    job: Job,
+    rng: Rng,
+    history: Vec<i64>,
+    generated: usize,
+    /// The position the next token goes to.
+    position: usize,
+}
+
+/// The model's limits, known to the HTTP side for validation.
+#[derive(Clone)]
+pub struct Limits {
+    pub model: String,
+    pub rows: usize,
+    pub max_seq: usize,
+    pub vocab: usize,
+}
+
+pub fn limits(machine: &Machine) -> Result<Limits, String> {
+    let entry = machine.model().entry("decode_rows").ok_or("the model has no `decode_rows` entry: it cannot serve")?;
+    machine.model().entry("prefill_slots").ok_or("the model has no `prefill_slots` entry: it cannot serve")?;
+    let rows = entry.inputs[0].shape[0].as_constant().ok_or("`decode_rows` takes a batch of unknown size")? as usize;
+    let vocab = entry.nodes[entry.outputs[0].index()].shape.last().and_then(|d| d.as_constant()).ok_or("no vocabulary size")? as usize;
+    let max_seq = machine.model().states.iter().filter(|s| s.shape.len() == 4).map(|s| s.shape[2]).max().unwrap_or(usize::MAX);
+    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
+}
+
+fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
+    let width = *logits.shape.last().expect("[rows, vocab]");
+    logits.as_f32().expect("float logits").chunks(width).collect()
+}
+
+/// Sends the chosen token; says whether the row goes on.
+fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
+    let next = row.job.sampling.choose(logits, &row.history, &mut row.rng);
+    row.history.push(next);
+    row.generated += 1;
+    if row.job.updates.send(Update::Token(next)).is_err() {
+        return false;
+    }
+    let reason = if row.job.stop.contains(&next) {
+        Some("stop")
+    } else if row.generated >= row.job.max_tokens || row.position + 1 >= limits.max_seq {
+        Some("length")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        let _ = row.job.updates.send(Update::Finished(reason));
+        return false;
+    }
+    true
+}
+
+/// The scheduler loop: runs until every sender of jobs is gone.
+pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>) {
+    let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    loop {
+        let busy = rows.iter().any(Option::is_some);
+        if !busy && queue.is_empty() {
+            match jobs.recv() {
+                Ok(job) => queue.push_back(job),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            queue.push_back(job);
+        }
+        // A client that went away frees its row and its place in the queue.
+        for slot in rows.iter_mut() {
+            if slot.as_ref().is_some_and(|row| row.job.updates.is_closed()) {
+                *slot = None;
+            }
+        }
+        queue.retain(|job| !job.updates.is_closed());
+        // Admit waiting requests into free rows, in one `prefill_slots`.
+        let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
+        let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
+        if !admitted.is_empty() {
+            let width = admitted.iter().map(|(_, job)| job.prompt.len()).max().unwrap_or(1);
+            let mut tokens = Vec::with_capacity(admitted.len() * width);
+            for (_, job) in &admitted {
+                tokens.extend(job.prompt.iter().copied());
+                tokens.extend(std::iter::repeat_n(0, width - job.prompt.len()));
+            }
+            let inputs = vec![
+                Tensor::from_i64(Dtype::I32, vec![admitted.len(), width], tokens),
+                Tensor::from_i64(Dtype::I32, vec![admitted.len()], admitted.iter().map(|(slot, _)| *slot as i64).collect()),
+                Tensor::from_i64(Dtype::I32, vec![admitted.len()], admitted.iter().map(|(_, job)| job.prompt.len() as i64).collect()),
+            ];
+            match machine.call("prefill_slots", inputs) {
+                Ok(outputs) => {
+                    let logits = &outputs[0];
+                    for ((slot, job), row_logits) in admitted.into_iter().zip(logits_rows(logits)) {
+                        let mut row = Row {
+                            rng: Rng::new(job.seed),
+                            history: job.prompt.clone(),
+                            generated: 0,
+                            position: job.prompt.len(),
+                            job,
+                        };
+                        if emit(&mut row, row_logits, &limits) {
+                            rows[slot] = Some(row);
+                        }
+                    }
+                }
+                Err(error) => {
+                    for (_, job) in admitted {
+                        let _ = job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+        }
+        if !rows.iter().any(Option::is_some) {
+            continue;
+        }
+        // One step for every row; a free row computes along and is ignored.
+        let tokens: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
+        let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
+        let inputs = vec![Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens), Tensor::from_i64(Dtype::I32, vec![limits.rows], positions)];
+        match machine.call("decode_rows", inputs) {
+            Ok(outputs) => {
+                let logits = &outputs[0];
+                for (slot, row_logits) in rows.iter_mut().zip(logits_rows(logits)) {
+                    if let Some(row) = slot {
+                        row.position += 1;
+                        if !emit(row, row_logits, &limits) {
+                            *slot = None;
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                for slot in rows.iter_mut() {
+                    if let Some(row) = slot.take() {
+                        let _ = row.job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct App {
+    jobs: std::sync::Mutex<mpsc::Sender<Job>>,
+    limits: Limits,
+    text: Option<TextModel>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
+    let kind = if status.is_client_error() { "invalid_request_error" } else { "server_error" };
+    (status, Json(json!({ "error": { "message": message.into(), "type": kind, "param": param, "code": Value::Null } }))).into_response()
+}
+
+fn bad(message: impl Into<String>, param: &str) -> Response {
+    error(StatusCode::BAD_REQUEST, message, Some(param))
+}
+
+/// A field that must be a number in a range, or absent.
+fn number(body: &Value, name: &str, default: f64, range: std::ops::RangeInclusive<f64>) -> Result<f64, Response> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => match value.as_f64() {
+            Some(v) if range.contains(&v) => Ok(v),
+            Some(v) => Err(bad(format!("`{name}` must be in {}..={}, got {v}", range.start(), range.end()), name)),
+            None => Err(bad(format!("`{name}` must be a number, got {value}"), name)),
+        },
+    }
+}
+
+struct Request {
+    prompt: Vec<i64>,
+    job: Job,
+    stream: bool,
+    receiver: UnboundedReceiver<Update>,
+}
+
+fn parse_request(app: &App, body: &Value, prompt: Vec<i64>) -> Result<Request, Response> {
+    let limits = &app.limits;
+    if prompt.is_empty() {
+        return Err(bad("the prompt is empty", "prompt"));
+    }
+    if let Some(token) = prompt.iter().find(|&&t| t < 0 || t as usize >= limits.vocab) {
+        return Err(bad(format!("token {token} is outside the vocabulary (0..{})", limits.vocab), "prompt"));
+    }
+    if prompt.len() >= limits.max_seq {
+        return Err(bad(format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq), "prompt"));
+    }
+    let room = limits.max_seq - prompt.len();
+    let max_tokens = number(body, "max_tokens", 16f64.min(room as f64), 1.0..=f64::MAX)? as usize;
+    if max_tokens > room {
+        return Err(bad(format!("max_tokens {max_tokens} does not fit: the prompt leaves {room} of {} positions", limits.max_seq), "max_tokens"));
+    }
+    let sampling = Sampling {
+        temperature: number(body, "temperature", 1.0, 0.0..=100.0)?,
+        top_p: number(body, "top_p", 1.0, 0.0..=1.0)?,
+        top_k: number(body, "top_k", 0.0, 0.0..=1e9)? as usize,
+        min_p: number(body, "min_p", 0.0, 0.0..=1.0)?,
+        repetition_penalty: number(body, "repetition_penalty", 1.0, 0.01..=100.0)?,
+    };
+    sampling.validate().map_err(|message| bad(message, "sampling"))?;
+    let seed = number(body, "seed", 0.0, 0.0..=u64::MAX as f64)? as u64;
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(bad(format!("`stream` must be a boolean, got {other}"), "stream")),
+    };
+    let stop = app.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
+    let (updates, receiver) = unbounded_channel();
+    let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, updates };
+    Ok(Request { prompt, job, stream, receiver })
+}
+
+fn prompt_of(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
+    match body.get("prompt") {
+        Some(Value::String(text)) => match &app.text {
+            Some(text_model) => text_model.encode(text).map_err(|e| bad(e, "prompt")),
+            None => Err(bad("this model has no tokenizer: send the prompt as token ids", "prompt")),
+        },
+        Some(Value::Array(items)) if items.iter().all(Value::is_i64) => Ok(items.iter().filter_map(Value::as_i64).collect()),
+        Some(other) => Err(bad(format!("`prompt` must be a string or an array of token ids, got {other}"), "prompt")),
+        None => Err(bad("`prompt` is required", "prompt")),
+    }
+}
+
+fn chat_prompt(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Err(bad("`messages` must be an array of {role, content}", "messages"));
+    };
+    let mut turns = Vec::new();
+    for message in messages {
+        match (message.get("role").and_then(Value::as_str), message.get("content").and_then(Value::as_str)) {
+            (Some(role), Some(content)) => turns.push((role.to_string(), content.to_string())),
+            _ => return Err(bad(format!("each message needs a string `role` and `content`, got {message}"), "messages")),
+        }
+    }
+    let Some(text) = &app.text else { return Err(bad("this model has no tokenizer, so it cannot chat", "messages")) };
+    let prompt = if text.has_chat_template() {
+        text.chat(&turns).map_err(|e| bad(e, "messages"))?
+    } else {
+        turns.iter().map(|(_, content)| content.as_str()).collect::<Vec<_>>().join("\n")
+    };
+    text.encode(&prompt).map_err(|e| bad(e, "messages"))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
+    let Request { prompt, job, stream, mut receiver } = request;
+    if app.jobs.lock().map(|jobs| jobs.send(job)).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the model is not running", None);
+    }
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, now());
+    let model = app.limits.model.clone();
+    let object = if chat { "chat.completion" } else { "text_completion" };
+    if stream {
+        let text_app = app.clone();
+        let mut ids = Vec::new();
+        let mut shown = 0usize;
+        let events = UnboundedReceiverStream::new(receiver).map(move |update| {
+            let (piece, finish) = match update {
+                Update::Token(token) => {
+                    ids.push(token);
+                    let piece = match &text_app.text {
+                        Some(text) => {
+                            let all = text.decode(&ids);
+                            let piece = all.get(shown..).unwrap_or_default().to_string();
+                            shown = all.len().max(shown);
+                            piece
+                        }
+                        None => format!("{token} "),
+                    };
+                    (piece, Value::Null)
+                }
+                Update::Finished(reason) => (String::new(), json!(reason)),
+                Update::Failed(message) => (format!("[error: {message}]"), json!("error")),
+            };
+            let choice = if chat {
+                json!({ "index": 0, "delta": { "role": "assistant", "content": piece }, "finish_reason": finish })
+            } else {
+                json!({ "index": 0, "text": piece, "finish_reason": finish })
+            };
+            let chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [choice] });
+            Ok::<_, std::convert::Infallible>(Event::default().data(chunk.to_string()))
+        });
+        let done = tokio_stream::once(Ok(Event::default().data("[DONE]")));
+        return Sse::new(events.chain(done)).into_response();
+    }
+    let mut ids = Vec::new();
+    let mut finish = "length";
+    while let Some(update) = receiver.recv().await {
+        match update {
+            Update::Token(token) => ids.push(token),
+            Update::Finished(reason) => {
+                finish = reason;
+                break;
+            }
+            Update::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message, None),
+        }
+    }
+    let text = app.text.as_ref().map(|t| t.decode(&ids)).unwrap_or_default();
+    let choice = if chat {
+        json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "token_ids": ids })
+    } else {
+        json!({ "index": 0, "text": text, "finish_reason": finish, "token_ids": ids })
+    };
+    let usage = json!({ "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() });
+    Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage })).into_response()
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(rejection) => return bad(format!("malformed request: {}", rejection.body_text()), "body"),
+    };
+    let request = match prompt_of(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    respond(app, request, false).await
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(rejection) => return bad(format!("malformed request: {}", rejection.body_text()), "body"),
+    };
+    let request = match chat_prompt(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    respond(app, request, true).await
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({ "object": "list", "data": [{ "id": app.limits.model, "object": "model", "created": 0, "owned_by": "linnet" }] }))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Serves until Ctrl-C. `loaded` is built on the scheduler thread by `load`.
+pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, host: &str, port: u16) -> Result<(), String> {
+    let (jobs, receiver) = mpsc::channel::<Job>();
+    let (ready, started) = mpsc::channel::<Result<(Limits, Option<TextModel>), String>>();
+    let scheduler = std::thread::spawn(move || {
+        let loaded = match load().and_then(|loaded| limits(&loaded.machine).map(|limits| (loaded, limits))) {
+            Ok(loaded) => loaded,
+            Err(message) => {
+                let _ = ready.send(Err(message));
+                return;
+            }
+        };
+        let (Loaded { machine, text, .. }, limits) = loaded;
+        let _ = ready.send(Ok((limits.clone(), text)));
+        schedule(machine, limits, receiver);
+    });
+    let (limits, text) = started.recv().map_err(|_| "the model thread stopped".to_string())??;
+    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), limits, text });
+    let router = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .with_state(app.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("linnet: serving `{}` on http://{address} ({} rows)", app.limits.model, app.limits.rows);
+        tracing::info!(%address, "serving");
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+                eprintln!("linnet: shutting down");
+            })
+            .await
+            .map_err(|e| e.to_string())
+    })?;
+    drop(runtime);
+    let _ = scheduler.join();
+    Ok(())
+}
