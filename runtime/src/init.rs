@@ -25,6 +25,20 @@ fn file_dtype(dtype: Dtype) -> safetensors::Dtype {
     }
 }
 
+/// The text side a package may ship, copied beside the weights.
+pub const TEXT_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"];
+
+/// Copies the package's tokenizer files (those it has) into `dir`.
+pub fn copy_text_files(package: &Path, dir: &Path) -> Result<(), String> {
+    for name in TEXT_FILES {
+        let from = package.join(name);
+        if from.exists() {
+            std::fs::copy(&from, dir.join(name)).map_err(|e| format!("{}: {e}", from.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `shards` files and `model.safetensors.index.json` into `dir`;
 /// returns the bytes written.
 pub fn write(model: &Model, bindings: &HashMap<String, String>, seed: u64, shards: usize, dir: &Path) -> Result<usize, String> {

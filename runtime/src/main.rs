@@ -104,7 +104,8 @@ enum Command {
         #[arg(long, default_value_t = 8080)]
         port: u16,
     },
-    /// Write a random checkpoint laid out as bindings.json says.
+    /// Write a random checkpoint laid out as bindings.json says (and copy
+    /// the package's tokenizer files beside it).
     InitWeights {
         package: PathBuf,
         #[arg(long)]
@@ -286,6 +287,7 @@ fn main() -> ExitCode {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
                 let written = linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
+                linnet_runtime::init::copy_text_files(&package.dir, &output)?;
                 println!("wrote {} parameters ({written} bytes) of `{}` to {}", model.params.len(), model.name, output.display());
                 Ok(())
             })

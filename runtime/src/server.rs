@@ -123,6 +123,7 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>)
         let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
         let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
         if !admitted.is_empty() {
+            tracing::debug!(requests = admitted.len(), waiting = queue.len(), "prefill_slots");
             let width = admitted.iter().map(|(_, job)| job.prompt.len()).max().unwrap_or(1);
             let mut tokens = Vec::with_capacity(admitted.len() * width);
             for (_, job) in &admitted {

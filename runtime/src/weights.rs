@@ -127,7 +127,10 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
         }
     }
     let mut params = Vec::with_capacity(model.params.len());
+    let progress = indicatif::ProgressBar::new(model.params.len() as u64).with_message("loading weights");
+    tracing::info!(files = files.len(), params = model.params.len(), dir = %dir.display(), "loading weights");
     for param in &model.params {
+        progress.inc(1);
         let Some(name) = bindings.get(&param.path) else {
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
             continue;
@@ -154,5 +157,6 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
         }
         params.push(Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())));
     }
+    progress.finish_and_clear();
     if problems.is_empty() { Ok(params) } else { Err(problems) }
 }

@@ -61,3 +61,35 @@ fn run_writes_npy_and_reports_bad_arguments() {
     let output = linnet(&["run", "--entry", "sample", "--input", &input]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("no entry `sample`"));
 }
+
+fn linnet_plain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_linnet")).args(args).current_dir(root()).env("LINNET_STDLIB", root().join("stdlib")).output().expect("linnet runs")
+}
+
+/// The newcomer's path through the example: random weights, text
+/// generation (greedy and sampled, repeatable by seed), a benchmark.
+#[test]
+fn the_example_from_random_weights_to_text() {
+    let dir = std::env::temp_dir().join(format!("linnet-example-{}", std::process::id()));
+    let weights = dir.to_str().unwrap();
+    let output = linnet_plain(&["init-weights", "examples/tiny-qwen", "--seed", "1", "-o", weights]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(dir.join("model.safetensors.index.json").exists() && dir.join("tokenizer.json").exists());
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "examples/tiny-qwen", "--weights", weights, "--prompt", "t5 t17 t42", "--max-tokens", "6"];
+        args.extend_from_slice(extra);
+        let output = linnet_plain(&args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let greedy = generate(&[]);
+    assert_eq!(greedy.split_whitespace().count(), 6, "{greedy}");
+    assert!(greedy.split_whitespace().all(|word| word.starts_with('t')), "{greedy}");
+    let sampled = generate(&["--temperature", "0.9", "--top-k", "40", "--seed", "7"]);
+    assert_eq!(sampled, generate(&["--temperature", "0.9", "--top-k", "40", "--seed", "7"]));
+    let chat = generate(&["--chat"]);
+    assert_eq!(chat.split_whitespace().count(), 6, "{chat}");
+    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "4", "-r", "2"]);
+    let report = String::from_utf8(output.stdout).unwrap();
+    assert!(report.contains("| pp8 |") && report.contains("| tg4 |") && report.contains("GB/s"), "{report}");
+}

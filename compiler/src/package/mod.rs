@@ -132,15 +132,18 @@ pub fn load(
     });
 
     let stdlib = options.stdlib.clone().or_else(stdlib_dir);
-    let mut loader = ModuleLoader { dir, package: &name, stdlib, options, sources, diagnostics, modules: Vec::new() };
+    let root_path = dir.join(&source_path);
+    // `crate.x` is the file `x.linnet` beside the root module.
+    let crate_dir = root_path.parent().map_or_else(|| dir.join("src"), Path::to_path_buf);
+    let mut loader = ModuleLoader { crate_dir: &crate_dir, package: &name, stdlib, options, sources, diagnostics, modules: Vec::new() };
     let root_span = nest.as_ref().map(|nest| nest.source_span);
-    loader.load_all(&dir.join(&source_path), root_span);
+    loader.load_all(&root_path, root_span);
     let modules = loader.modules;
     Some(Package { dir: dir.to_path_buf(), name, nest, bindings, modules })
 }
 
 struct ModuleLoader<'a> {
-    dir: &'a Path,
+    crate_dir: &'a Path,
     package: &'a str,
     stdlib: Option<PathBuf>,
     options: &'a LoadOptions,
@@ -245,7 +248,7 @@ impl ModuleLoader<'_> {
                 }
             }
         } else if first == self.package {
-            self.dir.join("src")
+            self.crate_dir.to_path_buf()
         } else {
             self.diagnostics.push(
                 Diagnostic::error("unknown-module", span, format!("no package `{first}`"))

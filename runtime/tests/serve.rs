@@ -1,0 +1,151 @@
+//! `linnet serve` as clients use it: concurrent requests get the tokens
+//! each gets alone (more requests than rows wait their turn), bad requests
+//! get a 4xx with an OpenAI-style error and the server keeps serving, a
+//! client that disconnects frees its row, and Ctrl-C stops it cleanly.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_linnet"))
+            .arg("serve")
+            .arg(root().join("models/qwen3.6-35b-a3b"))
+            .arg("--nest")
+            .arg(oracle.join("package/nest-f32.toml"))
+            .arg("--weights")
+            .arg(oracle.join("weights-f32"))
+            .args(["--port", "0"])
+            .env("LINNET_STDLIB", root().join("stdlib"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("linnet serve starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let port = loop {
+            let line = lines.next().expect("the server says where it listens").unwrap();
+            if let Some(address) = line.split("http://").nth(1) {
+                break address.split_whitespace().next().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, port }
+    }
+
+    /// Status and body of one request.
+    fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    fn complete(&self, prompt: &[i64], max_tokens: usize) -> Vec<i64> {
+        let (status, body) = self.call("POST", "/v1/completions", &json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string());
+        assert_eq!(status, 200, "{body}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        value["choices"][0]["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+#[test]
+fn a_server_session() {
+    let server = Server::start();
+    assert_eq!(server.call("GET", "/health", "").0, 200);
+    let (_, models) = server.call("GET", "/v1/models", "");
+    assert!(models.contains("tiny-qwen3.5-moe-f32"), "{models}");
+
+    // Alone, then three at once on two rows: the same tokens each time.
+    let prompts: [&[i64]; 3] = [&[5, 17, 42], &[393, 201, 20, 376, 357, 9, 1], &[7]];
+    let alone: Vec<Vec<i64>> = prompts.iter().map(|p| server.complete(p, 10)).collect();
+    let together: Vec<Vec<i64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| server.complete(p, 10))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together);
+    // And the same as `generate` through prefill/decode.
+    let options = linnet_compiler::package::LoadOptions {
+        nest: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml")),
+        stdlib: Some(root().join("stdlib")),
+        ..Default::default()
+    };
+    let weights = linnet_runtime::Weights::Checkpoint(Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")));
+    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
+    assert_eq!(alone[0], linnet_runtime::generate::greedy(&mut machine, prompts[0], 10).unwrap());
+
+    // Text in, text out, and the chat endpoint, streaming.
+    let (status, body) = server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 3, "temperature": 0}"#);
+    assert_eq!(status, 200);
+    let expected: Vec<String> = alone[0][..3].iter().map(|id| format!("t{id}")).collect();
+    assert!(body.contains(&format!(r#""text":"{}""#, expected.join(" "))), "{body}");
+    let (status, body) = server.call("POST", "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 3, "stream": true}"#);
+    assert_eq!(status, 200);
+    assert!(body.contains("chat.completion.chunk") && body.contains("data: [DONE]"), "{body}");
+
+    // Bad requests: 4xx, an OpenAI-style error, and the server goes on.
+    let long: Vec<i64> = (0..70).collect();
+    let bad = [
+        "{not json".to_string(),
+        json!({ "prompt": long }).to_string(),
+        json!({ "prompt": [1, 2], "max_tokens": "many" }).to_string(),
+        json!({ "prompt": [1, 2], "max_tokens": 1000 }).to_string(),
+        json!({ "prompt": [1, 99999] }).to_string(),
+        json!({ "prompt": [1, 2], "temperature": -1 }).to_string(),
+        json!({ "max_tokens": 3 }).to_string(),
+    ];
+    for body in &bad {
+        let (status, response) = server.call("POST", "/v1/completions", body);
+        assert_eq!(status, 400, "{body} -> {response}");
+        let error: Value = serde_json::from_str(&response).unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{response}");
+    }
+    let (status, _) = server.call("POST", "/v1/chat/completions", r#"{"messages": "hi"}"#);
+    assert_eq!(status, 400);
+
+    // A streaming client that goes away frees its row.
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let body = json!({ "prompt": [3, 4], "max_tokens": 50, "stream": true }).to_string();
+        write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut first = [0u8; 64];
+        let _ = stream.read(&mut first).unwrap();
+        drop(stream);
+    }
+    assert_eq!(server.complete(prompts[0], 10), alone[0]);
+}
+
+#[test]
+fn ctrl_c_stops_the_server() {
+    let mut server = Server::start();
+    assert_eq!(server.call("GET", "/health", "").0, 200);
+    let status = Command::new("kill").args(["-INT", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
