@@ -32,12 +32,12 @@ pub fn check_package(dir: &Path, options: &LoadOptions) -> Checked {
 }
 
 /// Checks the package and, when it is clean, lowers it to the IR.
-pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Model, Checked), Checked> {
+pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Model, Checked), Box<Checked>> {
     let mut checked = check_package(dir, options);
     if checked.has_errors() {
-        return Err(checked);
+        return Err(Box::new(checked));
     }
-    let Some(package) = &checked.package else { return Err(checked) };
+    let Some(package) = &checked.package else { return Err(Box::new(checked)) };
     let mut diagnostics = Vec::new();
     let program = crate::sema::program::Program::build(package, &mut diagnostics);
     let name = package.nest.as_ref().and_then(|nest| nest.model_name.clone()).unwrap_or_else(|| package.name.clone());
@@ -45,7 +45,7 @@ pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Mo
         Ok(model) => Ok((model, checked)),
         Err(errors) => {
             checked.diagnostics.extend(errors);
-            Err(checked)
+            Err(Box::new(checked))
         }
     }
 }

@@ -27,7 +27,7 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 /// Runs `repetitions` of: prefill `prompt` tokens, then decode `generate`.
 pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: usize) -> Result<Report, String> {
     let rows = batch_rows(machine)?;
-    let vocab = machine.model().entry("decode").and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant())).ok_or("`decode` has no vocabulary-sized output")? as i64;
+    let vocab = machine.model().entry("decode").and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant())).ok_or("`decode` has no vocabulary-sized output")?;
     let tokens: Vec<i64> = (0..rows * prompt).map(|i| (i as i64 * 7919 + 13) % vocab).collect();
     let mut report = Report {
         model: machine.model().name.clone(),

@@ -6,6 +6,10 @@
 //! from its own tokens, so a request's tokens do not depend on what else
 //! runs. A client that goes away frees its row.
 
+// The error side of request parsing is an HTTP response, built only when
+// a request is refused.
+#![allow(clippy::result_large_err)]
+
 use crate::sampling::{Rng, Sampling};
 use crate::text::TextModel;
 use crate::Loaded;
@@ -357,28 +361,30 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
     Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage })).into_response()
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
-    let Json(body) = match body {
-        Ok(body) => body,
+/// A completion request: the body parsed, its prompt read by `prompt`,
+/// its settings validated, then answered.
+async fn complete(
+    app: Arc<App>,
+    body: Result<Json<Value>, JsonRejection>,
+    prompt: fn(&App, &Value) -> Result<Vec<i64>, Response>,
+    chat: bool,
+) -> Response {
+    let body = match body {
+        Ok(Json(body)) => body,
         Err(rejection) => return bad(format!("malformed request: {}", rejection.body_text()), "body"),
     };
-    let request = match prompt_of(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
-        Ok(request) => request,
-        Err(response) => return response,
-    };
-    respond(app, request, false).await
+    match prompt(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
+        Ok(request) => respond(app, request, chat).await,
+        Err(response) => response,
+    }
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
+    complete(app, body, prompt_of, false).await
 }
 
 async fn chat_completions(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
-    let Json(body) = match body {
-        Ok(body) => body,
-        Err(rejection) => return bad(format!("malformed request: {}", rejection.body_text()), "body"),
-    };
-    let request = match chat_prompt(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
-        Ok(request) => request,
-        Err(response) => return response,
-    };
-    respond(app, request, true).await
+    complete(app, body, chat_prompt, true).await
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {

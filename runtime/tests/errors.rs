@@ -42,7 +42,7 @@ fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<(String, safet
         let name = path.file_name().unwrap().to_owned();
         let bytes = std::fs::read(&path).unwrap();
         let holds = path.extension().is_some_and(|e| e == "safetensors")
-            && SafeTensors::deserialize(&bytes).unwrap().names().iter().any(|n| *n == tensor);
+            && SafeTensors::deserialize(&bytes).unwrap().names().contains(&tensor);
         if !holds {
             std::fs::write(target.join(name), bytes).unwrap();
             continue;
@@ -109,8 +109,8 @@ fn weights_are_found_in_the_hub_cache_or_the_places_are_named() {
     let cache = std::env::temp_dir().join(format!("linnet-hub-{}", std::process::id()));
     let snapshot = cache.join("models--Org--Tiny/snapshots/abc123");
     std::fs::create_dir_all(&snapshot).unwrap();
-    assert_eq!(weights::locate_in_caches(&[cache.clone()], "Org/Tiny", Some("abc123")).unwrap(), snapshot);
-    let error = weights::locate_in_caches(&[cache.clone()], "Org/Other", Some("abc123")).unwrap_err();
+    assert_eq!(weights::locate_in_caches(std::slice::from_ref(&cache), "Org/Tiny", Some("abc123")).unwrap(), snapshot);
+    let error = weights::locate_in_caches(std::slice::from_ref(&cache), "Org/Other", Some("abc123")).unwrap_err();
     assert!(error.contains("models--Org--Other/snapshots/abc123") && error.contains("--weights"), "{error}");
     let error = weights::locate(Some(&cache.join("nowhere")), None, None).unwrap_err();
     assert!(error.contains("no such folder"), "{error}");

@@ -7,6 +7,7 @@
 //! - `Input`, `Param` and `State` numbers exist, and a `WriteState` writes a
 //!   value of the state's rank and dtype;
 //! - outputs are defined values.
+//!
 //! A failure is a compiler bug, reported with the entry and node.
 
 use super::{Entry, Model, NodeKind, Scalar, Value};

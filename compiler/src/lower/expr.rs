@@ -269,25 +269,10 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
     }
 
     fn static_dim(&self, expr: &Expr) -> Option<Dim> {
-        match &expr.kind {
-            ExprKind::Int(value) => Some(Dim::constant(*value as i64)),
-            ExprKind::Name(name) => {
-                let shadowed = self.indices.iter().any(|(n, _)| *n == name.name) || self.locals.iter().any(|s| s.contains_key(&name.name));
-                if shadowed { None } else { self.env.dims.get(name.name.as_str()).cloned() }
-            }
-            ExprKind::Binary(op, left, right) => {
-                let (left, right) = (self.static_dim(left)?, self.static_dim(right)?);
-                Some(match op {
-                    BinOp::Add => left.add(&right),
-                    BinOp::Sub => left.sub(&right),
-                    BinOp::Mul => left.mul(&right),
-                    BinOp::Div => left.div(&right),
-                    BinOp::Rem => left.rem(&right),
-                    _ => return None,
-                })
-            }
-            _ => None,
-        }
+        crate::sema::static_dim(expr, &|name| {
+            let shadowed = self.indices.iter().any(|(n, _)| *n == name.name) || self.locals.iter().any(|s| s.contains_key(&name.name));
+            if shadowed { None } else { self.env.dims.get(name.name.as_str()).cloned() }
+        })
     }
 
     /// A tensor-level expression.

@@ -19,10 +19,11 @@ pub use env::Env;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-pub type Result<T> = std::result::Result<T, Diagnostic>;
+/// Lowering stops at the first construct it cannot express.
+pub type Result<T> = std::result::Result<T, Box<Diagnostic>>;
 
-pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Diagnostic {
-    Diagnostic::error("unsupported", span, what.into()).with_label("the IR cannot express this yet")
+pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Box<Diagnostic> {
+    Box::new(Diagnostic::error("unsupported", span, what.into()).with_label("the IR cannot express this yet"))
 }
 
 /// A block as instantiated: which block, its generics' values, and the
@@ -62,11 +63,11 @@ pub fn lower(program: &Program, model_name: &str) -> std::result::Result<Model, 
     env.elems = values.elems.clone();
     let instance = Instance { block: root, env, path: String::new() };
     let mut lowerer = Lowerer { program, model: Model { name: model_name.to_string(), params: Vec::new(), states: Vec::new(), entries: Vec::new() }, params: HashMap::new(), states: HashMap::new() };
-    lowerer.collect(&instance).map_err(|d| vec![d])?;
+    lowerer.collect(&instance).map_err(|d| vec![*d])?;
     let mut ids: Vec<usize> = program.blocks[root].fns.values().copied().collect();
     ids.sort_unstable();
     for fn_id in ids.into_iter().filter(|id| program.fns[*id].is_entry()) {
-        let entry = lowerer.entry(&instance, fn_id).map_err(|d| vec![d])?;
+        let entry = lowerer.entry(&instance, fn_id).map_err(|d| vec![*d])?;
         lowerer.model.entries.push(entry);
     }
     let model = lowerer.model;

@@ -343,27 +343,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     /// The dim an expression stands for, if it is made only of integer
     /// literals and Dim generics.
     pub(super) fn static_dim(&self, expr: &Expr) -> Option<Dim> {
-        match &expr.kind {
-            ExprKind::Int(value) => i64::try_from(*value).ok().map(Dim::constant),
-            ExprKind::Name(name) => {
-                let shadowed = self.index_frames.iter().flatten().any(|var| var.name == name.name)
-                    || self.locals.iter().any(|scope| scope.contains_key(&name.name));
-                let generic = self.generics.iter().find(|g| *g.name == name.name)?;
-                (!shadowed && generic.kind == GenericKind::Dim).then(|| Dim::generic(&name.name))
-            }
-            ExprKind::Binary(op, left, right) => {
-                let (left, right) = (self.static_dim(left)?, self.static_dim(right)?);
-                Some(match op {
-                    BinOp::Add => left.add(&right),
-                    BinOp::Sub => left.sub(&right),
-                    BinOp::Mul => left.mul(&right),
-                    BinOp::Div => left.div(&right),
-                    BinOp::Rem => left.rem(&right),
-                    _ => return None,
-                })
-            }
-            _ => None,
-        }
+        super::static_dim(expr, &|name| {
+            let shadowed = self.index_frames.iter().flatten().any(|var| var.name == name.name)
+                || self.locals.iter().any(|scope| scope.contains_key(&name.name));
+            let generic = self.generics.iter().find(|g| *g.name == name.name)?;
+            (!shadowed && generic.kind == GenericKind::Dim).then(|| Dim::generic(&name.name))
+        })
     }
 
     fn mentions_generic(&self, expr: &Expr) -> bool {
@@ -657,17 +642,15 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let previous = var.range.clone();
         match (&previous, &range) {
             (None, _) => var.range = Some(range),
-            (Some(IndexRange::Dim(old, old_span)), IndexRange::Dim(new, _)) => {
-                if !facts.equal(old, new) {
-                    var.poisoned = true;
-                    let old_span = *old_span;
-                    let message = format!("index `{}` ranges over {old} here and over {new} there", name.name);
-                    self.error(
-                        Diagnostic::error("index-range-mismatch", name.span, message)
-                            .with_label(format!("this axis has {new}"))
-                            .with_secondary(old_span, format!("this axis has {old}")),
-                    );
-                }
+            (Some(IndexRange::Dim(old, old_span)), IndexRange::Dim(new, _)) if !facts.equal(old, new) => {
+                var.poisoned = true;
+                let old_span = *old_span;
+                let message = format!("index `{}` ranges over {old} here and over {new} there", name.name);
+                self.error(
+                    Diagnostic::error("index-range-mismatch", name.span, message)
+                        .with_label(format!("this axis has {new}"))
+                        .with_secondary(old_span, format!("this axis has {old}")),
+                );
             }
             (Some(IndexRange::Shape(old, old_span)), IndexRange::Shape(new, _)) => {
                 let same = old.len() == new.len()

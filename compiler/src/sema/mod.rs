@@ -34,6 +34,27 @@ pub fn holds(lhs: i64, op: ast::CmpOp, rhs: i64) -> bool {
     }
 }
 
+/// The dim an expression stands for, if it is made only of integer
+/// literals and names that `name` resolves to dims.
+pub fn static_dim(expr: &ast::Expr, name: &dyn Fn(&ast::Ident) -> Option<dim::Dim>) -> Option<dim::Dim> {
+    match &expr.kind {
+        ast::ExprKind::Int(value) => i64::try_from(*value).ok().map(dim::Dim::constant),
+        ast::ExprKind::Name(ident) => name(ident),
+        ast::ExprKind::Binary(op, left, right) => {
+            let (left, right) = (static_dim(left, name)?, static_dim(right, name)?);
+            Some(match op {
+                ast::BinOp::Add => left.add(&right),
+                ast::BinOp::Sub => left.sub(&right),
+                ast::BinOp::Mul => left.mul(&right),
+                ast::BinOp::Div => left.div(&right),
+                ast::BinOp::Rem => left.rem(&right),
+                _ => return None,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// The names of the built-in functions.
 pub fn builtin_names() -> &'static [&'static str] {
     builtins::NAMES

@@ -419,16 +419,19 @@ fn not_closing() -> impl Parser<Token, (), Error = Error> + Clone {
     none_of([Token::RBrace]).rewind().ignored()
 }
 
+/// `{ statements }`; a body that does not parse becomes one error statement.
+fn braced(stmts: impl Parser<Token, Vec<Stmt>, Error = Error> + Clone) -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
+    stmts.delimited_by(just(Token::LBrace), just(Token::RBrace)).recover_with(nested_delimiters(
+        Token::LBrace,
+        Token::RBrace,
+        [(Token::LParen, Token::RParen), (Token::LBracket, Token::RBracket)],
+        |span| vec![Stmt::Error(span)],
+    ))
+}
+
 fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
     recursive(|stmts: Recursive<Token, Vec<Stmt>, Error>| {
-        let body = stmts
-            .delimited_by(just(Token::LBrace), just(Token::RBrace))
-            .recover_with(nested_delimiters(
-                Token::LBrace,
-                Token::RBrace,
-                [(Token::LParen, Token::RParen), (Token::LBracket, Token::RBracket)],
-                |span| vec![Stmt::Error(span)],
-            ));
+        let body = braced(stmts);
         let tuple_pattern = ident()
             .map(|ident| if ident.name == "_" { None } else { Some(ident) })
             .separated_by(just(Token::Comma))
@@ -524,15 +527,7 @@ fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
         .separated_by(just(Token::Comma))
         .allow_trailing()
         .delimited_by(just(Token::LParen), just(Token::RParen));
-    let body = statements()
-        .delimited_by(just(Token::LBrace), just(Token::RBrace))
-        .recover_with(nested_delimiters(
-            Token::LBrace,
-            Token::RBrace,
-            [(Token::LParen, Token::RParen), (Token::LBracket, Token::RBracket)],
-            |span| vec![Stmt::Error(span)],
-        ))
-        .boxed();
+    let body = braced(statements()).boxed();
     let signature = ident()
         .then(generics())
         .then(params)
