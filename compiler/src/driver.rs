@@ -33,6 +33,14 @@ pub fn check_package(dir: &Path, options: &LoadOptions) -> Checked {
 
 /// Checks the package and, when it is clean, lowers it to the IR.
 pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Model, Checked), Box<Checked>> {
+    lower_package_with(dir, options, crate::lower::Lowering::default())
+}
+
+pub fn lower_package_with(
+    dir: &Path,
+    options: &LoadOptions,
+    lowering: crate::lower::Lowering,
+) -> Result<(crate::ir::Model, Checked), Box<Checked>> {
     let mut checked = check_package(dir, options);
     if checked.has_errors() {
         return Err(Box::new(checked));
@@ -41,7 +49,7 @@ pub fn lower_package(dir: &Path, options: &LoadOptions) -> Result<(crate::ir::Mo
     let mut diagnostics = Vec::new();
     let program = crate::sema::program::Program::build(package, &mut diagnostics);
     let name = package.nest.as_ref().and_then(|nest| nest.model_name.clone()).unwrap_or_else(|| package.name.clone());
-    match crate::lower::lower(&program, &name) {
+    match crate::lower::lower(&program, &name, lowering) {
         Ok(model) => Ok((model, checked)),
         Err(errors) => {
             checked.diagnostics.extend(errors);

@@ -1,8 +1,12 @@
-//! The intrinsics' reference semantics: the gated delta rule over a span
+//! The intrinsics. The gated delta rule's reference semantics over a span
 //! of tokens and for one token, in f64 with the state rounded to f32 after
-//! every token, as the f32 state it models.
+//! every token, as the f32 state it models. Attention and cache writes are
+//! kernels for standard library functions and compute exactly what their
+//! Linnet bodies do, rounding for rounding: attention skips the keys its
+//! mask excludes (their weights are exactly zero), and a cache write
+//! changes the cache it is given.
 
-use super::tensor::Tensor;
+use super::tensor::{round, Data, Tensor};
 use crate::ir::Intrinsic;
 use crate::sema::ty::Dtype;
 
@@ -10,11 +14,141 @@ fn floats(tensor: &Tensor) -> &[f32] {
     tensor.as_f32().expect("the intrinsics take float tensors")
 }
 
+fn ints(tensor: &Tensor) -> &[i64] {
+    tensor.as_i64().expect("an integer tensor")
+}
+
+fn f32r(value: f64) -> f64 {
+    value as f32 as f64
+}
+
+/// `grouped_attention` (mask `[Q, K]`) and `grouped_attention_rows` (mask
+/// `[B, 1, K]`), as their Linnet bodies compute them.
+pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
+    let (q, k, v, scale, mask) = (args[0], args[1], args[2], floats(args[3])[0] as f64, args[4]);
+    let [batch, heads, queries, width] = q.shape[..] else { panic!("q is [B, Heads, Q, D]") };
+    let [_, kv_heads, keys, _] = k.shape[..] else { panic!("k is [B, KvHeads, K, D]") };
+    let Data::Bool(mask) = &mask.data else { panic!("the mask is bool") };
+    let (qf, kf, vf) = (floats(q), floats(k), floats(v));
+    let group = heads / kv_heads;
+    let mut out = vec![0f32; batch * heads * queries * width];
+    let mut weights = vec![0f64; keys];
+    for b in 0..batch {
+        for h in 0..heads {
+            let kv = h / group;
+            for i in 0..queries {
+                let admitted = |j: usize| if rows_mask { mask[b * keys + j] } else { mask[i * keys + j] };
+                let any = (0..keys).any(admitted);
+                let q_at = ((b * heads + h) * queries + i) * width;
+                // Masked keys hold -1e30; when one key is admitted they
+                // weigh exactly zero and are skipped.
+                let masked = -1e30f32 as f64;
+                let mut top = f64::NEG_INFINITY;
+                for (j, weight) in weights.iter_mut().enumerate() {
+                    *weight = if admitted(j) {
+                        let k_at = ((b * kv_heads + kv) * keys + j) * width;
+                        let score: f64 = (0..width).map(|d| f32r(qf[q_at + d] as f64 * kf[k_at + d] as f64)).sum();
+                        f32r(f32r(score) * scale)
+                    } else {
+                        masked
+                    };
+                    top = top.max(*weight);
+                }
+                let mut total = 0.0;
+                for (j, weight) in weights.iter_mut().enumerate() {
+                    *weight = if any && !admitted(j) { 0.0 } else { f32r(f32r(*weight - top).exp()) };
+                    total += *weight;
+                }
+                let total = f32r(total);
+                for weight in weights.iter_mut() {
+                    *weight = f32r(*weight / total);
+                }
+                for d in 0..width {
+                    let mut sum = 0.0;
+                    for (j, weight) in weights.iter().enumerate() {
+                        if any && !admitted(j) {
+                            continue;
+                        }
+                        let v_at = ((b * kv_heads + kv) * keys + j) * width + d;
+                        sum += f32r(weight * vf[v_at] as f64);
+                    }
+                    out[q_at + d] = round(f32r(sum), q.dtype) as f32;
+                }
+            }
+        }
+    }
+    Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out) }
+}
+
+/// Writes `x` into `cache` in place, as `std.nn.cache` says; an error
+/// names what is out of range.
+pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), String> {
+    let [rows, axis_a, length, width] = cache.shape[..] else { panic!("a cache is rank 4") };
+    let x = args[0];
+    let xs = floats(x);
+    let Data::F32(cells) = &mut cache.data else { panic!("a float cache") };
+    let copy = |cells: &mut Vec<f32>, row: usize, source: usize, from: usize, count: usize| {
+        for a in 0..axis_a {
+            for l in 0..count {
+                let to = ((row * axis_a + a) * length + from + l) * width;
+                let at = ((source * axis_a + a) * x.shape[2] + l) * width;
+                cells[to..to + width].copy_from_slice(&xs[at..at + width]);
+            }
+        }
+    };
+    match intrinsic {
+        Intrinsic::WriteAt | Intrinsic::WriteSpan => {
+            let pos = ints(args[1])[0];
+            let count = x.shape[2];
+            if pos < 0 || pos as usize + count > length {
+                let name = intrinsic.name();
+                let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
+                return Err(format!("{name}: {what} outside the cache"));
+            }
+            for row in 0..rows {
+                copy(cells, row, row, pos as usize, count);
+            }
+        }
+        Intrinsic::WriteRows => {
+            for (row, &pos) in ints(args[1]).iter().enumerate() {
+                if pos >= 0 && (pos as usize) < length {
+                    copy(cells, row, row, pos as usize, 1);
+                }
+            }
+        }
+        Intrinsic::WriteSlots => {
+            let (slots, start) = (ints(args[1]), ints(args[2])[0]);
+            let count = x.shape[2];
+            if start < 0 || start as usize + count > length {
+                return Err("write_slots: span outside the cache".into());
+            }
+            for row in 0..rows {
+                // As the Linnet body: 1 + the request for this row, summed.
+                let owner: i64 = slots.iter().enumerate().filter(|(_, &s)| s == row as i64).map(|(m, _)| m as i64 + 1).sum();
+                if owner > 0 {
+                    if owner as usize > x.shape[0] {
+                        return Err(format!("write_slots: position {} is outside 0..{}", owner - 1, x.shape[0]));
+                    }
+                    copy(cells, row, owner as usize - 1, start as usize, count);
+                }
+            }
+        }
+        other => unreachable!("{} writes no cache", other.name()),
+    }
+    Ok(())
+}
+
 pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
+    match intrinsic {
+        Intrinsic::GroupedAttention => return attention(args, false),
+        Intrinsic::GroupedAttentionRows => return attention(args, true),
+        Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {}
+        writer => unreachable!("{} runs through write_cache", writer.name()),
+    }
     // The one-token form is the span form with S = 1 and no S axis.
     let (batch, tokens) = match intrinsic {
         Intrinsic::GatedDeltaRule => (args[0].shape[0], args[0].shape[1]),
-        Intrinsic::GatedDeltaStep => (args[0].shape[0], 1),
+        _ => (args[0].shape[0], 1),
     };
     let key_heads = args[0].shape[args[0].shape.len() - 2];
     let key_dim = args[0].shape[args[0].shape.len() - 1];

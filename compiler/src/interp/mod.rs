@@ -73,6 +73,7 @@ impl Machine {
         let mut values: Vec<Rc<Tensor>> = Vec::with_capacity(entry.nodes.len());
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut writes = Vec::new();
+        let uses = use_counts(entry);
         let origins: Vec<Option<Rc<str>>> = entry
             .nodes
             .iter()
@@ -93,6 +94,32 @@ impl Machine {
                     Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
                         RunError::OutOfRange { entry: entry.name.clone(), message: format!("{message} (at v{at})") }
                     })?)
+                }
+                NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => {
+                    // In place when the cache is a state read only here.
+                    let source = args[0];
+                    let state = match entry.nodes[source.index()].kind {
+                        NodeKind::State(k) if uses[source.index()] == 1 => Some(k),
+                        _ => None,
+                    };
+                    let mut cache = match state {
+                        Some(k) => {
+                            values[source.index()] = Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()));
+                            let held = std::mem::replace(&mut self.states[k], Rc::new(Tensor::zeros(Dtype::Bool, Vec::new())));
+                            Rc::try_unwrap(held).unwrap_or_else(|shared| shared.as_ref().clone())
+                        }
+                        None => values[source.index()].as_ref().clone(),
+                    };
+                    let rest: Vec<&Tensor> = args[1..].iter().map(|v| values[v.index()].as_ref()).collect();
+                    let written = intrinsics::write_cache(*intrinsic, &mut cache, &rest);
+                    let cache = Rc::new(cache);
+                    // The state always holds a whole cache, even if this
+                    // call fails later (then with this write in it).
+                    if let Some(k) = state {
+                        self.states[k] = Rc::clone(&cache);
+                    }
+                    written.map_err(|message| RunError::Assertion { entry: entry.name.clone(), message })?;
+                    cache
                 }
                 NodeKind::Intrinsic(intrinsic, args) => {
                     let args: Vec<&Tensor> = args.iter().map(|v| values[v.index()].as_ref()).collect();
@@ -116,6 +143,29 @@ impl Machine {
         }
         Ok(entry.outputs.iter().map(|v| values[v.index()].as_ref().clone()).collect())
     }
+}
+
+/// How many times each value is used by later nodes and the outputs.
+fn use_counts(entry: &Entry) -> Vec<u32> {
+    let mut uses = vec![0u32; entry.nodes.len()];
+    for node in &entry.nodes {
+        let mut used = Vec::new();
+        match &node.kind {
+            NodeKind::Compute(scalar) => scalar.loads(&mut used),
+            NodeKind::Intrinsic(_, args) => used.extend(args.iter().copied()),
+            NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => used.push(*value),
+            _ => {}
+        }
+        used.sort_unstable();
+        used.dedup();
+        for value in used {
+            uses[value.index()] += 1;
+        }
+    }
+    for output in &entry.outputs {
+        uses[output.index()] += 1;
+    }
+    uses
 }
 
 fn shape_text(shape: &[usize]) -> String {

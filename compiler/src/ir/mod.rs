@@ -80,10 +80,20 @@ pub struct Node {
     pub dtype: Dtype,
 }
 
+/// Operations the IR keeps whole. The delta rule has no Linnet body; the
+/// others are standard library functions whose Linnet bodies define them,
+/// run as kernels: attention skips the keys its mask excludes, and a cache
+/// write updates its state in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Intrinsic {
     GatedDeltaRule,
     GatedDeltaStep,
+    GroupedAttention,
+    GroupedAttentionRows,
+    WriteAt,
+    WriteSpan,
+    WriteRows,
+    WriteSlots,
 }
 
 impl Intrinsic {
@@ -91,15 +101,40 @@ impl Intrinsic {
         match self {
             Intrinsic::GatedDeltaRule => "gated_delta_rule",
             Intrinsic::GatedDeltaStep => "gated_delta_step",
+            Intrinsic::GroupedAttention => "grouped_attention",
+            Intrinsic::GroupedAttentionRows => "grouped_attention_rows",
+            Intrinsic::WriteAt => "write_at",
+            Intrinsic::WriteSpan => "write_span",
+            Intrinsic::WriteRows => "write_rows",
+            Intrinsic::WriteSlots => "write_slots",
         }
     }
 
+    /// The intrinsic an `intrinsic fn` declares.
     pub fn from_name(name: &str) -> Option<Intrinsic> {
         match name {
             "gated_delta_rule" => Some(Intrinsic::GatedDeltaRule),
             "gated_delta_step" => Some(Intrinsic::GatedDeltaStep),
             _ => None,
         }
+    }
+
+    /// The kernel for a standard library function, if it has one.
+    pub fn library(module: &str, name: &str) -> Option<Intrinsic> {
+        Some(match (module, name) {
+            ("std.nn.attention", "grouped_attention") => Intrinsic::GroupedAttention,
+            ("std.nn.attention", "grouped_attention_rows") => Intrinsic::GroupedAttentionRows,
+            ("std.nn.cache", "write_at") => Intrinsic::WriteAt,
+            ("std.nn.cache", "write_span") => Intrinsic::WriteSpan,
+            ("std.nn.cache", "write_rows") => Intrinsic::WriteRows,
+            ("std.nn.cache", "write_slots") => Intrinsic::WriteSlots,
+            _ => return None,
+        })
+    }
+
+    /// Whether the first argument is a cache the result replaces.
+    pub fn writes_cache(self) -> bool {
+        matches!(self, Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows | Intrinsic::WriteSlots)
     }
 }
 

@@ -555,13 +555,30 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 }
             }
         }
-        if function.decl.kind == ast::FnKind::Intrinsic {
-            let intrinsic = Intrinsic::from_name(&function.name).ok_or_else(|| unsupported(span, format!("no intrinsic `{}`", function.name)))?;
+        let kernel = Intrinsic::library(program.module_name(function.module), &function.name).filter(|_| self.lowerer.lowering.library_kernels);
+        if function.decl.kind == ast::FnKind::Intrinsic || kernel.is_some() {
+            let intrinsic = match kernel {
+                Some(kernel) => kernel,
+                None => Intrinsic::from_name(&function.name).ok_or_else(|| unsupported(span, format!("no intrinsic `{}`", function.name)))?,
+            };
             let (shape, dtype) = self.lowerer.tensor_type(&function.ret, &env, span)?;
             let mut values = Vec::new();
             for ((_, param_ty, _), arg) in function.params.iter().zip(args) {
+                let value = match (param_ty, arg) {
+                    // An absent mask admits every key.
+                    (Ty::Option(Some(inner)), Val::Option(None)) => {
+                        let (shape, _) = self.lowerer.tensor_type(inner, &env, span)?;
+                        Val::Tensor(self.builder.compute(shape, Scalar::Bool(true)))
+                    }
+                    (Ty::Option(Some(_)), Val::Option(Some(inner))) => *inner,
+                    (_, arg) => arg,
+                };
+                let param_ty = match param_ty {
+                    Ty::Option(Some(inner)) => inner,
+                    other => other,
+                };
                 let (_, param_dtype) = self.lowerer.tensor_type(param_ty, &env, span)?;
-                values.push(self.tensor(arg, span, Some(param_dtype))?);
+                values.push(self.tensor(value, span, Some(param_dtype))?);
             }
             let node = Node { kind: NodeKind::Intrinsic(intrinsic, values), shape, dtype };
             return Ok(Val::Tensor(self.builder.push(node)));

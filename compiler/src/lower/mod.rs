@@ -50,8 +50,22 @@ pub enum Val {
     Unit,
 }
 
+/// Choices that change how, not what, the model computes.
+#[derive(Clone, Copy, Debug)]
+pub struct Lowering {
+    /// Run the standard library's attention and cache writes as kernels
+    /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
+    pub library_kernels: bool,
+}
+
+impl Default for Lowering {
+    fn default() -> Lowering {
+        Lowering { library_kernels: true }
+    }
+}
+
 /// Lowers the root block named by the model card.
-pub fn lower(program: &Program, model_name: &str) -> std::result::Result<Model, Vec<Diagnostic>> {
+pub fn lower(program: &Program, model_name: &str, lowering: Lowering) -> std::result::Result<Model, Vec<Diagnostic>> {
     let mut diagnostics = Vec::new();
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
@@ -62,7 +76,13 @@ pub fn lower(program: &Program, model_name: &str) -> std::result::Result<Model, 
     }
     env.elems = values.elems.clone();
     let instance = Instance { block: root, env, path: String::new() };
-    let mut lowerer = Lowerer { program, model: Model { name: model_name.to_string(), params: Vec::new(), states: Vec::new(), entries: Vec::new() }, params: HashMap::new(), states: HashMap::new() };
+    let mut lowerer = Lowerer {
+        program,
+        model: Model { name: model_name.to_string(), params: Vec::new(), states: Vec::new(), entries: Vec::new() },
+        params: HashMap::new(),
+        states: HashMap::new(),
+        lowering,
+    };
     lowerer.collect(&instance).map_err(|d| vec![*d])?;
     let mut ids: Vec<usize> = program.blocks[root].fns.values().copied().collect();
     ids.sort_unstable();
@@ -82,6 +102,7 @@ pub(crate) struct Lowerer<'p, 'a> {
     pub model: Model,
     pub params: HashMap<String, usize>,
     pub states: HashMap<String, usize>,
+    pub lowering: Lowering,
 }
 
 impl Lowerer<'_, '_> {
