@@ -71,3 +71,22 @@ impl std::fmt::Display for Report {
         write!(f, "\n{} row(s); a decode step reads at most {gb:.4} GB of weights (every parameter); at {steps:.2} steps/s that is {:.4} GB/s", self.rows, gb * steps)
     }
 }
+
+/// Milliseconds per `decode` step at each of `positions` (mean ± sd over
+/// `repetitions`): the cost of a token as the context grows.
+pub fn decode_at(machine: &mut Machine, positions: &[usize], repetitions: usize) -> Result<Vec<(usize, f64, f64)>, String> {
+    let rows = batch_rows(machine)?;
+    let mut results = Vec::new();
+    for &position in positions {
+        let mut millis = Vec::new();
+        for _ in 0..repetitions {
+            let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![1; rows]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64])];
+            let start = Instant::now();
+            machine.call("decode", inputs).map_err(|e| e.to_string())?;
+            millis.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        let (mean, sd) = mean_sd(&millis);
+        results.push((position, mean, sd));
+    }
+    Ok(results)
+}

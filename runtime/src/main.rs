@@ -131,6 +131,9 @@ enum Command {
         generate: usize,
         #[arg(short = 'r', long, default_value_t = 3)]
         repetitions: usize,
+        /// Instead, time one `decode` step at each of these positions.
+        #[arg(long, value_delimiter = ',')]
+        decode_at: Vec<usize>,
     },
 }
 
@@ -292,8 +295,16 @@ fn main() -> ExitCode {
                 Ok(())
             })
         }
-        Command::Bench { model, prompt, generate, repetitions } => load(&model).and_then(|loaded| {
+        Command::Bench { model, prompt, generate, repetitions, decode_at } => load(&model).and_then(|loaded| {
             let mut machine = loaded.machine;
+            if !decode_at.is_empty() {
+                // A first call computes what is hoisted (the rotary tables).
+                bench::decode_at(&mut machine, &decode_at[..1], 1)?;
+                for (position, mean, sd) in bench::decode_at(&mut machine, &decode_at, repetitions.max(1))? {
+                    println!("decode at position {position}: {mean:.1} ms ± {sd:.1} ms per step");
+                }
+                return Ok(());
+            }
             let report = bench::run(&mut machine, prompt, generate, repetitions.max(1))?;
             println!("{report}");
             Ok(())

@@ -46,13 +46,60 @@ pub struct Machine {
     model: Model,
     params: Vec<Rc<Tensor>>,
     states: Vec<Rc<Tensor>>,
+    /// Per entry: each value's use count and whether it is hoisted.
+    plans: HashMap<String, Plan>,
+    /// Values that depend on no input or state, computed on first use
+    /// (the rotary tables for every position, say), by entry and node.
+    hoisted: HashMap<(String, usize), Rc<Tensor>>,
+}
+
+/// What the machine knows of an entry before running it.
+struct Plan {
+    uses: Vec<u32>,
+    /// Depends only on parameters and constants, and has a fixed shape.
+    hoistable: Vec<bool>,
+}
+
+impl Plan {
+    fn new(entry: &Entry) -> Plan {
+        let mut hoistable = vec![false; entry.nodes.len()];
+        for (at, node) in entry.nodes.iter().enumerate() {
+            hoistable[at] = match &node.kind {
+                NodeKind::Param(_) => true,
+                NodeKind::Compute(scalar) => {
+                    let mut loads = Vec::new();
+                    scalar.loads(&mut loads);
+                    node.shape.iter().all(|d| d.as_constant().is_some())
+                        && fixed_dims(scalar)
+                        && loads.iter().all(|v| hoistable[v.index()])
+                }
+                _ => false,
+            };
+        }
+        Plan { uses: use_counts(entry), hoistable }
+    }
+}
+
+/// Whether every dim a scalar expression reads is a constant.
+fn fixed_dims(scalar: &crate::ir::Scalar) -> bool {
+    use crate::ir::Scalar;
+    match scalar {
+        Scalar::Dim(dim) => dim.as_constant().is_some(),
+        Scalar::Load(_, positions, _) => positions.iter().all(fixed_dims),
+        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => fixed_dims(a),
+        Scalar::Binary(_, a, b, _) => fixed_dims(a) && fixed_dims(b),
+        Scalar::Select(c, a, b, _) => fixed_dims(c) && fixed_dims(a) && fixed_dims(b),
+        Scalar::Reduce { extent, body, .. } => extent.as_constant().is_some() && fixed_dims(body),
+        _ => true,
+    }
 }
 
 impl Machine {
     /// `params` in the model's parameter order, already validated.
     pub fn new(model: Model, params: Vec<Tensor>) -> Machine {
         let states = model.states.iter().map(|s| Rc::new(Tensor::zeros(s.dtype, s.shape.clone()))).collect();
-        Machine { model, params: params.into_iter().map(Rc::new).collect(), states }
+        let plans = model.entries.iter().map(|entry| (entry.name.clone(), Plan::new(entry))).collect();
+        Machine { model, params: params.into_iter().map(Rc::new).collect(), states, plans, hoisted: HashMap::new() }
     }
 
     pub fn model(&self) -> &Model {
@@ -73,7 +120,7 @@ impl Machine {
         let mut values: Vec<Rc<Tensor>> = Vec::with_capacity(entry.nodes.len());
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut writes = Vec::new();
-        let uses = use_counts(entry);
+        let plan = &self.plans[&entry.name];
         let origins: Vec<Option<Rc<str>>> = entry
             .nodes
             .iter()
@@ -89,17 +136,24 @@ impl Machine {
                 NodeKind::Input(k) => Rc::new(inputs[*k].take().expect("each input is read once")),
                 NodeKind::Param(k) => Rc::clone(&self.params[*k]),
                 NodeKind::State(k) => Rc::clone(&self.states[*k]),
+                NodeKind::Compute(_) if plan.hoistable[at] && self.hoisted.contains_key(&(entry.name.clone(), at)) => {
+                    Rc::clone(&self.hoisted[&(entry.name.clone(), at)])
+                }
                 NodeKind::Compute(scalar) => {
                     let shape = eval::shape(&node.shape, &dims);
-                    Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
+                    let value = Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
                         RunError::OutOfRange { entry: entry.name.clone(), message: format!("{message} (at v{at})") }
-                    })?)
+                    })?);
+                    if plan.hoistable[at] {
+                        self.hoisted.insert((entry.name.clone(), at), Rc::clone(&value));
+                    }
+                    value
                 }
                 NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => {
                     // In place when the cache is a state read only here.
                     let source = args[0];
                     let state = match entry.nodes[source.index()].kind {
-                        NodeKind::State(k) if uses[source.index()] == 1 => Some(k),
+                        NodeKind::State(k) if plan.uses[source.index()] == 1 => Some(k),
                         _ => None,
                     };
                     let mut cache = match state {
