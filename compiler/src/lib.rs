@@ -3,6 +3,7 @@
 //! `driver` runs these phases for the `linnetc` CLI, and `diagnostic`
 //! renders what they report.
 
+pub mod codegen;
 pub mod diagnostic;
 pub mod driver;
 pub mod interp;

@@ -41,9 +41,20 @@ impl fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
+/// Which executes `Compute` nodes: the interpreter (the semantics of
+/// record) or native code compiled by Cranelift, bit-identical to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Interp,
+    Cpu,
+}
+
 /// A loaded model: its IR, its parameters, and its states.
 pub struct Machine {
     model: Model,
+    backend: Backend,
+    /// Compiled entries, by entry and the values of its dims.
+    compiled: HashMap<(String, Vec<(Symbol, i64)>), crate::codegen::cpu::Compiled>,
     params: Vec<Rc<Tensor>>,
     states: Vec<Rc<Tensor>>,
     /// Per entry: each value's use count and whether it is hoisted.
@@ -99,7 +110,24 @@ impl Machine {
     pub fn new(model: Model, params: Vec<Tensor>) -> Machine {
         let states = model.states.iter().map(|s| Rc::new(Tensor::zeros(s.dtype, s.shape.clone()))).collect();
         let plans = model.entries.iter().map(|entry| (entry.name.clone(), Plan::new(entry))).collect();
-        Machine { model, params: params.into_iter().map(Rc::new).collect(), states, plans, hoisted: HashMap::new() }
+        Machine {
+            model,
+            backend: Backend::Interp,
+            compiled: HashMap::new(),
+            params: params.into_iter().map(Rc::new).collect(),
+            states,
+            plans,
+            hoisted: HashMap::new(),
+        }
+    }
+
+    pub fn with_backend(mut self, backend: Backend) -> Machine {
+        self.backend = backend;
+        self
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     pub fn model(&self) -> &Model {
@@ -121,6 +149,24 @@ impl Machine {
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut writes = Vec::new();
         let plan = &self.plans[&entry.name];
+        if self.backend == Backend::Cpu {
+            let mut key: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            key.sort();
+            let key = (entry.name.clone(), key);
+            if !self.compiled.contains_key(&key) {
+                let compiled = crate::codegen::cpu::compile(entry, &dims, &plan.hoistable)
+                    .map_err(|message| RunError::Inputs { entry: entry.name.clone(), message: format!("code generation failed: {message}") })?;
+                self.compiled.insert(key.clone(), compiled);
+            }
+        }
+        let compiled = match self.backend {
+            Backend::Cpu => {
+                let mut key: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                key.sort();
+                self.compiled.get(&(entry.name.clone(), key))
+            }
+            Backend::Interp => None,
+        };
         let origins: Vec<Option<Rc<str>>> = entry
             .nodes
             .iter()
@@ -141,9 +187,19 @@ impl Machine {
                 }
                 NodeKind::Compute(scalar) => {
                     let shape = eval::shape(&node.shape, &dims);
-                    let value = Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
-                        RunError::OutOfRange { entry: entry.name.clone(), message: format!("{message} (at v{at})") }
-                    })?);
+                    let native = compiled.and_then(|c| c.kernels[at].as_ref());
+                    let computed = match native {
+                        Some((kernel, loads)) => run_native(*kernel, loads, &values, node.dtype, shape.clone()),
+                        None => None,
+                    };
+                    let value = match computed {
+                        Some(tensor) => Rc::new(tensor),
+                        // The interpreter evaluates what is not compiled,
+                        // and names what a failed native load read.
+                        None => Rc::new(eval::compute(scalar, shape, node.dtype, &values, &origins, &dims).map_err(|message| {
+                            RunError::OutOfRange { entry: entry.name.clone(), message: format!("{message} (at v{at})") }
+                        })?),
+                    };
                     if plan.hoistable[at] {
                         self.hoisted.insert((entry.name.clone(), at), Rc::clone(&value));
                     }
@@ -197,6 +253,37 @@ impl Machine {
         }
         Ok(entry.outputs.iter().map(|v| values[v.index()].as_ref().clone()).collect())
     }
+}
+
+/// Runs a compiled node; `None` when a load fell outside its tensor (the
+/// interpreter then reports it with names).
+fn run_native(
+    kernel: crate::codegen::cpu::Kernel,
+    loads: &[crate::ir::Value],
+    values: &[Rc<Tensor>],
+    dtype: Dtype,
+    shape: Vec<usize>,
+) -> Option<Tensor> {
+    let mut out = Tensor::zeros(dtype, shape);
+    let pointers: Vec<*const u8> = loads
+        .iter()
+        .map(|v| match &values[v.index()].data {
+            Data::F32(x) => x.as_ptr() as *const u8,
+            Data::I64(x) => x.as_ptr() as *const u8,
+            Data::Bool(x) => x.as_ptr() as *const u8,
+        })
+        .collect();
+    let target = match &mut out.data {
+        Data::F32(x) => x.as_mut_ptr() as *mut u8,
+        Data::I64(x) => x.as_mut_ptr() as *mut u8,
+        Data::Bool(x) => x.as_mut_ptr() as *mut u8,
+    };
+    let mut error = [0i64; 3];
+    // SAFETY: the kernel was compiled for these values' shapes and dtypes
+    // (the entry's dims are bound), checks every position before it loads,
+    // and writes exactly the output's elements.
+    let status = unsafe { kernel(target, pointers.as_ptr(), error.as_mut_ptr()) };
+    (status == 0).then_some(out)
 }
 
 /// How many times each value is used by later nodes and the outputs.
