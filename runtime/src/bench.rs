@@ -12,6 +12,7 @@ pub struct Report {
     pub weight_bytes: usize,
     /// Batch rows: each step makes one token per row.
     pub rows: usize,
+    pub backend: &'static str,
     pub prompt: usize,
     pub generate: usize,
     pub prefill: Vec<f64>,
@@ -33,6 +34,7 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
         model: machine.model().name.clone(),
         weight_bytes: machine.model().param_bytes(),
         rows,
+        backend: if machine.backend() == linnet_compiler::interp::Backend::Cpu { "cpu" } else { "interp" },
         prompt,
         generate,
         prefill: Vec::new(),
@@ -64,8 +66,8 @@ impl std::fmt::Display for Report {
         writeln!(f, "| --- | ---: | --- | ---: | ---: |")?;
         let (pp, pp_sd) = mean_sd(&self.prefill);
         let (tg, tg_sd) = mean_sd(&self.decode);
-        writeln!(f, "| {} | {gib:.3} GiB | interp | pp{} | {pp:.2} ± {pp_sd:.2} |", self.model, self.prompt)?;
-        writeln!(f, "| {} | {gib:.3} GiB | interp | tg{} | {tg:.2} ± {tg_sd:.2} |", self.model, self.generate)?;
+        writeln!(f, "| {} | {gib:.3} GiB | {} | pp{} | {pp:.2} ± {pp_sd:.2} |", self.model, self.backend, self.prompt)?;
+        writeln!(f, "| {} | {gib:.3} GiB | {} | tg{} | {tg:.2} ± {tg_sd:.2} |", self.model, self.backend, self.generate)?;
         let gb = self.weight_bytes as f64 / 1e9;
         let steps = tg / self.rows as f64;
         write!(f, "\n{} row(s); a decode step reads at most {gb:.4} GB of weights (every parameter); at {steps:.2} steps/s that is {:.4} GB/s", self.rows, gb * steps)

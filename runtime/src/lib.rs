@@ -58,14 +58,19 @@ pub fn bindings(package: &Package) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-/// A package ready to run, or why not, as text for a person.
+/// A package ready to run on the interpreter, or why not, as text.
 pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<Loaded, String> {
+    load_on(package, options, weights, linnet_compiler::interp::Backend::Interp)
+}
+
+/// A package ready to run on `backend`, or why not, as text.
+pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: linnet_compiler::interp::Backend) -> Result<Loaded, String> {
     let (model, package) = lower(package, options)?;
     let nest = package.nest.as_ref().expect("a lowered package has a model card");
     match weights {
         Weights::Random(seed) => {
             let params = random::params(&model, *seed);
-            Ok(Loaded { machine: Machine::new(model, params), weights_dir: None, text: None })
+            Ok(Loaded { machine: Machine::new(model, params).with_backend(backend), weights_dir: None, text: None })
         }
         Weights::Checkpoint(dir) => {
             let dir = weights::locate(dir.as_deref(), nest.repo.as_deref(), nest.revision.as_deref())?;
@@ -73,7 +78,7 @@ pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<
                 format!("the weights in {} do not fit `{}`:\n  {}", dir.display(), model.name, problems.join("\n  "))
             })?;
             let text = text::TextModel::load(&dir)?;
-            Ok(Loaded { machine: Machine::new(model, params), weights_dir: Some(dir), text })
+            Ok(Loaded { machine: Machine::new(model, params).with_backend(backend), weights_dir: Some(dir), text })
         }
     }
 }

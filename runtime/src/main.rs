@@ -36,6 +36,15 @@ struct Model {
     /// Override a generic: `--set Groups=2`, `--set T=f32`.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = assignment)]
     overrides: Vec<(String, String)>,
+    /// `cpu` compiles with Cranelift; `interp` is the reference interpreter.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Interp,
 }
 
 #[derive(Args, Clone)]
@@ -153,7 +162,11 @@ fn load(model: &Model) -> Result<Loaded, String> {
         Some(seed) => Weights::Random(seed),
         None => Weights::Checkpoint(model.weights.clone()),
     };
-    linnet_runtime::load(&model.package, &options(model), &weights)
+    let backend = match model.backend {
+        BackendArg::Cpu => linnet_compiler::interp::Backend::Cpu,
+        BackendArg::Interp => linnet_compiler::interp::Backend::Interp,
+    };
+    linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
 }
 
 /// An integer array converted to the integer type an input wants.

@@ -29,7 +29,7 @@ struct Sequence {
     greedy: Vec<i64>,
 }
 
-fn load(config: &str, dtype: &str) -> Oracle {
+fn load(config: &str, dtype: &str, backend: linnet_compiler::interp::Backend) -> Oracle {
     let dir = root().join("tests/fixtures/oracle").join(config);
     let options = LoadOptions {
         nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
@@ -37,7 +37,7 @@ fn load(config: &str, dtype: &str) -> Oracle {
         ..LoadOptions::default()
     };
     let weights = linnet_runtime::Weights::Checkpoint(Some(dir.join(format!("weights-{dtype}"))));
-    let machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap_or_else(|e| panic!("{e}")).machine;
+    let machine = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
     let bytes = std::fs::read(dir.join(format!("golden-{dtype}.safetensors"))).expect("golden file");
     let file = SafeTensors::deserialize(&bytes).expect("golden safetensors");
     let floats = |name: &str| -> Vec<f32> {
@@ -197,20 +197,31 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
     eprintln!("{what} greedy: {equal} of {total} tokens equal before the first difference");
 }
 
+fn every_path(config: &str, dtype: &str, backend: linnet_compiler::interp::Backend) {
+    let mut oracle = load(config, dtype, backend);
+    let what = format!("{dtype} {backend:?}");
+    forward_and_next_token(&mut oracle, &what);
+    prefill_then_decode(&mut oracle, &what);
+    slots_then_rows(&mut oracle, &what);
+    greedy_generation(&mut oracle, &what, dtype == "f32");
+}
+
 #[test]
 fn f32_every_path_matches_the_reference() {
-    let mut oracle = load("tiny-qwen3.5-moe", "f32");
-    forward_and_next_token(&mut oracle, "f32");
-    prefill_then_decode(&mut oracle, "f32");
-    slots_then_rows(&mut oracle, "f32");
-    greedy_generation(&mut oracle, "f32", true);
+    every_path("tiny-qwen3.5-moe", "f32", linnet_compiler::interp::Backend::Interp);
 }
 
 #[test]
 fn bf16_every_path_matches_the_reference() {
-    let mut oracle = load("tiny-qwen3.5-moe-calm", "bf16");
-    forward_and_next_token(&mut oracle, "bf16");
-    prefill_then_decode(&mut oracle, "bf16");
-    slots_then_rows(&mut oracle, "bf16");
-    greedy_generation(&mut oracle, "bf16", false);
+    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_compiler::interp::Backend::Interp);
+}
+
+#[test]
+fn f32_every_path_matches_the_reference_on_cpu() {
+    every_path("tiny-qwen3.5-moe", "f32", linnet_compiler::interp::Backend::Cpu);
+}
+
+#[test]
+fn bf16_every_path_matches_the_reference_on_cpu() {
+    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_compiler::interp::Backend::Cpu);
 }
