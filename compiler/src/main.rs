@@ -153,17 +153,18 @@ fn main() -> ExitCode {
         Command::Build { package, emit: Emit::Ir, nest, overrides } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             match driver::lower_package(&package, &options) {
-                Ok((model, _)) => {
+                Ok((model, checked)) => {
                     print!("{model}");
-                    eprintln!(
-                        "built `{}`: {} parameters ({} bytes), {} states ({} bytes), {} entries",
-                        model.name,
-                        model.params.len(),
-                        model.param_bytes(),
-                        model.states.len(),
-                        model.state_bytes(),
-                        model.entries.len()
-                    );
+                    // The memory plan at the model card's `[check]` dims.
+                    let mut dims = std::collections::HashMap::new();
+                    if let Some(nest) = checked.package.as_ref().and_then(|p| p.nest.as_ref()) {
+                        for entry in &nest.check {
+                            if let linnet_compiler::package::NestValue::Int(value) = entry.value {
+                                dims.insert(std::rc::Rc::from(entry.name.as_str()), value);
+                            }
+                        }
+                    }
+                    eprintln!("built `{}`: {} entries\n{}", model.name, model.entries.len(), linnet_compiler::ir::plan::describe(&model, &dims));
                     ExitCode::SUCCESS
                 }
                 Err(checked) => {

@@ -81,3 +81,13 @@ fn the_examples_check_clean() {
         }
     }
 }
+
+#[test]
+fn build_prints_the_ir_and_the_memory_plan() {
+    let output = linnetc(&["build", "models/qwen3.6-35b-a3b", "--emit", "ir", "--set", "Groups=1"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let ir = String::from_utf8_lossy(&output.stdout);
+    assert!(ir.contains("entry decode<>(token: [1, 1; i32], pos: [; i32])") && ir.contains("grouped_attention("), "{}", &ir[..400.min(ir.len())]);
+    let plan = String::from_utf8_lossy(&output.stderr);
+    assert!(plan.contains("weights: ") && plan.contains("entry decode<>: peak scratch") && plan.contains("entry forward<B=1, S=8>: peak scratch"), "{plan}");
+}

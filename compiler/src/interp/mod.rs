@@ -67,6 +67,8 @@ pub struct Machine {
 /// What the machine knows of an entry before running it.
 struct Plan {
     uses: Vec<u32>,
+    /// The node after which each value is freed (see `ir::plan`).
+    last_reads: Vec<usize>,
     /// Depends only on parameters and constants, and has a fixed shape.
     hoistable: Vec<bool>,
 }
@@ -87,7 +89,7 @@ impl Plan {
                 _ => false,
             };
         }
-        Plan { uses: use_counts(entry), hoistable }
+        Plan { uses: use_counts(entry), last_reads: crate::ir::plan::last_reads(entry), hoistable }
     }
 }
 
@@ -148,6 +150,7 @@ impl Machine {
         let mut values: Vec<Rc<Tensor>> = Vec::with_capacity(entry.nodes.len());
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut writes = Vec::new();
+        let freed = Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()));
         let plan = &self.plans[&entry.name];
         if self.backend == Backend::Cpu {
             let mut key: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -247,6 +250,12 @@ impl Machine {
                 }
             };
             values.push(value);
+            // Values read for the last time are freed now.
+            for read in crate::ir::plan::reads(&node.kind) {
+                if plan.last_reads[read.index()] == at {
+                    values[read.index()] = Rc::clone(&freed);
+                }
+            }
         }
         for (state, value) in writes {
             self.states[state] = value;
@@ -290,16 +299,7 @@ fn run_native(
 fn use_counts(entry: &Entry) -> Vec<u32> {
     let mut uses = vec![0u32; entry.nodes.len()];
     for node in &entry.nodes {
-        let mut used = Vec::new();
-        match &node.kind {
-            NodeKind::Compute(scalar) => scalar.loads(&mut used),
-            NodeKind::Intrinsic(_, args) => used.extend(args.iter().copied()),
-            NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => used.push(*value),
-            _ => {}
-        }
-        used.sort_unstable();
-        used.dedup();
-        for value in used {
+        for value in crate::ir::plan::reads(&node.kind) {
             uses[value.index()] += 1;
         }
     }
