@@ -50,10 +50,10 @@ extern "C" fn call_round_f16(x: f64) -> f64 {
     crate::interp::tensor::round(x, Dtype::F16)
 }
 extern "C" fn call_div_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.div_euclid(y) }
+    crate::interp::tensor::div_euclid(x, y)
 }
 extern "C" fn call_rem_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.rem_euclid(y) }
+    crate::interp::tensor::rem_euclid(x, y)
 }
 
 const HELPERS_F1: [(&str, extern "C" fn(f64) -> f64); 7] = [
@@ -430,9 +430,15 @@ impl Lowerer<'_, '_> {
             self.builder.ins().iconst(types::I64, value)
         };
         self.builder.def_var(total, start);
+        // As the interpreter: the first element starts the reduction (so a
+        // NaN or a -0.0 there is kept); an empty one is the identity.
+        let first = self.builder.declare_var(types::I8);
+        let yes = self.builder.ins().iconst(types::I8, 1);
+        self.builder.def_var(first, yes);
         self.counted(variable, extent, &mut |this| {
             let reg = this.scalar(body);
             let sum = this.builder.use_var(total);
+            let is_first = this.builder.use_var(first);
             let next = if float {
                 let v = this.f(reg);
                 match op {
@@ -448,7 +454,11 @@ impl Lowerer<'_, '_> {
                     ReduceOp::Min => this.builder.ins().smin(sum, v),
                 }
             };
+            let v = if float { this.f(reg) } else { this.i(reg) };
+            let next = this.builder.ins().select(is_first, v, next);
             this.builder.def_var(total, next);
+            let no = this.builder.ins().iconst(types::I8, 0);
+            this.builder.def_var(first, no);
         });
         let total = self.builder.use_var(total);
         if float { self.float_result(total, dtype) } else { Reg::I(self.wrap(total, dtype)) }

@@ -158,8 +158,8 @@ impl Runner<'_> {
                 let a = self.run(a, slots)?;
                 match op {
                     UnaryOp::Not => V::B(!a.b()),
-                    UnaryOp::Neg if dtype.is_int() => V::I(wrap(-a.i(), *dtype)),
-                    UnaryOp::Abs if dtype.is_int() => V::I(a.i().abs()),
+                    UnaryOp::Neg if dtype.is_int() => V::I(wrap(a.i().wrapping_neg(), *dtype)),
+                    UnaryOp::Abs if dtype.is_int() => V::I(a.i().wrapping_abs()),
                     op => {
                         let x = a.f();
                         let y = match op {
@@ -210,7 +210,7 @@ impl Runner<'_> {
                         (Some(V::F(t)), ReduceOp::Sum) => V::F(t + v.f()),
                         (Some(V::F(t)), ReduceOp::Max) => V::F(t.max(v.f())),
                         (Some(V::F(t)), ReduceOp::Min) => V::F(t.min(v.f())),
-                        (Some(t), ReduceOp::Sum) => V::I(t.i() + v.i()),
+                        (Some(t), ReduceOp::Sum) => V::I(t.i().wrapping_add(v.i())),
                         (Some(t), ReduceOp::Max) => V::I(t.i().max(v.i())),
                         (Some(t), ReduceOp::Min) => V::I(t.i().min(v.i())),
                     });
@@ -253,8 +253,8 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
             BinaryOp::Add => x.wrapping_add(y),
             BinaryOp::Sub => x.wrapping_sub(y),
             BinaryOp::Mul => x.wrapping_mul(y),
-            BinaryOp::Div => if y == 0 { 0 } else { x.div_euclid(y) },
-            BinaryOp::Rem => if y == 0 { 0 } else { x.rem_euclid(y) },
+            BinaryOp::Div => super::tensor::div_euclid(x, y),
+            BinaryOp::Rem => super::tensor::rem_euclid(x, y),
             BinaryOp::Max => x.max(y),
             BinaryOp::Min => x.min(y),
             _ => unreachable!("handled above"),

@@ -78,3 +78,14 @@ pub fn wrap(value: i64, dtype: Dtype) -> i64 {
         _ => value,
     }
 }
+
+/// Integer floor division as the language defines it: by zero gives 0,
+/// overflow wraps.
+pub fn div_euclid(x: i64, y: i64) -> i64 {
+    if y == 0 { 0 } else { x.wrapping_div_euclid(y) }
+}
+
+/// The remainder matching `div_euclid`.
+pub fn rem_euclid(x: i64, y: i64) -> i64 {
+    if y == 0 { 0 } else { x.wrapping_rem_euclid(y) }
+}

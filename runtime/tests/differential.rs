@@ -1,0 +1,154 @@
+//! Random programs, the same results: scalar expressions drawn at random
+//! (arithmetic in every dtype, casts and bf16/f16 rounding, comparisons,
+//! lazy selects, gathers through computed positions, reductions) run on
+//! the interpreter and as Cranelift code, and must agree bit for bit.
+
+use linnet_compiler::interp::{Backend, Data, Machine, Tensor};
+use linnet_compiler::ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_compiler::sema::dim::Dim;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_compiler::syntax::ast::CmpOp;
+use linnet_runtime::sampling::Rng;
+
+const SIDE: i64 = 6;
+
+struct Generator {
+    rng: Rng,
+    next_index: u32,
+}
+
+impl Generator {
+    fn pick(&mut self, n: u64) -> u64 {
+        self.rng.next_u64() % n
+    }
+
+    fn dtype(&mut self) -> Dtype {
+        [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::I32, Dtype::I64, Dtype::Bool][self.pick(6) as usize]
+    }
+
+    /// A position in 0..SIDE built from the indices in scope.
+    fn position(&mut self, indices: &[u32]) -> Scalar {
+        let index = Scalar::Index(indices[self.pick(indices.len() as u64) as usize], Dtype::I64);
+        match self.pick(3) {
+            0 => index,
+            1 => Scalar::Binary(BinaryOp::Rem, Box::new(Scalar::Binary(BinaryOp::Add, Box::new(index), Box::new(Scalar::Int(self.pick(9) as i64, Dtype::I64)), Dtype::I64)), Box::new(Scalar::Int(SIDE, Dtype::I64)), Dtype::I64),
+            _ => Scalar::Int(self.pick(SIDE as u64) as i64, Dtype::I64),
+        }
+    }
+
+    fn expr(&mut self, dtype: Dtype, depth: u32, indices: &mut Vec<u32>) -> Scalar {
+        let leaf = depth == 0 || self.pick(4) == 0;
+        if leaf {
+            return match self.pick(3) {
+                0 if dtype.is_float() => Scalar::Float((self.rng.next_f64() - 0.5) * 20.0, dtype),
+                0 if dtype.is_int() => Scalar::Int(self.pick(40) as i64 - 20, dtype),
+                0 => Scalar::Bool(self.pick(2) == 0),
+                _ => {
+                    let input = match dtype {
+                        d if d.is_float() => 0,
+                        d if d.is_int() => 1,
+                        _ => 2,
+                    };
+                    let source_dtype = [Dtype::F32, Dtype::I64, Dtype::Bool][input];
+                    let load = Scalar::Load(Value(input as u32), vec![self.position(indices), self.position(indices)], source_dtype);
+                    if source_dtype == dtype { load } else { Scalar::Cast(Box::new(load), dtype) }
+                }
+            };
+        }
+        match self.pick(6) {
+            0 => {
+                let from = self.dtype();
+                Scalar::Cast(Box::new(self.expr(from, depth - 1, indices)), dtype)
+            }
+            1 if dtype == Dtype::Bool => {
+                let operands = self.dtype();
+                let op = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge][self.pick(6) as usize];
+                let a = self.expr(operands, depth - 1, indices);
+                let b = self.expr(operands, depth - 1, indices);
+                Scalar::Binary(BinaryOp::Cmp(op), Box::new(a), Box::new(b), Dtype::Bool)
+            }
+            1 | 2 if dtype != Dtype::Bool => {
+                let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Rem, BinaryOp::Max, BinaryOp::Min];
+                let op = ops[self.pick(ops.len() as u64) as usize];
+                let a = self.expr(dtype, depth - 1, indices);
+                let b = self.expr(dtype, depth - 1, indices);
+                Scalar::Binary(op, Box::new(a), Box::new(b), dtype)
+            }
+            3 => {
+                let cond = self.expr(Dtype::Bool, depth - 1, indices);
+                let a = self.expr(dtype, depth - 1, indices);
+                let b = self.expr(dtype, depth - 1, indices);
+                Scalar::Select(Box::new(cond), Box::new(a), Box::new(b), dtype)
+            }
+            4 if dtype.is_float() => {
+                let ops = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Rsqrt, UnaryOp::Sqrt, UnaryOp::Cos, UnaryOp::Sin, UnaryOp::Tanh, UnaryOp::Abs];
+                let op = ops[self.pick(ops.len() as u64) as usize];
+                Scalar::Unary(op, Box::new(self.expr(dtype, depth - 1, indices)), dtype)
+            }
+            5 if dtype != Dtype::Bool => {
+                self.next_index += 1;
+                let index = 100 + self.next_index;
+                indices.push(index);
+                let body = self.expr(dtype, depth - 1, indices);
+                indices.pop();
+                let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min][self.pick(3) as usize];
+                Scalar::Reduce { op, index, extent: Dim::constant(self.pick(SIDE as u64 + 1) as i64), body: Box::new(body), dtype }
+            }
+            _ => {
+                let inner = if dtype == Dtype::Bool { Dtype::Bool } else { dtype };
+                Scalar::Unary(if inner == Dtype::Bool { UnaryOp::Not } else { UnaryOp::Neg }, Box::new(self.expr(inner, depth - 1, indices)), inner)
+            }
+        }
+    }
+}
+
+fn model(scalar: Scalar, dtype: Dtype) -> Model {
+    let square = || vec![Dim::constant(SIDE), Dim::constant(SIDE)];
+    let inputs = [("floats", Dtype::F32), ("ints", Dtype::I64), ("flags", Dtype::Bool)];
+    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, d))| Node { kind: NodeKind::Input(at), shape: square(), dtype: *d }).collect();
+    nodes.push(Node { kind: NodeKind::Compute(scalar), shape: square(), dtype });
+    let entry = Entry {
+        name: "program".into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: inputs.iter().map(|(name, d)| Input { name: name.to_string(), shape: square(), dtype: *d }).collect(),
+        nodes,
+        outputs: vec![Value(3)],
+    };
+    Model { name: "random".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] }
+}
+
+fn same(a: &Tensor, b: &Tensor) -> bool {
+    match (&a.data, &b.data) {
+        (Data::F32(x), Data::F32(y)) => x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
+        _ => a == b,
+    }
+}
+
+#[test]
+fn random_programs_agree_on_both_backends() {
+    let mut generator = Generator { rng: Rng::new(2026), next_index: 0 };
+    let count = (SIDE * SIDE) as usize;
+    let inputs = |rng: &mut Rng| {
+        vec![
+            Tensor::from_f32(Dtype::F32, vec![6, 6], (0..count).map(|_| ((rng.next_f64() - 0.5) * 8.0) as f32).collect()),
+            Tensor::from_i64(Dtype::I64, vec![6, 6], (0..count).map(|_| (rng.next_u64() % 17) as i64 - 8).collect()),
+            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool((0..count).map(|_| rng.next_u64() % 2 == 0).collect()) },
+        ]
+    };
+    let mut data_rng = Rng::new(7);
+    for case in 0..2000 {
+        let dtype = generator.dtype();
+        let scalar = generator.expr(dtype, 4, &mut vec![0, 1]);
+        let program = model(scalar, dtype);
+        linnet_compiler::ir::verify(&program).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let given = inputs(&mut data_rng);
+        let interpreted = Machine::new(program.clone(), Vec::new()).call("program", given.clone());
+        let compiled = Machine::new(program.clone(), Vec::new()).with_backend(Backend::Cpu).call("program", given);
+        match (interpreted, compiled) {
+            (Ok(a), Ok(b)) => assert!(same(&a[0], &b[0]), "case {case} differs:\n{}\ninterp {:?}\ncpu    {:?}", program, a[0].data, b[0].data),
+            (Err(a), Err(b)) => assert_eq!(a, b, "case {case}"),
+            (a, b) => panic!("case {case}: interp {a:?}, cpu {b:?}\n{program}"),
+        }
+    }
+}
