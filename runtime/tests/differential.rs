@@ -133,7 +133,7 @@ fn random_programs_agree_on_both_backends() {
         vec![
             Tensor::from_f32(Dtype::F32, vec![6, 6], (0..count).map(|_| ((rng.next_f64() - 0.5) * 8.0) as f32).collect()),
             Tensor::from_i64(Dtype::I64, vec![6, 6], (0..count).map(|_| (rng.next_u64() % 17) as i64 - 8).collect()),
-            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool((0..count).map(|_| rng.next_u64() % 2 == 0).collect()) },
+            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool((0..count).map(|_| rng.next_u64().is_multiple_of(2)).collect()) },
         ]
     };
     let mut data_rng = Rng::new(7);
