@@ -152,21 +152,18 @@ impl Machine {
         let mut writes = Vec::new();
         let freed = Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()));
         let plan = &self.plans[&entry.name];
-        if self.backend == Backend::Cpu {
-            let mut key: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
-            key.sort();
-            let key = (entry.name.clone(), key);
-            if !self.compiled.contains_key(&key) {
-                let compiled = crate::codegen::cpu::compile(entry, &dims, &plan.hoistable)
-                    .map_err(|message| RunError::Inputs { entry: entry.name.clone(), message: format!("code generation failed: {message}") })?;
-                self.compiled.insert(key.clone(), compiled);
-            }
-        }
         let compiled = match self.backend {
             Backend::Cpu => {
-                let mut key: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                key.sort();
-                self.compiled.get(&(entry.name.clone(), key))
+                let mut bound: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                bound.sort();
+                let key = (entry.name.clone(), bound);
+                if !self.compiled.contains_key(&key) {
+                    let compiled = crate::codegen::cpu::compile(entry, &dims, &plan.hoistable).map_err(|message| {
+                        RunError::Inputs { entry: entry.name.clone(), message: format!("code generation failed: {message}") }
+                    })?;
+                    self.compiled.insert(key.clone(), compiled);
+                }
+                self.compiled.get(&key)
             }
             Backend::Interp => None,
         };

@@ -196,30 +196,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             }
             let path = format!("{}{name}", instance.path);
             if let Some(&param) = self.lowerer.params.get(&path) {
-                let value = match self.builder.param_nodes.get(&param) {
-                    Some(value) => *value,
-                    None => {
-                        let info = &self.lowerer.model.params[param];
-                        let node = Node { kind: NodeKind::Param(param), shape: info.shape.iter().map(|d| Dim::constant(*d as i64)).collect(), dtype: info.dtype };
-                        let value = self.builder.push(node);
-                        self.builder.param_nodes.insert(param, value);
-                        value
-                    }
-                };
-                return Ok(Some(Val::Tensor(value)));
+                let info = &self.lowerer.model.params[param];
+                return Ok(Some(Val::Tensor(self.builder.member(NodeKind::Param(param), &info.shape, info.dtype))));
             }
             if let Some(&state) = self.lowerer.states.get(&path) {
-                let value = match self.builder.state_values.get(&state) {
-                    Some(value) => *value,
-                    None => {
-                        let info = &self.lowerer.model.states[state];
-                        let node = Node { kind: NodeKind::State(state), shape: info.shape.iter().map(|d| Dim::constant(*d as i64)).collect(), dtype: info.dtype };
-                        let value = self.builder.push(node);
-                        self.builder.state_values.insert(state, value);
-                        value
-                    }
-                };
-                return Ok(Some(Val::Tensor(value)));
+                let info = &self.lowerer.model.states[state];
+                return Ok(Some(Val::Tensor(self.builder.member(NodeKind::State(state), &info.shape, info.dtype))));
             }
         }
         if let Some(dim) = self.env.dims.get(name) {
@@ -234,24 +216,30 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         Ok(None)
     }
 
+    /// The value of the constant `name` resolves to in this module (its
+    /// declaration is the one whose name the program recorded for it).
     fn constant(&mut self, name: &str) -> Result<Val> {
-        let module = &self.lowerer.program.package.modules[self.module];
-        let found = self.lowerer.program.scopes[self.module].get(name).copied();
-        // The constant may be imported: find its declaration in any module.
-        for candidate in self.lowerer.program.package.modules.iter().chain(std::iter::once(module)) {
-            for item in &candidate.ast.items {
-                if let ast::Item::Const(constant) = item {
-                    if constant.name.name == name && found.is_some() {
-                        return match &constant.value.kind {
-                            ExprKind::Float(value) => Ok(Val::Literal(*value, true)),
-                            ExprKind::Int(value) => Ok(Val::Literal(*value as f64, false)),
-                            _ => Err(unsupported(constant.value.span, "a constant is a literal")),
-                        };
-                    }
-                }
-            }
+        let program = self.lowerer.program;
+        let Some(ItemRef::Const(id)) = program.scopes[self.module].get(name) else {
+            let module = &program.package.modules[self.module];
+            return Err(unsupported(crate::source::Span::new(module.file, 0..0), format!("unknown constant `{name}`")));
+        };
+        let declared = program.consts[*id].span;
+        let constant = program
+            .package
+            .modules
+            .iter()
+            .flat_map(|module| &module.ast.items)
+            .find_map(|item| match item {
+                ast::Item::Const(constant) if constant.name.span == declared => Some(constant),
+                _ => None,
+            })
+            .expect("every constant id has a declaration");
+        match &constant.value.kind {
+            ExprKind::Float(value) => Ok(Val::Literal(*value, true)),
+            ExprKind::Int(value) => Ok(Val::Literal(*value as f64, false)),
+            _ => Err(unsupported(constant.value.span, "a constant is a literal")),
         }
-        Err(unsupported(module.ast.items.first().map_or(crate::source::Span::new(module.file, 0..0), |i| i.name().span), "unknown constant"))
     }
 
     /// A value as a tensor node; literals and dims become scalars of

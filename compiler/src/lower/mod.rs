@@ -253,6 +253,25 @@ impl Builder {
         self.push(Node { kind: NodeKind::Compute(scalar), shape, dtype })
     }
 
+    /// The node reading a parameter or a state: one per entry for a
+    /// parameter; for a state, its current value (written ones included).
+    pub fn member(&mut self, kind: NodeKind, shape: &[usize], dtype: Dtype) -> Value {
+        let (slot, is_param) = match kind {
+            NodeKind::Param(k) => (k, true),
+            NodeKind::State(k) => (k, false),
+            _ => unreachable!("only parameters and states are members"),
+        };
+        let cache = if is_param { &mut self.param_nodes } else { &mut self.state_values };
+        if let Some(value) = cache.get(&slot) {
+            return *value;
+        }
+        let shape = shape.iter().map(|d| Dim::constant(*d as i64)).collect();
+        let value = self.push(Node { kind, shape, dtype });
+        let cache = if is_param { &mut self.param_nodes } else { &mut self.state_values };
+        cache.insert(slot, value);
+        value
+    }
+
     pub fn fresh_index(&mut self) -> u32 {
         self.next_index += 1;
         FIRST_FREE_INDEX + self.next_index
