@@ -1,121 +1,68 @@
-//! The CPU backend: one Cranelift function per `Compute` node, JIT-compiled
-//! for an entry's concrete dims and cached by them. A function runs the
-//! node's loop nest, evaluates its scalar expression (loads with bounds
-//! checks, lazy selects, reductions as inner loops) and stores each element;
-//! it returns 0, or 1 with the failing load's number, position and size.
+//! The CPU backend's code generator: each `Compute` node of an entry
+//! becomes one Cranelift function that runs the node's loop nest,
+//! evaluates its scalar expression (loads with bounds checks, lazy
+//! selects, reductions as inner loops) and stores each element; it
+//! returns 0, or 1 with the failing load's number, position and size.
+//! Entry dims (`B`, `S`) are read from a table at run time, so one
+//! function serves every call; the model's dims are constants. The same
+//! definitions go into a JIT or an object file (`native`).
 
+use super::helpers::{Helper, Shape};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use crate::sema::dim::{Atom, Dim, Symbol};
+use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{types, AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Type};
+use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, SigRef, Signature};
+use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
+use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::HashMap;
 
-/// `fn(out, inputs, error) -> status`: `inputs` points at each loaded
-/// value's elements; `error` receives (load, position, size).
-pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *mut i64) -> i32;
-
-extern "C" fn call_exp(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn call_ln(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn call_cos(x: f64) -> f64 {
-    x.cos()
-}
-extern "C" fn call_sin(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn call_tanh(x: f64) -> f64 {
-    x.tanh()
-}
-extern "C" fn call_max(x: f64, y: f64) -> f64 {
-    x.max(y)
-}
-extern "C" fn call_min(x: f64, y: f64) -> f64 {
-    x.min(y)
-}
-extern "C" fn call_rem(x: f64, y: f64) -> f64 {
-    x % y
-}
-extern "C" fn call_round_bf16(x: f64) -> f64 {
-    crate::interp::tensor::round(x, Dtype::Bf16)
-}
-extern "C" fn call_round_f16(x: f64) -> f64 {
-    crate::interp::tensor::round(x, Dtype::F16)
-}
-extern "C" fn call_div_euclid(x: i64, y: i64) -> i64 {
-    crate::interp::tensor::div_euclid(x, y)
-}
-extern "C" fn call_rem_euclid(x: i64, y: i64) -> i64 {
-    crate::interp::tensor::rem_euclid(x, y)
-}
-
-const HELPERS_F1: [(&str, extern "C" fn(f64) -> f64); 7] = [
-    ("linnet_exp", call_exp),
-    ("linnet_ln", call_ln),
-    ("linnet_cos", call_cos),
-    ("linnet_sin", call_sin),
-    ("linnet_tanh", call_tanh),
-    ("linnet_round_bf16", call_round_bf16),
-    ("linnet_round_f16", call_round_f16),
-];
-const HELPERS_F2: [(&str, extern "C" fn(f64, f64) -> f64); 3] = [("linnet_max", call_max), ("linnet_min", call_min), ("linnet_rem", call_rem)];
-const HELPERS_I2: [(&str, extern "C" fn(i64, i64) -> i64); 2] = [("linnet_div_euclid", call_div_euclid), ("linnet_rem_euclid", call_rem_euclid)];
-
-/// The compiled nodes of one entry at one binding of its dims.
-pub struct Compiled {
-    /// Kept alive: the kernels point into it.
-    _module: JITModule,
-    /// Per node: its kernel and the values it loads, in argument order.
-    pub kernels: Vec<Option<(Kernel, Vec<Value>)>>,
+/// One compiled node: where its function is, the values it loads (in
+/// argument order) and the dims it reads (in the order of its dims table).
+#[derive(Clone, Debug)]
+pub struct KernelDef {
+    pub node: usize,
+    pub symbol: String,
+    pub func: FuncId,
+    pub loads: Vec<Value>,
+    pub dims: Vec<Dim>,
 }
 
 /// A scalar in a register: floats as f64, integers as i64, bools as i8.
 #[derive(Clone, Copy)]
 enum Reg {
-    F(cranelift_codegen::ir::Value),
-    I(cranelift_codegen::ir::Value),
-    B(cranelift_codegen::ir::Value),
+    F(ClValue),
+    I(ClValue),
+    B(ClValue),
 }
 
-struct Helpers {
-    f1: HashMap<&'static str, FuncRef>,
-    f2: HashMap<&'static str, FuncRef>,
-    i2: HashMap<&'static str, FuncRef>,
-}
+type ClValue = cranelift_codegen::ir::Value;
 
 struct Lowerer<'b, 'f> {
     builder: &'b mut FunctionBuilder<'f>,
-    helpers: Helpers,
+    /// The helper table (the kernel's fourth argument) and the signatures
+    /// of its three kinds of entries.
+    helpers: ClValue,
+    signatures: HashMap<Shape, SigRef>,
     /// Index variables by number.
     indices: HashMap<u32, Variable>,
-    inputs: cranelift_codegen::ir::Value,
-    error: cranelift_codegen::ir::Value,
+    inputs: ClValue,
+    error: ClValue,
     /// Each loaded value's argument number, shape and element kind.
-    loads: Vec<(Value, Vec<i64>, Dtype)>,
+    loads: Vec<(Value, Vec<Dim>, Dtype)>,
     error_block: Block,
-    dims: &'b HashMap<Symbol, i64>,
+    /// Every dim that is not a constant, read from the dims table once at
+    /// the top of the function.
+    dims: HashMap<Dim, ClValue>,
     load_count: i64,
     /// Aligned, non-trapping accesses (every address is checked first).
     flags: MemFlagsData,
 }
 
-fn dim_value(dim: &Dim, dims: &HashMap<Symbol, i64>) -> i64 {
-    dim.evaluate(&|atom| match atom {
-        Atom::Generic(name) => dims.get(name).copied(),
-        _ => None,
-    })
-    .expect("dims are bound when an entry is compiled")
-}
-
 impl Lowerer<'_, '_> {
-    fn f(&mut self, reg: Reg) -> cranelift_codegen::ir::Value {
+    fn f(&mut self, reg: Reg) -> ClValue {
         match reg {
             Reg::F(v) => v,
             Reg::I(v) => self.builder.ins().fcvt_from_sint(types::F64, v),
@@ -126,7 +73,7 @@ impl Lowerer<'_, '_> {
         }
     }
 
-    fn i(&mut self, reg: Reg) -> cranelift_codegen::ir::Value {
+    fn i(&mut self, reg: Reg) -> ClValue {
         match reg {
             Reg::I(v) => v,
             Reg::F(v) => self.builder.ins().fcvt_to_sint_sat(types::I64, v),
@@ -134,7 +81,7 @@ impl Lowerer<'_, '_> {
         }
     }
 
-    fn b(&mut self, reg: Reg) -> cranelift_codegen::ir::Value {
+    fn b(&mut self, reg: Reg) -> ClValue {
         match reg {
             Reg::B(v) => v,
             Reg::I(v) => self.builder.ins().icmp_imm_s(IntCC::NotEqual, v, 0),
@@ -145,36 +92,36 @@ impl Lowerer<'_, '_> {
         }
     }
 
-    fn call1(&mut self, name: &str, x: cranelift_codegen::ir::Value) -> cranelift_codegen::ir::Value {
-        let call = self.builder.ins().call(self.helpers.f1[name], &[x]);
-        self.builder.inst_results(call)[0]
+    /// A dim's value: a constant, or read from the dims table.
+    fn dim(&mut self, dim: &Dim) -> ClValue {
+        match dim.as_constant() {
+            Some(value) => self.builder.ins().iconst(types::I64, value),
+            None => self.dims[dim],
+        }
     }
 
-    fn call2(&mut self, name: &str, x: cranelift_codegen::ir::Value, y: cranelift_codegen::ir::Value) -> cranelift_codegen::ir::Value {
-        let call = self.builder.ins().call(self.helpers.f2[name], &[x, y]);
-        self.builder.inst_results(call)[0]
-    }
-
-    fn calli(&mut self, name: &str, x: cranelift_codegen::ir::Value, y: cranelift_codegen::ir::Value) -> cranelift_codegen::ir::Value {
-        let call = self.builder.ins().call(self.helpers.i2[name], &[x, y]);
+    fn call(&mut self, helper: Helper, args: &[ClValue]) -> ClValue {
+        let offset = (helper.slot() * 8) as i32;
+        let pointer = self.builder.ins().load(types::I64, self.flags, self.helpers, offset);
+        let call = self.builder.ins().call_indirect(self.signatures[&helper.shape()], pointer, args);
         self.builder.inst_results(call)[0]
     }
 
     /// A float rounded to `dtype`, as the interpreter's `round`.
-    fn round(&mut self, value: cranelift_codegen::ir::Value, dtype: Dtype) -> cranelift_codegen::ir::Value {
+    fn round(&mut self, value: ClValue, dtype: Dtype) -> ClValue {
         match dtype {
             Dtype::F32 => {
                 let narrow = self.builder.ins().fdemote(types::F32, value);
                 self.builder.ins().fpromote(types::F64, narrow)
             }
-            Dtype::Bf16 => self.call1("linnet_round_bf16", value),
-            Dtype::F16 => self.call1("linnet_round_f16", value),
+            Dtype::Bf16 => self.call(Helper::RoundBf16, &[value]),
+            Dtype::F16 => self.call(Helper::RoundF16, &[value]),
             _ => value,
         }
     }
 
     /// An integer wrapped to `dtype`.
-    fn wrap(&mut self, value: cranelift_codegen::ir::Value, dtype: Dtype) -> cranelift_codegen::ir::Value {
+    fn wrap(&mut self, value: ClValue, dtype: Dtype) -> ClValue {
         if dtype == Dtype::I32 {
             let narrow = self.builder.ins().ireduce(types::I32, value);
             self.builder.ins().sextend(types::I64, narrow)
@@ -184,7 +131,7 @@ impl Lowerer<'_, '_> {
     }
 
     /// A result of `dtype` from a float, as the interpreter's `float_result`.
-    fn float_result(&mut self, value: cranelift_codegen::ir::Value, dtype: Dtype) -> Reg {
+    fn float_result(&mut self, value: ClValue, dtype: Dtype) -> Reg {
         match dtype {
             Dtype::Bool => {
                 let zero = self.builder.ins().f64const(0.0);
@@ -201,7 +148,7 @@ impl Lowerer<'_, '_> {
     fn scalar(&mut self, scalar: &Scalar) -> Reg {
         match scalar {
             Scalar::Index(id, _) => Reg::I(self.builder.use_var(self.indices[id])),
-            Scalar::Dim(dim) => Reg::I(self.builder.ins().iconst(types::I64, dim_value(dim, self.dims))),
+            Scalar::Dim(dim) => Reg::I(self.dim(dim)),
             Scalar::Float(value, dtype) => Reg::F(self.builder.ins().f64const(crate::interp::tensor::round(*value, *dtype))),
             Scalar::Int(value, dtype) => Reg::I(self.builder.ins().iconst(types::I64, crate::interp::tensor::wrap(*value, *dtype))),
             Scalar::Bool(value) => Reg::B(self.builder.ins().iconst(types::I8, i64::from(*value))),
@@ -226,17 +173,17 @@ impl Lowerer<'_, '_> {
                         let x = self.f(a);
                         let y = match op {
                             UnaryOp::Neg => self.builder.ins().fneg(x),
-                            UnaryOp::Exp => self.call1("linnet_exp", x),
-                            UnaryOp::Log => self.call1("linnet_ln", x),
+                            UnaryOp::Exp => self.call(Helper::Exp, &[x]),
+                            UnaryOp::Log => self.call(Helper::Ln, &[x]),
                             UnaryOp::Rsqrt => {
                                 let root = self.builder.ins().sqrt(x);
                                 let one = self.builder.ins().f64const(1.0);
                                 self.builder.ins().fdiv(one, root)
                             }
                             UnaryOp::Sqrt => self.builder.ins().sqrt(x),
-                            UnaryOp::Cos => self.call1("linnet_cos", x),
-                            UnaryOp::Sin => self.call1("linnet_sin", x),
-                            UnaryOp::Tanh => self.call1("linnet_tanh", x),
+                            UnaryOp::Cos => self.call(Helper::Cos, &[x]),
+                            UnaryOp::Sin => self.call(Helper::Sin, &[x]),
+                            UnaryOp::Tanh => self.call(Helper::Tanh, &[x]),
                             UnaryOp::Abs => self.builder.ins().fabs(x),
                             UnaryOp::Not => unreachable!("handled above"),
                         };
@@ -280,7 +227,10 @@ impl Lowerer<'_, '_> {
                     }
                 }
             }
-            Scalar::Reduce { op, index, extent, body, dtype } => self.reduce(*op, *index, dim_value(extent, self.dims), body, *dtype),
+            Scalar::Reduce { op, index, extent, body, dtype } => {
+                let extent = self.dim(extent);
+                self.reduce(*op, *index, extent, body, *dtype)
+            }
         }
     }
 
@@ -321,8 +271,8 @@ impl Lowerer<'_, '_> {
                 BinaryOp::Add => self.builder.ins().iadd(x, y),
                 BinaryOp::Sub => self.builder.ins().isub(x, y),
                 BinaryOp::Mul => self.builder.ins().imul(x, y),
-                BinaryOp::Div => self.calli("linnet_div_euclid", x, y),
-                BinaryOp::Rem => self.calli("linnet_rem_euclid", x, y),
+                BinaryOp::Div => self.call(Helper::DivEuclid, &[x, y]),
+                BinaryOp::Rem => self.call(Helper::RemEuclid, &[x, y]),
                 BinaryOp::Max => self.builder.ins().smax(x, y),
                 BinaryOp::Min => self.builder.ins().smin(x, y),
                 _ => unreachable!("handled above"),
@@ -335,9 +285,9 @@ impl Lowerer<'_, '_> {
             BinaryOp::Sub => self.builder.ins().fsub(x, y),
             BinaryOp::Mul => self.builder.ins().fmul(x, y),
             BinaryOp::Div => self.builder.ins().fdiv(x, y),
-            BinaryOp::Rem => self.call2("linnet_rem", x, y),
-            BinaryOp::Max => self.call2("linnet_max", x, y),
-            BinaryOp::Min => self.call2("linnet_min", x, y),
+            BinaryOp::Rem => self.call(Helper::Rem, &[x, y]),
+            BinaryOp::Max => self.call(Helper::Max, &[x, y]),
+            BinaryOp::Min => self.call(Helper::Min, &[x, y]),
             _ => unreachable!("handled above"),
         };
         self.float_result(value, dtype)
@@ -352,21 +302,21 @@ impl Lowerer<'_, '_> {
         for (position, size) in positions.iter().zip(&shape) {
             let reg = self.scalar(position);
             let at = self.i(reg);
-            let inside = self.builder.ins().icmp_imm_s(IntCC::UnsignedLessThan, at, *size);
+            let size = self.dim(size);
+            let inside = self.builder.ins().icmp(IntCC::UnsignedLessThan, at, size);
             let ok = self.builder.create_block();
             let fail = self.builder.create_block();
             self.builder.ins().brif(inside, ok, &[], fail, &[]);
             self.builder.switch_to_block(fail);
             self.builder.seal_block(fail);
             let number = self.builder.ins().iconst(types::I64, load_number);
-            let bound = self.builder.ins().iconst(types::I64, *size);
             self.builder.ins().store(self.flags, number, self.error, 0);
             self.builder.ins().store(self.flags, at, self.error, 8);
-            self.builder.ins().store(self.flags, bound, self.error, 16);
+            self.builder.ins().store(self.flags, size, self.error, 16);
             self.builder.ins().jump(self.error_block, &[]);
             self.builder.switch_to_block(ok);
             self.builder.seal_block(ok);
-            let scaled = self.builder.ins().imul_imm_s(offset, *size);
+            let scaled = self.builder.ins().imul(offset, size);
             offset = self.builder.ins().iadd(scaled, at);
         }
         let base = self.builder.ins().load(types::I64, self.flags, self.inputs, (argument * 8) as i32);
@@ -388,14 +338,14 @@ impl Lowerer<'_, '_> {
     }
 
     /// A counted loop over `0..extent` of `index`, with `body` inside.
-    fn counted(&mut self, index: Variable, extent: i64, body: &mut dyn FnMut(&mut Self)) {
+    fn counted(&mut self, index: Variable, extent: ClValue, body: &mut dyn FnMut(&mut Self)) {
         let zero = self.builder.ins().iconst(types::I64, 0);
         self.builder.def_var(index, zero);
         let (header, inner, exit) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
         self.builder.ins().jump(header, &[]);
         self.builder.switch_to_block(header);
         let at = self.builder.use_var(index);
-        let more = self.builder.ins().icmp_imm_s(IntCC::SignedLessThan, at, extent);
+        let more = self.builder.ins().icmp(IntCC::SignedLessThan, at, extent);
         self.builder.ins().brif(more, inner, &[], exit, &[]);
         self.builder.switch_to_block(inner);
         self.builder.seal_block(inner);
@@ -409,7 +359,7 @@ impl Lowerer<'_, '_> {
         self.builder.seal_block(exit);
     }
 
-    fn reduce(&mut self, op: ReduceOp, index: u32, extent: i64, body: &Scalar, dtype: Dtype) -> Reg {
+    fn reduce(&mut self, op: ReduceOp, index: u32, extent: ClValue, body: &Scalar, dtype: Dtype) -> Reg {
         let variable = self.builder.declare_var(types::I64);
         self.indices.insert(index, variable);
         let float = dtype.is_float();
@@ -443,8 +393,8 @@ impl Lowerer<'_, '_> {
                 let v = this.f(reg);
                 match op {
                     ReduceOp::Sum => this.builder.ins().fadd(sum, v),
-                    ReduceOp::Max => this.call2("linnet_max", sum, v),
-                    ReduceOp::Min => this.call2("linnet_min", sum, v),
+                    ReduceOp::Max => this.call(Helper::Max, &[sum, v]),
+                    ReduceOp::Min => this.call(Helper::Min, &[sum, v]),
                 }
             } else {
                 let v = this.i(reg);
@@ -465,46 +415,69 @@ impl Lowerer<'_, '_> {
     }
 }
 
-fn new_module() -> JITModule {
-    let mut builder = JITBuilder::with_flags(&[("opt_level", "speed")], default_libcall_names()).expect("the host is supported by Cranelift");
-    for (name, f) in HELPERS_F1 {
-        builder.symbol(name, f as *const u8);
+/// Every dim, not a constant, that a node's function reads: its shape, its
+/// loads' shapes, reduction extents and dims used as values.
+fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
+    fn walk(entry: &Entry, scalar: &Scalar, out: &mut Vec<Dim>) {
+        match scalar {
+            Scalar::Dim(dim) => out.push(dim.clone()),
+            Scalar::Load(value, positions, _) => {
+                out.extend(entry.nodes[value.index()].shape.iter().cloned());
+                positions.iter().for_each(|p| walk(entry, p, out));
+            }
+            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => walk(entry, a, out),
+            Scalar::Binary(_, a, b, _) => {
+                walk(entry, a, out);
+                walk(entry, b, out);
+            }
+            Scalar::Select(c, a, b, _) => {
+                walk(entry, c, out);
+                walk(entry, a, out);
+                walk(entry, b, out);
+            }
+            Scalar::Reduce { extent, body, .. } => {
+                out.push(extent.clone());
+                walk(entry, body, out);
+            }
+            Scalar::Index(..) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        }
     }
-    for (name, f) in HELPERS_F2 {
-        builder.symbol(name, f as *const u8);
-    }
-    for (name, f) in HELPERS_I2 {
-        builder.symbol(name, f as *const u8);
-    }
-    JITModule::new(builder)
+    let mut out = shape.to_vec();
+    walk(entry, scalar, &mut out);
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|dim| dim.as_constant().is_none() && seen.insert(dim.clone()));
+    out
 }
 
-/// Compiles every `Compute` node of `entry` for these dims.
-pub fn compile(entry: &Entry, dims: &HashMap<Symbol, i64>, skip: &[bool]) -> Result<Compiled, String> {
-    let mut module = new_module();
-    let pointer = module.target_config().pointer_type();
-    let mut helper_ids: Vec<(&'static str, FuncId, Type, usize)> = Vec::new();
-    for (name, _) in HELPERS_F1 {
-        let mut signature = module.make_signature();
-        signature.params.push(AbiParam::new(types::F64));
-        signature.returns.push(AbiParam::new(types::F64));
-        helper_ids.push((name, module.declare_function(name, Linkage::Import, &signature).map_err(|e| e.to_string())?, types::F64, 1));
-    }
-    for (name, _) in HELPERS_F2 {
-        let mut signature = module.make_signature();
-        signature.params.extend([AbiParam::new(types::F64), AbiParam::new(types::F64)]);
-        signature.returns.push(AbiParam::new(types::F64));
-        helper_ids.push((name, module.declare_function(name, Linkage::Import, &signature).map_err(|e| e.to_string())?, types::F64, 2));
-    }
-    for (name, _) in HELPERS_I2 {
-        let mut signature = module.make_signature();
-        signature.params.extend([AbiParam::new(types::I64), AbiParam::new(types::I64)]);
-        signature.returns.push(AbiParam::new(types::I64));
-        helper_ids.push((name, module.declare_function(name, Linkage::Import, &signature).map_err(|e| e.to_string())?, types::I64, 2));
-    }
+/// The kernel signature: `fn(out, inputs, dims, helpers, error) -> status`.
+fn kernel_signature(call_conv: CallConv) -> Signature {
+    let mut signature = Signature::new(call_conv);
+    signature.params.extend([AbiParam::new(types::I64); 5]);
+    signature.returns.push(AbiParam::new(types::I32));
+    signature
+}
+
+fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
+    let mut signature = Signature::new(call_conv);
+    let (kind, arity) = match shape {
+        Shape::Float1 => (types::F64, 1),
+        Shape::Float2 => (types::F64, 2),
+        Shape::Int2 => (types::I64, 2),
+    };
+    signature.params.extend(std::iter::repeat_n(AbiParam::new(kind), arity));
+    signature.returns.push(AbiParam::new(kind));
+    signature
+}
+
+/// Defines one function per `Compute` node of `entry` not in `skip`, named
+/// `{prefix}v{node}`, in `module` (a JIT or an object file). Entry dims are
+/// read at run time from the dims table; the model's dims are constants.
+pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], prefix: &str) -> Result<Vec<KernelDef>, String> {
+    assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
+    let call_conv = module.target_config().default_call_conv;
     let mut context = module.make_context();
     let mut function_context = FunctionBuilderContext::new();
-    let mut declared = Vec::new();
+    let mut defined = Vec::new();
     for (at, node) in entry.nodes.iter().enumerate() {
         let NodeKind::Compute(scalar) = &node.kind else { continue };
         if skip[at] {
@@ -514,16 +487,12 @@ pub fn compile(entry: &Entry, dims: &HashMap<Symbol, i64>, skip: &[bool]) -> Res
         scalar.loads(&mut loaded);
         loaded.sort_unstable();
         loaded.dedup();
-        let loads: Vec<(Value, Vec<i64>, Dtype)> = loaded
-            .iter()
-            .map(|v| {
-                let source = &entry.nodes[v.index()];
-                (*v, source.shape.iter().map(|d| dim_value(d, dims)).collect(), source.dtype)
-            })
-            .collect();
-        context.func.signature.params.extend([AbiParam::new(pointer), AbiParam::new(pointer), AbiParam::new(pointer)]);
-        context.func.signature.returns.push(AbiParam::new(types::I32));
-        let id = module.declare_function(&format!("v{at}"), Linkage::Local, &context.func.signature).map_err(|e| e.to_string())?;
+        let loads: Vec<(Value, Vec<Dim>, Dtype)> =
+            loaded.iter().map(|v| (*v, entry.nodes[v.index()].shape.clone(), entry.nodes[v.index()].dtype)).collect();
+        let table = dims_read(entry, &node.shape, scalar);
+        context.func.signature = kernel_signature(call_conv);
+        let symbol = format!("{prefix}v{at}");
+        let id = module.declare_function(&symbol, Linkage::Export, &context.func.signature).map_err(|e| e.to_string())?;
         {
             let mut builder = FunctionBuilder::new(&mut context.func, &mut function_context);
             let entry_block = builder.create_block();
@@ -531,20 +500,18 @@ pub fn compile(entry: &Entry, dims: &HashMap<Symbol, i64>, skip: &[bool]) -> Res
             builder.switch_to_block(entry_block);
             builder.seal_block(entry_block);
             let params = builder.block_params(entry_block).to_vec();
-            let (out, inputs, error) = (params[0], params[1], params[2]);
-            let mut helpers = Helpers { f1: HashMap::new(), f2: HashMap::new(), i2: HashMap::new() };
-            for (name, id, kind, arity) in &helper_ids {
-                let reference = module.declare_func_in_func(*id, builder.func);
-                match (kind, arity) {
-                    (&types::F64, 1) => helpers.f1.insert(name, reference),
-                    (&types::F64, _) => helpers.f2.insert(name, reference),
-                    _ => helpers.i2.insert(name, reference),
-                };
-            }
-            let error_block = builder.create_block();
-            let shape: Vec<i64> = node.shape.iter().map(|d| dim_value(d, dims)).collect();
+            let (out, inputs, dims_table, helpers, error) = (params[0], params[1], params[2], params[3], params[4]);
             let flags = MemFlagsData::trusted();
-            let mut lowerer = Lowerer { builder: &mut builder, helpers, indices: HashMap::new(), inputs, error, loads, error_block, dims, load_count: 0, flags };
+            let dims: HashMap<Dim, ClValue> =
+                table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
+            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2]
+                .into_iter()
+                .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
+                .collect();
+            let error_block = builder.create_block();
+            let mut lowerer =
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, load_count: 0, flags };
+            let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
             let zero = lowerer.builder.ins().iconst(types::I64, 0);
@@ -553,7 +520,7 @@ pub fn compile(entry: &Entry, dims: &HashMap<Symbol, i64>, skip: &[bool]) -> Res
             for (k, axis) in axes.iter().enumerate() {
                 lowerer.indices.insert(k as u32, *axis);
             }
-            fn nest(lowerer: &mut Lowerer, axes: &[Variable], shape: &[i64], flat: Variable, out: cranelift_codegen::ir::Value, scalar: &Scalar, dtype: Dtype) {
+            fn nest(lowerer: &mut Lowerer, axes: &[Variable], shape: &[ClValue], flat: Variable, out: ClValue, scalar: &Scalar, dtype: Dtype) {
                 match axes.split_first() {
                     Some((axis, rest)) => lowerer.counted(*axis, shape[0], &mut |this| nest(this, rest, &shape[1..], flat, out, scalar, dtype)),
                     None => {
@@ -588,17 +555,9 @@ pub fn compile(entry: &Entry, dims: &HashMap<Symbol, i64>, skip: &[bool]) -> Res
             lowerer.builder.ins().return_(&[failed]);
             builder.finalize(module.target_config());
         }
-        module.define_function(id, &mut context).map_err(|e| format!("v{at}: {e:?}"))?;
+        module.define_function(id, &mut context).map_err(|e| format!("{symbol}: {e:?}"))?;
         module.clear_context(&mut context);
-        declared.push((at, id, loaded));
+        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table });
     }
-    module.finalize_definitions().map_err(|e| e.to_string())?;
-    let mut kernels: Vec<Option<(Kernel, Vec<Value>)>> = (0..entry.nodes.len()).map(|_| None).collect();
-    for (at, id, loaded) in declared {
-        let pointer = module.get_finalized_function(id);
-        // SAFETY: the function was compiled above with this signature.
-        let kernel: Kernel = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
-        kernels[at] = Some((kernel, loaded));
-    }
-    Ok(Compiled { _module: module, kernels })
+    Ok(defined)
 }

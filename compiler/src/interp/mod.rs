@@ -10,6 +10,7 @@ mod eval;
 mod intrinsics;
 pub mod tensor;
 
+use crate::codegen::native::{self, Compiled, NativeKernel};
 use crate::ir::{Entry, Model, NodeKind};
 use crate::sema::dim::{Atom, Dim, Symbol};
 use crate::sema::ty::Dtype;
@@ -53,8 +54,9 @@ pub enum Backend {
 pub struct Machine {
     model: Model,
     backend: Backend,
-    /// Compiled entries, by entry and the values of its dims.
-    compiled: HashMap<(String, Vec<(Symbol, i64)>), crate::codegen::cpu::Compiled>,
+    /// Compiled entries, by name: from an artifact, or compiled here on
+    /// their first call.
+    compiled: HashMap<String, Compiled>,
     params: Vec<Rc<Tensor>>,
     states: Vec<Rc<Tensor>>,
     /// Per entry: each value's use count and whether it is hoisted.
@@ -75,22 +77,27 @@ struct Plan {
 
 impl Plan {
     fn new(entry: &Entry) -> Plan {
-        let mut hoistable = vec![false; entry.nodes.len()];
-        for (at, node) in entry.nodes.iter().enumerate() {
-            hoistable[at] = match &node.kind {
-                NodeKind::Param(_) => true,
-                NodeKind::Compute(scalar) => {
-                    let mut loads = Vec::new();
-                    scalar.loads(&mut loads);
-                    node.shape.iter().all(|d| d.as_constant().is_some())
-                        && fixed_dims(scalar)
-                        && loads.iter().all(|v| hoistable[v.index()])
-                }
-                _ => false,
-            };
-        }
-        Plan { uses: use_counts(entry), last_reads: crate::ir::plan::last_reads(entry), hoistable }
+        Plan { uses: use_counts(entry), last_reads: crate::ir::plan::last_reads(entry), hoistable: hoistable(entry) }
     }
+}
+
+/// Per node: whether it depends only on parameters and constants and has
+/// a fixed shape, so that it is computed once per loaded model (by the
+/// interpreter: backends compile only the other nodes).
+pub fn hoistable(entry: &Entry) -> Vec<bool> {
+    let mut hoistable = vec![false; entry.nodes.len()];
+    for (at, node) in entry.nodes.iter().enumerate() {
+        hoistable[at] = match &node.kind {
+            NodeKind::Param(_) => true,
+            NodeKind::Compute(scalar) => {
+                let mut loads = Vec::new();
+                scalar.loads(&mut loads);
+                node.shape.iter().all(|d| d.as_constant().is_some()) && fixed_dims(scalar) && loads.iter().all(|v| hoistable[v.index()])
+            }
+            _ => false,
+        };
+    }
+    hoistable
 }
 
 /// Whether every dim a scalar expression reads is a constant.
@@ -128,6 +135,14 @@ impl Machine {
         self
     }
 
+    /// Runs on the CPU backend with these compiled entries (an artifact's);
+    /// an entry without them is compiled on its first call.
+    pub fn with_compiled(mut self, compiled: HashMap<String, Compiled>) -> Machine {
+        self.backend = Backend::Cpu;
+        self.compiled = compiled;
+        self
+    }
+
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -154,16 +169,14 @@ impl Machine {
         let plan = &self.plans[&entry.name];
         let compiled = match self.backend {
             Backend::Cpu => {
-                let mut bound: Vec<(Symbol, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                bound.sort();
-                let key = (entry.name.clone(), bound);
-                if !self.compiled.contains_key(&key) {
-                    let compiled = crate::codegen::cpu::compile(entry, &dims, &plan.hoistable).map_err(|message| {
-                        RunError::Inputs { entry: entry.name.clone(), message: format!("code generation failed: {message}") }
+                if !self.compiled.contains_key(&entry.name) {
+                    let compiled = native::jit(entry, &plan.hoistable).map_err(|message| RunError::Inputs {
+                        entry: entry.name.clone(),
+                        message: format!("code generation failed: {message}"),
                     })?;
-                    self.compiled.insert(key.clone(), compiled);
+                    self.compiled.insert(entry.name.clone(), compiled);
                 }
-                self.compiled.get(&key)
+                self.compiled.get(&entry.name)
             }
             Backend::Interp => None,
         };
@@ -189,7 +202,7 @@ impl Machine {
                     let shape = eval::shape(&node.shape, &dims);
                     let native = compiled.and_then(|c| c.kernels[at].as_ref());
                     let computed = match native {
-                        Some((kernel, loads)) => run_native(*kernel, loads, &values, node.dtype, shape.clone()),
+                        Some(kernel) => run_native(kernel, &values, &dims, node.dtype, shape.clone()),
                         None => None,
                     };
                     let value = match computed {
@@ -263,15 +276,11 @@ impl Machine {
 
 /// Runs a compiled node; `None` when a load fell outside its tensor (the
 /// interpreter then reports it with names).
-fn run_native(
-    kernel: crate::codegen::cpu::Kernel,
-    loads: &[crate::ir::Value],
-    values: &[Rc<Tensor>],
-    dtype: Dtype,
-    shape: Vec<usize>,
-) -> Option<Tensor> {
+fn run_native(kernel: &NativeKernel, values: &[Rc<Tensor>], dims: &HashMap<Symbol, i64>, dtype: Dtype, shape: Vec<usize>) -> Option<Tensor> {
     let mut out = Tensor::zeros(dtype, shape);
-    let pointers: Vec<*const u8> = loads
+    let table: Vec<i64> = kernel.dims.iter().map(|d| eval::dim(d, dims).expect("an entry's dims are bound when it is called")).collect();
+    let pointers: Vec<*const u8> = kernel
+        .loads
         .iter()
         .map(|v| match &values[v.index()].data {
             Data::F32(x) => x.as_ptr() as *const u8,
@@ -284,12 +293,10 @@ fn run_native(
         Data::I64(x) => x.as_mut_ptr() as *mut u8,
         Data::Bool(x) => x.as_mut_ptr() as *mut u8,
     };
-    let mut error = [0i64; 3];
-    // SAFETY: the kernel was compiled for these values' shapes and dtypes
-    // (the entry's dims are bound), checks every position before it loads,
-    // and writes exactly the output's elements.
-    let status = unsafe { kernel(target, pointers.as_ptr(), error.as_mut_ptr()) };
-    (status == 0).then_some(out)
+    // SAFETY: the kernel was compiled for these values' shapes and dtypes,
+    // its dims table is evaluated under the call's dims, it checks every
+    // position before it loads, and writes exactly the output's elements.
+    unsafe { native::call(kernel, target, &pointers, &table) }.then_some(out)
 }
 
 /// How many times each value is used by later nodes and the outputs.

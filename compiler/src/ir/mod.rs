@@ -19,8 +19,9 @@ pub use verify::verify;
 use crate::sema::dim::{Dim, Symbol};
 use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Value(pub u32);
 
 impl Value {
@@ -30,7 +31,7 @@ impl Value {
 }
 
 /// A weight, bound from the checkpoint at load time.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Param {
     /// `groups.3.linear.1.mlp.gate_up_proj`
     pub path: String,
@@ -39,14 +40,14 @@ pub struct Param {
 }
 
 /// A tensor that persists across calls of one loaded model; zero at load.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct State {
     pub path: String,
     pub shape: Vec<usize>,
     pub dtype: Dtype,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Input {
     pub name: String,
     pub shape: Vec<Dim>,
@@ -54,7 +55,7 @@ pub struct Input {
 }
 
 /// A `where` clause of an entry, checked when it is called.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Requirement {
     pub lhs: Dim,
     pub op: CmpOp,
@@ -62,7 +63,7 @@ pub struct Requirement {
     pub text: String,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Entry {
     pub name: String,
     /// The entry's generics, bound from the input shapes.
@@ -74,7 +75,7 @@ pub struct Entry {
     pub outputs: Vec<Value>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Node {
     pub kind: NodeKind,
     pub shape: Vec<Dim>,
@@ -85,7 +86,7 @@ pub struct Node {
 /// others are standard library functions whose Linnet bodies define them,
 /// run as kernels: attention skips the keys its mask excludes, and a cache
 /// write updates its state in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Intrinsic {
     GatedDeltaRule,
     GatedDeltaStep,
@@ -139,7 +140,7 @@ impl Intrinsic {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum NodeKind {
     Input(usize),
     Param(usize),
@@ -155,7 +156,7 @@ pub enum NodeKind {
     Assert(Value, String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UnaryOp {
     Neg,
     Not,
@@ -169,7 +170,7 @@ pub enum UnaryOp {
     Abs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BinaryOp {
     Add,
     Sub,
@@ -183,7 +184,7 @@ pub enum BinaryOp {
     Cmp(CmpOp),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReduceOp {
     Sum,
     Max,
@@ -192,7 +193,7 @@ pub enum ReduceOp {
 
 /// A scalar expression; each node has the element type of its result,
 /// and a float result of type bf16 or f16 is rounded to it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Scalar {
     /// The `k`-th index: an axis of the computed tensor, or a reduction's.
     Index(u32, Dtype),
@@ -254,7 +255,7 @@ impl Scalar {
 }
 
 /// A model, instantiated with its card's generics.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Model {
     pub name: String,
     pub params: Vec<Param>,

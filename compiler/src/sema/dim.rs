@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 pub type Symbol = Rc<str>;
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Atom {
     Generic(Symbol),
     /// The product of the dims a variadic shape stands for.
@@ -24,11 +24,25 @@ pub enum Atom {
 /// A product of atoms, sorted, with repetition for powers.
 pub type Monomial = Vec<Atom>;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(from = "Vec<(Monomial, i64)>", into = "Vec<(Monomial, i64)>")]
 pub struct Dim {
     /// Monomial to coefficient; no zero coefficients; the empty monomial
     /// is the constant term.
     terms: BTreeMap<Monomial, i64>,
+}
+
+/// A dim is stored as its terms; reading one back normalizes it again.
+impl From<Vec<(Monomial, i64)>> for Dim {
+    fn from(terms: Vec<(Monomial, i64)>) -> Dim {
+        Dim::from_terms(terms)
+    }
+}
+
+impl From<Dim> for Vec<(Monomial, i64)> {
+    fn from(dim: Dim) -> Vec<(Monomial, i64)> {
+        dim.terms.into_iter().collect()
+    }
 }
 
 impl Dim {

@@ -8,7 +8,7 @@ use super::facts::Facts;
 use std::collections::HashMap;
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Dtype {
     Bf16,
     F16,

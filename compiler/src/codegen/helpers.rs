@@ -1,0 +1,106 @@
+//! The functions generated code calls for what hardware would not do as
+//! the interpreter does (bf16/f16 rounding, `exp`, NaN-aware `max`,
+//! Euclidean division). They reach a kernel as a table of pointers, its
+//! fourth argument, so compiled code has no symbols to resolve: the same
+//! bytes run from the JIT and from an artifact's object file.
+
+use crate::interp::tensor;
+use crate::sema::ty::Dtype;
+
+/// A helper's slot in the table; the order is part of the kernel ABI
+/// (`native::ABI_VERSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Helper {
+    Exp,
+    Ln,
+    Cos,
+    Sin,
+    Tanh,
+    RoundBf16,
+    RoundF16,
+    Max,
+    Min,
+    Rem,
+    DivEuclid,
+    RemEuclid,
+}
+
+/// The argument and result kinds of a helper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// `fn(f64) -> f64`
+    Float1,
+    /// `fn(f64, f64) -> f64`
+    Float2,
+    /// `fn(i64, i64) -> i64`
+    Int2,
+}
+
+impl Helper {
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+
+    pub fn shape(self) -> Shape {
+        match self {
+            Helper::Exp | Helper::Ln | Helper::Cos | Helper::Sin | Helper::Tanh | Helper::RoundBf16 | Helper::RoundF16 => Shape::Float1,
+            Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
+            Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
+        }
+    }
+}
+
+extern "C" fn exp(x: f64) -> f64 {
+    x.exp()
+}
+extern "C" fn ln(x: f64) -> f64 {
+    x.ln()
+}
+extern "C" fn cos(x: f64) -> f64 {
+    x.cos()
+}
+extern "C" fn sin(x: f64) -> f64 {
+    x.sin()
+}
+extern "C" fn tanh(x: f64) -> f64 {
+    x.tanh()
+}
+extern "C" fn round_bf16(x: f64) -> f64 {
+    tensor::round(x, Dtype::Bf16)
+}
+extern "C" fn round_f16(x: f64) -> f64 {
+    tensor::round(x, Dtype::F16)
+}
+extern "C" fn max(x: f64, y: f64) -> f64 {
+    x.max(y)
+}
+extern "C" fn min(x: f64, y: f64) -> f64 {
+    x.min(y)
+}
+extern "C" fn rem(x: f64, y: f64) -> f64 {
+    x % y
+}
+extern "C" fn div_euclid(x: i64, y: i64) -> i64 {
+    tensor::div_euclid(x, y)
+}
+extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
+    tensor::rem_euclid(x, y)
+}
+
+/// The table every kernel is called with, in [`Helper`] order.
+pub fn table() -> [*const u8; 12] {
+    [
+        exp as *const u8,
+        ln as *const u8,
+        cos as *const u8,
+        sin as *const u8,
+        tanh as *const u8,
+        round_bf16 as *const u8,
+        round_f16 as *const u8,
+        max as *const u8,
+        min as *const u8,
+        rem as *const u8,
+        div_euclid as *const u8,
+        rem_euclid as *const u8,
+    ]
+}

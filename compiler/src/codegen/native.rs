@@ -1,0 +1,157 @@
+//! Native code in memory, from either of two places: the JIT (compiled in
+//! this process) or an artifact's object file (compiled by `linnetc
+//! build`, loaded here). Kernels reach their helpers through a table
+//! argument and have no calls between them, so the object file's text
+//! needs no relocations: the loader copies it into executable memory and
+//! refuses any file that has some, or that was built for another host.
+
+use super::cpu::{define_kernels, KernelDef};
+use super::helpers;
+use crate::ir::{Entry, Model, Value};
+use crate::sema::dim::Dim;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::default_libcall_names;
+use cranelift_object::{ObjectBuilder, ObjectModule};
+use object::{Object, ObjectSection, ObjectSymbol};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// `fn(out, inputs, dims, helpers, error) -> status`: `inputs` points at
+/// each loaded value's elements, `dims` at the values of the kernel's dims
+/// table, `helpers` at [`helpers::table`]; `error` receives (load,
+/// position, size) when the status is 1.
+pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64) -> i32;
+
+/// Changes whenever the kernel calling convention or the helper table
+/// does; an artifact of another version is rebuilt, not run.
+pub const ABI_VERSION: u32 = 1;
+
+/// What a kernel needs at a call, as an artifact records it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelRecord {
+    pub node: usize,
+    pub symbol: String,
+    pub loads: Vec<Value>,
+    pub dims: Vec<Dim>,
+}
+
+impl From<&KernelDef> for KernelRecord {
+    fn from(def: &KernelDef) -> KernelRecord {
+        KernelRecord { node: def.node, symbol: def.symbol.clone(), loads: def.loads.clone(), dims: def.dims.clone() }
+    }
+}
+
+pub struct NativeKernel {
+    pub function: Kernel,
+    pub loads: Vec<Value>,
+    pub dims: Vec<Dim>,
+}
+
+/// The compiled nodes of one entry.
+pub struct Compiled {
+    /// The JIT module or the mapped text the kernels point into, kept alive.
+    _code: Box<dyn std::any::Any>,
+    /// Per node: its kernel, if it has one.
+    pub kernels: Vec<Option<NativeKernel>>,
+}
+
+/// The host's ISA; position-independent code for object files (the JIT
+/// wants the other kind).
+fn host_isa(position_independent: bool) -> Result<OwnedTargetIsa, String> {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+    flags.set("is_pic", if position_independent { "true" } else { "false" }).map_err(|e| e.to_string())?;
+    let isa = cranelift_native::builder().map_err(|e| format!("this host is not supported by Cranelift: {e}"))?;
+    isa.finish(settings::Flags::new(flags)).map_err(|e| e.to_string())
+}
+
+/// The host as an artifact records it: code built for one host's
+/// features must not run on a host without them.
+pub fn host_target() -> Result<String, String> {
+    let isa = host_isa(true)?;
+    let features: Vec<String> = isa.isa_flags().iter().filter_map(|flag| flag.as_bool().filter(|on| *on).map(|_| flag.name.to_string())).collect();
+    Ok(format!("{} [{}]", isa.triple(), features.join(" ")))
+}
+
+/// Compiles `entry`'s nodes (all but `skip`) in this process.
+pub fn jit(entry: &Entry, skip: &[bool]) -> Result<Compiled, String> {
+    let builder = JITBuilder::with_isa(host_isa(false)?, default_libcall_names());
+    let mut module = JITModule::new(builder);
+    let defined = define_kernels(&mut module, entry, skip, "")?;
+    module.finalize_definitions().map_err(|e| e.to_string())?;
+    let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
+    for def in defined {
+        let pointer = module.get_finalized_function(def.func);
+        // SAFETY: the function was compiled above with the `Kernel` signature.
+        let function = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
+        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims });
+    }
+    Ok(Compiled { _code: Box::new(module), kernels })
+}
+
+/// An object file with the kernels of every entry, and per entry the
+/// records that say how to call them.
+pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<(Vec<u8>, HashMap<String, Vec<KernelRecord>>), String> {
+    let builder = ObjectBuilder::new(host_isa(true)?, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| e.to_string())?;
+    let mut module = ObjectModule::new(builder);
+    let mut records = HashMap::new();
+    for (number, entry) in model.entries.iter().enumerate() {
+        let defined = define_kernels(&mut module, entry, &skips[&entry.name], &format!("linnet_e{number}_"))?;
+        records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
+    }
+    let bytes = module.finish().emit().map_err(|e| e.to_string())?;
+    Ok((bytes, records))
+}
+
+/// Loads an object file written by [`emit_object`]: its text copied into
+/// executable memory, each entry's kernels found by symbol.
+pub fn load_object(bytes: &[u8], model: &Model, records: &HashMap<String, Vec<KernelRecord>>) -> Result<HashMap<String, Compiled>, String> {
+    let file = object::File::parse(bytes).map_err(|e| format!("the kernels are not an object file: {e}"))?;
+    let text = file.section_by_name(".text").ok_or("the kernels' object file has no .text section")?;
+    for section in file.sections() {
+        if section.relocations().next().is_some() {
+            return Err(format!("the kernels' object file has relocations in {}, which kernels never need", section.name().unwrap_or("?")));
+        }
+    }
+    let code = text.data().map_err(|e| e.to_string())?;
+    let mut memory = memmap2::MmapMut::map_anon(code.len().max(1)).map_err(|e| format!("cannot map memory for the kernels: {e}"))?;
+    memory[..code.len()].copy_from_slice(code);
+    let memory = Rc::new(memory.make_exec().map_err(|e| format!("cannot make the kernels executable: {e}"))?);
+    let symbols: HashMap<&str, u64> = file
+        .symbols()
+        .filter(|symbol| symbol.section_index() == Some(text.index()))
+        .filter_map(|symbol| Some((symbol.name().ok()?, symbol.address() - text.address())))
+        .collect();
+    let mut compiled = HashMap::new();
+    for entry in &model.entries {
+        let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
+        for record in records.get(&entry.name).map(Vec::as_slice).unwrap_or_default() {
+            let offset = *symbols.get(record.symbol.as_str()).ok_or_else(|| format!("the kernels' object file lacks `{}`", record.symbol))?;
+            if offset as usize >= code.len() || record.node >= entry.nodes.len() {
+                return Err(format!("kernel `{}` does not fit its object file or entry", record.symbol));
+            }
+            // SAFETY: the symbol is a function in the copied text, compiled
+            // with the `Kernel` signature by `emit_object` for this host.
+            let function = unsafe { std::mem::transmute::<*const u8, Kernel>(memory.as_ptr().add(offset as usize)) };
+            kernels[record.node] = Some(NativeKernel { function, loads: record.loads.clone(), dims: record.dims.clone() });
+        }
+        compiled.insert(entry.name.clone(), Compiled { _code: Box::new(Rc::clone(&memory)), kernels });
+    }
+    Ok(compiled)
+}
+
+/// Runs a kernel; `false` when a load fell outside its tensor.
+///
+/// # Safety
+/// `inputs` must point at the kernel's loads, `out` at room for the
+/// node's elements, and `dims` at the values of its dims table, all with
+/// the shapes and dtypes the kernel was compiled for.
+pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64]) -> bool {
+    let table = helpers::table();
+    let mut error = [0i64; 3];
+    // SAFETY: as the caller promises; the helper table is in slot order.
+    unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr()) == 0 }
+}
