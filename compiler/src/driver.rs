@@ -41,7 +41,11 @@ pub fn lower_package_with(
     options: &LoadOptions,
     lowering: crate::lower::Lowering,
 ) -> Result<(crate::ir::Model, Checked), Box<Checked>> {
-    let mut checked = check_package(dir, options);
+    lower_checked(check_package(dir, options), lowering)
+}
+
+/// Lowers a package already checked; a package with errors comes back.
+pub fn lower_checked(mut checked: Checked, lowering: crate::lower::Lowering) -> Result<(crate::ir::Model, Checked), Box<Checked>> {
     if checked.has_errors() {
         return Err(Box::new(checked));
     }
@@ -56,4 +60,16 @@ pub fn lower_package_with(
             Err(Box::new(checked))
         }
     }
+}
+
+/// The entry dims of the model card's `[check]` table, at which memory
+/// plans are reported.
+pub fn check_dims(package: &Package) -> std::collections::HashMap<crate::sema::dim::Symbol, i64> {
+    let mut dims = std::collections::HashMap::new();
+    for entry in package.nest.iter().flat_map(|nest| &nest.check) {
+        if let package::NestValue::Int(value) = entry.value {
+            dims.insert(std::rc::Rc::from(entry.name.as_str()), value);
+        }
+    }
+    dims
 }

@@ -45,13 +45,17 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Check a package and lower it to the tensor IR.
+    /// Check a package, lower it and compile it into an artifact that
+    /// `linnet` runs; the memory plan is printed at the end.
     Build {
         #[arg(default_value = ".")]
         package: PathBuf,
-        /// What to produce: `ir` prints the IR's text form.
+        /// The artifact's folder; default `target/linnet/MODEL`.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the IR's text form instead of writing an artifact.
         #[arg(long, value_enum)]
-        emit: Emit,
+        emit: Option<Emit>,
         #[arg(long)]
         nest: Option<PathBuf>,
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
@@ -150,29 +154,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
-        Command::Build { package, emit: Emit::Ir, nest, overrides } => {
+        Command::Build { package, output, emit, nest, overrides } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
-            match driver::lower_package(&package, &options) {
-                Ok((model, checked)) => {
-                    print!("{model}");
-                    // The memory plan at the model card's `[check]` dims.
-                    let mut dims = std::collections::HashMap::new();
-                    if let Some(nest) = checked.package.as_ref().and_then(|p| p.nest.as_ref()) {
-                        for entry in &nest.check {
-                            if let linnet_compiler::package::NestValue::Int(value) = entry.value {
-                                dims.insert(std::rc::Rc::from(entry.name.as_str()), value);
-                            }
-                        }
-                    }
-                    eprintln!("built `{}`: {} entries\n{}", model.name, model.entries.len(), linnet_compiler::ir::plan::describe(&model, &dims));
-                    ExitCode::SUCCESS
-                }
-                Err(checked) => {
-                    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-                    let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
-                    ExitCode::from(1)
-                }
-            }
+            build(&package, output, emit, &options)
         }
         Command::Check { package, message_format, nest, overrides, color } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
@@ -206,6 +190,46 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             if checked.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+    }
+}
+
+fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {
+    let started = std::time::Instant::now();
+    let checked = driver::check_package(package, options);
+    let key = linnet_compiler::artifact::content_key(&checked.sources);
+    let (model, checked) = match driver::lower_checked(checked, linnet_compiler::lower::Lowering::default()) {
+        Ok(lowered) => lowered,
+        Err(checked) => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            return ExitCode::from(1);
+        }
+    };
+    let package = checked.package.as_ref().expect("a lowered package was loaded");
+    if let Some(Emit::Ir) = emit {
+        print!("{model}");
+        let dims = driver::check_dims(package);
+        eprintln!("lowered `{}`: {} entries\n{}", model.name, model.entries.len(), linnet_compiler::ir::plan::describe(&model, &dims));
+        return ExitCode::SUCCESS;
+    }
+    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(&model.name));
+    match key.and_then(|key| linnet_compiler::artifact::write(&model, package, key, &dir)) {
+        Ok(manifest) => {
+            let kernels: usize = manifest.kernels.values().map(Vec::len).sum();
+            eprintln!(
+                "built `{}` into {} in {:.2} s: {} entries, {kernels} kernels\n{}",
+                model.name,
+                dir.display(),
+                started.elapsed().as_secs_f64(),
+                model.entries.len(),
+                manifest.plan.describe()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("linnetc build: {message}");
+            ExitCode::from(2)
         }
     }
 }

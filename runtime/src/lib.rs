@@ -1,9 +1,10 @@
-//! The Linnet runtime: a package is checked and lowered by the compiler,
-//! its weights are found and validated (or drawn at random), and its
-//! entries run on the reference interpreter. All file IO of running a
-//! model is here.
+//! The Linnet runtime: a package is built by the compiler into an artifact
+//! (or an artifact is given), its weights are found and validated (or
+//! drawn at random), and its entries run on native code or the reference
+//! interpreter. All file IO of running a model is here.
 
 pub mod bench;
+pub mod cache;
 pub mod generate;
 pub mod init;
 pub mod npy;
@@ -15,7 +16,8 @@ pub mod weights;
 
 use linnet_compiler::diagnostic;
 use linnet_compiler::driver;
-use linnet_compiler::interp::Machine;
+use linnet_compiler::artifact::{self, Artifact};
+use linnet_compiler::interp::{Backend, Machine};
 use linnet_compiler::ir::Model;
 use linnet_compiler::package::{LoadOptions, Package};
 use std::collections::HashMap;
@@ -41,11 +43,16 @@ pub struct Loaded {
 pub fn lower(package: &Path, options: &LoadOptions) -> Result<(Model, Package), String> {
     match driver::lower_package(package, options) {
         Ok((model, checked)) => Ok((model, checked.package.expect("a lowered package was loaded"))),
-        Err(checked) => {
-            let mut out = Vec::new();
-            diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out).map_err(|e| e.to_string())?;
-            Err(format!("{}the package does not check; fix the errors above", String::from_utf8_lossy(&out)))
-        }
+        Err(checked) => Err(render(&checked)),
+    }
+}
+
+/// Why a package does not build: its diagnostics, rendered.
+fn render(checked: &driver::Checked) -> String {
+    let mut out = Vec::new();
+    match diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out) {
+        Ok(()) => format!("{}the package does not check; fix the errors above", String::from_utf8_lossy(&out)),
+        Err(error) => format!("the package does not check, and its diagnostics cannot be rendered: {error}"),
     }
 }
 
@@ -63,22 +70,33 @@ pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<
     load_on(package, options, weights, linnet_compiler::interp::Backend::Interp)
 }
 
-/// A package ready to run on `backend`, or why not, as text.
+/// A package or artifact ready to run on `backend`, or why not, as text.
+/// A package is built into the artifact cache first, unless an artifact of
+/// the same content is there already.
 pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: linnet_compiler::interp::Backend) -> Result<Loaded, String> {
-    let (model, package) = lower(package, options)?;
-    let nest = package.nest.as_ref().expect("a lowered package has a model card");
-    match weights {
-        Weights::Random(seed) => {
-            let params = random::params(&model, *seed);
-            Ok(Loaded { machine: Machine::new(model, params).with_backend(backend), weights_dir: None, text: None })
-        }
-        Weights::Checkpoint(dir) => {
-            let dir = weights::locate(dir.as_deref(), nest.repo.as_deref(), nest.revision.as_deref())?;
-            let params = weights::load(&model, &bindings(&package), &dir, &nest.weight_files).map_err(|problems| {
-                format!("the weights in {} do not fit `{}`:\n  {}", dir.display(), model.name, problems.join("\n  "))
+    let dir = cache::artifact_for(package, options)?;
+    let built = artifact::read(&dir)?;
+    let Artifact { manifest, model } = &built;
+    let params = match weights {
+        Weights::Random(seed) => random::params(model, *seed),
+        Weights::Checkpoint(given) => {
+            let source = &manifest.weights;
+            let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
+            let params = weights::load(model, &built.bindings(), &found, &source.files).map_err(|problems| {
+                format!("the weights in {} do not fit `{}`:\n  {}", found.display(), model.name, problems.join("\n  "))
             })?;
-            let text = text::TextModel::load(&dir)?;
-            Ok(Loaded { machine: Machine::new(model, params).with_backend(backend), weights_dir: Some(dir), text })
+            let text = text::TextModel::load(&found)?;
+            let machine = machine(&built, &dir, params, backend)?;
+            return Ok(Loaded { machine, weights_dir: Some(found), text });
         }
-    }
+    };
+    Ok(Loaded { machine: machine(&built, &dir, params, backend)?, weights_dir: None, text: None })
+}
+
+fn machine(built: &Artifact, dir: &Path, params: Vec<linnet_compiler::interp::Tensor>, backend: Backend) -> Result<Machine, String> {
+    let machine = Machine::new(built.model.clone(), params);
+    Ok(match backend {
+        Backend::Interp => machine,
+        Backend::Cpu => machine.with_compiled(built.kernels(dir)?),
+    })
 }

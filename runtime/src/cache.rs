@@ -1,0 +1,56 @@
+//! The artifact cache: `linnet run PACKAGE` builds the package on demand
+//! and keeps the artifact under the content key of its sources, so an
+//! unchanged package is checked (milliseconds) but not lowered or compiled
+//! again. The cache is `$LINNET_CACHE_DIR`, else `$XDG_CACHE_HOME/linnet`,
+//! else `~/.cache/linnet`.
+
+use linnet_compiler::artifact;
+use linnet_compiler::driver;
+use linnet_compiler::package::LoadOptions;
+use std::path::{Path, PathBuf};
+
+pub fn cache_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("LINNET_CACHE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("linnet"));
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => Ok(PathBuf::from(home).join(".cache/linnet")),
+        None => Err("no artifact cache: set LINNET_CACHE_DIR (neither XDG_CACHE_HOME nor HOME is set)".into()),
+    }
+}
+
+/// The artifact to run for `path`: the folder itself when it is an
+/// artifact, else the package's artifact in the cache, built if absent.
+pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, String> {
+    if artifact::is_artifact(path) {
+        if options.nest.is_some() || !options.overrides.is_empty() {
+            return Err(format!("{} is a built artifact: `--nest` and `--set` apply when building a package", path.display()));
+        }
+        return Ok(path.to_path_buf());
+    }
+    let checked = driver::check_package(path, options);
+    let key = artifact::content_key(&checked.sources)?;
+    let dir = cache_dir()?.join(&key);
+    if artifact::is_artifact(&dir) {
+        tracing::info!(artifact = %dir.display(), "cached build");
+        return Ok(dir);
+    }
+    let (model, checked) = driver::lower_checked(checked, linnet_compiler::lower::Lowering::default()).map_err(|checked| crate::render(&checked))?;
+    let package = checked.package.as_ref().expect("a lowered package was loaded");
+    // Built aside and renamed into place, so a reader never sees half an
+    // artifact; when another process got there first, its copy is kept.
+    let partial = dir.with_extension(format!("partial-{}", std::process::id()));
+    let started = std::time::Instant::now();
+    artifact::write(&model, package, key, &partial)?;
+    if std::fs::rename(&partial, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&partial);
+        if !artifact::is_artifact(&dir) {
+            return Err(format!("cannot move the built artifact to {}", dir.display()));
+        }
+    }
+    tracing::info!(artifact = %dir.display(), seconds = started.elapsed().as_secs_f64(), "built");
+    Ok(dir)
+}
