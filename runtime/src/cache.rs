@@ -25,6 +25,11 @@ pub fn cache_dir() -> Result<PathBuf, String> {
 /// The artifact to run for `path`: the folder itself when it is an
 /// artifact, else the package's artifact in the cache, built if absent.
 pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, String> {
+    artifact_in(None, path, options)
+}
+
+/// As [`artifact_for`], with the cache in `cache` rather than [`cache_dir`].
+pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> Result<PathBuf, String> {
     if artifact::is_artifact(path) {
         if options.nest.is_some() || !options.overrides.is_empty() {
             return Err(format!("{} is a built artifact: `--nest` and `--set` apply when building a package", path.display()));
@@ -33,7 +38,10 @@ pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, Strin
     }
     let checked = driver::check_package(path, options);
     let key = artifact::content_key(&checked.sources)?;
-    let dir = cache_dir()?.join(&key);
+    let dir = match cache {
+        Some(cache) => cache.join(&key),
+        None => cache_dir()?.join(&key),
+    };
     if artifact::is_artifact(&dir) {
         tracing::info!(artifact = %dir.display(), "cached build");
         return Ok(dir);

@@ -46,8 +46,8 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
     }
     let chunks = body.chunks_exact(width).take(count);
     let data = match dtype {
-        Dtype::F32 => Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-        Dtype::F16 => Data::F32(chunks.map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f32()).collect()),
+        Dtype::F32 => Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect::<Vec<f32>>().into()),
+        Dtype::F16 => Data::F32(chunks.map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f32()).collect::<Vec<f32>>().into()),
         Dtype::I32 => Data::I64(chunks.map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64).collect()),
         Dtype::I64 => Data::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
         _ => Data::Bool(chunks.map(|c| c[0] != 0).collect()),

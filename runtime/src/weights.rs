@@ -5,7 +5,8 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
-use linnet_compiler::interp::Tensor;
+use linnet_compiler::interp::tensor::Floats;
+use linnet_compiler::interp::{Data, Tensor};
 use linnet_compiler::ir::Model;
 use linnet_compiler::sema::ty::Dtype;
 use memmap2::Mmap;
@@ -13,6 +14,7 @@ use safetensors::SafeTensors;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 /// The Hugging Face hub cache folders, in the order they are consulted.
 fn hub_caches() -> Vec<PathBuf> {
@@ -100,7 +102,9 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
 
 /// Every parameter of `model`, read from the checkpoint in `dir` through
 /// `bindings` (parameter path → tensor name). Tensors no binding names are
-/// ignored. Errors list every problem found.
+/// ignored. An f32 tensor is used where it lies in the mapped file; bf16
+/// and f16 ones are widened to f32 (the element type every backend reads).
+/// Errors list every problem found.
 pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_files: &[String]) -> Result<Vec<Tensor>, Vec<String>> {
     let files = tensor_files(dir, card_files).map_err(|e| vec![e])?;
     let mut problems = Vec::new();
@@ -109,24 +113,25 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
         match File::open(path).and_then(|file| unsafe { Mmap::map(&file) }) {
             // SAFETY: the checkpoint is read-only input; a file changed while
             // mapped is outside what this loader promises to survive.
-            Ok(map) => maps.push((path, map)),
+            Ok(map) => maps.push((path, Rc::new(map))),
             Err(error) => problems.push(format!("cannot open checkpoint file {}: {error}", path.display())),
         }
     }
     let mut parsed = Vec::new();
     for (path, map) in &maps {
         match SafeTensors::deserialize(map) {
-            Ok(tensors) => parsed.push((path, tensors)),
+            Ok(tensors) => parsed.push((path, map, tensors)),
             Err(error) => problems.push(format!("checkpoint file {} is corrupt or truncated: {error}", path.display())),
         }
     }
     let mut holder: HashMap<String, usize> = HashMap::new();
-    for (at, (_, tensors)) in parsed.iter().enumerate() {
+    for (at, (_, _, tensors)) in parsed.iter().enumerate() {
         for name in tensors.names() {
             holder.insert(name.to_string(), at);
         }
     }
     let mut params = Vec::with_capacity(model.params.len());
+    let mut mapped = 0usize;
     let progress = indicatif::ProgressBar::new(model.params.len() as u64).with_message("loading weights");
     tracing::info!(files = files.len(), params = model.params.len(), dir = %dir.display(), "loading weights");
     for param in &model.params {
@@ -141,7 +146,8 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
             }
             continue;
         };
-        let view = parsed[file].1.tensor(name).expect("listed by the file");
+        let (file_path, map, tensors) = &parsed[file];
+        let view = tensors.tensor(name).expect("listed by the file");
         let shape = view.shape().to_vec();
         let dtype = dtype_of(view.dtype());
         let mut wrong = Vec::new();
@@ -152,11 +158,26 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
             wrong.push(format!("dtype {:?}, expected {}", view.dtype(), param.dtype.name()));
         }
         if !wrong.is_empty() {
-            problems.push(format!("parameter `{}`: tensor `{name}` in {} has {}", param.path, parsed[file].0.display(), wrong.join(" and ")));
+            problems.push(format!("parameter `{}`: tensor `{name}` in {} has {}", param.path, file_path.display(), wrong.join(" and ")));
             continue;
         }
-        params.push(Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())));
+        let in_place = match param.dtype {
+            Dtype::F32 => {
+                let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                let bytes: Rc<dyn AsRef<[u8]>> = Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
+                Floats::mapped(bytes, offset, view.data().len() / 4)
+            }
+            _ => None,
+        };
+        params.push(match in_place {
+            Some(floats) => {
+                mapped += 1;
+                Tensor { dtype: param.dtype, shape, data: Data::F32(floats) }
+            }
+            None => Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())),
+        });
     }
     progress.finish_and_clear();
+    tracing::info!(mapped, widened = params.len() - mapped, "weights bound: f32 tensors in place, the others widened to f32");
     if problems.is_empty() { Ok(params) } else { Err(problems) }
 }

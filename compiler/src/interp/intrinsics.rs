@@ -77,7 +77,7 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
             }
         }
     }
-    Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out) }
+    Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out.into()) }
 }
 
 /// Writes `x` into `cache` in place, as `std.nn.cache` says; an error
@@ -87,7 +87,7 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
     let x = args[0];
     let xs = floats(x);
     let Data::F32(cells) = &mut cache.data else { panic!("a float cache") };
-    let copy = |cells: &mut Vec<f32>, row: usize, source: usize, from: usize, count: usize| {
+    let copy = |cells: &mut [f32], row: usize, source: usize, from: usize, count: usize| {
         for a in 0..axis_a {
             for l in 0..count {
                 let to = ((row * axis_a + a) * length + from + l) * width;

@@ -1,0 +1,109 @@
+//! Artifacts: `linnetc build` output runs in the runtime with the same
+//! results as a model compiled in process; a package is built once into
+//! the content-keyed cache and reused while its sources are unchanged; an
+//! artifact for another host or ABI is refused, never run; f32 weights are
+//! used in place in the mapped checkpoint.
+
+use linnet_compiler::artifact;
+use linnet_compiler::interp::{Backend, Data, Machine, Tensor};
+use linnet_compiler::package::LoadOptions;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_runtime::Weights;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn oracle() -> PathBuf {
+    root().join("tests/fixtures/oracle/tiny-qwen3.5-moe")
+}
+
+fn options() -> LoadOptions {
+    LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("linnet-artifacts-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn logits(machine: &mut Machine) -> Tensor {
+    let tokens = Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511]);
+    machine.call("forward", vec![tokens]).unwrap().remove(0)
+}
+
+#[test]
+fn a_built_artifact_runs_like_the_package() {
+    let out = scratch("build");
+    // Built through the library, as `linnetc build` does.
+    let checked = linnet_compiler::driver::check_package(&root().join("models/qwen3.6-35b-a3b"), &options());
+    let key = artifact::content_key(&checked.sources).unwrap();
+    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    let manifest = artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    assert!(manifest.kernels.values().map(Vec::len).sum::<usize>() > 100);
+    assert!(manifest.params.iter().all(|p| p.tensor.is_some()), "every parameter names its checkpoint tensor");
+    assert_eq!(manifest.plan.weight_bytes, model.param_bytes());
+
+    let weights = Weights::Checkpoint(Some(oracle().join("weights-f32")));
+    let mut from_artifact = linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
+    let mut in_process = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp).unwrap().machine;
+    assert_eq!(logits(&mut from_artifact), logits(&mut in_process), "the artifact's kernels equal the interpreter bit for bit");
+
+    let refused = linnet_runtime::load_on(&out, &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() }, &weights, Backend::Cpu);
+    assert!(refused.err().unwrap().contains("`--set` apply when building"));
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn an_artifact_for_another_host_or_abi_is_refused() {
+    let out = scratch("foreign");
+    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
+    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    assert!(artifact::read(&out).is_ok());
+    let manifest_path = out.join("artifact.json");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["target"] = "riscv64gc-unknown-linux-gnu []".into();
+    std::fs::write(&manifest_path, json.to_string()).unwrap();
+    let error = artifact::read(&out).err().unwrap();
+    assert!(error.contains("compiled for riscv64gc") && error.contains("rebuild it"), "{error}");
+    json["target"] = linnet_compiler::codegen::native::host_target().unwrap().into();
+    json["abi"] = 999.into();
+    std::fs::write(&manifest_path, json.to_string()).unwrap();
+    let error = artifact::read(&out).err().unwrap();
+    assert!(error.contains("kernel ABI 999"), "{error}");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn packages_are_built_once_per_content() {
+    let cache = scratch("cache");
+    let package = scratch("package");
+    std::fs::create_dir_all(package.join("src")).unwrap();
+    for file in ["linnet.toml", "nest.toml", "bindings.json", "src/lib.linnet"] {
+        std::fs::copy(root().join("examples/tiny-mlp").join(file), package.join(file)).unwrap();
+    }
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let first = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
+    assert!(first.starts_with(&cache) && artifact::is_artifact(&first));
+    let modified = std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap();
+    assert_eq!(linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap(), first, "unchanged sources reuse the artifact");
+    assert_eq!(std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap(), modified, "and do not rebuild it");
+    let source = std::fs::read_to_string(package.join("src/lib.linnet")).unwrap();
+    std::fs::write(package.join("src/lib.linnet"), format!("{source}\n// changed\n")).unwrap();
+    let second = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
+    assert_ne!(second, first, "changed sources get an artifact of their own");
+    std::fs::remove_dir_all(&cache).unwrap();
+    std::fs::remove_dir_all(&package).unwrap();
+}
+
+#[test]
+fn f32_weights_are_used_in_place() {
+    let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
+    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &oracle().join("weights-f32"), &[]).unwrap();
+    let mapped = params.iter().filter(|p| matches!(&p.data, Data::F32(floats) if floats.is_mapped())).count();
+    assert_eq!(mapped, params.len(), "every f32 tensor of an aligned checkpoint is mapped, not copied");
+}
