@@ -120,7 +120,7 @@ fn model(scalar: Scalar, dtype: Dtype) -> Model {
 
 fn same(a: &Tensor, b: &Tensor) -> bool {
     match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
+        (Data::F32(x), Data::F32(y)) => x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
         _ => a == b,
     }
 }
