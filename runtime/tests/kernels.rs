@@ -1,7 +1,7 @@
 //! The standard library's kernels (attention that skips masked keys, cache
 //! writes in place) compute exactly what the Linnet bodies they replace
-//! compute: every entry path gives bit-identical results with the kernels
-//! and with the bodies inlined, f32 and bf16.
+//! compute, and fusion changes no result: every entry path gives
+//! bit-identical results with and without them, f32 and bf16.
 
 use linnet_compiler::driver::lower_package_with;
 use linnet_compiler::interp::{Machine, Tensor};
@@ -14,10 +14,10 @@ fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-fn machine(config: &str, dtype: &str, library_kernels: bool) -> Machine {
+fn machine(config: &str, dtype: &str, lowering: Lowering) -> Machine {
     let dir = root().join("tests/fixtures/oracle").join(config);
     let options = LoadOptions { nest: Some(dir.join(format!("package/nest-{dtype}.toml"))), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, Lowering { library_kernels }).unwrap_or_else(|_| panic!("lowers"));
+    let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering).unwrap_or_else(|_| panic!("lowers"));
     let package = checked.package.unwrap();
     let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &dir.join(format!("weights-{dtype}")), &[]).unwrap();
     Machine::new(model, params)
@@ -47,8 +47,8 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
 #[test]
 fn kernels_equal_the_bodies_they_replace() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
-        let with_kernels = script(&mut machine(config, dtype, true));
-        let inlined = script(&mut machine(config, dtype, false));
+        let with_kernels = script(&mut machine(config, dtype, Lowering::default()));
+        let inlined = script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }));
         assert_eq!(with_kernels.len(), inlined.len());
         for (at, (a, b)) in with_kernels.iter().zip(&inlined).enumerate() {
             assert_eq!(a, b, "{config} {dtype}: output {at} differs");
@@ -63,13 +63,36 @@ fn the_cpu_backend_equals_the_interpreter() {
     use linnet_compiler::interp::Backend;
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let started = std::time::Instant::now();
-        let native = script(&mut machine(config, dtype, true).with_backend(Backend::Cpu));
+        let native = script(&mut machine(config, dtype, Lowering::default()).with_backend(Backend::Cpu));
         let native_time = started.elapsed();
         let started = std::time::Instant::now();
-        let reference = script(&mut machine(config, dtype, true));
+        let reference = script(&mut machine(config, dtype, Lowering::default()));
         eprintln!("{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}", started.elapsed());
         for (at, (a, b)) in native.iter().zip(&reference).enumerate() {
             assert_eq!(a, b, "{config} {dtype}: output {at} differs");
         }
     }
+}
+
+/// Values inlined into their consumers give the results they gave stored,
+/// on both backends, and the fused model has fewer nodes.
+#[test]
+fn fusion_changes_no_result() {
+    use linnet_compiler::interp::Backend;
+    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+        let unfused = Lowering { fuse: false, ..Lowering::default() };
+        let (fused_nodes, unfused_nodes) = (nodes(&machine(config, dtype, Lowering::default())), nodes(&machine(config, dtype, unfused)));
+        assert!(fused_nodes * 10 < unfused_nodes * 8, "fusion removes over a fifth of the nodes: {fused_nodes} of {unfused_nodes} left");
+        let reference = script(&mut machine(config, dtype, unfused));
+        for backend in [Backend::Interp, Backend::Cpu] {
+            let fused = script(&mut machine(config, dtype, Lowering::default()).with_backend(backend));
+            for (at, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                assert_eq!(a, b, "{config} {dtype} {backend:?}: output {at} differs");
+            }
+        }
+    }
+}
+
+fn nodes(machine: &Machine) -> usize {
+    machine.model().entries.iter().map(|e| e.nodes.len()).sum()
 }

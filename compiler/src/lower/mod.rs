@@ -56,11 +56,13 @@ pub struct Lowering {
     /// Run the standard library's attention and cache writes as kernels
     /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
+    /// Inline values read once into their consumer (`ir::fuse`).
+    pub fuse: bool,
 }
 
 impl Default for Lowering {
     fn default() -> Lowering {
-        Lowering { library_kernels: true }
+        Lowering { library_kernels: true, fuse: true }
     }
 }
 
@@ -90,7 +92,10 @@ pub fn lower(program: &Program, model_name: &str, lowering: Lowering) -> std::re
         let entry = lowerer.entry(&instance, fn_id).map_err(|d| vec![*d])?;
         lowerer.model.entries.push(entry);
     }
-    let model = lowerer.model;
+    let mut model = lowerer.model;
+    if lowering.fuse {
+        ir::fuse::fuse(&mut model);
+    }
     if let Err(problem) = ir::verify(&model) {
         panic!("{problem}");
     }

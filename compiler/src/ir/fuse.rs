@@ -1,0 +1,231 @@
+//! Fusion: a `Compute` value read by exactly one load, in one `Compute`
+//! consumer, is inlined into that consumer and no longer stored. Chains of
+//! elementwise steps (a gate, a residual add, the rounding between them)
+//! become one pass over memory, and the memory plan loses their buffers.
+//!
+//! A value is inlined only where that computes each of its elements at
+//! most once per element it used to be computed for, and changes no
+//! result:
+//! - the load's positions are distinct indices covering every index in
+//!   scope (the consumer's axes and the reductions around the load), each
+//!   running over exactly the producer's extent on that axis: so the load
+//!   is never out of range, and no element is recomputed;
+//! - the load is not in a branch of a lazy select (which would skip the
+//!   producer's own range checks);
+//! - the producer is not hoisted (computed once per loaded model).
+//!
+//! The inlined expression is cast to the producer's dtype where its own
+//! differs, which is exactly the rounding storing it did.
+
+use super::{Entry, Model, NodeKind, Scalar, Value};
+use crate::sema::dim::Dim;
+use std::collections::HashMap;
+
+/// Fuses every entry of `model`.
+pub fn fuse(model: &mut Model) {
+    for entry in &mut model.entries {
+        fuse_entry(entry);
+    }
+}
+
+/// Loads per value: textual loads in `Compute` nodes count one each; any
+/// other read (an intrinsic, a state write, an output) makes a value
+/// unfusable, counted as two.
+fn load_counts(entry: &Entry) -> Vec<u32> {
+    let mut counts = vec![0u32; entry.nodes.len()];
+    for node in &entry.nodes {
+        match &node.kind {
+            NodeKind::Compute(scalar) => {
+                let mut loads = Vec::new();
+                scalar.loads(&mut loads);
+                loads.iter().for_each(|v| counts[v.index()] += 1);
+            }
+            kind => super::plan::reads(kind).iter().for_each(|v| counts[v.index()] += 2),
+        }
+    }
+    entry.outputs.iter().for_each(|v| counts[v.index()] += 2);
+    counts
+}
+
+fn fuse_entry(entry: &mut Entry) {
+    let counts = load_counts(entry);
+    let hoisted = crate::interp::hoistable(entry);
+    // The consumer of each value loaded once.
+    let mut consumer: HashMap<Value, usize> = HashMap::new();
+    for (at, node) in entry.nodes.iter().enumerate() {
+        if let NodeKind::Compute(scalar) = &node.kind {
+            let mut loads = Vec::new();
+            scalar.loads(&mut loads);
+            for value in loads.into_iter().filter(|v| counts[v.index()] == 1) {
+                consumer.insert(value, at);
+            }
+        }
+    }
+    let mut fused = vec![false; entry.nodes.len()];
+    for producer in 0..entry.nodes.len() {
+        let value = Value(producer as u32);
+        let Some(&at) = consumer.get(&value) else { continue };
+        let NodeKind::Compute(body) = &entry.nodes[producer].kind else { continue };
+        if hoisted[producer] {
+            continue;
+        }
+        let (body, dtype, shape) = (body.clone(), entry.nodes[producer].dtype, entry.nodes[producer].shape.clone());
+        let consumer_shape = entry.nodes[at].shape.clone();
+        let NodeKind::Compute(target) = &mut entry.nodes[at].kind else { continue };
+        let scope: Vec<(u32, Dim)> = consumer_shape.iter().enumerate().map(|(k, d)| (k as u32, d.clone())).collect();
+        let mut inliner = Inliner { value, body: &body, dtype, shape: &shape, next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
+        inliner.visit(target, &scope, false);
+        fused[producer] = inliner.done;
+    }
+    remove(entry, &fused);
+}
+
+struct Inliner<'a> {
+    value: Value,
+    body: &'a Scalar,
+    dtype: crate::sema::ty::Dtype,
+    shape: &'a [Dim],
+    /// The first index number unused in the consumer.
+    next_index: u32,
+    done: bool,
+}
+
+impl Inliner<'_> {
+    /// Looks for the load in `scalar`, with the indices in `scope`
+    /// (number, extent); `lazy` inside a select's branch.
+    fn visit(&mut self, scalar: &mut Scalar, scope: &[(u32, Dim)], lazy: bool) {
+        match scalar {
+            Scalar::Load(value, positions, _) if *value == self.value => {
+                if let Some(mapping) = self.mapping(positions, scope).filter(|_| !lazy) {
+                    let mut inlined = self.body.clone();
+                    renumber(&mut inlined, &mapping, &mut self.next_index, &mut HashMap::new());
+                    if inlined.dtype() != self.dtype {
+                        inlined = Scalar::Cast(Box::new(inlined), self.dtype);
+                    }
+                    *scalar = inlined;
+                    self.done = true;
+                }
+            }
+            Scalar::Load(_, positions, _) => positions.iter_mut().for_each(|p| self.visit(p, scope, lazy)),
+            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => self.visit(a, scope, lazy),
+            Scalar::Binary(_, a, b, _) => {
+                self.visit(a, scope, lazy);
+                self.visit(b, scope, lazy);
+            }
+            Scalar::Select(c, a, b, _) => {
+                self.visit(c, scope, lazy);
+                self.visit(a, scope, true);
+                self.visit(b, scope, true);
+            }
+            Scalar::Reduce { index, extent, body, .. } => {
+                let mut inner = scope.to_vec();
+                inner.push((*index, extent.clone()));
+                self.visit(body, &inner, lazy);
+            }
+            Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        }
+    }
+
+    /// The consumer's index for each of the producer's axes, when the
+    /// positions are distinct indices that cover the scope and match the
+    /// producer's extents.
+    fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)]) -> Option<Vec<u32>> {
+        let mut mapping = Vec::with_capacity(positions.len());
+        for (position, extent) in positions.iter().zip(self.shape) {
+            let Scalar::Index(index, _) = position else { return None };
+            let (_, range) = scope.iter().find(|(number, _)| number == index)?;
+            if range != extent || mapping.contains(index) {
+                return None;
+            }
+            mapping.push(*index);
+        }
+        (mapping.len() == scope.len()).then_some(mapping)
+    }
+}
+
+fn max_index(scalar: &Scalar) -> u32 {
+    match scalar {
+        Scalar::Index(index, _) => *index,
+        Scalar::Load(_, positions, _) => positions.iter().map(max_index).max().unwrap_or(0),
+        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => max_index(a),
+        Scalar::Binary(_, a, b, _) => max_index(a).max(max_index(b)),
+        Scalar::Select(c, a, b, _) => max_index(c).max(max_index(a)).max(max_index(b)),
+        Scalar::Reduce { index, body, .. } => (*index).max(max_index(body)),
+        Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => 0,
+    }
+}
+
+/// The producer's axes become the consumer's indices in `axes`; its
+/// reductions get fresh numbers.
+fn renumber(scalar: &mut Scalar, axes: &[u32], next: &mut u32, reductions: &mut HashMap<u32, u32>) {
+    match scalar {
+        Scalar::Index(index, _) => *index = reductions.get(index).copied().unwrap_or_else(|| axes[*index as usize]),
+        Scalar::Load(_, positions, _) => positions.iter_mut().for_each(|p| renumber(p, axes, next, reductions)),
+        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => renumber(a, axes, next, reductions),
+        Scalar::Binary(_, a, b, _) => {
+            renumber(a, axes, next, reductions);
+            renumber(b, axes, next, reductions);
+        }
+        Scalar::Select(c, a, b, _) => {
+            renumber(c, axes, next, reductions);
+            renumber(a, axes, next, reductions);
+            renumber(b, axes, next, reductions);
+        }
+        Scalar::Reduce { index, body, .. } => {
+            reductions.insert(*index, *next);
+            *index = *next;
+            *next += 1;
+            renumber(body, axes, next, reductions);
+        }
+        Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+    }
+}
+
+/// Drops the fused nodes and renumbers the values after them.
+fn remove(entry: &mut Entry, fused: &[bool]) {
+    let mut renamed = Vec::with_capacity(fused.len());
+    let mut next = 0u32;
+    for gone in fused {
+        renamed.push(Value(next));
+        if !gone {
+            next += 1;
+        }
+    }
+    let rename = |value: &mut Value| *value = renamed[value.index()];
+    let nodes = std::mem::take(&mut entry.nodes);
+    for (node, gone) in nodes.into_iter().zip(fused) {
+        if *gone {
+            continue;
+        }
+        let mut node = node;
+        match &mut node.kind {
+            NodeKind::Compute(scalar) => rename_loads(scalar, &rename),
+            NodeKind::Intrinsic(_, args) => args.iter_mut().for_each(rename),
+            NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => rename(value),
+            NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_) => {}
+        }
+        entry.nodes.push(node);
+    }
+    entry.outputs.iter_mut().for_each(rename);
+}
+
+fn rename_loads(scalar: &mut Scalar, rename: &dyn Fn(&mut Value)) {
+    match scalar {
+        Scalar::Load(value, positions, _) => {
+            rename(value);
+            positions.iter_mut().for_each(|p| rename_loads(p, rename));
+        }
+        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => rename_loads(a, rename),
+        Scalar::Binary(_, a, b, _) => {
+            rename_loads(a, rename);
+            rename_loads(b, rename);
+        }
+        Scalar::Select(c, a, b, _) => {
+            rename_loads(c, rename);
+            rename_loads(a, rename);
+            rename_loads(b, rename);
+        }
+        Scalar::Reduce { body, .. } => rename_loads(body, rename),
+        Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+    }
+}
