@@ -8,6 +8,7 @@
 //! definitions go into a JIT or an object file (`native`).
 
 use super::helpers::{Helper, Shape};
+use crate::ir::contraction::{self, Contraction};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -293,7 +294,10 @@ impl Lowerer<'_, '_> {
         self.float_result(value, dtype)
     }
 
-    fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
+    /// The address of the element of `value` at `positions` (a prefix of
+    /// its axes: then of the first element of that row), after checking
+    /// every position.
+    fn address(&mut self, value: Value, positions: &[Scalar]) -> ClValue {
         let argument = self.loads.iter().position(|(v, ..)| *v == value).expect("loads are listed first");
         let (shape, dtype) = (self.loads[argument].1.clone(), self.loads[argument].2);
         let load_number = self.load_count;
@@ -319,14 +323,18 @@ impl Lowerer<'_, '_> {
             let scaled = self.builder.ins().imul(offset, size);
             offset = self.builder.ins().iadd(scaled, at);
         }
+        for size in &shape[positions.len()..] {
+            let size = self.dim(size);
+            offset = self.builder.ins().imul(offset, size);
+        }
         let base = self.builder.ins().load(types::I64, self.flags, self.inputs, (argument * 8) as i32);
-        let width = match dtype {
-            Dtype::Bool => 1,
-            Dtype::I32 | Dtype::I64 => 8,
-            _ => 4,
-        };
-        let bytes = self.builder.ins().imul_imm_s(offset, width);
-        let address = self.builder.ins().iadd(base, bytes);
+        let bytes = self.builder.ins().imul_imm_s(offset, element_bytes(dtype));
+        self.builder.ins().iadd(base, bytes)
+    }
+
+    fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
+        let address = self.address(value, positions);
+        let dtype = self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").2;
         match dtype {
             Dtype::Bool => Reg::B(self.builder.ins().load(types::I8, self.flags, address, 0)),
             Dtype::I32 | Dtype::I64 => Reg::I(self.builder.ins().load(types::I64, self.flags, address, 0)),
@@ -335,6 +343,34 @@ impl Lowerer<'_, '_> {
                 Reg::F(self.builder.ins().fpromote(types::F64, narrow))
             }
         }
+    }
+
+    /// A contraction (`ir::contraction`): the loop nest over the output's
+    /// rows addresses each row's operands and calls the matrix–vector
+    /// kernel for the row.
+    fn contraction(&mut self, contraction: &Contraction, axes: &[Variable], shape: &[ClValue], out: ClValue) {
+        let row = self.builder.declare_var(types::I64);
+        let zero = self.builder.ins().iconst(types::I64, 0);
+        self.builder.def_var(row, zero);
+        let columns = shape[shape.len() - 1];
+        let depth = self.dim(contraction.depth);
+        fn rows(this: &mut Lowerer, contraction: &Contraction, axes: &[Variable], shape: &[ClValue], row: Variable, out: ClValue, columns: ClValue, depth: ClValue) {
+            match axes.split_first() {
+                Some((axis, rest)) => this.counted(*axis, shape[0], &mut |this| rows(this, contraction, rest, &shape[1..], row, out, columns, depth)),
+                None => {
+                    let input = this.address(contraction.input.value, contraction.input.rows);
+                    let weight = this.address(contraction.weight.value, contraction.weight.rows);
+                    let at = this.builder.use_var(row);
+                    let first = this.builder.ins().imul(at, columns);
+                    let bytes = this.builder.ins().imul_imm_s(first, 4);
+                    let target = this.builder.ins().iadd(out, bytes);
+                    this.call(Helper::MatVec, &[input, weight, target, columns, depth]);
+                    let next = this.builder.ins().iadd_imm_s(at, 1);
+                    this.builder.def_var(row, next);
+                }
+            }
+        }
+        rows(self, contraction, &axes[..axes.len() - 1], &shape[..shape.len() - 1], row, out, columns, depth);
     }
 
     /// A counted loop over `0..extent` of `index`, with `body` inside.
@@ -415,6 +451,16 @@ impl Lowerer<'_, '_> {
     }
 }
 
+/// Bytes per element as tensors hold them: floats as f32, integers as
+/// i64, bools as one byte.
+fn element_bytes(dtype: Dtype) -> i64 {
+    match dtype {
+        Dtype::Bool => 1,
+        Dtype::I32 | Dtype::I64 => 8,
+        _ => 4,
+    }
+}
+
 /// Every dim, not a constant, that a node's function reads: its shape, its
 /// loads' shapes, reduction extents and dims used as values.
 fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
@@ -463,6 +509,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
         Shape::Float1 => (types::F64, 1),
         Shape::Float2 => (types::F64, 2),
         Shape::Int2 => (types::I64, 2),
+        Shape::MatVec => (types::I64, 5),
     };
     signature.params.extend(std::iter::repeat_n(AbiParam::new(kind), arity));
     signature.returns.push(AbiParam::new(kind));
@@ -504,7 +551,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             let flags = MemFlagsData::trusted();
             let dims: HashMap<Dim, ClValue> =
                 table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
-            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2]
+            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatVec]
                 .into_iter()
                 .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
                 .collect();
@@ -546,7 +593,10 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
                     }
                 }
             }
-            nest(&mut lowerer, &axes, &shape, flat, out, scalar, node.dtype);
+            match contraction::of(entry, at) {
+                Some(contraction) => lowerer.contraction(&contraction, &axes, &shape, out),
+                None => nest(&mut lowerer, &axes, &shape, flat, out, scalar, node.dtype),
+            }
             let done = lowerer.builder.ins().iconst(types::I32, 0);
             lowerer.builder.ins().return_(&[done]);
             lowerer.builder.switch_to_block(error_block);

@@ -1,6 +1,7 @@
-//! The functions generated code calls for what hardware would not do as
+//! The functions generated code calls: for what hardware would not do as
 //! the interpreter does (bf16/f16 rounding, `exp`, NaN-aware `max`,
-//! Euclidean division). They reach a kernel as a table of pointers, its
+//! Euclidean division), and the hand-tuned matrix–vector kernel that
+//! contractions run on (`matvec`). They reach a kernel as a table of pointers, its
 //! fourth argument, so compiled code has no symbols to resolve: the same
 //! bytes run from the JIT and from an artifact's object file.
 
@@ -23,6 +24,7 @@ pub enum Helper {
     Rem,
     DivEuclid,
     RemEuclid,
+    MatVec,
 }
 
 /// The argument and result kinds of a helper.
@@ -34,6 +36,8 @@ pub enum Shape {
     Float2,
     /// `fn(i64, i64) -> i64`
     Int2,
+    /// `fn(input, weight, out, columns, depth) -> i64`: pointers and counts.
+    MatVec,
 }
 
 impl Helper {
@@ -46,6 +50,7 @@ impl Helper {
             Helper::Exp | Helper::Ln | Helper::Cos | Helper::Sin | Helper::Tanh | Helper::RoundBf16 | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
+            Helper::MatVec => Shape::MatVec,
         }
     }
 }
@@ -87,8 +92,21 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
     tensor::rem_euclid(x, y)
 }
 
+extern "C" fn matvec(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64) -> i64 {
+    let (columns, depth) = (columns as usize, depth as usize);
+    // SAFETY: generated code passes a checked row of `depth` inputs, a
+    // `columns × depth` weight matrix and a row of `columns` outputs.
+    unsafe {
+        let input = std::slice::from_raw_parts(input, depth);
+        let weight = std::slice::from_raw_parts(weight, columns * depth);
+        let out = std::slice::from_raw_parts_mut(out, columns);
+        super::matvec::matvec(input, weight, out);
+    }
+    0
+}
+
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 12] {
+pub fn table() -> [*const u8; 13] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -102,5 +120,6 @@ pub fn table() -> [*const u8; 12] {
         rem as *const u8,
         div_euclid as *const u8,
         rem_euclid as *const u8,
+        matvec as *const u8,
     ]
 }

@@ -12,7 +12,8 @@
 //!   is never out of range, and no element is recomputed;
 //! - the load is not in a branch of a lazy select (which would skip the
 //!   producer's own range checks);
-//! - the producer is not hoisted (computed once per loaded model).
+//! - the producer is not hoisted (computed once per loaded model), nor a
+//!   contraction (which runs on its own kernel, `ir::contraction`).
 //!
 //! The inlined expression is cast to the producer's dtype where its own
 //! differs, which is exactly the rounding storing it did.
@@ -66,7 +67,7 @@ fn fuse_entry(entry: &mut Entry) {
         let value = Value(producer as u32);
         let Some(&at) = consumer.get(&value) else { continue };
         let NodeKind::Compute(body) = &entry.nodes[producer].kind else { continue };
-        if hoisted[producer] {
+        if hoisted[producer] || super::contraction::of(entry, producer).is_some() {
             continue;
         }
         let (body, dtype, shape) = (body.clone(), entry.nodes[producer].dtype, entry.nodes[producer].shape.clone());

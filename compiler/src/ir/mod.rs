@@ -10,6 +10,7 @@
 //! concatenations all lower to it; what cannot (the gated delta rule's
 //! recurrence) is an [`Intrinsic`]. Backends lower from this one form.
 
+pub mod contraction;
 pub mod fuse;
 pub mod plan;
 mod text;
