@@ -74,8 +74,9 @@ fn loaded<'e>(entry: &Entry, operand: &'e Scalar, index: u32, extent: &Dim) -> O
     let Scalar::Load(value, positions, _) = operand else { return None };
     let source = &entry.nodes[value.index()];
     let float = matches!(source.dtype, Dtype::F32 | Dtype::Bf16 | Dtype::F16);
-    let contiguous = matches!(positions.last(), Some(Scalar::Index(k, _)) if *k == index) && source.shape.last() == Some(extent);
-    (float && contiguous).then_some((*value, &positions[..positions.len() - 1]))
+    let (last, rows) = positions.split_last()?;
+    let contiguous = matches!(last, Scalar::Index(k, _) if *k == index) && source.shape.last() == Some(extent);
+    (float && contiguous).then_some((*value, rows))
 }
 
 /// Whether index `axis` occurs in `scalar`.

@@ -387,7 +387,22 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 BinaryOp::Sub => a - b,
                 BinaryOp::Mul => a * b,
                 BinaryOp::Div => a / b,
-                _ => return Err(unsupported(span, "this operation of two literals")),
+                BinaryOp::Max => a.max(*b),
+                BinaryOp::Min => a.min(*b),
+                BinaryOp::Rem if *fa || *fb => a % b,
+                BinaryOp::Rem => crate::interp::tensor::rem_euclid(*a as i64, *b as i64) as f64,
+                BinaryOp::Cmp(cmp) => {
+                    let holds = match cmp {
+                        CmpOp::Eq => a == b,
+                        CmpOp::Ne => a != b,
+                        CmpOp::Lt => a < b,
+                        CmpOp::Le => a <= b,
+                        CmpOp::Gt => a > b,
+                        CmpOp::Ge => a >= b,
+                    };
+                    return Ok(Val::Tensor(self.builder.compute(Vec::new(), Scalar::Bool(holds))));
+                }
+                BinaryOp::And | BinaryOp::Or => return Err(unsupported(span, "a logical operation of two numbers")),
             };
             return Ok(Val::Literal(value, *fa || *fb));
         }
@@ -890,12 +905,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                         let b = elems.pop().expect("three arguments");
                         let a = elems.pop().expect("three arguments");
                         let c = elems.pop().expect("three arguments");
-                        let dtype = self.elem_dtype(&a).or(self.elem_dtype(&b));
-                        let c = self.scalar(c, expr.span, Some(Dtype::Bool))?;
-                        let a = self.scalar(a, expr.span, dtype)?;
-                        let b = self.scalar(b, expr.span, dtype)?;
-                        let dtype = a.dtype();
-                        Ok(Elem::Scalar(Scalar::Select(Box::new(c), Box::new(a), Box::new(b), dtype)))
+                        self.elem_select(c, a, b, expr.span)
                     }
                     "max" | "min" => {
                         let b = elems.pop().expect("two arguments");
@@ -912,8 +922,23 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     }
                 }
             }
+            ExprKind::If { cond, then, otherwise } => {
+                let (c, a, b) = (self.elem(cond)?, self.elem(then)?, self.elem(otherwise)?);
+                self.elem_select(c, a, b, expr.span)
+            }
             _ => Ok(Elem::Val(self.expr(expr)?)),
         }
+    }
+
+    /// `select(c, a, b)` or `if c { a } else { b }` on elements: only the
+    /// chosen side is evaluated.
+    fn elem_select(&mut self, c: Elem, a: Elem, b: Elem, span: Span) -> Result<Elem> {
+        let dtype = self.elem_dtype(&a).or(self.elem_dtype(&b));
+        let c = self.scalar(c, span, Some(Dtype::Bool))?;
+        let a = self.scalar(a, span, dtype)?;
+        let b = self.scalar(b, span, dtype)?;
+        let dtype = a.dtype();
+        Ok(Elem::Scalar(Scalar::Select(Box::new(c), Box::new(a), Box::new(b), dtype)))
     }
 
     /// Whether a call inside an index definition works element by element

@@ -389,8 +389,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ExprKind::If { cond, then, otherwise } => {
                 let cond_ty = self.check_expr(cond);
                 self.expect_bool_scalar(&cond_ty, cond.span, "an `if` condition");
-                let then_ty = self.check_expr(then);
-                let otherwise_ty = self.check_expr(otherwise);
+                let (then_ty, otherwise_ty) = adapt_literals(self.check_expr(then), self.check_expr(otherwise));
                 match compare(&then_ty, &otherwise_ty, &self.facts) {
                     Ok(()) => then_ty,
                     Err(mismatch) => self.error(
@@ -1084,5 +1083,20 @@ fn infer(param: &Ty, arg: &Ty, own: &[super::dim::Symbol], subst: &mut Subst) {
         }
         (Ty::Option(Some(p)), Ty::Option(Some(a))) => infer(p, a, own, subst),
         _ => {}
+    }
+}
+
+/// Two types that must agree, a literal element adapting to the other's
+/// (`if c { 0.5 } else { x[i] }` is `f32` when `x` is).
+fn adapt_literals(a: Ty, b: Ty) -> (Ty, Ty) {
+    match (a, b) {
+        (Ty::Tensor(mut a), Ty::Tensor(mut b)) if a.elem.is_literal() || b.elem.is_literal() => {
+            if let Some(elem) = a.elem.unify(&b.elem) {
+                a.elem = elem.clone();
+                b.elem = elem;
+            }
+            (Ty::Tensor(a), Ty::Tensor(b))
+        }
+        other => other,
     }
 }
