@@ -32,31 +32,38 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
     let (qf, kf, vf) = (floats(q), floats(k), floats(v));
     let group = heads / kv_heads;
     let mut out = vec![0f32; batch * heads * queries * width];
-    let mut weights = vec![0f64; keys];
+    let mut weights = Vec::with_capacity(keys);
+    let mut admitted = Vec::with_capacity(keys);
     for b in 0..batch {
-        for h in 0..heads {
-            let kv = h / group;
-            for i in 0..queries {
-                let admitted = |j: usize| if rows_mask { mask[b * keys + j] } else { mask[i * keys + j] };
-                let any = (0..keys).any(admitted);
+        for i in 0..queries {
+            // One pass over the mask row; the heads then visit only the
+            // admitted keys. When none is, every key holds -1e30 and the
+            // softmax is uniform over all of them, as the body computes.
+            let row = if rows_mask { &mask[b * keys..(b + 1) * keys] } else { &mask[i * keys..(i + 1) * keys] };
+            admitted.clear();
+            admitted.extend((0..keys).filter(|&j| row[j]));
+            let any = !admitted.is_empty();
+            if !any {
+                admitted.extend(0..keys);
+            }
+            for h in 0..heads {
+                let kv = h / group;
                 let q_at = ((b * heads + h) * queries + i) * width;
-                // Masked keys hold -1e30; when one key is admitted they
-                // weigh exactly zero and are skipped.
                 let masked = -1e30f32 as f64;
-                let mut top = f64::NEG_INFINITY;
-                for (j, weight) in weights.iter_mut().enumerate() {
-                    *weight = if admitted(j) {
+                weights.clear();
+                weights.extend(admitted.iter().map(|&j| {
+                    if any {
                         let k_at = ((b * kv_heads + kv) * keys + j) * width;
                         let score: f64 = (0..width).map(|d| f32r(qf[q_at + d] as f64 * kf[k_at + d] as f64)).sum();
                         f32r(f32r(score) * scale)
                     } else {
                         masked
-                    };
-                    top = top.max(*weight);
-                }
+                    }
+                }));
+                let top = weights.iter().fold(f64::NEG_INFINITY, |top, w| top.max(*w));
                 let mut total = 0.0;
-                for (j, weight) in weights.iter_mut().enumerate() {
-                    *weight = if any && !admitted(j) { 0.0 } else { f32r(f32r(*weight - top).exp()) };
+                for weight in weights.iter_mut() {
+                    *weight = f32r(f32r(*weight - top).exp());
                     total += *weight;
                 }
                 let total = f32r(total);
@@ -65,10 +72,7 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                 }
                 for d in 0..width {
                     let mut sum = 0.0;
-                    for (j, weight) in weights.iter().enumerate() {
-                        if any && !admitted(j) {
-                            continue;
-                        }
+                    for (weight, &j) in weights.iter().zip(&admitted) {
                         let v_at = ((b * kv_heads + kv) * keys + j) * width + d;
                         sum += f32r(weight * vf[v_at] as f64);
                     }
