@@ -83,6 +83,21 @@ fn the_examples_check_clean() {
 }
 
 #[test]
+fn build_writes_an_artifact_and_reports_its_memory_plan() {
+    let out = std::env::temp_dir().join(format!("linnetc-build-{}", std::process::id()));
+    let output = linnetc(&["build", "examples/tiny-qwen", "-o", out.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stderr);
+    assert!(report.contains("built `tiny-qwen` into") && report.contains("kernels") && report.contains("weights: ") && report.contains("scratch: decode at"), "{report}");
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("artifact.json")).unwrap()).unwrap();
+    let entries: Vec<&str> = manifest["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(entries, ["forward", "next_token", "decode", "prefill", "decode_rows", "prefill_slots"]);
+    assert_eq!(manifest["params"][0]["tensor"], "model.language_model.embed_tokens.weight");
+    assert!(std::fs::metadata(out.join("kernels.o")).unwrap().len() > 1000 && out.join("model.ir.json").is_file());
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
 fn build_prints_the_ir_and_the_memory_plan() {
     let output = linnetc(&["build", "models/qwen3.6-35b-a3b", "--emit", "ir", "--set", "Groups=1"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

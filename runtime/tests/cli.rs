@@ -14,7 +14,12 @@ fn linnet(args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
     command.args(&args[..1]).arg(root().join("models/qwen3.6-35b-a3b"));
     command.arg("--nest").arg(nest).arg("--weights").arg(weights).args(&args[1..]);
-    command.env("LINNET_STDLIB", root().join("stdlib")).output().expect("linnet runs")
+    command.env("LINNET_STDLIB", root().join("stdlib")).env("LINNET_CACHE_DIR", cache()).output().expect("linnet runs")
+}
+
+/// The tests' own artifact cache.
+fn cache() -> PathBuf {
+    std::env::temp_dir().join("linnet-test-cache")
 }
 
 #[test]
@@ -63,7 +68,13 @@ fn run_writes_npy_and_reports_bad_arguments() {
 }
 
 fn linnet_plain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_linnet")).args(args).current_dir(root()).env("LINNET_STDLIB", root().join("stdlib")).output().expect("linnet runs")
+    Command::new(env!("CARGO_BIN_EXE_linnet"))
+        .args(args)
+        .current_dir(root())
+        .env("LINNET_STDLIB", root().join("stdlib"))
+        .env("LINNET_CACHE_DIR", cache())
+        .output()
+        .expect("linnet runs")
 }
 
 /// The newcomer's path through the example: random weights, text
@@ -92,4 +103,23 @@ fn the_example_from_random_weights_to_text() {
     let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "4", "-r", "2"]);
     let report = String::from_utf8(output.stdout).unwrap();
     assert!(report.contains("| pp8 |") && report.contains("| tg4 |") && report.contains("GB/s"), "{report}");
+}
+
+/// A built artifact runs from the CLI as its package does.
+#[test]
+fn generate_runs_a_built_artifact() {
+    let out = std::env::temp_dir().join(format!("linnet-cli-artifact-{}", std::process::id()));
+    let options = linnet_compiler::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
+    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-qwen"), &options);
+    let key = linnet_compiler::artifact::content_key(&checked.sources).unwrap();
+    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    linnet_compiler::artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    let args = ["--random-weights", "1", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--print-ids"];
+    let from_artifact = linnet_plain(&[&["generate", out.to_str().unwrap()], &args[..]].concat());
+    let from_package = linnet_plain(&[&["generate", "examples/tiny-qwen"], &args[..]].concat());
+    assert!(from_artifact.status.success(), "{}", String::from_utf8_lossy(&from_artifact.stderr));
+    assert_eq!(from_artifact.stdout, from_package.stdout);
+    let refused = linnet_plain(&[&["generate", out.to_str().unwrap(), "--set", "Layers=1"], &args[..]].concat());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is a built artifact"), "{}", String::from_utf8_lossy(&refused.stderr));
+    std::fs::remove_dir_all(&out).unwrap();
 }
