@@ -253,7 +253,7 @@ impl Artifact {
     /// The native code of every entry, loaded from `kernels.o`.
     pub fn kernels(&self, dir: &Path) -> Result<HashMap<String, Compiled>, String> {
         let object = std::fs::read(dir.join(KERNELS)).map_err(|e| format!("cannot read {}: {e}", dir.join(KERNELS).display()))?;
-        let records: HashMap<String, Vec<KernelRecord>> = self.manifest.kernels.clone().into_iter().collect();
+        let records: native::EntryKernels = self.manifest.kernels.clone().into_iter().collect();
         native::load_object(&object, &self.model, &records)
     }
 

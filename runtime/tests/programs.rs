@@ -65,7 +65,7 @@ impl Program {
         let name = format!("t{}", self.values.len());
         let (a, b) = (self.any(), self.any());
         let line = match self.pick(11) {
-            0 | 1 | 2 => format!("let {name}[n, h] = {a}[n, h] * {}", self.element(3)),
+            0..=2 => format!("let {name}[n, h] = {a}[n, h] * {}", self.element(3)),
             3 => format!("let {name}[n, h] = sum<f32>[k] {a}[n, k] * cast<f32>(w[h, k])"),
             4 => {
                 let reduction = ["sum", "max", "min"][self.pick(3)];
@@ -118,7 +118,7 @@ fn package(seed: u64, source: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::write(dir.join("linnet.toml"), "[package]\nname = \"fuzz\"\nversion = \"0.1.0\"\nlanguage = \"0.1\"\n").unwrap();
-    let dtype = if seed % 2 == 0 { "f32" } else { "bf16" };
+    let dtype = if seed.is_multiple_of(2) { "f32" } else { "bf16" };
     let nest = format!("[model]\nname = \"fuzz\"\n\n[source]\npath = \"src/lib.linnet\"\nroot = \"Prog\"\nentry = \"run\"\n\n[generics]\nH = 8\nT = \"{dtype}\"\n");
     std::fs::write(dir.join("nest.toml"), nest).unwrap();
     std::fs::write(dir.join("src/lib.linnet"), source).unwrap();

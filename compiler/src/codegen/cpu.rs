@@ -41,6 +41,16 @@ enum Reg {
 
 type ClValue = cranelift_codegen::ir::Value;
 
+/// What each row of a contraction passes to the kernel: the output row
+/// counter and buffer, and the row's length and depth.
+struct RowCall<'c> {
+    contraction: &'c Contraction<'c>,
+    row: Variable,
+    out: ClValue,
+    columns: ClValue,
+    depth: ClValue,
+}
+
 struct Lowerer<'b, 'f> {
     builder: &'b mut FunctionBuilder<'f>,
     /// The helper table (the kernel's fourth argument) and the signatures
@@ -354,23 +364,26 @@ impl Lowerer<'_, '_> {
         self.builder.def_var(row, zero);
         let columns = shape[shape.len() - 1];
         let depth = self.dim(contraction.depth);
-        fn rows(this: &mut Lowerer, contraction: &Contraction, axes: &[Variable], shape: &[ClValue], row: Variable, out: ClValue, columns: ClValue, depth: ClValue) {
-            match axes.split_first() {
-                Some((axis, rest)) => this.counted(*axis, shape[0], &mut |this| rows(this, contraction, rest, &shape[1..], row, out, columns, depth)),
-                None => {
-                    let input = this.address(contraction.input.value, contraction.input.rows);
-                    let weight = this.address(contraction.weight.value, contraction.weight.rows);
-                    let at = this.builder.use_var(row);
-                    let first = this.builder.ins().imul(at, columns);
-                    let bytes = this.builder.ins().imul_imm_s(first, 4);
-                    let target = this.builder.ins().iadd(out, bytes);
-                    this.call(Helper::MatVec, &[input, weight, target, columns, depth]);
-                    let next = this.builder.ins().iadd_imm_s(at, 1);
-                    this.builder.def_var(row, next);
-                }
+        let call = RowCall { contraction, row, out, columns, depth };
+        self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
+    }
+
+    /// The loops over the output's rows (`axes`), then one kernel call.
+    fn rows(&mut self, call: &RowCall, axes: &[Variable], shape: &[ClValue]) {
+        match axes.split_first() {
+            Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.rows(call, rest, &shape[1..])),
+            None => {
+                let input = self.address(call.contraction.input.value, call.contraction.input.rows);
+                let weight = self.address(call.contraction.weight.value, call.contraction.weight.rows);
+                let at = self.builder.use_var(call.row);
+                let first = self.builder.ins().imul(at, call.columns);
+                let bytes = self.builder.ins().imul_imm_s(first, 4);
+                let target = self.builder.ins().iadd(call.out, bytes);
+                self.call(Helper::MatVec, &[input, weight, target, call.columns, call.depth]);
+                let next = self.builder.ins().iadd_imm_s(at, 1);
+                self.builder.def_var(call.row, next);
             }
         }
-        rows(self, contraction, &axes[..axes.len() - 1], &shape[..shape.len() - 1], row, out, columns, depth);
     }
 
     /// A counted loop over `0..extent` of `index`, with `body` inside.

@@ -44,6 +44,9 @@ impl From<&KernelDef> for KernelRecord {
     }
 }
 
+/// Per entry, its kernels' records.
+pub type EntryKernels = HashMap<String, Vec<KernelRecord>>;
+
 pub struct NativeKernel {
     pub function: Kernel,
     pub loads: Vec<Value>,
@@ -94,7 +97,7 @@ pub fn jit(entry: &Entry, skip: &[bool]) -> Result<Compiled, String> {
 
 /// An object file with the kernels of every entry, and per entry the
 /// records that say how to call them.
-pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<(Vec<u8>, HashMap<String, Vec<KernelRecord>>), String> {
+pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<(Vec<u8>, EntryKernels), String> {
     let builder = ObjectBuilder::new(host_isa(true)?, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| e.to_string())?;
     let mut module = ObjectModule::new(builder);
     let mut records = HashMap::new();
@@ -108,7 +111,7 @@ pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<
 
 /// Loads an object file written by [`emit_object`]: its text copied into
 /// executable memory, each entry's kernels found by symbol.
-pub fn load_object(bytes: &[u8], model: &Model, records: &HashMap<String, Vec<KernelRecord>>) -> Result<HashMap<String, Compiled>, String> {
+pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Result<HashMap<String, Compiled>, String> {
     let file = object::File::parse(bytes).map_err(|e| format!("the kernels are not an object file: {e}"))?;
     let text = file.section_by_name(".text").ok_or("the kernels' object file has no .text section")?;
     for section in file.sections() {

@@ -21,7 +21,7 @@ impl Floats {
     pub fn mapped(bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Floats> {
         let all = (*bytes).as_ref();
         let fits = offset.checked_add(len.checked_mul(4)?).is_some_and(|end| end <= all.len());
-        let aligned = (all.as_ptr() as usize + offset) % std::mem::align_of::<f32>() == 0;
+        let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
         (fits && aligned && cfg!(target_endian = "little")).then_some(Floats::Mapped { bytes, offset, len })
     }
 
