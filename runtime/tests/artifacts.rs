@@ -11,17 +11,9 @@ use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::Weights;
 use std::path::PathBuf;
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
 
-fn oracle() -> PathBuf {
-    root().join("tests/fixtures/oracle/tiny-qwen3.5-moe")
-}
-
-fn options() -> LoadOptions {
-    LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
-}
+use common::{oracle, oracle_options as options, root};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("linnet-artifacts-{name}-{}", std::process::id()));

@@ -4,7 +4,6 @@
 //! caches; and weights that are nowhere to be found.
 
 use linnet_compiler::interp::{Machine, Tensor};
-use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::weights;
 use safetensors::tensor::TensorView;
@@ -12,17 +11,9 @@ use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
 
-fn oracle() -> PathBuf {
-    root().join("tests/fixtures/oracle/tiny-qwen3.5-moe")
-}
-
-fn options() -> LoadOptions {
-    LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
-}
+use common::{oracle, oracle_options as options, root};
 
 fn load(weights: &Path) -> Result<Machine, String> {
     let weights = linnet_runtime::Weights::Checkpoint(Some(weights.to_path_buf()));
