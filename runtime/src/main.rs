@@ -234,6 +234,7 @@ fn summary(tensor: &Tensor) -> String {
     let shape: Vec<String> = tensor.shape.iter().map(ToString::to_string).collect();
     let values: Vec<f64> = match &tensor.data {
         Data::F32(v) => v.iter().map(|x| *x as f64).collect(),
+        Data::Bf16(v) => v.iter().map(|x| linnet_compiler::interp::tensor::bf16_value(*x) as f64).collect(),
         Data::I64(v) => v.iter().map(|x| *x as f64).collect(),
         Data::Bool(v) => v.iter().map(|x| f64::from(u8::from(*x))).collect(),
     };

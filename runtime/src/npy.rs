@@ -78,6 +78,7 @@ pub fn write(tensor: &Tensor) -> Vec<u8> {
     out.extend(header.as_bytes());
     match &tensor.data {
         Data::F32(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
+        Data::Bf16(bits) => bits.iter().for_each(|b| out.extend(linnet_compiler::interp::tensor::bf16_value(*b).to_le_bytes())),
         Data::I64(values) if tensor.dtype == Dtype::I32 => values.iter().for_each(|v| out.extend((*v as i32).to_le_bytes())),
         Data::I64(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
         Data::Bool(values) => values.iter().for_each(|v| out.push(u8::from(*v))),

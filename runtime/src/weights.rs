@@ -5,7 +5,7 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
-use linnet_compiler::interp::tensor::Floats;
+use linnet_compiler::interp::tensor::{Elements, Floats};
 use linnet_compiler::interp::{Data, Tensor};
 use linnet_compiler::ir::Model;
 use linnet_compiler::sema::ty::Dtype;
@@ -102,8 +102,9 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
 
 /// Every parameter of `model`, read from the checkpoint in `dir` through
 /// `bindings` (parameter path → tensor name). Tensors no binding names are
-/// ignored. An f32 tensor is used where it lies in the mapped file; bf16
-/// and f16 ones are widened to f32 (the element type every backend reads).
+/// ignored. f32 and bf16 tensors are used where they lie in the mapped
+/// file (bf16 parameters are held as bits); f16 ones are widened to f32,
+/// as is a tensor not aligned for its type.
 /// Errors list every problem found.
 pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_files: &[String]) -> Result<Vec<Tensor>, Vec<String>> {
     let files = tensor_files(dir, card_files).map_err(|e| vec![e])?;
@@ -161,23 +162,22 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
             problems.push(format!("parameter `{}`: tensor `{name}` in {} has {}", param.path, file_path.display(), wrong.join(" and ")));
             continue;
         }
+        let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
+        let bytes = || Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
         let in_place = match param.dtype {
-            Dtype::F32 => {
-                let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
-                let bytes: Rc<dyn AsRef<[u8]>> = Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
-                Floats::mapped(bytes, offset, view.data().len() / 4)
-            }
+            Dtype::F32 => Floats::mapped(bytes(), offset, view.data().len() / 4).map(Data::F32),
+            Dtype::Bf16 => Elements::mapped(bytes(), offset, view.data().len() / 2).map(Data::Bf16),
             _ => None,
         };
         params.push(match in_place {
-            Some(floats) => {
+            Some(data) => {
                 mapped += 1;
-                Tensor { dtype: param.dtype, shape, data: Data::F32(floats) }
+                Tensor { dtype: param.dtype, shape, data }
             }
             None => Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())),
         });
     }
     progress.finish_and_clear();
-    tracing::info!(mapped, widened = params.len() - mapped, "weights bound: f32 tensors in place, the others widened to f32");
+    tracing::info!(mapped, copied = params.len() - mapped, "weights bound: f32 and bf16 tensors in place where aligned, the others copied");
     if problems.is_empty() { Ok(params) } else { Err(problems) }
 }

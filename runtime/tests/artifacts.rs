@@ -1,8 +1,8 @@
 //! Artifacts: `linnetc build` output runs in the runtime with the same
 //! results as a model compiled in process; a package is built once into
 //! the content-keyed cache and reused while its sources are unchanged; an
-//! artifact for another host or ABI is refused, never run; f32 weights are
-//! used in place in the mapped checkpoint.
+//! artifact for another host or ABI is refused, never run; f32 and bf16
+//! weights are used in place in the mapped checkpoint.
 
 use linnet_compiler::artifact;
 use linnet_compiler::interp::{Backend, Data, Machine, Tensor};
@@ -93,9 +93,17 @@ fn packages_are_built_once_per_content() {
 }
 
 #[test]
-fn f32_weights_are_used_in_place() {
+fn weights_are_used_in_place() {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
     let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &oracle().join("weights-f32"), &[]).unwrap();
     let mapped = params.iter().filter(|p| matches!(&p.data, Data::F32(floats) if floats.is_mapped())).count();
     assert_eq!(mapped, params.len(), "every f32 tensor of an aligned checkpoint is mapped, not copied");
+
+    let calm = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe-calm");
+    let options = LoadOptions { nest: Some(calm.join("package/nest-bf16.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
+    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &calm.join("weights-bf16"), &[]).unwrap();
+    let bf16 = model.params.iter().filter(|p| p.dtype == Dtype::Bf16).count();
+    let bits = params.iter().filter(|p| matches!(&p.data, Data::Bf16(bits) if bits.is_mapped())).count();
+    assert!(bf16 > 0 && bits == bf16, "every bf16 parameter is held as bits in the mapped file: {bits} of {bf16}");
 }

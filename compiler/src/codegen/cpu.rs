@@ -62,7 +62,7 @@ struct Lowerer<'b, 'f> {
     inputs: ClValue,
     error: ClValue,
     /// Each loaded value's argument number, shape and element kind.
-    loads: Vec<(Value, Vec<Dim>, Dtype)>,
+    loads: Vec<(Value, Vec<Dim>, Stored)>,
     error_block: Block,
     /// Every dim that is not a constant, read from the dims table once at
     /// the top of the function.
@@ -309,7 +309,7 @@ impl Lowerer<'_, '_> {
     /// every position.
     fn address(&mut self, value: Value, positions: &[Scalar]) -> ClValue {
         let argument = self.loads.iter().position(|(v, ..)| *v == value).expect("loads are listed first");
-        let (shape, dtype) = (self.loads[argument].1.clone(), self.loads[argument].2);
+        let (shape, stored) = (self.loads[argument].1.clone(), self.loads[argument].2);
         let load_number = self.load_count;
         self.load_count += 1;
         let mut offset = self.builder.ins().iconst(types::I64, 0);
@@ -338,21 +338,30 @@ impl Lowerer<'_, '_> {
             offset = self.builder.ins().imul(offset, size);
         }
         let base = self.builder.ins().load(types::I64, self.flags, self.inputs, (argument * 8) as i32);
-        let bytes = self.builder.ins().imul_imm_s(offset, element_bytes(dtype));
+        let bytes = self.builder.ins().imul_imm_s(offset, stored.bytes());
         self.builder.ins().iadd(base, bytes)
     }
 
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
         let address = self.address(value, positions);
-        let dtype = self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").2;
-        match dtype {
-            Dtype::Bool => Reg::B(self.builder.ins().load(types::I8, self.flags, address, 0)),
-            Dtype::I32 | Dtype::I64 => Reg::I(self.builder.ins().load(types::I64, self.flags, address, 0)),
-            _ => {
+        match self.stored(value) {
+            Stored::Bool => Reg::B(self.builder.ins().load(types::I8, self.flags, address, 0)),
+            Stored::Int => Reg::I(self.builder.ins().load(types::I64, self.flags, address, 0)),
+            Stored::F32 => {
                 let narrow = self.builder.ins().load(types::F32, self.flags, address, 0);
                 Reg::F(self.builder.ins().fpromote(types::F64, narrow))
             }
+            Stored::Bf16Bits => {
+                let bits = self.builder.ins().uload16(types::I32, self.flags, address, 0);
+                let high = self.builder.ins().ishl_imm_u(bits, 16);
+                let narrow = self.builder.ins().bitcast(types::F32, MemFlagsData::new(), high);
+                Reg::F(self.builder.ins().fpromote(types::F64, narrow))
+            }
         }
+    }
+
+    fn stored(&self, value: Value) -> Stored {
+        self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").2
     }
 
     /// A contraction (`ir::contraction`): the loop nest over the output's
@@ -379,7 +388,8 @@ impl Lowerer<'_, '_> {
                 let first = self.builder.ins().imul(at, call.columns);
                 let bytes = self.builder.ins().imul_imm_s(first, 4);
                 let target = self.builder.ins().iadd(call.out, bytes);
-                self.call(Helper::MatVec, &[input, weight, target, call.columns, call.depth]);
+                let kernel = if self.stored(call.contraction.weight.value) == Stored::Bf16Bits { Helper::MatVecBf16 } else { Helper::MatVec };
+                self.call(kernel, &[input, weight, target, call.columns, call.depth]);
                 let next = self.builder.ins().iadd_imm_s(at, 1);
                 self.builder.def_var(call.row, next);
             }
@@ -464,13 +474,33 @@ impl Lowerer<'_, '_> {
     }
 }
 
-/// Bytes per element as tensors hold them: floats as f32, integers as
-/// i64, bools as one byte.
-fn element_bytes(dtype: Dtype) -> i64 {
-    match dtype {
-        Dtype::Bool => 1,
-        Dtype::I32 | Dtype::I64 => 8,
-        _ => 4,
+/// How a loaded value's elements are held (`interp::tensor`): floats as
+/// f32 but bf16 parameters as their bits, integers as i64, bools as bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stored {
+    F32,
+    Bf16Bits,
+    Int,
+    Bool,
+}
+
+impl Stored {
+    fn of(node: &crate::ir::Node) -> Stored {
+        match node.dtype {
+            _ if crate::interp::tensor::holds_bits(node) => Stored::Bf16Bits,
+            Dtype::Bool => Stored::Bool,
+            Dtype::I32 | Dtype::I64 => Stored::Int,
+            _ => Stored::F32,
+        }
+    }
+
+    fn bytes(self) -> i64 {
+        match self {
+            Stored::Bool => 1,
+            Stored::Bf16Bits => 2,
+            Stored::F32 => 4,
+            Stored::Int => 8,
+        }
     }
 }
 
@@ -547,8 +577,8 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
         scalar.loads(&mut loaded);
         loaded.sort_unstable();
         loaded.dedup();
-        let loads: Vec<(Value, Vec<Dim>, Dtype)> =
-            loaded.iter().map(|v| (*v, entry.nodes[v.index()].shape.clone(), entry.nodes[v.index()].dtype)).collect();
+        let loads: Vec<(Value, Vec<Dim>, Stored)> =
+            loaded.iter().map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()]))).collect();
         let table = dims_read(entry, &node.shape, scalar);
         context.func.signature = kernel_signature(call_conv);
         let symbol = format!("{prefix}v{at}");
@@ -606,7 +636,9 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
                     }
                 }
             }
-            match contraction::of(entry, at) {
+            // The kernel takes f32 inputs; a bf16 parameter as the input
+            // row (never so in the models) runs as generated loops.
+            match contraction::of(entry, at).filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
                 Some(contraction) => lowerer.contraction(&contraction, &axes, &shape, out),
                 None => nest(&mut lowerer, &axes, &shape, flat, out, scalar, node.dtype),
             }

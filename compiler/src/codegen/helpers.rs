@@ -25,6 +25,7 @@ pub enum Helper {
     DivEuclid,
     RemEuclid,
     MatVec,
+    MatVecBf16,
 }
 
 /// The argument and result kinds of a helper.
@@ -50,7 +51,7 @@ impl Helper {
             Helper::Exp | Helper::Ln | Helper::Cos | Helper::Sin | Helper::Tanh | Helper::RoundBf16 | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
-            Helper::MatVec => Shape::MatVec,
+            Helper::MatVec | Helper::MatVecBf16 => Shape::MatVec,
         }
     }
 }
@@ -92,10 +93,14 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
     tensor::rem_euclid(x, y)
 }
 
-extern "C" fn matvec(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64) -> i64 {
+/// `matvec` over raw parts, for weights of element type `W`.
+///
+/// # Safety
+/// `input` points at `depth` values, `weight` at `columns × depth`, `out`
+/// at room for `columns`: generated code passes checked rows.
+unsafe fn matvec_parts<W: super::matvec::Weight>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64) -> i64 {
     let (columns, depth) = (columns as usize, depth as usize);
-    // SAFETY: generated code passes a checked row of `depth` inputs, a
-    // `columns × depth` weight matrix and a row of `columns` outputs.
+    // SAFETY: as the caller promises.
     unsafe {
         let input = std::slice::from_raw_parts(input, depth);
         let weight = std::slice::from_raw_parts(weight, columns * depth);
@@ -105,8 +110,18 @@ extern "C" fn matvec(input: *const f32, weight: *const f32, out: *mut f32, colum
     0
 }
 
+extern "C" fn matvec(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64) -> i64 {
+    // SAFETY: generated code passes checked rows (see `matvec_parts`).
+    unsafe { matvec_parts(input, weight, out, columns, depth) }
+}
+
+extern "C" fn matvec_bf16(input: *const f32, weight: *const u16, out: *mut f32, columns: i64, depth: i64) -> i64 {
+    // SAFETY: generated code passes checked rows (see `matvec_parts`).
+    unsafe { matvec_parts(input, weight, out, columns, depth) }
+}
+
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 13] {
+pub fn table() -> [*const u8; 14] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -121,5 +136,6 @@ pub fn table() -> [*const u8; 13] {
         div_euclid as *const u8,
         rem_euclid as *const u8,
         matvec as *const u8,
+        matvec_bf16 as *const u8,
     ]
 }

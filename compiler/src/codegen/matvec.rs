@@ -5,11 +5,51 @@
 //! makes it bit-identical to the interpreter, so the speed comes from
 //! computing many outputs at once: with AVX, sixteen rows of `weight` run
 //! side by side in f64 lanes (four independent chains of adds), four
-//! values of `k` at a time through a 4×4 transpose.
+//! values of `k` at a time through a 4×4 transpose. Weights are f32 or
+//! bf16 bits ([`Weight`]), widened exactly as they are read.
+
+/// A weight element: f32, or bf16 held as its bits.
+pub trait Weight: Copy {
+    fn value(self) -> f32;
+    /// Four consecutive weights, widened to f32.
+    ///
+    /// # Safety
+    /// `at` points at four readable elements; the CPU has SSE4.1.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn four(at: *const Self) -> std::arch::x86_64::__m128;
+}
+
+impl Weight for f32 {
+    fn value(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn four(at: *const f32) -> std::arch::x86_64::__m128 {
+        // SAFETY: as the caller promises.
+        unsafe { std::arch::x86_64::_mm_loadu_ps(at) }
+    }
+}
+
+impl Weight for u16 {
+    fn value(self) -> f32 {
+        crate::interp::tensor::bf16_value(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn four(at: *const u16) -> std::arch::x86_64::__m128 {
+        use std::arch::x86_64::*;
+        // SAFETY: as the caller promises: 8 bytes, then each u16 widened
+        // to the high half of a 32-bit lane, which is the bf16's f32.
+        unsafe { _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(at as *const __m128i)), 16)) }
+    }
+}
 
 /// `out[n]` for every row `n` of `weight` (`out.len()` rows of
 /// `input.len()` values).
-pub fn matvec(input: &[f32], weight: &[f32], out: &mut [f32]) {
+pub fn matvec<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32]) {
     let depth = input.len();
     assert_eq!(weight.len(), out.len() * depth, "a weight row per output");
     let mut done = 0;
@@ -19,11 +59,11 @@ pub fn matvec(input: &[f32], weight: &[f32], out: &mut [f32]) {
         // `weight` and writes as many outputs, all in bounds below.
         unsafe {
             while done + 16 <= out.len() {
-                avx::block::<4>(input, weight, done, &mut out[done..done + 16]);
+                avx::block::<4, W>(input, weight, done, &mut out[done..done + 16]);
                 done += 16;
             }
             while done + 4 <= out.len() {
-                avx::block::<1>(input, weight, done, &mut out[done..done + 4]);
+                avx::block::<1, W>(input, weight, done, &mut out[done..done + 4]);
                 done += 4;
             }
         }
@@ -34,21 +74,22 @@ pub fn matvec(input: &[f32], weight: &[f32], out: &mut [f32]) {
 }
 
 /// One output, as the interpreter computes it.
-fn row(input: &[f32], weight: &[f32]) -> f32 {
-    let mut products = input.iter().zip(weight).map(|(a, w)| f64::from(a * w));
+fn row<W: Weight>(input: &[f32], weight: &[W]) -> f32 {
+    let mut products = input.iter().zip(weight).map(|(a, w)| f64::from(a * w.value()));
     let Some(first) = products.next() else { return 0.0 };
     products.fold(first, |total, product| total + product) as f32
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::Weight;
     use std::arch::x86_64::*;
 
     /// Columns `k..k + 4` of four rows, as four vectors of one `k` each.
     #[inline(always)]
-    unsafe fn transposed(rows: [*const f32; 4], k: usize) -> [__m128; 4] {
+    unsafe fn transposed<W: Weight>(rows: [*const W; 4], k: usize) -> [__m128; 4] {
         unsafe {
-            let [r0, r1, r2, r3] = rows.map(|row| _mm_loadu_ps(row.add(k)));
+            let [r0, r1, r2, r3] = rows.map(|row| W::four(row.add(k)));
             let (t0, t1) = (_mm_unpacklo_ps(r0, r1), _mm_unpacklo_ps(r2, r3));
             let (t2, t3) = (_mm_unpackhi_ps(r0, r1), _mm_unpackhi_ps(r2, r3));
             [_mm_movelh_ps(t0, t1), _mm_movehl_ps(t1, t0), _mm_movelh_ps(t2, t3), _mm_movehl_ps(t3, t2)]
@@ -57,16 +98,16 @@ mod avx {
 
     /// Column `k` of four rows.
     #[inline(always)]
-    unsafe fn column(rows: [*const f32; 4], k: usize) -> __m128 {
-        unsafe { _mm_set_ps(*rows[3].add(k), *rows[2].add(k), *rows[1].add(k), *rows[0].add(k)) }
+    unsafe fn column<W: Weight>(rows: [*const W; 4], k: usize) -> __m128 {
+        unsafe { _mm_set_ps((*rows[3].add(k)).value(), (*rows[2].add(k)).value(), (*rows[1].add(k)).value(), (*rows[0].add(k)).value()) }
     }
 
     /// Rows `first..first + 4·G` of `weight` against `input`, into `out`.
     #[target_feature(enable = "avx")]
-    pub unsafe fn block<const G: usize>(input: &[f32], weight: &[f32], first: usize, out: &mut [f32]) {
+    pub unsafe fn block<const G: usize, W: Weight>(input: &[f32], weight: &[W], first: usize, out: &mut [f32]) {
         let depth = input.len();
         let base = weight.as_ptr();
-        let groups: [[*const f32; 4]; G] = std::array::from_fn(|g| std::array::from_fn(|r| unsafe { base.add((first + 4 * g + r) * depth) }));
+        let groups: [[*const W; 4]; G] = std::array::from_fn(|g| std::array::from_fn(|r| unsafe { base.add((first + 4 * g + r) * depth) }));
         unsafe {
             // The first product starts each sum.
             let a = _mm_set1_ps(input[0]);
@@ -102,6 +143,12 @@ mod tests {
 
     #[test]
     fn every_output_is_the_ordered_f64_sum() {
+        for bf16 in [false, true] {
+            check(bf16);
+        }
+    }
+
+    fn check(bf16: bool) {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut draw = || {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -112,11 +159,18 @@ mod tests {
             for columns in [1, 3, 4, 5, 15, 16, 17, 33, 64] {
                 let input: Vec<f32> = (0..depth).map(|_| draw()).collect();
                 let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
+                let bits: Vec<u16> = weight.iter().map(|w| half::bf16::from_f32(*w).to_bits()).collect();
+                let widened: Vec<f32> = bits.iter().map(|b| crate::interp::tensor::bf16_value(*b)).collect();
                 let mut out = vec![f32::NAN; columns];
-                matvec(&input, &weight, &mut out);
+                if bf16 {
+                    matvec(&input, &bits, &mut out);
+                } else {
+                    matvec(&input, &weight, &mut out);
+                }
+                let reference = if bf16 { &widened } else { &weight };
                 for (n, value) in out.iter().enumerate() {
-                    let expected = row(&input, &weight[n * depth..(n + 1) * depth]);
-                    assert_eq!(value.to_bits(), expected.to_bits(), "depth {depth}, columns {columns}, row {n}");
+                    let expected = row(&input, &reference[n * depth..(n + 1) * depth]);
+                    assert_eq!(value.to_bits(), expected.to_bits(), "bf16 {bf16}, depth {depth}, columns {columns}, row {n}");
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! (dims evaluated, index numbers given slots, loads given strides), then
 //! run at every point of the output shape.
 
-use super::tensor::{round, wrap, Data, Tensor};
+use super::tensor::{bf16_value, round, wrap, Data, Tensor};
 use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp};
 use crate::sema::dim::{Atom, Dim, Symbol};
 use crate::sema::ty::Dtype;
@@ -150,6 +150,7 @@ impl Runner<'_> {
                 }
                 match &self.tensors[*tensor].data {
                     Data::F32(values) => V::F(values[offset] as f64),
+                    Data::Bf16(bits) => V::F(bf16_value(bits[offset]) as f64),
                     Data::I64(values) => V::I(values[offset]),
                     Data::Bool(values) => V::B(values[offset]),
                 }
@@ -302,6 +303,7 @@ pub fn compute(
             Data::F32(values) => values[flat] = round(v.f(), dtype) as f32,
             Data::I64(values) => values[flat] = wrap(v.i(), dtype),
             Data::Bool(values) => values[flat] = v.b(),
+            Data::Bf16(_) => unreachable!("computed values are held as f32"),
         }
     }
     Ok(out)

@@ -115,7 +115,8 @@ fn fixed_dims(scalar: &crate::ir::Scalar) -> bool {
 }
 
 impl Machine {
-    /// `params` in the model's parameter order, already validated.
+    /// `params` in the model's parameter order, already validated; bf16
+    /// parameters not yet held as bits are packed (`tensor::holds_bits`).
     pub fn new(model: Model, params: Vec<Tensor>) -> Machine {
         let states = model.states.iter().map(|s| Rc::new(Tensor::zeros(s.dtype, s.shape.clone()))).collect();
         let plans = model.entries.iter().map(|entry| (entry.name.clone(), Plan::new(entry))).collect();
@@ -123,7 +124,7 @@ impl Machine {
             model,
             backend: Backend::Interp,
             compiled: HashMap::new(),
-            params: params.into_iter().map(Rc::new).collect(),
+            params: params.into_iter().map(|param| Rc::new(param.into_bits())).collect(),
             states,
             plans,
             hoisted: HashMap::new(),
@@ -233,7 +234,8 @@ impl Machine {
                         }
                         None => values[source.index()].as_ref().clone(),
                     };
-                    let rest: Vec<&Tensor> = args[1..].iter().map(|v| values[v.index()].as_ref()).collect();
+                    let rest: Vec<_> = args[1..].iter().map(|v| values[v.index()].widened()).collect();
+                    let rest: Vec<&Tensor> = rest.iter().map(|arg| arg.as_ref()).collect();
                     let written = intrinsics::write_cache(*intrinsic, &mut cache, &rest);
                     let cache = Rc::new(cache);
                     // The state always holds a whole cache, even if this
@@ -245,11 +247,14 @@ impl Machine {
                     cache
                 }
                 NodeKind::Intrinsic(intrinsic, args) => {
-                    let args: Vec<&Tensor> = args.iter().map(|v| values[v.index()].as_ref()).collect();
+                    let args: Vec<_> = args.iter().map(|v| values[v.index()].widened()).collect();
+                    let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
                     Rc::new(intrinsics::run(*intrinsic, &args, eval::shape(&node.shape, &dims)))
                 }
                 NodeKind::WriteState(k, value) => {
-                    writes.push((*k, Rc::clone(&values[value.index()])));
+                    // A state holds f32, even when it takes a parameter's value.
+                    let written = &values[value.index()];
+                    writes.push((*k, if matches!(written.data, Data::Bf16(_)) { Rc::new(written.widened().into_owned()) } else { Rc::clone(written) }));
                     Rc::new(Tensor::zeros(Dtype::Bool, Vec::new()))
                 }
                 NodeKind::Assert(value, message) => {
@@ -270,7 +275,7 @@ impl Machine {
         for (state, value) in writes {
             self.states[state] = value;
         }
-        Ok(entry.outputs.iter().map(|v| values[v.index()].as_ref().clone()).collect())
+        Ok(entry.outputs.iter().map(|v| values[v.index()].widened().into_owned()).collect())
     }
 }
 
@@ -284,6 +289,7 @@ fn run_native(kernel: &NativeKernel, values: &[Rc<Tensor>], dims: &HashMap<Symbo
         .iter()
         .map(|v| match &values[v.index()].data {
             Data::F32(x) => x.as_ptr() as *const u8,
+            Data::Bf16(x) => x.as_ptr() as *const u8,
             Data::I64(x) => x.as_ptr() as *const u8,
             Data::Bool(x) => x.as_ptr() as *const u8,
         })
@@ -292,6 +298,7 @@ fn run_native(kernel: &NativeKernel, values: &[Rc<Tensor>], dims: &HashMap<Symbo
         Data::F32(x) => x.as_mut_ptr() as *mut u8,
         Data::I64(x) => x.as_mut_ptr() as *mut u8,
         Data::Bool(x) => x.as_mut_ptr() as *mut u8,
+        Data::Bf16(_) => unreachable!("computed values are held as f32"),
     };
     // SAFETY: the kernel was compiled for these values' shapes and dtypes,
     // its dims table is evaluated under the call's dims, it checks every

@@ -1,94 +1,119 @@
 //! Host tensors: a dtype, a row-major shape, and the elements. Floats of
 //! every width are held as f32 (a bf16 or f16 value is exact in f32), and
-//! integers as i64, so that one evaluator serves every dtype. f32 elements
-//! may also be read where they lie in a mapped checkpoint ([`Floats`]).
+//! integers as i64, so that one evaluator serves every dtype; the one
+//! exception is a bf16 parameter, held as its bf16 bits ([`holds_bits`]),
+//! which halves the memory weights take. Elements may be read where they
+//! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
 
+use crate::ir::{Node, NodeKind};
 use crate::sema::ty::Dtype;
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
-/// Float elements: owned, or f32 data in place in mapped bytes (a
-/// checkpoint's f32 tensor is not copied). Writing to mapped elements
-/// copies them first.
-pub enum Floats {
-    Owned(Vec<f32>),
+/// Element types every bit pattern of which is a value, so that mapped
+/// bytes can be read as them.
+pub trait Plain: Copy + PartialEq + std::fmt::Debug + 'static {}
+impl Plain for f32 {}
+impl Plain for u16 {}
+
+/// Elements: owned, or in place in mapped bytes (a checkpoint's tensor of
+/// the right dtype is not copied). Writing to mapped elements copies them
+/// first.
+pub enum Elements<T: Plain> {
+    Owned(Vec<T>),
     Mapped { bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize },
 }
 
-impl Floats {
-    /// `len` f32 values at `offset` in `bytes`, in place; `None` when they
-    /// are not aligned for f32, out of bounds, or the host is big-endian.
-    pub fn mapped(bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Floats> {
+/// f32 elements, the storage of every float value but bf16 parameters.
+pub type Floats = Elements<f32>;
+
+impl<T: Plain> Elements<T> {
+    /// `len` values at `offset` in `bytes`, in place; `None` when they are
+    /// not aligned for `T`, out of bounds, or the host is big-endian.
+    pub fn mapped(bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Elements<T>> {
         let all = (*bytes).as_ref();
-        let fits = offset.checked_add(len.checked_mul(4)?).is_some_and(|end| end <= all.len());
-        let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
-        (fits && aligned && cfg!(target_endian = "little")).then_some(Floats::Mapped { bytes, offset, len })
+        let fits = offset.checked_add(len.checked_mul(std::mem::size_of::<T>())?).is_some_and(|end| end <= all.len());
+        let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<T>());
+        (fits && aligned && cfg!(target_endian = "little")).then_some(Elements::Mapped { bytes, offset, len })
     }
 
     pub fn is_mapped(&self) -> bool {
-        matches!(self, Floats::Mapped { .. })
+        matches!(self, Elements::Mapped { .. })
     }
 }
 
-impl Deref for Floats {
-    type Target = [f32];
+impl<T: Plain> Deref for Elements<T> {
+    type Target = [T];
 
-    fn deref(&self) -> &[f32] {
+    fn deref(&self) -> &[T] {
         match self {
-            Floats::Owned(values) => values,
-            Floats::Mapped { bytes, offset, len } => {
+            Elements::Owned(values) => values,
+            Elements::Mapped { bytes, offset, len } => {
                 let all = (**bytes).as_ref();
                 // SAFETY: `mapped` checked that the range is inside the
-                // bytes and aligned for f32; every bit pattern is an f32,
-                // and the bytes live as long as the `Rc`.
-                unsafe { std::slice::from_raw_parts(all.as_ptr().add(*offset) as *const f32, *len) }
+                // bytes and aligned for `T`; every bit pattern is a `T`
+                // (`Plain`), and the bytes live as long as the `Rc`.
+                unsafe { std::slice::from_raw_parts(all.as_ptr().add(*offset) as *const T, *len) }
             }
         }
     }
 }
 
-impl DerefMut for Floats {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T: Plain> DerefMut for Elements<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         if self.is_mapped() {
-            *self = Floats::Owned(self.to_vec());
+            *self = Elements::Owned(self.to_vec());
         }
         match self {
-            Floats::Owned(values) => values,
-            Floats::Mapped { .. } => unreachable!("copied above"),
+            Elements::Owned(values) => values,
+            Elements::Mapped { .. } => unreachable!("copied above"),
         }
     }
 }
 
-impl From<Vec<f32>> for Floats {
-    fn from(values: Vec<f32>) -> Floats {
-        Floats::Owned(values)
+impl<T: Plain> From<Vec<T>> for Elements<T> {
+    fn from(values: Vec<T>) -> Elements<T> {
+        Elements::Owned(values)
     }
 }
 
-impl Clone for Floats {
-    fn clone(&self) -> Floats {
+impl<T: Plain> Clone for Elements<T> {
+    fn clone(&self) -> Elements<T> {
         match self {
-            Floats::Owned(values) => Floats::Owned(values.clone()),
-            Floats::Mapped { bytes, offset, len } => Floats::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len },
+            Elements::Owned(values) => Elements::Owned(values.clone()),
+            Elements::Mapped { bytes, offset, len } => Elements::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len },
         }
     }
 }
 
-impl std::fmt::Debug for Floats {
+impl<T: Plain> std::fmt::Debug for Elements<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.deref().fmt(f)
     }
 }
 
-impl PartialEq for Floats {
-    fn eq(&self, other: &Floats) -> bool {
+impl<T: Plain> PartialEq for Elements<T> {
+    fn eq(&self, other: &Elements<T>) -> bool {
         self.deref() == other.deref()
     }
+}
+
+/// Whether a node's value is held as bf16 bits: bf16 parameters are.
+/// Backends address and widen such values themselves.
+pub fn holds_bits(node: &Node) -> bool {
+    matches!(node.kind, NodeKind::Param(_)) && node.dtype == Dtype::Bf16
+}
+
+/// A bf16 value from its bits.
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
     F32(Floats),
+    /// bf16 values as their bits (bf16 parameters only).
+    Bf16(Elements<u16>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
 }
@@ -132,6 +157,28 @@ impl Tensor {
         match &self.data {
             Data::F32(values) => Some(values),
             _ => None,
+        }
+    }
+
+    /// A bf16 tensor held as its bits (as bf16 parameters are).
+    pub fn into_bits(self) -> Tensor {
+        match self.data {
+            Data::F32(values) if self.dtype == Dtype::Bf16 => {
+                let bits = values.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect::<Vec<u16>>();
+                Tensor { data: Data::Bf16(bits.into()), ..self }
+            }
+            _ => self,
+        }
+    }
+
+    /// The tensor with floats held as f32, widened if it is held as bits.
+    pub fn widened(&self) -> std::borrow::Cow<'_, Tensor> {
+        match &self.data {
+            Data::Bf16(bits) => {
+                let values: Vec<f32> = bits.iter().map(|b| bf16_value(*b)).collect();
+                std::borrow::Cow::Owned(Tensor { dtype: self.dtype, shape: self.shape.clone(), data: Data::F32(values.into()) })
+            }
+            _ => std::borrow::Cow::Borrowed(self),
         }
     }
 
