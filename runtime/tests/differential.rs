@@ -152,3 +152,34 @@ fn random_programs_agree_on_both_backends() {
         }
     }
 }
+
+/// bf16 rounding of f64 sums at every exponent (normal, subnormal and
+/// overflowing bf16 results, infinities and NaN): generated code rounds
+/// inline where it can and must agree with the interpreter everywhere.
+#[test]
+fn bf16_rounding_agrees_at_every_exponent() {
+    let mut rng = Rng::new(16);
+    let count = (SIDE * SIDE) as usize;
+    let load = |k: u32| Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(k, Dtype::I64)], Dtype::F32);
+    // A sum of a row's six values, rounded once from f64 to bf16.
+    let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(SIDE), body: Box::new(load(2)), dtype: Dtype::Bf16 };
+    let program = model(Scalar::Binary(BinaryOp::Add, Box::new(sum), Box::new(Scalar::Cast(Box::new(load(1)), Dtype::Bf16)), Dtype::Bf16), Dtype::Bf16);
+    for round in 0..200 {
+        let floats: Vec<f32> = (0..count)
+            .map(|_| match rng.next_u64() % 16 {
+                0 => f32::INFINITY,
+                1 => f32::NAN,
+                2 => f32::MAX,
+                _ => f32::from_bits(rng.next_u64() as u32 & 0xFFFF_FFFF),
+            })
+            .collect();
+        let given = vec![
+            Tensor::from_f32(Dtype::F32, vec![6, 6], floats),
+            Tensor::from_i64(Dtype::I64, vec![6, 6], vec![0; count]),
+            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool(vec![false; count]) },
+        ];
+        let interpreted = Machine::new(program.clone(), Vec::new()).call("program", given.clone()).unwrap();
+        let compiled = Machine::new(program.clone(), Vec::new()).with_backend(Backend::Cpu).call("program", given).unwrap();
+        assert!(same(&interpreted[0], &compiled[0]), "round {round}:\ninterp {:?}\ncpu    {:?}", interpreted[0].data, compiled[0].data);
+    }
+}

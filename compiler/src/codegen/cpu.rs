@@ -125,10 +125,57 @@ impl Lowerer<'_, '_> {
                 let narrow = self.builder.ins().fdemote(types::F32, value);
                 self.builder.ins().fpromote(types::F64, narrow)
             }
-            Dtype::Bf16 => self.call(Helper::RoundBf16, &[value]),
+            Dtype::Bf16 => self.round_bf16(value),
             Dtype::F16 => self.call(Helper::RoundF16, &[value]),
             _ => value,
         }
+    }
+
+    /// A float rounded to bf16 as the interpreter's `round` does
+    /// (`half::bf16::from_f64`: the high word of the f64, rounded to
+    /// nearest-even on its bits), inline where the result is a normal
+    /// bf16 or overflows; other values (NaN, infinities, bf16 subnormals)
+    /// through the helper.
+    fn round_bf16(&mut self, value: ClValue) -> ClValue {
+        let bits = self.builder.ins().bitcast(types::I64, MemFlagsData::new(), value);
+        let high = self.builder.ins().ushr_imm_u(bits, 32);
+        let exponent_bits = self.builder.ins().ushr_imm_u(high, 20);
+        let exponent = self.builder.ins().band_imm_u(exponent_bits, 0x7FF);
+        // Normal in bf16: biased exponents 897..=1150 of the f64.
+        let from_lowest = self.builder.ins().iadd_imm_s(exponent, -897);
+        let normal = self.builder.ins().icmp_imm_u(IntCC::UnsignedLessThanOrEqual, from_lowest, 253);
+        let (fast, slow, merge) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
+        let result = self.builder.append_block_param(merge, types::F64);
+        self.builder.ins().brif(normal, fast, &[], slow, &[]);
+        self.builder.switch_to_block(fast);
+        self.builder.seal_block(fast);
+        let mantissa = self.builder.ins().band_imm_u(high, 0xF_FFFF);
+        let sign_bit = self.builder.ins().band_imm_u(high, 0x8000_0000);
+        let sign = self.builder.ins().ushr_imm_u(sign_bit, 16);
+        let rebiased = self.builder.ins().iadd_imm_s(exponent, -896);
+        let exponent = self.builder.ins().ishl_imm_u(rebiased, 7);
+        let top = self.builder.ins().ushr_imm_u(mantissa, 13);
+        let signed = self.builder.ins().bor(sign, exponent);
+        let truncated = self.builder.ins().bor(signed, top);
+        let round_bit = self.builder.ins().band_imm_u(mantissa, 0x1000);
+        let halfway_or_odd = self.builder.ins().band_imm_u(mantissa, 0x2FFF);
+        let at_half = self.builder.ins().icmp_imm_u(IntCC::NotEqual, round_bit, 0);
+        let not_tie_to_even = self.builder.ins().icmp_imm_u(IntCC::NotEqual, halfway_or_odd, 0);
+        let up = self.builder.ins().band(at_half, not_tie_to_even);
+        let up = self.builder.ins().uextend(types::I64, up);
+        let rounded = self.builder.ins().iadd(truncated, up);
+        let widened = self.builder.ins().ishl_imm_u(rounded, 16);
+        let narrow_bits = self.builder.ins().ireduce(types::I32, widened);
+        let narrow = self.builder.ins().bitcast(types::F32, MemFlagsData::new(), narrow_bits);
+        let fast_value = self.builder.ins().fpromote(types::F64, narrow);
+        self.builder.ins().jump(merge, &[fast_value.into()]);
+        self.builder.switch_to_block(slow);
+        self.builder.seal_block(slow);
+        let slow_value = self.call(Helper::RoundBf16, &[value]);
+        self.builder.ins().jump(merge, &[slow_value.into()]);
+        self.builder.switch_to_block(merge);
+        self.builder.seal_block(merge);
+        result
     }
 
     /// An integer wrapped to `dtype`.

@@ -98,7 +98,7 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
 /// # Safety
 /// `input` points at `depth` values, `weight` at `columns × depth`, `out`
 /// at room for `columns`: generated code passes checked rows.
-unsafe fn matvec_parts<W: super::matvec::Weight>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64) -> i64 {
+unsafe fn matvec_parts<W: super::matvec::Weight + Sync>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64) -> i64 {
     let (columns, depth) = (columns as usize, depth as usize);
     // SAFETY: as the caller promises.
     unsafe {

@@ -47,11 +47,28 @@ impl Weight for u16 {
     }
 }
 
+/// Products at or above which the rows are shared among threads.
+const PARALLEL_PRODUCTS: usize = 1 << 18;
+
 /// `out[n]` for every row `n` of `weight` (`out.len()` rows of
-/// `input.len()` values).
-pub fn matvec<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32]) {
+/// `input.len()` values). Large products split their rows among the
+/// threads of the pool; each output is computed the same way wherever it
+/// runs.
+pub fn matvec<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32]) {
+    use rayon::prelude::*;
     let depth = input.len();
     assert_eq!(weight.len(), out.len() * depth, "a weight row per output");
+    let threads = rayon::current_num_threads();
+    if threads == 1 || out.len() * depth < PARALLEL_PRODUCTS {
+        return rows(input, weight, out);
+    }
+    let chunk = out.len().div_ceil(threads).next_multiple_of(16);
+    out.par_chunks_mut(chunk).zip(weight.par_chunks(chunk * depth)).for_each(|(out, weight)| rows(input, weight, out));
+}
+
+/// `matvec` on this thread.
+fn rows<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32]) {
+    let depth = input.len();
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if depth > 0 && std::arch::is_x86_feature_detected!("avx") {
@@ -155,8 +172,10 @@ mod tests {
             // Wide exponents, so that order and rounding matter.
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(((seed >> 8) % 24) as i32 - 12)
         };
-        for depth in [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 130] {
-            for columns in [1, 3, 4, 5, 15, 16, 17, 33, 64] {
+        // The last pair is large enough to be shared among threads.
+        let shapes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 15, 16, 17, 33, 64].map(|columns| (depth, columns)));
+        for (depth, columns) in shapes.chain([(1030, 301)]) {
+            {
                 let input: Vec<f32> = (0..depth).map(|_| draw()).collect();
                 let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
                 let bits: Vec<u16> = weight.iter().map(|w| half::bf16::from_f32(*w).to_bits()).collect();
