@@ -9,6 +9,7 @@
 
 use super::helpers::{Helper, Shape};
 use crate::ir::contraction::{self, Contraction};
+use crate::ir::invariant::{self, Invariant};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -70,6 +71,17 @@ struct Lowerer<'b, 'f> {
     load_count: i64,
     /// Aligned, non-trapping accesses (every address is checked first).
     flags: MemFlagsData,
+    /// Invariant parts already computed, by their place in the expression.
+    hoisted: HashMap<*const Scalar, Variable>,
+}
+
+/// What the element loop of a node computes and where it stores it.
+struct Store<'s> {
+    scalar: &'s Scalar,
+    dtype: Dtype,
+    flat: Variable,
+    out: ClValue,
+    invariants: &'s [Invariant<'s>],
 }
 
 impl Lowerer<'_, '_> {
@@ -204,6 +216,14 @@ impl Lowerer<'_, '_> {
     }
 
     fn scalar(&mut self, scalar: &Scalar) -> Reg {
+        if let Some(variable) = self.hoisted.get(&(scalar as *const Scalar)) {
+            let value = self.builder.use_var(*variable);
+            return match scalar.dtype() {
+                d if d.is_float() => Reg::F(value),
+                Dtype::Bool => Reg::B(value),
+                _ => Reg::I(value),
+            };
+        }
         match scalar {
             Scalar::Index(id, _) => Reg::I(self.builder.use_var(self.indices[id])),
             Scalar::Dim(dim) => Reg::I(self.dim(dim)),
@@ -409,6 +429,69 @@ impl Lowerer<'_, '_> {
 
     fn stored(&self, value: Value) -> Stored {
         self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").2
+    }
+
+    /// The loops over the axes from `level` on, then one element. Before
+    /// the loop of each level, the invariant parts of that level are
+    /// computed once (when every loop inside runs at least once, so that
+    /// nothing is evaluated that the element loop would not evaluate).
+    fn nest(&mut self, store: &Store, axes: &[Variable], shape: &[ClValue], level: u32) {
+        let here: Vec<&Invariant> = store.invariants.iter().filter(|inv| inv.level == level).collect();
+        let continuation = if here.is_empty() {
+            None
+        } else {
+            let zero = self.builder.ins().iconst(types::I64, 0);
+            let mut runs = self.builder.ins().iconst(types::I8, 1);
+            for extent in shape {
+                let positive = self.builder.ins().icmp(IntCC::SignedGreaterThan, *extent, zero);
+                runs = self.builder.ins().band(runs, positive);
+            }
+            let (compute, continuation) = (self.builder.create_block(), self.builder.create_block());
+            self.builder.ins().brif(runs, compute, &[], continuation, &[]);
+            self.builder.switch_to_block(compute);
+            self.builder.seal_block(compute);
+            for invariant in here {
+                let reg = self.scalar(invariant.scalar);
+                let (kind, value) = match invariant.scalar.dtype() {
+                    d if d.is_float() => (types::F64, self.f(reg)),
+                    Dtype::Bool => (types::I8, self.b(reg)),
+                    _ => (types::I64, self.i(reg)),
+                };
+                let variable = self.builder.declare_var(kind);
+                self.builder.def_var(variable, value);
+                self.hoisted.insert(invariant.scalar as *const Scalar, variable);
+            }
+            Some(continuation)
+        };
+        match axes.split_first() {
+            Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
+            None => {
+                let reg = self.scalar(store.scalar);
+                let at = self.builder.use_var(store.flat);
+                let (value, width) = match store.dtype {
+                    Dtype::Bool => (self.b(reg), 1),
+                    Dtype::I32 | Dtype::I64 => {
+                        let i = self.i(reg);
+                        (self.wrap(i, store.dtype), 8)
+                    }
+                    _ => {
+                        let f = self.f(reg);
+                        let rounded = self.round(f, store.dtype);
+                        (self.builder.ins().fdemote(types::F32, rounded), 4)
+                    }
+                };
+                let bytes = self.builder.ins().imul_imm_s(at, width);
+                let address = self.builder.ins().iadd(store.out, bytes);
+                self.builder.ins().store(self.flags, value, address, 0);
+                let next = self.builder.ins().iadd_imm_s(at, 1);
+                self.builder.def_var(store.flat, next);
+            }
+        }
+        if let Some(continuation) = continuation {
+            self.builder.ins().jump(continuation, &[]);
+            self.builder.switch_to_block(continuation);
+            self.builder.seal_block(continuation);
+        }
     }
 
     /// A contraction (`ir::contraction`): the loop nest over the output's
@@ -647,7 +730,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, load_count: 0, flags };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, load_count: 0, flags, hoisted: HashMap::new() };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -657,37 +740,15 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             for (k, axis) in axes.iter().enumerate() {
                 lowerer.indices.insert(k as u32, *axis);
             }
-            fn nest(lowerer: &mut Lowerer, axes: &[Variable], shape: &[ClValue], flat: Variable, out: ClValue, scalar: &Scalar, dtype: Dtype) {
-                match axes.split_first() {
-                    Some((axis, rest)) => lowerer.counted(*axis, shape[0], &mut |this| nest(this, rest, &shape[1..], flat, out, scalar, dtype)),
-                    None => {
-                        let reg = lowerer.scalar(scalar);
-                        let at = lowerer.builder.use_var(flat);
-                        let (value, width) = match dtype {
-                            Dtype::Bool => (lowerer.b(reg), 1),
-                            Dtype::I32 | Dtype::I64 => {
-                                let i = lowerer.i(reg);
-                                (lowerer.wrap(i, dtype), 8)
-                            }
-                            _ => {
-                                let f = lowerer.f(reg);
-                                let rounded = lowerer.round(f, dtype);
-                                (lowerer.builder.ins().fdemote(types::F32, rounded), 4)
-                            }
-                        };
-                        let bytes = lowerer.builder.ins().imul_imm_s(at, width);
-                        let address = lowerer.builder.ins().iadd(out, bytes);
-                        lowerer.builder.ins().store(lowerer.flags, value, address, 0);
-                        let next = lowerer.builder.ins().iadd_imm_s(at, 1);
-                        lowerer.builder.def_var(flat, next);
-                    }
-                }
-            }
             // The kernel takes f32 inputs; a bf16 parameter as the input
             // row (never so in the models) runs as generated loops.
             match contraction::of(entry, at).filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
                 Some(contraction) => lowerer.contraction(&contraction, &axes, &shape, out),
-                None => nest(&mut lowerer, &axes, &shape, flat, out, scalar, node.dtype),
+                None => {
+                    let invariants = invariant::invariants(scalar, shape.len() as u32);
+                    let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };
+                    lowerer.nest(&store, &axes, &shape, 0);
+                }
             }
             let done = lowerer.builder.ins().iconst(types::I32, 0);
             lowerer.builder.ins().return_(&[done]);

@@ -67,6 +67,9 @@ enum P {
     Select(Box<P>, Box<P>, Box<P>),
     Cast(Box<P>, Dtype),
     Reduce { op: ReduceOp, slot: usize, extent: i64, body: Box<P>, dtype: Dtype },
+    /// An invariant part (`ir::invariant`): computed once per position of
+    /// the axes before `level`, kept in memo `id`.
+    Memo { id: usize, level: usize, body: Box<P> },
 }
 
 /// What a value is, for messages: an input, a parameter, a state.
@@ -78,6 +81,9 @@ struct Preparer<'v> {
     dims: &'v HashMap<Symbol, i64>,
     slots: HashMap<u32, usize>,
     tensors: Vec<usize>,
+    /// The invariant parts not yet prepared, by place, with their levels.
+    invariants: HashMap<*const Scalar, u32>,
+    memos: usize,
 }
 
 impl Preparer<'_> {
@@ -91,6 +97,12 @@ impl Preparer<'_> {
     }
 
     fn prepare(&mut self, scalar: &Scalar) -> P {
+        if let Some(&level) = self.invariants.get(&(scalar as *const Scalar)) {
+            self.invariants.remove(&(scalar as *const Scalar));
+            let body = Box::new(self.prepare(scalar));
+            self.memos += 1;
+            return P::Memo { id: self.memos - 1, level: level as usize, body };
+        }
         match scalar {
             Scalar::Index(id, _) => P::Slot(self.slots[id]),
             Scalar::Dim(d) => P::Const(V::I(dim(d, self.dims).expect("dims are bound"))),
@@ -121,6 +133,8 @@ impl Preparer<'_> {
 
 struct Runner<'v> {
     tensors: Vec<&'v Tensor>,
+    /// Per memo: the outer position it was computed at, and its value.
+    memos: std::cell::RefCell<Vec<Option<(Vec<i64>, V)>>>,
 }
 
 fn float_result(value: f64, dtype: Dtype) -> V {
@@ -135,6 +149,16 @@ impl Runner<'_> {
     fn run(&self, p: &P, slots: &mut [i64]) -> Result<V, String> {
         Ok(match p {
             P::Slot(slot) => V::I(slots[*slot]),
+            P::Memo { id, level, body } => {
+                if let Some((at, value)) = &self.memos.borrow()[*id] {
+                    if at[..] == slots[..*level] {
+                        return Ok(*value);
+                    }
+                }
+                let value = self.run(body, slots)?;
+                self.memos.borrow_mut()[*id] = Some((slots[..*level].to_vec(), value));
+                value
+            }
             P::Const(v) => *v,
             P::Load { tensor, positions, shape, what, sources } => {
                 let mut offset = 0usize;
@@ -286,9 +310,11 @@ pub fn compute(
     dims: &HashMap<Symbol, i64>,
 ) -> Result<Tensor, String> {
     let rank = shape.len();
-    let mut preparer = Preparer { values, origins, dims, slots: (0..rank as u32).map(|k| (k, k as usize)).collect(), tensors: Vec::new() };
+    let invariants = crate::ir::invariant::invariants(scalar, rank as u32).into_iter().map(|i| (i.scalar as *const Scalar, i.level)).collect();
+    let slots = (0..rank as u32).map(|k| (k, k as usize)).collect();
+    let mut preparer = Preparer { values, origins, dims, slots, tensors: Vec::new(), invariants, memos: 0 };
     let prepared = preparer.prepare(scalar);
-    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_ref()).collect() };
+    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_ref()).collect(), memos: std::cell::RefCell::new(vec![None; preparer.memos]) };
     let mut slots = vec![0i64; preparer.slots.len().max(rank)];
     let count: usize = shape.iter().product();
     let mut out = Tensor::zeros(dtype, shape.clone());

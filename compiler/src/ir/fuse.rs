@@ -6,10 +6,13 @@
 //! A value is inlined only where that computes each of its elements at
 //! most once per element it used to be computed for, and changes no
 //! result:
-//! - the load's positions are distinct indices covering every index in
-//!   scope (the consumer's axes and the reductions around the load), each
-//!   running over exactly the producer's extent on that axis: so the load
-//!   is never out of range, and no element is recomputed;
+//! - the load's positions are distinct indices, each running over exactly
+//!   the producer's extent on that axis (so the load is never out of
+//!   range), covering every index in scope (the consumer's axes and the
+//!   reductions around the load: no element is recomputed); or, for a
+//!   producer that reduces, outside the consumer's reductions, covering
+//!   the consumer's outer axes `0..m`: backends compute it once per outer
+//!   position (`ir::invariant`), which makes a norm one pass over a row;
 //! - the load is not in a branch of a lazy select (which would skip the
 //!   producer's own range checks);
 //! - the producer is not hoisted (computed once per loaded model), nor a
@@ -74,7 +77,9 @@ fn fuse_entry(entry: &mut Entry) {
         let consumer_shape = entry.nodes[at].shape.clone();
         let NodeKind::Compute(target) = &mut entry.nodes[at].kind else { continue };
         let scope: Vec<(u32, Dim)> = consumer_shape.iter().enumerate().map(|(k, d)| (k as u32, d.clone())).collect();
-        let mut inliner = Inliner { value, body: &body, dtype, shape: &shape, next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
+        let reduces = super::invariant::reduces(&body);
+        let mut inliner =
+            Inliner { value, body: &body, dtype, shape: &shape, reduces, rank: scope.len(), next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
     }
@@ -86,6 +91,11 @@ struct Inliner<'a> {
     body: &'a Scalar,
     dtype: crate::sema::ty::Dtype,
     shape: &'a [Dim],
+    /// Whether the producer reduces (and may be computed once per outer
+    /// position of the consumer).
+    reduces: bool,
+    /// The consumer's rank.
+    rank: usize,
     /// The first index number unused in the consumer.
     next_index: u32,
     done: bool,
@@ -97,7 +107,7 @@ impl Inliner<'_> {
     fn visit(&mut self, scalar: &mut Scalar, scope: &[(u32, Dim)], lazy: bool) {
         match scalar {
             Scalar::Load(value, positions, _) if *value == self.value => {
-                if let Some(mapping) = self.mapping(positions, scope).filter(|_| !lazy) {
+                if let Some(mapping) = self.mapping(positions, scope, self.rank).filter(|_| !lazy) {
                     let mut inlined = self.body.clone();
                     renumber(&mut inlined, &mapping, &mut self.next_index, &mut HashMap::new());
                     if inlined.dtype() != self.dtype {
@@ -130,7 +140,7 @@ impl Inliner<'_> {
     /// The consumer's index for each of the producer's axes, when the
     /// positions are distinct indices that cover the scope and match the
     /// producer's extents.
-    fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)]) -> Option<Vec<u32>> {
+    fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)], rank: usize) -> Option<Vec<u32>> {
         let mut mapping = Vec::with_capacity(positions.len());
         for (position, extent) in positions.iter().zip(self.shape) {
             let Scalar::Index(index, _) = position else { return None };
@@ -140,7 +150,10 @@ impl Inliner<'_> {
             }
             mapping.push(*index);
         }
-        (mapping.len() == scope.len()).then_some(mapping)
+        let covers = mapping.len() == scope.len();
+        // Outer axes `0..m` of the consumer, outside its reductions.
+        let outer = self.reduces && scope.len() == rank && mapping.iter().all(|index| (*index as usize) < mapping.len());
+        (covers || outer).then_some(mapping)
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod contraction;
 pub mod fuse;
+pub mod invariant;
 pub mod plan;
 mod text;
 mod verify;
