@@ -127,12 +127,17 @@ pub fn human_bytes(bytes: usize) -> String {
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", units[unit]) }
 }
 
-/// The key an artifact is cached by: the compiler, the kernel ABI, the
-/// host, and every text the compilation read (modules, standard library,
+/// This build of the compiler: its version and a hash of its sources.
+pub fn compiler_build() -> String {
+    format!("{} ({})", env!("CARGO_PKG_VERSION"), env!("LINNET_COMPILER_SOURCE_HASH"))
+}
+
+/// The key an artifact is cached by: the compiler build, the kernel ABI,
+/// the host, and every text the compilation read (modules, standard library,
 /// model card, bindings, `--set` values), with its path.
 pub fn content_key(sources: &SourceMap) -> Result<String, String> {
     let mut hash = Sha256::new();
-    for part in [env!("CARGO_PKG_VERSION"), &native::ABI_VERSION.to_string(), &FORMAT_VERSION.to_string(), &native::host_target()?] {
+    for part in [&compiler_build(), &native::ABI_VERSION.to_string(), &FORMAT_VERSION.to_string(), &native::host_target()?] {
         hash.update((part.len() as u64).to_le_bytes());
         hash.update(part.as_bytes());
     }
@@ -173,7 +178,7 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: BTreeMap<Str
     Ok(Manifest {
         format: FORMAT_VERSION,
         abi: native::ABI_VERSION,
-        compiler: env!("CARGO_PKG_VERSION").to_string(),
+        compiler: compiler_build(),
         target: native::host_target()?,
         key,
         model: model.name.clone(),

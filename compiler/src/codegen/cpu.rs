@@ -43,13 +43,14 @@ enum Reg {
 type ClValue = cranelift_codegen::ir::Value;
 
 /// What each row of a contraction passes to the kernel: the output row
-/// counter and buffer, and the row's length and depth.
+/// counter and buffer, the row's length and depth, and the kernel.
 struct RowCall<'c> {
     contraction: &'c Contraction<'c>,
     row: Variable,
     out: ClValue,
     columns: ClValue,
     depth: ClValue,
+    kernel: Helper,
 }
 
 struct Lowerer<'b, 'f> {
@@ -497,14 +498,34 @@ impl Lowerer<'_, '_> {
     /// A contraction (`ir::contraction`): the loop nest over the output's
     /// rows addresses each row's operands and calls the matrix–vector
     /// kernel for the row.
-    fn contraction(&mut self, contraction: &Contraction, axes: &[Variable], shape: &[ClValue], out: ClValue) {
+    /// A dense one (one weight matrix, input rows in output order) is one
+    /// call for all rows.
+    fn contraction(&mut self, contraction: &Contraction, output: &[Dim], axes: &[Variable], shape: &[ClValue], out: ClValue) {
+        let columns = shape[shape.len() - 1];
+        let depth = self.dim(contraction.depth);
+        let kernel = self.kernel_for(contraction);
+        let outer = &output[..output.len() - 1];
+        let in_order = contraction.input.rows.iter().enumerate().all(|(k, p)| matches!(p, Scalar::Index(i, _) if *i as usize == k));
+        let input_shape = &self.loads.iter().find(|(v, ..)| *v == contraction.input.value).expect("loads are listed first").1;
+        if contraction.weight.rows.is_empty() && in_order && input_shape.len() == output.len() && input_shape[..outer.len()] == *outer {
+            let input = self.address(contraction.input.value, &[]);
+            let weight = self.address(contraction.weight.value, &[]);
+            let mut rows = self.builder.ins().iconst(types::I64, 1);
+            for extent in &shape[..shape.len() - 1] {
+                rows = self.builder.ins().imul(rows, *extent);
+            }
+            self.call(kernel, &[input, weight, out, columns, depth, rows]);
+            return;
+        }
         let row = self.builder.declare_var(types::I64);
         let zero = self.builder.ins().iconst(types::I64, 0);
         self.builder.def_var(row, zero);
-        let columns = shape[shape.len() - 1];
-        let depth = self.dim(contraction.depth);
-        let call = RowCall { contraction, row, out, columns, depth };
+        let call = RowCall { contraction, row, out, columns, depth, kernel };
         self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
+    }
+
+    fn kernel_for(&self, contraction: &Contraction) -> Helper {
+        if self.stored(contraction.weight.value) == Stored::Bf16Bits { Helper::MatMulBf16 } else { Helper::MatMul }
     }
 
     /// The loops over the output's rows (`axes`), then one kernel call.
@@ -518,8 +539,8 @@ impl Lowerer<'_, '_> {
                 let first = self.builder.ins().imul(at, call.columns);
                 let bytes = self.builder.ins().imul_imm_s(first, 4);
                 let target = self.builder.ins().iadd(call.out, bytes);
-                let kernel = if self.stored(call.contraction.weight.value) == Stored::Bf16Bits { Helper::MatVecBf16 } else { Helper::MatVec };
-                self.call(kernel, &[input, weight, target, call.columns, call.depth]);
+                let one = self.builder.ins().iconst(types::I64, 1);
+                self.call(call.kernel, &[input, weight, target, call.columns, call.depth, one]);
                 let next = self.builder.ins().iadd_imm_s(at, 1);
                 self.builder.def_var(call.row, next);
             }
@@ -682,7 +703,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
         Shape::Float1 => (types::F64, 1),
         Shape::Float2 => (types::F64, 2),
         Shape::Int2 => (types::I64, 2),
-        Shape::MatVec => (types::I64, 5),
+        Shape::MatMul => (types::I64, 6),
     };
     signature.params.extend(std::iter::repeat_n(AbiParam::new(kind), arity));
     signature.returns.push(AbiParam::new(kind));
@@ -724,7 +745,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             let flags = MemFlagsData::trusted();
             let dims: HashMap<Dim, ClValue> =
                 table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
-            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatVec]
+            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul]
                 .into_iter()
                 .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
                 .collect();
@@ -743,7 +764,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             // The kernel takes f32 inputs; a bf16 parameter as the input
             // row (never so in the models) runs as generated loops.
             match contraction::of(entry, at).filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
-                Some(contraction) => lowerer.contraction(&contraction, &axes, &shape, out),
+                Some(contraction) => lowerer.contraction(&contraction, &node.shape, &axes, &shape, out),
                 None => {
                     let invariants = invariant::invariants(scalar, shape.len() as u32);
                     let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };

@@ -1,7 +1,7 @@
 //! The functions generated code calls: for what hardware would not do as
 //! the interpreter does (bf16/f16 rounding, `exp`, NaN-aware `max`,
-//! Euclidean division), and the hand-tuned matrix–vector kernel that
-//! contractions run on (`matvec`). They reach a kernel as a table of pointers, its
+//! Euclidean division), and the hand-tuned kernel contractions run on
+//! (`matmul`). They reach a kernel as a table of pointers, its
 //! fourth argument, so compiled code has no symbols to resolve: the same
 //! bytes run from the JIT and from an artifact's object file.
 
@@ -24,8 +24,8 @@ pub enum Helper {
     Rem,
     DivEuclid,
     RemEuclid,
-    MatVec,
-    MatVecBf16,
+    MatMul,
+    MatMulBf16,
 }
 
 /// The argument and result kinds of a helper.
@@ -37,8 +37,9 @@ pub enum Shape {
     Float2,
     /// `fn(i64, i64) -> i64`
     Int2,
-    /// `fn(input, weight, out, columns, depth) -> i64`: pointers and counts.
-    MatVec,
+    /// `fn(input, weight, out, columns, depth, rows) -> i64`: pointers and
+    /// counts.
+    MatMul,
 }
 
 impl Helper {
@@ -51,7 +52,7 @@ impl Helper {
             Helper::Exp | Helper::Ln | Helper::Cos | Helper::Sin | Helper::Tanh | Helper::RoundBf16 | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
-            Helper::MatVec | Helper::MatVecBf16 => Shape::MatVec,
+            Helper::MatMul | Helper::MatMulBf16 => Shape::MatMul,
         }
     }
 }
@@ -93,31 +94,31 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
     tensor::rem_euclid(x, y)
 }
 
-/// `matvec` over raw parts, for weights of element type `W`.
+/// `matmul` over raw parts, for weights of element type `W`.
 ///
 /// # Safety
-/// `input` points at `depth` values, `weight` at `columns × depth`, `out`
-/// at room for `columns`: generated code passes checked rows.
-unsafe fn matvec_parts<W: super::matvec::Weight + Sync>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64) -> i64 {
-    let (columns, depth) = (columns as usize, depth as usize);
+/// `input` points at `rows × depth` values, `weight` at `columns × depth`,
+/// `out` at room for `rows × columns`: generated code passes checked rows.
+unsafe fn matmul_parts<W: super::matmul::Weight + Sync>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
+    let (columns, depth, rows) = (columns as usize, depth as usize, rows as usize);
     // SAFETY: as the caller promises.
     unsafe {
-        let input = std::slice::from_raw_parts(input, depth);
+        let input = std::slice::from_raw_parts(input, rows * depth);
         let weight = std::slice::from_raw_parts(weight, columns * depth);
-        let out = std::slice::from_raw_parts_mut(out, columns);
-        super::matvec::matvec(input, weight, out);
+        let out = std::slice::from_raw_parts_mut(out, rows * columns);
+        super::matmul::matmul(input, weight, out, rows);
     }
     0
 }
 
-extern "C" fn matvec(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64) -> i64 {
-    // SAFETY: generated code passes checked rows (see `matvec_parts`).
-    unsafe { matvec_parts(input, weight, out, columns, depth) }
+extern "C" fn matmul(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
+    // SAFETY: generated code passes checked rows (see `matmul_parts`).
+    unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
 }
 
-extern "C" fn matvec_bf16(input: *const f32, weight: *const u16, out: *mut f32, columns: i64, depth: i64) -> i64 {
-    // SAFETY: generated code passes checked rows (see `matvec_parts`).
-    unsafe { matvec_parts(input, weight, out, columns, depth) }
+extern "C" fn matmul_bf16(input: *const f32, weight: *const u16, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
+    // SAFETY: generated code passes checked rows (see `matmul_parts`).
+    unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
 }
 
 /// The table every kernel is called with, in [`Helper`] order.
@@ -135,7 +136,7 @@ pub fn table() -> [*const u8; 14] {
         rem as *const u8,
         div_euclid as *const u8,
         rem_euclid as *const u8,
-        matvec as *const u8,
-        matvec_bf16 as *const u8,
+        matmul as *const u8,
+        matmul_bf16 as *const u8,
     ]
 }

@@ -131,10 +131,12 @@ impl Preparer<'_> {
     }
 }
 
+/// An invariant part's value and the outer position it was computed at.
+type Memo = (Vec<i64>, V);
+
 struct Runner<'v> {
     tensors: Vec<&'v Tensor>,
-    /// Per memo: the outer position it was computed at, and its value.
-    memos: std::cell::RefCell<Vec<Option<(Vec<i64>, V)>>>,
+    memos: std::cell::RefCell<Vec<Option<Memo>>>,
 }
 
 fn float_result(value: f64, dtype: Dtype) -> V {

@@ -1,4 +1,4 @@
-//! The matrix–vector kernel contractions run on: `out[n] = Σₖ input[k] ·
+//! The kernel contractions run on: `out[m, n] = Σₖ input[m, k] ·
 //! weight[n, k]`, with the language's numerics: each product an f32
 //! multiply, the sum in order in f64 starting from the first product, and
 //! the total rounded once to f32. Keeping the order per output is what
@@ -47,46 +47,81 @@ impl Weight for u16 {
     }
 }
 
-/// Products at or above which the rows are shared among threads.
-const PARALLEL_PRODUCTS: usize = 1 << 18;
+/// Products at or above which the weight rows are shared among threads.
+const PARALLEL_PRODUCTS: usize = 1 << 20;
 
-/// `out[n]` for every row `n` of `weight` (`out.len()` rows of
-/// `input.len()` values). Large products split their rows among the
-/// threads of the pool; each output is computed the same way wherever it
-/// runs.
-pub fn matvec<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32]) {
+/// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
+/// (`out` is `rows × columns`, `weight` `columns × depth`). Weight rows
+/// are taken sixteen at a time against every input row while they are in
+/// cache, so a prefill reads each weight once, not once per token. Large
+/// products split the weight rows among the threads of the pool; each
+/// output is computed the same way wherever it runs.
+pub fn matmul<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
     use rayon::prelude::*;
-    let depth = input.len();
-    assert_eq!(weight.len(), out.len() * depth, "a weight row per output");
-    let threads = rayon::current_num_threads();
-    if threads == 1 || out.len() * depth < PARALLEL_PRODUCTS {
-        return rows(input, weight, out);
+    if rows == 0 {
+        return;
     }
-    let chunk = out.len().div_ceil(threads).next_multiple_of(16);
-    out.par_chunks_mut(chunk).zip(weight.par_chunks(chunk * depth)).for_each(|(out, weight)| rows(input, weight, out));
+    let (depth, columns) = (input.len() / rows, out.len() / rows);
+    assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
+    let target = Target { out: out.as_mut_ptr(), columns };
+    let threads = rayon::current_num_threads();
+    if threads == 1 || rows * columns * depth < PARALLEL_PRODUCTS {
+        // SAFETY: all of `out`'s columns, on this thread.
+        return unsafe { block_columns(input, weight, &target, rows, 0..columns) };
+    }
+    let chunk = columns.div_ceil(threads).next_multiple_of(16);
+    (0..columns.div_ceil(chunk)).into_par_iter().for_each(|part| {
+        let range = part * chunk..((part + 1) * chunk).min(columns);
+        // SAFETY: each part writes its own columns of `out`.
+        unsafe { block_columns(input, weight, &target, rows, range) }
+    });
 }
 
-/// `matvec` on this thread.
-fn rows<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32]) {
-    let depth = input.len();
-    let mut done = 0;
+/// `out` as threads share it: each writes a disjoint range of columns.
+struct Target {
+    out: *mut f32,
+    columns: usize,
+}
+
+// SAFETY: writers through a `Target` write disjoint columns (`matmul`).
+unsafe impl Sync for Target {}
+
+/// Columns `range` of every output row.
+///
+/// # Safety
+/// No other thread writes these columns of `target`, which has `rows`
+/// rows of `target.columns`.
+unsafe fn block_columns<W: Weight>(input: &[f32], weight: &[W], target: &Target, rows: usize, range: std::ops::Range<usize>) {
+    let depth = input.len() / rows;
+    let out_row = |m: usize, n: usize, count: usize| {
+        // SAFETY: `m < rows` and `n + count <= columns`, inside `out`; the
+        // caller owns these columns.
+        unsafe { std::slice::from_raw_parts_mut(target.out.add(m * target.columns + n), count) }
+    };
+    let mut done = range.start;
     #[cfg(target_arch = "x86_64")]
     if depth > 0 && std::arch::is_x86_feature_detected!("avx") {
         // SAFETY: AVX is present; `block` reads rows `done..done + 4·G` of
         // `weight` and writes as many outputs, all in bounds below.
         unsafe {
-            while done + 16 <= out.len() {
-                avx::block::<4, W>(input, weight, done, &mut out[done..done + 16]);
+            while done + 16 <= range.end {
+                for m in 0..rows {
+                    avx::block::<4, W>(&input[m * depth..(m + 1) * depth], weight, done, out_row(m, done, 16));
+                }
                 done += 16;
             }
-            while done + 4 <= out.len() {
-                avx::block::<1, W>(input, weight, done, &mut out[done..done + 4]);
+            while done + 4 <= range.end {
+                for m in 0..rows {
+                    avx::block::<1, W>(&input[m * depth..(m + 1) * depth], weight, done, out_row(m, done, 4));
+                }
                 done += 4;
             }
         }
     }
-    for (n, slot) in out.iter_mut().enumerate().skip(done) {
-        *slot = row(input, &weight[n * depth..(n + 1) * depth]);
+    for n in done..range.end {
+        for m in 0..rows {
+            out_row(m, n, 1)[0] = row(&input[m * depth..(m + 1) * depth], &weight[n * depth..(n + 1) * depth]);
+        }
     }
 }
 
@@ -156,7 +191,7 @@ mod avx {
 
 #[cfg(test)]
 mod tests {
-    use super::{matvec, row};
+    use super::{matmul, row};
 
     #[test]
     fn every_output_is_the_ordered_f64_sum() {
@@ -173,23 +208,24 @@ mod tests {
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(((seed >> 8) % 24) as i32 - 12)
         };
         // The last pair is large enough to be shared among threads.
-        let shapes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 15, 16, 17, 33, 64].map(|columns| (depth, columns)));
-        for (depth, columns) in shapes.chain([(1030, 301)]) {
+        let shapes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 15, 16, 17, 33, 64].map(|columns| (depth, columns, 1 + depth % 3)));
+        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (515, 70, 9), (257, 300, 20)]) {
             {
-                let input: Vec<f32> = (0..depth).map(|_| draw()).collect();
+                let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
                 let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
                 let bits: Vec<u16> = weight.iter().map(|w| half::bf16::from_f32(*w).to_bits()).collect();
                 let widened: Vec<f32> = bits.iter().map(|b| crate::interp::tensor::bf16_value(*b)).collect();
-                let mut out = vec![f32::NAN; columns];
+                let mut out = vec![f32::NAN; rows * columns];
                 if bf16 {
-                    matvec(&input, &bits, &mut out);
+                    matmul(&input, &bits, &mut out, rows);
                 } else {
-                    matvec(&input, &weight, &mut out);
+                    matmul(&input, &weight, &mut out, rows);
                 }
                 let reference = if bf16 { &widened } else { &weight };
-                for (n, value) in out.iter().enumerate() {
-                    let expected = row(&input, &reference[n * depth..(n + 1) * depth]);
-                    assert_eq!(value.to_bits(), expected.to_bits(), "bf16 {bf16}, depth {depth}, columns {columns}, row {n}");
+                for (at, value) in out.iter().enumerate() {
+                    let (m, n) = (at / columns, at % columns);
+                    let expected = row(&input[m * depth..(m + 1) * depth], &reference[n * depth..(n + 1) * depth]);
+                    assert_eq!(value.to_bits(), expected.to_bits(), "bf16 {bf16}, depth {depth}, columns {columns}, output {m}, {n}");
                 }
             }
         }
