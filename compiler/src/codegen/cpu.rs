@@ -661,26 +661,11 @@ fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
     fn walk(entry: &Entry, scalar: &Scalar, out: &mut Vec<Dim>) {
         match scalar {
             Scalar::Dim(dim) => out.push(dim.clone()),
-            Scalar::Load(value, positions, _) => {
-                out.extend(entry.nodes[value.index()].shape.iter().cloned());
-                positions.iter().for_each(|p| walk(entry, p, out));
-            }
-            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => walk(entry, a, out),
-            Scalar::Binary(_, a, b, _) => {
-                walk(entry, a, out);
-                walk(entry, b, out);
-            }
-            Scalar::Select(c, a, b, _) => {
-                walk(entry, c, out);
-                walk(entry, a, out);
-                walk(entry, b, out);
-            }
-            Scalar::Reduce { extent, body, .. } => {
-                out.push(extent.clone());
-                walk(entry, body, out);
-            }
-            Scalar::Index(..) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+            Scalar::Load(value, ..) => out.extend(entry.nodes[value.index()].shape.iter().cloned()),
+            Scalar::Reduce { extent, .. } => out.push(extent.clone()),
+            _ => {}
         }
+        scalar.for_each_child(&mut |child| walk(entry, child, out));
     }
     let mut out = shape.to_vec();
     walk(entry, scalar, &mut out);

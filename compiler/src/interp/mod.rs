@@ -103,15 +103,10 @@ pub fn hoistable(entry: &Entry) -> Vec<bool> {
 /// Whether every dim a scalar expression reads is a constant.
 fn fixed_dims(scalar: &crate::ir::Scalar) -> bool {
     use crate::ir::Scalar;
-    match scalar {
-        Scalar::Dim(dim) => dim.as_constant().is_some(),
-        Scalar::Load(_, positions, _) => positions.iter().all(fixed_dims),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => fixed_dims(a),
-        Scalar::Binary(_, a, b, _) => fixed_dims(a) && fixed_dims(b),
-        Scalar::Select(c, a, b, _) => fixed_dims(c) && fixed_dims(a) && fixed_dims(b),
-        Scalar::Reduce { extent, body, .. } => extent.as_constant().is_some() && fixed_dims(body),
-        _ => true,
-    }
+    !scalar.any(&|s| match s {
+        Scalar::Dim(dim) | Scalar::Reduce { extent: dim, .. } => dim.as_constant().is_none(),
+        _ => false,
+    })
 }
 
 impl Machine {

@@ -81,13 +81,5 @@ fn loaded<'e>(entry: &Entry, operand: &'e Scalar, index: u32, extent: &Dim) -> O
 
 /// Whether index `axis` occurs in `scalar`.
 fn reads_index(scalar: &Scalar, axis: u32) -> bool {
-    match scalar {
-        Scalar::Index(index, _) => *index == axis,
-        Scalar::Load(_, positions, _) => positions.iter().any(|p| reads_index(p, axis)),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => reads_index(a, axis),
-        Scalar::Binary(_, a, b, _) => reads_index(a, axis) || reads_index(b, axis),
-        Scalar::Select(c, a, b, _) => reads_index(c, axis) || reads_index(a, axis) || reads_index(b, axis),
-        Scalar::Reduce { index, body, .. } => *index == axis || reads_index(body, axis),
-        Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => false,
-    }
+    scalar.any(&|s| matches!(s, Scalar::Index(index, _) | Scalar::Reduce { index, .. } if *index == axis))
 }

@@ -158,15 +158,12 @@ impl Inliner<'_> {
 }
 
 fn max_index(scalar: &Scalar) -> u32 {
-    match scalar {
-        Scalar::Index(index, _) => *index,
-        Scalar::Load(_, positions, _) => positions.iter().map(max_index).max().unwrap_or(0),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => max_index(a),
-        Scalar::Binary(_, a, b, _) => max_index(a).max(max_index(b)),
-        Scalar::Select(c, a, b, _) => max_index(c).max(max_index(a)).max(max_index(b)),
-        Scalar::Reduce { index, body, .. } => (*index).max(max_index(body)),
-        Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => 0,
-    }
+    let mut most = match scalar {
+        Scalar::Index(index, _) | Scalar::Reduce { index, .. } => *index,
+        _ => 0,
+    };
+    scalar.for_each_child(&mut |child| most = most.max(max_index(child)));
+    most
 }
 
 /// The producer's axes become the consumer's indices in `axes`; its
@@ -174,25 +171,14 @@ fn max_index(scalar: &Scalar) -> u32 {
 fn renumber(scalar: &mut Scalar, axes: &[u32], next: &mut u32, reductions: &mut HashMap<u32, u32>) {
     match scalar {
         Scalar::Index(index, _) => *index = reductions.get(index).copied().unwrap_or_else(|| axes[*index as usize]),
-        Scalar::Load(_, positions, _) => positions.iter_mut().for_each(|p| renumber(p, axes, next, reductions)),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => renumber(a, axes, next, reductions),
-        Scalar::Binary(_, a, b, _) => {
-            renumber(a, axes, next, reductions);
-            renumber(b, axes, next, reductions);
-        }
-        Scalar::Select(c, a, b, _) => {
-            renumber(c, axes, next, reductions);
-            renumber(a, axes, next, reductions);
-            renumber(b, axes, next, reductions);
-        }
-        Scalar::Reduce { index, body, .. } => {
+        Scalar::Reduce { index, .. } => {
             reductions.insert(*index, *next);
             *index = *next;
             *next += 1;
-            renumber(body, axes, next, reductions);
         }
-        Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        _ => {}
     }
+    scalar.for_each_child_mut(&mut |child| renumber(child, axes, next, reductions));
 }
 
 /// Drops the fused nodes and renumbers the values after them.
@@ -224,22 +210,8 @@ fn remove(entry: &mut Entry, fused: &[bool]) {
 }
 
 fn rename_loads(scalar: &mut Scalar, rename: &dyn Fn(&mut Value)) {
-    match scalar {
-        Scalar::Load(value, positions, _) => {
-            rename(value);
-            positions.iter_mut().for_each(|p| rename_loads(p, rename));
-        }
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => rename_loads(a, rename),
-        Scalar::Binary(_, a, b, _) => {
-            rename_loads(a, rename);
-            rename_loads(b, rename);
-        }
-        Scalar::Select(c, a, b, _) => {
-            rename_loads(c, rename);
-            rename_loads(a, rename);
-            rename_loads(b, rename);
-        }
-        Scalar::Reduce { body, .. } => rename_loads(body, rename),
-        Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+    if let Scalar::Load(value, ..) = scalar {
+        rename(value);
     }
+    scalar.for_each_child_mut(&mut |child| rename_loads(child, rename));
 }

@@ -35,40 +35,25 @@ fn collect<'s>(scalar: &'s Scalar, rank: u32, out: &mut Vec<Invariant<'s>>) {
         }
     }
     match scalar {
-        Scalar::Load(_, positions, _) => positions.iter().for_each(|p| collect(p, rank, out)),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => collect(a, rank, out),
-        Scalar::Binary(_, a, b, _) => {
-            collect(a, rank, out);
-            collect(b, rank, out);
-        }
         // Branches are lazy, and a reduction's body varies with its index.
         Scalar::Select(c, _, _, _) => collect(c, rank, out),
-        Scalar::Reduce { .. } | Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        Scalar::Reduce { .. } => {}
+        _ => scalar.for_each_child(&mut |child| collect(child, rank, out)),
     }
 }
 
 /// Whether `scalar` contains a reduction.
 pub fn reduces(scalar: &Scalar) -> bool {
-    match scalar {
-        Scalar::Reduce { .. } => true,
-        Scalar::Load(_, positions, _) => positions.iter().any(reduces),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => reduces(a),
-        Scalar::Binary(_, a, b, _) => reduces(a) || reduces(b),
-        Scalar::Select(c, a, b, _) => reduces(c) || reduces(a) || reduces(b),
-        Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => false,
-    }
+    scalar.any(&|s| matches!(s, Scalar::Reduce { .. }))
 }
 
 /// One past the last of the node's axes (indices below `rank`) that
 /// `scalar` reads; reduction indices are bound inside it.
 fn outer_axes(scalar: &Scalar, rank: u32) -> u32 {
-    match scalar {
+    let mut level = match scalar {
         Scalar::Index(index, _) if *index < rank => index + 1,
-        Scalar::Load(_, positions, _) => positions.iter().map(|p| outer_axes(p, rank)).max().unwrap_or(0),
-        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => outer_axes(a, rank),
-        Scalar::Binary(_, a, b, _) => outer_axes(a, rank).max(outer_axes(b, rank)),
-        Scalar::Select(c, a, b, _) => outer_axes(c, rank).max(outer_axes(a, rank)).max(outer_axes(b, rank)),
-        Scalar::Reduce { body, .. } => outer_axes(body, rank),
-        Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => 0,
-    }
+        _ => 0,
+    };
+    scalar.for_each_child(&mut |child| level = level.max(outer_axes(child, rank)));
+    level
 }

@@ -234,26 +234,57 @@ impl Scalar {
         }
     }
 
-    /// Every value this expression loads.
-    pub fn loads(&self, out: &mut Vec<Value>) {
+    /// Calls `visit` on each direct subexpression, in evaluation order.
+    pub fn for_each_child<'s>(&'s self, visit: &mut dyn FnMut(&'s Scalar)) {
         match self {
-            Scalar::Load(value, positions, _) => {
-                out.push(*value);
-                positions.iter().for_each(|p| p.loads(out));
-            }
-            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => a.loads(out),
+            Scalar::Load(_, positions, _) => positions.iter().for_each(visit),
+            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => visit(a),
             Scalar::Binary(_, a, b, _) => {
-                a.loads(out);
-                b.loads(out);
+                visit(a);
+                visit(b);
             }
             Scalar::Select(c, a, b, _) => {
-                c.loads(out);
-                a.loads(out);
-                b.loads(out);
+                visit(c);
+                visit(a);
+                visit(b);
             }
-            Scalar::Reduce { body, .. } => body.loads(out),
+            Scalar::Reduce { body, .. } => visit(body),
             Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
         }
+    }
+
+    /// Calls `visit` on each direct subexpression, to change it.
+    pub fn for_each_child_mut(&mut self, visit: &mut dyn FnMut(&mut Scalar)) {
+        match self {
+            Scalar::Load(_, positions, _) => positions.iter_mut().for_each(visit),
+            Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => visit(a),
+            Scalar::Binary(_, a, b, _) => {
+                visit(a);
+                visit(b);
+            }
+            Scalar::Select(c, a, b, _) => {
+                visit(c);
+                visit(a);
+                visit(b);
+            }
+            Scalar::Reduce { body, .. } => visit(body),
+            Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => {}
+        }
+    }
+
+    /// Whether `test` holds for this expression or any inside it.
+    pub fn any(&self, test: &dyn Fn(&Scalar) -> bool) -> bool {
+        let mut found = test(self);
+        self.for_each_child(&mut |child| found = found || child.any(test));
+        found
+    }
+
+    /// Every value this expression loads.
+    pub fn loads(&self, out: &mut Vec<Value>) {
+        if let Scalar::Load(value, ..) = self {
+            out.push(*value);
+        }
+        self.for_each_child(&mut |child| child.loads(out));
     }
 }
 
