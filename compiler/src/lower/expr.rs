@@ -719,26 +719,26 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
     }
 
     /// The same elements in a new shape, in row-major order.
+    /// A reshape reads each input element at the output index's position
+    /// in row-major order. Axes are first matched in groups of equal
+    /// element count (`[B, S, 4096]` to `[B, S, 32, 128]`: `B`, `S`, and
+    /// `4096 = 32 · 128`), so each input position depends on its own
+    /// group's indices only, and a group with one input axis needs no
+    /// division: most reshapes become plain index arithmetic.
     fn reshape(&mut self, value: Value, shape: Vec<Dim>) -> Value {
         let from = self.builder.shape(value).to_vec();
         let dtype = self.builder.dtype(value);
         if from == shape {
             return value;
         }
-        // The flat position of the output index, then the input's index.
-        let mut flat = Scalar::Int(0, Dtype::I64);
-        for (at, dim) in shape.iter().enumerate() {
-            let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(flat), Box::new(Scalar::Dim(dim.clone())), Dtype::I64);
-            flat = Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(Scalar::Index(at as u32, Dtype::I64)), Dtype::I64);
-        }
         let mut positions = Vec::with_capacity(from.len());
-        let mut stride = Dim::constant(1);
-        for dim in from.iter().rev() {
-            let divided = Scalar::Binary(BinaryOp::Div, Box::new(flat.clone()), Box::new(Scalar::Dim(stride.clone())), Dtype::I64);
-            positions.push(Scalar::Binary(BinaryOp::Rem, Box::new(divided), Box::new(Scalar::Dim(dim.clone())), Dtype::I64));
-            stride = stride.mul(dim);
+        let (mut input, mut output) = (0, 0);
+        while input < from.len() || output < shape.len() {
+            let (inputs, outputs) = reshape_group(&from[input..], &shape[output..]);
+            positions.extend(group_positions(&from[input..input + inputs], &shape[output..output + outputs], output));
+            input += inputs;
+            output += outputs;
         }
-        positions.reverse();
         self.builder.compute(shape, Scalar::Load(value, positions, dtype))
     }
 
@@ -1035,3 +1035,58 @@ fn rename(scalar: Scalar, renames: &HashMap<u32, u32>) -> Scalar {
     }
 }
 
+
+/// The fewest leading input and output axes with equal element counts (the
+/// rest of both when none are fewer). Where one side is used up, the
+/// other's remaining axes are all 1.
+fn reshape_group(from: &[Dim], to: &[Dim]) -> (usize, usize) {
+    let product = |dims: &[Dim]| dims.iter().fold(Dim::constant(1), |total, dim| total.mul(dim));
+    if from.is_empty() || to.is_empty() {
+        return (from.len(), to.len());
+    }
+    for total in 2..=from.len() + to.len() {
+        for inputs in 1..total.min(from.len() + 1) {
+            let outputs = total - inputs;
+            if outputs <= to.len() && product(&from[..inputs]) == product(&to[..outputs]) {
+                return (inputs, outputs);
+            }
+        }
+    }
+    (from.len(), to.len())
+}
+
+/// The input positions of one group: the output indices (numbered from
+/// `first`) flattened in row-major order, then split over the input axes;
+/// axes of size 1 are skipped on both sides, and a lone input axis takes
+/// the flat position as it is.
+fn group_positions(from: &[Dim], to: &[Dim], first: usize) -> Vec<Scalar> {
+    let one = Dim::constant(1);
+    let mut flat: Option<Scalar> = None;
+    for (at, dim) in to.iter().enumerate() {
+        if *dim == one {
+            continue;
+        }
+        let index = Scalar::Index((first + at) as u32, Dtype::I64);
+        flat = Some(match flat {
+            None => index,
+            Some(outer) => {
+                let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(outer), Box::new(Scalar::Dim(dim.clone())), Dtype::I64);
+                Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(index), Dtype::I64)
+            }
+        });
+    }
+    let flat = flat.unwrap_or(Scalar::Int(0, Dtype::I64));
+    let sized: Vec<usize> = (0..from.len()).filter(|&at| from[at] != one).collect();
+    let mut positions = vec![Scalar::Int(0, Dtype::I64); from.len()];
+    if let [only] = sized[..] {
+        positions[only] = flat;
+        return positions;
+    }
+    let mut stride = Dim::constant(1);
+    for &at in sized.iter().rev() {
+        let divided = if stride == one { flat.clone() } else { Scalar::Binary(BinaryOp::Div, Box::new(flat.clone()), Box::new(Scalar::Dim(stride.clone())), Dtype::I64) };
+        positions[at] = if at == sized[0] { divided } else { Scalar::Binary(BinaryOp::Rem, Box::new(divided), Box::new(Scalar::Dim(from[at].clone())), Dtype::I64) };
+        stride = stride.mul(&from[at]);
+    }
+    positions
+}
