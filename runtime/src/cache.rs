@@ -50,7 +50,10 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
     let package = checked.package.as_ref().expect("a lowered package was loaded");
     // Built aside and renamed into place, so a reader never sees half an
     // artifact; when another process got there first, its copy is kept.
-    let partial = dir.with_extension(format!("partial-{}", std::process::id()));
+    // Unique to this build: another thread or process may build the same.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = dir.with_extension(format!("partial-{}-{build}", std::process::id()));
     let started = std::time::Instant::now();
     artifact::write(&model, package, key, &partial)?;
     if std::fs::rename(&partial, &dir).is_err() {

@@ -79,6 +79,14 @@ fn packages_are_built_once_per_content() {
         std::fs::copy(root().join("examples/tiny-mlp").join(file), package.join(file)).unwrap();
     }
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    // Two threads building the same package at once both get the artifact.
+    let built: Vec<PathBuf> = std::thread::scope(|scope| {
+        let builds: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| linnet_runtime::cache::artifact_in(Some(&cache), &package, &LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() })))
+            .collect();
+        builds.into_iter().map(|build| build.join().unwrap().unwrap()).collect()
+    });
+    assert_eq!(built[0], built[1]);
     let first = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
     assert!(first.starts_with(&cache) && artifact::is_artifact(&first));
     let modified = std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap();

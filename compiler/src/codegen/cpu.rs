@@ -191,6 +191,24 @@ impl Lowerer<'_, '_> {
         result
     }
 
+    /// Euclidean `x / c` or `x % c` for a constant `c > 0`, inline: the
+    /// truncating quotient and remainder, moved down by one where the
+    /// remainder is negative.
+    fn euclid_by_constant(&mut self, op: BinaryOp, x: ClValue, divisor: i64, dtype: Dtype) -> ClValue {
+        let c = self.builder.ins().iconst(types::I64, divisor);
+        let remainder = self.builder.ins().srem(x, c);
+        let negative = self.builder.ins().icmp_imm_s(IntCC::SignedLessThan, remainder, 0);
+        let value = if op == BinaryOp::Rem {
+            let lifted = self.builder.ins().iadd(remainder, c);
+            self.builder.ins().select(negative, lifted, remainder)
+        } else {
+            let quotient = self.builder.ins().sdiv(x, c);
+            let lowered = self.builder.ins().iadd_imm_s(quotient, -1);
+            self.builder.ins().select(negative, lowered, quotient)
+        };
+        self.wrap(value, dtype)
+    }
+
     /// An integer wrapped to `dtype`.
     fn wrap(&mut self, value: ClValue, dtype: Dtype) -> ClValue {
         if dtype == Dtype::I32 {
@@ -269,6 +287,12 @@ impl Lowerer<'_, '_> {
                         self.float_result(y, *dtype)
                     }
                 }
+            }
+            Scalar::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), a, b, dtype) if dtype.is_int() && positive_constant(b).is_some() => {
+                let divisor = positive_constant(b).expect("checked above");
+                let a = self.scalar(a);
+                let x = self.i(a);
+                Reg::I(self.euclid_by_constant(*op, x, divisor, *dtype))
             }
             Scalar::Binary(op, a, b, dtype) => {
                 let (a, b) = (self.scalar(a), self.scalar(b));
@@ -653,6 +677,16 @@ impl Stored {
             Stored::Int => 8,
         }
     }
+}
+
+/// The value of a constant integer operand, when it is positive.
+fn positive_constant(scalar: &Scalar) -> Option<i64> {
+    let value = match scalar {
+        Scalar::Int(value, dtype) => crate::interp::tensor::wrap(*value, *dtype),
+        Scalar::Dim(dim) => dim.as_constant()?,
+        _ => return None,
+    };
+    (value > 0).then_some(value)
 }
 
 /// Every dim, not a constant, that a node's function reads: its shape, its
