@@ -42,15 +42,13 @@ enum Reg {
 
 type ClValue = cranelift_codegen::ir::Value;
 
-/// What each row of a contraction passes to the kernel: the output row
-/// counter and buffer, the row's length and depth, and the kernel.
+/// What each row of a contraction records: the output row counter and
+/// buffer, and the row's length.
 struct RowCall<'c> {
     contraction: &'c Contraction<'c>,
     row: Variable,
     out: ClValue,
     columns: ClValue,
-    depth: ClValue,
-    kernel: Helper,
 }
 
 struct Lowerer<'b, 'f> {
@@ -541,11 +539,16 @@ impl Lowerer<'_, '_> {
             self.call(kernel, &[input, weight, out, columns, depth, rows]);
             return;
         }
-        let row = self.builder.declare_var(types::I64);
+        // Rows that pick their weights are recorded, then run by weight
+        // matrix (`helpers::batch_run`).
         let zero = self.builder.ins().iconst(types::I64, 0);
+        self.call(Helper::BatchStart, &[zero, zero, zero]);
+        let row = self.builder.declare_var(types::I64);
         self.builder.def_var(row, zero);
-        let call = RowCall { contraction, row, out, columns, depth, kernel };
+        let call = RowCall { contraction, row, out, columns };
         self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
+        let bf16 = self.builder.ins().iconst(types::I64, i64::from(kernel == Helper::MatMulBf16));
+        self.call(Helper::BatchRun, &[columns, depth, bf16]);
     }
 
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
@@ -563,8 +566,7 @@ impl Lowerer<'_, '_> {
                 let first = self.builder.ins().imul(at, call.columns);
                 let bytes = self.builder.ins().imul_imm_s(first, 4);
                 let target = self.builder.ins().iadd(call.out, bytes);
-                let one = self.builder.ins().iconst(types::I64, 1);
-                self.call(call.kernel, &[input, weight, target, call.columns, call.depth, one]);
+                self.call(Helper::BatchRow, &[input, weight, target]);
                 let next = self.builder.ins().iadd_imm_s(at, 1);
                 self.builder.def_var(call.row, next);
             }
@@ -723,6 +725,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
         Shape::Float2 => (types::F64, 2),
         Shape::Int2 => (types::I64, 2),
         Shape::MatMul => (types::I64, 6),
+        Shape::Int3 => (types::I64, 3),
     };
     signature.params.extend(std::iter::repeat_n(AbiParam::new(kind), arity));
     signature.returns.push(AbiParam::new(kind));
@@ -764,7 +767,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             let flags = MemFlagsData::trusted();
             let dims: HashMap<Dim, ClValue> =
                 table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
-            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul]
+            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul, Shape::Int3]
                 .into_iter()
                 .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
                 .collect();

@@ -26,6 +26,9 @@ pub enum Helper {
     RemEuclid,
     MatMul,
     MatMulBf16,
+    BatchStart,
+    BatchRow,
+    BatchRun,
 }
 
 /// The argument and result kinds of a helper.
@@ -40,6 +43,8 @@ pub enum Shape {
     /// `fn(input, weight, out, columns, depth, rows) -> i64`: pointers and
     /// counts.
     MatMul,
+    /// `fn(i64, i64, i64) -> i64`
+    Int3,
 }
 
 impl Helper {
@@ -53,6 +58,7 @@ impl Helper {
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
             Helper::MatMul | Helper::MatMulBf16 => Shape::MatMul,
+            Helper::BatchStart | Helper::BatchRow | Helper::BatchRun => Shape::Int3,
         }
     }
 }
@@ -121,8 +127,50 @@ extern "C" fn matmul_bf16(input: *const f32, weight: *const u16, out: *mut f32, 
     unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
 }
 
+thread_local! {
+    /// The rows of a contraction whose rows pick their weights (an expert
+    /// per token), as its kernel walks them: (input, weight, output).
+    static BATCH: std::cell::RefCell<Vec<(usize, usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+extern "C" fn batch_start(_: i64, _: i64, _: i64) -> i64 {
+    BATCH.with_borrow_mut(Vec::clear);
+    0
+}
+
+extern "C" fn batch_row(input: i64, weight: i64, out: i64) -> i64 {
+    BATCH.with_borrow_mut(|rows| rows.push((input as usize, weight as usize, out as usize)));
+    0
+}
+
+/// Runs the recorded rows, the rows of each weight matrix together, so
+/// that a prefill reads each expert's weights once.
+extern "C" fn batch_run(columns: i64, depth: i64, bf16: i64) -> i64 {
+    let mut rows = BATCH.with_borrow_mut(std::mem::take);
+    rows.sort_by_key(|(_, weight, _)| *weight);
+    let (columns, depth) = (columns as usize, depth as usize);
+    for group in rows.chunk_by(|a, b| a.1 == b.1) {
+        let batch = super::matmul::Rows {
+            inputs: group.iter().map(|(input, ..)| *input as *const f32).collect(),
+            outs: group.iter().map(|(.., out)| *out as *mut f32).collect(),
+        };
+        let weight = group[0].1;
+        // SAFETY: generated code recorded checked rows: `depth` inputs,
+        // room for `columns` outputs, a `columns × depth` weight matrix of
+        // bf16 bits or f32 as `bf16` says.
+        unsafe {
+            if bf16 != 0 {
+                super::matmul::matmul_rows(&batch, std::slice::from_raw_parts(weight as *const u16, columns * depth), columns, depth);
+            } else {
+                super::matmul::matmul_rows(&batch, std::slice::from_raw_parts(weight as *const f32, columns * depth), columns, depth);
+            }
+        }
+    }
+    0
+}
+
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 14] {
+pub fn table() -> [*const u8; 17] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -138,5 +186,8 @@ pub fn table() -> [*const u8; 14] {
         rem_euclid as *const u8,
         matmul as *const u8,
         matmul_bf16 as *const u8,
+        batch_start as *const u8,
+        batch_row as *const u8,
+        batch_run as *const u8,
     ]
 }

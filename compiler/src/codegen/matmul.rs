@@ -51,76 +51,103 @@ impl Weight for u16 {
 const PARALLEL_PRODUCTS: usize = 1 << 20;
 
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
-/// (`out` is `rows × columns`, `weight` `columns × depth`). Weight rows
-/// are taken sixteen at a time against every input row while they are in
-/// cache, so a prefill reads each weight once, not once per token. Large
-/// products split the weight rows among the threads of the pool; each
-/// output is computed the same way wherever it runs.
+/// (`out` is `rows × columns`, `weight` `columns × depth`).
 pub fn matmul<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
-    use rayon::prelude::*;
     if rows == 0 {
         return;
     }
     let (depth, columns) = (input.len() / rows, out.len() / rows);
     assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
-    let target = Target { out: out.as_mut_ptr(), columns };
+    let rows = Rows {
+        // SAFETY: row `m` of each is inside its slice.
+        inputs: (0..rows).map(|m| unsafe { input.as_ptr().add(m * depth) }).collect(),
+        outs: (0..rows).map(|m| unsafe { out.as_mut_ptr().add(m * columns) }).collect(),
+    };
+    // SAFETY: the rows point into `input` and `out`, which outlive this
+    // call, with `depth` and `columns` elements each.
+    unsafe { matmul_rows(&rows, weight, columns, depth) }
+}
+
+/// Input rows and the output rows they produce, wherever they are.
+pub struct Rows {
+    pub inputs: Vec<*const f32>,
+    pub outs: Vec<*mut f32>,
+}
+
+// SAFETY: the threads of `matmul_rows` read the inputs and write disjoint
+// columns of the outputs.
+unsafe impl Sync for Rows {}
+
+/// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of `rows`.
+/// Weight rows are taken sixteen at a time against every input row while
+/// they are in cache, so a prefill reads each weight once, not once per
+/// token. Large products split the weight rows among the threads of the
+/// pool; each output is computed the same way wherever it runs.
+///
+/// # Safety
+/// Each input row has `depth` readable values and each output row room
+/// for `columns`; no output row overlaps another or an input.
+pub unsafe fn matmul_rows<W: Weight + Sync>(rows: &Rows, weight: &[W], columns: usize, depth: usize) {
+    use rayon::prelude::*;
+    assert_eq!(weight.len(), columns * depth, "a weight row per column");
     let threads = rayon::current_num_threads();
-    if threads == 1 || rows * columns * depth < PARALLEL_PRODUCTS {
-        // SAFETY: all of `out`'s columns, on this thread.
-        return unsafe { block_columns(input, weight, &target, rows, 0..columns) };
+    if threads == 1 || rows.inputs.len() * columns * depth < PARALLEL_PRODUCTS {
+        // SAFETY: all columns, on this thread.
+        return unsafe { block_columns(rows, weight, depth, 0..columns) };
     }
     let chunk = columns.div_ceil(threads).next_multiple_of(16);
     (0..columns.div_ceil(chunk)).into_par_iter().for_each(|part| {
         let range = part * chunk..((part + 1) * chunk).min(columns);
-        // SAFETY: each part writes its own columns of `out`.
-        unsafe { block_columns(input, weight, &target, rows, range) }
+        // SAFETY: each part writes its own columns of the outputs.
+        unsafe { block_columns(rows, weight, depth, range) }
     });
 }
-
-/// `out` as threads share it: each writes a disjoint range of columns.
-struct Target {
-    out: *mut f32,
-    columns: usize,
-}
-
-// SAFETY: writers through a `Target` write disjoint columns (`matmul`).
-unsafe impl Sync for Target {}
 
 /// Columns `range` of every output row.
 ///
 /// # Safety
-/// No other thread writes these columns of `target`, which has `rows`
-/// rows of `target.columns`.
-unsafe fn block_columns<W: Weight>(input: &[f32], weight: &[W], target: &Target, rows: usize, range: std::ops::Range<usize>) {
-    let depth = input.len() / rows;
-    let out_row = |m: usize, n: usize, count: usize| {
-        // SAFETY: `m < rows` and `n + count <= columns`, inside `out`; the
-        // caller owns these columns.
-        unsafe { std::slice::from_raw_parts_mut(target.out.add(m * target.columns + n), count) }
-    };
+/// As `matmul_rows`, and no other thread writes these columns.
+unsafe fn block_columns<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    // SAFETY: the caller's promises: rows of `depth` inputs, outputs with
+    // room for every column in `range`.
+    let input = |m: usize| unsafe { std::slice::from_raw_parts(rows.inputs[m], depth) };
+    let out = |m: usize, n: usize, count: usize| unsafe { std::slice::from_raw_parts_mut(rows.outs[m].add(n), count) };
     let mut done = range.start;
     #[cfg(target_arch = "x86_64")]
     if depth > 0 && std::arch::is_x86_feature_detected!("avx") {
+        let count = rows.inputs.len();
         // SAFETY: AVX is present; `block` reads rows `done..done + 4·G` of
-        // `weight` and writes as many outputs, all in bounds below.
-        unsafe {
-            while done + 16 <= range.end {
-                for m in 0..rows {
-                    avx::block::<4, W>(&input[m * depth..(m + 1) * depth], weight, done, out_row(m, done, 16));
+        // `weight` and the given input rows, and writes those columns of
+        // the given output rows, all in bounds below.
+        let block = |width: usize, done: usize| unsafe {
+            let mut m = 0;
+            while m + 2 <= count {
+                let (inputs, outs) = ([rows.inputs[m], rows.inputs[m + 1]], [rows.outs[m], rows.outs[m + 1]]);
+                if width == 16 {
+                    avx::block::<4, 2, W>(inputs, depth, weight, done, outs);
+                } else {
+                    avx::block::<1, 2, W>(inputs, depth, weight, done, outs);
                 }
-                done += 16;
+                m += 2;
             }
-            while done + 4 <= range.end {
-                for m in 0..rows {
-                    avx::block::<1, W>(&input[m * depth..(m + 1) * depth], weight, done, out_row(m, done, 4));
+            if m < count {
+                if width == 16 {
+                    avx::block::<4, 1, W>([rows.inputs[m]], depth, weight, done, [rows.outs[m]]);
+                } else {
+                    avx::block::<1, 1, W>([rows.inputs[m]], depth, weight, done, [rows.outs[m]]);
                 }
-                done += 4;
+            }
+        };
+        for width in [16, 4] {
+            while done + width <= range.end {
+                block(width, done);
+                done += width;
             }
         }
     }
     for n in done..range.end {
-        for m in 0..rows {
-            out_row(m, n, 1)[0] = row(&input[m * depth..(m + 1) * depth], &weight[n * depth..(n + 1) * depth]);
+        for m in 0..rows.inputs.len() {
+            out(m, n, 1)[0] = row(input(m), &weight[n * depth..(n + 1) * depth]);
         }
     }
 }
@@ -154,36 +181,47 @@ mod avx {
         unsafe { _mm_set_ps((*rows[3].add(k)).value(), (*rows[2].add(k)).value(), (*rows[1].add(k)).value(), (*rows[0].add(k)).value()) }
     }
 
-    /// Rows `first..first + 4·G` of `weight` against `input`, into `out`.
+    /// Rows `first..first + 4·G` of `weight` against each of the `R`
+    /// input rows, into the `R` output rows (from their column `first`):
+    /// `R · G` sums in flight, each weight column transposed once for all
+    /// the input rows.
     #[target_feature(enable = "avx")]
-    pub unsafe fn block<const G: usize, W: Weight>(input: &[f32], weight: &[W], first: usize, out: &mut [f32]) {
-        let depth = input.len();
+    pub unsafe fn block<const G: usize, const R: usize, W: Weight>(inputs: [*const f32; R], depth: usize, weight: &[W], first: usize, outs: [*mut f32; R]) {
         let base = weight.as_ptr();
         let groups: [[*const W; 4]; G] = std::array::from_fn(|g| std::array::from_fn(|r| unsafe { base.add((first + 4 * g + r) * depth) }));
         unsafe {
             // The first product starts each sum.
-            let a = _mm_set1_ps(input[0]);
-            let mut sums: [__m256d; G] = std::array::from_fn(|g| _mm256_cvtps_pd(_mm_mul_ps(a, column(groups[g], 0))));
+            let mut sums: [[__m256d; G]; R] = std::array::from_fn(|m| {
+                let a = _mm_set1_ps(*inputs[m]);
+                std::array::from_fn(|g| _mm256_cvtps_pd(_mm_mul_ps(a, column(groups[g], 0))))
+            });
             let mut k = 1;
             while k + 4 <= depth {
-                for (g, sum) in sums.iter_mut().enumerate() {
+                for g in 0..G {
                     let columns = transposed(groups[g], k);
-                    for (j, values) in columns.into_iter().enumerate() {
-                        let a = _mm_set1_ps(*input.get_unchecked(k + j));
-                        *sum = _mm256_add_pd(*sum, _mm256_cvtps_pd(_mm_mul_ps(a, values)));
+                    for (m, row) in sums.iter_mut().enumerate() {
+                        for (j, values) in columns.iter().enumerate() {
+                            let a = _mm_set1_ps(*inputs[m].add(k + j));
+                            row[g] = _mm256_add_pd(row[g], _mm256_cvtps_pd(_mm_mul_ps(a, *values)));
+                        }
                     }
                 }
                 k += 4;
             }
             while k < depth {
-                let a = _mm_set1_ps(input[k]);
-                for (g, sum) in sums.iter_mut().enumerate() {
-                    *sum = _mm256_add_pd(*sum, _mm256_cvtps_pd(_mm_mul_ps(a, column(groups[g], k))));
+                for g in 0..G {
+                    let values = column(groups[g], k);
+                    for (m, row) in sums.iter_mut().enumerate() {
+                        let a = _mm_set1_ps(*inputs[m].add(k));
+                        row[g] = _mm256_add_pd(row[g], _mm256_cvtps_pd(_mm_mul_ps(a, values)));
+                    }
                 }
                 k += 1;
             }
-            for (g, sum) in sums.into_iter().enumerate() {
-                _mm_storeu_ps(out.as_mut_ptr().add(4 * g), _mm256_cvtpd_ps(sum));
+            for (m, row) in sums.into_iter().enumerate() {
+                for (g, sum) in row.into_iter().enumerate() {
+                    _mm_storeu_ps(outs[m].add(first + 4 * g), _mm256_cvtpd_ps(sum));
+                }
             }
         }
     }

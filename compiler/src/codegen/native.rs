@@ -27,7 +27,7 @@ pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *c
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// What a kernel needs at a call, as an artifact records it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
