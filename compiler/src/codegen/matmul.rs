@@ -58,10 +58,11 @@ pub fn matmul<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32], ro
     }
     let (depth, columns) = (input.len() / rows, out.len() / rows);
     assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
+    let (input_base, out_base) = (input.as_ptr(), out.as_mut_ptr());
     let rows = Rows {
         // SAFETY: row `m` of each is inside its slice.
-        inputs: (0..rows).map(|m| unsafe { input.as_ptr().add(m * depth) }).collect(),
-        outs: (0..rows).map(|m| unsafe { out.as_mut_ptr().add(m * columns) }).collect(),
+        inputs: (0..rows).map(|m| unsafe { input_base.add(m * depth) }).collect(),
+        outs: (0..rows).map(|m| unsafe { out_base.add(m * columns) }).collect(),
     };
     // SAFETY: the rows point into `input` and `out`, which outlive this
     // call, with `depth` and `columns` elements each.
