@@ -8,8 +8,9 @@
 //! result:
 //! - the load's positions are distinct indices, each running over exactly
 //!   the producer's extent on that axis (so the load is never out of
-//!   range), covering every index in scope (the consumer's axes and the
-//!   reductions around the load: no element is recomputed); or, for a
+//!   range), covering every index in scope but those of extent 1 (the
+//!   consumer's axes and the reductions around the load: no element is
+//!   recomputed); or, for a
 //!   producer that reduces, outside the consumer's reductions, covering
 //!   the consumer's outer axes `0..m`: backends compute it once per outer
 //!   position (`ir::invariant`), which makes a norm one pass over a row;
@@ -150,7 +151,9 @@ impl Inliner<'_> {
             }
             mapping.push(*index);
         }
-        let covers = mapping.len() == scope.len();
+        // Indices of extent 1 repeat nothing when left out.
+        let one = Dim::constant(1);
+        let covers = scope.iter().all(|(number, extent)| mapping.contains(number) || *extent == one);
         // Outer axes `0..m` of the consumer, outside its reductions.
         let outer = self.reduces && scope.len() == rank && mapping.iter().all(|index| (*index as usize) < mapping.len());
         (covers || outer).then_some(mapping)
