@@ -6,7 +6,6 @@ use super::tensor::{bf16_value, round, wrap, Data, Tensor};
 use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp};
 use crate::sema::dim::{Atom, Dim, Symbol};
 use crate::sema::ty::Dtype;
-use crate::syntax::ast::CmpOp;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -259,15 +258,7 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
             (V::F(_), _) | (_, V::F(_)) => a.f().partial_cmp(&b.f()),
             _ => Some(a.i().cmp(&b.i())),
         };
-        return V::B(match (cmp, ordering) {
-            (_, None) => cmp == CmpOp::Ne,
-            (CmpOp::Eq, Some(o)) => o.is_eq(),
-            (CmpOp::Ne, Some(o)) => o.is_ne(),
-            (CmpOp::Lt, Some(o)) => o.is_lt(),
-            (CmpOp::Le, Some(o)) => o.is_le(),
-            (CmpOp::Gt, Some(o)) => o.is_gt(),
-            (CmpOp::Ge, Some(o)) => o.is_ge(),
-        });
+        return V::B(cmp.holds(ordering));
     }
     match op {
         BinaryOp::And => return V::B(a.b() && b.b()),

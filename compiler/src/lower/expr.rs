@@ -392,14 +392,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 BinaryOp::Rem if *fa || *fb => a % b,
                 BinaryOp::Rem => crate::interp::tensor::rem_euclid(*a as i64, *b as i64) as f64,
                 BinaryOp::Cmp(cmp) => {
-                    let holds = match cmp {
-                        CmpOp::Eq => a == b,
-                        CmpOp::Ne => a != b,
-                        CmpOp::Lt => a < b,
-                        CmpOp::Le => a <= b,
-                        CmpOp::Gt => a > b,
-                        CmpOp::Ge => a >= b,
-                    };
+                    let holds = cmp.holds(a.partial_cmp(b));
                     return Ok(Val::Tensor(self.builder.compute(Vec::new(), Scalar::Bool(holds))));
                 }
                 BinaryOp::And | BinaryOp::Or => return Err(unsupported(span, "a logical operation of two numbers")),

@@ -24,14 +24,7 @@ use ty::{compare, Ty};
 
 /// Whether `lhs op rhs` holds for these values.
 pub fn holds(lhs: i64, op: ast::CmpOp, rhs: i64) -> bool {
-    match op {
-        ast::CmpOp::Eq => lhs == rhs,
-        ast::CmpOp::Ne => lhs != rhs,
-        ast::CmpOp::Lt => lhs < rhs,
-        ast::CmpOp::Le => lhs <= rhs,
-        ast::CmpOp::Gt => lhs > rhs,
-        ast::CmpOp::Ge => lhs >= rhs,
-    }
+    op.holds(Some(lhs.cmp(&rhs)))
 }
 
 /// The dim an expression stands for, if it is made only of integer

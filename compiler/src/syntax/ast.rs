@@ -85,6 +85,20 @@ pub enum CmpOp {
 }
 
 impl CmpOp {
+    /// Whether the comparison holds for two values so ordered; unordered
+    /// values (a NaN) are only unequal.
+    pub fn holds(self, ordering: Option<std::cmp::Ordering>) -> bool {
+        match (self, ordering) {
+            (_, None) => self == CmpOp::Ne,
+            (CmpOp::Eq, Some(o)) => o.is_eq(),
+            (CmpOp::Ne, Some(o)) => o.is_ne(),
+            (CmpOp::Lt, Some(o)) => o.is_lt(),
+            (CmpOp::Le, Some(o)) => o.is_le(),
+            (CmpOp::Gt, Some(o)) => o.is_gt(),
+            (CmpOp::Ge, Some(o)) => o.is_ge(),
+        }
+    }
+
     pub fn symbol(self) -> &'static str {
         match self {
             CmpOp::Eq => "==",
