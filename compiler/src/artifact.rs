@@ -207,7 +207,7 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: BTreeMap<Str
 /// Compiles `model` and writes its artifact into `dir` (created if need
 /// be). Returns the manifest written.
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
-    let skips: HashMap<String, Vec<bool>> = model.entries.iter().map(|e| (e.name.clone(), crate::interp::hoistable(e))).collect();
+    let skips: HashMap<String, Vec<bool>> = model.entries.iter().map(|e| (e.name.clone(), plan::hoistable(e))).collect();
     let (object, kernels) = native::emit_object(model, &skips)?;
     let manifest = manifest(model, package, key, kernels.into_iter().collect())?;
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());

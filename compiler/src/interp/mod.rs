@@ -77,36 +77,8 @@ struct Plan {
 
 impl Plan {
     fn new(entry: &Entry) -> Plan {
-        Plan { uses: use_counts(entry), last_reads: crate::ir::plan::last_reads(entry), hoistable: hoistable(entry) }
+        Plan { uses: use_counts(entry), last_reads: crate::ir::plan::last_reads(entry), hoistable: crate::ir::plan::hoistable(entry) }
     }
-}
-
-/// Per node: whether it depends only on parameters and constants and has
-/// a fixed shape, so that it is computed once per loaded model (by the
-/// interpreter: backends compile only the other nodes).
-pub fn hoistable(entry: &Entry) -> Vec<bool> {
-    let mut hoistable = vec![false; entry.nodes.len()];
-    for (at, node) in entry.nodes.iter().enumerate() {
-        hoistable[at] = match &node.kind {
-            NodeKind::Param(_) => true,
-            NodeKind::Compute(scalar) => {
-                let mut loads = Vec::new();
-                scalar.loads(&mut loads);
-                node.shape.iter().all(|d| d.as_constant().is_some()) && fixed_dims(scalar) && loads.iter().all(|v| hoistable[v.index()])
-            }
-            _ => false,
-        };
-    }
-    hoistable
-}
-
-/// Whether every dim a scalar expression reads is a constant.
-fn fixed_dims(scalar: &crate::ir::Scalar) -> bool {
-    use crate::ir::Scalar;
-    !scalar.any(&|s| match s {
-        Scalar::Dim(dim) | Scalar::Reduce { extent: dim, .. } => dim.as_constant().is_none(),
-        _ => false,
-    })
 }
 
 impl Machine {

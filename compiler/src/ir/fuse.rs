@@ -54,7 +54,7 @@ fn load_counts(entry: &Entry) -> Vec<u32> {
 
 fn fuse_entry(entry: &mut Entry) {
     let counts = load_counts(entry);
-    let hoisted = crate::interp::hoistable(entry);
+    let hoisted = super::plan::hoistable(entry);
     // The consumer of each value loaded once.
     let mut consumer: HashMap<Value, usize> = HashMap::new();
     for (at, node) in entry.nodes.iter().enumerate() {

@@ -1,9 +1,10 @@
 //! Liveness and the memory plan: which values each node reads, when each
 //! value is read last, and the most bytes an entry holds at once for given
 //! dims (its peak scratch: inputs and computed values, not parameters or
-//! states, which are counted apart).
+//! states, which are counted apart), and which values are hoisted:
+//! computed once per loaded model rather than per call.
 
-use super::{dtype_bytes, Entry, Model, NodeKind, Value};
+use super::{dtype_bytes, Entry, Model, NodeKind, Scalar, Value};
 use crate::sema::dim::{Atom, Symbol};
 use std::collections::HashMap;
 
@@ -98,4 +99,31 @@ pub fn describe(model: &Model, dims: &HashMap<Symbol, i64>) -> String {
         lines.push(format!("entry {}<{}>: peak scratch {peak}", entry.name, bound.join(", ")));
     }
     lines.join("\n")
+}
+
+/// Per node: whether it depends only on parameters and constants and has
+/// a fixed shape, so that it is computed once per loaded model (by the
+/// interpreter: backends compile only the other nodes).
+pub fn hoistable(entry: &Entry) -> Vec<bool> {
+    let mut hoistable = vec![false; entry.nodes.len()];
+    for (at, node) in entry.nodes.iter().enumerate() {
+        hoistable[at] = match &node.kind {
+            NodeKind::Param(_) => true,
+            NodeKind::Compute(scalar) => {
+                let mut loads = Vec::new();
+                scalar.loads(&mut loads);
+                node.shape.iter().all(|d| d.as_constant().is_some()) && fixed_dims(scalar) && loads.iter().all(|v| hoistable[v.index()])
+            }
+            _ => false,
+        };
+    }
+    hoistable
+}
+
+/// Whether every dim a scalar expression reads is a constant.
+fn fixed_dims(scalar: &Scalar) -> bool {
+    !scalar.any(&|s| match s {
+        Scalar::Dim(dim) | Scalar::Reduce { extent: dim, .. } => dim.as_constant().is_none(),
+        _ => false,
+    })
 }
