@@ -13,7 +13,7 @@
 //! artifact of another format, ABI or host is refused with a message, never
 //! run.
 
-use crate::codegen::native::{self, Compiled, KernelRecord};
+use crate::codegen::native::{self, Compiled};
 use crate::ir::{plan, Model};
 use crate::package::Package;
 use crate::sema::dim::Symbol;
@@ -47,7 +47,7 @@ pub struct Manifest {
     pub entries: Vec<EntrySignature>,
     pub plan: MemoryPlan,
     /// Per entry, its kernels in `kernels.o`.
-    pub kernels: BTreeMap<String, Vec<KernelRecord>>,
+    pub kernels: native::EntryKernels,
 }
 
 /// The model card's `[weights]`: where a checkpoint is found.
@@ -151,7 +151,7 @@ pub fn content_key(sources: &SourceMap) -> Result<String, String> {
     Ok(hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
-fn manifest(model: &Model, package: &Package, key: String, kernels: BTreeMap<String, Vec<KernelRecord>>) -> Result<Manifest, String> {
+fn manifest(model: &Model, package: &Package, key: String, kernels: native::EntryKernels) -> Result<Manifest, String> {
     let bindings: HashMap<&str, &str> =
         package.bindings.iter().flat_map(|b| &b.entries).map(|(path, tensor, _)| (path.as_str(), tensor.as_str())).collect();
     let nest = package.nest.as_ref();
@@ -209,7 +209,7 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: BTreeMap<Str
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
     let skips: HashMap<String, Vec<bool>> = model.entries.iter().map(|e| (e.name.clone(), plan::hoistable(e))).collect();
     let (object, kernels) = native::emit_object(model, &skips)?;
-    let manifest = manifest(model, package, key, kernels.into_iter().collect())?;
+    let manifest = manifest(model, package, key, kernels)?;
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());
     std::fs::create_dir_all(dir).map_err(|e| io("", e))?;
     let ir = serde_json::to_vec(model).map_err(|e| e.to_string())?;
@@ -258,8 +258,7 @@ impl Artifact {
     /// The native code of every entry, loaded from `kernels.o`.
     pub fn kernels(&self, dir: &Path) -> Result<HashMap<String, Compiled>, String> {
         let object = std::fs::read(dir.join(KERNELS)).map_err(|e| format!("cannot read {}: {e}", dir.join(KERNELS).display()))?;
-        let records: native::EntryKernels = self.manifest.kernels.clone().into_iter().collect();
-        native::load_object(&object, &self.model, &records)
+        native::load_object(&object, &self.model, &self.manifest.kernels)
     }
 
     /// The checkpoint tensor each parameter binds to.

@@ -45,7 +45,7 @@ impl From<&KernelDef> for KernelRecord {
 }
 
 /// Per entry, its kernels' records.
-pub type EntryKernels = HashMap<String, Vec<KernelRecord>>;
+pub type EntryKernels = std::collections::BTreeMap<String, Vec<KernelRecord>>;
 
 pub struct NativeKernel {
     pub function: Kernel,
@@ -100,7 +100,7 @@ pub fn jit(entry: &Entry, skip: &[bool]) -> Result<Compiled, String> {
 pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<(Vec<u8>, EntryKernels), String> {
     let builder = ObjectBuilder::new(host_isa(true)?, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| e.to_string())?;
     let mut module = ObjectModule::new(builder);
-    let mut records = HashMap::new();
+    let mut records = EntryKernels::new();
     for (number, entry) in model.entries.iter().enumerate() {
         let defined = define_kernels(&mut module, entry, &skips[&entry.name], &format!("linnet_e{number}_"))?;
         records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
