@@ -15,26 +15,19 @@ fn contains(span: Span, file: FileId, offset: usize) -> bool {
     span.file == file && span.start as usize <= offset && offset <= span.end as usize
 }
 
+/// Of spans recorded with something, the smallest around `offset`.
+fn innermost<T>(recorded: &[(Span, T)], file: FileId, offset: usize) -> Option<&(Span, T)> {
+    recorded.iter().filter(|(span, _)| contains(*span, file, offset)).min_by_key(|(span, _)| span.end - span.start)
+}
+
 /// The smallest recorded span around `offset`, with its type.
 pub fn type_at(checked: &Checked, file: FileId, offset: usize) -> Option<(Span, &Ty)> {
-    checked
-        .analysis
-        .types
-        .iter()
-        .filter(|(span, _)| contains(*span, file, offset))
-        .min_by_key(|(span, _)| span.end - span.start)
-        .map(|(span, ty)| (*span, ty))
+    innermost(&checked.analysis.types, file, offset).map(|(span, ty)| (*span, ty))
 }
 
 /// The declaration of the name at `offset`, if it names one.
 pub fn definition_at(checked: &Checked, file: FileId, offset: usize) -> Option<Span> {
-    checked
-        .analysis
-        .definitions
-        .iter()
-        .filter(|(used, _)| contains(*used, file, offset))
-        .min_by_key(|(used, _)| used.end - used.start)
-        .map(|(_, declared)| *declared)
+    innermost(&checked.analysis.definitions, file, offset).map(|(_, declared)| *declared)
 }
 
 /// Every use of the declaration at or named at `offset`, and the

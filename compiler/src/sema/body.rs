@@ -242,26 +242,26 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         block.states.iter().find(|(n, _, _)| n == name).map(|(_, ty, _)| ty.clone())
     }
 
-    /// Where a member of the current block is declared.
-    fn member_span(&self, name: &str) -> Option<Span> {
+    /// A member of the current block (a sub, a param or a state): its type
+    /// and where it is declared.
+    fn member(&self, name: &str) -> Option<(&Ty, Span)> {
         let block = &self.program.blocks[self.block?];
         block
             .subs
             .iter()
             .find(|sub| sub.name == name)
-            .map(|sub| sub.name_span)
-            .or_else(|| block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, _, span)| *span))
+            .map(|sub| (&sub.ty, sub.name_span))
+            .or_else(|| block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, ty, span)| (ty, *span)))
     }
 
-    /// A member of the current block: a sub, a param or a state.
+    /// Where a member of the current block is declared.
+    fn member_span(&self, name: &str) -> Option<Span> {
+        self.member(name).map(|(_, span)| span)
+    }
+
+    /// The type of a member of the current block.
     fn lookup_member(&self, name: &str) -> Option<Ty> {
-        let block = &self.program.blocks[self.block?];
-        block
-            .subs
-            .iter()
-            .find(|sub| sub.name == name)
-            .map(|sub| sub.ty.clone())
-            .or_else(|| block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, ty, _)| ty.clone()))
+        self.member(name).map(|(ty, _)| ty.clone())
     }
 
     fn visible_names(&self) -> Vec<String> {
