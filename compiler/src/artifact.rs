@@ -14,6 +14,7 @@
 //! run.
 
 use crate::codegen::native::{self, Compiled};
+use crate::ir::analysis::Analysis;
 use crate::ir::{plan, Model};
 use crate::package::Package;
 use crate::sema::dim::Symbol;
@@ -207,8 +208,11 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: native::Entr
 /// Compiles `model` and writes its artifact into `dir` (created if need
 /// be). Returns the manifest written.
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
-    let skips: HashMap<String, Vec<bool>> = model.entries.iter().map(|e| (e.name.clone(), plan::hoistable(e))).collect();
-    let (object, kernels) = native::emit_object(model, &skips)?;
+    let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
+    let (object, kernels) = native::emit_object(model, &analyses).map_err(|(node, message)| match node {
+        Some((entry, at)) => format!("the cpu backend cannot compile v{at} of entry `{entry}`: {message}"),
+        None => format!("the cpu backend cannot compile `{}`: {message}", model.name),
+    })?;
     let manifest = manifest(model, package, key, kernels)?;
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());
     std::fs::create_dir_all(dir).map_err(|e| io("", e))?;

@@ -3,7 +3,8 @@
 //! bytes a decoded token reads and the bandwidth that achieves.
 
 use crate::generate::batch_rows;
-use linnet_compiler::interp::{Machine, Tensor};
+use linnet_compiler::exec::Machine;
+use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 use std::time::Instant;
 
@@ -34,7 +35,7 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
         model: machine.model().name.clone(),
         weight_bytes: machine.model().param_bytes(),
         rows,
-        backend: if machine.backend() == linnet_compiler::interp::Backend::Cpu { "cpu" } else { "interp" },
+        backend: machine.backend(),
         prompt,
         generate,
         prefill: Vec::new(),

@@ -3,7 +3,8 @@
 //! same prompt; each token chosen by the sampling settings.
 
 use crate::sampling::{Rng, Sampling};
-use linnet_compiler::interp::{Machine, RunError, Tensor};
+use linnet_compiler::exec::{Machine, RunError};
+use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 
 /// The index of the largest value of each row of a `[rows, n]` tensor;

@@ -17,11 +17,22 @@ pub mod weights;
 use linnet_compiler::diagnostic;
 use linnet_compiler::driver;
 use linnet_compiler::artifact::{self, Artifact};
-use linnet_compiler::interp::{Backend, Machine};
+use linnet_compiler::exec::Machine;
+use linnet_compiler::tensor::Tensor;
+use linnet_compiler::{codegen, interp};
 use linnet_compiler::ir::Model;
 use linnet_compiler::package::{LoadOptions, Package};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+/// Which backend runs a loaded model's entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference interpreter, the semantics of record.
+    Interp,
+    /// Native code from the artifact (Cranelift, with the CPU kernels).
+    Cpu,
+}
 
 /// Where the parameters come from.
 #[derive(Clone, Debug)]
@@ -67,13 +78,13 @@ pub fn bindings(package: &Package) -> HashMap<String, String> {
 
 /// A package ready to run on the interpreter, or why not, as text.
 pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<Loaded, String> {
-    load_on(package, options, weights, linnet_compiler::interp::Backend::Interp)
+    load_on(package, options, weights, Backend::Interp)
 }
 
 /// A package or artifact ready to run on `backend`, or why not, as text.
 /// A package is built into the artifact cache first, unless an artifact of
 /// the same content is there already.
-pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: linnet_compiler::interp::Backend) -> Result<Loaded, String> {
+pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: Backend) -> Result<Loaded, String> {
     let dir = cache::artifact_for(package, options)?;
     let built = artifact::read(&dir)?;
     let Artifact { manifest, model } = &built;
@@ -93,10 +104,9 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
     Ok(Loaded { machine: machine(&built, &dir, params, backend)?, weights_dir: None, text: None })
 }
 
-fn machine(built: &Artifact, dir: &Path, params: Vec<linnet_compiler::interp::Tensor>, backend: Backend) -> Result<Machine, String> {
-    let machine = Machine::new(built.model.clone(), params);
-    Ok(match backend {
-        Backend::Interp => machine,
-        Backend::Cpu => machine.with_compiled(built.kernels(dir)?),
-    })
+fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend) -> Result<Machine, String> {
+    match backend {
+        Backend::Interp => Ok(interp::machine(built.model.clone(), params)),
+        Backend::Cpu => codegen::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
+    }
 }

@@ -4,7 +4,7 @@
 //! interpreter.
 
 use clap::{Args, Parser, Subcommand};
-use linnet_compiler::interp::{Data, Tensor};
+use linnet_compiler::tensor::{Data, Tensor};
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::sampling::{Rng, Sampling};
@@ -163,8 +163,8 @@ fn load(model: &Model) -> Result<Loaded, String> {
         None => Weights::Checkpoint(model.weights.clone()),
     };
     let backend = match model.backend {
-        BackendArg::Cpu => linnet_compiler::interp::Backend::Cpu,
-        BackendArg::Interp => linnet_compiler::interp::Backend::Interp,
+        BackendArg::Cpu => linnet_runtime::Backend::Cpu,
+        BackendArg::Interp => linnet_runtime::Backend::Interp,
     };
     linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
 }
@@ -234,7 +234,7 @@ fn summary(tensor: &Tensor) -> String {
     let shape: Vec<String> = tensor.shape.iter().map(ToString::to_string).collect();
     let values: Vec<f64> = match &tensor.data {
         Data::F32(v) => v.iter().map(|x| *x as f64).collect(),
-        Data::Bf16(v) => v.iter().map(|x| linnet_compiler::interp::tensor::bf16_value(*x) as f64).collect(),
+        Data::Bf16(v) => v.iter().map(|x| linnet_compiler::numerics::bf16_value(*x) as f64).collect(),
         Data::I64(v) => v.iter().map(|x| *x as f64).collect(),
         Data::Bool(v) => v.iter().map(|x| f64::from(u8::from(*x))).collect(),
     };

@@ -5,7 +5,7 @@
 //! near zero.
 
 use crate::sampling::Rng;
-use linnet_compiler::interp::Tensor;
+use linnet_compiler::tensor::Tensor;
 use linnet_compiler::ir::{Model, Param};
 
 /// One parameter's values, from its own stream of the seed.

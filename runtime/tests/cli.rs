@@ -46,7 +46,7 @@ fn run_writes_npy_and_reports_bad_arguments() {
     let dir = std::env::temp_dir().join(format!("linnet-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor = linnet_compiler::interp::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, 4], vec![5, 17, 3, 9]);
+    let tensor = linnet_compiler::tensor::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, 4], vec![5, 17, 3, 9]);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
     let input = format!("tokens={}", tokens.display());

@@ -3,7 +3,8 @@
 //! wrong shape or dtype; tokens outside the vocabulary; positions past the
 //! caches; and weights that are nowhere to be found.
 
-use linnet_compiler::interp::{Machine, Tensor};
+use linnet_compiler::exec::Machine;
+use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::weights;
 use safetensors::tensor::TensorView;

@@ -1,10 +1,19 @@
 //! The standard library's kernels (attention that skips masked keys, cache
 //! writes in place) compute exactly what the Linnet bodies they replace
-//! compute, and fusion changes no result: every entry path gives
-//! bit-identical results with and without them, f32 and bf16.
+//! compute, and fusion changes no result, on the interpreter: every entry
+//! path gives bit-identical results with and without them, f32 and bf16.
+//! The CPU backend meets the numerics contract against the interpreter
+//! (`linnet_compiler::tolerance`) on every path, runs every node as native
+//! code (nothing falls back), and a deliberately wrong kernel fails the
+//! contract.
 
 use linnet_compiler::driver::lower_package_with;
-use linnet_compiler::interp::{Machine, Tensor};
+use linnet_compiler::codegen::backend::Cpu;
+use linnet_compiler::exec::{Backend, BuildError, Machine, NodeError, Site, Values};
+use linnet_compiler::ir::analysis::Analysis;
+use linnet_compiler::ir::{Intrinsic, Model};
+use linnet_compiler::tensor::{Data, Tensor};
+use linnet_compiler::{codegen, interp, tolerance};
 use linnet_compiler::lower::Lowering;
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
@@ -14,13 +23,32 @@ fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-fn machine(config: &str, dtype: &str, lowering: Lowering) -> Machine {
+/// The oracle model of `config` lowered with `lowering`, and its weights.
+fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) {
     let dir = root().join("tests/fixtures/oracle").join(config);
     let options = LoadOptions { nest: Some(dir.join(format!("package/nest-{dtype}.toml"))), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering).unwrap_or_else(|_| panic!("lowers"));
     let package = checked.package.unwrap();
     let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &dir.join(format!("weights-{dtype}")), &[]).unwrap();
-    Machine::new(model, params)
+    (model, params)
+}
+
+fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::Backend) -> Machine {
+    let (model, params) = model(config, dtype, lowering);
+    match backend {
+        linnet_runtime::Backend::Interp => interp::machine(model, params),
+        linnet_runtime::Backend::Cpu => codegen::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}")),
+    }
+}
+
+/// Every output of `outputs` within the contract of the reference's.
+fn within_contract(reference: &[Tensor], outputs: &[Tensor]) -> Result<f64, String> {
+    assert_eq!(reference.len(), outputs.len());
+    let mut worst = 0f64;
+    for (at, (a, b)) in reference.iter().zip(outputs).enumerate() {
+        worst = worst.max(tolerance::compare(a, b).map_err(|mismatch| format!("output {at}: {mismatch}"))?);
+    }
+    Ok(worst)
 }
 
 fn ints(shape: Vec<usize>, values: Vec<i64>) -> Tensor {
@@ -47,8 +75,8 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
 #[test]
 fn kernels_equal_the_bodies_they_replace() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
-        let with_kernels = script(&mut machine(config, dtype, Lowering::default()));
-        let inlined = script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }));
+        let with_kernels = script(&mut machine(config, dtype, Lowering::default(), Interp));
+        let inlined = script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
         assert_eq!(with_kernels.len(), inlined.len());
         for (at, (a, b)) in with_kernels.iter().zip(&inlined).enumerate() {
             assert_eq!(a, b, "{config} {dtype}: output {at} differs");
@@ -56,43 +84,127 @@ fn kernels_equal_the_bodies_they_replace() {
     }
 }
 
-/// Native code from Cranelift computes bit for bit what the interpreter
-/// computes, through every entry path, f32 and bf16.
+use linnet_runtime::Backend::{Cpu as OnCpu, Interp};
+
+/// Native code from Cranelift meets the contract against the interpreter
+/// through every entry path, f32 and bf16.
 #[test]
-fn the_cpu_backend_equals_the_interpreter() {
-    use linnet_compiler::interp::Backend;
+fn the_cpu_backend_meets_the_contract() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let started = std::time::Instant::now();
-        let native = script(&mut machine(config, dtype, Lowering::default()).with_backend(Backend::Cpu));
+        let native = script(&mut machine(config, dtype, Lowering::default(), OnCpu));
         let native_time = started.elapsed();
         let started = std::time::Instant::now();
-        let reference = script(&mut machine(config, dtype, Lowering::default()));
-        eprintln!("{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}", started.elapsed());
-        for (at, (a, b)) in native.iter().zip(&reference).enumerate() {
-            assert_eq!(a, b, "{config} {dtype}: output {at} differs");
-        }
+        let reference = script(&mut machine(config, dtype, Lowering::default(), Interp));
+        let worst = within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype}: {e}"));
+        eprintln!("{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale", started.elapsed());
     }
 }
 
-/// Values inlined into their consumers give the results they gave stored,
-/// on both backends, and the fused model has fewer nodes.
+/// Values inlined into their consumers give the results they gave stored:
+/// bit for bit on the interpreter, within the contract on the CPU; and
+/// the fused model has fewer nodes.
 #[test]
 fn fusion_changes_no_result() {
-    use linnet_compiler::interp::Backend;
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let unfused = Lowering { fuse: false, ..Lowering::default() };
-        let (fused_nodes, unfused_nodes) = (nodes(&machine(config, dtype, Lowering::default())), nodes(&machine(config, dtype, unfused)));
+        let (fused_nodes, unfused_nodes) = (nodes(&machine(config, dtype, Lowering::default(), Interp)), nodes(&machine(config, dtype, unfused, Interp)));
         assert!(fused_nodes * 10 < unfused_nodes * 8, "fusion removes over a fifth of the nodes: {fused_nodes} of {unfused_nodes} left");
-        let reference = script(&mut machine(config, dtype, unfused));
-        for backend in [Backend::Interp, Backend::Cpu] {
-            let fused = script(&mut machine(config, dtype, Lowering::default()).with_backend(backend));
-            for (at, (a, b)) in fused.iter().zip(&reference).enumerate() {
-                assert_eq!(a, b, "{config} {dtype} {backend:?}: output {at} differs");
-            }
+        let reference = script(&mut machine(config, dtype, unfused, Interp));
+        let fused = script(&mut machine(config, dtype, Lowering::default(), Interp));
+        for (at, (a, b)) in fused.iter().zip(&reference).enumerate() {
+            assert_eq!(a, b, "{config} {dtype}: output {at} differs on the interpreter");
         }
+        let native = script(&mut machine(config, dtype, Lowering::default(), OnCpu));
+        within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype} fused on the cpu: {e}"));
     }
 }
 
 fn nodes(machine: &Machine) -> usize {
     machine.model().entries.iter().map(|e| e.nodes.len()).sum()
+}
+
+/// The CPU backend with one node's results scaled by `1 + skew`: a kernel
+/// that is wrong by that much.
+struct Skewed {
+    cpu: Cpu,
+    entry: usize,
+    node: usize,
+    skew: f32,
+}
+
+impl Backend for Skewed {
+    type Buffer = Tensor;
+    fn name(&self) -> &'static str {
+        "skewed"
+    }
+    fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
+        self.cpu.prepare(model, analyses)
+    }
+    fn upload(&mut self, tensor: Tensor) -> Tensor {
+        self.cpu.upload(tensor)
+    }
+    fn download(&mut self, buffer: &Tensor) -> Tensor {
+        self.cpu.download(buffer)
+    }
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Tensor {
+        self.cpu.zeros(dtype, shape)
+    }
+    fn copy(&mut self, buffer: &Tensor) -> Tensor {
+        self.cpu.copy(buffer)
+    }
+    fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        let mut out = self.cpu.compute(site, values)?;
+        if (site.entry_number, site.at) == (self.entry, self.node) {
+            let Data::F32(values) = &mut out.data else { panic!("the skewed node computes floats") };
+            values.iter_mut().for_each(|v| *v *= 1.0 + self.skew);
+        }
+        Ok(out)
+    }
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
+        self.cpu.intrinsic(site, intrinsic, args)
+    }
+    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+        self.cpu.write_cache(site, intrinsic, cache, args)
+    }
+}
+
+/// The contract catches a kernel that is wrong by a little: the output
+/// head's product of `forward` scaled by 1 + 1e-3 fails it, and by
+/// 1 + 1e-6 (rounding-sized) passes.
+#[test]
+fn a_deliberately_wrong_kernel_fails_the_contract() {
+    let (model, params) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let entry = model.entries.iter().position(|e| e.name == "forward").unwrap();
+    let node = model.entries[entry].outputs[0].index();
+    let tokens = vec![Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])];
+    let reference = interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
+    for (skew, passes) in [(1e-3, false), (1e-6, true)] {
+        let skewed = Skewed { cpu: Cpu::jit(), entry, node, skew };
+        let outputs = Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
+        let verdict = within_contract(&reference, &outputs);
+        assert_eq!(verdict.is_ok(), passes, "skew {skew}: {verdict:?}");
+    }
+}
+
+/// No node of the seed's entries falls back: the CPU backend has a kernel
+/// for every `Compute` node, and code that lacks one is refused when the
+/// model is loaded, with the node named.
+#[test]
+fn every_node_runs_as_native_code_or_the_model_is_refused() {
+    let (model, params) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let mut compiled = std::collections::HashMap::new();
+    for entry in &model.entries {
+        let analysis = Analysis::of(entry);
+        let code = codegen::native::jit(entry, &analysis).unwrap();
+        let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_compiler::ir::NodeKind::Compute(_))).count();
+        assert_eq!(code.kernels.iter().flatten().count(), computes, "entry `{}`: a kernel per `Compute` node", entry.name);
+        compiled.insert(entry.name.clone(), code);
+    }
+    let decode = &model.entries.iter().find(|e| e.name == "decode").unwrap();
+    let missing = decode.nodes.iter().position(|n| matches!(n.kind, linnet_compiler::ir::NodeKind::Compute(_))).unwrap();
+    compiled.get_mut("decode").unwrap().kernels[missing] = None;
+    let error = codegen::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
+    assert_eq!((error.entry.as_str(), error.node), ("decode", Some(missing)));
+    assert!(error.to_string().contains(&format!("cannot run v{missing} of entry `decode`")), "{error}");
 }

@@ -5,7 +5,8 @@
 //! 1e-4 of the largest logit, every argmax and greedy token equal. bf16:
 //! within 1e-1, argmax agreement at least 0.8.
 
-use linnet_compiler::interp::{Machine, Tensor};
+use linnet_compiler::exec::Machine;
+use linnet_compiler::tensor::Tensor;
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::generate::{argmax_rows, greedy};
@@ -29,7 +30,7 @@ struct Sequence {
     greedy: Vec<i64>,
 }
 
-fn load(config: &str, dtype: &str, backend: linnet_compiler::interp::Backend) -> Oracle {
+fn load(config: &str, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
     let dir = root().join("tests/fixtures/oracle").join(config);
     let options = LoadOptions {
         nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
@@ -197,7 +198,7 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
     eprintln!("{what} greedy: {equal} of {total} tokens equal before the first difference");
 }
 
-fn every_path(config: &str, dtype: &str, backend: linnet_compiler::interp::Backend) {
+fn every_path(config: &str, dtype: &str, backend: linnet_runtime::Backend) {
     let mut oracle = load(config, dtype, backend);
     let what = format!("{dtype} {backend:?}");
     forward_and_next_token(&mut oracle, &what);
@@ -208,20 +209,20 @@ fn every_path(config: &str, dtype: &str, backend: linnet_compiler::interp::Backe
 
 #[test]
 fn f32_every_path_matches_the_reference() {
-    every_path("tiny-qwen3.5-moe", "f32", linnet_compiler::interp::Backend::Interp);
+    every_path("tiny-qwen3.5-moe", "f32", linnet_runtime::Backend::Interp);
 }
 
 #[test]
 fn bf16_every_path_matches_the_reference() {
-    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_compiler::interp::Backend::Interp);
+    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_runtime::Backend::Interp);
 }
 
 #[test]
 fn f32_every_path_matches_the_reference_on_cpu() {
-    every_path("tiny-qwen3.5-moe", "f32", linnet_compiler::interp::Backend::Cpu);
+    every_path("tiny-qwen3.5-moe", "f32", linnet_runtime::Backend::Cpu);
 }
 
 #[test]
 fn bf16_every_path_matches_the_reference_on_cpu() {
-    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_compiler::interp::Backend::Cpu);
+    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_runtime::Backend::Cpu);
 }

@@ -2,12 +2,14 @@
 //! becomes one Cranelift function that runs the node's loop nest,
 //! evaluates its scalar expression (loads with bounds checks, lazy
 //! selects, reductions as inner loops) and stores each element; it
-//! returns 0, or 1 with the failing load's number, position and size.
+//! returns 0, or 1 with the failing load site's number, position, size
+//! and axis.
 //! Entry dims (`B`, `S`) are read from a table at run time, so one
 //! function serves every call; the model's dims are constants. The same
 //! definitions go into a JIT or an object file (`native`).
 
 use super::helpers::{Helper, Shape};
+use crate::ir::analysis::Analysis;
 use crate::ir::contraction::{self, Contraction};
 use crate::ir::invariant::{self, Invariant};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
@@ -19,10 +21,12 @@ use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, S
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Linkage, Module};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// One compiled node: where its function is, the values it loads (in
-/// argument order) and the dims it reads (in the order of its dims table).
+/// argument order), the dims it reads (in the order of its dims table)
+/// and its load sites (in the numbering of its error record).
 #[derive(Clone, Debug)]
 pub struct KernelDef {
     pub node: usize,
@@ -30,6 +34,16 @@ pub struct KernelDef {
     pub func: FuncId,
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
+    pub sites: Vec<LoadSite>,
+}
+
+/// A place where a kernel loads a value, checking each position: what an
+/// error record's site number refers to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadSite {
+    pub value: Value,
+    /// Per checked axis: the value its position reads directly, if any.
+    pub sources: Vec<Option<Value>>,
 }
 
 /// A scalar in a register: floats as f64, integers as i64, bools as i8.
@@ -67,7 +81,7 @@ struct Lowerer<'b, 'f> {
     /// Every dim that is not a constant, read from the dims table once at
     /// the top of the function.
     dims: HashMap<Dim, ClValue>,
-    load_count: i64,
+    sites: Vec<LoadSite>,
     /// Aligned, non-trapping accesses (every address is checked first).
     flags: MemFlagsData,
     /// Invariant parts already computed, by their place in the expression.
@@ -142,15 +156,13 @@ impl Lowerer<'_, '_> {
         }
     }
 
-    /// A float rounded to bf16 as the interpreter's `round` does
-    /// (`half::bf16::from_f64`: the high word of the f64, rounded to
-    /// nearest-even on its bits), inline where the result is a normal
-    /// bf16 or overflows; other values (NaN, infinities, bf16 subnormals)
-    /// through the helper.
+    /// A float rounded to bf16 as `numerics::round` does (nearest-even on
+    /// the f64's bits: the kept bits, the round bit and every bit below
+    /// it), inline where the result is a normal bf16 or overflows; other
+    /// values (NaN, infinities, bf16 subnormals) through the helper.
     fn round_bf16(&mut self, value: ClValue) -> ClValue {
         let bits = self.builder.ins().bitcast(types::I64, MemFlagsData::new(), value);
-        let high = self.builder.ins().ushr_imm_u(bits, 32);
-        let exponent_bits = self.builder.ins().ushr_imm_u(high, 20);
+        let exponent_bits = self.builder.ins().ushr_imm_u(bits, 52);
         let exponent = self.builder.ins().band_imm_u(exponent_bits, 0x7FF);
         // Normal in bf16: biased exponents 897..=1150 of the f64.
         let from_lowest = self.builder.ins().iadd_imm_s(exponent, -897);
@@ -160,16 +172,17 @@ impl Lowerer<'_, '_> {
         self.builder.ins().brif(normal, fast, &[], slow, &[]);
         self.builder.switch_to_block(fast);
         self.builder.seal_block(fast);
-        let mantissa = self.builder.ins().band_imm_u(high, 0xF_FFFF);
-        let sign_bit = self.builder.ins().band_imm_u(high, 0x8000_0000);
-        let sign = self.builder.ins().ushr_imm_u(sign_bit, 16);
+        let mantissa = self.builder.ins().band_imm_u(bits, 0xF_FFFF_FFFF_FFFF);
+        let sign_bits = self.builder.ins().ushr_imm_u(bits, 48);
+        let sign = self.builder.ins().band_imm_u(sign_bits, 0x8000);
         let rebiased = self.builder.ins().iadd_imm_s(exponent, -896);
         let exponent = self.builder.ins().ishl_imm_u(rebiased, 7);
-        let top = self.builder.ins().ushr_imm_u(mantissa, 13);
+        // bf16 keeps the mantissa's top 7 bits (from bit 45 on).
+        let top = self.builder.ins().ushr_imm_u(mantissa, 45);
         let signed = self.builder.ins().bor(sign, exponent);
         let truncated = self.builder.ins().bor(signed, top);
-        let round_bit = self.builder.ins().band_imm_u(mantissa, 0x1000);
-        let halfway_or_odd = self.builder.ins().band_imm_u(mantissa, 0x2FFF);
+        let round_bit = self.builder.ins().band_imm_u(mantissa, 1 << 44);
+        let halfway_or_odd = self.builder.ins().band_imm_u(mantissa, (1 << 45) | ((1 << 44) - 1));
         let at_half = self.builder.ins().icmp_imm_u(IntCC::NotEqual, round_bit, 0);
         let not_tie_to_even = self.builder.ins().icmp_imm_u(IntCC::NotEqual, halfway_or_odd, 0);
         let up = self.builder.ins().band(at_half, not_tie_to_even);
@@ -244,8 +257,8 @@ impl Lowerer<'_, '_> {
         match scalar {
             Scalar::Index(id, _) => Reg::I(self.builder.use_var(self.indices[id])),
             Scalar::Dim(dim) => Reg::I(self.dim(dim)),
-            Scalar::Float(value, dtype) => Reg::F(self.builder.ins().f64const(crate::interp::tensor::round(*value, *dtype))),
-            Scalar::Int(value, dtype) => Reg::I(self.builder.ins().iconst(types::I64, crate::interp::tensor::wrap(*value, *dtype))),
+            Scalar::Float(value, dtype) => Reg::F(self.builder.ins().f64const(crate::numerics::round(*value, *dtype))),
+            Scalar::Int(value, dtype) => Reg::I(self.builder.ins().iconst(types::I64, crate::numerics::wrap(*value, *dtype))),
             Scalar::Bool(value) => Reg::B(self.builder.ins().iconst(types::I8, i64::from(*value))),
             Scalar::Load(value, positions, _) => self.load(*value, positions),
             Scalar::Unary(op, a, dtype) => {
@@ -400,10 +413,10 @@ impl Lowerer<'_, '_> {
     fn address(&mut self, value: Value, positions: &[Scalar]) -> ClValue {
         let argument = self.loads.iter().position(|(v, ..)| *v == value).expect("loads are listed first");
         let (shape, stored) = (self.loads[argument].1.clone(), self.loads[argument].2);
-        let load_number = self.load_count;
-        self.load_count += 1;
+        let load_number = self.sites.len() as i64;
+        self.sites.push(LoadSite { value, sources: positions.iter().map(Scalar::direct_load).collect() });
         let mut offset = self.builder.ins().iconst(types::I64, 0);
-        for (position, size) in positions.iter().zip(&shape) {
+        for (axis, (position, size)) in positions.iter().zip(&shape).enumerate() {
             let reg = self.scalar(position);
             let at = self.i(reg);
             let size = self.dim(size);
@@ -417,6 +430,8 @@ impl Lowerer<'_, '_> {
             self.builder.ins().store(self.flags, number, self.error, 0);
             self.builder.ins().store(self.flags, at, self.error, 8);
             self.builder.ins().store(self.flags, size, self.error, 16);
+            let axis = self.builder.ins().iconst(types::I64, axis as i64);
+            self.builder.ins().store(self.flags, axis, self.error, 24);
             self.builder.ins().jump(self.error_block, &[]);
             self.builder.switch_to_block(ok);
             self.builder.seal_block(ok);
@@ -664,7 +679,7 @@ enum Stored {
 impl Stored {
     fn of(node: &crate::ir::Node) -> Stored {
         match node.dtype {
-            _ if crate::interp::tensor::holds_bits(node) => Stored::Bf16Bits,
+            _ if crate::tensor::holds_bits(node) => Stored::Bf16Bits,
             Dtype::Bool => Stored::Bool,
             Dtype::I32 | Dtype::I64 => Stored::Int,
             _ => Stored::F32,
@@ -684,7 +699,7 @@ impl Stored {
 /// The value of a constant integer operand, when it is positive.
 fn positive_constant(scalar: &Scalar) -> Option<i64> {
     let value = match scalar {
-        Scalar::Int(value, dtype) => crate::interp::tensor::wrap(*value, *dtype),
+        Scalar::Int(value, dtype) => crate::numerics::wrap(*value, *dtype),
         Scalar::Dim(dim) => dim.as_constant()?,
         _ => return None,
     };
@@ -732,10 +747,11 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
     signature
 }
 
-/// Defines one function per `Compute` node of `entry` not in `skip`, named
+/// Defines one function per `Compute` node of `entry`, named
 /// `{prefix}v{node}`, in `module` (a JIT or an object file). Entry dims are
 /// read at run time from the dims table; the model's dims are constants.
-pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], prefix: &str) -> Result<Vec<KernelDef>, String> {
+/// A node that cannot be compiled is an error naming it.
+pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str) -> Result<Vec<KernelDef>, (usize, String)> {
     assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
     let call_conv = module.target_config().default_call_conv;
     let mut context = module.make_context();
@@ -743,9 +759,6 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
     let mut defined = Vec::new();
     for (at, node) in entry.nodes.iter().enumerate() {
         let NodeKind::Compute(scalar) = &node.kind else { continue };
-        if skip[at] {
-            continue;
-        }
         let mut loaded = Vec::new();
         scalar.loads(&mut loaded);
         loaded.sort_unstable();
@@ -755,7 +768,8 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
         let table = dims_read(entry, &node.shape, scalar);
         context.func.signature = kernel_signature(call_conv);
         let symbol = format!("{prefix}v{at}");
-        let id = module.declare_function(&symbol, Linkage::Export, &context.func.signature).map_err(|e| e.to_string())?;
+        let sites;
+        let id = module.declare_function(&symbol, Linkage::Export, &context.func.signature).map_err(|e| (at, e.to_string()))?;
         {
             let mut builder = FunctionBuilder::new(&mut context.func, &mut function_context);
             let entry_block = builder.create_block();
@@ -773,7 +787,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, load_count: 0, flags, hoisted: HashMap::new() };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new() };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -785,7 +799,8 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             }
             // The kernel takes f32 inputs; a bf16 parameter as the input
             // row (never so in the models) runs as generated loops.
-            match contraction::of(entry, at).filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
+            let contraction = if analysis.contraction[at] { contraction::of(entry, at) } else { None };
+            match contraction.filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
                 Some(contraction) => lowerer.contraction(&contraction, &node.shape, &axes, &shape, out),
                 None => {
                     let invariants = invariant::invariants(scalar, shape.len() as u32);
@@ -799,11 +814,12 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, skip: &[bool], p
             lowerer.builder.seal_block(error_block);
             let failed = lowerer.builder.ins().iconst(types::I32, 1);
             lowerer.builder.ins().return_(&[failed]);
+            sites = std::mem::take(&mut lowerer.sites);
             builder.finalize(module.target_config());
         }
-        module.define_function(id, &mut context).map_err(|e| format!("{symbol}: {e:?}"))?;
+        module.define_function(id, &mut context).map_err(|e| (at, format!("Cranelift: {e:?}")))?;
         module.clear_context(&mut context);
-        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table });
+        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table, sites });
     }
     Ok(defined)
 }

@@ -1,11 +1,11 @@
 //! The functions generated code calls: for what hardware would not do as
-//! the interpreter does (bf16/f16 rounding, `exp`, NaN-aware `max`,
+//! `numerics` does (bf16/f16 rounding, `exp`, NaN-aware `max`,
 //! Euclidean division), and the hand-tuned kernel contractions run on
 //! (`matmul`). They reach a kernel as a table of pointers, its
 //! fourth argument, so compiled code has no symbols to resolve: the same
 //! bytes run from the JIT and from an artifact's object file.
 
-use crate::interp::tensor;
+use crate::numerics::{self, math};
 use crate::sema::ty::Dtype;
 
 /// A helper's slot in the table; the order is part of the kernel ABI
@@ -64,25 +64,25 @@ impl Helper {
 }
 
 extern "C" fn exp(x: f64) -> f64 {
-    x.exp()
+    math::exp(x)
 }
 extern "C" fn ln(x: f64) -> f64 {
-    x.ln()
+    math::ln(x)
 }
 extern "C" fn cos(x: f64) -> f64 {
-    x.cos()
+    math::cos(x)
 }
 extern "C" fn sin(x: f64) -> f64 {
-    x.sin()
+    math::sin(x)
 }
 extern "C" fn tanh(x: f64) -> f64 {
-    x.tanh()
+    math::tanh(x)
 }
 extern "C" fn round_bf16(x: f64) -> f64 {
-    tensor::round(x, Dtype::Bf16)
+    numerics::round(x, Dtype::Bf16)
 }
 extern "C" fn round_f16(x: f64) -> f64 {
-    tensor::round(x, Dtype::F16)
+    numerics::round(x, Dtype::F16)
 }
 extern "C" fn max(x: f64, y: f64) -> f64 {
     x.max(y)
@@ -94,10 +94,10 @@ extern "C" fn rem(x: f64, y: f64) -> f64 {
     x % y
 }
 extern "C" fn div_euclid(x: i64, y: i64) -> i64 {
-    tensor::div_euclid(x, y)
+    numerics::div_euclid(x, y)
 }
 extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
-    tensor::rem_euclid(x, y)
+    numerics::rem_euclid(x, y)
 }
 
 /// `matmul` over raw parts, for weights of element type `W`.

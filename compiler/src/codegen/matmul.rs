@@ -34,7 +34,7 @@ impl Weight for f32 {
 
 impl Weight for u16 {
     fn value(self) -> f32 {
-        crate::interp::tensor::bf16_value(self)
+        crate::numerics::bf16_value(self)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -252,8 +252,8 @@ mod tests {
             {
                 let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
                 let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
-                let bits: Vec<u16> = weight.iter().map(|w| half::bf16::from_f32(*w).to_bits()).collect();
-                let widened: Vec<f32> = bits.iter().map(|b| crate::interp::tensor::bf16_value(*b)).collect();
+                let bits: Vec<u16> = weight.iter().map(|w| crate::numerics::bf16_bits(*w)).collect();
+                let widened: Vec<f32> = bits.iter().map(|b| crate::numerics::bf16_value(*b)).collect();
                 let mut out = vec![f32::NAN; rows * columns];
                 if bf16 {
                     matmul(&input, &bits, &mut out, rows);

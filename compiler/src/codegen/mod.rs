@@ -1,12 +1,12 @@
-//! Code generation. `cpu` turns each `Compute` node of an entry into a
+//! The CPU backend. `cpu` turns each `Compute` node of an entry into a
 //! Cranelift function that reads the entry's dims at run time; `native`
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call, and
-//! `matmul` the hand-tuned kernel contractions run on. The
-//! reference interpreter's numerics are kept to the bit (floats in f64,
-//! rounded to each value's type where it is produced, with the same
-//! library calls for what hardware does not do exactly alike).
+//! `matmul` the hand-tuned kernel contractions run on; `backend` is what
+//! the executor drives. Numerics follow `numerics`, the same as the
+//! interpreter's, within the tolerances of `docs/language.md`.
 
+pub mod backend;
 pub mod cpu;
 pub mod helpers;
 pub mod matmul;

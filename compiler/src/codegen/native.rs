@@ -5,8 +5,9 @@
 //! needs no relocations: the loader copies it into executable memory and
 //! refuses any file that has some, or that was built for another host.
 
-use super::cpu::{define_kernels, KernelDef};
+use super::cpu::{define_kernels, KernelDef, LoadSite};
 use super::helpers;
+use crate::ir::analysis::Analysis;
 use crate::ir::{Entry, Model, Value};
 use crate::sema::dim::Dim;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -21,13 +22,13 @@ use std::rc::Rc;
 
 /// `fn(out, inputs, dims, helpers, error) -> status`: `inputs` points at
 /// each loaded value's elements, `dims` at the values of the kernel's dims
-/// table, `helpers` at [`helpers::table`]; `error` receives (load,
-/// position, size) when the status is 1.
+/// table, `helpers` at [`helpers::table`]; `error` receives (load site,
+/// position, size, axis) when the status is 1.
 pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64) -> i32;
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// What a kernel needs at a call, as an artifact records it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -36,11 +37,12 @@ pub struct KernelRecord {
     pub symbol: String,
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
+    pub sites: Vec<LoadSite>,
 }
 
 impl From<&KernelDef> for KernelRecord {
     fn from(def: &KernelDef) -> KernelRecord {
-        KernelRecord { node: def.node, symbol: def.symbol.clone(), loads: def.loads.clone(), dims: def.dims.clone() }
+        KernelRecord { node: def.node, symbol: def.symbol.clone(), loads: def.loads.clone(), dims: def.dims.clone(), sites: def.sites.clone() }
     }
 }
 
@@ -51,6 +53,16 @@ pub struct NativeKernel {
     pub function: Kernel,
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
+    pub sites: Vec<LoadSite>,
+}
+
+/// A load that fell outside its tensor, as a kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadFault {
+    pub site: usize,
+    pub position: i64,
+    pub size: i64,
+    pub axis: usize,
 }
 
 /// The compiled nodes of one entry.
@@ -79,33 +91,39 @@ pub fn host_target() -> Result<String, String> {
     Ok(format!("{} [{}]", isa.triple(), features.join(" ")))
 }
 
-/// Compiles `entry`'s nodes (all but `skip`) in this process.
-pub fn jit(entry: &Entry, skip: &[bool]) -> Result<Compiled, String> {
-    let builder = JITBuilder::with_isa(host_isa(false)?, default_libcall_names());
+/// Why code could not be made: the node, if it is one node's fault.
+pub type CodegenError = (Option<usize>, String);
+
+/// Compiles every `Compute` node of `entry` in this process.
+pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodegenError> {
+    let builder = JITBuilder::with_isa(host_isa(false).map_err(|e| (None, e))?, default_libcall_names());
     let mut module = JITModule::new(builder);
-    let defined = define_kernels(&mut module, entry, skip, "")?;
-    module.finalize_definitions().map_err(|e| e.to_string())?;
+    let defined = define_kernels(&mut module, entry, analysis, "").map_err(|(at, e)| (Some(at), e))?;
+    module.finalize_definitions().map_err(|e| (None, e.to_string()))?;
     let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
     for def in defined {
         let pointer = module.get_finalized_function(def.func);
         // SAFETY: the function was compiled above with the `Kernel` signature.
         let function = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
-        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims });
+        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims, sites: def.sites });
     }
     Ok(Compiled { _code: Box::new(module), kernels })
 }
 
-/// An object file with the kernels of every entry, and per entry the
-/// records that say how to call them.
-pub fn emit_object(model: &Model, skips: &HashMap<String, Vec<bool>>) -> Result<(Vec<u8>, EntryKernels), String> {
-    let builder = ObjectBuilder::new(host_isa(true)?, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| e.to_string())?;
+/// An object file with the kernels of every entry (`analyses` in entry
+/// order), and per entry the records that say how to call them; an error
+/// names the entry and node that could not be compiled.
+pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), (Option<(String, usize)>, String)> {
+    let isa = host_isa(true).map_err(|e| (None, e))?;
+    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| (None, e.to_string()))?;
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
-    for (number, entry) in model.entries.iter().enumerate() {
-        let defined = define_kernels(&mut module, entry, &skips[&entry.name], &format!("linnet_e{number}_"))?;
+    for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
+        let defined =
+            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, e)| (Some((entry.name.clone(), at)), e))?;
         records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
     }
-    let bytes = module.finish().emit().map_err(|e| e.to_string())?;
+    let bytes = module.finish().emit().map_err(|e| (None, e.to_string()))?;
     Ok((bytes, records))
 }
 
@@ -139,22 +157,26 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
             // SAFETY: the symbol is a function in the copied text, compiled
             // with the `Kernel` signature by `emit_object` for this host.
             let function = unsafe { std::mem::transmute::<*const u8, Kernel>(memory.as_ptr().add(offset as usize)) };
-            kernels[record.node] = Some(NativeKernel { function, loads: record.loads.clone(), dims: record.dims.clone() });
+            kernels[record.node] = Some(NativeKernel { function, loads: record.loads.clone(), dims: record.dims.clone(), sites: record.sites.clone() });
         }
         compiled.insert(entry.name.clone(), Compiled { _code: Box::new(Rc::clone(&memory)), kernels });
     }
     Ok(compiled)
 }
 
-/// Runs a kernel; `false` when a load fell outside its tensor.
+/// Runs a kernel; the load that fell outside its tensor, if one did.
 ///
 /// # Safety
 /// `inputs` must point at the kernel's loads, `out` at room for the
 /// node's elements, and `dims` at the values of its dims table, all with
 /// the shapes and dtypes the kernel was compiled for.
-pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64]) -> bool {
+pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64]) -> Result<(), LoadFault> {
     let table = helpers::table();
-    let mut error = [0i64; 3];
+    let mut error = [0i64; 4];
     // SAFETY: as the caller promises; the helper table is in slot order.
-    unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr()) == 0 }
+    let status = unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr()) };
+    match status {
+        0 => Ok(()),
+        _ => Err(LoadFault { site: error[0] as usize, position: error[1], size: error[2], axis: error[3] as usize }),
+    }
 }

@@ -2,23 +2,15 @@
 //! (dims evaluated, index numbers given slots, loads given strides), then
 //! run at every point of the output shape.
 
-use super::tensor::{bf16_value, round, wrap, Data, Tensor};
-use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp};
-use crate::sema::dim::{Atom, Dim, Symbol};
+use crate::exec::{dim_value, Dims, NodeError, Values};
+use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
+use crate::numerics::{bf16_value, div_euclid, math, rem_euclid, round, wrap};
 use crate::sema::ty::Dtype;
+use crate::tensor::{Data, Tensor};
 use std::collections::HashMap;
-use std::rc::Rc;
 
-pub fn dim(dim: &Dim, dims: &HashMap<Symbol, i64>) -> Option<i64> {
-    dim.evaluate(&|atom| match atom {
-        Atom::Generic(name) => dims.get(name).copied(),
-        _ => None,
-    })
-    .ok()
-}
-
-pub fn shape(shape: &[Dim], dims: &HashMap<Symbol, i64>) -> Vec<usize> {
-    shape.iter().map(|d| dim(d, dims).expect("shapes are bound when an entry is called") as usize).collect()
+fn dim(dim: &crate::sema::dim::Dim, dims: &Dims) -> i64 {
+    dim_value(dim, dims).expect("an entry's dims are bound when it is called")
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -58,9 +50,8 @@ impl V {
 enum P {
     Slot(usize),
     Const(V),
-    /// `what` names the tensor, `sources` the input each position reads
-    /// directly, for errors.
-    Load { tensor: usize, positions: Vec<P>, shape: Vec<usize>, what: Rc<str>, sources: Vec<Option<Rc<str>>> },
+    /// `sources`: the value each position reads directly, for errors.
+    Load { tensor: usize, value: Value, positions: Vec<P>, shape: Vec<usize>, sources: Vec<Option<Value>> },
     Unary(UnaryOp, Box<P>, Dtype),
     Binary(BinaryOp, Box<P>, Box<P>, Dtype),
     Select(Box<P>, Box<P>, Box<P>),
@@ -71,13 +62,9 @@ enum P {
     Memo { id: usize, level: usize, body: Box<P> },
 }
 
-/// What a value is, for messages: an input, a parameter, a state.
-pub type Origins<'o> = &'o [Option<Rc<str>>];
-
 struct Preparer<'v> {
-    values: &'v [Rc<Tensor>],
-    origins: Origins<'v>,
-    dims: &'v HashMap<Symbol, i64>,
+    values: &'v Values<Tensor>,
+    dims: &'v Dims,
     slots: HashMap<u32, usize>,
     tensors: Vec<usize>,
     /// The invariant parts not yet prepared, by place, with their levels.
@@ -86,15 +73,6 @@ struct Preparer<'v> {
 }
 
 impl Preparer<'_> {
-    /// The input a position reads directly (through casts), if any.
-    fn source(&self, position: &Scalar) -> Option<Rc<str>> {
-        match position {
-            Scalar::Cast(inner, _) => self.source(inner),
-            Scalar::Load(value, _, _) => self.origins[value.index()].clone().filter(|o| o.starts_with("input")),
-            _ => None,
-        }
-    }
-
     fn prepare(&mut self, scalar: &Scalar) -> P {
         if let Some(&level) = self.invariants.get(&(scalar as *const Scalar)) {
             self.invariants.remove(&(scalar as *const Scalar));
@@ -104,17 +82,16 @@ impl Preparer<'_> {
         }
         match scalar {
             Scalar::Index(id, _) => P::Slot(self.slots[id]),
-            Scalar::Dim(d) => P::Const(V::I(dim(d, self.dims).expect("dims are bound"))),
+            Scalar::Dim(d) => P::Const(V::I(dim(d, self.dims))),
             Scalar::Float(v, dtype) => P::Const(V::F(round(*v, *dtype))),
             Scalar::Int(v, dtype) => P::Const(V::I(wrap(*v, *dtype))),
             Scalar::Bool(v) => P::Const(V::B(*v)),
             Scalar::Load(value, positions, _) => {
                 let tensor = self.tensors.len();
                 self.tensors.push(value.index());
-                let shape = self.values[value.index()].shape.clone();
-                let what = self.origins[value.index()].clone().unwrap_or_else(|| Rc::from(format!("v{}", value.0)));
-                let sources = positions.iter().map(|p| self.source(p)).collect();
-                P::Load { tensor, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape, what, sources }
+                let shape = self.values[value.index()].as_ref().expect("a loaded value is live").shape.clone();
+                let sources = positions.iter().map(Scalar::direct_load).collect();
+                P::Load { tensor, value: *value, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape, sources }
             }
             Scalar::Unary(op, a, dtype) => P::Unary(*op, Box::new(self.prepare(a)), *dtype),
             Scalar::Binary(op, a, b, dtype) => P::Binary(*op, Box::new(self.prepare(a)), Box::new(self.prepare(b)), *dtype),
@@ -123,7 +100,7 @@ impl Preparer<'_> {
             Scalar::Reduce { op, index, extent, body, dtype } => {
                 let slot = self.slots.len();
                 self.slots.insert(*index, slot);
-                let extent = dim(extent, self.dims).expect("dims are bound");
+                let extent = dim(extent, self.dims);
                 P::Reduce { op: *op, slot, extent, body: Box::new(self.prepare(body)), dtype: *dtype }
             }
         }
@@ -147,7 +124,7 @@ fn float_result(value: f64, dtype: Dtype) -> V {
 }
 
 impl Runner<'_> {
-    fn run(&self, p: &P, slots: &mut [i64]) -> Result<V, String> {
+    fn run(&self, p: &P, slots: &mut [i64]) -> Result<V, NodeError> {
         Ok(match p {
             P::Slot(slot) => V::I(slots[*slot]),
             P::Memo { id, level, body } => {
@@ -161,15 +138,12 @@ impl Runner<'_> {
                 value
             }
             P::Const(v) => *v,
-            P::Load { tensor, positions, shape, what, sources } => {
+            P::Load { tensor, value, positions, shape, sources } => {
                 let mut offset = 0usize;
-                for ((position, &size), source) in positions.iter().zip(shape).zip(sources) {
+                for (axis, ((position, &size), source)) in positions.iter().zip(shape).zip(sources).enumerate() {
                     let at = self.run(position, slots)?.i();
                     if at < 0 || at as usize >= size {
-                        return Err(match source {
-                            Some(input) => format!("{input} holds {at}, outside 0..{size} (an axis of {what})"),
-                            None => format!("position {at} is outside 0..{size} (an axis of {what})"),
-                        });
+                        return Err(NodeError::OutOfRange { value: *value, axis, position: at, size: size as i64, source: *source });
                     }
                     offset = offset * size + at as usize;
                 }
@@ -190,13 +164,13 @@ impl Runner<'_> {
                         let x = a.f();
                         let y = match op {
                             UnaryOp::Neg => -x,
-                            UnaryOp::Exp => x.exp(),
-                            UnaryOp::Log => x.ln(),
-                            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-                            UnaryOp::Sqrt => x.sqrt(),
-                            UnaryOp::Cos => x.cos(),
-                            UnaryOp::Sin => x.sin(),
-                            UnaryOp::Tanh => x.tanh(),
+                            UnaryOp::Exp => math::exp(x),
+                            UnaryOp::Log => math::ln(x),
+                            UnaryOp::Rsqrt => 1.0 / math::sqrt(x),
+                            UnaryOp::Sqrt => math::sqrt(x),
+                            UnaryOp::Cos => math::cos(x),
+                            UnaryOp::Sin => math::sin(x),
+                            UnaryOp::Tanh => math::tanh(x),
                             UnaryOp::Abs => x.abs(),
                             UnaryOp::Not => unreachable!("handled above"),
                         };
@@ -271,8 +245,8 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
             BinaryOp::Add => x.wrapping_add(y),
             BinaryOp::Sub => x.wrapping_sub(y),
             BinaryOp::Mul => x.wrapping_mul(y),
-            BinaryOp::Div => super::tensor::div_euclid(x, y),
-            BinaryOp::Rem => super::tensor::rem_euclid(x, y),
+            BinaryOp::Div => div_euclid(x, y),
+            BinaryOp::Rem => rem_euclid(x, y),
             BinaryOp::Max => x.max(y),
             BinaryOp::Min => x.min(y),
             _ => unreachable!("handled above"),
@@ -294,20 +268,13 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
 }
 
 /// Every element of a `Compute` node.
-pub fn compute(
-    scalar: &Scalar,
-    shape: Vec<usize>,
-    dtype: Dtype,
-    values: &[Rc<Tensor>],
-    origins: Origins,
-    dims: &HashMap<Symbol, i64>,
-) -> Result<Tensor, String> {
+pub fn compute(scalar: &Scalar, shape: Vec<usize>, dtype: Dtype, values: &Values<Tensor>, dims: &Dims) -> Result<Tensor, NodeError> {
     let rank = shape.len();
     let invariants = crate::ir::invariant::invariants(scalar, rank as u32).into_iter().map(|i| (i.scalar as *const Scalar, i.level)).collect();
     let slots = (0..rank as u32).map(|k| (k, k as usize)).collect();
-    let mut preparer = Preparer { values, origins, dims, slots, tensors: Vec::new(), invariants, memos: 0 };
+    let mut preparer = Preparer { values, dims, slots, tensors: Vec::new(), invariants, memos: 0 };
     let prepared = preparer.prepare(scalar);
-    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_ref()).collect(), memos: std::cell::RefCell::new(vec![None; preparer.memos]) };
+    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_deref().expect("a loaded value is live")).collect(), memos: std::cell::RefCell::new(vec![None; preparer.memos]) };
     let mut slots = vec![0i64; preparer.slots.len().max(rank)];
     let count: usize = shape.iter().product();
     let mut out = Tensor::zeros(dtype, shape.clone());

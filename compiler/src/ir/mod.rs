@@ -10,6 +10,7 @@
 //! concatenations all lower to it; what cannot (the gated delta rule's
 //! recurrence) is an [`Intrinsic`]. Backends lower from this one form.
 
+pub mod analysis;
 pub mod contraction;
 pub mod fuse;
 pub mod invariant;
@@ -277,6 +278,16 @@ impl Scalar {
         let mut found = test(self);
         self.for_each_child(&mut |child| found = found || child.any(test));
         found
+    }
+
+    /// The value this position reads directly (through casts), if it is
+    /// a load: what an out-of-range position is blamed on.
+    pub fn direct_load(&self) -> Option<Value> {
+        match self {
+            Scalar::Cast(inner, _) => inner.direct_load(),
+            Scalar::Load(value, ..) => Some(*value),
+            _ => None,
+        }
     }
 
     /// Every value this expression loads.

@@ -382,22 +382,14 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
 
     fn binary(&mut self, op: BinaryOp, left: Val, right: Val, span: Span) -> Result<Val> {
         if let (Val::Literal(a, fa), Val::Literal(b, fb)) = (&left, &right) {
-            let value = match op {
-                BinaryOp::Add => a + b,
-                BinaryOp::Sub => a - b,
-                BinaryOp::Mul => a * b,
-                BinaryOp::Div => a / b,
-                BinaryOp::Max => a.max(*b),
-                BinaryOp::Min => a.min(*b),
-                BinaryOp::Rem if *fa || *fb => a % b,
-                BinaryOp::Rem => crate::interp::tensor::rem_euclid(*a as i64, *b as i64) as f64,
-                BinaryOp::Cmp(cmp) => {
-                    let holds = cmp.holds(a.partial_cmp(b));
-                    return Ok(Val::Tensor(self.builder.compute(Vec::new(), Scalar::Bool(holds))));
-                }
-                BinaryOp::And | BinaryOp::Or => return Err(unsupported(span, "a logical operation of two numbers")),
-            };
-            return Ok(Val::Literal(value, *fa || *fb));
+            if let BinaryOp::Cmp(cmp) = op {
+                let holds = cmp.holds(a.partial_cmp(b));
+                return Ok(Val::Tensor(self.builder.compute(Vec::new(), Scalar::Bool(holds))));
+            }
+            if matches!(op, BinaryOp::And | BinaryOp::Or) {
+                return Err(unsupported(span, "a logical operation of two numbers"));
+            }
+            return Ok(fold(op, (*a, *fa), (*b, *fb)));
         }
         let dtype = self.dtype_of(&left).or(self.dtype_of(&right));
         let left = self.tensor(left, span, dtype)?;
@@ -1082,4 +1074,36 @@ fn group_positions(from: &[Dim], to: &[Dim], first: usize) -> Vec<Scalar> {
         stride = stride.mul(&from[at]);
     }
     positions
+}
+
+/// Two literals combined as the program would combine them at run time
+/// (`numerics`): integers in i64 (wrapping, Euclidean division and
+/// remainder, by zero giving 0), floats in f64 as soon as either is one.
+fn fold(op: BinaryOp, (a, a_float): (f64, bool), (b, b_float): (f64, bool)) -> Val {
+    use crate::numerics::{div_euclid, rem_euclid};
+    if a_float || b_float {
+        let value = match op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Rem => a % b,
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
+            BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("folded by the caller"),
+        };
+        return Val::Literal(value, true);
+    }
+    let (x, y) = (a as i64, b as i64);
+    let value = match op {
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::Mul => x.wrapping_mul(y),
+        BinaryOp::Div => div_euclid(x, y),
+        BinaryOp::Rem => rem_euclid(x, y),
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("folded by the caller"),
+    };
+    Val::Literal(value as f64, false)
 }

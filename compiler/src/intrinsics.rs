@@ -1,4 +1,5 @@
-//! The intrinsics. The gated delta rule's reference semantics over a span
+//! The intrinsics on host tensors, as the interpreter defines them (the
+//! CPU backend runs them too). The gated delta rule's reference semantics over a span
 //! of tokens and for one token, in f64 with the state rounded to f32 after
 //! every token, as the f32 state it models. Attention and cache writes are
 //! kernels for standard library functions and compute exactly what their
@@ -6,7 +7,8 @@
 //! mask excludes (their weights are exactly zero), and a cache write
 //! changes the cache it is given.
 
-use super::tensor::{round, Data, Tensor};
+use crate::numerics::{math, round};
+use crate::tensor::{Data, Tensor};
 use crate::ir::Intrinsic;
 use crate::sema::ty::Dtype;
 
@@ -63,7 +65,7 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                 let top = weights.iter().fold(f64::NEG_INFINITY, |top, w| top.max(*w));
                 let mut total = 0.0;
                 for weight in weights.iter_mut() {
-                    *weight = f32r(f32r(*weight - top).exp());
+                    *weight = f32r(math::exp(f32r(*weight - top)));
                     total += *weight;
                 }
                 let total = f32r(total);
@@ -174,7 +176,7 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
                 let key_at = ((b * tokens + t) * key_heads + kh) * key_dim;
                 let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
                 let gate_at = (b * tokens + t) * value_heads + h;
-                let forget = (decay[gate_at] as f64).exp();
+                let forget = math::exp(decay[gate_at] as f64);
                 memory.iter_mut().for_each(|m| *m = (*m * forget) as f32 as f64);
                 let rate = beta[gate_at] as f64;
                 let mut update = vec![0f64; value_dim];

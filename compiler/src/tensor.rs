@@ -1,4 +1,6 @@
-//! Host tensors: a dtype, a row-major shape, and the elements. Floats of
+//! Host tensors, the values of the backends that compute in host memory
+//! (the interpreter and the CPU) and what crosses the executor's boundary
+//! (inputs, outputs, parameters at load): a dtype, a row-major shape, and the elements. Floats of
 //! every width are held as f32 (a bf16 or f16 value is exact in f32), and
 //! integers as i64, so that one evaluator serves every dtype; the one
 //! exception is a bf16 parameter, held as its bf16 bits ([`holds_bits`]),
@@ -6,6 +8,8 @@
 //! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
 
 use crate::ir::{Node, NodeKind};
+pub use crate::numerics::{bf16_bits, bf16_value};
+use crate::numerics::round;
 use crate::sema::ty::Dtype;
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
@@ -104,11 +108,6 @@ pub fn holds_bits(node: &Node) -> bool {
     matches!(node.kind, NodeKind::Param(_)) && node.dtype == Dtype::Bf16
 }
 
-/// A bf16 value from its bits.
-pub fn bf16_value(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
     F32(Floats),
@@ -164,7 +163,7 @@ impl Tensor {
     pub fn into_bits(self) -> Tensor {
         match self.data {
             Data::F32(values) if self.dtype == Dtype::Bf16 => {
-                let bits = values.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect::<Vec<u16>>();
+                let bits = values.iter().map(|v| bf16_bits(*v)).collect::<Vec<u16>>();
                 Tensor { data: Data::Bf16(bits.into()), ..self }
             }
             _ => self,
@@ -188,33 +187,4 @@ impl Tensor {
             _ => None,
         }
     }
-}
-
-/// A float rounded to `dtype` (nearest-even), held in f64.
-pub fn round(value: f64, dtype: Dtype) -> f64 {
-    match dtype {
-        Dtype::F32 => value as f32 as f64,
-        Dtype::Bf16 => half::bf16::from_f64(value).to_f64(),
-        Dtype::F16 => half::f16::from_f64(value).to_f64(),
-        _ => value,
-    }
-}
-
-/// An integer wrapped to `dtype`.
-pub fn wrap(value: i64, dtype: Dtype) -> i64 {
-    match dtype {
-        Dtype::I32 => value as i32 as i64,
-        _ => value,
-    }
-}
-
-/// Integer floor division as the language defines it: by zero gives 0,
-/// overflow wraps.
-pub fn div_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.wrapping_div_euclid(y) }
-}
-
-/// The remainder matching `div_euclid`.
-pub fn rem_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.wrapping_rem_euclid(y) }
 }

@@ -1,0 +1,132 @@
+//! The CPU backend as the executor drives it: values are host tensors,
+//! every `Compute` node runs as native code (an artifact's, or compiled
+//! here by the JIT when the backend readies a model), and the intrinsics
+//! run on their host kernels. An entry with a node that has no kernel is
+//! refused when the model is loaded, never run another way.
+
+use super::native::{self, Compiled, NativeKernel};
+use crate::exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
+use crate::ir::analysis::Analysis;
+use crate::ir::{Intrinsic, Model, NodeKind};
+use crate::sema::ty::Dtype;
+use crate::tensor::{Data, Tensor};
+use std::collections::HashMap;
+
+/// Native code for every entry: compiled in process, or an artifact's.
+pub struct Cpu {
+    /// Code from an artifact, by entry name, until `prepare` takes it.
+    given: Option<HashMap<String, Compiled>>,
+    /// Per entry, in model order, once prepared.
+    entries: Vec<Compiled>,
+}
+
+impl Cpu {
+    /// Compiles every entry in this process when it readies a model.
+    pub fn jit() -> Cpu {
+        Cpu { given: None, entries: Vec::new() }
+    }
+
+    /// Runs code compiled before (an artifact's kernels).
+    pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
+        Cpu { given: Some(compiled), entries: Vec::new() }
+    }
+}
+
+/// `model` with `params` on the CPU backend: `compiled` code from an
+/// artifact, or code compiled here.
+pub fn machine(model: Model, params: Vec<Tensor>, compiled: Option<HashMap<String, Compiled>>) -> Result<Machine, BuildError> {
+    Machine::new(model, params, compiled.map_or_else(Cpu::jit, Cpu::with_compiled))
+}
+
+fn host(tensor: &Tensor) -> *const u8 {
+    match &tensor.data {
+        Data::F32(x) => x.as_ptr() as *const u8,
+        Data::Bf16(x) => x.as_ptr() as *const u8,
+        Data::I64(x) => x.as_ptr() as *const u8,
+        Data::Bool(x) => x.as_ptr() as *const u8,
+    }
+}
+
+impl Backend for Cpu {
+    type Buffer = Tensor;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
+        let mut given = self.given.take();
+        for (entry, analysis) in model.entries.iter().zip(analyses) {
+            let failed = |node: Option<usize>, message: String| BuildError { backend: "cpu", entry: entry.name.clone(), node, message };
+            let compiled = match given.as_mut() {
+                Some(given) => given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?,
+                None => native::jit(entry, analysis).map_err(|(node, message)| failed(node, message))?,
+            };
+            for (at, node) in entry.nodes.iter().enumerate() {
+                if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {
+                    return Err(failed(Some(at), "no kernel was compiled for this node".into()));
+                }
+            }
+            self.entries.push(compiled);
+        }
+        Ok(())
+    }
+
+    fn upload(&mut self, tensor: Tensor) -> Tensor {
+        tensor
+    }
+
+    fn download(&mut self, buffer: &Tensor) -> Tensor {
+        buffer.widened().into_owned()
+    }
+
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Tensor {
+        Tensor::zeros(dtype, shape.to_vec())
+    }
+
+    fn copy(&mut self, buffer: &Tensor) -> Tensor {
+        buffer.widened().into_owned()
+    }
+
+    fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        let kernel = self.entries[site.entry_number].kernels[site.at].as_ref().expect("`prepare` found a kernel for every node");
+        run(kernel, site, values)
+    }
+
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
+        let args: Vec<_> = args.iter().map(|arg| arg.widened()).collect();
+        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+        Ok(crate::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
+    }
+
+    fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+        let args: Vec<_> = args.iter().map(|arg| arg.widened()).collect();
+        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+        crate::intrinsics::write_cache(intrinsic, cache, &args).map_err(NodeError::Check)
+    }
+}
+
+/// Runs a node's kernel on the values it loads.
+fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+    let node = &site.entry.nodes[site.at];
+    let mut out = Tensor::zeros(node.dtype, site.shape.to_vec());
+    let table: Vec<i64> = kernel.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect();
+    let pointers: Vec<*const u8> = kernel.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect();
+    let target = match &mut out.data {
+        Data::F32(x) => x.as_mut_ptr() as *mut u8,
+        Data::I64(x) => x.as_mut_ptr() as *mut u8,
+        Data::Bool(x) => x.as_mut_ptr() as *mut u8,
+        Data::Bf16(_) => unreachable!("computed values are held as f32"),
+    };
+    // SAFETY: the kernel was compiled for these values' shapes and dtypes,
+    // its dims table is evaluated under the call's dims, it checks every
+    // position before it loads, and writes exactly the output's elements.
+    match unsafe { native::call(kernel, target, &pointers, &table) } {
+        Ok(()) => Ok(out),
+        Err(fault) => {
+            let load = &kernel.sites[fault.site];
+            let source = load.sources.get(fault.axis).copied().flatten();
+            Err(NodeError::OutOfRange { value: load.value, axis: fault.axis, position: fault.position, size: fault.size, source })
+        }
+    }
+}

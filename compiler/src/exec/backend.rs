@@ -1,0 +1,105 @@
+//! The backend interface the executor drives. A backend owns where values
+//! live (host memory for the interpreter and the CPU, device memory for a
+//! GPU) and how each node runs; the executor owns the model, its
+//! parameters and states, and the plan. Values cross between the two only
+//! as inputs, outputs, parameters at load and a checked assertion's bool.
+
+use crate::ir::{Entry, Intrinsic, Model, Value};
+use crate::sema::dim::Symbol;
+use crate::sema::ty::Dtype;
+use crate::tensor::Tensor;
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+
+use crate::ir::analysis::Analysis;
+
+/// An entry's dims, bound from its inputs when it is called.
+pub type Dims = HashMap<Symbol, i64>;
+
+/// The values of an entry while it runs, by node: `None` once freed (or
+/// not yet computed).
+pub type Values<B> = [Option<Rc<B>>];
+
+/// Where in a model a node runs, and its shape under the call's dims.
+#[derive(Clone, Copy)]
+pub struct Site<'a> {
+    pub entry: &'a Entry,
+    /// The entry's number in the model.
+    pub entry_number: usize,
+    /// The node's number in the entry (its value's).
+    pub at: usize,
+    pub dims: &'a Dims,
+    pub shape: &'a [usize],
+}
+
+/// Why a node could not be computed, as data: the executor names the
+/// values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeError {
+    /// A load of `value` at `position` on `axis` fell outside `0..size`;
+    /// `source` is the value the position was read from directly, if any
+    /// (an input holding a token id or a position).
+    OutOfRange { value: Value, axis: usize, position: i64, size: i64, source: Option<Value> },
+    /// A check an intrinsic makes (a cache write outside its cache).
+    Check(String),
+}
+
+/// A node a backend cannot run, found when it readies a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildError {
+    pub backend: &'static str,
+    pub entry: String,
+    /// The node, if the problem is one node's.
+    pub node: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.node {
+            Some(node) => write!(f, "the {} backend cannot run v{node} of entry `{}`: {}", self.backend, self.entry, self.message),
+            None => write!(f, "the {} backend cannot run entry `{}`: {}", self.backend, self.entry, self.message),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// A way of running the IR. The interpreter, the CPU backend and a GPU
+/// backend implement it side by side; none knows the others.
+pub trait Backend {
+    /// A tensor where this backend computes.
+    type Buffer;
+
+    /// The backend's name in messages: `interp`, `cpu`.
+    fn name(&self) -> &'static str;
+
+    /// Readies every entry of `model` (`analyses` in entry order): compiles
+    /// it or takes code compiled before. A node it cannot run is an error
+    /// here, never a silent fallback later.
+    fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError>;
+
+    /// A host tensor moved to where the backend computes (a bf16
+    /// parameter arrives held as its bits: `tensor::holds_bits`).
+    fn upload(&mut self, tensor: Tensor) -> Self::Buffer;
+
+    /// A value brought back to the host, floats as f32.
+    fn download(&mut self, buffer: &Self::Buffer) -> Tensor;
+
+    /// A tensor of zeros (a state at load).
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Self::Buffer;
+
+    /// A copy the executor may change (a cache written where it is read
+    /// again), held as computed values are: floats as f32.
+    fn copy(&mut self, buffer: &Self::Buffer) -> Self::Buffer;
+
+    /// A `Compute` node.
+    fn compute(&mut self, site: Site<'_>, values: &Values<Self::Buffer>) -> Result<Self::Buffer, NodeError>;
+
+    /// An intrinsic that makes a new value (attention, the delta rule).
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Self::Buffer]) -> Result<Self::Buffer, NodeError>;
+
+    /// A cache write into `cache`, in place.
+    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Self::Buffer, args: &[&Self::Buffer]) -> Result<(), NodeError>;
+}
