@@ -14,6 +14,7 @@
 //! run.
 
 use crate::codegen::native::{self, Compiled};
+use crate::exec::BuildError;
 use crate::ir::analysis::Analysis;
 use crate::ir::{plan, Model};
 use crate::package::Package;
@@ -209,8 +210,8 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: native::Entr
 /// be). Returns the manifest written.
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
     let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
-    let (object, kernels) = native::emit_object(model, &analyses).map_err(|(node, message)| match node {
-        Some((entry, at)) => format!("the cpu backend cannot compile v{at} of entry `{entry}`: {message}"),
+    let (object, kernels) = native::emit_object(model, &analyses).map_err(|(entry, node, message)| match entry {
+        Some(entry) => BuildError::new("cpu", &model.entries[entry], node, message).to_string(),
         None => format!("the cpu backend cannot compile `{}`: {message}", model.name),
     })?;
     let manifest = manifest(model, package, key, kernels)?;

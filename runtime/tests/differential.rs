@@ -109,8 +109,8 @@ impl Generator {
 fn model(scalar: Scalar, dtype: Dtype) -> Model {
     let square = || vec![Dim::constant(SIDE), Dim::constant(SIDE)];
     let inputs = [("floats", Dtype::F32), ("ints", Dtype::I64), ("flags", Dtype::Bool)];
-    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, d))| Node { kind: NodeKind::Input(at), shape: square(), dtype: *d }).collect();
-    nodes.push(Node { kind: NodeKind::Compute(scalar), shape: square(), dtype });
+    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, d))| Node { kind: NodeKind::Input(at), shape: square(), dtype: *d, source: None }).collect();
+    nodes.push(Node { kind: NodeKind::Compute(scalar), shape: square(), dtype, source: None });
     let entry = Entry {
         name: "program".into(),
         dims: Vec::new(),

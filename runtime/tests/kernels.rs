@@ -206,5 +206,6 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     compiled.get_mut("decode").unwrap().kernels[missing] = None;
     let error = codegen::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
     assert_eq!((error.entry.as_str(), error.node), ("decode", Some(missing)));
-    assert!(error.to_string().contains(&format!("cannot run v{missing} of entry `decode`")), "{error}");
+    let text = error.to_string();
+    assert!(text.contains(&format!("cannot run v{missing} of entry `decode` (lowered from ")) && text.contains(".linnet:"), "{text}");
 }

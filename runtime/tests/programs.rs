@@ -170,3 +170,25 @@ fn random_linnet_programs_agree_everywhere() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Literals fold as the program computes at run time (`numerics`):
+/// integers in i64 with Euclidean division and remainder, by zero giving
+/// 0, so a literal `5 / 0` checks, lowers and runs on both backends.
+#[test]
+fn integer_literals_fold_as_the_runtime_divides() {
+    let source = "module fuzz\n\npub block Prog<H: Dim, T: Float>\nwhere\n    H > 1\n{\n    param w: Tensor[H, H; T]\n    param v: Tensor[H; T]\n\n    \
+                  pub entry run<N: Dim>(x: Tensor[N, H; f32], idx: Tensor[N; i32]) -> Tensor[N; i32]\n    where N > 0 {\n        \
+                  let folded[n] = idx[n] * (7 / 2) + (0 - 7) / 2 + 5 / 0 + (0 - 7) % 3 + 9 % 0\n        return folded\n    }\n}\n";
+    let dir = package(9_000, source);
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, _) = linnet_compiler::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let params = linnet_runtime::random::params(&model, 1);
+    let x = Tensor::from_f32(Dtype::F32, vec![3, 8], vec![0.0; 24]);
+    let idx = Tensor::from_i64(Dtype::I32, vec![3], vec![0, 1, -2]);
+    // 3·idx − 4 + 0 + 2 + 0
+    let expected = Tensor::from_i64(Dtype::I32, vec![3], vec![-2, 1, -8]);
+    let interpreted = interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
+    let native = codegen::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    assert_eq!((interpreted, native), (expected.clone(), expected));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

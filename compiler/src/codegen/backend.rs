@@ -57,7 +57,7 @@ impl Backend for Cpu {
     fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
         let mut given = self.given.take();
         for (entry, analysis) in model.entries.iter().zip(analyses) {
-            let failed = |node: Option<usize>, message: String| BuildError { backend: "cpu", entry: entry.name.clone(), node, message };
+            let failed = |node: Option<usize>, message: String| BuildError::new("cpu", entry, node, message);
             let compiled = match given.as_mut() {
                 Some(given) => given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?,
                 None => native::jit(entry, analysis).map_err(|(node, message)| failed(node, message))?,

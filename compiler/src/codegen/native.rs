@@ -112,18 +112,19 @@ pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodegenError>
 
 /// An object file with the kernels of every entry (`analyses` in entry
 /// order), and per entry the records that say how to call them; an error
-/// names the entry and node that could not be compiled.
-pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), (Option<(String, usize)>, String)> {
-    let isa = host_isa(true).map_err(|e| (None, e))?;
-    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| (None, e.to_string()))?;
+/// names the entry (by number) and the node that could not be compiled,
+/// when the fault is theirs.
+pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), (Option<usize>, Option<usize>, String)> {
+    let isa = host_isa(true).map_err(|e| (None, None, e))?;
+    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| (None, None, e.to_string()))?;
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
         let defined =
-            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, e)| (Some((entry.name.clone(), at)), e))?;
+            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, e)| (Some(number), Some(at), e))?;
         records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
     }
-    let bytes = module.finish().emit().map_err(|e| (None, e.to_string()))?;
+    let bytes = module.finish().emit().map_err(|e| (None, None, e.to_string()))?;
     Ok((bytes, records))
 }
 

@@ -4,7 +4,7 @@
 //! parameters and states, and the plan. Values cross between the two only
 //! as inputs, outputs, parameters at load and a checked assertion's bool.
 
-use crate::ir::{Entry, Intrinsic, Model, Value};
+use crate::ir::{Entry, Intrinsic, Model, SourceAt, Value};
 use crate::sema::dim::Symbol;
 use crate::sema::ty::Dtype;
 use crate::tensor::Tensor;
@@ -50,17 +50,31 @@ pub enum NodeError {
 pub struct BuildError {
     pub backend: &'static str,
     pub entry: String,
-    /// The node, if the problem is one node's.
+    /// The node, if the problem is one node's, and where it was written.
     pub node: Option<usize>,
+    pub source: Option<SourceAt>,
     pub message: String,
+}
+
+impl BuildError {
+    /// A problem with node `node` of `entry` (the whole entry's if `None`).
+    pub fn new(backend: &'static str, entry: &Entry, node: Option<usize>, message: String) -> BuildError {
+        let source = node.and_then(|at| entry.nodes.get(at)).and_then(|n| n.source.clone());
+        BuildError { backend, entry: entry.name.clone(), node, source, message }
+    }
 }
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.node {
-            Some(node) => write!(f, "the {} backend cannot run v{node} of entry `{}`: {}", self.backend, self.entry, self.message),
-            None => write!(f, "the {} backend cannot run entry `{}`: {}", self.backend, self.entry, self.message),
+        write!(f, "the {} backend cannot run ", self.backend)?;
+        if let Some(node) = self.node {
+            write!(f, "v{node} of ")?;
         }
+        write!(f, "entry `{}`", self.entry)?;
+        if let Some(source) = &self.source {
+            write!(f, " (lowered from {source})")?;
+        }
+        write!(f, ": {}", self.message)
     }
 }
 

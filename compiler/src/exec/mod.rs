@@ -95,6 +95,11 @@ impl<B: Backend> Executor<B> {
         let entry = &self.model.entries[number];
         let analysis = &self.analyses[number];
         let dims = bind_dims(entry, &inputs)?;
+        // Every dim the entry evaluates, once: a divisor that is zero for
+        // these inputs is an error here rather than inside a kernel.
+        if let Some(dim) = analysis.dims.iter().find(|dim| dim_value(dim, &dims).is_none()) {
+            return Err(RunError::Inputs { entry: entry.name.clone(), message: format!("the dim `{dim}` cannot be evaluated for these inputs (a division by zero or an overflow)") });
+        }
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
         let mut writes = Vec::new();

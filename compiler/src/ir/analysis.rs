@@ -5,7 +5,8 @@
 //! contractions (run on a matrix kernel), and which intrinsic writes its
 //! cache state in place.
 
-use super::{contraction, plan, Entry, NodeKind, Value};
+use super::{contraction, plan, Entry, NodeKind, Scalar, Value};
+use crate::sema::dim::Dim;
 
 #[derive(Clone, Debug)]
 pub struct Analysis {
@@ -22,6 +23,9 @@ pub struct Analysis {
     /// Per node: a cache write whose cache is a state read nowhere else,
     /// which therefore updates that state in place.
     pub in_place: Vec<Option<usize>>,
+    /// Every dim the entry evaluates at run time (shapes, dims in
+    /// expressions, reduction extents) that is not a constant, once.
+    pub dims: Vec<Dim>,
 }
 
 impl Analysis {
@@ -42,7 +46,18 @@ impl Analysis {
                 _ => None,
             })
             .collect();
+        let mut dims = Vec::new();
+        for node in &entry.nodes {
+            dims.extend(node.shape.iter().cloned());
+            if let NodeKind::Compute(scalar) = &node.kind {
+                dims_read(scalar, &mut dims);
+            }
+        }
+        dims.retain(|dim| dim.as_constant().is_none());
+        dims.sort_by_cached_key(ToString::to_string);
+        dims.dedup();
         Analysis {
+            dims,
             reads,
             uses,
             last_reads: plan::last_reads(entry),
@@ -51,4 +66,12 @@ impl Analysis {
             in_place,
         }
     }
+}
+
+/// The dims a scalar expression evaluates.
+fn dims_read(scalar: &Scalar, out: &mut Vec<Dim>) {
+    if let Scalar::Dim(dim) | Scalar::Reduce { extent: dim, .. } = scalar {
+        out.push(dim.clone());
+    }
+    scalar.for_each_child(&mut |child| dims_read(child, out));
 }

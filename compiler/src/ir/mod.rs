@@ -84,6 +84,25 @@ pub struct Node {
     pub kind: NodeKind,
     pub shape: Vec<Dim>,
     pub dtype: Dtype,
+    /// The expression it was lowered from, for messages (a backend that
+    /// cannot run it names the place).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceAt>,
+}
+
+/// A place in a package's sources, resolved when the model is lowered so
+/// that an artifact names it without its sources at hand.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceAt {
+    pub file: std::rc::Rc<str>,
+    pub line: u32,
+    pub column: u32,
+}
+
+impl std::fmt::Display for SourceAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
 }
 
 /// Operations the IR keeps whole. The delta rule has no Linnet body; the

@@ -265,6 +265,14 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
 
     /// A tensor-level expression.
     pub fn expr(&mut self, expr: &Expr) -> Result<Val> {
+        let outer = self.builder.span.replace(expr.span);
+        let value = self.expr_here(expr);
+        self.builder.span = outer;
+        value
+    }
+
+    /// An expression, with the nodes it makes attributed to it.
+    fn expr_here(&mut self, expr: &Expr) -> Result<Val> {
         if let ExprKind::Binary(..) = expr.kind {
             if let Some(dim) = self.static_dim(expr) {
                 return Ok(Val::Dim(dim));
@@ -568,7 +576,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let (_, param_dtype) = self.lowerer.tensor_type(param_ty, &env, span)?;
                 values.push(self.tensor(value, span, Some(param_dtype))?);
             }
-            let node = Node { kind: NodeKind::Intrinsic(intrinsic, values), shape, dtype };
+            let node = Node { kind: NodeKind::Intrinsic(intrinsic, values), shape, dtype, source: None };
             return Ok(Val::Tensor(self.builder.push(node)));
         }
         let mut locals = HashMap::new();
@@ -684,7 +692,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let cond = self.expr(positional[0])?;
                 let cond = self.tensor(cond, span, Some(Dtype::Bool))?;
                 let ExprKind::Str(message) = &positional[1].kind else { return Err(unsupported(span, "assert takes a message")) };
-                self.builder.push(Node { kind: NodeKind::Assert(cond, message.clone()), shape: Vec::new(), dtype: Dtype::Bool });
+                self.builder.push(Node { kind: NodeKind::Assert(cond, message.clone()), shape: Vec::new(), dtype: Dtype::Bool, source: None });
                 Ok(Val::Unit)
             }
             _ => {

@@ -10,11 +10,11 @@ mod env;
 mod expr;
 
 use crate::diagnostic::Diagnostic;
-use crate::ir::{self, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, Value};
+use crate::ir::{self, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
 use crate::sema::dim::{Dim, Symbol};
 use crate::sema::program::{ItemRef, Program};
 use crate::sema::ty::{Dtype, Ty};
-use crate::source::Span;
+use crate::source::{FileId, SourceMap, Span};
 pub use env::Env;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -67,7 +67,7 @@ impl Default for Lowering {
 }
 
 /// Lowers the root block named by the model card.
-pub fn lower(program: &Program, model_name: &str, lowering: Lowering) -> std::result::Result<Model, Vec<Diagnostic>> {
+pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering: Lowering) -> std::result::Result<Model, Vec<Diagnostic>> {
     let mut diagnostics = Vec::new();
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
@@ -80,6 +80,8 @@ pub fn lower(program: &Program, model_name: &str, lowering: Lowering) -> std::re
     let instance = Instance { block: root, env, path: String::new() };
     let mut lowerer = Lowerer {
         program,
+        sources,
+        files: HashMap::new(),
         model: Model { name: model_name.to_string(), params: Vec::new(), states: Vec::new(), entries: Vec::new() },
         params: HashMap::new(),
         states: HashMap::new(),
@@ -104,6 +106,9 @@ pub fn lower(program: &Program, model_name: &str, lowering: Lowering) -> std::re
 
 pub(crate) struct Lowerer<'p, 'a> {
     pub program: &'p Program<'a>,
+    pub sources: &'p SourceMap,
+    /// Each source file's path, once.
+    files: HashMap<FileId, Rc<str>>,
     pub model: Model,
     pub params: HashMap<String, usize>,
     pub states: HashMap<String, usize>,
@@ -190,7 +195,7 @@ impl Lowerer<'_, '_> {
         let mut locals = HashMap::new();
         for (at, (name, ty, span)) in function.params.iter().enumerate() {
             let (shape, dtype) = self.tensor_type(ty, &env, *span)?;
-            let value = builder.push(Node { kind: NodeKind::Input(at), shape: shape.clone(), dtype });
+            let value = builder.push(Node { kind: NodeKind::Input(at), shape: shape.clone(), dtype, source: None });
             inputs.push(Input { name: name.clone(), shape, dtype });
             locals.insert(name.clone(), Val::Tensor(value));
         }
@@ -207,7 +212,18 @@ impl Lowerer<'_, '_> {
         let mut outputs = Vec::new();
         flatten(result, &mut builder, &mut outputs, function.decl.name.span)?;
         builder.finish_states();
+        for (node, span) in builder.nodes.iter_mut().zip(&builder.spans) {
+            node.source = span.map(|span| self.locate(span));
+        }
         Ok(Entry { name: function.name.clone(), dims, requires, inputs, nodes: builder.nodes, outputs })
+    }
+
+    /// A span as a place in the sources, with the file's path shared.
+    fn locate(&mut self, span: Span) -> SourceAt {
+        let file = self.sources.get(span.file);
+        let (line, column) = file.line_column(span.start as usize);
+        let path = self.files.entry(span.file).or_insert_with(|| Rc::from(self.sources.path(span.file).display().to_string()));
+        SourceAt { file: Rc::clone(path), line: line as u32, column: column as u32 }
     }
 
     pub fn scope_item(&self, module: usize, name: &str) -> Option<ItemRef> {
@@ -243,6 +259,9 @@ pub(crate) struct Builder {
     /// Index numbers handed out for index definitions and reductions;
     /// they start high so as not to meet a node's own axes.
     pub next_index: u32,
+    /// The expression being lowered, and each node's.
+    pub span: Option<Span>,
+    spans: Vec<Option<Span>>,
 }
 
 pub(crate) const FIRST_FREE_INDEX: u32 = 1 << 16;
@@ -250,12 +269,13 @@ pub(crate) const FIRST_FREE_INDEX: u32 = 1 << 16;
 impl Builder {
     pub fn push(&mut self, node: Node) -> Value {
         self.nodes.push(node);
+        self.spans.push(self.span);
         Value(self.nodes.len() as u32 - 1)
     }
 
     pub fn compute(&mut self, shape: Vec<Dim>, scalar: Scalar) -> Value {
         let dtype = scalar.dtype();
-        self.push(Node { kind: NodeKind::Compute(scalar), shape, dtype })
+        self.push(Node { kind: NodeKind::Compute(scalar), shape, dtype, source: None })
     }
 
     /// The node reading a parameter or a state: one per entry for a
@@ -271,7 +291,7 @@ impl Builder {
             return *value;
         }
         let shape = shape.iter().map(|d| Dim::constant(*d as i64)).collect();
-        let value = self.push(Node { kind, shape, dtype });
+        let value = self.push(Node { kind, shape, dtype, source: None });
         let cache = if is_param { &mut self.param_nodes } else { &mut self.state_values };
         cache.insert(slot, value);
         value
@@ -294,7 +314,7 @@ impl Builder {
     fn finish_states(&mut self) {
         for state in std::mem::take(&mut self.written) {
             let value = self.state_values[&state];
-            let node = Node { kind: NodeKind::WriteState(state, value), shape: Vec::new(), dtype: Dtype::Bool };
+            let node = Node { kind: NodeKind::WriteState(state, value), shape: Vec::new(), dtype: Dtype::Bool, source: None };
             self.push(node);
         }
     }

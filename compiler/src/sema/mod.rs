@@ -39,6 +39,9 @@ pub fn static_dim(expr: &ast::Expr, name: &dyn Fn(&ast::Ident) -> Option<dim::Di
                 ast::BinOp::Add => left.add(&right),
                 ast::BinOp::Sub => left.sub(&right),
                 ast::BinOp::Mul => left.mul(&right),
+                // A zero divisor is no dim: the expression is integer
+                // arithmetic, where it gives 0 as at run time.
+                ast::BinOp::Div | ast::BinOp::Rem if right.as_constant() == Some(0) => return None,
                 ast::BinOp::Div => left.div(&right),
                 ast::BinOp::Rem => left.rem(&right),
                 _ => return None,
