@@ -1,63 +1,112 @@
 //! The kernel contractions run on: `out[m, n] = Σₖ input[m, k] ·
-//! weight[n, k]`, with the language's numerics: each product an f32
-//! multiply, the sum in order in f64 starting from the first product, and
-//! the total rounded once to f32. Keeping the order per output is what
-//! makes it bit-identical to the interpreter, so the speed comes from
-//! computing many outputs at once: with AVX, sixteen rows of `weight` run
-//! side by side in f64 lanes (four independent chains of adds), four
-//! values of `k` at a time through a 4×4 transpose. Weights are f32 or
-//! bf16 bits ([`Weight`]), widened exactly as they are read.
+//! weight[n, k]`, with the numerics a compiled backend may use (`docs/
+//! language.md`): products and sums in f32 with fused multiply-adds, the
+//! sum split across vector lanes. The instruction set is chosen at run
+//! time ([`Isa`]): AVX-512 (sixteen lanes), AVX2 with FMA (eight), and on
+//! CPUs with AVX-512 BF16, bf16 dot products when the weights are bf16 and
+//! the inputs are exactly bf16 values (each product is then exact, as it
+//! is in f32). Weights are f32 or bf16 bits ([`Weight`]), widened in
+//! registers as they are read, never copied.
+//!
+//! Work is tiled for the caches: input rows in blocks that stay in L2,
+//! four weight rows at a time against four input rows (sixteen sums in
+//! flight), so that a prefill reads each weight row once per block of
+//! rows; large products split the weight rows among rayon's threads.
+
+use std::sync::OnceLock;
 
 /// A weight element: f32, or bf16 held as its bits.
-pub trait Weight: Copy {
+pub trait Weight: Copy + Sync {
+    /// Whether the elements are bf16 bits.
+    const BF16: bool;
     fn value(self) -> f32;
-    /// Four consecutive weights, widened to f32.
-    ///
-    /// # Safety
-    /// `at` points at four readable elements; the CPU has SSE4.1.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn four(at: *const Self) -> std::arch::x86_64::__m128;
 }
 
 impl Weight for f32 {
+    const BF16: bool = false;
     fn value(self) -> f32 {
         self
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn four(at: *const f32) -> std::arch::x86_64::__m128 {
-        // SAFETY: as the caller promises.
-        unsafe { std::arch::x86_64::_mm_loadu_ps(at) }
     }
 }
 
 impl Weight for u16 {
+    const BF16: bool = true;
     fn value(self) -> f32 {
         crate::numerics::bf16_value(self)
     }
+}
 
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn four(at: *const u16) -> std::arch::x86_64::__m128 {
-        use std::arch::x86_64::*;
-        // SAFETY: as the caller promises: 8 bytes, then each u16 widened
-        // to the high half of a 32-bit lane, which is the bf16's f32.
-        unsafe { _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(at as *const __m128i)), 16)) }
+/// The instruction sets the kernel runs on, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 with bf16 dot products (`vdpbf16ps`).
+    Avx512Bf16,
+    /// AVX-512 F: sixteen f32 lanes with FMA.
+    Avx512,
+    /// AVX2 with FMA: eight f32 lanes.
+    Avx2,
+    /// Scalar code, for any CPU.
+    Portable,
+}
+
+impl Isa {
+    /// The best this CPU has, detected once.
+    pub fn host() -> Isa {
+        static HOST: OnceLock<Isa> = OnceLock::new();
+        *HOST.get_or_init(|| Isa::available().into_iter().next().unwrap_or(Isa::Portable))
+    }
+
+    /// Every instruction set this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        let mut found = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
+                found.push(Isa::Avx512Bf16);
+            }
+            if avx512 {
+                found.push(Isa::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                found.push(Isa::Avx2);
+            }
+        }
+        found.push(Isa::Portable);
+        found
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Portable => "portable",
+        }
     }
 }
 
 /// Products at or above which the weight rows are shared among threads.
-const PARALLEL_PRODUCTS: usize = 1 << 20;
+const PARALLEL_PRODUCTS: usize = 1 << 18;
+
+/// Input rows per block: a block's rows stay in L2 while every weight row
+/// of a thread's share passes over them.
+const ROW_BLOCK: usize = 64;
 
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
 /// (`out` is `rows × columns`, `weight` `columns × depth`).
-pub fn matmul<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+pub fn matmul<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+    matmul_on(Isa::host(), input, weight, out, rows)
+}
+
+/// [`matmul`] on a given instruction set, which the CPU must have.
+pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
     if rows == 0 {
         return;
     }
     let (depth, columns) = (input.len() / rows, out.len() / rows);
     assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
+    assert!(Isa::available().contains(&isa), "this CPU cannot run {}", isa.name());
     let (input_base, out_base) = (input.as_ptr(), out.as_mut_ptr());
     let rows = Rows {
         // SAFETY: row `m` of each is inside its slice.
@@ -66,7 +115,7 @@ pub fn matmul<W: Weight + Sync>(input: &[f32], weight: &[W], out: &mut [f32], ro
     };
     // SAFETY: the rows point into `input` and `out`, which outlive this
     // call, with `depth` and `columns` elements each.
-    unsafe { matmul_rows(&rows, weight, columns, depth) }
+    unsafe { run(isa, &rows, weight, columns, depth) }
 }
 
 /// Input rows and the output rows they produce, wherever they are.
@@ -80,191 +129,404 @@ pub struct Rows {
 unsafe impl Sync for Rows {}
 
 /// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of `rows`.
-/// Weight rows are taken sixteen at a time against every input row while
-/// they are in cache, so a prefill reads each weight once, not once per
-/// token. Large products split the weight rows among the threads of the
-/// pool; each output is computed the same way wherever it runs.
 ///
 /// # Safety
 /// Each input row has `depth` readable values and each output row room
 /// for `columns`; no output row overlaps another or an input.
-pub unsafe fn matmul_rows<W: Weight + Sync>(rows: &Rows, weight: &[W], columns: usize, depth: usize) {
+pub unsafe fn matmul_rows<W: Weight>(rows: &Rows, weight: &[W], columns: usize, depth: usize) {
+    // SAFETY: as the caller promises.
+    unsafe { run(Isa::host(), rows, weight, columns, depth) }
+}
+
+/// The input rows as bf16 bits, when every value is exactly a bf16 (then
+/// a bf16 dot product computes exact products, as f32 does).
+fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
+    let mut bits = Vec::with_capacity(rows.inputs.len() * depth);
+    for &row in &rows.inputs {
+        // SAFETY: each input row has `depth` readable values.
+        let values = unsafe { std::slice::from_raw_parts(row, depth) };
+        for &value in values {
+            let high = (value.to_bits() >> 16) as u16;
+            if value.to_bits() & 0xffff != 0 {
+                return None;
+            }
+            bits.push(high);
+        }
+    }
+    Some(bits)
+}
+
+/// # Safety
+/// As [`matmul_rows`]; the CPU has `isa`.
+unsafe fn run<W: Weight>(isa: Isa, rows: &Rows, weight: &[W], columns: usize, depth: usize) {
     use rayon::prelude::*;
     assert_eq!(weight.len(), columns * depth, "a weight row per column");
+    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth % 2 == 0 { as_bf16(rows, depth) } else { None };
+    let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
+    let share = |range: std::ops::Range<usize>| {
+        // SAFETY: the caller's promises, on `isa`, which the CPU has; the
+        // bf16 inputs, when given, are `rows` converted.
+        unsafe { columns_on(isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
+    };
     let threads = rayon::current_num_threads();
     if threads == 1 || rows.inputs.len() * columns * depth < PARALLEL_PRODUCTS {
-        // SAFETY: all columns, on this thread.
-        return unsafe { block_columns(rows, weight, depth, 0..columns) };
+        return share(0..columns);
     }
-    let chunk = columns.div_ceil(threads).next_multiple_of(16);
-    (0..columns.div_ceil(chunk)).into_par_iter().for_each(|part| {
-        let range = part * chunk..((part + 1) * chunk).min(columns);
-        // SAFETY: each part writes its own columns of the outputs.
-        unsafe { block_columns(rows, weight, depth, range) }
-    });
+    let chunk = columns.div_ceil(threads * 4).next_multiple_of(4);
+    (0..columns.div_ceil(chunk)).into_par_iter().for_each(|part| share(part * chunk..((part + 1) * chunk).min(columns)));
 }
 
-/// Columns `range` of every output row.
+/// Columns `range` of every output row, on `isa`.
 ///
 /// # Safety
-/// As `matmul_rows`, and no other thread writes these columns.
-unsafe fn block_columns<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
-    // SAFETY: the caller's promises: rows of `depth` inputs, outputs with
-    // room for every column in `range`.
-    let input = |m: usize| unsafe { std::slice::from_raw_parts(rows.inputs[m], depth) };
-    let out = |m: usize, n: usize, count: usize| unsafe { std::slice::from_raw_parts_mut(rows.outs[m].add(n), count) };
-    let mut done = range.start;
-    #[cfg(target_arch = "x86_64")]
-    if depth > 0 && std::arch::is_x86_feature_detected!("avx") {
-        let count = rows.inputs.len();
-        // SAFETY: AVX is present; `block` reads rows `done..done + 4·G` of
-        // `weight` and the given input rows, and writes those columns of
-        // the given output rows, all in bounds below.
-        let block = |width: usize, done: usize| unsafe {
-            let mut m = 0;
-            while m + 2 <= count {
-                let (inputs, outs) = ([rows.inputs[m], rows.inputs[m + 1]], [rows.outs[m], rows.outs[m + 1]]);
-                if width == 16 {
-                    avx::block::<4, 2, W>(inputs, depth, weight, done, outs);
-                } else {
-                    avx::block::<1, 2, W>(inputs, depth, weight, done, outs);
-                }
-                m += 2;
-            }
-            if m < count {
-                if width == 16 {
-                    avx::block::<4, 1, W>([rows.inputs[m]], depth, weight, done, [rows.outs[m]]);
-                } else {
-                    avx::block::<1, 1, W>([rows.inputs[m]], depth, weight, done, [rows.outs[m]]);
-                }
-            }
-        };
-        for width in [16, 4] {
-            while done + width <= range.end {
-                block(width, done);
-                done += width;
-            }
-        }
-    }
-    for n in done..range.end {
-        for m in 0..rows.inputs.len() {
-            out(m, n, 1)[0] = row(input(m), &weight[n * depth..(n + 1) * depth]);
+/// As [`matmul_rows`], the CPU has `isa`, and no other thread writes
+/// these columns; `bf16_inputs` is given only on `Avx512Bf16`.
+unsafe fn columns_on<W: Weight>(isa: Isa, rows: &Rows, bf16_inputs: Option<&[u16]>, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    // SAFETY: the caller's promises.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::columns_avx512(rows, weight, depth, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::columns_avx2(rows, weight, depth, range),
+            _ => widened_columns::<Scalar, W>(rows, weight, depth, range),
         }
     }
 }
 
-/// One output, as the interpreter computes it.
-fn row<W: Weight>(input: &[f32], weight: &[W]) -> f32 {
-    let mut products = input.iter().zip(weight).map(|(a, w)| f64::from(a * w.value()));
-    let Some(first) = products.next() else { return 0.0 };
-    products.fold(first, |total, product| total + product) as f32
+/// Vectors of f32 lanes on one instruction set.
+trait Lanes {
+    type V: Copy;
+    const WIDTH: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(at: *const f32) -> Self::V;
+    unsafe fn load_weight<W: Weight>(at: *const W) -> Self::V;
+    /// `a · b + c`.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn sum(v: Self::V) -> f32;
+}
+
+/// One lane, for CPUs without vectors the kernel knows.
+struct Scalar;
+
+impl Lanes for Scalar {
+    type V = f32;
+    const WIDTH: usize = 1;
+    unsafe fn zero() -> f32 {
+        0.0
+    }
+    unsafe fn load(at: *const f32) -> f32 {
+        unsafe { *at }
+    }
+    unsafe fn load_weight<W: Weight>(at: *const W) -> f32 {
+        unsafe { (*at).value() }
+    }
+    unsafe fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+    unsafe fn sum(v: f32) -> f32 {
+        v
+    }
+}
+
+/// `R` input rows against `N` weight rows over the whole depth: `R · N`
+/// sums, one accumulator each, the tail past the last full vector added
+/// in order.
+#[inline(always)]
+unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*const f32; R], weights: [*const W; N], depth: usize) -> [[f32; N]; R] {
+    unsafe {
+        let mut sums = [[L::zero(); N]; R];
+        let mut k = 0;
+        while k + L::WIDTH <= depth {
+            let w: [L::V; N] = std::array::from_fn(|j| L::load_weight(weights[j].add(k)));
+            for (r, row) in sums.iter_mut().enumerate() {
+                let a = L::load(inputs[r].add(k));
+                for (sum, w) in row.iter_mut().zip(&w) {
+                    *sum = L::fma(a, *w, *sum);
+                }
+            }
+            k += L::WIDTH;
+        }
+        let mut out = [[0f32; N]; R];
+        for r in 0..R {
+            for j in 0..N {
+                let mut total = L::sum(sums[r][j]);
+                for t in k..depth {
+                    total += *inputs[r].add(t) * (*weights[j].add(t)).value();
+                }
+                out[r][j] = total;
+            }
+        }
+        out
+    }
+}
+
+/// The tiles of one kind of operands: `R` input rows from `m` against `N`
+/// weight rows from `n`, over the whole depth.
+trait Tiles {
+    /// # Safety
+    /// Rows `m..m + R` and weight rows `n..n + N` exist.
+    unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R];
+}
+
+/// f32 inputs against weights of type `W`, in lanes `L`.
+struct Widened<'a, L, W> {
+    rows: &'a Rows,
+    weight: *const W,
+    depth: usize,
+    lanes: std::marker::PhantomData<L>,
+}
+
+impl<L: Lanes, W: Weight> Tiles for Widened<'_, L, W> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
+        let inputs = std::array::from_fn(|r| self.rows.inputs[m + r]);
+        // SAFETY: as the caller promises.
+        unsafe {
+            let weights = std::array::from_fn(|j| self.weight.add((n + j) * self.depth));
+            tile::<L, W, R, N>(inputs, weights, self.depth)
+        }
+    }
+}
+
+/// Columns `range` of every output row: input rows in blocks, weight rows
+/// four at a time against four input rows at a time.
+///
+/// # Safety
+/// As [`columns_on`], with `tiles` over `rows`' inputs.
+#[inline(always)]
+unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize>) {
+    let count = rows.inputs.len();
+    for block in (0..count).step_by(ROW_BLOCK) {
+        let block_end = (block + ROW_BLOCK).min(count);
+        let mut n = range.start;
+        while n < range.end {
+            let width = if n + 4 <= range.end { 4 } else { 1 };
+            let mut m = block;
+            while m < block_end {
+                let height = if m + 4 <= block_end { 4 } else { 1 };
+                // SAFETY: rows `m..m + height` and columns `n..n + width`
+                // are inside the block and the range.
+                unsafe {
+                    match (height, width) {
+                        (4, 4) => store(rows, m, n, tiles.tile::<4, 4>(m, n)),
+                        (1, 4) => store(rows, m, n, tiles.tile::<1, 4>(m, n)),
+                        (4, _) => store(rows, m, n, tiles.tile::<4, 1>(m, n)),
+                        _ => store(rows, m, n, tiles.tile::<1, 1>(m, n)),
+                    }
+                }
+                m += height;
+            }
+            n += width;
+        }
+    }
+}
+
+/// [`columns`] of f32 inputs in lanes `L`.
+///
+/// # Safety
+/// As [`columns_on`]; the CPU runs `L`.
+#[inline(always)]
+unsafe fn widened_columns<L: Lanes, W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    let tiles = Widened::<L, W> { rows, weight: weight.as_ptr(), depth, lanes: std::marker::PhantomData };
+    unsafe { columns(&tiles, rows, range) }
+}
+
+/// A tile's sums into output rows `m..m + R`, columns `n..n + N`.
+///
+/// # Safety
+/// Those rows exist and have room for those columns.
+#[inline(always)]
+unsafe fn store<const R: usize, const N: usize>(rows: &Rows, m: usize, n: usize, sums: [[f32; N]; R]) {
+    for (r, row) in sums.iter().enumerate() {
+        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), rows.outs[m + r].add(n), N) };
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx {
-    use super::Weight;
+mod x86 {
+    use super::{columns, widened_columns, Lanes, Rows, Tiles, Weight};
     use std::arch::x86_64::*;
 
-    /// Columns `k..k + 4` of four rows, as four vectors of one `k` each.
-    #[inline(always)]
-    unsafe fn transposed<W: Weight>(rows: [*const W; 4], k: usize) -> [__m128; 4] {
-        unsafe {
-            let [r0, r1, r2, r3] = rows.map(|row| W::four(row.add(k)));
-            let (t0, t1) = (_mm_unpacklo_ps(r0, r1), _mm_unpacklo_ps(r2, r3));
-            let (t2, t3) = (_mm_unpackhi_ps(r0, r1), _mm_unpackhi_ps(r2, r3));
-            [_mm_movelh_ps(t0, t1), _mm_movehl_ps(t1, t0), _mm_movelh_ps(t2, t3), _mm_movehl_ps(t3, t2)]
+    struct Avx512;
+
+    impl Lanes for Avx512 {
+        type V = __m512;
+        const WIDTH: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(at) }
+        }
+        #[inline(always)]
+        unsafe fn load_weight<W: Weight>(at: *const W) -> __m512 {
+            unsafe {
+                if W::BF16 {
+                    // Each bf16 to the high half of a 32-bit lane: its f32.
+                    let bits = _mm256_loadu_si256(at as *const __m256i);
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))
+                } else {
+                    _mm512_loadu_ps(at as *const f32)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn sum(v: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(v) }
         }
     }
 
-    /// Column `k` of four rows.
-    #[inline(always)]
-    unsafe fn column<W: Weight>(rows: [*const W; 4], k: usize) -> __m128 {
-        unsafe { _mm_set_ps((*rows[3].add(k)).value(), (*rows[2].add(k)).value(), (*rows[1].add(k)).value(), (*rows[0].add(k)).value()) }
+    struct Avx2;
+
+    impl Lanes for Avx2 {
+        type V = __m256;
+        const WIDTH: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(at) }
+        }
+        #[inline(always)]
+        unsafe fn load_weight<W: Weight>(at: *const W) -> __m256 {
+            unsafe {
+                if W::BF16 {
+                    let bits = _mm_loadu_si128(at as *const __m128i);
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16))
+                } else {
+                    _mm256_loadu_ps(at as *const f32)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn sum(v: __m256) -> f32 {
+            unsafe {
+                let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+                _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
+            }
+        }
     }
 
-    /// Rows `first..first + 4·G` of `weight` against each of the `R`
-    /// input rows, into the `R` output rows (from their column `first`):
-    /// `R · G` sums in flight, each weight column transposed once for all
-    /// the input rows.
-    #[target_feature(enable = "avx")]
-    pub unsafe fn block<const G: usize, const R: usize, W: Weight>(inputs: [*const f32; R], depth: usize, weight: &[W], first: usize, outs: [*mut f32; R]) {
-        let base = weight.as_ptr();
-        let groups: [[*const W; 4]; G] = std::array::from_fn(|g| std::array::from_fn(|r| unsafe { base.add((first + 4 * g + r) * depth) }));
-        unsafe {
-            // The first product starts each sum.
-            let mut sums: [[__m256d; G]; R] = std::array::from_fn(|m| {
-                let a = _mm_set1_ps(*inputs[m]);
-                std::array::from_fn(|g| _mm256_cvtps_pd(_mm_mul_ps(a, column(groups[g], 0))))
-            });
-            let mut k = 1;
-            while k + 4 <= depth {
-                for g in 0..G {
-                    let columns = transposed(groups[g], k);
-                    for (m, row) in sums.iter_mut().enumerate() {
-                        for (j, values) in columns.iter().enumerate() {
-                            let a = _mm_set1_ps(*inputs[m].add(k + j));
-                            row[g] = _mm256_add_pd(row[g], _mm256_cvtps_pd(_mm_mul_ps(a, *values)));
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub unsafe fn columns_avx512<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        unsafe { widened_columns::<Avx512, W>(rows, weight, depth, range) }
+    }
+
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn columns_avx2<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        unsafe { widened_columns::<Avx2, W>(rows, weight, depth, range) }
+    }
+
+    /// bf16 input rows (converted) against bf16 weight rows: thirty-two
+    /// products per instruction per sum (`vdpbf16ps`); `depth` is even.
+    struct Bf16<'a> {
+        inputs: *const u16,
+        weight: *const u16,
+        depth: usize,
+        rows: std::marker::PhantomData<&'a [u16]>,
+    }
+
+    impl Tiles for Bf16<'_> {
+        #[inline(always)]
+        unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
+            let depth = self.depth;
+            unsafe {
+                let inputs: [*const u16; R] = std::array::from_fn(|r| self.inputs.add((m + r) * depth));
+                let weights: [*const u16; N] = std::array::from_fn(|j| self.weight.add((n + j) * depth));
+                let load = |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
+                let mut sums = [[_mm512_setzero_ps(); N]; R];
+                let mut k = 0;
+                while k + 32 <= depth {
+                    let w: [__m512bh; N] = std::array::from_fn(|j| load(weights[j].add(k)));
+                    for (r, row) in sums.iter_mut().enumerate() {
+                        let a = load(inputs[r].add(k));
+                        for (sum, w) in row.iter_mut().zip(&w) {
+                            *sum = _mm512_dpbf16_ps(*sum, a, *w);
                         }
                     }
+                    k += 32;
                 }
-                k += 4;
-            }
-            while k < depth {
-                for g in 0..G {
-                    let values = column(groups[g], k);
-                    for (m, row) in sums.iter_mut().enumerate() {
-                        let a = _mm_set1_ps(*inputs[m].add(k));
-                        row[g] = _mm256_add_pd(row[g], _mm256_cvtps_pd(_mm_mul_ps(a, values)));
-                    }
-                }
-                k += 1;
-            }
-            for (m, row) in sums.into_iter().enumerate() {
-                for (g, sum) in row.into_iter().enumerate() {
-                    _mm_storeu_ps(outs[m].add(first + 4 * g), _mm256_cvtpd_ps(sum));
-                }
+                let value = crate::numerics::bf16_value;
+                std::array::from_fn(|r| {
+                    std::array::from_fn(|j| (k..depth).fold(_mm512_reduce_add_ps(sums[r][j]), |total, t| total + value(*inputs[r].add(t)) * value(*weights[j].add(t))))
+                })
             }
         }
+    }
+
+    /// Columns `range` of every output row from bf16 inputs (`inputs`:
+    /// the rows of `rows`, converted) and bf16 weights.
+    ///
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX-512 BF16; `W` is bf16 bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn columns_bf16<W: Weight>(rows: &Rows, inputs: &[u16], weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        debug_assert!(W::BF16);
+        let tiles = Bf16 { inputs: inputs.as_ptr(), weight: weight.as_ptr() as *const u16, depth, rows: std::marker::PhantomData };
+        unsafe { columns(&tiles, rows, range) }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{matmul, row};
+    use super::{matmul_on, Isa};
 
+    /// Every output within the bound on f32 dot products of its length
+    /// (`depth · 2⁻²³ · Σ|aₖ·wₖ|`) of the exact sum, on every instruction
+    /// set this CPU has, f32 and bf16 weights, with shapes that exercise
+    /// every tile and tail and the threads.
     #[test]
-    fn every_output_is_the_ordered_f64_sum() {
-        for bf16 in [false, true] {
-            check(bf16);
-        }
-    }
-
-    fn check(bf16: bool) {
+    fn every_output_is_the_dot_product_within_f32_rounding() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut draw = || {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             // Wide exponents, so that order and rounding matter.
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(((seed >> 8) % 24) as i32 - 12)
         };
-        // The last pair is large enough to be shared among threads.
-        let shapes = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 15, 16, 17, 33, 64].map(|columns| (depth, columns, 1 + depth % 3)));
-        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (515, 70, 9), (257, 300, 20)]) {
-            {
-                let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
-                let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
-                let bits: Vec<u16> = weight.iter().map(|w| crate::numerics::bf16_bits(*w)).collect();
-                let widened: Vec<f32> = bits.iter().map(|b| crate::numerics::bf16_value(*b)).collect();
-                let mut out = vec![f32::NAN; rows * columns];
-                if bf16 {
-                    matmul(&input, &bits, &mut out, rows);
-                } else {
-                    matmul(&input, &weight, &mut out, rows);
-                }
-                let reference = if bf16 { &widened } else { &weight };
-                for (at, value) in out.iter().enumerate() {
-                    let (m, n) = (at / columns, at % columns);
-                    let expected = row(&input[m * depth..(m + 1) * depth], &reference[n * depth..(n + 1) * depth]);
-                    assert_eq!(value.to_bits(), expected.to_bits(), "bf16 {bf16}, depth {depth}, columns {columns}, output {m}, {n}");
+        let shapes = [0, 1, 2, 3, 8, 9, 31, 32, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 17, 33].map(|columns| (depth, columns, 1 + depth % 6)));
+        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (512, 70, 9), (256, 300, 70)]) {
+            let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
+            let bits: Vec<u16> = weight.iter().map(|w| crate::numerics::bf16_bits(*w)).collect();
+            let widened: Vec<f32> = bits.iter().map(|b| crate::numerics::bf16_value(*b)).collect();
+            let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
+            // bf16-valued inputs take the bf16 dot product where the CPU has it.
+            let bf16_input: Vec<f32> = input.iter().map(|x| crate::numerics::bf16_value(crate::numerics::bf16_bits(*x))).collect();
+            for isa in Isa::available() {
+                for (input, bf16) in [(&input, false), (&input, true), (&bf16_input, true)] {
+                    let mut out = vec![f32::NAN; rows * columns];
+                    let reference = if bf16 { &widened } else { &weight };
+                    if bf16 {
+                        matmul_on(isa, input, &bits, &mut out, rows);
+                    } else {
+                        matmul_on(isa, input, &weight, &mut out, rows);
+                    }
+                    for (at, value) in out.iter().enumerate() {
+                        let (m, n) = (at / columns, at % columns);
+                        let pairs = input[m * depth..(m + 1) * depth].iter().zip(&reference[n * depth..(n + 1) * depth]);
+                        let (exact, magnitude) = pairs.fold((0f64, 0f64), |(s, a), (x, w)| (s + f64::from(*x) * f64::from(*w), a + (f64::from(*x) * f64::from(*w)).abs()));
+                        let bound = depth as f64 * 2f64.powi(-23) * magnitude;
+                        assert!((f64::from(*value) - exact).abs() <= bound, "{isa:?} bf16 {bf16}, depth {depth}, columns {columns}, output {m}, {n}: {value} vs {exact}");
+                    }
                 }
             }
         }
