@@ -1,7 +1,8 @@
 //! The CPU backend as the executor drives it: values are host tensors,
 //! every `Compute` node runs as native code (an artifact's, or compiled
-//! here by the JIT when the backend readies a model), and the intrinsics
-//! run on their host kernels. An entry with a node that has no kernel is
+//! here by the JIT when the backend readies a model), attention and the
+//! delta rule run on the backend's own kernels (`codegen::intrinsics`) and
+//! cache writes on the host's. An entry with a node that has no kernel is
 //! refused when the model is loaded, never run another way.
 
 use super::native::{self, Compiled, NativeKernel};
@@ -96,7 +97,7 @@ impl Backend for Cpu {
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
         let args: Vec<_> = args.iter().map(|arg| arg.widened()).collect();
         let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
-        Ok(crate::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
+        Ok(super::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
     }
 
     fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {

@@ -206,6 +206,15 @@ trait Lanes {
     /// `a · b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn sum(v: Self::V) -> f32;
+    /// The sums of `N` vectors.
+    #[inline(always)]
+    unsafe fn sums<const N: usize>(v: &[Self::V; N]) -> [f32; N] {
+        let mut out = [0f32; N];
+        for (total, v) in out.iter_mut().zip(v) {
+            *total = unsafe { Self::sum(*v) };
+        }
+        out
+    }
 }
 
 /// One lane, for CPUs without vectors the kernel knows.
@@ -238,9 +247,12 @@ impl Lanes for Scalar {
 unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*const f32; R], weights: [*const W; N], depth: usize) -> [[f32; N]; R] {
     unsafe {
         let mut sums = [[L::zero(); N]; R];
+        let mut w = [L::zero(); N];
         let mut k = 0;
         while k + L::WIDTH <= depth {
-            let w: [L::V; N] = std::array::from_fn(|j| L::load_weight(weights[j].add(k)));
+            for j in 0..N {
+                w[j] = L::load_weight(weights[j].add(k));
+            }
             for (r, row) in sums.iter_mut().enumerate() {
                 let a = L::load(inputs[r].add(k));
                 for (sum, w) in row.iter_mut().zip(&w) {
@@ -251,12 +263,11 @@ unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*co
         }
         let mut out = [[0f32; N]; R];
         for r in 0..R {
-            for j in 0..N {
-                let mut total = L::sum(sums[r][j]);
+            out[r] = L::sums(&sums[r]);
+            for (j, total) in out[r].iter_mut().enumerate() {
                 for t in k..depth {
-                    total += *inputs[r].add(t) * (*weights[j].add(t)).value();
+                    *total += *inputs[r].add(t) * (*weights[j].add(t)).value();
                 }
-                out[r][j] = total;
             }
         }
         out
@@ -282,10 +293,16 @@ struct Widened<'a, L, W> {
 impl<L: Lanes, W: Weight> Tiles for Widened<'_, L, W> {
     #[inline(always)]
     unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
-        let inputs = std::array::from_fn(|r| self.rows.inputs[m + r]);
+        let mut inputs = [std::ptr::null(); R];
+        let mut weights = [std::ptr::null(); N];
         // SAFETY: as the caller promises.
         unsafe {
-            let weights = std::array::from_fn(|j| self.weight.add((n + j) * self.depth));
+            for (r, input) in inputs.iter_mut().enumerate() {
+                *input = self.rows.inputs[m + r];
+            }
+            for (j, weight) in weights.iter_mut().enumerate() {
+                *weight = self.weight.add((n + j) * self.depth);
+            }
             tile::<L, W, R, N>(inputs, weights, self.depth)
         }
     }
@@ -381,7 +398,34 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn sum(v: __m512) -> f32 {
-            unsafe { _mm512_reduce_add_ps(v) }
+            unsafe {
+                let half = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+                Avx2::sum(half)
+            }
+        }
+        /// Four vectors' sums folded together: halves, then quarters, then
+        /// one horizontal add per pair.
+        #[inline(always)]
+        unsafe fn sums<const N: usize>(v: &[__m512; N]) -> [f32; N] {
+            let mut out = [0f32; N];
+            unsafe {
+                if N == 4 {
+                    // [v0: blocks 0+2, 1+3 | v1: 0+2, 1+3], and so for v2, v3.
+                    let x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+                    let x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+                    // One block of four partial sums per vector.
+                    let y = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+                    let (b0, b1) = (_mm512_castps512_ps128(y), _mm512_extractf32x4_ps(y, 1));
+                    let (b2, b3) = (_mm512_extractf32x4_ps(y, 2), _mm512_extractf32x4_ps(y, 3));
+                    let totals = _mm_hadd_ps(_mm_hadd_ps(b0, b1), _mm_hadd_ps(b2, b3));
+                    _mm_storeu_ps(out.as_mut_ptr(), totals);
+                } else {
+                    for (total, v) in out.iter_mut().zip(v) {
+                        *total = Self::sum(*v);
+                    }
+                }
+            }
+            out
         }
     }
 
@@ -451,13 +495,22 @@ mod x86 {
         unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
             let depth = self.depth;
             unsafe {
-                let inputs: [*const u16; R] = std::array::from_fn(|r| self.inputs.add((m + r) * depth));
-                let weights: [*const u16; N] = std::array::from_fn(|j| self.weight.add((n + j) * depth));
+                let mut inputs = [std::ptr::null::<u16>(); R];
+                let mut weights = [std::ptr::null::<u16>(); N];
+                for (r, input) in inputs.iter_mut().enumerate() {
+                    *input = self.inputs.add((m + r) * depth);
+                }
+                for (j, weight) in weights.iter_mut().enumerate() {
+                    *weight = self.weight.add((n + j) * depth);
+                }
                 let load = |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
                 let mut sums = [[_mm512_setzero_ps(); N]; R];
+                let mut w = [load(weights[0]); N];
                 let mut k = 0;
                 while k + 32 <= depth {
-                    let w: [__m512bh; N] = std::array::from_fn(|j| load(weights[j].add(k)));
+                    for j in 0..N {
+                        w[j] = load(weights[j].add(k));
+                    }
                     for (r, row) in sums.iter_mut().enumerate() {
                         let a = load(inputs[r].add(k));
                         for (sum, w) in row.iter_mut().zip(&w) {
@@ -467,9 +520,16 @@ mod x86 {
                     k += 32;
                 }
                 let value = crate::numerics::bf16_value;
-                std::array::from_fn(|r| {
-                    std::array::from_fn(|j| (k..depth).fold(_mm512_reduce_add_ps(sums[r][j]), |total, t| total + value(*inputs[r].add(t)) * value(*weights[j].add(t))))
-                })
+                let mut out = [[0f32; N]; R];
+                for r in 0..R {
+                    out[r] = Avx512::sums(&sums[r]);
+                    for (j, total) in out[r].iter_mut().enumerate() {
+                        for t in k..depth {
+                            *total += value(*inputs[r].add(t)) * value(*weights[j].add(t));
+                        }
+                    }
+                }
+                out
             }
         }
     }

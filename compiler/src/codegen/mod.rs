@@ -2,12 +2,14 @@
 //! Cranelift function that reads the entry's dims at run time; `native`
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call, and
-//! `matmul` the hand-tuned kernel contractions run on; `backend` is what
-//! the executor drives. Numerics follow `numerics`, the same as the
+//! `matmul` the hand-tuned kernel contractions run on, `intrinsics` the
+//! kernels of attention and the delta rule; `backend` is what the executor
+//! drives. Numerics follow `numerics`, the same as the
 //! interpreter's, within the tolerances of `docs/language.md`.
 
 pub mod backend;
 pub mod cpu;
 pub mod helpers;
+pub mod intrinsics;
 pub mod matmul;
 pub mod native;
