@@ -1,5 +1,6 @@
 //! The intrinsics on host tensors, as the interpreter defines them (the
-//! CPU backend runs them too). The gated delta rule's reference semantics over a span
+//! CPU backend has its own attention and delta rule, and runs these cache
+//! writes). The gated delta rule's reference semantics over a span
 //! of tokens and for one token, in f64 with the state rounded to f32 after
 //! every token, as the f32 state it models. Attention and cache writes are
 //! kernels for standard library functions and compute exactly what their

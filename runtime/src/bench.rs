@@ -1,9 +1,11 @@
 //! `linnet bench`: prefill and decode throughput as `llama-bench` reports
 //! them (tokens per second, mean ± sd over repetitions), with the weight
-//! bytes a decoded token reads and the bandwidth that achieves.
+//! bytes a decode step's contractions read (counted by the CPU backend's
+//! matrix kernel) and the bandwidth that achieves.
 
 use crate::generate::batch_rows;
-use linnet_compiler::exec::Machine;
+use linnet_compiler::codegen::matmul;
+use linnet_compiler::exec::{Machine, Profile};
 use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 use std::time::Instant;
@@ -18,6 +20,12 @@ pub struct Report {
     pub generate: usize,
     pub prefill: Vec<f64>,
     pub decode: Vec<f64>,
+    /// Weight bytes a decode step's contractions read (the CPU backend's
+    /// matrix kernel counts them: the chosen experts, not every one).
+    pub step_bytes: Option<f64>,
+    /// Where the last measured prefill's and decode's time went.
+    pub prefill_profile: Option<Profile>,
+    pub decode_profile: Option<Profile>,
 }
 
 fn mean_sd(values: &[f64]) -> (f64, f64) {
@@ -27,7 +35,8 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 }
 
 /// Runs `repetitions` of: prefill `prompt` tokens, then decode `generate`.
-pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: usize) -> Result<Report, String> {
+/// With `profile`, the report says where the measured calls' time went.
+pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: usize, profile: bool) -> Result<Report, String> {
     let rows = batch_rows(machine)?;
     let vocab = machine.model().entry("decode").and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant())).ok_or("`decode` has no vocabulary-sized output")?;
     let tokens: Vec<i64> = (0..rows * prompt).map(|i| (i as i64 * 7919 + 13) % vocab).collect();
@@ -40,19 +49,27 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
         generate,
         prefill: Vec::new(),
         decode: Vec::new(),
+        step_bytes: None,
+        prefill_profile: None,
+        decode_profile: None,
     };
+    let counted = machine.backend() == "cpu";
     // One unmeasured round first: it compiles (on the CPU backend) and
     // computes what is hoisted.
     for round in 0..=repetitions {
         let measured = round > 0;
         machine.reset();
+        machine.set_profiling(profile && measured);
         let start = Instant::now();
         let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
         machine.call("prefill", inputs).map_err(|e| e.to_string())?;
         if measured {
             report.prefill.push((rows * prompt) as f64 / start.elapsed().as_secs_f64());
+            report.prefill_profile = machine.profile();
         }
+        machine.set_profiling(profile && measured);
         let start = Instant::now();
+        let bytes_before = matmul::weight_bytes_read();
         for step in 0..generate {
             let inputs = vec![
                 Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![(step as i64 * 31) % vocab; rows]),
@@ -62,7 +79,12 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
         }
         if measured {
             report.decode.push((rows * generate) as f64 / start.elapsed().as_secs_f64());
+            if counted && generate > 0 {
+                report.step_bytes = Some((matmul::weight_bytes_read() - bytes_before) as f64 / generate as f64);
+            }
+            report.decode_profile = machine.profile();
         }
+        machine.set_profiling(false);
     }
     Ok(report)
 }
@@ -76,9 +98,21 @@ impl std::fmt::Display for Report {
         let (tg, tg_sd) = mean_sd(&self.decode);
         writeln!(f, "| {} | {gib:.3} GiB | {} | pp{} | {pp:.2} ± {pp_sd:.2} |", self.model, self.backend, self.prompt)?;
         writeln!(f, "| {} | {gib:.3} GiB | {} | tg{} | {tg:.2} ± {tg_sd:.2} |", self.model, self.backend, self.generate)?;
-        let gb = self.weight_bytes as f64 / 1e9;
         let steps = tg / self.rows as f64;
-        write!(f, "\n{} row(s); a decode step reads at most {gb:.4} GB of weights (every parameter); at {steps:.2} steps/s that is {:.4} GB/s", self.rows, gb * steps)
+        write!(f, "\n{} row(s); {steps:.2} decode steps/s", self.rows)?;
+        match self.step_bytes {
+            Some(bytes) => {
+                let gb = bytes / 1e9;
+                write!(f, "; a step's contractions read {gb:.4} GB of weights (the chosen experts), {:.2} GB/s", gb * steps)?
+            }
+            None => write!(f, "; a step reads at most {:.4} GB of weights (every parameter)", self.weight_bytes as f64 / 1e9)?,
+        }
+        for (what, profile) in [("prefill", &self.prefill_profile), ("decode", &self.decode_profile)] {
+            if let Some(profile) = profile {
+                write!(f, "\n\n{what}, by kind of node:\n{profile}")?;
+            }
+        }
+        Ok(())
     }
 }
 

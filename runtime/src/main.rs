@@ -143,7 +143,22 @@ enum Command {
         /// Instead, time one `decode` step at each of these positions.
         #[arg(long, value_delimiter = ',')]
         decode_at: Vec<usize>,
+        /// Threads for the kernels (default: one per core).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        /// Also print where the measured calls' time went, by kind of node.
+        #[arg(long)]
+        profile: bool,
     },
+}
+
+/// The kernels' thread pool at `threads` threads, when given.
+fn use_threads(threads: Option<usize>) -> Result<(), String> {
+    match threads {
+        Some(0) => Err("`--threads` must be at least 1".into()),
+        Some(count) => rayon::ThreadPoolBuilder::new().num_threads(count).build_global().map_err(|e| format!("cannot start {count} threads: {e}")),
+        None => Ok(()),
+    }
 }
 
 fn assignment(text: &str) -> Result<(String, String), String> {
@@ -309,7 +324,7 @@ fn main() -> ExitCode {
                 Ok(())
             })
         }
-        Command::Bench { model, prompt, generate, repetitions, decode_at } => load(&model).and_then(|loaded| {
+        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile } => use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {
             let mut machine = loaded.machine;
             if !decode_at.is_empty() {
                 // A first call computes what is hoisted (the rotary tables).
@@ -319,7 +334,7 @@ fn main() -> ExitCode {
                 }
                 return Ok(());
             }
-            let report = bench::run(&mut machine, prompt, generate, repetitions.max(1))?;
+            let report = bench::run(&mut machine, prompt, generate, repetitions.max(1), profile)?;
             println!("{report}");
             Ok(())
         }),

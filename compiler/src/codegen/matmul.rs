@@ -13,7 +13,18 @@
 //! flight), so that a prefill reads each weight row once per block of
 //! rows; large products split the weight rows among rayon's threads.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+/// Weight bytes the kernel was given, over the process's life.
+static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The bytes of weights the kernel has read since the process started:
+/// every weight matrix (or expert) once per call, which is what a decode
+/// step streams from memory.
+pub fn weight_bytes_read() -> u64 {
+    WEIGHT_BYTES.load(Ordering::Relaxed)
+}
 
 /// A weight element: f32, or bf16 held as its bits.
 pub trait Weight: Copy + Sync {
@@ -93,6 +104,10 @@ const PARALLEL_PRODUCTS: usize = 1 << 18;
 /// of a thread's share passes over them.
 const ROW_BLOCK: usize = 64;
 
+/// How far ahead (in weights) a matrix–vector product prefetches its
+/// weight rows: far enough to cover memory's latency.
+const PREFETCH: usize = 1024;
+
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
 /// (`out` is `rows × columns`, `weight` `columns × depth`).
 pub fn matmul<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
@@ -161,6 +176,7 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 unsafe fn run<W: Weight>(isa: Isa, rows: &Rows, weight: &[W], columns: usize, depth: usize) {
     use rayon::prelude::*;
     assert_eq!(weight.len(), columns * depth, "a weight row per column");
+    WEIGHT_BYTES.fetch_add(std::mem::size_of_val(weight) as u64, Ordering::Relaxed);
     let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth % 2 == 0 { as_bf16(rows, depth) } else { None };
     let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
     let share = |range: std::ops::Range<usize>| {
@@ -320,7 +336,9 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
         let block_end = (block + ROW_BLOCK).min(count);
         let mut n = range.start;
         while n < range.end {
-            let width = if n + 4 <= range.end { 4 } else { 1 };
+            // A lone row streams eight weight rows at once.
+            let wide = if block_end - block == 1 { 8 } else { 4 };
+            let width = if n + wide <= range.end { wide } else if n + 4 <= range.end { 4 } else { 1 };
             let mut m = block;
             while m < block_end {
                 let height = if m + 4 <= block_end { 4 } else { 1 };
@@ -328,6 +346,7 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
                 // are inside the block and the range.
                 unsafe {
                     match (height, width) {
+                        (1, 8) => store(rows, m, n, tiles.tile::<1, 8>(m, n)),
                         (4, 4) => store(rows, m, n, tiles.tile::<4, 4>(m, n)),
                         (1, 4) => store(rows, m, n, tiles.tile::<1, 4>(m, n)),
                         (4, _) => store(rows, m, n, tiles.tile::<4, 1>(m, n)),
@@ -364,7 +383,7 @@ unsafe fn store<const R: usize, const N: usize>(rows: &Rows, m: usize, n: usize,
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{columns, widened_columns, Lanes, Rows, Tiles, Weight};
+    use super::{columns, widened_columns, Lanes, Rows, Tiles, Weight, PREFETCH};
     use std::arch::x86_64::*;
 
     struct Avx512;
@@ -509,6 +528,10 @@ mod x86 {
                 let mut k = 0;
                 while k + 32 <= depth {
                     for j in 0..N {
+                        // A row or two streams from memory: ask for it ahead.
+                        if R == 1 {
+                            _mm_prefetch::<_MM_HINT_T0>(weights[j].add(k + PREFETCH) as *const i8);
+                        }
                         w[j] = load(weights[j].add(k));
                     }
                     for (r, row) in sums.iter_mut().enumerate() {

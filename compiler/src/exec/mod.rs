@@ -60,6 +60,48 @@ pub fn shape_value(shape: &[Dim], dims: &Dims) -> Vec<usize> {
     shape.iter().map(|d| dim_value(d, dims).expect("an entry's dims are bound when it is called") as usize).collect()
 }
 
+/// Where an entry's time goes, by kind of node, when profiling is on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// Kind of node (`contraction`, `compute`, an intrinsic's name,
+    /// `input`, `output`) → (seconds, nodes run).
+    pub kinds: std::collections::BTreeMap<&'static str, (f64, u64)>,
+    /// The source place nodes were lowered from → (seconds, nodes run).
+    pub places: HashMap<String, (f64, u64)>,
+}
+
+impl Profile {
+    fn add(&mut self, kind: &'static str, place: Option<&crate::ir::SourceAt>, seconds: f64) {
+        let slot = self.kinds.entry(kind).or_default();
+        slot.0 += seconds;
+        slot.1 += 1;
+        if let Some(place) = place {
+            let slot = self.places.entry(place.to_string()).or_default();
+            slot.0 += seconds;
+            slot.1 += 1;
+        }
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total: f64 = self.kinds.values().map(|(seconds, _)| seconds).sum();
+        let mut kinds: Vec<_> = self.kinds.iter().collect();
+        kinds.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        let share = |seconds: f64| 100.0 * seconds / total.max(f64::MIN_POSITIVE);
+        for (kind, (seconds, count)) in kinds {
+            writeln!(f, "{kind:>24}: {seconds:>9.3} s {:>5.1}% in {count} nodes", share(*seconds))?;
+        }
+        let mut places: Vec<_> = self.places.iter().collect();
+        places.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        writeln!(f, "the slowest places:")?;
+        for (place, (seconds, count)) in places.into_iter().take(8) {
+            writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {count} nodes  {place}", share(*seconds))?;
+        }
+        Ok(())
+    }
+}
+
 /// A loaded model on backend `B`.
 pub struct Executor<B: Backend> {
     model: Model,
@@ -70,6 +112,8 @@ pub struct Executor<B: Backend> {
     /// Values that depend on no input or state (the rotary tables for
     /// every position), computed on first use, by entry and node.
     hoisted: HashMap<(usize, usize), Rc<B::Buffer>>,
+    /// Time by kind of node, when profiling.
+    profile: Option<Profile>,
 }
 
 impl<B: Backend> Executor<B> {
@@ -80,7 +124,7 @@ impl<B: Backend> Executor<B> {
         backend.prepare(&model, &analyses)?;
         let params = params.into_iter().map(|param| Rc::new(backend.upload(param.into_bits()))).collect();
         let states = model.states.iter().map(|s| Rc::new(backend.zeros(s.dtype, &s.shape))).collect();
-        Ok(Executor { model, backend, analyses, params, states, hoisted: HashMap::new() })
+        Ok(Executor { model, backend, analyses, params, states, hoisted: HashMap::new(), profile: None })
     }
 
     /// Zeroes every state, as at load.
@@ -104,6 +148,7 @@ impl<B: Backend> Executor<B> {
         let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
         let mut writes = Vec::new();
         for (at, node) in entry.nodes.iter().enumerate() {
+            let started = self.profile.is_some().then(std::time::Instant::now);
             let shape = shape_value(&node.shape, &dims);
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
             let failed = |error: NodeError| describe(&self.model, entry, at, error);
@@ -162,6 +207,16 @@ impl<B: Backend> Executor<B> {
                     None
                 }
             };
+            if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
+                let kind = match &node.kind {
+                    NodeKind::Compute(_) if analysis.contraction[at] => "contraction",
+                    NodeKind::Compute(_) => "compute",
+                    NodeKind::Intrinsic(intrinsic, _) => intrinsic.name(),
+                    NodeKind::Input(_) => "input",
+                    _ => "other",
+                };
+                profile.add(kind, node.source.as_ref(), started.elapsed().as_secs_f64());
+            }
             values.push(value);
             // Values read for the last time are freed now.
             for read in &analysis.reads[at] {
@@ -173,7 +228,12 @@ impl<B: Backend> Executor<B> {
         for (state, value) in writes {
             self.states[state] = value;
         }
-        Ok(entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect())
+        let started = self.profile.is_some().then(std::time::Instant::now);
+        let outputs = entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect();
+        if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
+            profile.add("output", None, started.elapsed().as_secs_f64());
+        }
+        Ok(outputs)
     }
 }
 
@@ -265,6 +325,7 @@ trait Run {
     fn backend(&self) -> &'static str;
     fn reset(&mut self);
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError>;
+    fn profile(&mut self) -> &mut Option<Profile>;
 }
 
 impl<B: Backend + 'static> Run for Executor<B> {
@@ -279,6 +340,9 @@ impl<B: Backend + 'static> Run for Executor<B> {
     }
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
         Executor::call(self, entry, inputs)
+    }
+    fn profile(&mut self) -> &mut Option<Profile> {
+        &mut self.profile
     }
 }
 
@@ -304,5 +368,15 @@ impl Machine {
 
     pub fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
         self.run.call(entry, inputs)
+    }
+
+    /// Starts timing every node by kind (from empty), or stops.
+    pub fn set_profiling(&mut self, on: bool) {
+        *self.run.profile() = on.then(Profile::default);
+    }
+
+    /// The time by kind of node since profiling started, if it is on.
+    pub fn profile(&mut self) -> Option<Profile> {
+        self.run.profile().clone()
     }
 }
