@@ -107,22 +107,66 @@ impl Backend for Cpu {
     }
 }
 
-/// Runs a node's kernel on the values it loads.
+/// Elements at or above which an elementwise node's rows are shared among
+/// rayon's threads.
+const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// One kernel call's pointers, shared by the threads that run its rows.
+struct Call<'k> {
+    kernel: &'k NativeKernel,
+    target: *mut u8,
+    pointers: Vec<*const u8>,
+    table: Vec<i64>,
+}
+
+// SAFETY: threads read the same inputs and write disjoint rows of the
+// output (`run` gives each its own range).
+unsafe impl Sync for Call<'_> {}
+
+impl Call<'_> {
+    fn rows(&self, rows: std::ops::Range<usize>) -> Result<(), native::LoadFault> {
+        // SAFETY: the kernel was compiled for these values' shapes and
+        // dtypes, its dims table is evaluated under the call's dims, it
+        // checks every position before it loads, and writes exactly these
+        // rows of the output.
+        unsafe { native::call(self.kernel, self.target, &self.pointers, &self.table, rows) }
+    }
+}
+
+/// Runs a node's kernel on the values it loads: an elementwise node's
+/// rows shared among threads when it is large, as chunks whose first
+/// fault (in row order) is the one a single pass would report.
 fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+    use rayon::prelude::*;
     let node = &site.entry.nodes[site.at];
     let mut out = Tensor::zeros(node.dtype, site.shape.to_vec());
-    let table: Vec<i64> = kernel.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect();
-    let pointers: Vec<*const u8> = kernel.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect();
     let target = match &mut out.data {
         Data::F32(x) => x.as_mut_ptr() as *mut u8,
         Data::I64(x) => x.as_mut_ptr() as *mut u8,
         Data::Bool(x) => x.as_mut_ptr() as *mut u8,
         Data::Bf16(_) => unreachable!("computed values are held as f32"),
     };
-    // SAFETY: the kernel was compiled for these values' shapes and dtypes,
-    // its dims table is evaluated under the call's dims, it checks every
-    // position before it loads, and writes exactly the output's elements.
-    match unsafe { native::call(kernel, target, &pointers, &table) } {
+    let call = Call {
+        kernel,
+        target,
+        pointers: kernel.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect(),
+        table: kernel.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect(),
+    };
+    // An elementwise kernel's rows: its first two axes flattened.
+    let rows = match site.shape {
+        [] => 1,
+        [only] => *only,
+        [first, second, ..] => first * second,
+    };
+    let threads = rayon::current_num_threads();
+    let result = if kernel.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
+        let chunk = rows.div_ceil(threads * 4);
+        let faults: Vec<_> = (0..rows.div_ceil(chunk)).into_par_iter().map(|part| call.rows(part * chunk..((part + 1) * chunk).min(rows))).collect();
+        faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+    } else {
+        call.rows(0..rows)
+    };
+    match result {
         Ok(()) => Ok(out),
         Err(fault) => {
             let load = &kernel.sites[fault.site];

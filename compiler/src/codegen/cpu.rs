@@ -1,5 +1,7 @@
 //! The CPU backend's code generator: each `Compute` node of an entry
-//! becomes one Cranelift function that runs the node's loop nest,
+//! becomes one Cranelift function that runs the node's loop nest (an
+//! elementwise node, a given range of rows of its first two axes
+//! flattened, so that threads can share it),
 //! evaluates its scalar expression (loads with bounds checks, lazy
 //! selects, reductions as inner loops) and stores each element; it
 //! returns 0, or 1 with the failing load site's number, position, size
@@ -35,6 +37,10 @@ pub struct KernelDef {
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
+    /// Whether it computes a given range of rows, its first two axes
+    /// flattened (an elementwise node with axes), so that threads can
+    /// share them.
+    pub splits_rows: bool,
 }
 
 /// A place where a kernel loads a value, checking each position: what an
@@ -86,6 +92,9 @@ struct Lowerer<'b, 'f> {
     flags: MemFlagsData,
     /// Invariant parts already computed, by their place in the expression.
     hoisted: HashMap<*const Scalar, Variable>,
+    /// The range of rows an elementwise node computes (of the flat index
+    /// over its first two axes; of its first axis when it has one).
+    rows: Option<(ClValue, ClValue)>,
 }
 
 /// What the element loop of a node computes and where it stores it.
@@ -474,33 +483,30 @@ impl Lowerer<'_, '_> {
     /// computed once (when every loop inside runs at least once, so that
     /// nothing is evaluated that the element loop would not evaluate).
     fn nest(&mut self, store: &Store, axes: &[Variable], shape: &[ClValue], level: u32) {
-        let here: Vec<&Invariant> = store.invariants.iter().filter(|inv| inv.level == level).collect();
-        let continuation = if here.is_empty() {
-            None
-        } else {
-            let zero = self.builder.ins().iconst(types::I64, 0);
-            let mut runs = self.builder.ins().iconst(types::I8, 1);
-            for extent in shape {
-                let positive = self.builder.ins().icmp(IntCC::SignedGreaterThan, *extent, zero);
-                runs = self.builder.ins().band(runs, positive);
-            }
-            let (compute, continuation) = (self.builder.create_block(), self.builder.create_block());
-            self.builder.ins().brif(runs, compute, &[], continuation, &[]);
-            self.builder.switch_to_block(compute);
-            self.builder.seal_block(compute);
-            for invariant in here {
-                let reg = self.scalar(invariant.scalar);
-                let (kind, value) = match invariant.scalar.dtype() {
-                    d if d.is_float() => (types::F64, self.f(reg)),
-                    Dtype::Bool => (types::I8, self.b(reg)),
-                    _ => (types::I64, self.i(reg)),
-                };
-                let variable = self.builder.declare_var(kind);
-                self.builder.def_var(variable, value);
-                self.hoisted.insert(invariant.scalar as *const Scalar, variable);
-            }
-            Some(continuation)
-        };
+        let continuation = self.invariants_at(store, shape, level);
+        let rows = if level == 0 { self.rows.take() } else { None };
+        if let (Some((first, end)), [outer, next, rest @ ..]) = (rows, axes) {
+            // One loop over the flat index of the first two axes, from
+            // `first` to `end`: what a thread is given.
+            let combined = self.builder.declare_var(types::I64);
+            self.counted_from(combined, Some(first), end, &mut |this| {
+                let at = this.builder.use_var(combined);
+                let (quotient, remainder) = (this.builder.ins().udiv(at, shape[1]), this.builder.ins().urem(at, shape[1]));
+                this.builder.def_var(*outer, quotient);
+                this.builder.def_var(*next, remainder);
+                let inner = this.invariants_at(store, &shape[1..], level + 1);
+                this.nest(store, rest, &shape[2..], level + 2);
+                this.close(inner);
+            });
+            self.close(continuation);
+            return;
+        }
+        if let Some((first, end)) = rows {
+            // A node of one axis: its rows `first..end`.
+            self.counted_from(axes[0], Some(first), end, &mut |this| this.nest(store, &axes[1..], &shape[1..], level + 1));
+            self.close(continuation);
+            return;
+        }
         match axes.split_first() {
             Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
             None => {
@@ -525,6 +531,44 @@ impl Lowerer<'_, '_> {
                 self.builder.def_var(store.flat, next);
             }
         }
+        self.close(continuation);
+    }
+
+    /// The invariant parts of `level`, computed once here when every loop
+    /// inside runs at least once (so that nothing is evaluated that the
+    /// element loop would not evaluate); the block after them, to `close`.
+    fn invariants_at(&mut self, store: &Store, shape: &[ClValue], level: u32) -> Option<Block> {
+        let here: Vec<&Invariant> = store.invariants.iter().filter(|inv| inv.level == level).collect();
+        if here.is_empty() {
+            None
+        } else {
+            let zero = self.builder.ins().iconst(types::I64, 0);
+            let mut runs = self.builder.ins().iconst(types::I8, 1);
+            for extent in shape {
+                let positive = self.builder.ins().icmp(IntCC::SignedGreaterThan, *extent, zero);
+                runs = self.builder.ins().band(runs, positive);
+            }
+            let (compute, continuation) = (self.builder.create_block(), self.builder.create_block());
+            self.builder.ins().brif(runs, compute, &[], continuation, &[]);
+            self.builder.switch_to_block(compute);
+            self.builder.seal_block(compute);
+            for invariant in here {
+                let reg = self.scalar(invariant.scalar);
+                let (kind, value) = match invariant.scalar.dtype() {
+                    d if d.is_float() => (types::F64, self.f(reg)),
+                    Dtype::Bool => (types::I8, self.b(reg)),
+                    _ => (types::I64, self.i(reg)),
+                };
+                let variable = self.builder.declare_var(kind);
+                self.builder.def_var(variable, value);
+                self.hoisted.insert(invariant.scalar as *const Scalar, variable);
+            }
+            Some(continuation)
+        }
+    }
+
+    /// Joins the block after a level's invariant parts.
+    fn close(&mut self, continuation: Option<Block>) {
         if let Some(continuation) = continuation {
             self.builder.ins().jump(continuation, &[]);
             self.builder.switch_to_block(continuation);
@@ -590,8 +634,13 @@ impl Lowerer<'_, '_> {
 
     /// A counted loop over `0..extent` of `index`, with `body` inside.
     fn counted(&mut self, index: Variable, extent: ClValue, body: &mut dyn FnMut(&mut Self)) {
-        let zero = self.builder.ins().iconst(types::I64, 0);
-        self.builder.def_var(index, zero);
+        self.counted_from(index, None, extent, body)
+    }
+
+    /// A counted loop over `start..extent` (from 0 when `start` is none).
+    fn counted_from(&mut self, index: Variable, start: Option<ClValue>, extent: ClValue, body: &mut dyn FnMut(&mut Self)) {
+        let start = start.unwrap_or_else(|| self.builder.ins().iconst(types::I64, 0));
+        self.builder.def_var(index, start);
         let (header, inner, exit) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
         self.builder.ins().jump(header, &[]);
         self.builder.switch_to_block(header);
@@ -728,7 +777,7 @@ fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
 /// The kernel signature: `fn(out, inputs, dims, helpers, error) -> status`.
 fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut signature = Signature::new(call_conv);
-    signature.params.extend([AbiParam::new(types::I64); 5]);
+    signature.params.extend([AbiParam::new(types::I64); 7]);
     signature.returns.push(AbiParam::new(types::I32));
     signature
 }
@@ -769,6 +818,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         context.func.signature = kernel_signature(call_conv);
         let symbol = format!("{prefix}v{at}");
         let sites;
+        let mut splits_rows = false;
         let id = module.declare_function(&symbol, Linkage::Export, &context.func.signature).map_err(|e| (at, e.to_string()))?;
         {
             let mut builder = FunctionBuilder::new(&mut context.func, &mut function_context);
@@ -778,6 +828,8 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             builder.seal_block(entry_block);
             let params = builder.block_params(entry_block).to_vec();
             let (out, inputs, dims_table, helpers, error) = (params[0], params[1], params[2], params[3], params[4]);
+            // The rows of the first axis to compute (elementwise nodes).
+            let (first_row, end_row) = (params[5], params[6]);
             let flags = MemFlagsData::trusted();
             let dims: HashMap<Dim, ClValue> =
                 table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
@@ -787,7 +839,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new() };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -805,6 +857,17 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 None => {
                     let invariants = invariant::invariants(scalar, shape.len() as u32);
                     let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };
+                    if !shape.is_empty() {
+                        // Rows `first_row..end_row` (of the first two axes
+                        // flattened): the flat position starts at the first.
+                        let mut start = first_row;
+                        for extent in &shape[2.min(shape.len())..] {
+                            start = lowerer.builder.ins().imul(start, *extent);
+                        }
+                        lowerer.builder.def_var(flat, start);
+                        lowerer.rows = Some((first_row, end_row));
+                        splits_rows = true;
+                    }
                     lowerer.nest(&store, &axes, &shape, 0);
                 }
             }
@@ -819,7 +882,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         }
         module.define_function(id, &mut context).map_err(|e| (at, format!("Cranelift: {e:?}")))?;
         module.clear_context(&mut context);
-        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table, sites });
+        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table, sites, splits_rows });
     }
     Ok(defined)
 }

@@ -20,15 +20,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-/// `fn(out, inputs, dims, helpers, error) -> status`: `inputs` points at
-/// each loaded value's elements, `dims` at the values of the kernel's dims
-/// table, `helpers` at [`helpers::table`]; `error` receives (load site,
-/// position, size, axis) when the status is 1.
-pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64) -> i32;
+/// `fn(out, inputs, dims, helpers, error, first_row, end_row) -> status`:
+/// `inputs` points at each loaded value's elements, `dims` at the values of
+/// the kernel's dims table, `helpers` at [`helpers::table`]; `error`
+/// receives (load site, position, size, axis) when the status is 1. An
+/// elementwise node computes rows `first_row..end_row` of its first two
+/// axes flattened (of its first axis, when it has one; a contraction, or a
+/// node without axes, computes everything).
+pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64, i64, i64) -> i32;
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// What a kernel needs at a call, as an artifact records it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -38,11 +41,19 @@ pub struct KernelRecord {
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
+    pub splits_rows: bool,
 }
 
 impl From<&KernelDef> for KernelRecord {
     fn from(def: &KernelDef) -> KernelRecord {
-        KernelRecord { node: def.node, symbol: def.symbol.clone(), loads: def.loads.clone(), dims: def.dims.clone(), sites: def.sites.clone() }
+        KernelRecord {
+            node: def.node,
+            symbol: def.symbol.clone(),
+            loads: def.loads.clone(),
+            dims: def.dims.clone(),
+            sites: def.sites.clone(),
+            splits_rows: def.splits_rows,
+        }
     }
 }
 
@@ -54,6 +65,8 @@ pub struct NativeKernel {
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
+    /// It computes a given range of rows (its first two axes flattened).
+    pub splits_rows: bool,
 }
 
 /// A load that fell outside its tensor, as a kernel reports it.
@@ -105,7 +118,7 @@ pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodegenError>
         let pointer = module.get_finalized_function(def.func);
         // SAFETY: the function was compiled above with the `Kernel` signature.
         let function = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
-        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims, sites: def.sites });
+        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims, sites: def.sites, splits_rows: def.splits_rows });
     }
     Ok(Compiled { _code: Box::new(module), kernels })
 }
@@ -158,24 +171,33 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
             // SAFETY: the symbol is a function in the copied text, compiled
             // with the `Kernel` signature by `emit_object` for this host.
             let function = unsafe { std::mem::transmute::<*const u8, Kernel>(memory.as_ptr().add(offset as usize)) };
-            kernels[record.node] = Some(NativeKernel { function, loads: record.loads.clone(), dims: record.dims.clone(), sites: record.sites.clone() });
+            kernels[record.node] = Some(NativeKernel {
+                function,
+                loads: record.loads.clone(),
+                dims: record.dims.clone(),
+                sites: record.sites.clone(),
+                splits_rows: record.splits_rows,
+            });
         }
         compiled.insert(entry.name.clone(), Compiled { _code: Box::new(Rc::clone(&memory)), kernels });
     }
     Ok(compiled)
 }
 
-/// Runs a kernel; the load that fell outside its tensor, if one did.
+/// Runs a kernel over `rows` of its node's first two axes flattened (every
+/// row of a contraction or of a node without axes, whatever is given); the load
+/// that fell outside its tensor, if one did.
 ///
 /// # Safety
 /// `inputs` must point at the kernel's loads, `out` at room for the
 /// node's elements, and `dims` at the values of its dims table, all with
-/// the shapes and dtypes the kernel was compiled for.
-pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64]) -> Result<(), LoadFault> {
+/// the shapes and dtypes the kernel was compiled for; `rows` lies within
+/// the first axis.
+pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64], rows: std::ops::Range<usize>) -> Result<(), LoadFault> {
     let table = helpers::table();
     let mut error = [0i64; 4];
     // SAFETY: as the caller promises; the helper table is in slot order.
-    let status = unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr()) };
+    let status = unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr(), rows.start as i64, rows.end as i64) };
     match status {
         0 => Ok(()),
         _ => Err(LoadFault { site: error[0] as usize, position: error[1], size: error[2], axis: error[3] as usize }),
