@@ -197,49 +197,64 @@ fn bf16_rounding_agrees_at_every_exponent() {
 }
 
 /// Elementwise nodes large enough that the CPU backend shares their rows
-/// among threads (the first two axes flattened, chunks in order), with
-/// parts invariant per first-axis position and per row: the same bits as
-/// the interpreter, and a gather out of range in a late row is the error
-/// a single pass reports.
+/// among threads (the first two axes flattened for three axes, the first
+/// axis for two), with parts invariant per first-axis position and per
+/// row: the same bits as the interpreter, and a gather out of range in a
+/// late row is the error a single pass reports.
 #[test]
 fn rows_shared_among_threads_agree_with_the_interpreter() {
-    let (a, b, c) = (3i64, 150i64, 200i64);
-    let index = |k: u32| Scalar::Index(k, Dtype::I64);
-    let x = |positions: Vec<Scalar>| Scalar::Load(Value(0), positions, Dtype::F32);
-    let gather = Scalar::Load(Value(1), vec![index(0)], Dtype::I64);
-    // Σ_k x[a, 0, k] (invariant per `a`) and Σ_k x[a, b, k] (per row).
-    let plane = Scalar::Reduce { op: ReduceOp::Sum, index: 10, extent: Dim::constant(c), body: Box::new(x(vec![index(0), Scalar::Int(0, Dtype::I64), index(10)])), dtype: Dtype::F32 };
-    let row = Scalar::Reduce { op: ReduceOp::Sum, index: 11, extent: Dim::constant(c), body: Box::new(x(vec![index(0), index(1), index(11)])), dtype: Dtype::F32 };
-    let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(x(vec![index(0), index(1), index(2)])), Box::new(plane), Dtype::F32);
-    let summed = Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(row), Dtype::F32);
-    let scalar = Scalar::Binary(BinaryOp::Add, Box::new(summed), Box::new(x(vec![gather, index(1), index(2)])), Dtype::F32);
-    let shape = || vec![Dim::constant(a), Dim::constant(b), Dim::constant(c)];
-    let nodes = vec![
-        Node { kind: NodeKind::Input(0), shape: shape(), dtype: Dtype::F32, source: None },
-        Node { kind: NodeKind::Input(1), shape: vec![Dim::constant(a)], dtype: Dtype::I64, source: None },
-        Node { kind: NodeKind::Compute(scalar), shape: shape(), dtype: Dtype::F32, source: None },
-    ];
-    let entry = Entry {
-        name: "program".into(),
-        dims: Vec::new(),
-        requires: Vec::new(),
-        inputs: vec![Input { name: "x".into(), shape: shape(), dtype: Dtype::F32 }, Input { name: "idx".into(), shape: vec![Dim::constant(a)], dtype: Dtype::I64 }],
-        nodes,
-        outputs: vec![Value(2)],
-    };
-    let program = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    linnet_compiler::ir::verify(&program).unwrap();
-    let mut rng = Rng::new(5);
-    let count = (a * b * c) as usize;
-    let floats = Tensor::from_f32(Dtype::F32, vec![a as usize, b as usize, c as usize], (0..count).map(|_| (rng.next_f64() - 0.5) as f32).collect());
-    for (indices, fails) in [(vec![2, 0, 1], false), (vec![0, 1, 7], true)] {
-        let given = vec![floats.clone(), Tensor::from_i64(Dtype::I64, vec![a as usize], indices)];
-        let interpreted = reference(&program).call("program", given.clone());
-        let compiled = native(&program).call("program", given);
-        match (interpreted, compiled) {
-            (Ok(x), Ok(y)) if !fails => assert!(same(&x[0], &y[0]), "the rows differ"),
-            (Err(x), Err(y)) if fails => assert_eq!(x, y),
-            (x, y) => panic!("interp {:?}, cpu {:?}", x.map(|_| ()), y.map(|_| ())),
+    for shape in [vec![3i64, 150, 200], vec![400, 200]] {
+        let rank = shape.len() as u32;
+        let (first, last) = (shape[0], shape[shape.len() - 1]);
+        let index = |k: u32| Scalar::Index(k, Dtype::I64);
+        let x = |positions: Vec<Scalar>| Scalar::Load(Value(0), positions, Dtype::F32);
+        let at = |leading: Scalar, last: Scalar| -> Vec<Scalar> {
+            let mut positions = vec![leading];
+            positions.extend((1..rank - 1).map(index));
+            positions.push(last);
+            positions
+        };
+        let gather = Scalar::Load(Value(1), vec![index(0)], Dtype::I64);
+        // Σ_k x[a, …, k] with the middle axis at 0 (invariant per `a`), and
+        // the row's own sum (invariant per row).
+        let mut plane_positions = at(index(0), index(10));
+        if rank == 3 {
+            plane_positions[1] = Scalar::Int(0, Dtype::I64);
+        }
+        let plane = Scalar::Reduce { op: ReduceOp::Sum, index: 10, extent: Dim::constant(last), body: Box::new(x(plane_positions)), dtype: Dtype::F32 };
+        let row = Scalar::Reduce { op: ReduceOp::Sum, index: 11, extent: Dim::constant(last), body: Box::new(x(at(index(0), index(11)))), dtype: Dtype::F32 };
+        let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(x(at(index(0), index(rank - 1)))), Box::new(plane), Dtype::F32);
+        let summed = Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(row), Dtype::F32);
+        let scalar = Scalar::Binary(BinaryOp::Add, Box::new(summed), Box::new(x(at(gather, index(rank - 1)))), Dtype::F32);
+        let dims = || shape.iter().map(|d| Dim::constant(*d)).collect::<Vec<_>>();
+        let nodes = vec![
+            Node { kind: NodeKind::Input(0), shape: dims(), dtype: Dtype::F32, source: None },
+            Node { kind: NodeKind::Input(1), shape: vec![Dim::constant(first)], dtype: Dtype::I64, source: None },
+            Node { kind: NodeKind::Compute(scalar), shape: dims(), dtype: Dtype::F32, source: None },
+        ];
+        let entry = Entry {
+            name: "program".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: dims(), dtype: Dtype::F32 }, Input { name: "idx".into(), shape: vec![Dim::constant(first)], dtype: Dtype::I64 }],
+            nodes,
+            outputs: vec![Value(2)],
+        };
+        let program = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+        linnet_compiler::ir::verify(&program).unwrap();
+        let mut rng = Rng::new(5);
+        let count = shape.iter().product::<i64>() as usize;
+        let floats = Tensor::from_f32(Dtype::F32, shape.iter().map(|d| *d as usize).collect(), (0..count).map(|_| (rng.next_f64() - 0.5) as f32).collect());
+        let indices = |bad: bool| (0..first).map(|i| if bad && i == first - 1 { first + 4 } else { (i * 7) % first }).collect::<Vec<i64>>();
+        for bad in [false, true] {
+            let given = vec![floats.clone(), Tensor::from_i64(Dtype::I64, vec![first as usize], indices(bad))];
+            let interpreted = reference(&program).call("program", given.clone());
+            let compiled = native(&program).call("program", given);
+            match (interpreted, compiled) {
+                (Ok(x), Ok(y)) if !bad => assert!(same(&x[0], &y[0]), "{shape:?}: the rows differ"),
+                (Err(x), Err(y)) if bad => assert_eq!(x, y, "{shape:?}"),
+                (x, y) => panic!("{shape:?}: interp {:?}, cpu {:?}", x.map(|_| ()), y.map(|_| ())),
+            }
         }
     }
 }

@@ -152,10 +152,11 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result
         pointers: kernel.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect(),
         table: kernel.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect(),
     };
-    // An elementwise kernel's rows: its first two axes flattened.
+    // An elementwise kernel's rows: its first two axes flattened when it
+    // has three or more, else its first.
     let rows = match site.shape {
         [] => 1,
-        [only] => *only,
+        [first] | [first, _] => *first,
         [first, second, ..] => first * second,
     };
     let threads = rayon::current_num_threads();

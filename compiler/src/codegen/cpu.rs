@@ -1,7 +1,8 @@
 //! The CPU backend's code generator: each `Compute` node of an entry
 //! becomes one Cranelift function that runs the node's loop nest (an
-//! elementwise node, a given range of rows of its first two axes
-//! flattened, so that threads can share it),
+//! elementwise node, a given range of rows: of its first two axes
+//! flattened when it has three or more, else of its first; so that
+//! threads can share it),
 //! evaluates its scalar expression (loads with bounds checks, lazy
 //! selects, reductions as inner loops) and stores each element; it
 //! returns 0, or 1 with the failing load site's number, position, size
@@ -37,9 +38,9 @@ pub struct KernelDef {
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
-    /// Whether it computes a given range of rows, its first two axes
-    /// flattened (an elementwise node with axes), so that threads can
-    /// share them.
+    /// Whether it computes a given range of rows (an elementwise node with
+    /// axes: its first two axes flattened when it has three or more, else
+    /// its first), so that threads can share them.
     pub splits_rows: bool,
 }
 
@@ -93,7 +94,7 @@ struct Lowerer<'b, 'f> {
     /// Invariant parts already computed, by their place in the expression.
     hoisted: HashMap<*const Scalar, Variable>,
     /// The range of rows an elementwise node computes (of the flat index
-    /// over its first two axes; of its first axis when it has one).
+    /// over its first two axes when it has three or more; else of its first).
     rows: Option<(ClValue, ClValue)>,
 }
 
@@ -485,9 +486,10 @@ impl Lowerer<'_, '_> {
     fn nest(&mut self, store: &Store, axes: &[Variable], shape: &[ClValue], level: u32) {
         let continuation = self.invariants_at(store, shape, level);
         let rows = if level == 0 { self.rows.take() } else { None };
-        if let (Some((first, end)), [outer, next, rest @ ..]) = (rows, axes) {
+        if let (Some((first, end)), [outer, next, _, ..]) = (rows, axes) {
             // One loop over the flat index of the first two axes, from
-            // `first` to `end`: what a thread is given.
+            // `first` to `end`: what a thread is given. The parts invariant
+            // per position of the first axis are computed per flat row.
             let combined = self.builder.declare_var(types::I64);
             self.counted_from(combined, Some(first), end, &mut |this| {
                 let at = this.builder.use_var(combined);
@@ -495,14 +497,14 @@ impl Lowerer<'_, '_> {
                 this.builder.def_var(*outer, quotient);
                 this.builder.def_var(*next, remainder);
                 let inner = this.invariants_at(store, &shape[1..], level + 1);
-                this.nest(store, rest, &shape[2..], level + 2);
+                this.nest(store, &axes[2..], &shape[2..], level + 2);
                 this.close(inner);
             });
             self.close(continuation);
             return;
         }
         if let Some((first, end)) = rows {
-            // A node of one axis: its rows `first..end`.
+            // A node of one or two axes: rows `first..end` of the first.
             self.counted_from(axes[0], Some(first), end, &mut |this| this.nest(store, &axes[1..], &shape[1..], level + 1));
             self.close(continuation);
             return;
@@ -859,9 +861,11 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                     let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };
                     if !shape.is_empty() {
                         // Rows `first_row..end_row` (of the first two axes
-                        // flattened): the flat position starts at the first.
+                        // flattened when there are three or more): the
+                        // flat position starts at the first.
                         let mut start = first_row;
-                        for extent in &shape[2.min(shape.len())..] {
+                        let merged = if shape.len() >= 3 { 2 } else { 1 };
+                        for extent in &shape[merged..] {
                             start = lowerer.builder.ins().imul(start, *extent);
                         }
                         lowerer.builder.def_var(flat, start);

@@ -25,8 +25,8 @@ use std::rc::Rc;
 /// the kernel's dims table, `helpers` at [`helpers::table`]; `error`
 /// receives (load site, position, size, axis) when the status is 1. An
 /// elementwise node computes rows `first_row..end_row` of its first two
-/// axes flattened (of its first axis, when it has one; a contraction, or a
-/// node without axes, computes everything).
+/// axes flattened when it has three or more, else of its first (a
+/// contraction, or a node without axes, computes everything).
 pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64, i64, i64) -> i32;
 
 /// Changes whenever the kernel calling convention or the helper table
@@ -65,7 +65,7 @@ pub struct NativeKernel {
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
-    /// It computes a given range of rows (its first two axes flattened).
+    /// It computes a given range of rows (see [`Kernel`]).
     pub splits_rows: bool,
 }
 
@@ -184,8 +184,8 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
     Ok(compiled)
 }
 
-/// Runs a kernel over `rows` of its node's first two axes flattened (every
-/// row of a contraction or of a node without axes, whatever is given); the load
+/// Runs a kernel over `rows` (see [`Kernel`]; a contraction or a node
+/// without axes computes everything, whatever is given); the load
 /// that fell outside its tensor, if one did.
 ///
 /// # Safety
