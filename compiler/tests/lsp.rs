@@ -200,8 +200,9 @@ fn hover_in_deltanet_shows_shapes() {
     let (uri, text) = file("deltanet.linnet");
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
     assert!(client.diagnostics_for(&uri).is_empty());
-    let shown = hover(&mut client, &uri, &text, "q, k, v) = heads<B, S>");
-    assert!(shown.is_empty() || shown.contains("Tensor"), "{shown}");
+    // A name bound by a tuple pattern shows its own type.
+    let shown = hover(&mut client, &uri, &text, "(q, k, v) = heads<B, S>");
+    assert!(shown.contains("Tensor[B, S, KeyHeads, KeyDim; T]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "final = permute");
     assert!(shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]") && shown.contains("[1, 32, 128, 128] f32, 2.0 MiB"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "inside[b, s] =");

@@ -1,9 +1,10 @@
 //! Every path to logits against the reference implementation's: the
 //! random-weight checkpoints and the logits Hugging Face transformers
 //! computes for them (`tests/fixtures/oracle`), through the seed package
-//! (`models/qwen3.6-35b-a3b`) on the reference interpreter. f32: within
-//! 1e-4 of the largest logit, every argmax and greedy token equal. bf16:
-//! within 1e-1, argmax agreement at least 0.8.
+//! (`models/qwen3.6-35b-a3b`) on the reference interpreter and the CPU
+//! backend. f32: within 1e-4 of the largest logit, every argmax and greedy
+//! token equal. bf16: within 1e-1, argmax agreement at least 0.8, greedy
+//! tokens as `greedy_generation` says.
 
 use linnet_compiler::exec::Machine;
 use linnet_compiler::tensor::Tensor;
@@ -184,7 +185,13 @@ fn slots_then_rows(oracle: &mut Oracle, what: &str) {
     score.check(oracle, &format!("{what} prefill_slots+decode_rows"));
 }
 
+/// Greedy tokens against the reference's: all of them in f32; in bf16,
+/// where rounding in another order than transformers' makes a sequence
+/// part ways after a while, the first token of every sequence and at least
+/// `BF16_GREEDY_PREFIX` of the 60 tokens before each sequence's first
+/// difference (what the reference interpreter reaches).
 fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
+    const BF16_GREEDY_PREFIX: usize = 39;
     let mut equal = 0;
     let mut total = 0;
     for seq in &oracle.golden {
@@ -192,10 +199,12 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
         if exact {
             assert_eq!(ours, seq.greedy, "{what}: greedy tokens after {:?}", seq.tokens);
         }
+        assert_eq!(ours.first(), seq.greedy.first(), "{what}: the first greedy token after {:?}", seq.tokens);
         equal += ours.iter().zip(&seq.greedy).take_while(|(a, b)| a == b).count();
         total += seq.greedy.len();
     }
     eprintln!("{what} greedy: {equal} of {total} tokens equal before the first difference");
+    assert!(exact || equal >= BF16_GREEDY_PREFIX, "{what}: {equal} of {total} greedy tokens equal before the first difference, under {BF16_GREEDY_PREFIX}");
 }
 
 fn every_path(config: &str, dtype: &str, backend: linnet_runtime::Backend) {
