@@ -210,9 +210,9 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: native::Entr
 /// be). Returns the manifest written.
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
     let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
-    let (object, kernels) = native::emit_object(model, &analyses).map_err(|(entry, node, message)| match entry {
-        Some(entry) => BuildError::new("cpu", &model.entries[entry], node, message).to_string(),
-        None => format!("the cpu backend cannot compile `{}`: {message}", model.name),
+    let (object, kernels) = native::emit_object(model, &analyses).map_err(|error| match error.entry {
+        Some(entry) => BuildError::new("cpu", &model.entries[entry], error.node, error.message).to_string(),
+        None => format!("the cpu backend cannot compile `{}`: {}", model.name, error.message),
     })?;
     let manifest = manifest(model, package, key, kernels)?;
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());

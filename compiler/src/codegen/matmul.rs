@@ -177,7 +177,7 @@ unsafe fn run<W: Weight>(isa: Isa, rows: &Rows, weight: &[W], columns: usize, de
     use rayon::prelude::*;
     assert_eq!(weight.len(), columns * depth, "a weight row per column");
     WEIGHT_BYTES.fetch_add(std::mem::size_of_val(weight) as u64, Ordering::Relaxed);
-    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth % 2 == 0 { as_bf16(rows, depth) } else { None };
+    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) { as_bf16(rows, depth) } else { None };
     let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
     let share = |range: std::ops::Range<usize>| {
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the

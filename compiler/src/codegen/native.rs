@@ -123,21 +123,34 @@ pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodegenError>
     Ok(Compiled { _code: Box::new(module), kernels })
 }
 
+/// Why an object file could not be made: the entry (by number) and node
+/// at fault, when the fault is theirs.
+#[derive(Clone, Debug)]
+pub struct EmitError {
+    pub entry: Option<usize>,
+    pub node: Option<usize>,
+    pub message: String,
+}
+
+impl EmitError {
+    fn whole(message: impl ToString) -> EmitError {
+        EmitError { entry: None, node: None, message: message.to_string() }
+    }
+}
+
 /// An object file with the kernels of every entry (`analyses` in entry
-/// order), and per entry the records that say how to call them; an error
-/// names the entry (by number) and the node that could not be compiled,
-/// when the fault is theirs.
-pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), (Option<usize>, Option<usize>, String)> {
-    let isa = host_isa(true).map_err(|e| (None, None, e))?;
-    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(|e| (None, None, e.to_string()))?;
+/// order), and per entry the records that say how to call them.
+pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), EmitError> {
+    let isa = host_isa(true).map_err(EmitError::whole)?;
+    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(EmitError::whole)?;
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
         let defined =
-            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, e)| (Some(number), Some(at), e))?;
+            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
         records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
     }
-    let bytes = module.finish().emit().map_err(|e| (None, None, e.to_string()))?;
+    let bytes = module.finish().emit().map_err(EmitError::whole)?;
     Ok((bytes, records))
 }
 
