@@ -42,13 +42,7 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
             // One pass over the mask row; the heads then visit only the
             // admitted keys. When none is, every key holds -1e30 and the
             // softmax is uniform over all of them, as the body computes.
-            let row = if rows_mask { &mask[b * keys..(b + 1) * keys] } else { &mask[i * keys..(i + 1) * keys] };
-            admitted.clear();
-            admitted.extend((0..keys).filter(|&j| row[j]));
-            let any = !admitted.is_empty();
-            if !any {
-                admitted.extend(0..keys);
-            }
+            let any = admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut admitted);
             for h in 0..heads {
                 let kv = h / group;
                 let q_at = ((b * heads + h) * queries + i) * width;
@@ -85,6 +79,31 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
         }
     }
     Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out.into()) }
+}
+
+/// The keys mask row `row` admits, into `admitted`; when it admits none,
+/// every key (the body then weighs them all alike), and `false`.
+pub fn admitted_keys(mask: &[bool], row: usize, keys: usize, admitted: &mut Vec<usize>) -> bool {
+    let row = &mask[row * keys..(row + 1) * keys];
+    admitted.clear();
+    admitted.extend((0..keys).filter(|&j| row[j]));
+    let any = !admitted.is_empty();
+    if !any {
+        admitted.extend(0..keys);
+    }
+    any
+}
+
+/// Host tensors as the intrinsics take them: floats held as f32.
+pub fn widened<'t>(args: &[&'t Tensor]) -> Vec<std::borrow::Cow<'t, Tensor>> {
+    args.iter().map(|arg| arg.widened()).collect()
+}
+
+/// A cache write on host tensors, its arguments widened first.
+pub fn write_cache_widened(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), String> {
+    let args = widened(args);
+    let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+    write_cache(intrinsic, cache, &args)
 }
 
 /// Writes `x` into `cache` in place, as `std.nn.cache` says; an error

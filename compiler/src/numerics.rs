@@ -7,6 +7,7 @@
 //! portable `libm` crate, so the reference gives the same bits on every
 //! machine.
 
+use crate::ir::BinaryOp;
 use crate::sema::ty::Dtype;
 
 /// A binary float format narrower than f64: explicit mantissa bits and
@@ -90,6 +91,37 @@ pub fn div_euclid(x: i64, y: i64) -> i64 {
 /// The remainder matching `div_euclid`.
 pub fn rem_euclid(x: i64, y: i64) -> i64 {
     if y == 0 { 0 } else { x.wrapping_rem_euclid(y) }
+}
+
+/// An arithmetic operator on integers as the language defines it:
+/// wrapping, Euclidean division and remainder, by zero giving 0.
+pub fn integer(op: BinaryOp, x: i64, y: i64) -> i64 {
+    match op {
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::Mul => x.wrapping_mul(y),
+        BinaryOp::Div => div_euclid(x, y),
+        BinaryOp::Rem => rem_euclid(x, y),
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("{op:?} is not arithmetic"),
+    }
+}
+
+/// An arithmetic operator on floats, in f64 (the result is rounded to its
+/// type by the caller); `max` and `min` return the number when one side is
+/// NaN.
+pub fn float(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Rem => x % y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("{op:?} is not arithmetic"),
+    }
 }
 
 /// The elementary functions of record, from `libm` (portable, the same

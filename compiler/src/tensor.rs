@@ -188,3 +188,27 @@ impl Tensor {
         }
     }
 }
+
+/// The memory half of `exec::Backend` for the backends that compute on
+/// host tensors (the interpreter, the CPU): inputs and parameters are used
+/// where they are, values come back with floats as f32, copies too.
+macro_rules! host_memory {
+    () => {
+        fn upload(&mut self, tensor: $crate::tensor::Tensor) -> $crate::tensor::Tensor {
+            tensor
+        }
+
+        fn download(&mut self, buffer: &$crate::tensor::Tensor) -> $crate::tensor::Tensor {
+            buffer.widened().into_owned()
+        }
+
+        fn zeros(&mut self, dtype: $crate::sema::ty::Dtype, shape: &[usize]) -> $crate::tensor::Tensor {
+            $crate::tensor::Tensor::zeros(dtype, shape.to_vec())
+        }
+
+        fn copy(&mut self, buffer: &$crate::tensor::Tensor) -> $crate::tensor::Tensor {
+            buffer.widened().into_owned()
+        }
+    };
+}
+pub(crate) use host_memory;

@@ -158,13 +158,7 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
         on_host_vectors!(|| {
             let (mut admitted, mut weights, mut sum) = (Vec::with_capacity(keys), Vec::with_capacity(keys), vec![0f32; width]);
             for i in 0..queries {
-                let row = if rows_mask { &mask[b * keys..(b + 1) * keys] } else { &mask[i * keys..(i + 1) * keys] };
-                admitted.clear();
-                admitted.extend((0..keys).filter(|&j| row[j]));
-                let any = !admitted.is_empty();
-                if !any {
-                    admitted.extend(0..keys);
-                }
+                let any = crate::intrinsics::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut admitted);
                 let q_at = ((b * heads + h) * queries + i) * width;
                 let query = &qf[q_at..q_at + width];
                 weights.clear();

@@ -4,7 +4,7 @@
 
 use crate::exec::{dim_value, Dims, NodeError, Values};
 use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
-use crate::numerics::{bf16_value, div_euclid, math, rem_euclid, round, wrap};
+use crate::numerics::{self, bf16_value, math, round, wrap};
 use crate::sema::ty::Dtype;
 use crate::tensor::{Data, Tensor};
 use std::collections::HashMap;
@@ -240,31 +240,9 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
         _ => {}
     }
     if dtype.is_int() {
-        let (x, y) = (a.i(), b.i());
-        let value = match op {
-            BinaryOp::Add => x.wrapping_add(y),
-            BinaryOp::Sub => x.wrapping_sub(y),
-            BinaryOp::Mul => x.wrapping_mul(y),
-            BinaryOp::Div => div_euclid(x, y),
-            BinaryOp::Rem => rem_euclid(x, y),
-            BinaryOp::Max => x.max(y),
-            BinaryOp::Min => x.min(y),
-            _ => unreachable!("handled above"),
-        };
-        return V::I(wrap(value, dtype));
+        return V::I(wrap(numerics::integer(op, a.i(), b.i()), dtype));
     }
-    let (x, y) = (a.f(), b.f());
-    let value = match op {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Rem => x % y,
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
-        _ => unreachable!("handled above"),
-    };
-    float_result(value, dtype)
+    float_result(numerics::float(op, a.f(), b.f()), dtype)
 }
 
 /// Every element of a `Compute` node.

@@ -11,7 +11,6 @@ mod eval;
 use crate::exec::{Backend, BuildError, Machine, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Intrinsic, Model, NodeKind};
-use crate::sema::ty::Dtype;
 use crate::tensor::Tensor;
 
 /// The interpreter: host tensors, nothing to compile.
@@ -34,21 +33,7 @@ impl Backend for Interpreter {
         Ok(())
     }
 
-    fn upload(&mut self, tensor: Tensor) -> Tensor {
-        tensor
-    }
-
-    fn download(&mut self, buffer: &Tensor) -> Tensor {
-        buffer.widened().into_owned()
-    }
-
-    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Tensor {
-        Tensor::zeros(dtype, shape.to_vec())
-    }
-
-    fn copy(&mut self, buffer: &Tensor) -> Tensor {
-        buffer.widened().into_owned()
-    }
+    crate::tensor::host_memory!();
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
         let node = &site.entry.nodes[site.at];
@@ -57,14 +42,12 @@ impl Backend for Interpreter {
     }
 
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
-        let args: Vec<_> = args.iter().map(|arg| arg.widened()).collect();
+        let args = crate::intrinsics::widened(args);
         let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
         Ok(crate::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
     }
 
     fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
-        let args: Vec<_> = args.iter().map(|arg| arg.widened()).collect();
-        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
-        crate::intrinsics::write_cache(intrinsic, cache, &args).map_err(NodeError::Check)
+        crate::intrinsics::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
     }
 }

@@ -1088,30 +1088,9 @@ fn group_positions(from: &[Dim], to: &[Dim], first: usize) -> Vec<Scalar> {
 /// (`numerics`): integers in i64 (wrapping, Euclidean division and
 /// remainder, by zero giving 0), floats in f64 as soon as either is one.
 fn fold(op: BinaryOp, (a, a_float): (f64, bool), (b, b_float): (f64, bool)) -> Val {
-    use crate::numerics::{div_euclid, rem_euclid};
     if a_float || b_float {
-        let value = match op {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-            BinaryOp::Rem => a % b,
-            BinaryOp::Max => a.max(b),
-            BinaryOp::Min => a.min(b),
-            BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("folded by the caller"),
-        };
-        return Val::Literal(value, true);
+        Val::Literal(crate::numerics::float(op, a, b), true)
+    } else {
+        Val::Literal(crate::numerics::integer(op, a as i64, b as i64) as f64, false)
     }
-    let (x, y) = (a as i64, b as i64);
-    let value = match op {
-        BinaryOp::Add => x.wrapping_add(y),
-        BinaryOp::Sub => x.wrapping_sub(y),
-        BinaryOp::Mul => x.wrapping_mul(y),
-        BinaryOp::Div => div_euclid(x, y),
-        BinaryOp::Rem => rem_euclid(x, y),
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
-        BinaryOp::Cmp(_) | BinaryOp::And | BinaryOp::Or => unreachable!("folded by the caller"),
-    };
-    Val::Literal(value as f64, false)
 }
