@@ -3,9 +3,9 @@
 //! language.md`): products and sums in f32 with fused multiply-adds, the
 //! sum split across vector lanes. The instruction set is chosen at run
 //! time ([`Isa`]): AVX-512 (sixteen lanes), AVX2 with FMA (eight), and on
-//! CPUs with AVX-512 BF16, bf16 dot products when the weights are bf16 and
-//! the inputs are exactly bf16 values (each product is then exact, as it
-//! is in f32). Weights are f32 or bf16 bits ([`Weight`]), widened in
+//! CPUs with AVX-512 BF16, bf16 dot products when the weights are bf16, the
+//! inputs exactly bf16 values (each product is then exact, as it is in
+//! f32) and at least four rows share the weights. Weights are f32 or bf16 bits ([`Weight`]), widened in
 //! registers as they are read, never copied.
 //!
 //! Work is tiled for the caches: input rows in blocks that stay in L2,
@@ -177,7 +177,9 @@ unsafe fn run<W: Weight>(isa: Isa, rows: &Rows, weight: &[W], columns: usize, de
     use rayon::prelude::*;
     assert_eq!(weight.len(), columns * depth, "a weight row per column");
     WEIGHT_BYTES.fetch_add(std::mem::size_of_val(weight) as u64, Ordering::Relaxed);
-    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) { as_bf16(rows, depth) } else { None };
+    // bf16 dot products pay off where tiles of four rows reuse each weight
+    // load; a matrix–vector product streams faster widening the weights.
+    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
     let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
     let share = |range: std::ops::Range<usize>| {
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
