@@ -78,8 +78,9 @@ struct Lowerer<'b, 'f> {
     /// of its three kinds of entries.
     helpers: ClValue,
     signatures: HashMap<Shape, SigRef>,
-    /// Index variables by number.
+    /// Index variables by number, and the extent each runs over.
     indices: HashMap<u32, Variable>,
+    extents: HashMap<u32, Dim>,
     inputs: ClValue,
     error: ClValue,
     /// Each loaded value's argument number, shape and element kind.
@@ -352,6 +353,7 @@ impl Lowerer<'_, '_> {
                 }
             }
             Scalar::Reduce { op, index, extent, body, dtype } => {
+                self.extents.insert(*index, extent.clone());
                 let extent = self.dim(extent);
                 self.reduce(*op, *index, extent, body, *dtype)
             }
@@ -429,6 +431,12 @@ impl Lowerer<'_, '_> {
         for (axis, (position, size)) in positions.iter().zip(&shape).enumerate() {
             let reg = self.scalar(position);
             let at = self.i(reg);
+            if self.inside(position, size) {
+                let size = self.dim(size);
+                let scaled = self.builder.ins().imul(offset, size);
+                offset = self.builder.ins().iadd(scaled, at);
+                continue;
+            }
             let size = self.dim(size);
             let inside = self.builder.ins().icmp(IntCC::UnsignedLessThan, at, size);
             let ok = self.builder.create_block();
@@ -455,6 +463,17 @@ impl Lowerer<'_, '_> {
         let base = self.builder.ins().load(types::I64, self.flags, self.inputs, (argument * 8) as i32);
         let bytes = self.builder.ins().imul_imm_s(offset, stored.bytes());
         self.builder.ins().iadd(base, bytes)
+    }
+
+    /// Whether `position` lies in `0..size` whatever the indices are: an
+    /// index whose loop runs over exactly that extent, or a constant
+    /// inside it. Such a position needs no check.
+    fn inside(&self, position: &Scalar, size: &Dim) -> bool {
+        match position {
+            Scalar::Index(k, _) => self.extents.get(k) == Some(size),
+            Scalar::Int(value, _) => size.as_constant().is_some_and(|size| (0..size).contains(value)),
+            _ => false,
+        }
     }
 
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
@@ -841,7 +860,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new() };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -850,6 +869,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             let axes: Vec<Variable> = (0..shape.len()).map(|_| lowerer.builder.declare_var(types::I64)).collect();
             for (k, axis) in axes.iter().enumerate() {
                 lowerer.indices.insert(k as u32, *axis);
+                lowerer.extents.insert(k as u32, node.shape[k].clone());
             }
             // The kernel takes f32 inputs; a bf16 parameter as the input
             // row (never so in the models) runs as generated loops.
