@@ -50,6 +50,9 @@ pub fn generate(
     let width = *logits.shape.last().expect("[rows, vocab] logits");
     for step in 0..max_tokens {
         let row = &logits.as_f32().expect("float logits")[..width];
+        if let Some(message) = crate::sampling::not_a_number(row) {
+            return Err(RunError::Assertion { entry: if step == 0 { "prefill" } else { "decode" }.into(), message });
+        }
         let next = sampling.choose(row, &history, rng);
         generated.push(next);
         history.push(next);

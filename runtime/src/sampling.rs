@@ -65,6 +65,8 @@ impl Sampling {
     }
 
     /// The next token after `history`, from one row of logits.
+    /// The next token from one row of logits (check them first with
+    /// [`not_a_number`]).
     pub fn choose(&self, logits: &[f32], history: &[i64], rng: &mut Rng) -> i64 {
         let mut scores: Vec<f64> = logits.iter().map(|&l| l as f64).collect();
         if self.repetition_penalty != 1.0 {
@@ -144,4 +146,11 @@ mod tests {
         assert!(Sampling { top_p: 0.0, ..Sampling::default() }.validate().is_err());
         assert!(Sampling { temperature: -1.0, ..Sampling::default() }.validate().is_err());
     }
+}
+
+/// Why a row of logits cannot be sampled: a NaN in it (from a weight or an
+/// input that is not a number; sampling would quietly pick token 0).
+pub fn not_a_number(logits: &[f32]) -> Option<String> {
+    let at = logits.iter().position(|l| l.is_nan())?;
+    Some(format!("the logits hold NaN (token {at} first): a weight or an input is not a number"))
 }

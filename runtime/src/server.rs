@@ -82,6 +82,10 @@ fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
 
 /// Sends the chosen token; says whether the row goes on.
 fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
+    if let Some(message) = crate::sampling::not_a_number(logits) {
+        let _ = row.job.updates.send(Update::Failed(message));
+        return false;
+    }
     let next = row.job.sampling.choose(logits, &row.history, &mut row.rng);
     row.history.push(next);
     row.generated += 1;

@@ -58,16 +58,26 @@ pub fn locate_in_caches(caches: &[PathBuf], repo: &str, revision: Option<&str>) 
     Err(format!("no weights for {repo}@{revision}: looked in {}; pass --weights DIR", looked.join(", ")))
 }
 
-/// Which file holds each tensor.
-fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Vec<PathBuf>, String> {
+/// The checkpoint's shard files, and the index's file for each tensor
+/// when it has `model.safetensors.index.json`.
+type Shards = (Vec<PathBuf>, Option<HashMap<String, PathBuf>>);
+
+/// Which files hold the tensors.
+fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Shards, String> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| format!("{}: {e}", index.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
         let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| format!("{}: no `weight_map`", index.display()))?;
-        let files: BTreeSet<&str> = map.values().filter_map(|f| f.as_str()).collect();
-        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+        let named: HashMap<String, PathBuf> = map.iter().filter_map(|(tensor, file)| Some((tensor.clone(), dir.join(file.as_str()?)))).collect();
+        let files: BTreeSet<&PathBuf> = named.values().collect();
+        return Ok((files.into_iter().cloned().collect(), Some(named)));
     }
+    tensor_files_unindexed(dir, card_files).map(|files| (files, None))
+}
+
+/// Without an index: the card's files, else every `.safetensors` file.
+fn tensor_files_unindexed(dir: &Path, card_files: &[String]) -> Result<Vec<PathBuf>, String> {
     if !card_files.is_empty() {
         return Ok(card_files.iter().map(|f| dir.join(f)).collect());
     }
@@ -107,7 +117,7 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
 /// as is a tensor not aligned for its type.
 /// Errors list every problem found.
 pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_files: &[String]) -> Result<Vec<Tensor>, Vec<String>> {
-    let files = tensor_files(dir, card_files).map_err(|e| vec![e])?;
+    let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e])?;
     let mut problems = Vec::new();
     let mut maps = Vec::new();
     for path in &files {
@@ -125,10 +135,21 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
             Err(error) => problems.push(format!("checkpoint file {} is corrupt or truncated: {error}", path.display())),
         }
     }
+    // Each tensor's file: the index's when there is one; a tensor in two
+    // files that no index settles is a problem, not the last file's.
     let mut holder: HashMap<String, usize> = HashMap::new();
-    for (at, (_, _, tensors)) in parsed.iter().enumerate() {
+    for (at, (path, _, tensors)) in parsed.iter().enumerate() {
         for name in tensors.names() {
-            holder.insert(name.to_string(), at);
+            let indexed = index.as_ref().and_then(|index| index.get(name));
+            match (holder.get(name), indexed) {
+                (_, Some(file)) if file != **path => {}
+                (Some(&earlier), None) => {
+                    problems.push(format!("tensor `{name}` is in both {} and {}, and no index says which", parsed[earlier].0.display(), path.display()))
+                }
+                _ => {
+                    holder.insert(name.to_string(), at);
+                }
+            }
         }
     }
     let mut params = Vec::with_capacity(model.params.len());

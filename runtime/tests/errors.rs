@@ -128,3 +128,66 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let problems = weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[]).unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
 }
+
+/// A NaN in the weights makes NaN logits: generation says so instead of
+/// quietly picking token 0.
+#[test]
+fn a_nan_in_the_weights_is_reported_not_sampled() {
+    let dir = altered("nan", NORM, |tensors| {
+        for (name, _, _, data) in tensors.iter_mut() {
+            if name == NORM {
+                data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+        }
+    });
+    let mut machine = load(&dir).unwrap();
+    let error = linnet_runtime::generate::greedy(&mut machine, &[5, 17, 42], 4).unwrap_err().to_string();
+    assert!(error.contains("entry `prefill`") && error.contains("NaN"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A tensor stored in two shards: the index's file is the one used; with
+/// no index, it is a problem, not the last file's copy.
+#[test]
+fn a_tensor_in_two_shards_takes_the_index_file_or_is_reported() {
+    let source = oracle().join("weights-f32");
+    let dir = std::env::temp_dir().join(format!("linnet-weights-twice-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut planted = false;
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&source).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    for path in paths {
+        let bytes = std::fs::read(&path).unwrap();
+        let target = dir.join(path.file_name().unwrap());
+        let is_shard = path.extension().is_some_and(|e| e == "safetensors");
+        if !is_shard || planted || SafeTensors::deserialize(&bytes).unwrap().names().contains(&NORM) {
+            std::fs::write(target, bytes).unwrap();
+            continue;
+        }
+        // A second `norm.weight`, all zeros, in a shard the index does not name for it.
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
+            file.tensors().into_iter().map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+        let width = machine_width();
+        tensors.push((NORM.to_string(), safetensors::Dtype::F32, vec![width], vec![0u8; width * 4]));
+        let views: Vec<(String, TensorView)> = tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        std::fs::write(target, safetensors::serialize(views, None).unwrap()).unwrap();
+        planted = true;
+    }
+    assert!(planted);
+    let tokens = || vec![Tensor::from_i64(Dtype::I32, vec![1, 3], vec![5, 17, 42])];
+    let expected = load(&source).unwrap().call("forward", tokens()).unwrap();
+    let indexed = load(&dir).unwrap().call("forward", tokens()).unwrap();
+    assert_eq!(indexed, expected, "the index's copy of `norm.weight` is the one used");
+    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    let error = load(&dir).err().expect("an ambiguous checkpoint is refused");
+    assert!(error.contains(NORM) && error.contains("in both") && error.contains("no index says which"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The hidden width of the oracle model: `norm.weight`'s length.
+fn machine_width() -> usize {
+    let machine = load(&oracle().join("weights-f32")).unwrap();
+    machine.model().params.iter().find(|p| p.path == "norm.weight").expect("a final norm").shape[0]
+}
