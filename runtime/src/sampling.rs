@@ -114,6 +114,13 @@ impl Sampling {
     }
 }
 
+/// Why a row of logits cannot be sampled: a NaN in it (from a weight or an
+/// input that is not a number; sampling would quietly pick token 0).
+pub fn not_a_number(logits: &[f32]) -> Option<String> {
+    let at = logits.iter().position(|l| l.is_nan())?;
+    Some(format!("the logits hold NaN (token {at} first): a weight or an input is not a number"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,11 +153,4 @@ mod tests {
         assert!(Sampling { top_p: 0.0, ..Sampling::default() }.validate().is_err());
         assert!(Sampling { temperature: -1.0, ..Sampling::default() }.validate().is_err());
     }
-}
-
-/// Why a row of logits cannot be sampled: a NaN in it (from a weight or an
-/// input that is not a number; sampling would quietly pick token 0).
-pub fn not_a_number(logits: &[f32]) -> Option<String> {
-    let at = logits.iter().position(|l| l.is_nan())?;
-    Some(format!("the logits hold NaN (token {at} first): a weight or an input is not a number"))
 }
