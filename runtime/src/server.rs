@@ -231,8 +231,34 @@ struct Request {
     receiver: UnboundedReceiver<Update>,
 }
 
+/// Request fields that would change the answer and that this server does
+/// not do yet, with the value that means "not asked for": a request that
+/// asks for one is refused, never answered as if it had not.
+const NOT_YET: [(&str, fn(&Value) -> bool); 8] = [
+    ("n", |v| v.as_f64() == Some(1.0)),
+    ("best_of", |v| v.as_f64() == Some(1.0)),
+    ("logprobs", |v| v == &Value::Bool(false)),
+    ("top_logprobs", |v| v.as_f64() == Some(0.0)),
+    ("echo", |v| v == &Value::Bool(false)),
+    ("stop", |v| v.as_array().is_some_and(Vec::is_empty)),
+    ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
+    ("stream_options", |v| v.get("include_usage").is_none_or(|u| u == &Value::Bool(false))),
+];
+
 fn parse_request(app: &App, body: &Value, prompt: Vec<i64>) -> Result<Request, Response> {
     let limits = &app.limits;
+    match body.get("model") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(name)) if *name == limits.model => {}
+        Some(other) => return Err(error(StatusCode::NOT_FOUND, format!("this server runs `{}`, not {other}", limits.model), Some("model"))),
+    }
+    for (field, unasked) in NOT_YET {
+        match body.get(field) {
+            None | Some(Value::Null) => {}
+            Some(value) if unasked(value) => {}
+            Some(value) => return Err(bad(format!("`{field}` ({value}) is not supported by this server yet"), field)),
+        }
+    }
     if prompt.is_empty() {
         return Err(bad("the prompt is empty", "prompt"));
     }
@@ -243,7 +269,9 @@ fn parse_request(app: &App, body: &Value, prompt: Vec<i64>) -> Result<Request, R
         return Err(bad(format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq), "prompt"));
     }
     let room = limits.max_seq - prompt.len();
-    let max_tokens = number(body, "max_tokens", 16f64.min(room as f64), 1.0..=f64::MAX)? as usize;
+    // `max_completion_tokens` is the chat API's newer name for it.
+    let limit_field = if body.get("max_completion_tokens").is_some_and(|v| !v.is_null()) { "max_completion_tokens" } else { "max_tokens" };
+    let max_tokens = number(body, limit_field, 16f64.min(room as f64), 1.0..=f64::MAX)? as usize;
     if max_tokens > room {
         return Err(bad(format!("max_tokens {max_tokens} does not fit: the prompt leaves {room} of {} positions", limits.max_seq), "max_tokens"));
     }

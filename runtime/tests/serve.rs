@@ -127,6 +127,27 @@ fn a_server_session() {
     }
     let (status, _) = server.call("POST", "/v1/chat/completions", r#"{"messages": "hi"}"#);
     assert_eq!(status, 400);
+    // Fields that would change the answer and are not done yet are refused
+    // by name, not ignored; their "not asked for" values are accepted.
+    for (field, value) in [("n", json!(2)), ("logprobs", json!(true)), ("echo", json!(true)), ("stop", json!(["t9"])), ("stream_options", json!({ "include_usage": true }))] {
+        let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
+        body[field] = value;
+        let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
+        assert!(status == 400 && response.contains(&format!("`{field}`")), "{field}: {status} {response}");
+    }
+    let accepted = json!({ "prompt": [1, 2], "max_tokens": 2, "n": 1, "logprobs": false, "echo": false, "stop": [], "stream_options": null, "temperature": 0 });
+    let (status, response) = server.call("POST", "/v1/completions", &accepted.to_string());
+    assert_eq!(status, 200, "{response}");
+    // Another model's name is a 404; the model's own name is fine.
+    let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "model": "gpt-4" }).to_string());
+    assert!(status == 404 && response.contains("gpt-4"), "{status} {response}");
+    let (_, models) = server.call("GET", "/v1/models", "");
+    let name = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
+    let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "max_tokens": 1, "model": name }).to_string());
+    assert_eq!(status, 200, "{response}");
+    // `max_completion_tokens` bounds the answer as `max_tokens` does.
+    let (status, response) = server.call("POST", "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": "t1" }], "max_completion_tokens": 1000 }).to_string());
+    assert_eq!(status, 400, "{response}");
 
     // A streaming client that goes away frees its row.
     for _ in 0..3 {
