@@ -231,10 +231,13 @@ struct Request {
     receiver: UnboundedReceiver<Update>,
 }
 
+/// Whether a field's value means "not asked for".
+type Unasked = fn(&Value) -> bool;
+
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, fn(&Value) -> bool); 8] = [
+const NOT_YET: [(&str, Unasked); 8] = [
     ("n", |v| v.as_f64() == Some(1.0)),
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("logprobs", |v| v == &Value::Bool(false)),
