@@ -246,16 +246,24 @@ fn held<B>(values: &Values<B>, at: usize) -> &B {
 fn describe(model: &Model, entry: &Entry, at: usize, error: NodeError) -> RunError {
     match error {
         NodeError::OutOfRange { value, position, size, source, .. } => {
-            let what = origin(model, entry, value.index()).unwrap_or_else(|| format!("v{}", value.0));
+            let what = origin(model, entry, value.index()).unwrap_or_else(|| match &entry.nodes[value.index()].source {
+                Some(place) => format!("the value of {place}"),
+                None => format!("v{}", value.0),
+            });
             let holder = source.and_then(|s| origin(model, entry, s.index())).filter(|o| o.starts_with("input"));
             let message = match holder {
-                Some(input) => format!("{input} holds {position}, outside 0..{size} (an axis of {what}) (at v{at})"),
-                None => format!("position {position} is outside 0..{size} (an axis of {what}) (at v{at})"),
+                Some(input) => format!("{input} holds {position}, outside 0..{size} (an axis of {what}){}", place(entry, at)),
+                None => format!("position {position} is outside 0..{size} (an axis of {what}){}", place(entry, at)),
             };
             RunError::OutOfRange { entry: entry.name.clone(), message }
         }
         NodeError::Check(message) => RunError::Assertion { entry: entry.name.clone(), message },
     }
+}
+
+/// Where node `at` was lowered from, for messages: `, read at FILE:LINE:COL`.
+fn place(entry: &Entry, at: usize) -> String {
+    entry.nodes[at].source.as_ref().map_or_else(|| format!(" (at v{at})"), |place| format!(", read at {place}"))
 }
 
 /// What a value is, for messages: an input, a parameter, a state.
