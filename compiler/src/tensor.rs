@@ -1,8 +1,9 @@
 //! Host tensors, the values of the backends that compute in host memory
 //! (the interpreter and the CPU) and what crosses the executor's boundary
-//! (inputs, outputs, parameters at load): a dtype, a row-major shape, and the elements. Floats of
-//! every width are held as f32 (a bf16 or f16 value is exact in f32), and
-//! integers as i64, so that one evaluator serves every dtype; the one
+//! (inputs, outputs, parameters at load): a dtype, a row-major shape, and
+//! the elements. Floats of every width are held as f32 (a bf16 or f16
+//! value is exact in f32), and integers as i64, so that one evaluator
+//! serves every dtype; the one
 //! exception is a bf16 parameter, held as its bf16 bits ([`holds_bits`]),
 //! which halves the memory weights take. Elements may be read where they
 //! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
