@@ -1,0 +1,99 @@
+//! The CPU backend's kernels against their rooflines, one figure per
+//! kernel family and instruction set, so that a regression shows as a
+//! number: matrix–vector products in GB/s of weights (decode streams them
+//! from memory), matrix products in GFLOP/s (prefill), attention and the
+//! gated delta rule in GFLOP/s. Shapes are the bench model's (H 2048,
+//! experts of width 512, 16 query heads of 256, 32 delta-rule heads of
+//! 128). Run with `cargo bench -p linnet-compiler --bench kernels`.
+
+use linnet_compiler::codegen::intrinsics;
+use linnet_compiler::codegen::matmul::{matmul_on, Isa};
+use linnet_compiler::ir::Intrinsic;
+use linnet_compiler::numerics::bf16_bits;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_compiler::tensor::{Data, Tensor};
+use std::time::Instant;
+
+/// The fastest of `runs` timings of `work`, in seconds.
+fn fastest(runs: usize, mut work: impl FnMut()) -> f64 {
+    work();
+    (0..runs).map(|_| {
+        let start = Instant::now();
+        work();
+        start.elapsed().as_secs_f64()
+    })
+    .fold(f64::INFINITY, f64::min)
+}
+
+/// Deterministic values in [-1, 1), exactly bf16.
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let value = (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            linnet_compiler::numerics::bf16_value(bf16_bits(value))
+        })
+        .collect()
+}
+
+fn matrix_kernels() {
+    // The output head's shape for decode: 248320 × 2048 is 1 GB; a tenth
+    // of it streams from memory just the same.
+    let (columns, depth) = (24832, 2048);
+    let weight: Vec<u16> = values(columns * depth, 1).into_iter().map(bf16_bits).collect();
+    for isa in Isa::available() {
+        let input = values(depth, 2);
+        let mut out = vec![0f32; columns];
+        let seconds = fastest(5, || matmul_on(isa, &input, &weight, &mut out, 1));
+        let gbs = (columns * depth * 2) as f64 / seconds / 1e9;
+        println!("matrix-vector bf16 {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of weights", isa.name());
+    }
+    // A prefill's projection: 512 rows through 2048 × 2048.
+    let (rows, columns, depth) = (512, 2048, 2048);
+    let weight: Vec<u16> = values(columns * depth, 3).into_iter().map(bf16_bits).collect();
+    let input = values(rows * depth, 4);
+    for isa in Isa::available() {
+        let mut out = vec![0f32; rows * columns];
+        let seconds = fastest(3, || matmul_on(isa, &input, &weight, &mut out, rows));
+        let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+        println!("matrix bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+    }
+}
+
+fn tensor(shape: Vec<usize>, seed: u64) -> Tensor {
+    let count = shape.iter().product();
+    Tensor::from_f32(Dtype::F32, shape, values(count, seed))
+}
+
+fn intrinsic_kernels() {
+    // Causal attention over a 512-token prefill, 16 query heads and 2
+    // key/value heads of 256.
+    let (heads, kv_heads, tokens, width) = (16, 2, 512, 256);
+    let (q, k, v) = (tensor(vec![1, heads, tokens, width], 5), tensor(vec![1, kv_heads, tokens, width], 6), tensor(vec![1, kv_heads, tokens, width], 7));
+    let scale = Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.0625]);
+    let mask = Tensor { dtype: Dtype::Bool, shape: vec![tokens, tokens], data: Data::Bool((0..tokens * tokens).map(|at| at % tokens <= at / tokens).collect()) };
+    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GroupedAttention, &[&q, &k, &v, &scale, &mask], q.shape.clone())));
+    let flops = 4.0 * (heads * width) as f64 * (tokens * (tokens + 1) / 2) as f64;
+    println!("attention 512 tokens, 16 heads of 256 (causal): {:6.1} GFLOP/s", flops / seconds / 1e9);
+    // The gated delta rule over a 512-token prefill: 32 value heads and 16
+    // key heads of 128.
+    let (key_heads, value_heads, dim) = (16, 32, 128);
+    let q = tensor(vec![1, tokens, key_heads, dim], 8);
+    let k = tensor(vec![1, tokens, key_heads, dim], 9);
+    let v = tensor(vec![1, tokens, value_heads, dim], 10);
+    let decay = Tensor::from_f32(Dtype::F32, vec![1, tokens, value_heads], vec![-0.1; tokens * value_heads]);
+    let beta = Tensor::from_f32(Dtype::F32, vec![1, tokens, value_heads], vec![0.5; tokens * value_heads]);
+    let state = tensor(vec![1, value_heads, dim, dim], 11);
+    let shape = vec![1, tokens + dim, value_heads, dim];
+    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GatedDeltaRule, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone())));
+    // Per token and head: decay, recall, update and read the state, 2 FLOPs each.
+    let flops = 8.0 * (tokens * value_heads * dim * dim) as f64;
+    println!("gated delta rule 512 tokens, 32 heads of 128: {:6.1} GFLOP/s", flops / seconds / 1e9);
+}
+
+fn main() {
+    println!("{} threads; instruction sets: {}", rayon::current_num_threads(), Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", "));
+    matrix_kernels();
+    intrinsic_kernels();
+}
