@@ -310,14 +310,27 @@ fn prompt_of(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
     }
 }
 
+/// A message's content: a string, or text parts (`[{"type": "text",
+/// "text": …}]`) joined; `None` for anything else (an image part, say).
+fn text_of(content: &Value) -> Option<String> {
+    match content {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|part| (part.get("type")?.as_str()? == "text").then(|| part.get("text")?.as_str().map(str::to_string)).flatten())
+            .collect(),
+        _ => None,
+    }
+}
+
 fn chat_prompt(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
     let Some(Value::Array(messages)) = body.get("messages") else {
         return Err(bad("`messages` must be an array of {role, content}", "messages"));
     };
     let mut turns = Vec::new();
     for message in messages {
-        match (message.get("role").and_then(Value::as_str), message.get("content").and_then(Value::as_str)) {
-            (Some(role), Some(content)) => turns.push((role.to_string(), content.to_string())),
+        match (message.get("role").and_then(Value::as_str), message.get("content").and_then(text_of)) {
+            (Some(role), Some(content)) => turns.push((role.to_string(), content)),
             _ => return Err(bad(format!("each message needs a string `role` and `content`, got {message}"), "messages")),
         }
     }
@@ -407,7 +420,9 @@ async fn complete(
 ) -> Response {
     let body = match body {
         Ok(Json(body)) => body,
-        Err(rejection) => return bad(format!("malformed request: {}", rejection.body_text()), "body"),
+        // 400 for bad JSON, 413 for a body over the limit, 415 without a
+        // JSON content type: the status the rejection carries.
+        Err(rejection) => return error(rejection.status(), format!("malformed request: {}", rejection.body_text()), Some("body")),
     };
     match prompt(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
         Ok(request) => respond(app, request, chat).await,

@@ -145,6 +145,10 @@ fn a_server_session() {
     let name = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
     let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "max_tokens": 1, "model": name }).to_string());
     assert_eq!(status, 200, "{response}");
+    // Content as text parts, as the chat API allows.
+    let parts = json!({ "messages": [{ "role": "user", "content": [{ "type": "text", "text": "t1" }, { "type": "text", "text": " t2" }] }], "max_tokens": 2 });
+    let (status, response) = server.call("POST", "/v1/chat/completions", &parts.to_string());
+    assert_eq!(status, 200, "{response}");
     // `max_completion_tokens` bounds the answer as `max_tokens` does.
     let (status, response) = server.call("POST", "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": "t1" }], "max_completion_tokens": 1000 }).to_string());
     assert_eq!(status, 400, "{response}");
