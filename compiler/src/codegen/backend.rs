@@ -60,7 +60,7 @@ impl Backend for Cpu {
             let failed = |node: Option<usize>, message: String| BuildError::new("cpu", entry, node, message);
             let compiled = match given.as_mut() {
                 Some(given) => given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?,
-                None => native::jit(entry, analysis).map_err(|(node, message)| failed(node, message))?,
+                None => native::jit(entry, analysis).map_err(|error| failed(error.node, error.message))?,
             };
             for (at, node) in entry.nodes.iter().enumerate() {
                 if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {
@@ -132,8 +132,8 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result
     let call = Call {
         kernel,
         target,
-        pointers: kernel.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect(),
-        table: kernel.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect(),
+        pointers: kernel.record.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect(),
+        table: kernel.record.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect(),
     };
     // An elementwise kernel's rows: its first two axes flattened when it
     // has three or more, else its first.
@@ -143,7 +143,7 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result
         [first, second, ..] => first * second,
     };
     let threads = rayon::current_num_threads();
-    let result = if kernel.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
+    let result = if kernel.record.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
         let chunk = rows.div_ceil(threads * 4);
         let faults: Vec<_> = (0..rows.div_ceil(chunk)).into_par_iter().map(|part| call.rows(part * chunk..((part + 1) * chunk).min(rows))).collect();
         faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
@@ -153,7 +153,7 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result
     match result {
         Ok(()) => Ok(out),
         Err(fault) => {
-            let load = &kernel.sites[fault.site];
+            let load = &kernel.record.sites[fault.site];
             let source = load.sources.get(fault.axis).copied().flatten();
             Err(NodeError::OutOfRange { value: load.value, axis: fault.axis, position: fault.position, size: fault.size, source })
         }

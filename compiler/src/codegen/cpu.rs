@@ -27,21 +27,28 @@ use cranelift_module::{FuncId, Linkage, Module};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// One compiled node: where its function is, the values it loads (in
-/// argument order), the dims it reads (in the order of its dims table)
-/// and its load sites (in the numbering of its error record).
-#[derive(Clone, Debug)]
-pub struct KernelDef {
+/// What a kernel needs at a call, from its definition to an artifact's
+/// manifest to the loader: its node and symbol, the values it loads (in
+/// argument order), the dims it reads (in the order of its dims table),
+/// its load sites (in the numbering of its error record), and whether it
+/// computes a given range of rows (an elementwise node with axes: its
+/// first two axes flattened when it has three or more, else its first),
+/// so that threads can share them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelRecord {
     pub node: usize,
     pub symbol: String,
-    pub func: FuncId,
     pub loads: Vec<Value>,
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
-    /// Whether it computes a given range of rows (an elementwise node with
-    /// axes: its first two axes flattened when it has three or more, else
-    /// its first), so that threads can share them.
     pub splits_rows: bool,
+}
+
+/// One compiled node: where its function is in the module, and its record.
+#[derive(Clone, Debug)]
+pub struct KernelDef {
+    pub func: FuncId,
+    pub record: KernelRecord,
 }
 
 /// A place where a kernel loads a value, checking each position: what an
@@ -795,7 +802,8 @@ fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
     out
 }
 
-/// The kernel signature: `fn(out, inputs, dims, helpers, error) -> status`.
+/// The kernel signature: `fn(out, inputs, dims, helpers, error,
+/// first_row, end_row) -> status` (`native::Kernel`).
 fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut signature = Signature::new(call_conv);
     signature.params.extend([AbiParam::new(types::I64); 7]);
@@ -849,7 +857,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             builder.seal_block(entry_block);
             let params = builder.block_params(entry_block).to_vec();
             let (out, inputs, dims_table, helpers, error) = (params[0], params[1], params[2], params[3], params[4]);
-            // The rows of the first axis to compute (elementwise nodes).
+            // The rows to compute (elementwise nodes; see `rows`).
             let (first_row, end_row) = (params[5], params[6]);
             let flags = MemFlagsData::trusted();
             let dims: HashMap<Dim, ClValue> =
@@ -906,7 +914,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         }
         module.define_function(id, &mut context).map_err(|e| (at, format!("Cranelift: {e:?}")))?;
         module.clear_context(&mut context);
-        defined.push(KernelDef { node: at, symbol, func: id, loads: loaded, dims: table, sites, splits_rows });
+        defined.push(KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } });
     }
     Ok(defined)
 }

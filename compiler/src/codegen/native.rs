@@ -5,18 +5,17 @@
 //! needs no relocations: the loader copies it into executable memory and
 //! refuses any file that has some, or that was built for another host.
 
-use super::cpu::{define_kernels, KernelDef, LoadSite};
+pub use super::cpu::KernelRecord;
+use super::cpu::define_kernels;
 use super::helpers;
 use crate::ir::analysis::Analysis;
-use crate::ir::{Entry, Model, Value};
-use crate::sema::dim::Dim;
+use crate::ir::{Entry, Model};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::default_libcall_names;
 use cranelift_object::{ObjectBuilder, ObjectModule};
 use object::{Object, ObjectSection, ObjectSymbol};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -33,40 +32,12 @@ pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *c
 /// does; an artifact of another version is rebuilt, not run.
 pub const ABI_VERSION: u32 = 7;
 
-/// What a kernel needs at a call, as an artifact records it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct KernelRecord {
-    pub node: usize,
-    pub symbol: String,
-    pub loads: Vec<Value>,
-    pub dims: Vec<Dim>,
-    pub sites: Vec<LoadSite>,
-    pub splits_rows: bool,
-}
-
-impl From<&KernelDef> for KernelRecord {
-    fn from(def: &KernelDef) -> KernelRecord {
-        KernelRecord {
-            node: def.node,
-            symbol: def.symbol.clone(),
-            loads: def.loads.clone(),
-            dims: def.dims.clone(),
-            sites: def.sites.clone(),
-            splits_rows: def.splits_rows,
-        }
-    }
-}
-
 /// Per entry, its kernels' records.
 pub type EntryKernels = std::collections::BTreeMap<String, Vec<KernelRecord>>;
 
 pub struct NativeKernel {
     pub function: Kernel,
-    pub loads: Vec<Value>,
-    pub dims: Vec<Dim>,
-    pub sites: Vec<LoadSite>,
-    /// It computes a given range of rows (see [`Kernel`]).
-    pub splits_rows: bool,
+    pub record: KernelRecord,
 }
 
 /// A load that fell outside its tensor, as a kernel reports it.
@@ -104,21 +75,20 @@ pub fn host_target() -> Result<String, String> {
     Ok(format!("{} [{}]", isa.triple(), features.join(" ")))
 }
 
-/// Why code could not be made: the node, if it is one node's fault.
-pub type CodegenError = (Option<usize>, String);
-
-/// Compiles every `Compute` node of `entry` in this process.
-pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodegenError> {
-    let builder = JITBuilder::with_isa(host_isa(false).map_err(|e| (None, e))?, default_libcall_names());
+/// Compiles every `Compute` node of `entry` in this process (an error
+/// names no entry: the caller knows it).
+pub fn jit(entry: &Entry, analysis: &Analysis) -> Result<Compiled, EmitError> {
+    let builder = JITBuilder::with_isa(host_isa(false).map_err(EmitError::whole)?, default_libcall_names());
     let mut module = JITModule::new(builder);
-    let defined = define_kernels(&mut module, entry, analysis, "").map_err(|(at, e)| (Some(at), e))?;
-    module.finalize_definitions().map_err(|e| (None, e.to_string()))?;
+    let defined = define_kernels(&mut module, entry, analysis, "").map_err(|(at, message)| EmitError { entry: None, node: Some(at), message })?;
+    module.finalize_definitions().map_err(EmitError::whole)?;
     let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
     for def in defined {
         let pointer = module.get_finalized_function(def.func);
         // SAFETY: the function was compiled above with the `Kernel` signature.
         let function = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
-        kernels[def.node] = Some(NativeKernel { function, loads: def.loads, dims: def.dims, sites: def.sites, splits_rows: def.splits_rows });
+        let node = def.record.node;
+        kernels[node] = Some(NativeKernel { function, record: def.record });
     }
     Ok(Compiled { _code: Box::new(module), kernels })
 }
@@ -148,7 +118,7 @@ pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, Ent
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
         let defined =
             define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_")).map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
-        records.insert(entry.name.clone(), defined.iter().map(KernelRecord::from).collect());
+        records.insert(entry.name.clone(), defined.into_iter().map(|def| def.record).collect());
     }
     let bytes = module.finish().emit().map_err(EmitError::whole)?;
     Ok((bytes, records))
@@ -184,13 +154,7 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
             // SAFETY: the symbol is a function in the copied text, compiled
             // with the `Kernel` signature by `emit_object` for this host.
             let function = unsafe { std::mem::transmute::<*const u8, Kernel>(memory.as_ptr().add(offset as usize)) };
-            kernels[record.node] = Some(NativeKernel {
-                function,
-                loads: record.loads.clone(),
-                dims: record.dims.clone(),
-                sites: record.sites.clone(),
-                splits_rows: record.splits_rows,
-            });
+            kernels[record.node] = Some(NativeKernel { function, record: record.clone() });
         }
         compiled.insert(entry.name.clone(), Compiled { _code: Box::new(Rc::clone(&memory)), kernels });
     }
@@ -205,7 +169,7 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
 /// `inputs` must point at the kernel's loads, `out` at room for the
 /// node's elements, and `dims` at the values of its dims table, all with
 /// the shapes and dtypes the kernel was compiled for; `rows` lies within
-/// the first axis.
+/// the node's rows (see [`Kernel`]).
 pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64], rows: std::ops::Range<usize>) -> Result<(), LoadFault> {
     let table = helpers::table();
     let mut error = [0i64; 4];
