@@ -25,15 +25,111 @@ fn f32r(value: f64) -> f64 {
     value as f32 as f64
 }
 
+/// The operands of `grouped_attention` and `grouped_attention_rows`,
+/// unpacked from their arguments (`q`, `k`, `v`, `scale`, `mask`): what
+/// every backend's attention reads.
+pub struct Attention<'t> {
+    pub q: &'t [f32],
+    pub k: &'t [f32],
+    pub v: &'t [f32],
+    pub scale: f32,
+    pub mask: &'t [bool],
+    /// The query's type, which the output is rounded to.
+    pub dtype: Dtype,
+    pub batch: usize,
+    pub heads: usize,
+    pub queries: usize,
+    pub width: usize,
+    pub kv_heads: usize,
+    pub keys: usize,
+}
+
+impl<'t> Attention<'t> {
+    pub fn of(args: &[&'t Tensor]) -> Attention<'t> {
+        let [batch, heads, queries, width] = args[0].shape[..] else { panic!("q is [B, Heads, Q, D]") };
+        let [_, kv_heads, keys, _] = args[1].shape[..] else { panic!("k is [B, KvHeads, K, D]") };
+        let Data::Bool(mask) = &args[4].data else { panic!("the mask is bool") };
+        Attention {
+            q: floats(args[0]),
+            k: floats(args[1]),
+            v: floats(args[2]),
+            scale: floats(args[3])[0],
+            mask,
+            dtype: args[0].dtype,
+            batch,
+            heads,
+            queries,
+            width,
+            kv_heads,
+            keys,
+        }
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
+/// The operands of `gated_delta_rule` (over a span of tokens) and
+/// `gated_delta_step` (one token, no S axis: the span form with S = 1),
+/// unpacked from their arguments (`q`, `k`, `v`, `decay`, `beta`, `state`,
+/// `scale`): what every backend's delta rule reads. The output has `rows()`
+/// rows per batch row: the tokens' outputs, then the final state.
+pub struct DeltaRule<'t> {
+    pub q: &'t [f32],
+    pub k: &'t [f32],
+    pub v: &'t [f32],
+    pub decay: &'t [f32],
+    pub beta: &'t [f32],
+    pub state: &'t [f32],
+    pub scale: f32,
+    pub batch: usize,
+    pub tokens: usize,
+    pub key_heads: usize,
+    pub key_dim: usize,
+    pub value_heads: usize,
+    pub value_dim: usize,
+}
+
+impl<'t> DeltaRule<'t> {
+    pub fn of(intrinsic: Intrinsic, args: &[&'t Tensor]) -> DeltaRule<'t> {
+        let last = |t: &Tensor, back: usize| t.shape[t.shape.len() - back];
+        let tokens = if intrinsic == Intrinsic::GatedDeltaRule { args[0].shape[1] } else { 1 };
+        DeltaRule {
+            q: floats(args[0]),
+            k: floats(args[1]),
+            v: floats(args[2]),
+            decay: floats(args[3]),
+            beta: floats(args[4]),
+            state: floats(args[5]),
+            scale: floats(args[6])[0],
+            batch: args[0].shape[0],
+            tokens,
+            key_heads: last(args[0], 2),
+            key_dim: last(args[0], 1),
+            value_heads: last(args[2], 2),
+            value_dim: last(args[2], 1),
+        }
+    }
+
+    /// Value heads per key head.
+    pub fn group(&self) -> usize {
+        self.value_heads / self.key_heads
+    }
+
+    /// Output rows per batch row: one per token, then the state's.
+    pub fn rows(&self) -> usize {
+        self.tokens + self.key_dim
+    }
+}
+
 /// `grouped_attention` (mask `[Q, K]`) and `grouped_attention_rows` (mask
 /// `[B, 1, K]`), as their Linnet bodies compute them.
 pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
-    let (q, k, v, scale, mask) = (args[0], args[1], args[2], floats(args[3])[0] as f64, args[4]);
-    let [batch, heads, queries, width] = q.shape[..] else { panic!("q is [B, Heads, Q, D]") };
-    let [_, kv_heads, keys, _] = k.shape[..] else { panic!("k is [B, KvHeads, K, D]") };
-    let Data::Bool(mask) = &mask.data else { panic!("the mask is bool") };
-    let (qf, kf, vf) = (floats(q), floats(k), floats(v));
-    let group = heads / kv_heads;
+    let operands = Attention::of(args);
+    let Attention { q: qf, k: kf, v: vf, mask, dtype, batch, heads, queries, width, kv_heads, keys, .. } = operands;
+    let (scale, group) = (f64::from(operands.scale), operands.group());
     let mut out = vec![0f32; batch * heads * queries * width];
     let mut weights = Vec::with_capacity(keys);
     let mut admitted = Vec::with_capacity(keys);
@@ -73,12 +169,12 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                         let v_at = ((b * kv_heads + kv) * keys + j) * width + d;
                         sum += f32r(weight * vf[v_at] as f64);
                     }
-                    out[q_at + d] = round(f32r(sum), q.dtype) as f32;
+                    out[q_at + d] = round(f32r(sum), dtype) as f32;
                 }
             }
         }
     }
-    Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out.into()) }
+    Tensor { dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 
 /// The keys mask row `row` admits, into `admitted`; when it admits none,
@@ -171,21 +267,11 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {}
         writer => unreachable!("{} runs through write_cache", writer.name()),
     }
-    // The one-token form is the span form with S = 1 and no S axis.
-    let (batch, tokens) = match intrinsic {
-        Intrinsic::GatedDeltaRule => (args[0].shape[0], args[0].shape[1]),
-        _ => (args[0].shape[0], 1),
-    };
-    let key_heads = args[0].shape[args[0].shape.len() - 2];
-    let key_dim = args[0].shape[args[0].shape.len() - 1];
-    let value_heads = args[2].shape[args[2].shape.len() - 2];
-    let value_dim = args[2].shape[args[2].shape.len() - 1];
-    let (q, k, v) = (floats(args[0]), floats(args[1]), floats(args[2]));
-    let (decay, beta, state) = (floats(args[3]), floats(args[4]), floats(args[5]));
-    let scale = floats(args[6])[0] as f64;
-    let group = value_heads / key_heads;
+    let operands = DeltaRule::of(intrinsic, args);
+    let DeltaRule { q, k, v, decay, beta, state, batch, tokens, key_heads, key_dim, value_heads, value_dim, .. } = operands;
+    let (scale, group) = (f64::from(operands.scale), operands.group());
     let mut out = vec![0f32; shape.iter().product()];
-    let rows = tokens + key_dim;
+    let rows = operands.rows();
     for b in 0..batch {
         for h in 0..value_heads {
             let kh = h / group;

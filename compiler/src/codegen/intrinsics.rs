@@ -7,15 +7,12 @@
 //! Cache writes copy rows and are the interpreter's own (`crate::intrinsics`).
 
 use super::matmul::Isa;
+use crate::intrinsics::{Attention, DeltaRule};
 use crate::ir::Intrinsic;
 use crate::numerics::round;
 use crate::sema::ty::Dtype;
 use crate::tensor::{Data, Tensor};
 use rayon::prelude::*;
-
-fn floats(tensor: &Tensor) -> &[f32] {
-    tensor.as_f32().expect("the intrinsics take float tensors held as f32")
-}
 
 /// An output written by many threads, each at its own elements.
 struct Shared(*mut f32);
@@ -74,18 +71,9 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
 /// one task per (batch row, value head): the state decays, recalls,
 /// learns and is read, token by token, in f32.
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
-    let (batch, tokens) = match intrinsic {
-        Intrinsic::GatedDeltaRule => (args[0].shape[0], args[0].shape[1]),
-        _ => (args[0].shape[0], 1),
-    };
-    let last = |t: &Tensor, back: usize| t.shape[t.shape.len() - back];
-    let (key_heads, key_dim) = (last(args[0], 2), last(args[0], 1));
-    let (value_heads, value_dim) = (last(args[2], 2), last(args[2], 1));
-    let (q, k, v) = (floats(args[0]), floats(args[1]), floats(args[2]));
-    let (decay, beta, state) = (floats(args[3]), floats(args[4]), floats(args[5]));
-    let scale = floats(args[6])[0];
-    let group = value_heads / key_heads;
-    let rows = tokens + key_dim;
+    let operands = DeltaRule::of(intrinsic, args);
+    let DeltaRule { q, k, v, decay, beta, state, scale, batch, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
+    let (group, rows) = (operands.group(), operands.rows());
     let mut out = vec![0f32; shape.iter().product()];
     let target = Shared(out.as_mut_ptr());
     (0..batch * value_heads).into_par_iter().for_each(|task| {
@@ -143,13 +131,9 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tens
 /// admits none, as the Linnet body computes), a softmax, and the weighted
 /// values, rounded to the query's type.
 fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
-    let (q, k, v, scale, mask) = (args[0], args[1], args[2], floats(args[3])[0], args[4]);
-    let [batch, heads, queries, width] = q.shape[..] else { panic!("q is [B, Heads, Q, D]") };
-    let [_, kv_heads, keys, _] = k.shape[..] else { panic!("k is [B, KvHeads, K, D]") };
-    let Data::Bool(mask) = &mask.data else { panic!("the mask is bool") };
-    let (qf, kf, vf) = (floats(q), floats(k), floats(v));
-    let group = heads / kv_heads;
-    let dtype = q.dtype;
+    let operands = Attention::of(args);
+    let Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch, heads, queries, width, kv_heads, keys } = operands;
+    let group = operands.group();
     let mut out = vec![0f32; batch * heads * queries * width];
     let target = Shared(out.as_mut_ptr());
     (0..batch * heads).into_par_iter().for_each(|task| {
@@ -187,7 +171,7 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
             }
         })
     });
-    Tensor { dtype: q.dtype, shape: q.shape.clone(), data: Data::F32(out.into()) }
+    Tensor { dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 
 /// A dot product in sixteen partial sums (so that it vectorizes).
