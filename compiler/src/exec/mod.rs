@@ -149,7 +149,12 @@ impl<B: Backend> Executor<B> {
         let mut writes = Vec::new();
         for (at, node) in entry.nodes.iter().enumerate() {
             let started = self.profile.is_some().then(std::time::Instant::now);
-            let shape = shape_value(&node.shape, &dims);
+            // Only nodes a backend runs need their shape (no allocation for
+            // the others: parameters, states, effects).
+            let shape = match node.kind {
+                NodeKind::Compute(_) | NodeKind::Intrinsic(..) => shape_value(&node.shape, &dims),
+                _ => Vec::new(),
+            };
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
             let failed = |error: NodeError| describe(&self.model, entry, at, error);
             let value = match &node.kind {
@@ -193,11 +198,11 @@ impl<B: Backend> Executor<B> {
                     Some(Rc::new(self.backend.intrinsic(site, *intrinsic, &args).map_err(failed)?))
                 }
                 NodeKind::WriteState(k, value) => {
-                    let written = held(&values, value.index());
+                    let written = values[value.index()].as_ref().expect("a value is read only while it is live");
                     // A state holds floats as f32, even when it takes a
                     // parameter's value (held as bf16 bits).
                     let holds_bits = crate::tensor::holds_bits(&entry.nodes[value.index()]);
-                    writes.push((*k, if holds_bits { Rc::new(self.backend.copy(written)) } else { Rc::clone(values[value.index()].as_ref().expect("live")) }));
+                    writes.push((*k, if holds_bits { Rc::new(self.backend.copy(written)) } else { Rc::clone(written) }));
                     None
                 }
                 NodeKind::Assert(value, message) => {
