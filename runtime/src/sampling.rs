@@ -64,9 +64,8 @@ impl Sampling {
         Ok(())
     }
 
-    /// The next token after `history`, from one row of logits.
-    /// The next token from one row of logits (check them first with
-    /// [`not_a_number`]).
+    /// The next token after `history`, from one row of logits (check them
+    /// first with [`not_a_number`]).
     pub fn choose(&self, logits: &[f32], history: &[i64], rng: &mut Rng) -> i64 {
         let mut scores: Vec<f64> = logits.iter().map(|&l| l as f64).collect();
         if self.repetition_penalty != 1.0 {

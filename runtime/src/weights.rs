@@ -5,8 +5,7 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
-use linnet_compiler::tensor::{Elements, Floats};
-use linnet_compiler::tensor::{Data, Tensor};
+use linnet_compiler::tensor::{Data, Elements, Floats, Tensor};
 use linnet_compiler::ir::Model;
 use linnet_compiler::sema::ty::Dtype;
 use memmap2::Mmap;
