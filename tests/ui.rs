@@ -4,7 +4,7 @@
 //! code at the right line, and renders as its snapshot; no source, however
 //! broken, makes the checker panic.
 
-use linnet_compiler::driver::{check_package, Checked};
+use linnet_compiler::driver::{check_package, lower_package, Checked};
 use linnet_compiler::package::LoadOptions;
 use linnet_tests::{annotations, difference, render, reported, root, snapshot};
 use serde::Deserialize;
@@ -169,6 +169,43 @@ fn truncated_sources_never_panic() {
             let overlay = HashMap::from([(path.clone(), text[..cut].to_string())]);
             let checked = check_package(&dir, &LoadOptions { overlay, ..options() });
             assert!(cut == text.len() || !checked.diagnostics.is_empty() || module == "rope" && cut == 0);
+        }
+    }
+}
+
+/// `RmsNorm.forward`'s first line with its operand `cast<f32>(x)` wrapped
+/// `levels` times by one way of nesting.
+fn deeply_nested(shape: &str, levels: usize) -> HashMap<PathBuf, String> {
+    let operand = "cast<f32>(x)";
+    let nested = match shape {
+        "negations" => format!("{}{operand}", "- ".repeat(levels)),
+        "parentheses" => format!("{}{operand}{}", "(".repeat(levels), ")".repeat(levels)),
+        "casts" => format!("{}{operand}{}", "cast<f32>(".repeat(levels), ")".repeat(levels)),
+        "sum" => format!("{operand}{}", " + 0.0".repeat(levels)),
+        other => panic!("no shape {other}"),
+    };
+    let path = model_dir().join("src/norm.linnet");
+    let text = std::fs::read_to_string(&path).expect("readable");
+    let line = "        let xf = cast<f32>(x)\n";
+    assert_eq!(text.matches(line).count(), 2, "both norms start with this line");
+    HashMap::from([(path, text.replacen(line, &format!("        let xf = {nested} //~ ERROR nesting-too-deep\n"), 1))])
+}
+
+/// Ten thousand levels of any kind of nesting are one diagnostic at their
+/// line (not a stack overflow, nor a cascade); just under the bound, the
+/// package checks and lowers on a test thread's 2 MiB stack, unoptimized.
+#[test]
+fn nesting_is_bounded_with_a_diagnostic() {
+    for (shape, levels_below_bound) in [("negations", 240), ("parentheses", 120), ("casts", 60), ("sum", 240)] {
+        let overlay = deeply_nested(shape, 10_000);
+        let expected: Vec<_> = overlay.iter().flat_map(|(path, text)| annotations(path, text)).collect();
+        let checked = check_package(&model_dir(), &LoadOptions { overlay, ..options() });
+        assert_eq!(difference(expected, reported(&checked)), None, "{shape}:\n{}", render(&checked));
+
+        let overlay = deeply_nested(shape, levels_below_bound);
+        let lowered = lower_package(&model_dir(), &LoadOptions { overlay, ..options() });
+        if let Err(checked) = lowered {
+            panic!("{shape} at {levels_below_bound} levels:\n{}", render(&checked));
         }
     }
 }

@@ -22,7 +22,7 @@ fn is_closer(token: &Token) -> bool {
 }
 
 /// Keywords that only start a statement or an item.
-fn starts_statement(token: &Token) -> bool {
+pub(super) fn starts_statement(token: &Token) -> bool {
     matches!(
         token,
         Token::Let

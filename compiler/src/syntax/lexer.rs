@@ -116,12 +116,16 @@ pub enum Token {
     Dot,
     #[token("->")]
     Arrow,
+    /// Never lexed: stands for an expression the nesting bound removed
+    /// (already reported); it parses as an error expression.
+    Elided,
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = match self {
             Token::Comment(_) => "comment",
+            Token::Elided => "an elided expression",
             Token::Ident(name) => return write!(f, "`{name}`"),
             Token::Int(text) | Token::Float(text) => return write!(f, "`{text}`"),
             Token::Str(text) => return write!(f, "\"{text}\""),

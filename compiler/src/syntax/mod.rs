@@ -5,6 +5,7 @@ pub mod ast;
 mod delimiters;
 pub mod format;
 pub mod lexer;
+mod nesting;
 pub mod parser;
 
 use crate::diagnostic::Diagnostic;
@@ -15,6 +16,7 @@ pub fn parse_module(file: FileId, text: &str, diagnostics: &mut Vec<Diagnostic>)
     let lexed = lexer::lex(file, text, &mut syntax_errors);
     let end = Span::new(file, text.len()..text.len());
     let tokens = delimiters::balance(lexed.tokens, end, &mut syntax_errors);
+    let tokens = nesting::bound(tokens, &mut syntax_errors);
     let module = parser::parse(file, text, tokens, &lexed.comments, &mut syntax_errors);
     // Recovery retries a statement from several places; one mistake
     // gets one report: the first on its line.

@@ -255,6 +255,7 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
                 Token::True => ExprKind::Bool(true),
                 Token::False => ExprKind::Bool(false),
                 Token::Str(text) => ExprKind::Str(text),
+                Token::Elided => ExprKind::Error,
                 found => return Err(Simple::expected_input_found(span, Vec::new(), Some(found))),
             };
             Ok(Expr { kind, span })
@@ -341,17 +342,20 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
             .labelled("an expression")
             .boxed();
 
+        // `a`, `a:b`, `a:`, `:b` or `:`, each parsed once: trying a range
+        // and then a position would parse `a` twice, and twice again at
+        // every level of `x[x[x[…]]]`.
         let index_item = choice((
             just(Token::Star).ignore_then(ident()).map(IndexItem::Variadic),
             expr.clone()
                 .or_not()
-                .then_ignore(just(Token::Colon))
-                .then(expr.clone().or_not())
-                .map_with_span(|(lo, hi), span| match (lo, hi) {
-                    (None, None) => IndexItem::Full(span),
-                    (lo, hi) => IndexItem::Range(lo, hi, span),
+                .then(just(Token::Colon).ignore_then(expr.clone().or_not()).or_not())
+                .try_map(|(lo, range), span| match (lo, range) {
+                    (Some(at), None) => Ok(IndexItem::At(at)),
+                    (None, None) => Err(Simple::custom(span, "expected an index")),
+                    (None, Some(None)) => Ok(IndexItem::Full(span)),
+                    (lo, Some(hi)) => Ok(IndexItem::Range(lo, hi, span)),
                 }),
-            expr.clone().map(IndexItem::At),
         ));
         let index_suffix = index_item
             .separated_by(just(Token::Comma))
