@@ -13,6 +13,7 @@
 //! artifact of another format, ABI or host is refused with a message, never
 //! run.
 
+use crate::sema::footprint::human_bytes;
 use crate::codegen::native::{self, Compiled};
 use crate::exec::BuildError;
 use crate::ir::analysis::Analysis;
@@ -106,27 +107,16 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     pub fn describe(&self) -> String {
         let mut lines = vec![
-            format!("weights: {} ({} bytes)", human_bytes(self.weight_bytes), self.weight_bytes),
-            format!("states:  {} ({} bytes)", human_bytes(self.state_bytes), self.state_bytes),
+            format!("weights: {} ({} bytes)", human_bytes(self.weight_bytes as u128), self.weight_bytes),
+            format!("states:  {} ({} bytes)", human_bytes(self.state_bytes as u128), self.state_bytes),
         ];
         let at: Vec<String> = self.at.iter().map(|(name, value)| format!("{name}={value}")).collect();
         for (entry, peak) in &self.peak_scratch {
-            let peak = peak.map_or_else(|| "unknown (give its dims in [check])".to_string(), |bytes| format!("{} ({bytes} bytes)", human_bytes(bytes)));
+            let peak = peak.map_or_else(|| "unknown (give its dims in [check])".to_string(), |bytes| format!("{} ({bytes} bytes)", human_bytes(bytes as u128)));
             lines.push(format!("scratch: {entry} at {}: {peak}", at.join(", ")));
         }
         lines.join("\n")
     }
-}
-
-pub fn human_bytes(bytes: usize) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", units[unit]) }
 }
 
 /// This build of the compiler: its version and a hash of its sources.

@@ -32,7 +32,7 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
         .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape `{shape_text}`")))
         .collect::<Result<_, _>>()?;
     let body = &bytes[start + header_len..];
-    let count: usize = shape.iter().product();
+    let count = shape.iter().try_fold(1usize, |count, axis| count.checked_mul(*axis));
     let (dtype, width) = match descr {
         "<f4" => (Dtype::F32, 4),
         "<f2" => (Dtype::F16, 2),
@@ -41,7 +41,8 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
         "|b1" => (Dtype::Bool, 1),
         other => return Err(format!("unsupported dtype `{other}` (use float32, float16, int32, int64 or bool)")),
     };
-    if body.len() < count * width {
+    let count = count.filter(|count| count.checked_mul(width).is_some()).ok_or_else(|| format!("shape `({shape_text})` has more elements than memory can hold"))?;
+    if body.len() / width < count {
         return Err(format!("truncated: {} bytes of data for {count} elements of {width} bytes", body.len()));
     }
     let chunks = body.chunks_exact(width).take(count);
@@ -104,5 +105,17 @@ mod tests {
         let mut bytes = write(&Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4]));
         bytes.truncate(bytes.len() - 3);
         assert!(read(&bytes).unwrap_err().contains("truncated"));
+    }
+
+    /// A crafted header whose shape product wraps around 64 bits.
+    #[test]
+    fn rejects_a_shape_that_overflows() {
+        let bytes = write(&Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4]));
+        let mut fixed = bytes.clone();
+        let header = String::from_utf8_lossy(&bytes[10..10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize]).to_string();
+        let padded = format!("{:<width$}", header.trim_end().replace("(4,)", "(4294967296, 4294967296, 16)"), width = header.len() - 1) + "\n";
+        assert_eq!(padded.len(), header.len());
+        fixed[10..10 + header.len()].copy_from_slice(padded.as_bytes());
+        assert!(read(&fixed).unwrap_err().contains("more elements than memory"), "{:?}", read(&fixed));
     }
 }

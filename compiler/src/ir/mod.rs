@@ -333,19 +333,11 @@ impl Model {
     }
 
     pub fn param_bytes(&self) -> usize {
-        self.params.iter().map(|p| p.shape.iter().product::<usize>() * dtype_bytes(p.dtype)).sum()
+        self.params.iter().map(|p| p.shape.iter().product::<usize>() * p.dtype.bytes()).sum()
     }
 
     pub fn state_bytes(&self) -> usize {
-        self.states.iter().map(|s| s.shape.iter().product::<usize>() * dtype_bytes(s.dtype)).sum()
+        self.states.iter().map(|s| s.shape.iter().product::<usize>() * s.dtype.bytes()).sum()
     }
 }
 
-pub fn dtype_bytes(dtype: Dtype) -> usize {
-    match dtype {
-        Dtype::Bf16 | Dtype::F16 => 2,
-        Dtype::F32 | Dtype::I32 => 4,
-        Dtype::I64 => 8,
-        Dtype::Bool => 1,
-    }
-}

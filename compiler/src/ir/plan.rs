@@ -4,7 +4,7 @@
 //! states, which are counted apart), and which values are hoisted:
 //! computed once per loaded model rather than per call.
 
-use super::{dtype_bytes, Entry, Model, NodeKind, Scalar, Value};
+use super::{Entry, Model, NodeKind, Scalar, Value};
 use crate::sema::dim::{Atom, Symbol};
 use std::collections::HashMap;
 
@@ -45,7 +45,8 @@ pub fn last_reads(entry: &Entry) -> Vec<usize> {
 }
 
 /// The peak bytes of inputs and computed values alive at once, freeing
-/// each value after its last read; `None` if `dims` leave a shape unknown.
+/// each value after its last read; `None` if `dims` leave a shape unknown
+/// or the count overflows.
 pub fn peak_scratch(entry: &Entry, dims: &HashMap<Symbol, i64>) -> Option<usize> {
     let size = |at: usize| -> Option<usize> {
         let node = &entry.nodes[at];
@@ -57,7 +58,7 @@ pub fn peak_scratch(entry: &Entry, dims: &HashMap<Symbol, i64>) -> Option<usize>
             });
             count = count.checked_mul(usize::try_from(value.ok()?).ok()?)?;
         }
-        Some(count * dtype_bytes(node.dtype))
+        count.checked_mul(node.dtype.bytes())
     };
     let last = last_reads(entry);
     let mut live = 0usize;
@@ -72,7 +73,7 @@ pub fn peak_scratch(entry: &Entry, dims: &HashMap<Symbol, i64>) -> Option<usize>
     for (at, node) in entry.nodes.iter().enumerate() {
         let held = !matches!(node.kind, NodeKind::Param(_) | NodeKind::State(_) | NodeKind::WriteState(..) | NodeKind::Assert(..));
         if held && !in_place(&node.kind) {
-            live += size(at)?;
+            live = live.checked_add(size(at)?)?;
         }
         peak = peak.max(live);
         for value in reads(&node.kind) {

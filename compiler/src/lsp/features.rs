@@ -95,7 +95,7 @@ pub fn concrete(checked: &Checked, ty: &Ty) -> Option<String> {
         _ => return None,
     };
     let count: i64 = shape.iter().product();
-    let width = crate::ir::dtype_bytes(dtype) as i64;
+    let width = dtype.bytes() as i64;
     let shape: Vec<String> = shape.iter().map(ToString::to_string).collect();
     Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), bytes(count * width)))
 }

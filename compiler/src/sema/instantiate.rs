@@ -40,7 +40,8 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
     let Some((root, values)) = root_instance(program, diagnostics) else { return };
     check_clauses(&program.blocks[root].clauses, &values, diagnostics);
     check_entries(program, root, nest, &values, diagnostics);
-    if let (Some(bindings), true) = (&program.package.bindings, source_is_sound) {
+    let within_limits = source_is_sound && super::footprint::check(program, root, &values, diagnostics);
+    if let (Some(bindings), true) = (&program.package.bindings, within_limits) {
         check_bindings(program, root, &values, bindings, diagnostics);
     }
 }
@@ -126,7 +127,8 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
         values.spans.insert(generic.name.clone(), entry.value_span);
     }
     for generic in &block.generics {
-        let given = values.dims.contains_key(&generic.name) || values.elems.contains_key(&generic.name);
+        // A value given but refused above is not missing as well.
+        let given = values.spans.contains_key(&generic.name);
         match (&generic.default, given) {
             (_, true) => {}
             (Some(super::ty::Elem::Known(dtype)), false) => {

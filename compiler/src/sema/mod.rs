@@ -8,6 +8,7 @@ pub mod body;
 mod builtins;
 pub mod dim;
 pub mod facts;
+pub mod footprint;
 pub mod instantiate;
 pub mod program;
 mod suggest;

@@ -19,6 +19,16 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// The bytes one element takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::I64 => 8,
+            Dtype::Bool => 1,
+        }
+    }
+
     pub fn parse(name: &str) -> Option<Dtype> {
         Some(match name {
             "bf16" => Dtype::Bf16,
