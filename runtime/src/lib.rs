@@ -4,6 +4,7 @@
 //! interpreter. All file IO of running a model is here.
 
 pub mod bench;
+pub mod experts;
 pub mod cache;
 pub mod generate;
 pub mod init;
@@ -37,8 +38,9 @@ pub enum Backend {
 /// Where the parameters come from.
 #[derive(Clone, Debug)]
 pub enum Weights {
-    /// A checkpoint folder; `None` looks in the Hugging Face cache.
-    Checkpoint(Option<PathBuf>),
+    /// A checkpoint folder (`None` looks in the Hugging Face cache), and
+    /// what to do with NaN or infinite weights in it.
+    Checkpoint { dir: Option<PathBuf>, non_finite: weights::NonFinite },
     /// Drawn in memory from a seeded generator.
     Random(u64),
 }
@@ -90,10 +92,10 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
     let Artifact { manifest, model } = &built;
     let params = match weights {
         Weights::Random(seed) => random::params(model, *seed),
-        Weights::Checkpoint(given) => {
+        Weights::Checkpoint { dir: given, non_finite } => {
             let source = &manifest.weights;
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
-            let params = weights::load(model, &built.bindings(), &found, &source.files).map_err(|problems| {
+            let params = weights::load(model, &built.bindings(), &found, &source.files, *non_finite).map_err(|problems| {
                 format!("the weights in {} do not fit `{}`:\n  {}", found.display(), model.name, problems.join("\n  "))
             })?;
             let text = text::TextModel::load(&found)?;

@@ -8,6 +8,7 @@ use linnet_compiler::tensor::{Data, Tensor};
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::sampling::{Rng, Sampling};
+use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{bench, generate, npy, Loaded, Weights};
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ struct Model {
     /// The checkpoint folder; else the Hugging Face cache at the card's repo.
     #[arg(long, conflicts_with = "random_weights")]
     weights: Option<PathBuf>,
+    /// Refuse a checkpoint holding NaN or infinite weights (without it,
+    /// each such tensor is named on stderr and loading goes on).
+    #[arg(long, conflicts_with = "random_weights")]
+    strict: bool,
     /// Parameters drawn at random from this seed instead of a checkpoint.
     #[arg(long, value_name = "SEED")]
     random_weights: Option<u64>,
@@ -175,7 +180,10 @@ fn options(model: &Model) -> LoadOptions {
 fn load(model: &Model) -> Result<Loaded, String> {
     let weights = match model.random_weights {
         Some(seed) => Weights::Random(seed),
-        None => Weights::Checkpoint(model.weights.clone()),
+        None => Weights::Checkpoint {
+            dir: model.weights.clone(),
+            non_finite: if model.strict { NonFinite::Refuse } else { NonFinite::Warn },
+        },
     };
     let backend = match model.backend {
         BackendArg::Cpu => linnet_runtime::Backend::Cpu,

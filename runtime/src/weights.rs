@@ -109,13 +109,67 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
     }
 }
 
+/// How many elements of a little-endian float tensor are NaN or infinite,
+/// and the first one's flat index; `None` when all are finite.
+fn non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, usize)> {
+    use rayon::prelude::*;
+    let (width, exponent): (usize, u32) = match dtype {
+        Dtype::Bf16 => (2, 0x7f80),
+        Dtype::F16 => (2, 0x7c00),
+        _ => (4, 0x7f80_0000),
+    };
+    let bad = |c: &[u8]| {
+        let bits = if width == 2 { u32::from(u16::from_le_bytes([c[0], c[1]])) } else { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) };
+        bits & exponent == exponent
+    };
+    let count: usize = bytes.par_chunks(width << 20).map(|block| block.chunks_exact(width).filter(|c| bad(c)).count()).sum();
+    (count > 0).then(|| (count, bytes.chunks_exact(width).position(bad).expect("one was counted")))
+}
+
+/// What the loader does with NaN or infinite weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonFinite {
+    /// Each tensor holding any is named on stderr; loading goes on.
+    Warn,
+    /// Each tensor holding any is a problem: the checkpoint is refused.
+    Refuse,
+}
+
+/// One checkpoint tensor as the safetensors header describes it.
+struct Stored<'a> {
+    name: String,
+    file: &'a Path,
+    view: safetensors::tensor::TensorView<'a>,
+}
+
+impl Stored<'_> {
+    fn describe(&self) -> String {
+        format!("tensor `{}` in {}", self.name, self.file.display())
+    }
+
+    /// NaN or infinite values, as a sentence.
+    fn non_finite(&self) -> Option<String> {
+        let dtype = dtype_of(self.view.dtype())?;
+        let (count, first) = non_finite(dtype, self.view.data())?;
+        Some(format!("{} holds {count} NaN or infinite value(s), the first at flat index {first}", self.describe()))
+    }
+}
+
 /// Every parameter of `model`, read from the checkpoint in `dir` through
 /// `bindings` (parameter path → tensor name). Tensors no binding names are
 /// ignored. f32 and bf16 tensors are used where they lie in the mapped
 /// file (bf16 parameters are held as bits); f16 ones are widened to f32,
-/// as is a tensor not aligned for its type.
+/// as is a tensor not aligned for its type, and fused expert tensors the
+/// checkpoint stores per expert are stacked (see [`crate::experts`]).
+/// NaN or infinite weights are named on stderr, or refused (`non_finite`).
 /// Errors list every problem found.
-pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_files: &[String]) -> Result<Vec<Tensor>, Vec<String>> {
+pub fn load(
+    model: &Model,
+    bindings: &HashMap<String, String>,
+    dir: &Path,
+    card_files: &[String],
+    non_finite: NonFinite,
+) -> Result<Vec<Tensor>, Vec<String>> {
     let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e])?;
     let mut problems = Vec::new();
     let mut maps = Vec::new();
@@ -155,49 +209,104 @@ pub fn load(model: &Model, bindings: &HashMap<String, String>, dir: &Path, card_
     let mut mapped = 0usize;
     let progress = indicatif::ProgressBar::new(model.params.len() as u64).with_message("loading weights");
     tracing::info!(files = files.len(), params = model.params.len(), dir = %dir.display(), "loading weights");
+    let stored = |name: &str| {
+        let (file, _, tensors) = &parsed[*holder.get(name)?];
+        Some(Stored { name: name.to_string(), file, view: tensors.tensor(name).ok()? })
+    };
+    let mut unfinite = Vec::new();
     for param in &model.params {
         progress.inc(1);
         let Some(name) = bindings.get(&param.path) else {
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
             continue;
         };
-        let Some(&file) = holder.get(name) else {
+        let parts = stored(name).map(|tensor| vec![vec![tensor]]).or_else(|| {
+            let experts = crate::experts::per_expert_parts(name, *param.shape.first()?)?;
+            experts.iter().map(|parts| parts.iter().map(|part| stored(part)).collect::<Option<Vec<_>>>()).collect::<Option<Vec<_>>>()
+        });
+        let Some(parts) = parts else {
             if problems.iter().all(|p| !p.contains("corrupt")) {
                 problems.push(format!("parameter `{}`: the checkpoint has no tensor `{name}`", param.path));
             }
             continue;
         };
-        let (file_path, map, tensors) = &parsed[file];
-        let view = tensors.tensor(name).expect("listed by the file");
-        let shape = view.shape().to_vec();
-        let dtype = dtype_of(view.dtype());
-        let mut wrong = Vec::new();
-        if shape != param.shape {
-            wrong.push(format!("shape {shape:?}, expected {:?}", param.shape));
-        }
-        if dtype != Some(param.dtype) {
-            wrong.push(format!("dtype {:?}, expected {}", view.dtype(), param.dtype.name()));
-        }
-        if !wrong.is_empty() {
-            problems.push(format!("parameter `{}`: tensor `{name}` in {} has {}", param.path, file_path.display(), wrong.join(" and ")));
-            continue;
-        }
-        let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
-        let bytes = || Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
-        let in_place = match param.dtype {
-            Dtype::F32 => Floats::mapped(bytes(), offset, view.data().len() / 4).map(Data::F32),
-            Dtype::Bf16 => Elements::mapped(bytes(), offset, view.data().len() / 2).map(Data::Bf16),
-            _ => None,
+        unfinite.extend(parts.iter().flatten().filter_map(|part| part.non_finite().map(|found| format!("parameter `{}`: {found}", param.path))));
+        let bound = match parts.as_slice() {
+            [one] if one.len() == 1 => bind(param, &one[0], &maps),
+            experts => stack(param, name, experts),
         };
-        params.push(match in_place {
-            Some(data) => {
-                mapped += 1;
-                Tensor { dtype: param.dtype, shape, data }
+        match bound {
+            Ok((tensor, in_place)) => {
+                mapped += usize::from(in_place);
+                params.push(tensor);
             }
-            None => Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, view.data())),
-        });
+            Err(problem) => problems.push(problem),
+        }
+    }
+    match non_finite {
+        NonFinite::Warn => unfinite.iter().for_each(|found| eprintln!("warning: {found} (--strict refuses such a checkpoint)")),
+        NonFinite::Refuse => problems.extend(unfinite.into_iter().map(|found| format!("{found} (refused under --strict)"))),
     }
     progress.finish_and_clear();
     tracing::info!(mapped, copied = params.len() - mapped, "weights bound: f32 and bf16 tensors in place where aligned, the others copied");
     if problems.is_empty() { Ok(params) } else { Err(problems) }
+}
+
+/// `want` matches the parameter's shape and dtype, or the problem.
+fn check_fits(param: &linnet_compiler::ir::Param, tensor: &Stored, shape: &[usize], want: &[usize]) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    if shape != want {
+        wrong.push(format!("shape {shape:?}, expected {want:?}"));
+    }
+    if dtype_of(tensor.view.dtype()) != Some(param.dtype) {
+        wrong.push(format!("dtype {:?}, expected {}", tensor.view.dtype(), param.dtype.name()));
+    }
+    if wrong.is_empty() { Ok(()) } else { Err(format!("parameter `{}`: {} has {}", param.path, tensor.describe(), wrong.join(" and "))) }
+}
+
+/// A parameter stored as one tensor: used where it lies in the mapped file
+/// when its type allows (then `true`), else widened.
+fn bind(param: &linnet_compiler::ir::Param, tensor: &Stored, maps: &[(&PathBuf, Rc<Mmap>)]) -> Result<(Tensor, bool), String> {
+    let shape = tensor.view.shape().to_vec();
+    check_fits(param, tensor, &shape, &param.shape)?;
+    let (_, map) = maps.iter().find(|(path, _)| path.as_path() == tensor.file).expect("a parsed file is mapped");
+    let offset = tensor.view.data().as_ptr() as usize - map.as_ptr() as usize;
+    let bytes = || Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
+    let in_place = match param.dtype {
+        Dtype::F32 => Floats::mapped(bytes(), offset, tensor.view.data().len() / 4).map(Data::F32),
+        Dtype::Bf16 => Elements::mapped(bytes(), offset, tensor.view.data().len() / 2).map(Data::Bf16),
+        _ => None,
+    };
+    Ok(match in_place {
+        Some(data) => (Tensor { dtype: param.dtype, shape, data }, true),
+        None => (Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, tensor.view.data())), false),
+    })
+}
+
+/// A fused expert parameter from its per-expert parts: each expert's
+/// parts, their rows in order, make that expert's slice.
+fn stack(param: &linnet_compiler::ir::Param, fused: &str, experts: &[Vec<Stored>]) -> Result<(Tensor, bool), String> {
+    let slice = &param.shape[1..];
+    let mut values = Vec::with_capacity(param.shape.iter().product());
+    for parts in experts {
+        let rows: usize = parts.iter().map(|part| part.view.shape().first().copied().unwrap_or(0)).sum();
+        for part in parts {
+            let shape = part.view.shape();
+            // Each part holds its share of the rows, with the slice's other axes.
+            let want: Vec<usize> = shape.first().copied().into_iter().chain(slice.iter().skip(1).copied()).collect();
+            check_fits(param, part, shape, &want)
+                .map_err(|problem| format!("{problem} (stacking `{fused}` from its per-expert tensors)"))?;
+            values.extend(to_f32(param.dtype, part.view.data()));
+        }
+        if rows != slice.first().copied().unwrap_or(1) {
+            let names: Vec<&str> = parts.iter().map(|part| part.name.as_str()).collect();
+            return Err(format!(
+                "parameter `{}`: per-expert tensors {} have {rows} rows together, expected {:?} (stacking `{fused}`)",
+                param.path,
+                names.join(" and "),
+                slice.first()
+            ));
+        }
+    }
+    Ok((Tensor::from_f32(param.dtype, param.shape.clone(), values), false))
 }

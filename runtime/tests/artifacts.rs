@@ -40,7 +40,7 @@ fn a_built_artifact_runs_like_the_package() {
     assert!(manifest.params.iter().all(|p| p.tensor.is_some()), "every parameter names its checkpoint tensor");
     assert_eq!(manifest.plan.weight_bytes, model.param_bytes());
 
-    let weights = Weights::Checkpoint(Some(oracle().join("weights-f32")));
+    let weights = Weights::Checkpoint { dir: Some(oracle().join("weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
     let mut from_artifact = linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
     let mut in_process = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp).unwrap().machine;
     let (native, reference) = (logits(&mut from_artifact), logits(&mut in_process));
@@ -106,14 +106,14 @@ fn packages_are_built_once_per_content() {
 #[test]
 fn weights_are_used_in_place() {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &oracle().join("weights-f32"), &[]).unwrap();
+    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &oracle().join("weights-f32"), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
     let mapped = params.iter().filter(|p| matches!(&p.data, Data::F32(floats) if floats.is_mapped())).count();
     assert_eq!(mapped, params.len(), "every f32 tensor of an aligned checkpoint is mapped, not copied");
 
     let calm = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe-calm");
     let options = LoadOptions { nest: Some(calm.join("package/nest-bf16.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &calm.join("weights-bf16"), &[]).unwrap();
+    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &calm.join("weights-bf16"), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
     let bf16 = model.params.iter().filter(|p| p.dtype == Dtype::Bf16).count();
     let bits = params.iter().filter(|p| matches!(&p.data, Data::Bf16(bits) if bits.is_mapped())).count();
     assert!(bf16 > 0 && bits == bf16, "every bf16 parameter is held as bits in the mapped file: {bits} of {bf16}");

@@ -36,7 +36,7 @@ fn generate_prints_the_greedy_ids() {
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
     };
-    let weights = linnet_runtime::Weights::Checkpoint(Some(oracle.join("weights-f32")));
+    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(oracle.join("weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
     let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
 }

@@ -6,7 +6,7 @@
 use linnet_compiler::exec::Machine;
 use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
-use linnet_runtime::weights;
+use linnet_runtime::weights::{self, NonFinite};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use std::collections::HashMap;
@@ -17,40 +17,64 @@ mod common;
 use common::{oracle, oracle_options as options, root};
 
 fn load(weights: &Path) -> Result<Machine, String> {
-    let weights = linnet_runtime::Weights::Checkpoint(Some(weights.to_path_buf()));
+    load_with(weights, NonFinite::Refuse)
+}
+
+fn load_with(weights: &Path, non_finite: NonFinite) -> Result<Machine, String> {
+    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(weights.to_path_buf()), non_finite };
     linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights).map(|loaded| loaded.machine)
 }
 
-/// A copy of the f32 checkpoint in a fresh folder, with `change` applied
-/// to the shard holding `tensor`.
-fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)) -> PathBuf {
+type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Every shard of the f32 checkpoint through `change`, into a fresh folder;
+/// the index is rewritten to name each tensor's new shard.
+fn rewritten(case: &str, mut change: impl FnMut(&mut Vec<Stored>)) -> PathBuf {
     let source = oracle().join("weights-f32");
     let target = std::env::temp_dir().join(format!("linnet-weights-{case}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&target);
     std::fs::create_dir_all(&target).unwrap();
-    let mut change = Some(change);
+    let mut weight_map = serde_json::Map::new();
+    let mut index = None;
     for entry in std::fs::read_dir(&source).unwrap() {
         let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_owned();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
         let bytes = std::fs::read(&path).unwrap();
-        let holds = path.extension().is_some_and(|e| e == "safetensors")
-            && SafeTensors::deserialize(&bytes).unwrap().names().contains(&tensor);
-        if !holds {
+        if name == "model.safetensors.index.json" {
+            index = Some(serde_json::from_slice::<serde_json::Value>(&bytes).unwrap());
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "safetensors") {
             std::fs::write(target.join(name), bytes).unwrap();
             continue;
         }
         let file = SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<_> = file
-            .tensors()
-            .into_iter()
-            .map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec()))
-            .collect();
-        (change.take().unwrap())(&mut tensors);
+        let mut tensors: Vec<Stored> =
+            file.tensors().into_iter().map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec())).collect();
+        change(&mut tensors);
+        for (tensor, ..) in &tensors {
+            weight_map.insert(tensor.clone(), serde_json::Value::String(name.clone()));
+        }
         let views: Vec<(String, TensorView)> =
             tensors.iter().map(|(n, dtype, shape, data)| (n.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap())).collect();
         std::fs::write(target.join(name), safetensors::serialize(views, None).unwrap()).unwrap();
     }
+    if let Some(mut index) = index {
+        index["weight_map"] = serde_json::Value::Object(weight_map);
+        std::fs::write(target.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
     target
+}
+
+/// A copy of the f32 checkpoint in a fresh folder, with `change` applied
+/// to the shard holding `tensor`.
+fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<Stored>)) -> PathBuf {
+    let mut change = Some(change);
+    rewritten(case, |tensors| {
+        if tensors.iter().any(|(name, ..)| name == tensor) {
+            (change.take().expect("one shard holds it"))(tensors);
+        }
+    })
 }
 
 const NORM: &str = "model.language_model.norm.weight";
@@ -125,24 +149,62 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let error = machine.call("decode", step).unwrap_err().to_string();
     assert!(error.contains("entry `decode`") && error.contains("input `pos` holds 64"), "{error}");
     let bindings: HashMap<String, String> = HashMap::new();
-    let problems = weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[]).unwrap_err();
+    let problems = weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse).unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
 }
 
-/// A NaN in the weights makes NaN logits: generation says so instead of
-/// quietly picking token 0.
+/// A NaN in the weights: refused under `--strict` with the tensor named;
+/// else loaded (with a warning), and generation reports the NaN logits
+/// instead of quietly picking token 0.
 #[test]
-fn a_nan_in_the_weights_is_reported_not_sampled() {
+fn a_nan_in_the_weights_is_refused_or_reported_not_sampled() {
     let dir = altered("nan", NORM, |tensors| {
         for (name, _, _, data) in tensors.iter_mut() {
             if name == NORM {
-                data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+                data[4..8].copy_from_slice(&f32::INFINITY.to_le_bytes());
+                data[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
             }
         }
     });
-    let mut machine = load(&dir).unwrap();
+    let error = load(&dir).err().expect("refused under --strict");
+    assert!(error.contains("parameter `norm.weight`") && error.contains(NORM) && error.contains("2 NaN or infinite value(s), the first at flat index 1"), "{error}");
+    let mut machine = load_with(&dir, NonFinite::Warn).unwrap();
     let error = linnet_runtime::generate::greedy(&mut machine, &[5, 17, 42], 4).unwrap_err().to_string();
     assert!(error.contains("entry `prefill`") && error.contains("NaN"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Experts stored one tensor per expert, as transformers' `save_pretrained`
+/// writes them, load through the same bindings as the fused layout and
+/// compute the same logits.
+#[test]
+fn experts_stored_one_tensor_per_expert_are_stacked() {
+    let dir = rewritten("per-expert", |tensors| {
+        let mut split = Vec::new();
+        tensors.retain(|(name, dtype, shape, data)| {
+            let Some((prefix, kind)) = name.rsplit_once(".experts.") else { return true };
+            let parts: &[&str] = match kind {
+                "gate_up_proj" => &["gate_proj", "up_proj"],
+                "down_proj" => &["down_proj"],
+                _ => return true,
+            };
+            let rows = shape[1] / parts.len();
+            let row_bytes = data.len() / (shape[0] * shape[1]);
+            for expert in 0..shape[0] {
+                for (at, part) in parts.iter().enumerate() {
+                    let start = (expert * shape[1] + at * rows) * row_bytes;
+                    let bytes = data[start..start + rows * row_bytes].to_vec();
+                    split.push((format!("{prefix}.experts.{expert}.{part}.weight"), *dtype, vec![rows, shape[2]], bytes));
+                }
+            }
+            false
+        });
+        tensors.extend(split);
+    });
+    let tokens = || vec![Tensor::from_i64(Dtype::I32, vec![1, 3], vec![5, 17, 42])];
+    let expected = load(&oracle().join("weights-f32")).unwrap().call("forward", tokens()).unwrap();
+    let stacked = load(&dir).unwrap().call("forward", tokens()).unwrap();
+    assert_eq!(stacked, expected);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

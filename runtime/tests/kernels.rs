@@ -29,7 +29,7 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
     let options = LoadOptions { nest: Some(dir.join(format!("package/nest-{dtype}.toml"))), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering).unwrap_or_else(|_| panic!("lowers"));
     let package = checked.package.unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &dir.join(format!("weights-{dtype}")), &[]).unwrap();
+    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &dir.join(format!("weights-{dtype}")), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
     (model, params)
 }
 

@@ -38,7 +38,7 @@ fn load(config: &str, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
         stdlib: Some(root().join("stdlib")),
         ..LoadOptions::default()
     };
-    let weights = linnet_runtime::Weights::Checkpoint(Some(dir.join(format!("weights-{dtype}"))));
+    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(dir.join(format!("weights-{dtype}"))), non_finite: linnet_runtime::weights::NonFinite::Refuse };
     let machine = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
     let bytes = std::fs::read(dir.join(format!("golden-{dtype}.safetensors"))).expect("golden file");
     let file = SafeTensors::deserialize(&bytes).expect("golden safetensors");

@@ -95,7 +95,7 @@ fn a_server_session() {
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
     };
-    let weights = linnet_runtime::Weights::Checkpoint(Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")));
+    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
     let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(alone[0], linnet_runtime::generate::greedy(&mut machine, prompts[0], 10).unwrap());
 
