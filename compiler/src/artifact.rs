@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// Bumped whenever the files of an artifact change meaning.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const MANIFEST: &str = "artifact.json";
 const IR: &str = "model.ir.json";
@@ -51,6 +51,38 @@ pub struct Manifest {
     pub plan: MemoryPlan,
     /// Per entry, its kernels in `kernels.o`.
     pub kernels: native::EntryKernels,
+    /// The SHA-256 of each other file of the artifact, checked before the
+    /// file is used (before its code is mapped, for `kernels.o`).
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// The SHA-256 of this manifest written with an empty seal: an edited
+    /// field is refused, not trusted.
+    #[serde(default)]
+    pub seal: String,
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl Manifest {
+    /// This manifest with its seal computed, as [`write`] stores it.
+    pub fn sealed(mut self) -> Result<Manifest, String> {
+        self.seal = String::new();
+        self.seal = sha256(&serde_json::to_vec(&self).map_err(|e| e.to_string())?);
+        Ok(self)
+    }
+
+    /// The file `name` of the artifact in `dir`, if its hash is the one
+    /// recorded when it was written.
+    fn checked_file(&self, dir: &Path, name: &str) -> Result<Vec<u8>, String> {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        match self.files.get(name) {
+            Some(hash) if *hash == sha256(&bytes) => Ok(bytes),
+            _ => Err(format!("{} is not the file this artifact was built with (its SHA-256 differs): rebuild it with `linnetc build`", path.display())),
+        }
+    }
 }
 
 /// The model card's `[weights]`: where a checkpoint is found.
@@ -143,7 +175,13 @@ pub fn content_key(sources: &SourceMap) -> Result<String, String> {
     Ok(hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
-fn manifest(model: &Model, package: &Package, key: String, kernels: native::EntryKernels) -> Result<Manifest, String> {
+fn manifest(
+    model: &Model,
+    package: &Package,
+    key: String,
+    kernels: native::EntryKernels,
+    files: BTreeMap<String, String>,
+) -> Result<Manifest, String> {
     let bindings: HashMap<&str, &str> =
         package.bindings.iter().flat_map(|b| &b.entries).map(|(path, tensor, _)| (path.as_str(), tensor.as_str())).collect();
     let nest = package.nest.as_ref();
@@ -193,7 +231,10 @@ fn manifest(model: &Model, package: &Package, key: String, kernels: native::Entr
             peak_scratch: model.entries.iter().map(|e| (e.name.clone(), plan::peak_scratch(e, &dims))).collect(),
         },
         kernels,
-    })
+        files,
+        seal: String::new(),
+    }
+    .sealed()?)
 }
 
 /// Compiles `model` and writes its artifact into `dir` (created if need
@@ -204,10 +245,11 @@ pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Resul
         Some(entry) => BuildError::new("cpu", &model.entries[entry], error.node, error.message).to_string(),
         None => format!("the cpu backend cannot compile `{}`: {}", model.name, error.message),
     })?;
-    let manifest = manifest(model, package, key, kernels)?;
+    let ir = serde_json::to_vec(model).map_err(|e| e.to_string())?;
+    let files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
+    let manifest = manifest(model, package, key, kernels, files)?;
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());
     std::fs::create_dir_all(dir).map_err(|e| io("", e))?;
-    let ir = serde_json::to_vec(model).map_err(|e| e.to_string())?;
     std::fs::write(dir.join(IR), ir).map_err(|e| io(IR, e))?;
     std::fs::write(dir.join(KERNELS), object).map_err(|e| io(KERNELS, e))?;
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| e.to_string())?;
@@ -240,11 +282,14 @@ pub fn read(dir: &Path) -> Result<Artifact, String> {
             native::ABI_VERSION
         ));
     }
+    if manifest.clone().sealed()?.seal != manifest.seal {
+        return Err(format!("{} was edited after it was written (its seal does not match): {rebuild}", dir.join(MANIFEST).display()));
+    }
     let host = native::host_target()?;
     if manifest.target != host {
         return Err(format!("the artifact was compiled for {}, and this host is {host}: {rebuild}", manifest.target));
     }
-    let model: Model = serde_json::from_slice(&read(IR)?).map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
+    let model: Model = serde_json::from_slice(&manifest.checked_file(dir, IR)?).map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
     crate::ir::verify(&model).map_err(|e| format!("{}: the IR does not verify: {e}", dir.join(IR).display()))?;
     Ok(Artifact { manifest, model })
 }
@@ -252,7 +297,7 @@ pub fn read(dir: &Path) -> Result<Artifact, String> {
 impl Artifact {
     /// The native code of every entry, loaded from `kernels.o`.
     pub fn kernels(&self, dir: &Path) -> Result<HashMap<String, Compiled>, String> {
-        let object = std::fs::read(dir.join(KERNELS)).map_err(|e| format!("cannot read {}: {e}", dir.join(KERNELS).display()))?;
+        let object = self.manifest.checked_file(dir, KERNELS)?;
         native::load_object(&object, &self.model, &self.manifest.kernels)
     }
 

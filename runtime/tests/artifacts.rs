@@ -59,17 +59,49 @@ fn an_artifact_for_another_host_or_abi_is_refused() {
     artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
     assert!(artifact::read(&out).is_ok());
     let manifest_path = out.join("artifact.json");
-    let text = std::fs::read_to_string(&manifest_path).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    json["target"] = "riscv64gc-unknown-linux-gnu []".into();
-    std::fs::write(&manifest_path, json.to_string()).unwrap();
+    let written: artifact::Manifest = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    // As another host or compiler would have written them: sealed.
+    let write_sealed = |manifest: artifact::Manifest| {
+        std::fs::write(&manifest_path, serde_json::to_string(&manifest.sealed().unwrap()).unwrap()).unwrap();
+    };
+    write_sealed(artifact::Manifest { target: "riscv64gc-unknown-linux-gnu []".into(), ..written.clone() });
     let error = artifact::read(&out).err().unwrap();
     assert!(error.contains("compiled for riscv64gc") && error.contains("rebuild it"), "{error}");
-    json["target"] = linnet_compiler::codegen::native::host_target().unwrap().into();
-    json["abi"] = 999.into();
-    std::fs::write(&manifest_path, json.to_string()).unwrap();
+    write_sealed(artifact::Manifest { abi: 999, ..written });
     let error = artifact::read(&out).err().unwrap();
     assert!(error.contains("kernel ABI 999"), "{error}");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Bytes changed after the build, in the manifest, the IR or the native
+/// code, are refused before anything is parsed or mapped.
+#[test]
+fn an_altered_artifact_is_refused() {
+    let out = scratch("altered");
+    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
+    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    let built = artifact::read(&out).unwrap();
+    assert!(built.kernels(&out).is_ok());
+
+    let manifest_path = out.join("artifact.json");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    std::fs::write(&manifest_path, text.replace("\"key\": \"key\"", "\"key\": \"another\"")).unwrap();
+    let error = artifact::read(&out).err().unwrap();
+    assert!(error.contains("artifact.json was edited"), "{error}");
+    std::fs::write(&manifest_path, &text).unwrap();
+
+    for file in ["kernels.o", "model.ir.json"] {
+        let path = out.join(file);
+        let bytes = std::fs::read(&path).unwrap();
+        let mut flipped = bytes.clone();
+        let middle = flipped.len() / 2;
+        flipped[middle] ^= 0x10;
+        std::fs::write(&path, &flipped).unwrap();
+        let error = artifact::read(&out).and_then(|built| built.kernels(&out).map(|_| ())).err().unwrap();
+        assert!(error.contains(file) && error.contains("SHA-256 differs"), "{error}");
+        std::fs::write(&path, &bytes).unwrap();
+    }
     std::fs::remove_dir_all(&out).unwrap();
 }
 
