@@ -3,6 +3,8 @@
 //! in TOML), compared with what the checker reports, and snapshots of the
 //! rendered reports (`LINNET_BLESS=1` rewrites them).
 
+pub mod fuzz;
+
 use linnet_compiler::diagnostic::{self, Severity};
 use linnet_compiler::driver::Checked;
 use std::path::{Path, PathBuf};

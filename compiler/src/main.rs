@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use linnet_compiler::diagnostic;
 use linnet_compiler::driver;
-use linnet_compiler::package::LoadOptions;
+use linnet_compiler::package::{self, LoadOptions};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,7 +19,8 @@ struct Cli {
 enum Command {
     /// Parse and shape-check a package: exit 0 when clean, 1 with errors.
     Check {
-        /// The package directory (with `linnet.toml`).
+        /// The package: its directory (with `linnet.toml`), or a file or
+        /// folder inside it.
         #[arg(default_value = ".")]
         package: PathBuf,
         /// How to print diagnostics.
@@ -121,7 +122,7 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
             }
         };
         let Some(formatted) = linnet_compiler::syntax::format::format(&text) else {
-            eprintln!("linnetc fmt: {}: does not lex; run `linnetc check` first", file.display());
+            eprintln!("linnetc fmt: {}: has syntax errors, so it is left as it is; run `linnetc check` to see them", file.display());
             unformatted += 1;
             continue;
         };
@@ -155,10 +156,12 @@ fn main() -> ExitCode {
         },
         Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
         Command::Build { package, output, emit, nest, overrides } => {
+            let package = package::enclosing(&package).unwrap_or(package);
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             build(&package, output, emit, &options)
         }
         Command::Check { package, message_format, nest, overrides, color } => {
+            let package = package::enclosing(&package).unwrap_or(package);
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             let checked = driver::check_package(&package, &options);
             let stdout = std::io::stdout();

@@ -19,6 +19,23 @@ fn the_seed_package_checks_clean() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("no errors"));
 }
 
+/// A file or folder inside a package checks the package, found upward.
+#[test]
+fn a_file_or_folder_inside_the_package_checks_it() {
+    for inside in ["models/qwen3.6-35b-a3b/src", "models/qwen3.6-35b-a3b/src/norm.linnet"] {
+        let output = linnetc(&["check", inside]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && stderr.contains("checked `models/qwen3.6-35b-a3b`: no errors"), "{inside}: {stderr}");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_linnetc"))
+        .arg("check")
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/qwen3.6-35b-a3b/src"))
+        .env("LINNET_STDLIB", concat!(env!("CARGO_MANIFEST_DIR"), "/../stdlib"))
+        .output()
+        .expect("linnetc runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn json_diagnostics_have_positions_and_codes() {
     let output = linnetc(&["check", "tests/ui/packages/misuse", "--message-format", "json"]);

@@ -73,6 +73,21 @@ impl Client {
         }
     }
 
+    /// Sends a request and counts the diagnostics published before its answer.
+    fn publications_before_answer(&mut self, method: &str, params: Value) -> usize {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        let mut published = 0;
+        loop {
+            let message = self.receive();
+            if message["id"] == json!(id) {
+                return published;
+            }
+            published += usize::from(message["method"] == "textDocument/publishDiagnostics");
+        }
+    }
+
     /// The next diagnostics published for `uri`.
     fn diagnostics_for(&mut self, uri: &str) -> Vec<Value> {
         loop {
@@ -186,9 +201,14 @@ fn an_editor_session_on_the_seed_package() {
     assert_eq!(edits, json!([]));
     let messy = text.replacen("let (q, gate, k, v) = project<B, S>(x)", "let (q,gate,k,v)=project<B,S>( x )", 1);
     client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 11 }, "contentChanges": [{ "text": messy }] }));
-    client.diagnostics_for(&uri);
     let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
     assert_eq!(edits[0]["newText"].as_str().unwrap(), text);
+    // A file with a syntax error is left as it is: no edits at all.
+    let gap = messy.replacen("let v = reshape(", "let v = reshape(v_proj.", 1);
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 12 }, "contentChanges": [{ "text": gap }] }));
+    client.diagnostics_for(&uri);
+    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(edits, Value::Null);
 
     client.request("shutdown", Value::Null);
     client.notify("exit", Value::Null);
@@ -209,4 +229,67 @@ fn hover_in_deltanet_shows_shapes() {
     assert!(shown.contains("Tensor[B, S; bool]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "heads<B: Dim");
     assert!(shown.contains("fn heads<B: Dim, S: Dim>(") && shown.contains("split into L2-normalized"), "{shown}");
+}
+
+/// A copy of the seed package in a fresh folder, for edits on disk.
+fn package_copy(name: &str) -> PathBuf {
+    let target = std::env::temp_dir().join(format!("linnet-lsp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&target);
+    let mut stack = vec![(root().join("models/qwen3.6-35b-a3b"), target.clone())];
+    while let Some((from, to)) = stack.pop() {
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let path = entry.unwrap().path();
+            let into = to.join(path.file_name().unwrap());
+            if path.is_dir() {
+                stack.push((path, into));
+            } else {
+                std::fs::copy(&path, &into).unwrap();
+            }
+        }
+    }
+    target
+}
+
+/// Thirty keystrokes in a burst are checked once they settle (or when a
+/// request needs an answer), and only files whose diagnostics changed are
+/// published; a change to `nest.toml` on disk, reported by the editor's
+/// file watcher, re-checks the package; a standard-library file opened by
+/// navigation is served from the package that read it.
+#[test]
+fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
+    let package = package_copy("settle");
+    let mut client = Client::start();
+    let path = package.join("src/attention.linnet");
+    let uri = format!("file://{}", path.display());
+    let text = std::fs::read_to_string(&path).unwrap();
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    assert!(client.diagnostics_for(&uri).is_empty());
+
+    // The first check published every file of the package once.
+    client.publications_before_answer("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
+    let typed = "let unused = 1 + undefined_name";
+    let anchor = "let v = reshape(";
+    for (version, end) in (1..=typed.len()).step_by(typed.len().div_ceil(30)).enumerate() {
+        let partial = text.replacen(anchor, &format!("{}\n        {anchor}", &typed[..end]), 1);
+        client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": version + 2 }, "contentChanges": [{ "text": partial }] }));
+    }
+    let published = client.publications_before_answer("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
+    assert_eq!(published, 1, "publications for one burst of typing in one file");
+
+    let nest = package.join("nest.toml");
+    let card = std::fs::read_to_string(&nest).unwrap();
+    std::fs::write(&nest, card.replacen("KvHeads = 2", "KvHeads = 3", 1)).unwrap();
+    let nest_uri = format!("file://{}", nest.display());
+    client.notify("workspace/didChangeWatchedFiles", json!({ "changes": [{ "uri": nest_uri, "type": 2 }] }));
+    let diagnostics = client.diagnostics_for(&nest_uri);
+    assert!(diagnostics.iter().any(|d| d["code"] == "unsatisfied-where"), "{diagnostics:?}");
+
+    let stdlib = root().join("stdlib/nn/attention.linnet");
+    let stdlib_uri = format!("file://{}", stdlib.display());
+    let stdlib_text = std::fs::read_to_string(&stdlib).unwrap();
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": stdlib_uri, "languageId": "linnet", "version": 1, "text": stdlib_text } }));
+    let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": stdlib_uri } }));
+    assert!(symbols.as_array().is_some_and(|s| s.iter().any(|s| s["name"] == "grouped_attention")), "{symbols}");
+    std::fs::remove_dir_all(&package).unwrap();
 }

@@ -197,10 +197,27 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>)
     }
 }
 
+/// What the HTTP side knows of the model: enough to read and answer
+/// requests, not to run them.
+pub struct Served {
+    pub limits: Limits,
+    pub text: Option<TextModel>,
+}
+
+impl Served {
+    /// Reads a request body as `/v1/completions` (or, with `chat`,
+    /// `/v1/chat/completions`) does, without running it: the prompt's
+    /// token ids, or the refusal's HTTP status. For fuzzing and tests.
+    pub fn read(&self, body: &[u8], chat: bool) -> Result<Vec<i64>, u16> {
+        let body: Value = serde_json::from_slice(body).map_err(|_| StatusCode::BAD_REQUEST.as_u16())?;
+        let prompt = if chat { chat_prompt(self, &body) } else { prompt_of(self, &body) };
+        prompt.and_then(|prompt| parse_request(self, &body, prompt)).map(|request| request.prompt).map_err(|refusal| refusal.status().as_u16())
+    }
+}
+
 struct App {
     jobs: std::sync::Mutex<mpsc::Sender<Job>>,
-    limits: Limits,
-    text: Option<TextModel>,
+    served: Served,
 }
 
 fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
@@ -248,8 +265,8 @@ const NOT_YET: [(&str, Unasked); 8] = [
     ("stream_options", |v| v.get("include_usage").is_none_or(|u| u == &Value::Bool(false))),
 ];
 
-fn parse_request(app: &App, body: &Value, prompt: Vec<i64>) -> Result<Request, Response> {
-    let limits = &app.limits;
+fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>) -> Result<Request, Response> {
+    let limits = &served.limits;
     match body.get("model") {
         None | Some(Value::Null) => {}
         Some(Value::String(name)) if *name == limits.model => {}
@@ -292,15 +309,15 @@ fn parse_request(app: &App, body: &Value, prompt: Vec<i64>) -> Result<Request, R
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(bad(format!("`stream` must be a boolean, got {other}"), "stream")),
     };
-    let stop = app.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
+    let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let (updates, receiver) = unbounded_channel();
     let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, updates };
     Ok(Request { prompt, job, stream, receiver })
 }
 
-fn prompt_of(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
+fn prompt_of(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
     match body.get("prompt") {
-        Some(Value::String(text)) => match &app.text {
+        Some(Value::String(text)) => match &served.text {
             Some(text_model) => text_model.encode(text).map_err(|e| bad(e, "prompt")),
             None => Err(bad("this model has no tokenizer: send the prompt as token ids", "prompt")),
         },
@@ -323,7 +340,7 @@ fn text_of(content: &Value) -> Option<String> {
     }
 }
 
-fn chat_prompt(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
+fn chat_prompt(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
     let Some(Value::Array(messages)) = body.get("messages") else {
         return Err(bad("`messages` must be an array of {role, content}", "messages"));
     };
@@ -334,7 +351,7 @@ fn chat_prompt(app: &App, body: &Value) -> Result<Vec<i64>, Response> {
             _ => return Err(bad(format!("each message needs a string `role` and `content`, got {message}"), "messages")),
         }
     }
-    let Some(text) = &app.text else { return Err(bad("this model has no tokenizer, so it cannot chat", "messages")) };
+    let Some(text) = &served.text else { return Err(bad("this model has no tokenizer, so it cannot chat", "messages")) };
     let prompt = if text.has_chat_template() {
         text.chat(&turns).map_err(|e| bad(e, "messages"))?
     } else {
@@ -353,7 +370,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the model is not running", None);
     }
     let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, now());
-    let model = app.limits.model.clone();
+    let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
     if stream {
         let text_app = app.clone();
@@ -363,7 +380,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
             let (piece, finish) = match update {
                 Update::Token(token) => {
                     ids.push(token);
-                    let piece = match &text_app.text {
+                    let piece = match &text_app.served.text {
                         Some(text) => {
                             let all = text.decode(&ids);
                             let piece = all.get(shown..).unwrap_or_default().to_string();
@@ -400,7 +417,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
             Update::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message, None),
         }
     }
-    let text = app.text.as_ref().map(|t| t.decode(&ids)).unwrap_or_default();
+    let text = app.served.text.as_ref().map(|t| t.decode(&ids)).unwrap_or_default();
     let choice = if chat {
         json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "token_ids": ids })
     } else {
@@ -415,7 +432,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
 async fn complete(
     app: Arc<App>,
     body: Result<Json<Value>, JsonRejection>,
-    prompt: fn(&App, &Value) -> Result<Vec<i64>, Response>,
+    prompt: fn(&Served, &Value) -> Result<Vec<i64>, Response>,
     chat: bool,
 ) -> Response {
     let body = match body {
@@ -424,7 +441,7 @@ async fn complete(
         // JSON content type: the status the rejection carries.
         Err(rejection) => return error(rejection.status(), format!("malformed request: {}", rejection.body_text()), Some("body")),
     };
-    match prompt(&app, &body).and_then(|prompt| parse_request(&app, &body, prompt)) {
+    match prompt(&app.served, &body).and_then(|prompt| parse_request(&app.served, &body, prompt)) {
         Ok(request) => respond(app, request, chat).await,
         Err(response) => response,
     }
@@ -439,7 +456,7 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Result<Json<Value>,
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({ "object": "list", "data": [{ "id": app.limits.model, "object": "model", "created": 0, "owned_by": "linnet" }] }))
+    Json(json!({ "object": "list", "data": [{ "id": app.served.limits.model, "object": "model", "created": 0, "owned_by": "linnet" }] }))
 }
 
 async fn health() -> Json<Value> {
@@ -463,7 +480,7 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, hos
         schedule(machine, limits, receiver);
     });
     let (limits, text) = started.recv().map_err(|_| "the model thread stopped".to_string())??;
-    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), limits, text });
+    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), served: Served { limits, text } });
     let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -474,7 +491,7 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, hos
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
         let address = listener.local_addr().map_err(|e| e.to_string())?;
-        eprintln!("linnet: serving `{}` on http://{address} ({} rows)", app.limits.model, app.limits.rows);
+        eprintln!("linnet: serving `{}` on http://{address} ({} rows)", app.served.limits.model, app.served.limits.rows);
         tracing::info!(%address, "serving");
         axum::serve(listener, router)
             .with_graceful_shutdown(async {

@@ -1,9 +1,13 @@
-//! `linnetc lsp`: a language server over stdio. On every open and change
-//! it checks the document's package with the unsaved texts of all open
-//! documents and publishes the diagnostics of every file in it; it answers
-//! hover (types, concrete shapes under the model card, signatures and
-//! docs), go to definition, find references, document symbols and
-//! formatting from the last check.
+//! `linnetc lsp`: a language server over stdio. Opens, edits, saves and
+//! changes on disk to a package's files (`linnet.toml`, `nest.toml`,
+//! `bindings.json` and sources, watched where the editor allows) mark its
+//! package; once edits pause for [`SETTLE`], or before any request is
+//! answered, each marked package is checked with the unsaved texts of all
+//! open documents, and diagnostics are published for the files whose
+//! diagnostics changed. It answers hover (types, concrete shapes under the
+//! model card, signatures and docs), go to definition, find references,
+//! document symbols and formatting from the last check; a standard-library
+//! file opened by navigation is served from the package that read it.
 
 mod features;
 
@@ -19,11 +23,16 @@ use lsp_types::{
     NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range, ServerCapabilities, TextDocumentSyncCapability,
     TextDocumentSyncKind, TextEdit, Url,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::error::Error;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 type Failure = Box<dyn Error + Send + Sync>;
+
+/// How long edits must pause before the marked packages are checked: a
+/// burst of keystrokes is one check.
+pub const SETTLE: Duration = Duration::from_millis(60);
 
 pub fn serve() -> Result<(), Failure> {
     let (connection, io_threads) = Connection::stdio();
@@ -36,28 +45,64 @@ pub fn serve() -> Result<(), Failure> {
         document_formatting_provider: Some(OneOf::Left(true)),
         ..ServerCapabilities::default()
     };
-    connection.initialize(serde_json::to_value(capabilities)?)?;
+    let initialize = connection.initialize(serde_json::to_value(capabilities)?)?;
+    if initialize.pointer("/capabilities/workspace/didChangeWatchedFiles/dynamicRegistration") == Some(&serde_json::Value::Bool(true)) {
+        connection.sender.send(Message::Request(watch_package_files()))?;
+    }
     let mut server = Server::default();
-    for message in &connection.receiver {
+    loop {
+        let message = if server.marked.is_empty() {
+            match connection.receiver.recv() {
+                Ok(message) => message,
+                Err(_) => break,
+            }
+        } else {
+            match connection.receiver.recv_timeout(SETTLE) {
+                Ok(message) => message,
+                Err(waited) if waited.is_timeout() => {
+                    for publish in server.check_marked() {
+                        connection.sender.send(Message::Notification(publish))?;
+                    }
+                    continue;
+                }
+                Err(_) => break,
+            }
+        };
         match message {
             Message::Request(request) => {
                 if connection.handle_shutdown(&request)? {
                     break;
                 }
+                // Answers come from a check of what the editor shows.
+                for publish in server.check_marked() {
+                    connection.sender.send(Message::Notification(publish))?;
+                }
                 let response = server.request(request);
                 connection.sender.send(Message::Response(response))?;
             }
-            Message::Notification(note) => {
-                for publish in server.notification(note) {
-                    connection.sender.send(Message::Notification(publish))?;
-                }
-            }
+            Message::Notification(note) => server.notification(note),
             Message::Response(_) => {}
         }
     }
     drop(connection);
     io_threads.join()?;
     Ok(())
+}
+
+/// Asks the editor to report changes on disk to any package's files.
+fn watch_package_files() -> Request {
+    let watchers: Vec<serde_json::Value> = ["**/linnet.toml", "**/nest.toml", "**/bindings.json", "**/*.linnet"]
+        .iter()
+        .map(|pattern| serde_json::json!({ "globPattern": pattern }))
+        .collect();
+    let registration = serde_json::json!({
+        "registrations": [{
+            "id": "linnet-package-files",
+            "method": notification::DidChangeWatchedFiles::METHOD,
+            "registerOptions": { "watchers": watchers },
+        }]
+    });
+    Request::new(RequestId::from("linnet-watch".to_string()), request::RegisterCapability::METHOD.into(), registration)
 }
 
 #[derive(Default)]
@@ -67,12 +112,12 @@ struct Server {
     parse_cache: std::rc::Rc<std::cell::RefCell<crate::package::ParseCache>>,
     /// The last check of each package, by its folder.
     checked: BTreeMap<PathBuf, Checked>,
+    /// Packages to check once edits settle.
+    marked: BTreeSet<PathBuf>,
+    /// The diagnostics last published for each file.
+    published: HashMap<Url, Vec<lsp_types::Diagnostic>>,
 }
 
-/// The package folder holding `path`: the nearest with a `linnet.toml`.
-fn package_of(path: &Path) -> Option<PathBuf> {
-    path.ancestors().skip(1).find(|dir| dir.join("linnet.toml").is_file()).map(Path::to_path_buf)
-}
 
 fn offset_at(text: &str, position: Position) -> usize {
     let mut offset = 0;
@@ -138,10 +183,27 @@ impl Server {
         LoadOptions { overlay: self.documents.clone(), stdlib, parse_cache: Some(self.parse_cache.clone()), ..LoadOptions::default() }
     }
 
-    /// Checks the package of `path` and returns the diagnostics to publish
-    /// for each of its files (empty lists clear old ones).
-    fn recheck(&mut self, path: &Path) -> Vec<Notification> {
-        let Some(dir) = package_of(path) else { return Vec::new() };
+    /// The package `path` belongs to: the nearest folder above it with a
+    /// `linnet.toml`, else (a standard-library file, say) a checked
+    /// package that read it.
+    fn package_for(&self, path: &Path) -> Option<PathBuf> {
+        crate::package::enclosing(path).or_else(|| self.checked.iter().find(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone()))
+    }
+
+    fn mark(&mut self, path: &Path) {
+        if let Some(dir) = self.package_for(path) {
+            self.marked.insert(dir);
+        }
+    }
+
+    /// Checks every marked package; returns the diagnostics to publish,
+    /// only for files whose diagnostics changed since last published.
+    fn check_marked(&mut self) -> Vec<Notification> {
+        let marked = std::mem::take(&mut self.marked);
+        marked.into_iter().flat_map(|dir| self.check(dir)).collect()
+    }
+
+    fn check(&mut self, dir: PathBuf) -> Vec<Notification> {
         let checked = check_package(&dir, &self.options());
         let mut by_file: BTreeMap<FileId, Vec<lsp_types::Diagnostic>> = BTreeMap::new();
         for (file, source) in checked.sources.iter() {
@@ -154,53 +216,65 @@ impl Server {
                 list.push(to_lsp(&checked, diagnostic));
             }
         }
-        let notes = by_file
-            .into_iter()
-            .filter_map(|(file, diagnostics)| {
-                let uri = Url::from_file_path(checked.sources.path(file)).ok()?;
-                let params = PublishDiagnosticsParams { uri, diagnostics, version: None };
-                Some(Notification::new(notification::PublishDiagnostics::METHOD.into(), params))
-            })
-            .collect();
+        let mut notes = Vec::new();
+        for (file, diagnostics) in by_file {
+            let Ok(uri) = Url::from_file_path(checked.sources.path(file)) else { continue };
+            if self.published.get(&uri) == Some(&diagnostics) {
+                continue;
+            }
+            self.published.insert(uri.clone(), diagnostics.clone());
+            let params = PublishDiagnosticsParams { uri, diagnostics, version: None };
+            notes.push(Notification::new(notification::PublishDiagnostics::METHOD.into(), params));
+        }
         self.checked.insert(dir, checked);
         notes
     }
 
-    fn notification(&mut self, note: Notification) -> Vec<Notification> {
+    fn notification(&mut self, note: Notification) {
         let path_of = |uri: &Url| uri.to_file_path().ok();
         match note.method.as_str() {
             notification::DidOpenTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(note.params) else { return Vec::new() };
-                let Some(path) = path_of(&params.text_document.uri) else { return Vec::new() };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(note.params) else { return };
+                let Some(path) = path_of(&params.text_document.uri) else { return };
                 self.documents.insert(path.clone(), params.text_document.text);
-                self.recheck(&path)
+                self.mark(&path);
             }
             notification::DidChangeTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeTextDocumentParams>(note.params) else { return Vec::new() };
-                let Some(path) = path_of(&params.text_document.uri) else { return Vec::new() };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeTextDocumentParams>(note.params) else { return };
+                let Some(path) = path_of(&params.text_document.uri) else { return };
                 if let Some(change) = params.content_changes.into_iter().last() {
                     self.documents.insert(path.clone(), change.text);
                 }
-                self.recheck(&path)
+                self.mark(&path);
             }
             notification::DidSaveTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidSaveTextDocumentParams>(note.params) else { return Vec::new() };
-                path_of(&params.text_document.uri).map(|path| self.recheck(&path)).unwrap_or_default()
+                let Ok(params) = serde_json::from_value::<lsp_types::DidSaveTextDocumentParams>(note.params) else { return };
+                if let Some(path) = path_of(&params.text_document.uri) {
+                    self.mark(&path);
+                }
             }
             notification::DidCloseTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(note.params) else { return Vec::new() };
-                let Some(path) = path_of(&params.text_document.uri) else { return Vec::new() };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(note.params) else { return };
+                let Some(path) = path_of(&params.text_document.uri) else { return };
                 self.documents.remove(&path);
-                self.recheck(&path)
+                self.mark(&path);
             }
-            _ => Vec::new(),
+            notification::DidChangeWatchedFiles::METHOD => {
+                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeWatchedFilesParams>(note.params) else { return };
+                for change in params.changes {
+                    if let Some(path) = path_of(&change.uri) {
+                        self.mark(&path);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
     /// The last check that read `path`, and the file's id in it.
     fn checked_with(&self, uri: &Url) -> Option<(&Checked, FileId)> {
         let path = uri.to_file_path().ok()?;
-        let preferred = package_of(&path).and_then(|dir| self.checked.get(&dir));
+        let preferred = self.package_for(&path).and_then(|dir| self.checked.get(&dir));
         preferred
             .into_iter()
             .chain(self.checked.values())

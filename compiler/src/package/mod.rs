@@ -16,6 +16,29 @@ use crate::syntax::{self, ast};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 
+/// The package `path` is in: `path` itself when it holds a `linnet.toml`,
+/// else the nearest folder above it that does (from a module file, or
+/// from `src/`), written relative as `path` was (`..` from `src/`).
+pub fn enclosing(path: &Path) -> Option<PathBuf> {
+    let levels = path.canonicalize().ok()?.components().count();
+    let mut dir: PathBuf = path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
+    if path.is_file() {
+        dir.pop();
+    }
+    for _ in 0..levels {
+        let shown = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir.clone() };
+        if shown.join("linnet.toml").is_file() {
+            return Some(shown);
+        }
+        if matches!(dir.components().next_back(), Some(std::path::Component::Normal(_))) {
+            dir.pop();
+        } else {
+            dir.push("..");
+        }
+    }
+    None
+}
+
 /// A parsed module and the dotted name it is known by (`qwen3_5_moe.attention`,
 /// `std.nn.linear`).
 pub struct LoadedModule {

@@ -15,14 +15,15 @@ struct Piece {
     line: usize,
 }
 
-/// The formatted text, or `None` when the file does not lex (it is left
-/// as it is: formatting never guesses).
+/// The formatted text, or `None` when the file has a syntax error (it is
+/// left as it is: formatting never guesses where a gap ends).
 pub fn format(text: &str) -> Option<String> {
     let mut diagnostics = Vec::new();
-    let lexed = lexer::lex(FileId(0), text, &mut diagnostics);
+    super::parse_module(FileId(0), text, &mut diagnostics);
     if !diagnostics.is_empty() {
         return None;
     }
+    let lexed = lexer::lex(FileId(0), text, &mut diagnostics);
     let line_starts = crate::source::SourceFile::lines_of(text);
     let line_of = |offset: u32| line_starts.partition_point(|start| *start <= offset as usize);
     let mut pieces: Vec<(u32, Piece)> = lexed

@@ -1,0 +1,6 @@
+#![no_main]
+//! The `npy` target of `linnet_tests::fuzz` under libFuzzer.
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| (linnet_tests::fuzz::target("npy").expect("a target").run)(data));

@@ -1,0 +1,198 @@
+//! The targets: each reader of untrusted input, with the repository files
+//! its corpus starts from.
+
+use super::Target;
+use linnet_compiler::driver::{check_package, lower_checked, lower_package};
+use linnet_compiler::ir::Model;
+use linnet_compiler::package::LoadOptions;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_compiler::source::FileId;
+use linnet_compiler::tensor::Tensor;
+use linnet_runtime::server::{Limits, Served};
+use linnet_runtime::weights::NonFinite;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub const TARGETS: &[Target] = &[
+    Target { name: "syntax", seeds: module_texts, run: syntax },
+    Target { name: "package", seeds: numbered_modules, run: package },
+    Target { name: "card", seeds: card_texts, run: card },
+    Target { name: "bindings", seeds: bindings_texts, run: bindings },
+    Target { name: "safetensors", seeds: small_checkpoints, run: safetensors },
+    Target { name: "npy", seeds: npy_files, run: npy },
+    Target { name: "request", seeds: request_bodies, run: request },
+];
+
+pub fn target(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|target| target.name == name)
+}
+
+/// The repository, found from this crate's sources wherever it runs.
+fn repository() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn model_dir() -> PathBuf {
+    repository().join("models/qwen3.6-35b-a3b")
+}
+
+fn oracle() -> PathBuf {
+    repository().join("tests/fixtures/oracle/tiny-qwen3.5-moe")
+}
+
+fn options(overlay: HashMap<PathBuf, String>) -> LoadOptions {
+    LoadOptions { stdlib: Some(repository().join("stdlib")), overlay, ..LoadOptions::default() }
+}
+
+/// The seed package's modules, in a fixed order.
+fn modules() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(model_dir().join("src"))
+        .expect("the seed package's sources")
+        .map(|entry| entry.expect("an entry").path())
+        .collect();
+    paths.sort();
+    paths
+}
+
+fn read(path: PathBuf) -> Vec<u8> {
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn module_texts() -> Vec<Vec<u8>> {
+    let mut texts: Vec<Vec<u8>> = modules().into_iter().map(read).collect();
+    let mut stdlib = vec![repository().join("stdlib")];
+    while let Some(dir) = stdlib.pop() {
+        for entry in std::fs::read_dir(&dir).expect("the standard library") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                stdlib.push(path);
+            } else if path.extension().is_some_and(|e| e == "linnet") {
+                texts.push(read(path));
+            }
+        }
+    }
+    texts
+}
+
+/// Lexing, parsing and formatting one module.
+fn syntax(input: &[u8]) {
+    let text = String::from_utf8_lossy(input);
+    let mut diagnostics = Vec::new();
+    linnet_compiler::syntax::parse_module(FileId(0), &text, &mut diagnostics);
+    linnet_compiler::syntax::format::format(&text);
+}
+
+/// Each module with its index in [`modules`] as the first byte.
+fn numbered_modules() -> Vec<Vec<u8>> {
+    modules().into_iter().enumerate().map(|(at, path)| [vec![at as u8], read(path)].concat()).collect()
+}
+
+/// Checks the seed package with one module replaced (chosen by the first
+/// byte), and lowers it when it checks clean.
+fn package(input: &[u8]) {
+    let Some((&which, text)) = input.split_first() else { return };
+    let modules = modules();
+    let path = modules[usize::from(which) % modules.len()].clone();
+    checked_and_lowered(HashMap::from([(path, String::from_utf8_lossy(text).into_owned())]));
+}
+
+fn checked_and_lowered(overlay: HashMap<PathBuf, String>) {
+    let checked = check_package(&model_dir(), &options(overlay));
+    if checked.diagnostics.iter().all(|d| d.severity != linnet_compiler::diagnostic::Severity::Error) {
+        let _ = lower_checked(checked, Default::default());
+    }
+}
+
+fn card_texts() -> Vec<Vec<u8>> {
+    vec![read(model_dir().join("nest.toml")), read(oracle().join("package/nest-f32.toml"))]
+}
+
+fn card(input: &[u8]) {
+    checked_and_lowered(HashMap::from([(model_dir().join("nest.toml"), String::from_utf8_lossy(input).into_owned())]));
+}
+
+fn bindings_texts() -> Vec<Vec<u8>> {
+    vec![read(model_dir().join("bindings.json"))]
+}
+
+fn bindings(input: &[u8]) {
+    let overlay = HashMap::from([(model_dir().join("bindings.json"), String::from_utf8_lossy(input).into_owned())]);
+    let _ = check_package(&model_dir(), &options(overlay));
+}
+
+/// The oracle model and its bindings.
+fn oracle_model() -> (Model, HashMap<String, String>) {
+    let options = LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), ..options(HashMap::new()) };
+    let (model, checked) = lower_package(&model_dir(), &options).unwrap_or_else(|_| panic!("the oracle model lowers"));
+    let bindings = linnet_runtime::bindings(checked.package.as_ref().expect("a package"));
+    (model, bindings)
+}
+
+thread_local! {
+    /// Lowered once per thread (the IR is not shared between threads).
+    static ORACLE_MODEL: (Model, HashMap<String, String>) = oracle_model();
+}
+
+/// Small checkpoints: a few of the oracle's tensors, serialized.
+fn small_checkpoints() -> Vec<Vec<u8>> {
+    let shards = read(oracle().join("weights-f32/model-00001-of-00003.safetensors"));
+    let file = safetensors::SafeTensors::deserialize(&shards).expect("the oracle's shard");
+    let mut names = file.names();
+    names.sort();
+    names
+        .chunks(3)
+        .take(4)
+        .map(|chunk| {
+            let views: Vec<(String, safetensors::tensor::TensorView)> =
+                chunk.iter().map(|name| (name.to_string(), file.tensor(name).expect("listed"))).collect();
+            safetensors::serialize(views, None).expect("serializable")
+        })
+        .collect()
+}
+
+/// The bytes as the one shard of a checkpoint, loaded for the oracle model.
+fn safetensors(input: &[u8]) {
+    let dir = std::env::temp_dir().join(format!("linnet-fuzz-safetensors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    std::fs::write(dir.join("model.safetensors"), input).expect("the shard is written");
+    ORACLE_MODEL.with(|(model, bindings)| {
+        let _ = linnet_runtime::weights::load(model, bindings, &dir, &[], NonFinite::Refuse);
+    });
+}
+
+fn npy_files() -> Vec<Vec<u8>> {
+    vec![
+        linnet_runtime::npy::write(&Tensor::from_f32(Dtype::F32, vec![2, 3], vec![1.0, -2.0, 0.5, 3.0, 0.0, 7.0])),
+        linnet_runtime::npy::write(&Tensor::from_i64(Dtype::I32, vec![1, 4], vec![5, 17, 42, 7])),
+        linnet_runtime::npy::write(&Tensor::from_i64(Dtype::I64, vec![], vec![9])),
+    ]
+}
+
+fn npy(input: &[u8]) {
+    let _ = linnet_runtime::npy::read(input);
+}
+
+fn request_bodies() -> Vec<Vec<u8>> {
+    [
+        r#"{"model": "tiny", "prompt": [5, 17, 42], "max_tokens": 4, "temperature": 0}"#,
+        r#"{"prompt": "Hello there", "max_tokens": 8, "top_p": 0.9, "top_k": 40, "seed": 7, "stream": true}"#,
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 3}"#,
+        r#"{"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "user", "content": "Why?"}], "stop": []}"#,
+    ]
+    .iter()
+    .map(|body| body.as_bytes().to_vec())
+    .collect()
+}
+
+/// The server's reading of a request body (by the chat endpoint when it
+/// mentions `messages`), with the oracle's tokenizer.
+fn request(input: &[u8]) {
+    static SERVED: OnceLock<Served> = OnceLock::new();
+    let served = SERVED.get_or_init(|| Served {
+        limits: Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 512 },
+        text: linnet_runtime::text::TextModel::load(&oracle().join("weights-f32")).expect("the oracle's tokenizer"),
+    });
+    let chat = input.windows(8).any(|window| window == b"messages");
+    let _ = served.read(input, chat);
+}
