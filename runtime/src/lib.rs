@@ -4,14 +4,15 @@
 //! interpreter. All file IO of running a model is here.
 
 pub mod bench;
-pub mod experts;
 pub mod cache;
+pub mod experts;
 pub mod generate;
 pub mod init;
 pub mod npy;
 pub mod random;
 pub mod sampling;
 pub mod server;
+pub mod stops;
 pub mod text;
 pub mod weights;
 

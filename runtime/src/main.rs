@@ -117,6 +117,10 @@ enum Command {
         host: String,
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Requests that may wait for a free row; more get 429 with
+        /// `Retry-After` instead of queueing without bound.
+        #[arg(long, default_value_t = 256)]
+        queue: usize,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -319,9 +323,9 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
-        Command::Serve { model, host, port } => {
+        Command::Serve { model, host, port, queue } => {
             let loader = model.clone();
-            linnet_runtime::server::serve(move || load(&loader), &host, port)
+            linnet_runtime::server::serve(move || load(&loader), &host, port, queue)
         }
         Command::InitWeights { package, nest, overrides, seed, shards, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };

@@ -25,6 +25,8 @@ use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use crate::stops::Detokenizer;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -218,6 +220,10 @@ impl Served {
 struct App {
     jobs: std::sync::Mutex<mpsc::Sender<Job>>,
     served: Served,
+    /// Requests running or waiting for a row now, and the most allowed:
+    /// past it, a request is answered 429 at once rather than queued.
+    held: Arc<AtomicUsize>,
+    capacity: usize,
 }
 
 fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
@@ -245,6 +251,8 @@ struct Request {
     prompt: Vec<i64>,
     job: Job,
     stream: bool,
+    /// Stop strings: the answer ends before the first one generated.
+    stops: Vec<String>,
     receiver: UnboundedReceiver<Update>,
 }
 
@@ -254,13 +262,12 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 8] = [
+const NOT_YET: [(&str, Unasked); 7] = [
     ("n", |v| v.as_f64() == Some(1.0)),
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("logprobs", |v| v == &Value::Bool(false)),
     ("top_logprobs", |v| v.as_f64() == Some(0.0)),
     ("echo", |v| v == &Value::Bool(false)),
-    ("stop", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
     ("stream_options", |v| v.get("include_usage").is_none_or(|u| u == &Value::Bool(false))),
 ];
@@ -309,10 +316,29 @@ fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>) -> Result<Requ
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(bad(format!("`stream` must be a boolean, got {other}"), "stream")),
     };
+    let stops = stop_strings(body)?;
+    if !stops.is_empty() && served.text.is_none() {
+        return Err(bad("`stop` strings need a tokenizer, and this model has none", "stop"));
+    }
     let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let (updates, receiver) = unbounded_channel();
     let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, updates };
-    Ok(Request { prompt, job, stream, receiver })
+    Ok(Request { prompt, job, stream, stops, receiver })
+}
+
+/// `stop`: absent, one string, or up to four non-empty strings.
+fn stop_strings(body: &Value) -> Result<Vec<String>, Response> {
+    let refused = || bad("`stop` must be a string or a list of at most 4 non-empty strings", "stop");
+    let stops = match body.get("stop") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(stop)) => vec![stop.clone()],
+        Some(Value::Array(items)) if items.len() <= 4 => items.iter().map(|item| item.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(refused)?,
+        Some(_) => return Err(refused()),
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(refused());
+    }
+    Ok(stops)
 }
 
 fn prompt_of(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
@@ -365,66 +391,104 @@ fn now() -> u64 {
 }
 
 async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
-    let Request { prompt, job, stream, mut receiver } = request;
+    let Request { prompt, job, stream, stops, mut receiver } = request;
+    let Some(admitted) = Admitted::new(&app) else {
+        let mut refused = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("the server holds {} requests, its most; try again shortly", app.capacity),
+            None,
+        );
+        refused.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        return refused;
+    };
     if app.jobs.lock().map(|jobs| jobs.send(job)).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the model is not running", None);
     }
     let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, now());
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
+    let mut detokenizer = Detokenizer::new(stops);
     if stream {
-        let text_app = app.clone();
-        let mut ids = Vec::new();
-        let mut shown = 0usize;
-        let events = UnboundedReceiverStream::new(receiver).map(move |update| {
+        let mut ended = false;
+        let events = UnboundedReceiverStream::new(receiver).map_while(move |update| {
+            // Dropping the stream (here, or when the client goes) drops
+            // the receiver, which frees the row.
+            let _admitted = &admitted;
+            if ended {
+                return None;
+            }
+            let text = app.served.text.as_ref();
             let (piece, finish) = match update {
-                Update::Token(token) => {
-                    ids.push(token);
-                    let piece = match &text_app.served.text {
-                        Some(text) => {
-                            let all = text.decode(&ids);
-                            let piece = all.get(shown..).unwrap_or_default().to_string();
-                            shown = all.len().max(shown);
-                            piece
-                        }
-                        None => format!("{token} "),
-                    };
-                    (piece, Value::Null)
-                }
-                Update::Finished(reason) => (String::new(), json!(reason)),
+                Update::Token(token) => match detokenizer.push(text, token) {
+                    (piece, true) => (piece, json!("stop")),
+                    (piece, false) => (piece, Value::Null),
+                },
+                Update::Finished(reason) => (detokenizer.finish(text), json!(reason)),
                 Update::Failed(message) => (format!("[error: {message}]"), json!("error")),
             };
+            ended = !finish.is_null();
             let choice = if chat {
                 json!({ "index": 0, "delta": { "role": "assistant", "content": piece }, "finish_reason": finish })
             } else {
                 json!({ "index": 0, "text": piece, "finish_reason": finish })
             };
             let chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [choice] });
-            Ok::<_, std::convert::Infallible>(Event::default().data(chunk.to_string()))
+            Some(Ok::<_, std::convert::Infallible>(Event::default().data(chunk.to_string())))
         });
         let done = tokio_stream::once(Ok(Event::default().data("[DONE]")));
         return Sse::new(events.chain(done)).into_response();
     }
-    let mut ids = Vec::new();
+    let text = app.served.text.as_ref();
+    let mut answer = String::new();
     let mut finish = "length";
     while let Some(update) = receiver.recv().await {
         match update {
-            Update::Token(token) => ids.push(token),
+            Update::Token(token) => {
+                let (piece, stopped) = detokenizer.push(text, token);
+                answer.push_str(&piece);
+                if stopped {
+                    finish = "stop";
+                    break;
+                }
+            }
             Update::Finished(reason) => {
                 finish = reason;
+                answer.push_str(&detokenizer.finish(text));
                 break;
             }
             Update::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message, None),
         }
     }
-    let text = app.served.text.as_ref().map(|t| t.decode(&ids)).unwrap_or_default();
+    drop((receiver, admitted));
+    if text.is_none() {
+        answer.clear();
+    }
+    let ids = detokenizer.ids();
     let choice = if chat {
-        json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "token_ids": ids })
+        json!({ "index": 0, "message": { "role": "assistant", "content": answer }, "finish_reason": finish, "token_ids": ids })
     } else {
-        json!({ "index": 0, "text": text, "finish_reason": finish, "token_ids": ids })
+        json!({ "index": 0, "text": answer, "finish_reason": finish, "token_ids": ids })
     };
     let usage = json!({ "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() });
     Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage })).into_response()
+}
+
+/// One request counted against the server's capacity while it is held.
+struct Admitted(Arc<AtomicUsize>);
+
+impl Admitted {
+    /// Counts a request in, unless the server already holds its most.
+    fn new(app: &App) -> Option<Admitted> {
+        let held = app.held.fetch_add(1, Ordering::SeqCst);
+        let admitted = Admitted(app.held.clone());
+        (held < app.capacity).then_some(admitted)
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A completion request: the body parsed, its prompt read by `prompt`,
@@ -463,8 +527,10 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Serves until Ctrl-C. `loaded` is built on the scheduler thread by `load`.
-pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, host: &str, port: u16) -> Result<(), String> {
+/// Serves until Ctrl-C: `queue` requests may wait for a row beyond the
+/// model's rows; more are answered 429 with `Retry-After`. The model is
+/// loaded by `load` on the scheduler thread.
+pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, host: &str, port: u16, queue: usize) -> Result<(), String> {
     let (jobs, receiver) = mpsc::channel::<Job>();
     let (ready, started) = mpsc::channel::<Result<(Limits, Option<TextModel>), String>>();
     let scheduler = std::thread::spawn(move || {
@@ -480,7 +546,8 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, hos
         schedule(machine, limits, receiver);
     });
     let (limits, text) = started.recv().map_err(|_| "the model thread stopped".to_string())??;
-    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), served: Served { limits, text } });
+    let capacity = limits.rows + queue;
+    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), served: Served { limits, text }, held: Arc::new(AtomicUsize::new(0)), capacity });
     let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))

@@ -20,6 +20,10 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Server {
         let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
         let mut child = Command::new(env!("CARGO_BIN_EXE_linnet"))
             .arg("serve")
@@ -29,6 +33,7 @@ impl Server {
             .arg("--weights")
             .arg(oracle.join("weights-f32"))
             .args(["--port", "0"])
+            .args(extra)
             .env("LINNET_STDLIB", root().join("stdlib"))
             .stderr(Stdio::piped())
             .spawn()
@@ -129,7 +134,7 @@ fn a_server_session() {
     assert_eq!(status, 400);
     // Fields that would change the answer and are not done yet are refused
     // by name, not ignored; their "not asked for" values are accepted.
-    for (field, value) in [("n", json!(2)), ("logprobs", json!(true)), ("echo", json!(true)), ("stop", json!(["t9"])), ("stream_options", json!({ "include_usage": true }))] {
+    for (field, value) in [("n", json!(2)), ("logprobs", json!(true)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))] {
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
         body[field] = value;
         let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
@@ -145,6 +150,32 @@ fn a_server_session() {
     let name = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
     let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "max_tokens": 1, "model": name }).to_string());
     assert_eq!(status, 200, "{response}");
+    // Stop strings: the text ends before the first, in full answers and
+    // in streams; without a tokenizer's text they are refused.
+    let (_, full) = server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0}"#);
+    let full: Value = serde_json::from_str(&full).unwrap();
+    let full_text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop = format!("t{}", alone[0][4]);
+    let expected = &full_text[..full_text.find(&stop).unwrap()];
+    let body = json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": [stop, "never"] }).to_string();
+    let (status, response) = server.call("POST", "/v1/completions", &body);
+    let answer: Value = serde_json::from_str(&response).unwrap();
+    assert!(status == 200 && answer["choices"][0]["text"] == expected && answer["choices"][0]["finish_reason"] == "stop", "{response}");
+    let streamed = json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": stop, "stream": true }).to_string();
+    let (status, response) = server.call("POST", "/v1/completions", &streamed);
+    let pieces: String = response
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok())
+        .map(|chunk| chunk["choices"][0]["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(status == 200 && pieces == expected && response.contains(r#""finish_reason":"stop""#), "{response}");
+    for refused in [json!(["a", "b", "c", "d", "e"]), json!([""]), json!(7)] {
+        let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "stop": refused }).to_string());
+        assert!(status == 400 && response.contains("`stop`"), "{refused}: {status} {response}");
+    }
+    // A body over the limit is a 413.
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "t1 ".repeat(1 << 20));
+    assert_eq!(server.call("POST", "/v1/completions", &huge).0, 413);
     // Content as text parts, as the chat API allows.
     let parts = json!({ "messages": [{ "role": "user", "content": [{ "type": "text", "text": "t1" }, { "type": "text", "text": " t2" }] }], "max_tokens": 2 });
     let (status, response) = server.call("POST", "/v1/chat/completions", &parts.to_string());
@@ -163,6 +194,38 @@ fn a_server_session() {
         drop(stream);
     }
     assert_eq!(server.complete(prompts[0], 10), alone[0]);
+}
+
+/// With no room to wait, a request beyond the rows is answered 429 with
+/// `Retry-After` at once; once the rows free, requests are served again.
+#[test]
+fn a_full_server_answers_429() {
+    let server = Server::start_with(&["--queue", "0"]);
+    let (_, models) = server.call("GET", "/v1/models", "");
+    assert!(models.contains("tiny"), "{models}");
+    let rows = 2;
+    let streams: Vec<TcpStream> = (0..rows)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+            let body = json!({ "prompt": [3, 4], "max_tokens": 60, "stream": true }).to_string();
+            write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+            let mut first = [0u8; 16];
+            let _ = stream.read(&mut first).unwrap();
+            stream
+        })
+        .collect();
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let body = json!({ "prompt": [1, 2], "max_tokens": 2 }).to_string();
+    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 429") && response.to_lowercase().contains("retry-after: 1"), "{response}");
+    drop(streams);
+    let served = (0..50).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        server.call("POST", "/v1/completions", &body).0 == 200
+    });
+    assert!(served, "requests are served again once the rows are free");
 }
 
 #[test]
