@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Load test of `linnet serve` on loopback: N greedy requests at C
+concurrent over a few distinct prompts (identical prompts must get
+identical tokens), some streaming clients that vanish after the first
+chunk (their rows must be freed), then figures: requests/s, p50/p99
+latency, lost requests, mismatched greedy results, and the server's
+resident memory (now and peak) after every 1,000 requests.
+
+    cargo build --release
+    scripts/load-test.py --requests 5000 --concurrency 16
+
+Bounded: it stops after --requests or --seconds, whichever comes first.
+Standard library only; the server runs the f32 oracle model
+(tests/fixtures/oracle) unless --package/--weights/--nest say otherwise.
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORACLE = os.path.join(ROOT, "tests/fixtures/oracle/tiny-qwen3.5-moe")
+
+
+def start(args):
+    command = [
+        args.linnet, "serve", args.package, "--nest", args.nest, "--weights", args.weights,
+        "--port", "0", "--queue", str(args.queue),
+    ]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in server.stderr:
+        found = re.search(r"http://[^\s:]+:(\d+)", line)
+        if found:
+            threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+            return server, int(found.group(1))
+    sys.exit("the server stopped before listening: " + " ".join(command))
+
+
+def memory(pid):
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields.get("VmRSS", "?"), fields.get("VmHWM", "?")
+
+
+def complete(port, prompt, max_tokens):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    started = time.perf_counter()
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    payload = response.read()
+    elapsed = time.perf_counter() - started
+    connection.close()
+    if response.status != 200:
+        return None, elapsed, f"HTTP {response.status}: {payload[:200]!r}"
+    return json.loads(payload)["choices"][0]["token_ids"], elapsed, None
+
+
+def vanish(port, prompt):
+    """A streaming client that reads the first chunk and goes away."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps({"prompt": prompt, "max_tokens": 50, "stream": True})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    response.read1(64) if hasattr(response, "read1") else response.read(64)
+    connection.sock.close()
+    connection.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=900)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--vanishing", type=float, default=0.05, help="share of clients that disconnect mid-stream")
+    parser.add_argument("--queue", type=int, default=256)
+    parser.add_argument("--linnet", default=os.path.join(ROOT, "target/release/linnet"))
+    parser.add_argument("--package", default=os.path.join(ROOT, "models/qwen3.6-35b-a3b"))
+    parser.add_argument("--nest", default=os.path.join(ORACLE, "package/nest-f32.toml"))
+    parser.add_argument("--weights", default=os.path.join(ORACLE, "weights-f32"))
+    args = parser.parse_args()
+
+    server, port = start(args)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, 500) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
+    expected = {}
+    latencies, lost, mismatched, vanished = [], [], 0, 0
+    lock = threading.Lock()
+    started = time.perf_counter()
+    deadline = started + args.seconds
+
+    def one(index):
+        nonlocal mismatched, vanished
+        prompt = prompts[index % len(prompts)]
+        if rng.random() < args.vanishing:
+            try:
+                vanish(port, prompt)
+            except OSError as error:
+                with lock:
+                    lost.append(f"vanishing client: {error}")
+            with lock:
+                vanished += 1
+            return
+        try:
+            tokens, elapsed, problem = complete(port, prompt, args.max_tokens)
+        except OSError as error:
+            tokens, elapsed, problem = None, 0.0, str(error)
+        with lock:
+            if problem:
+                lost.append(problem)
+                return
+            latencies.append(elapsed)
+            key = tuple(prompt)
+            if expected.setdefault(key, tokens) != tokens:
+                mismatched += 1
+
+    done = 0
+    with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+        while done < args.requests and time.perf_counter() < deadline:
+            batch = min(1000 - done % 1000, args.requests - done)
+            list(pool.map(one, range(done, done + batch)))
+            done += batch
+            rss, peak = memory(server.pid)
+            print(f"after {done:>6} requests: server RSS {rss}, peak {peak}", flush=True)
+    took = time.perf_counter() - started
+    server.terminate()
+    server.wait(timeout=30)
+
+    latencies.sort()
+    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3 if latencies else float("nan")
+    print(f"requests: {done} in {took:.1f} s at {args.concurrency} concurrent ({done / took:.1f} req/s), {vanished} vanished mid-stream")
+    print(f"latency: p50 {quantile(0.5):.1f} ms, p99 {quantile(0.99):.1f} ms")
+    print(f"lost: {len(lost)}, mismatched greedy results: {mismatched}")
+    for problem in lost[:10]:
+        print(f"  {problem}")
+    sys.exit(1 if lost or mismatched else 0)
+
+
+if __name__ == "__main__":
+    main()
