@@ -4,6 +4,7 @@
 
 use crate::sampling::{Rng, Sampling};
 use linnet_compiler::exec::{Machine, RunError};
+use linnet_compiler::ir::{Intrinsic, Model, NodeKind};
 use linnet_compiler::tensor::Tensor;
 use linnet_compiler::sema::ty::Dtype;
 
@@ -24,6 +25,23 @@ pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
     entry.inputs[0].shape[0].as_constant().map(|rows| rows as usize).ok_or_else(|| "`decode` takes a batch of unknown size".to_string())
 }
 
+/// How many positions the model's caches hold: the length axis of every
+/// state an entry writes at token positions (`write_at`, `write_span`,
+/// `write_rows` into `[rows, heads, positions, width]`); `None` for a model
+/// without such caches.
+pub fn cache_positions(model: &Model) -> Option<usize> {
+    let written = model.entries.iter().flat_map(|entry| {
+        entry.nodes.iter().filter_map(move |node| match &node.kind {
+            NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) => match entry.nodes[args.first()?.index()].kind {
+                NodeKind::State(state) => Some(state),
+                _ => None,
+            },
+            _ => None,
+        })
+    });
+    written.filter_map(|state| model.states[state].shape.get(2).copied()).min()
+}
+
 /// Appends `max_tokens` greedy tokens to `prompt`; returns the new ones.
 pub fn greedy(machine: &mut Machine, prompt: &[i64], max_tokens: usize) -> Result<Vec<i64>, RunError> {
     generate(machine, prompt, max_tokens, &Sampling::default(), &mut Rng::new(0), &[], |_| true)
@@ -41,6 +59,15 @@ pub fn generate(
     mut on_token: impl FnMut(i64) -> bool,
 ) -> Result<Vec<i64>, RunError> {
     let rows = batch_rows(machine).map_err(|message| RunError::Inputs { entry: "decode".into(), message })?;
+    // The last token generated is never written to the caches.
+    let needed = prompt.len() + max_tokens.max(1) - 1;
+    if let Some(positions) = cache_positions(machine.model()).filter(|positions| needed > *positions) {
+        let message = format!(
+            "a prompt of {} tokens and {max_tokens} new ones need {needed} positions; this model's caches hold {positions} (its card's MaxSeq)",
+            prompt.len()
+        );
+        return Err(RunError::Inputs { entry: "prefill".into(), message });
+    }
     machine.reset();
     let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
     let prefill = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];

@@ -73,7 +73,7 @@ pub fn limits(machine: &Machine) -> Result<Limits, String> {
     machine.model().entry("prefill_slots").ok_or("the model has no `prefill_slots` entry: it cannot serve")?;
     let rows = entry.inputs[0].shape[0].as_constant().ok_or("`decode_rows` takes a batch of unknown size")? as usize;
     let vocab = entry.nodes[entry.outputs[0].index()].shape.last().and_then(|d| d.as_constant()).ok_or("no vocabulary size")? as usize;
-    let max_seq = machine.model().states.iter().filter(|s| s.shape.len() == 4).map(|s| s.shape[2]).max().unwrap_or(usize::MAX);
+    let max_seq = crate::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
     Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
 }
 

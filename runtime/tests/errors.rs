@@ -148,6 +148,10 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let step = vec![tokens(vec![1, 1], vec![2, 1]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![64])];
     let error = machine.call("decode", step).unwrap_err().to_string();
     assert!(error.contains("entry `decode`") && error.contains("input `pos` holds 64"), "{error}");
+    // Past the caches: said in the user's terms before anything runs.
+    let error = linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 100).unwrap_err().to_string();
+    assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");
+    assert_eq!(linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 62).unwrap().len(), 62);
     let bindings: HashMap<String, String> = HashMap::new();
     let problems = weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse).unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
