@@ -162,6 +162,12 @@ fn an_editor_session_on_the_seed_package() {
     let shown = hover(&mut client, &uri, &text, "cache_k: Tensor");
     assert!(shown.contains("[1, 2, 262144, 256] bf16, 256.0 MiB"), "{shown}");
 
+    // A size the card sets shows its value, where it is declared and used.
+    let shown = hover(&mut client, &uri, &text, "KvHeads: Dim");
+    assert!(shown.contains("KvHeads = 2"), "{shown}");
+    let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>(THETA)");
+    assert!(shown.contains("HeadDim = 256"), "{shown}");
+
     // Outline.
     let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
     assert_eq!(symbols[0]["name"], "GatedAttention");

@@ -65,13 +65,16 @@ fn card_values(checked: &Checked) -> (HashMap<String, i64>, HashMap<String, Dtyp
     (dims, elems)
 }
 
-fn bytes(count: i64) -> String {
-    match count {
-        c if c >= 1 << 30 => format!("{:.1} GiB", c as f64 / (1u64 << 30) as f64),
-        c if c >= 1 << 20 => format!("{:.1} MiB", c as f64 / (1u64 << 20) as f64),
-        c if c >= 1 << 10 => format!("{:.1} KiB", c as f64 / 1024.0),
-        c => format!("{c} B"),
-    }
+/// `H = 2048`: the card's value of the size named at `offset`, when the
+/// name there is one the card (or `[check]`) sets.
+pub fn card_dim_at(checked: &Checked, file: FileId, offset: usize) -> Option<String> {
+    let text = &checked.sources.get(file).text;
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let start = text[..offset.min(text.len())].rfind(|c: char| !is_name(c)).map_or(0, |at| at + 1);
+    let end = text[start..].find(|c: char| !is_name(c)).map_or(text.len(), |at| start + at);
+    let name = &text[start..end];
+    let (dims, _) = card_values(checked);
+    dims.get(name).map(|value| format!("{name} = {value}"))
 }
 
 /// `[1, 8, 2, 256] bf16, 8.0 KiB` under the card's values, if they decide it.
@@ -94,10 +97,9 @@ pub fn concrete(checked: &Checked, ty: &Ty) -> Option<String> {
         Elem::Generic(name) => *elems.get(&**name)?,
         _ => return None,
     };
-    let count: i64 = shape.iter().product();
-    let width = dtype.bytes() as i64;
+    let bytes = shape.iter().try_fold(dtype.bytes() as u128, |bytes, axis| bytes.checked_mul(u128::try_from(*axis).ok()?))?;
     let shape: Vec<String> = shape.iter().map(ToString::to_string).collect();
-    Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), bytes(count * width)))
+    Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), crate::sema::footprint::human_bytes(bytes)))
 }
 
 /// The declaration header (up to its body) and doc comment of the block

@@ -306,6 +306,8 @@ impl Server {
         let declared = features::definition_at(checked, file, offset).or_else(|| features::declaration_at(checked, file, offset));
         let markdown = if let Some(signature) = declared.and_then(|d| features::signature(checked, d)) {
             signature
+        } else if let Some(value) = features::card_dim_at(checked, file, offset) {
+            format!("```linnet\n{value}\n```\n\nfrom the model card (nest.toml)")
         } else if let Some((span, ty)) = features::type_at(checked, file, offset) {
             let name = &text[span.range()];
             let described = match ty {
