@@ -205,7 +205,7 @@ fn manifest(
                 .collect(),
         })
         .collect();
-    Ok(Manifest {
+    Manifest {
         format: FORMAT_VERSION,
         abi: native::ABI_VERSION,
         compiler: compiler_build(),
@@ -234,7 +234,7 @@ fn manifest(
         files,
         seal: String::new(),
     }
-    .sealed()?)
+    .sealed()
 }
 
 /// Compiles `model` and writes its artifact into `dir` (created if need

@@ -86,22 +86,7 @@ pub fn of(program: &Program, block: usize, values: &Values) -> Footprint {
     }
     for sub in &sig.subs {
         let Some((target, args)) = &sub.target else { continue };
-        let mut inner = Values::default();
-        for (name, dim) in &args.dims {
-            if let Some(value) = values.eval(dim) {
-                inner.dims.insert(name.clone(), value);
-            }
-        }
-        for (name, elem) in &args.elems {
-            let dtype = match elem {
-                Elem::Known(dtype) => Some(*dtype),
-                Elem::Generic(outer) => values.elems.get(outer).copied(),
-                Elem::IntLiteral | Elem::FloatLiteral => None,
-            };
-            if let Some(dtype) = dtype {
-                inner.elems.insert(name.clone(), dtype);
-            }
-        }
+        let inner = values.of_arguments(args);
         let count = match &sub.ty {
             Ty::SubArray(_, count) => size(count, values),
             _ => 1,

@@ -8,7 +8,7 @@
 use super::dim::{Atom, Dim, Symbol};
 use super::program::{Clause, ItemRef, Program};
 use super::suggest;
-use super::ty::{Dtype, Ty};
+use super::ty::{Dtype, Elem, Subst, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::{Nest, NestValue};
 use crate::source::Span;
@@ -24,6 +24,28 @@ pub struct Values {
 }
 
 impl Values {
+    /// The values a sub-block's generics take: its arguments evaluated
+    /// with these (those that cannot be are left out).
+    pub fn of_arguments(&self, args: &Subst) -> Values {
+        let mut inner = Values::default();
+        for (name, dim) in &args.dims {
+            if let Some(value) = self.eval(dim) {
+                inner.dims.insert(name.clone(), value);
+            }
+        }
+        for (name, elem) in &args.elems {
+            let dtype = match elem {
+                Elem::Known(dtype) => Some(*dtype),
+                Elem::Generic(outer) => self.elems.get(outer).copied(),
+                Elem::IntLiteral | Elem::FloatLiteral => None,
+            };
+            if let Some(dtype) = dtype {
+                inner.elems.insert(name.clone(), dtype);
+            }
+        }
+        inner
+    }
+
     pub fn eval(&self, dim: &Dim) -> Option<i64> {
         dim.evaluate(&|atom| match atom {
             Atom::Generic(name) => self.dims.get(name).copied(),
@@ -240,12 +262,7 @@ fn parameter_paths(program: &Program, block: usize, values: &Values, prefix: &st
     }
     for sub in &sig.subs {
         let Some((target, args)) = &sub.target else { continue };
-        let mut inner = Values::default();
-        for (name, dim) in &args.dims {
-            if let Some(value) = values.eval(dim) {
-                inner.dims.insert(name.clone(), value);
-            }
-        }
+        let inner = values.of_arguments(args);
         match &sub.ty {
             Ty::SubArray(_, count) if structural => {
                 parameter_paths(program, *target, &inner, &format!("{prefix}{}.#.", sub.name), structural, out)
