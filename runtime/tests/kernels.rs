@@ -101,6 +101,22 @@ fn the_cpu_backend_meets_the_contract() {
     }
 }
 
+/// The router's ranks, written out pair by pair in the seed, are recognized
+/// (`ir::ranking`) in every entry that routes, once per expert layer, so
+/// the CPU backend sorts instead of comparing every pair; the contract
+/// test above holds the result to the interpreter's.
+#[test]
+fn the_routers_ranks_are_recognized() {
+    let (model, _) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let layers = model.params.iter().filter(|p| p.path.ends_with("mlp.gate_up_proj")).count();
+    assert!(layers > 0);
+    for entry in &model.entries {
+        let analysis = linnet_compiler::ir::analysis::Analysis::of(entry);
+        let rankings = analysis.ranking.iter().flatten().count();
+        assert_eq!(rankings, layers, "entry `{}`", entry.name);
+    }
+}
+
 /// Values inlined into their consumers give the results they gave stored:
 /// bit for bit on the interpreter, within the contract on the CPU; and
 /// the fused model has fewer nodes.

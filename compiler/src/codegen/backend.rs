@@ -1,14 +1,15 @@
 //! The CPU backend as the executor drives it: values are host tensors,
 //! every `Compute` node runs as native code (an artifact's, or compiled
 //! here by the JIT when the backend readies a model), attention and the
-//! delta rule run on the backend's own kernels (`codegen::intrinsics`) and
-//! cache writes on the host's. An entry with a node that has no kernel is
-//! refused when the model is loaded, never run another way.
+//! delta rule run on the backend's own kernels (`codegen::intrinsics`),
+//! rankings (`ir::ranking`) by sorting, and cache writes on the host's. An
+//! entry with a node that has no kernel is refused when the model is
+//! loaded, never run another way.
 
 use super::native::{self, Compiled, NativeKernel};
 use crate::exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
-use crate::ir::{Intrinsic, Model, NodeKind};
+use crate::ir::{Intrinsic, Model, NodeKind, Value};
 use crate::tensor::{Data, Tensor};
 use std::collections::HashMap;
 
@@ -18,17 +19,19 @@ pub struct Cpu {
     given: Option<HashMap<String, Compiled>>,
     /// Per entry, in model order, once prepared.
     entries: Vec<Compiled>,
+    /// Per entry and node: the value a ranking node ranks.
+    rankings: Vec<Vec<Option<Value>>>,
 }
 
 impl Cpu {
     /// Compiles every entry in this process when it readies a model.
     pub fn jit() -> Cpu {
-        Cpu { given: None, entries: Vec::new() }
+        Cpu { given: None, entries: Vec::new(), rankings: Vec::new() }
     }
 
     /// Runs code compiled before (an artifact's kernels).
     pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
-        Cpu { given: Some(compiled), entries: Vec::new() }
+        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new() }
     }
 }
 
@@ -68,6 +71,7 @@ impl Backend for Cpu {
                 }
             }
             self.entries.push(compiled);
+            self.rankings.push(analysis.ranking.clone());
         }
         Ok(())
     }
@@ -75,6 +79,13 @@ impl Backend for Cpu {
     crate::tensor::host_memory!();
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        if let Some(scores) = self.rankings[site.entry_number][site.at] {
+            let scores = values[scores.index()].as_deref().expect("a ranked value is live");
+            let widened = crate::intrinsics::widened(&[scores]);
+            let rows = widened[0].as_f32().expect("widened scores are f32");
+            let width = site.shape.last().copied().unwrap_or(1);
+            return Ok(Tensor::from_i64(site.entry.nodes[site.at].dtype, site.shape.to_vec(), crate::ir::ranking::ranks(rows, width)));
+        }
         let kernel = self.entries[site.entry_number].kernels[site.at].as_ref().expect("`prepare` found a kernel for every node");
         run(kernel, site, values)
     }

@@ -2,10 +2,10 @@
 //! (or built) and read by the executor and every backend: what each node
 //! reads, how often and for the last time each value is read (liveness),
 //! what is hoisted (computed once per loaded model), which nodes are
-//! contractions (run on a matrix kernel), and which intrinsic writes its
-//! cache state in place.
+//! contractions (run on a matrix kernel) or rankings (sorted), and which
+//! intrinsic writes its cache state in place.
 
-use super::{contraction, plan, Entry, NodeKind, Scalar, Value};
+use super::{contraction, plan, ranking, Entry, NodeKind, Scalar, Value};
 use crate::sema::dim::Dim;
 
 #[derive(Clone, Debug)]
@@ -20,6 +20,8 @@ pub struct Analysis {
     pub hoistable: Vec<bool>,
     /// Per node: a contraction (`ir::contraction`).
     pub contraction: Vec<bool>,
+    /// Per node: a ranking (`ir::ranking`), as the value it ranks.
+    pub ranking: Vec<Option<Value>>,
     /// Per node: a cache write whose cache is a state read nowhere else,
     /// which therefore updates that state in place.
     pub in_place: Vec<Option<usize>>,
@@ -63,6 +65,7 @@ impl Analysis {
             last_reads: plan::last_reads(entry),
             hoistable: plan::hoistable(entry),
             contraction: (0..entry.nodes.len()).map(|at| contraction::of(entry, at).is_some()).collect(),
+            ranking: (0..entry.nodes.len()).map(|at| ranking::of(entry, at)).collect(),
             in_place,
         }
     }

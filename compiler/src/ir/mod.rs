@@ -15,6 +15,7 @@ pub mod contraction;
 pub mod fuse;
 pub mod invariant;
 pub mod plan;
+pub mod ranking;
 mod text;
 mod verify;
 
