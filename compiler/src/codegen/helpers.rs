@@ -143,27 +143,33 @@ extern "C" fn batch_row(input: i64, weight: i64, out: i64) -> i64 {
     0
 }
 
-/// Runs the recorded rows, the rows of each weight matrix together, so
-/// that a prefill reads each expert's weights once.
+/// Runs the recorded rows, the rows of each weight matrix together (so
+/// that a prefill reads each expert's weights once), every matrix in one
+/// parallel pass.
 extern "C" fn batch_run(columns: i64, depth: i64, bf16: i64) -> i64 {
     let mut rows = BATCH.with_borrow_mut(std::mem::take);
     rows.sort_by_key(|(_, weight, _)| *weight);
     let (columns, depth) = (columns as usize, depth as usize);
-    for group in rows.chunk_by(|a, b| a.1 == b.1) {
-        let batch = super::matmul::Rows {
-            inputs: group.iter().map(|(input, ..)| *input as *const f32).collect(),
-            outs: group.iter().map(|(.., out)| *out as *mut f32).collect(),
-        };
-        let weight = group[0].1;
-        // SAFETY: generated code recorded checked rows: `depth` inputs,
-        // room for `columns` outputs, a `columns × depth` weight matrix of
-        // bf16 bits or f32 as `bf16` says.
-        unsafe {
-            if bf16 != 0 {
-                super::matmul::matmul_rows(&batch, std::slice::from_raw_parts(weight as *const u16, columns * depth), columns, depth);
-            } else {
-                super::matmul::matmul_rows(&batch, std::slice::from_raw_parts(weight as *const f32, columns * depth), columns, depth);
-            }
+    let batches: Vec<(super::matmul::Rows, usize)> = rows
+        .chunk_by(|a, b| a.1 == b.1)
+        .map(|group| {
+            let batch = super::matmul::Rows {
+                inputs: group.iter().map(|(input, ..)| *input as *const f32).collect(),
+                outs: group.iter().map(|(.., out)| *out as *mut f32).collect(),
+            };
+            (batch, group[0].1)
+        })
+        .collect();
+    // SAFETY: generated code recorded checked rows: `depth` inputs, room
+    // for `columns` outputs, each a `columns × depth` weight matrix of
+    // bf16 bits or f32 as `bf16` says; rows of distinct outputs.
+    unsafe {
+        if bf16 != 0 {
+            let groups: Vec<_> = batches.iter().map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const u16, columns * depth))).collect();
+            super::matmul::matmul_groups(&groups, columns, depth);
+        } else {
+            let groups: Vec<_> = batches.iter().map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const f32, columns * depth))).collect();
+            super::matmul::matmul_groups(&groups, columns, depth);
         }
     }
     0

@@ -130,7 +130,7 @@ pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f3
     };
     // SAFETY: the rows point into `input` and `out`, which outlive this
     // call, with `depth` and `columns` elements each.
-    unsafe { run(isa, &rows, weight, columns, depth) }
+    unsafe { run(isa, &[(&rows, weight)], columns, depth) }
 }
 
 /// Input rows and the output rows they produce, wherever they are.
@@ -139,18 +139,21 @@ pub struct Rows {
     pub outs: Vec<*mut f32>,
 }
 
-// SAFETY: the threads of `matmul_rows` read the inputs and write disjoint
+// SAFETY: the threads of `matmul_groups` read the inputs and write disjoint
 // columns of the outputs.
 unsafe impl Sync for Rows {}
 
-/// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of `rows`.
+/// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of each
+/// group's `Rows`, with the group's weight matrix; the matrices are of one
+/// size (the experts a batch of tokens chose). The threads share out the
+/// columns of every matrix in one pass, so none waits at the end of each.
 ///
 /// # Safety
 /// Each input row has `depth` readable values and each output row room
 /// for `columns`; no output row overlaps another or an input.
-pub unsafe fn matmul_rows<W: Weight>(rows: &Rows, weight: &[W], columns: usize, depth: usize) {
+pub unsafe fn matmul_groups<W: Weight>(groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
     // SAFETY: as the caller promises.
-    unsafe { run(Isa::host(), rows, weight, columns, depth) }
+    unsafe { run(Isa::host(), groups, columns, depth) }
 }
 
 /// The input rows as bf16 bits, when every value is exactly a bf16 (then
@@ -172,32 +175,45 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 }
 
 /// # Safety
-/// As [`matmul_rows`]; the CPU has `isa`.
-unsafe fn run<W: Weight>(isa: Isa, rows: &Rows, weight: &[W], columns: usize, depth: usize) {
+/// As [`matmul_groups`]; the CPU has `isa`.
+unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
     use rayon::prelude::*;
-    assert_eq!(weight.len(), columns * depth, "a weight row per column");
-    WEIGHT_BYTES.fetch_add(std::mem::size_of_val(weight) as u64, Ordering::Relaxed);
-    // bf16 dot products pay off where tiles of four rows reuse each weight
-    // load; a matrix–vector product streams faster widening the weights.
-    let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
-    let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
-    let share = |range: std::ops::Range<usize>| {
+    // Per group: bf16 dot products pay off where tiles of four rows reuse
+    // each weight load; a matrix–vector product streams faster widening
+    // the weights.
+    let plans: Vec<(Isa, Option<Vec<u16>>)> = groups
+        .iter()
+        .map(|(rows, weight)| {
+            assert_eq!(weight.len(), columns * depth, "a weight row per column");
+            WEIGHT_BYTES.fetch_add(std::mem::size_of_val(*weight) as u64, Ordering::Relaxed);
+            let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
+            (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
+        })
+        .collect();
+    let share = |group: usize, range: std::ops::Range<usize>| {
+        let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
         // bf16 inputs, when given, are `rows` converted.
-        unsafe { columns_on(isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
+        unsafe { columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
     };
     let threads = rayon::current_num_threads();
-    if threads == 1 || rows.inputs.len() * columns * depth < PARALLEL_PRODUCTS {
-        return share(0..columns);
+    let products: usize = groups.iter().map(|(rows, _)| rows.inputs.len() * columns * depth).sum();
+    if threads == 1 || products < PARALLEL_PRODUCTS {
+        return (0..groups.len()).for_each(|group| share(group, 0..columns));
     }
-    let chunk = columns.div_ceil(threads * 4).next_multiple_of(4);
-    (0..columns.div_ceil(chunk)).into_par_iter().for_each(|part| share(part * chunk..((part + 1) * chunk).min(columns)));
+    // About four shares a thread over all groups, none under a tile's worth.
+    let chunk = (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
+    let parts = columns.div_ceil(chunk);
+    (0..groups.len() * parts).into_par_iter().for_each(|job| {
+        let (group, part) = (job / parts, job % parts);
+        share(group, part * chunk..((part + 1) * chunk).min(columns));
+    });
 }
 
 /// Columns `range` of every output row, on `isa`.
 ///
 /// # Safety
-/// As [`matmul_rows`], the CPU has `isa`, and no other thread writes
+/// As [`matmul_groups`], the CPU has `isa`, and no other thread writes
 /// these columns; `bf16_inputs` is given only on `Avx512Bf16`.
 unsafe fn columns_on<W: Weight>(isa: Isa, rows: &Rows, bf16_inputs: Option<&[u16]>, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
     // SAFETY: the caller's promises.
@@ -574,7 +590,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{matmul_on, Isa};
+    use super::{matmul, matmul_groups, matmul_on, Isa, Rows};
 
     /// Every output within the bound on f32 dot products of its length
     /// (`depth · 2⁻²³ · Σ|aₖ·wₖ|`) of the exact sum, on every instruction
@@ -614,6 +630,32 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Several matrices at once, each with its own rows (one, four, none,
+    /// many), give what each gives alone, large enough to share threads.
+    #[test]
+    fn groups_give_what_each_matrix_gives_alone() {
+        let (columns, depth) = (1024, 256);
+        let value = |seed: usize| ((seed * 2654435761) % 1000) as f32 / 1000.0 - 0.5;
+        let rows_per_group = [1usize, 4, 0, 37];
+        let weights: Vec<Vec<f32>> = (0..rows_per_group.len()).map(|g| (0..columns * depth).map(|at| value(at + g * 7)).collect()).collect();
+        let inputs: Vec<Vec<f32>> = rows_per_group.iter().enumerate().map(|(g, rows)| (0..rows * depth).map(|at| value(at * 3 + g)).collect()).collect();
+        let mut grouped: Vec<Vec<f32>> = rows_per_group.iter().map(|rows| vec![f32::NAN; rows * columns]).collect();
+        let batches: Vec<Rows> = (0..rows_per_group.len())
+            .map(|g| Rows {
+                inputs: (0..rows_per_group[g]).map(|m| inputs[g][m * depth..].as_ptr()).collect(),
+                outs: (0..rows_per_group[g]).map(|m| grouped[g][m * columns..].as_mut_ptr()).collect(),
+            })
+            .collect();
+        let groups: Vec<(&Rows, &[f32])> = batches.iter().zip(&weights).map(|(rows, weight)| (rows, weight.as_slice())).collect();
+        // SAFETY: every row points into a live vector of the right length.
+        unsafe { matmul_groups(&groups, columns, depth) };
+        for g in 0..rows_per_group.len() {
+            let mut alone = vec![f32::NAN; rows_per_group[g] * columns];
+            matmul(&inputs[g], &weights[g], &mut alone, rows_per_group[g]);
+            assert_eq!(grouped[g], alone, "group {g}");
         }
     }
 }
