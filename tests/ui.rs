@@ -182,6 +182,8 @@ fn deeply_nested(shape: &str, levels: usize) -> HashMap<PathBuf, String> {
         "parentheses" => format!("{}{operand}{}", "(".repeat(levels), ")".repeat(levels)),
         "casts" => format!("{}{operand}{}", "cast<f32>(".repeat(levels), ")".repeat(levels)),
         "sum" => format!("{operand}{}", " + 0.0".repeat(levels)),
+        // Positions within positions: each level was once parsed twice.
+        "indexing" => format!("{operand} + cast<f32>({}0{})", "iota<i64>(H)[".repeat(levels), "]".repeat(levels)),
         other => panic!("no shape {other}"),
     };
     let path = model_dir().join("src/norm.linnet");
@@ -208,6 +210,17 @@ fn nesting_is_bounded_with_a_diagnostic() {
             panic!("{shape} at {levels_below_bound} levels:\n{}", render(&checked));
         }
     }
+}
+
+/// Forty levels of `a[a[…]]` check at once: the parser once tried each
+/// position as a range first and parsed it again, 2^40 times at the bottom.
+#[test]
+fn nested_positions_are_parsed_once() {
+    let checked = check_package(&model_dir(), &LoadOptions { overlay: deeply_nested("indexing", 40), ..options() });
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    // The checker cannot show that 0 is inside `H` there (RmsNorm does not
+    // require `H > 0`); parsing went through.
+    assert_eq!(codes, ["index-out-of-bounds"], "{}", render(&checked));
 }
 
 fn linnet_files(dir: &Path, out: &mut Vec<PathBuf>) {
