@@ -5,7 +5,8 @@
 //! interpreter (`interp`) or the CPU backend (`codegen`), peers that both
 //! hold host tensors (`tensor`), compute with the numerics of record
 //! (`numerics`) and run the intrinsics' host kernels (`intrinsics`);
-//! `artifact` writes and reads what `linnetc build` produces.
+//! `artifact` writes and reads what `linnetc build` produces; with the
+//! `nvptx` feature, `gpu` lowers the same IR to PTX through MLIR.
 //! The `driver` runs these phases for the `linnetc` CLI, and `diagnostic`
 //! renders what they report.
 
@@ -14,6 +15,8 @@ pub mod codegen;
 pub mod diagnostic;
 pub mod driver;
 pub mod exec;
+#[cfg(feature = "nvptx")]
+pub mod gpu;
 pub mod interp;
 pub mod intrinsics;
 pub mod ir;

@@ -61,12 +61,30 @@ enum Command {
         nest: Option<PathBuf>,
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
         overrides: Vec<(String, String)>,
+        /// What to compile for: the host's CPU (an artifact `linnet`
+        /// runs), or NVIDIA GPUs (PTX, with a build that has the `nvptx`
+        /// feature).
+        #[arg(long, value_enum, default_value_t = Target::Cpu)]
+        target: Target,
+        /// The GPU architecture PTX is compiled for.
+        #[arg(long, default_value = "sm_90")]
+        gpu_arch: String,
+        /// libdevice (`libdevice.10.bc`), linked for the math functions;
+        /// default `$LINNET_LIBDEVICE`.
+        #[arg(long)]
+        libdevice: Option<PathBuf>,
     },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Emit {
     Ir,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Target {
+    Cpu,
+    Nvptx,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -155,10 +173,16 @@ fn main() -> ExitCode {
             }
         },
         Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
-        Command::Build { package, output, emit, nest, overrides } => {
+        Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice } => {
             let package = package::enclosing(&package).unwrap_or(package);
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
-            build(&package, output, emit, &options)
+            match target {
+                Target::Cpu => build(&package, output, emit, &options),
+                Target::Nvptx => {
+                    let libdevice = libdevice.or_else(|| std::env::var_os("LINNET_LIBDEVICE").map(PathBuf::from));
+                    build_nvptx(&package, output, &gpu_arch, libdevice.as_deref(), &options)
+                }
+            }
         }
         Command::Check { package, message_format, nest, overrides, color } => {
             let package = package::enclosing(&package).unwrap_or(package);
@@ -195,6 +219,62 @@ fn main() -> ExitCode {
             if checked.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS }
         }
     }
+}
+
+/// The model lowered, or its diagnostics printed.
+fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_compiler::ir::Model> {
+    let checked = driver::check_package(package, options);
+    match driver::lower_checked(checked, linnet_compiler::lower::Lowering::default()) {
+        Ok((model, _)) => Some(model),
+        Err(checked) => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            None
+        }
+    }
+}
+
+/// `linnetc build --target nvptx`: each entry's kernels as PTX files in
+/// `DIR/ptx/` (default `target/linnet/MODEL-nvptx`).
+#[cfg(feature = "nvptx")]
+fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, libdevice: Option<&std::path::Path>, options: &LoadOptions) -> ExitCode {
+    let started = std::time::Instant::now();
+    let Some(model) = lowered(package, options) else { return ExitCode::from(1) };
+    let built = match linnet_compiler::gpu::build(&model, arch, libdevice) {
+        Ok(built) if built.missing.is_empty() => built.entries,
+        Ok(built) => {
+            for error in &built.missing {
+                eprintln!("linnetc build: {error}");
+            }
+            eprintln!("linnetc build: `{}` cannot be compiled for nvptx yet: {} node(s) without a GPU kernel", model.name, built.missing.len());
+            return ExitCode::from(1);
+        }
+        Err(error) => {
+            eprintln!("linnetc build: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
+    let mut written = 0usize;
+    for entry in &built {
+        for (at, ptx) in entry.ptx.iter().enumerate() {
+            let path = dir.join(format!("{}-{at}.ptx", entry.entry));
+            if let Err(error) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, ptx)) {
+                eprintln!("linnetc build: cannot write {}: {error}", path.display());
+                return ExitCode::from(1);
+            }
+            written += ptx.len();
+        }
+    }
+    let kernels: usize = built.iter().map(|entry| entry.kernels.len()).sum();
+    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), built.len());
+    ExitCode::SUCCESS
+}
+
+#[cfg(not(feature = "nvptx"))]
+fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<&std::path::Path>, _: &LoadOptions) -> ExitCode {
+    eprintln!("linnetc build: this linnetc was built without the nvptx target; run scripts/install-gpu-tools.sh, then build with `cargo build --release --features nvptx`");
+    ExitCode::from(2)
 }
 
 fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {

@@ -1,0 +1,94 @@
+//! MLIR's passes through melior: a module of `scf.parallel` kernels mapped
+//! to GPU threads, outlined into a `gpu.module`, lowered to NVVM and
+//! serialized to PTX (`gpu-module-to-binary{format=isa}`), with libdevice
+//! linked for the math functions when it is given. Messages MLIR reports
+//! come back as the error.
+
+use melior::dialect::DialectRegistry;
+use melior::ir::Module;
+use melior::pass::PassManager;
+use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
+use melior::Context;
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+/// The pass pipeline from host kernels to PTX for `arch` (`sm_90`).
+fn pipeline(arch: &str, libdevice: Option<&Path>) -> String {
+    let link = libdevice.map(|path| format!(" l={}", path.display())).unwrap_or_default();
+    format!(
+        "builtin.module(func.func(gpu-map-parallel-loops,convert-parallel-loops-to-gpu),gpu-kernel-outlining,\
+         lower-affine,convert-scf-to-cf,nvvm-attach-target{{chip={arch}{link}}},\
+         gpu.module(convert-gpu-to-nvvm,canonicalize),gpu-to-llvm,reconcile-unrealized-casts,gpu-module-to-binary{{format=isa}})"
+    )
+}
+
+/// The PTX of every kernel in `module` (MLIR text of `func.func`s whose
+/// bodies are `scf.parallel` loops): one text per `gpu.module`.
+pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, String> {
+    let registry = DialectRegistry::new();
+    register_all_dialects(&registry);
+    let context = Context::new();
+    context.append_dialect_registry(&registry);
+    context.load_all_available_dialects();
+    register_all_llvm_translations(&context);
+    register_all_passes();
+    let messages = Rc::new(RefCell::new(Vec::new()));
+    let heard = messages.clone();
+    context.attach_diagnostic_handler(move |diagnostic| {
+        heard.borrow_mut().push(format!("{diagnostic}"));
+        true
+    });
+    let failed = |what: &str| {
+        let said = messages.borrow().join("\n");
+        format!("{what}: {}", if said.is_empty() { "MLIR gave no reason".to_string() } else { said })
+    };
+    let mut parsed = Module::parse(&context, module).ok_or_else(|| failed("the kernels do not parse as MLIR"))?;
+    let manager = PassManager::new(&context);
+    parse_pass_pipeline(manager.as_operation_pass_manager(), &pipeline(arch, libdevice)).map_err(|e| e.to_string())?;
+    manager.run(&mut parsed).map_err(|_| failed("MLIR's lowering to PTX failed"))?;
+    let lowered = parsed.as_operation().to_string();
+    let objects = assembly(&lowered);
+    if objects.is_empty() {
+        return Err("MLIR's lowering produced no PTX".into());
+    }
+    Ok(objects)
+}
+
+/// The `assembly = "…"` strings of the `#gpu.object`s in printed MLIR,
+/// unescaped (`\0A`, `\09`, `\22`, `\5C`: two hex digits after `\`).
+fn assembly(printed: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = printed;
+    while let Some(at) = rest.find("assembly = \"") {
+        rest = &rest[at + "assembly = \"".len()..];
+        let mut text = Vec::new();
+        let mut bytes = rest.bytes();
+        let mut used = 0;
+        while let Some(byte) = bytes.next() {
+            used += 1;
+            match byte {
+                b'"' => break,
+                b'\\' => {
+                    let digits: Vec<u8> = bytes.by_ref().take(2).collect();
+                    used += digits.len();
+                    let hex = std::str::from_utf8(&digits).ok().and_then(|d| u8::from_str_radix(d, 16).ok());
+                    text.push(hex.unwrap_or(b'?'));
+                }
+                other => text.push(other),
+            }
+        }
+        rest = &rest[used..];
+        found.push(String::from_utf8_lossy(&text).into_owned());
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn assembly_strings_are_unescaped() {
+        let printed = r#"gpu.binary @k [#gpu.object<#nvvm.target, properties = {}, assembly = "//\0A.version 7.8\0A\09ld \22x\22">]"#;
+        assert_eq!(super::assembly(printed), ["//\n.version 7.8\n\tld \"x\""]);
+    }
+}
