@@ -222,6 +222,7 @@ fn main() -> ExitCode {
 }
 
 /// The model lowered, or its diagnostics printed.
+#[cfg(feature = "nvptx")]
 fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_compiler::ir::Model> {
     let checked = driver::check_package(package, options);
     match driver::lower_checked(checked, linnet_compiler::lower::Lowering::default()) {
