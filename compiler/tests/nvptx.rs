@@ -67,3 +67,58 @@ fn the_seeds_compute_nodes_are_ptx_and_its_intrinsics_are_named_missing() {
     assert!(text.iter().any(|e| e.contains("no GPU kernel for `grouped_attention` yet")), "{text:?}");
     assert!(text.iter().any(|e| e.contains("gated_delta")), "{text:?}");
 }
+
+/// Parameters for `model`, drawn from a fixed sequence in [-0.1, 0.1).
+fn parameters(model: &linnet_compiler::ir::Model) -> Vec<linnet_compiler::tensor::Tensor> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    model
+        .params
+        .iter()
+        .map(|param| {
+            let count: usize = param.shape.iter().product();
+            let values = (0..count)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+                })
+                .collect();
+            linnet_compiler::tensor::Tensor::from_f32(param.dtype, param.shape.clone(), values)
+        })
+        .collect()
+}
+
+/// The kernels' bodies lowered by MLIR for the host and run with its
+/// execution engine give the interpreter's results within the contract,
+/// for the seed in f32 and bf16, through `forward` and through `prefill`
+/// then `decode`: a wrong index, reduction or rounding in a GPU kernel
+/// fails here, without a GPU.
+#[test]
+fn the_kernels_run_on_the_host_within_the_contract() {
+    use linnet_compiler::exec::Machine;
+    use linnet_compiler::sema::ty::Dtype;
+    use linnet_compiler::tensor::Tensor;
+    for card in ["tiny-qwen3.5-moe/package/nest-f32.toml", "tiny-qwen3.5-moe-calm/package/nest-bf16.toml"] {
+        let card = root().join("tests/fixtures/oracle").join(card);
+        let options = LoadOptions { stdlib: Some(root().join("stdlib")), nest: Some(card.clone()), ..LoadOptions::default() };
+        let (model, _) = lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
+        let params = parameters(&model);
+        let rows = model.entry("decode").expect("a decode entry").inputs[0].shape[0].as_constant().expect("fixed rows") as usize;
+        let script = |machine: &mut Machine| -> Vec<Tensor> {
+            let tokens = |values: Vec<i64>, shape: Vec<usize>| Tensor::from_i64(Dtype::I32, shape, values);
+            let mut outputs = machine.call("forward", vec![tokens(vec![5, 17, 42, 7], vec![1, 4])]).unwrap();
+            let prompt: Vec<i64> = (0..rows).flat_map(|_| [3, 9, 27]).collect();
+            outputs.extend(machine.call("prefill", vec![tokens(prompt, vec![rows, 3]), tokens(vec![0], vec![])]).unwrap());
+            outputs.extend(machine.call("decode", vec![tokens(vec![11; rows], vec![rows, 1]), tokens(vec![3], vec![])]).unwrap());
+            outputs
+        };
+        let reference = script(&mut linnet_compiler::interp::machine(model.clone(), params.clone()));
+        let mut host = Machine::new(model, params, linnet_compiler::gpu::host::MlirHost::default()).unwrap_or_else(|e| panic!("{e}"));
+        let outputs = script(&mut host);
+        for (at, (reference, output)) in reference.iter().zip(&outputs).enumerate() {
+            let worst = linnet_compiler::tolerance::compare(reference, output).unwrap_or_else(|mismatch| panic!("{}: output {at}: {mismatch}", card.display()));
+            eprintln!("{}: output {at} within {worst:.2e} of the scale", card.display());
+        }
+    }
+}

@@ -192,7 +192,7 @@ impl Emitter<'_> {
                 let one = self.op("arith.constant true".into());
                 return self.op(format!("arith.xori {a}, {one} : i1"));
             }
-            (UnaryOp::Abs, false) => self.op(format!("math.absi {a} : i64")),
+            (UnaryOp::Abs, false) => self.magnitude(a),
             (op, _) => {
                 let name = match op {
                     UnaryOp::Exp => "math.exp",
@@ -248,6 +248,14 @@ impl Emitter<'_> {
         self.wrapped(result, dtype)
     }
 
+    /// `|a|` of an i64 (wrapping at the most negative, as Rust's).
+    fn magnitude(&mut self, a: String) -> String {
+        let zero = self.op("arith.constant 0 : i64".into());
+        let negative = self.op(format!("arith.cmpi slt, {a}, {zero} : i64"));
+        let negated = self.op(format!("arith.subi {zero}, {a} : i64"));
+        self.op(format!("arith.select {negative}, {negated}, {a} : i64"))
+    }
+
     /// Euclidean division or remainder; by zero, 0 (as `numerics`).
     fn euclidean(&mut self, op: BinaryOp, a: String, b: String) -> String {
         let (zero, one) = (self.op("arith.constant 0 : i64".into()), self.op("arith.constant 1 : i64".into()));
@@ -263,7 +271,7 @@ impl Emitter<'_> {
             let adjusted = self.op(format!("arith.select {positive_divisor}, {lower}, {higher} : i64"));
             self.op(format!("arith.select {negative}, {adjusted}, {quotient} : i64"))
         } else {
-            let magnitude = self.op(format!("math.absi {divisor} : i64"));
+            let magnitude = self.magnitude(divisor);
             let adjusted = self.op(format!("arith.addi {remainder}, {magnitude} : i64"));
             self.op(format!("arith.select {negative}, {adjusted}, {remainder} : i64"))
         };
@@ -451,6 +459,8 @@ pub fn kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, Unsupporte
         write!(arguments, ", %in{at}: memref<?x{}>", stored(entry.nodes[value.index()].dtype)).expect("writing to a string");
     }
     arguments.push_str(", %dims: memref<?xi64>, %error: memref<4xi64>");
-    let text = format!("func.func @{name}({arguments}) {{\n{}    return\n}}\n", emitter.body);
+    // `llvm.emit_c_interface`: MLIR's execution engine calls only such
+    // functions (the host path); the GPU path ignores it.
+    let text = format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", emitter.body);
     Ok(Kernel { name: name.to_string(), text, loads: emitter.loads, dims: emitter.dims })
 }

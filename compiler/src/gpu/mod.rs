@@ -1,9 +1,11 @@
 //! The NVPTX target (`linnetc build --target nvptx`): every `Compute` node
 //! of every entry as an MLIR kernel (`kernel`), lowered by MLIR's passes
-//! through melior to PTX (`pipeline`). Intrinsics (attention, the delta
+//! through melior to PTX (`pipeline`), or for the host and run there
+//! (`host`, the numerics check without a GPU). Intrinsics (attention, the delta
 //! rule, cache writes) have no GPU kernels yet: a model that uses them is
 //! refused with each missing node named, never half built.
 
+pub mod host;
 mod kernel;
 mod pipeline;
 

@@ -23,9 +23,9 @@ fn pipeline(arch: &str, libdevice: Option<&Path>) -> String {
     )
 }
 
-/// The PTX of every kernel in `module` (MLIR text of `func.func`s whose
-/// bodies are `scf.parallel` loops): one text per `gpu.module`.
-pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, String> {
+/// Parses `module` (MLIR text), runs `pipeline` on it and gives the result
+/// to `then`; MLIR's own messages make the error.
+pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module) -> R) -> Result<R, String> {
     let registry = DialectRegistry::new();
     register_all_dialects(&registry);
     let context = Context::new();
@@ -45,10 +45,15 @@ pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<Str
     };
     let mut parsed = Module::parse(&context, module).ok_or_else(|| failed("the kernels do not parse as MLIR"))?;
     let manager = PassManager::new(&context);
-    parse_pass_pipeline(manager.as_operation_pass_manager(), &pipeline(arch, libdevice)).map_err(|e| e.to_string())?;
-    manager.run(&mut parsed).map_err(|_| failed("MLIR's lowering to PTX failed"))?;
-    let lowered = parsed.as_operation().to_string();
-    let objects = assembly(&lowered);
+    parse_pass_pipeline(manager.as_operation_pass_manager(), pipeline).map_err(|e| e.to_string())?;
+    manager.run(&mut parsed).map_err(|_| failed("MLIR's lowering failed"))?;
+    Ok(then(&parsed))
+}
+
+/// The PTX of every kernel in `module` (MLIR text of `func.func`s whose
+/// bodies are `scf.parallel` loops): one text per `gpu.module`.
+pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, String> {
+    let objects = lowered(module, &pipeline(arch, libdevice), |lowered| assembly(&lowered.as_operation().to_string()))?;
     if objects.is_empty() {
         return Err("MLIR's lowering produced no PTX".into());
     }

@@ -1,0 +1,158 @@
+//! The GPU kernels' bodies run on the host: the same MLIR `kernel` texts,
+//! lowered by MLIR for the CPU (`scf.parallel` as loops) and run with its
+//! execution engine, as a backend (`MlirHost`) the executor drives. It is
+//! how a wrong index or reduction in a GPU kernel shows without a GPU: its
+//! results are held to the interpreter by the contract's tolerances.
+//! Intrinsics run on the reference kernels, as the interpreter runs them.
+
+use super::kernel::{kernel, Kernel};
+use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
+use crate::ir::analysis::Analysis;
+use crate::ir::{Intrinsic, Model, NodeKind};
+use crate::numerics::{bf16_bits, bf16_value};
+use crate::sema::ty::Dtype;
+use crate::tensor::{Data, Tensor};
+use melior::ExecutionEngine;
+
+/// MLIR's lowering of the kernels for the host (math functions as LLVM
+/// intrinsics, `tanh` expanded first: libm has no `rsqrtf` to call).
+const HOST_PIPELINE: &str =
+    "builtin.module(func.func(math-expand-ops,convert-scf-to-cf),convert-math-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
+
+/// One entry's kernels, compiled for the host.
+struct Compiled {
+    /// Per node: its kernel, for `Compute` nodes.
+    kernels: Vec<Option<Kernel>>,
+    engine: ExecutionEngine,
+}
+
+/// The backend: every `Compute` node through its MLIR kernel on the host.
+#[derive(Default)]
+pub struct MlirHost {
+    entries: Vec<Compiled>,
+}
+
+/// A 1-D memref as MLIR's C interface passes it (`StridedMemRefType<T, 1>`).
+#[repr(C)]
+struct Descriptor {
+    allocated: *mut u8,
+    aligned: *mut u8,
+    offset: i64,
+    size: i64,
+    stride: i64,
+}
+
+impl Descriptor {
+    fn of(bytes: &mut [u8], elements: usize) -> Descriptor {
+        Descriptor { allocated: bytes.as_mut_ptr(), aligned: bytes.as_mut_ptr(), offset: 0, size: elements as i64, stride: 1 }
+    }
+}
+
+/// A value as its kernel stores it: little-endian elements of its dtype
+/// (bf16 and f16 as bits, bool as one byte).
+fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, NodeError> {
+    let widened = tensor.widened();
+    Ok(match (&widened.data, dtype) {
+        (Data::F32(values), Dtype::F32) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        (Data::F32(values), Dtype::Bf16) => values.iter().flat_map(|v| bf16_bits(*v).to_le_bytes()).collect(),
+        (Data::I64(values), Dtype::I32) => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
+        (Data::I64(values), Dtype::I64) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        (Data::Bool(values), Dtype::Bool) => values.iter().map(|v| u8::from(*v)).collect(),
+        _ => return Err(NodeError::Check(format!("the host MLIR path does not hold {} values", dtype.name()))),
+    })
+}
+
+/// A kernel's output as a host tensor (floats held as f32).
+fn loaded(bytes: &[u8], dtype: Dtype, shape: Vec<usize>) -> Tensor {
+    match dtype {
+        Dtype::F32 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>().into()) },
+        Dtype::Bf16 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(2).map(|c| bf16_value(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<f32>>().into()) },
+        Dtype::I32 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()),
+        Dtype::I64 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+        Dtype::Bool | Dtype::F16 => Tensor { dtype, shape, data: Data::Bool(bytes.iter().map(|b| *b != 0).collect()) },
+    }
+}
+
+fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
+    let entry = &model.entries[entry_number];
+    let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
+    let mut kernels = Vec::with_capacity(entry.nodes.len());
+    for (at, node) in entry.nodes.iter().enumerate() {
+        kernels.push(match &node.kind {
+            NodeKind::Compute(_) => {
+                if matches!(node.dtype, Dtype::F16) {
+                    return Err(failed(Some(at), "f16 values are not held on the host MLIR path".into()));
+                }
+                Some(kernel(entry, at, &format!("{}_v{at}", entry.name)).map_err(|why| failed(Some(at), why.0))?)
+            }
+            _ => None,
+        });
+    }
+    let text: Vec<&str> = kernels.iter().flatten().map(|kernel| kernel.text.as_str()).collect();
+    let module = format!("module {{\n{}}}\n", text.join("\n"));
+    // The engine holds the code it compiled; the module may go.
+    let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| ExecutionEngine::new(lowered, 2, &[], false, false))
+        .map_err(|message| failed(None, message))?;
+    if let Some(kernel) = kernels.iter().flatten().find(|kernel| engine.lookup(&kernel.name).is_null()) {
+        return Err(failed(None, format!("MLIR's execution engine did not compile `{}`", kernel.name)));
+    }
+    Ok(Compiled { kernels, engine })
+}
+
+impl Backend for MlirHost {
+    type Buffer = Tensor;
+
+    fn name(&self) -> &'static str {
+        "mlir-host"
+    }
+
+    fn prepare(&mut self, model: &Model, _: &[Analysis]) -> Result<(), BuildError> {
+        self.entries = (0..model.entries.len()).map(|entry| compile(model, entry)).collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    crate::tensor::host_memory!();
+
+    fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        let compiled = &self.entries[site.entry_number];
+        let kernel = compiled.kernels[site.at].as_ref().expect("a kernel for every compute node");
+        let node = &site.entry.nodes[site.at];
+        let count: usize = site.shape.iter().product();
+        let mut out = vec![0u8; count * node.dtype.bytes()];
+        let mut inputs = kernel
+            .loads
+            .iter()
+            .map(|value| {
+                let tensor = values[value.index()].as_deref().expect("a loaded value is live");
+                stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
+        let mut error = [0u8; 32];
+        let mut descriptors = vec![Descriptor::of(&mut out, count)];
+        descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
+        descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
+        descriptors.push(Descriptor::of(&mut error, 4));
+        // The C interface takes a pointer to each memref's descriptor; the
+        // packed call, a pointer to each of those.
+        let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
+        let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
+        // SAFETY: the kernel takes one 1-D memref per argument, in this
+        // order, each descriptor pointing at a live buffer of its length.
+        unsafe { compiled.engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
+        if error[..8] != [0; 8] {
+            return Err(NodeError::Check("a position outside its axis".into()));
+        }
+        Ok(loaded(&out, node.dtype, site.shape.to_vec()))
+    }
+
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
+        let args = crate::intrinsics::widened(args);
+        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+        Ok(crate::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
+    }
+
+    fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+        crate::intrinsics::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
+    }
+}
