@@ -195,6 +195,13 @@ pub fn widened<'t>(args: &[&'t Tensor]) -> Vec<std::borrow::Cow<'t, Tensor>> {
     args.iter().map(|arg| arg.widened()).collect()
 }
 
+/// An intrinsic on host tensors, its arguments widened first.
+pub fn run_widened(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
+    let args = widened(args);
+    let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+    run(intrinsic, &args, shape)
+}
+
 /// A cache write on host tensors, its arguments widened first.
 pub fn write_cache_widened(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), String> {
     let args = widened(args);

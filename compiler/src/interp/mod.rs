@@ -42,9 +42,7 @@ impl Backend for Interpreter {
     }
 
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
-        let args = crate::intrinsics::widened(args);
-        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
-        Ok(crate::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
+        Ok(crate::intrinsics::run_widened(intrinsic, args, site.shape.to_vec()))
     }
 
     fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
