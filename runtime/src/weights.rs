@@ -139,6 +139,8 @@ pub enum NonFinite {
 struct Stored<'a> {
     name: String,
     file: &'a Path,
+    /// The mapped file the view lies in.
+    map: &'a Rc<Mmap>,
     view: safetensors::tensor::TensorView<'a>,
 }
 
@@ -210,8 +212,8 @@ pub fn load(
     let progress = indicatif::ProgressBar::new(model.params.len() as u64).with_message("loading weights");
     tracing::info!(files = files.len(), params = model.params.len(), dir = %dir.display(), "loading weights");
     let stored = |name: &str| {
-        let (file, _, tensors) = &parsed[*holder.get(name)?];
-        Some(Stored { name: name.to_string(), file, view: tensors.tensor(name).ok()? })
+        let (file, map, tensors) = &parsed[*holder.get(name)?];
+        Some(Stored { name: name.to_string(), file, map, view: tensors.tensor(name).ok()? })
     };
     let mut unfinite = Vec::new();
     for param in &model.params {
@@ -232,7 +234,7 @@ pub fn load(
         };
         unfinite.extend(parts.iter().flatten().filter_map(|part| part.non_finite().map(|found| format!("parameter `{}`: {found}", param.path))));
         let bound = match parts.as_slice() {
-            [one] if one.len() == 1 => bind(param, &one[0], &maps),
+            [one] if one.len() == 1 => bind(param, &one[0]),
             experts => stack(param, name, experts),
         };
         match bound {
@@ -266,10 +268,10 @@ fn check_fits(param: &linnet_compiler::ir::Param, tensor: &Stored, shape: &[usiz
 
 /// A parameter stored as one tensor: used where it lies in the mapped file
 /// when its type allows (then `true`), else widened.
-fn bind(param: &linnet_compiler::ir::Param, tensor: &Stored, maps: &[(&PathBuf, Rc<Mmap>)]) -> Result<(Tensor, bool), String> {
+fn bind(param: &linnet_compiler::ir::Param, tensor: &Stored) -> Result<(Tensor, bool), String> {
     let shape = tensor.view.shape().to_vec();
     check_fits(param, tensor, &shape, &param.shape)?;
-    let (_, map) = maps.iter().find(|(path, _)| path.as_path() == tensor.file).expect("a parsed file is mapped");
+    let map = tensor.map;
     let offset = tensor.view.data().as_ptr() as usize - map.as_ptr() as usize;
     let bytes = || Rc::clone(map) as Rc<dyn AsRef<[u8]>>;
     let in_place = match param.dtype {
