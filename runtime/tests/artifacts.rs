@@ -51,12 +51,18 @@ fn a_built_artifact_runs_like_the_package() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
-#[test]
-fn an_artifact_for_another_host_or_abi_is_refused() {
-    let out = scratch("foreign");
+/// The tiny MLP example built into a fresh scratch folder, with key `key`.
+fn tiny_mlp_artifact(name: &str) -> PathBuf {
+    let out = scratch(name);
     let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
     let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
     artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    out
+}
+
+#[test]
+fn an_artifact_for_another_host_or_abi_is_refused() {
+    let out = tiny_mlp_artifact("foreign");
     assert!(artifact::read(&out).is_ok());
     let manifest_path = out.join("artifact.json");
     let written: artifact::Manifest = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
@@ -77,10 +83,7 @@ fn an_artifact_for_another_host_or_abi_is_refused() {
 /// code, are refused before anything is parsed or mapped.
 #[test]
 fn an_altered_artifact_is_refused() {
-    let out = scratch("altered");
-    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
-    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    let out = tiny_mlp_artifact("altered");
     let built = artifact::read(&out).unwrap();
     assert!(built.kernels(&out).is_ok());
 
