@@ -3,9 +3,14 @@
 //! lazy selects, gathers through computed positions, reductions) run on
 //! the interpreter and as Cranelift code. The generated scalar code keeps
 //! the reference's order and f64 arithmetic, so they agree bit for bit,
-//! errors included (the same load reported out of range).
+//! errors included (the same load reported out of range). The code that
+//! computes in f32 lanes meets the numerics contract (`tolerance`) and
+//! reports the same errors; its bf16 rounding and `exp` are held to the
+//! reference element by element.
 
+use linnet_compiler::codegen::cpu::Elementwise;
 use linnet_compiler::exec::Machine;
+use linnet_compiler::tolerance;
 use linnet_compiler::tensor::{Data, Tensor};
 use linnet_compiler::{codegen, interp};
 use linnet_compiler::ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
@@ -126,8 +131,39 @@ fn reference(program: &Model) -> Machine {
     interp::machine(program.clone(), Vec::new())
 }
 
-fn native(program: &Model) -> Machine {
-    codegen::backend::machine(program.clone(), Vec::new(), None).unwrap_or_else(|e| panic!("{e}"))
+fn native(program: &Model, elementwise: Elementwise) -> Machine {
+    codegen::backend::jit_machine(program.clone(), Vec::new(), elementwise).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The scalar code agrees with the interpreter bit for bit, the lanes
+/// within the contract; both report the errors it reports.
+fn agree(program: &Model, given: Vec<Tensor>, context: &str) {
+    let interpreted = reference(program).call("program", given.clone());
+    for elementwise in [Elementwise::Scalar, Elementwise::Lanes] {
+        let compiled = native(program, elementwise).call("program", given.clone());
+        let verdict = |a: &[Tensor], b: &[Tensor]| match elementwise {
+            Elementwise::Scalar => same(&a[0], &b[0]).then_some(()).ok_or_else(|| "not the same bits".to_string()),
+            Elementwise::Lanes => tolerance::compare(&a[0], &b[0]).map(|_| ()).map_err(|e| e.to_string()),
+        };
+        match (&interpreted, compiled) {
+            (Ok(a), Ok(b)) => {
+                if let Err(why) = verdict(a, &b) {
+                    panic!("{context} ({elementwise:?}) differs: {why}\n{program}\ninterp {:?}\ncpu    {:?}", a[0].data, b[0].data)
+                }
+            }
+            (Err(a), Err(b)) => assert_eq!(*a, b, "{context} ({elementwise:?})"),
+            (a, b) => panic!("{context} ({elementwise:?}): interp {a:?}, cpu {:?}\n{program}", b.map(|_| ())),
+        }
+    }
+}
+
+fn floats(shape: Vec<usize>, values: Vec<f32>) -> Vec<Tensor> {
+    let count = values.len();
+    vec![
+        Tensor::from_f32(Dtype::F32, shape.clone(), values),
+        Tensor::from_i64(Dtype::I64, shape.clone(), vec![0; count]),
+        Tensor { dtype: Dtype::Bool, shape, data: Data::Bool(vec![false; count]) },
+    ]
 }
 
 fn same(a: &Tensor, b: &Tensor) -> bool {
@@ -155,19 +191,14 @@ fn random_programs_agree_on_both_backends() {
         let program = model(scalar, dtype);
         linnet_compiler::ir::verify(&program).unwrap_or_else(|e| panic!("case {case}: {e}"));
         let given = inputs(&mut data_rng);
-        let interpreted = reference(&program).call("program", given.clone());
-        let compiled = native(&program).call("program", given);
-        match (interpreted, compiled) {
-            (Ok(a), Ok(b)) => assert!(same(&a[0], &b[0]), "case {case} differs:\n{}\ninterp {:?}\ncpu    {:?}", program, a[0].data, b[0].data),
-            (Err(a), Err(b)) => assert_eq!(a, b, "case {case}"),
-            (a, b) => panic!("case {case}: interp {a:?}, cpu {b:?}\n{program}"),
-        }
+        agree(&program, given, &format!("case {case}"));
     }
 }
 
 /// bf16 rounding of f64 sums at every exponent (normal, subnormal and
-/// overflowing bf16 results, infinities and NaN): generated code rounds
-/// inline where it can and must agree with the interpreter everywhere.
+/// overflowing bf16 results, infinities and NaN): generated scalar code
+/// rounds inline where it can and must agree with the interpreter
+/// everywhere. (Lanes sum in f32, which overflows where f64 does not.)
 #[test]
 fn bf16_rounding_agrees_at_every_exponent() {
     let mut rng = Rng::new(16);
@@ -177,7 +208,7 @@ fn bf16_rounding_agrees_at_every_exponent() {
     let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(SIDE), body: Box::new(load(2)), dtype: Dtype::Bf16 };
     let program = model(Scalar::Binary(BinaryOp::Add, Box::new(sum), Box::new(Scalar::Cast(Box::new(load(1)), Dtype::Bf16)), Dtype::Bf16), Dtype::Bf16);
     for round in 0..200 {
-        let floats: Vec<f32> = (0..count)
+        let values: Vec<f32> = (0..count)
             .map(|_| match rng.next_u64() % 16 {
                 0 => f32::INFINITY,
                 1 => f32::NAN,
@@ -185,13 +216,9 @@ fn bf16_rounding_agrees_at_every_exponent() {
                 _ => f32::from_bits(rng.next_u64() as u32),
             })
             .collect();
-        let given = vec![
-            Tensor::from_f32(Dtype::F32, vec![6, 6], floats),
-            Tensor::from_i64(Dtype::I64, vec![6, 6], vec![0; count]),
-            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool(vec![false; count]) },
-        ];
+        let given = floats(vec![6, 6], values);
         let interpreted = reference(&program).call("program", given.clone()).unwrap();
-        let compiled = native(&program).call("program", given).unwrap();
+        let compiled = native(&program, Elementwise::Scalar).call("program", given).unwrap();
         assert!(same(&interpreted[0], &compiled[0]), "round {round}:\ninterp {:?}\ncpu    {:?}", interpreted[0].data, compiled[0].data);
     }
 }
@@ -249,12 +276,83 @@ fn rows_shared_among_threads_agree_with_the_interpreter() {
         for bad in [false, true] {
             let given = vec![floats.clone(), Tensor::from_i64(Dtype::I64, vec![first as usize], indices(bad))];
             let interpreted = reference(&program).call("program", given.clone());
-            let compiled = native(&program).call("program", given);
-            match (interpreted, compiled) {
-                (Ok(x), Ok(y)) if !bad => assert!(same(&x[0], &y[0]), "{shape:?}: the rows differ"),
-                (Err(x), Err(y)) if bad => assert_eq!(x, y, "{shape:?}"),
-                (x, y) => panic!("{shape:?}: interp {:?}, cpu {:?}", x.map(|_| ()), y.map(|_| ())),
-            }
+            assert_eq!(interpreted.is_err(), bad, "{shape:?}: the gather out of range is an error, and only it");
+            agree(&program, given, &format!("{shape:?}"));
+        }
+    }
+}
+
+/// Random f32 bits at every exponent (normal, subnormal, infinities, NaN).
+fn every_exponent(rng: &mut Rng, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|_| match rng.next_u64() % 16 {
+            0 => f32::INFINITY,
+            1 => f32::NEG_INFINITY,
+            2 => f32::NAN,
+            3 => f32::MAX,
+            _ => f32::from_bits(rng.next_u64() as u32),
+        })
+        .collect()
+}
+
+/// A row of `width` f32 inputs through `op` into a value of `dtype`.
+fn elementwise(width: usize, op: impl Fn(Scalar) -> Scalar, dtype: Dtype) -> Model {
+    let mut program = model(op(Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64)], Dtype::F32)), dtype);
+    let entry = &mut program.entries[0];
+    let row = vec![Dim::constant(1), Dim::constant(width as i64)];
+    for node in &mut entry.nodes {
+        node.shape = row.clone();
+    }
+    for input in &mut entry.inputs {
+        input.shape = row.clone();
+    }
+    program
+}
+
+/// Lanes round f32 values to bf16 as the interpreter does, bit for bit
+/// (to nearest even; overflow to infinity; a NaN stays a NaN).
+#[test]
+fn lanes_round_to_bf16_as_the_reference() {
+    let mut rng = Rng::new(17);
+    let width = 4099;
+    let program = elementwise(width, |x| Scalar::Cast(Box::new(x), Dtype::Bf16), Dtype::Bf16);
+    for round in 0..20 {
+        let given = floats(vec![1, width], every_exponent(&mut rng, width));
+        let interpreted = reference(&program).call("program", given.clone()).unwrap();
+        let lanes = native(&program, Elementwise::Lanes).call("program", given).unwrap();
+        assert!(same(&interpreted[0], &lanes[0]), "round {round}:\ninterp {:?}\nlanes  {:?}", interpreted[0].data, lanes[0].data);
+    }
+}
+
+/// `exp` in lanes: within two units in the last place of the reference's
+/// (rounded from f64) over the whole f32 range, subnormal results within
+/// one unit of the smallest subnormal, and the same infinities, zeros
+/// and NaNs.
+#[test]
+fn lanes_exp_is_within_two_ulps() {
+    let mut rng = Rng::new(18);
+    let width = 4099;
+    let program = elementwise(width, |x| Scalar::Unary(UnaryOp::Exp, Box::new(x), Dtype::F32), Dtype::F32);
+    for round in 0..20 {
+        let mut values = every_exponent(&mut rng, width);
+        // Most of the range that gives a finite, nonzero result.
+        for value in values.iter_mut().step_by(2) {
+            *value = ((rng.next_f64() - 0.5) * 2.0 * 105.0) as f32;
+        }
+        let given = floats(vec![1, width], values.clone());
+        let interpreted = reference(&program).call("program", given.clone()).unwrap().remove(0).as_f32().expect("f32 results").to_vec();
+        let lanes = native(&program, Elementwise::Lanes).call("program", given).unwrap().remove(0).as_f32().expect("f32 results").to_vec();
+        for ((x, want), got) in values.iter().zip(&interpreted).zip(&lanes) {
+            let close = if want.is_nan() {
+                got.is_nan()
+            } else if *want == 0.0 || want.is_infinite() {
+                want == got
+            } else if *want < f32::MIN_POSITIVE {
+                (want - got).abs() <= f32::from_bits(1)
+            } else {
+                (want - got).abs() <= 2.0 * f32::EPSILON * want.abs()
+            };
+            assert!(close, "round {round}: exp({x:e}) is {got:e} in lanes, {want:e} in the reference");
         }
     }
 }

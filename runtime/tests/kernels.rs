@@ -9,6 +9,7 @@
 
 use linnet_compiler::driver::lower_package_with;
 use linnet_compiler::codegen::backend::Cpu;
+use linnet_compiler::codegen::cpu::Elementwise;
 use linnet_compiler::exec::{Backend, BuildError, Machine, NodeError, Site, Values};
 use linnet_compiler::ir::analysis::Analysis;
 use linnet_compiler::ir::{Intrinsic, Model};
@@ -196,7 +197,7 @@ fn a_deliberately_wrong_kernel_fails_the_contract() {
     let tokens = vec![Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])];
     let reference = interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
     for (skew, passes) in [(1e-3, false), (1e-6, true)] {
-        let skewed = Skewed { cpu: Cpu::jit(), entry, node, skew };
+        let skewed = Skewed { cpu: Cpu::jit(Elementwise::default()), entry, node, skew };
         let outputs = Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
         let verdict = within_contract(&reference, &outputs);
         assert_eq!(verdict.is_ok(), passes, "skew {skew}: {verdict:?}");
@@ -212,7 +213,7 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let mut compiled = std::collections::HashMap::new();
     for entry in &model.entries {
         let analysis = Analysis::of(entry);
-        let code = codegen::native::jit(entry, &analysis).unwrap();
+        let code = codegen::native::jit(entry, &analysis, Elementwise::default()).unwrap();
         let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_compiler::ir::NodeKind::Compute(_))).count();
         assert_eq!(code.kernels.iter().flatten().count(), computes, "entry `{}`: a kernel per `Compute` node", entry.name);
         compiled.insert(entry.name.clone(), code);

@@ -6,6 +6,7 @@
 //! entry with a node that has no kernel is refused when the model is
 //! loaded, never run another way.
 
+use super::cpu::Elementwise;
 use super::native::{self, Compiled, NativeKernel};
 use crate::exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
@@ -21,24 +22,32 @@ pub struct Cpu {
     entries: Vec<Compiled>,
     /// Per entry and node: the value a ranking node ranks.
     rankings: Vec<Vec<Option<Value>>>,
+    /// How code compiled here computes elementwise nodes.
+    elementwise: Elementwise,
 }
 
 impl Cpu {
     /// Compiles every entry in this process when it readies a model.
-    pub fn jit() -> Cpu {
-        Cpu { given: None, entries: Vec::new(), rankings: Vec::new() }
+    pub fn jit(elementwise: Elementwise) -> Cpu {
+        Cpu { given: None, entries: Vec::new(), rankings: Vec::new(), elementwise }
     }
 
     /// Runs code compiled before (an artifact's kernels).
     pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
-        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new() }
+        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new(), elementwise: Elementwise::default() }
     }
 }
 
 /// `model` with `params` on the CPU backend: `compiled` code from an
 /// artifact, or code compiled here.
 pub fn machine(model: Model, params: Vec<Tensor>, compiled: Option<HashMap<String, Compiled>>) -> Result<Machine, BuildError> {
-    Machine::new(model, params, compiled.map_or_else(Cpu::jit, Cpu::with_compiled))
+    Machine::new(model, params, compiled.map_or_else(|| Cpu::jit(Elementwise::default()), Cpu::with_compiled))
+}
+
+/// `model` with `params`, compiled here with elementwise nodes as
+/// `elementwise` says.
+pub fn jit_machine(model: Model, params: Vec<Tensor>, elementwise: Elementwise) -> Result<Machine, BuildError> {
+    Machine::new(model, params, Cpu::jit(elementwise))
 }
 
 fn host(tensor: &Tensor) -> *const u8 {
@@ -63,7 +72,7 @@ impl Backend for Cpu {
             let failed = |node: Option<usize>, message: String| BuildError::new("cpu", entry, node, message);
             let compiled = match given.as_mut() {
                 Some(given) => given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?,
-                None => native::jit(entry, analysis).map_err(|error| failed(error.node, error.message))?,
+                None => native::jit(entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?,
             };
             for (at, node) in entry.nodes.iter().enumerate() {
                 if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {

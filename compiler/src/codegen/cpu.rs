@@ -27,6 +27,8 @@ use cranelift_module::{FuncId, Linkage, Module};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+mod lanes;
+
 /// What a kernel needs at a call, from its definition to an artifact's
 /// manifest to the loader: its node and symbol, the values it loads (in
 /// argument order), the dims it reads (in the order of its dims table),
@@ -42,6 +44,18 @@ pub struct KernelRecord {
     pub dims: Vec<Dim>,
     pub sites: Vec<LoadSite>,
     pub splits_rows: bool,
+}
+
+/// How elementwise float nodes are compiled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Elementwise {
+    /// Four f32 lanes along the last axis (`lanes`), within the contract's
+    /// tolerances of the reference.
+    #[default]
+    Lanes,
+    /// The scalar code alone: f64 arithmetic in the reference's order, bit
+    /// for bit the interpreter's (what the differential tests hold it to).
+    Scalar,
 }
 
 /// One compiled node: where its function is in the module, and its record.
@@ -104,6 +118,10 @@ struct Lowerer<'b, 'f> {
     /// The range of rows an elementwise node computes (of the flat index
     /// over its first two axes when it has three or more; else of its first).
     rows: Option<(ClValue, ClValue)>,
+    /// Where a failed bounds check goes while computing in lanes (`lanes`):
+    /// to the scalar code for those positions, not to the error.
+    bounds_failure: Option<Block>,
+    elementwise: Elementwise,
 }
 
 /// What the element loop of a node computes and where it stores it.
@@ -451,13 +469,21 @@ impl Lowerer<'_, '_> {
             self.builder.ins().brif(inside, ok, &[], fail, &[]);
             self.builder.switch_to_block(fail);
             self.builder.seal_block(fail);
-            let number = self.builder.ins().iconst(types::I64, load_number);
-            self.builder.ins().store(self.flags, number, self.error, 0);
-            self.builder.ins().store(self.flags, at, self.error, 8);
-            self.builder.ins().store(self.flags, size, self.error, 16);
-            let axis = self.builder.ins().iconst(types::I64, axis as i64);
-            self.builder.ins().store(self.flags, axis, self.error, 24);
-            self.builder.ins().jump(self.error_block, &[]);
+            match self.bounds_failure {
+                // Computing in lanes: the scalar code takes these positions.
+                Some(fallback) => {
+                    self.builder.ins().jump(fallback, &[]);
+                }
+                None => {
+                    let number = self.builder.ins().iconst(types::I64, load_number);
+                    self.builder.ins().store(self.flags, number, self.error, 0);
+                    self.builder.ins().store(self.flags, at, self.error, 8);
+                    self.builder.ins().store(self.flags, size, self.error, 16);
+                    let axis = self.builder.ins().iconst(types::I64, axis as i64);
+                    self.builder.ins().store(self.flags, axis, self.error, 24);
+                    self.builder.ins().jump(self.error_block, &[]);
+                }
+            }
             self.builder.switch_to_block(ok);
             self.builder.seal_block(ok);
             let scaled = self.builder.ins().imul(offset, size);
@@ -502,7 +528,17 @@ impl Lowerer<'_, '_> {
     }
 
     fn stored(&self, value: Value) -> Stored {
-        self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").2
+        self.load_layout(value).0
+    }
+
+    /// How a loaded value's elements are held, and its rank.
+    fn load_layout(&self, value: Value) -> (Stored, usize) {
+        let (_, shape, stored) = self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first");
+        (*stored, shape.len())
+    }
+
+    fn load_shape(&self, value: Value) -> &[Dim] {
+        &self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").1
     }
 
     /// The loops over the axes from `level` on, then one element. Before
@@ -529,13 +565,22 @@ impl Lowerer<'_, '_> {
             self.close(continuation);
             return;
         }
+        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::applies(store.dtype);
         if let Some((first, end)) = rows {
             // A node of one or two axes: rows `first..end` of the first.
-            self.counted_from(axes[0], Some(first), end, &mut |this| this.nest(store, &axes[1..], &shape[1..], level + 1));
+            if in_lanes {
+                self.lanes_loop(store, axes[0], level, first, end, &mut |this| this.nest(store, &[], &[], level + 1));
+            } else {
+                self.counted_from(axes[0], Some(first), end, &mut |this| this.nest(store, &axes[1..], &shape[1..], level + 1));
+            }
             self.close(continuation);
             return;
         }
         match axes.split_first() {
+            Some((axis, [])) if in_lanes => {
+                let zero = self.builder.ins().iconst(types::I64, 0);
+                self.lanes_loop(store, *axis, level, zero, shape[0], &mut |this| this.nest(store, &[], &[], level + 1));
+            }
             Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
             None => {
                 let reg = self.scalar(store.scalar);
@@ -829,7 +874,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
 /// `{prefix}v{node}`, in `module` (a JIT or an object file). Entry dims are
 /// read at run time from the dims table; the model's dims are constants.
 /// A node that cannot be compiled is an error naming it.
-pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str) -> Result<Vec<KernelDef>, (usize, String)> {
+pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str, elementwise: Elementwise) -> Result<Vec<KernelDef>, (usize, String)> {
     assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
     let call_conv = module.target_config().default_call_conv;
     let mut context = module.make_context();
@@ -868,7 +913,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new() };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new(), bounds_failure: None, elementwise };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);

@@ -66,8 +66,9 @@ pub struct Profile {
     /// Kind of node (`contraction`, `compute`, an intrinsic's name,
     /// `input`, `output`) → (seconds, nodes run).
     pub kinds: std::collections::BTreeMap<&'static str, (f64, u64)>,
-    /// The source place nodes were lowered from → (seconds, nodes run).
-    pub places: HashMap<String, (f64, u64)>,
+    /// The source place nodes were lowered from, and their kind →
+    /// (seconds, nodes run).
+    pub places: HashMap<(String, &'static str), (f64, u64)>,
 }
 
 impl Profile {
@@ -76,7 +77,7 @@ impl Profile {
         slot.0 += seconds;
         slot.1 += 1;
         if let Some(place) = place {
-            let slot = self.places.entry(place.to_string()).or_default();
+            let slot = self.places.entry((place.to_string(), kind)).or_default();
             slot.0 += seconds;
             slot.1 += 1;
         }
@@ -95,8 +96,8 @@ impl fmt::Display for Profile {
         let mut places: Vec<_> = self.places.iter().collect();
         places.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         writeln!(f, "the slowest places:")?;
-        for (place, (seconds, count)) in places.into_iter().take(8) {
-            writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {count} nodes  {place}", share(*seconds))?;
+        for ((place, kind), (seconds, count)) in places.into_iter().take(12) {
+            writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {count} {kind} nodes  {place}", share(*seconds))?;
         }
         Ok(())
     }
