@@ -110,7 +110,9 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
 }
 
 /// How many elements of a little-endian float tensor are NaN or infinite,
-/// and the first one's flat index; `None` when all are finite.
+/// and the first one's flat index; `None` when all are finite. Blocks are
+/// counted on all threads, as whole words where the tensor is aligned for
+/// them (a loop the compiler vectorizes).
 fn non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, usize)> {
     use rayon::prelude::*;
     let (width, exponent): (usize, u32) = match dtype {
@@ -118,12 +120,18 @@ fn non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, usize)> {
         Dtype::F16 => (2, 0x7c00),
         _ => (4, 0x7f80_0000),
     };
-    let bad = |c: &[u8]| {
-        let bits = if width == 2 { u32::from(u16::from_le_bytes([c[0], c[1]])) } else { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) };
-        bits & exponent == exponent
+    let bad = move |bits: u32| bits & exponent == exponent;
+    let element = move |c: &[u8]| bad(if width == 2 { u32::from(u16::from_le_bytes([c[0], c[1]])) } else { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) });
+    let count_block = |block: &[u8]| -> usize {
+        // SAFETY: every bit pattern is a valid u16 and u32.
+        match (width, unsafe { block.align_to::<u16>() }, unsafe { block.align_to::<u32>() }) {
+            (2, ([], words, []), _) => words.iter().map(|w| usize::from(bad(u32::from(u16::from_le(*w))))).sum(),
+            (4, _, ([], words, [])) => words.iter().map(|w| usize::from(bad(u32::from_le(*w)))).sum(),
+            _ => block.chunks_exact(width).filter(|c| element(c)).count(),
+        }
     };
-    let count: usize = bytes.par_chunks(width << 20).map(|block| block.chunks_exact(width).filter(|c| bad(c)).count()).sum();
-    (count > 0).then(|| (count, bytes.chunks_exact(width).position(bad).expect("one was counted")))
+    let count: usize = bytes.par_chunks(width << 20).map(count_block).sum();
+    (count > 0).then(|| (count, bytes.chunks_exact(width).position(element).expect("one was counted")))
 }
 
 /// What the loader does with NaN or infinite weights.
@@ -311,4 +319,31 @@ fn stack(param: &linnet_compiler::ir::Param, fused: &str, experts: &[Vec<Stored>
         }
     }
     Ok((Tensor::from_f32(param.dtype, param.shape.clone(), values), false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::non_finite;
+    use linnet_compiler::sema::ty::Dtype;
+
+    /// The same count and first index whether the bytes are aligned for
+    /// whole words or not, for each float type.
+    #[test]
+    fn non_finite_values_are_found_aligned_or_not() {
+        let cases: [(Dtype, Vec<u8>); 3] = [
+            (Dtype::Bf16, [1.0f32, f32::NAN, 2.0, f32::INFINITY].iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect()),
+            (Dtype::F16, [0x3c00u16, 0x7c00, 0x7e00, 0x0001].iter().flat_map(|v| v.to_le_bytes()).collect()),
+            (Dtype::F32, [f32::NEG_INFINITY, 0.5, 3.0, f32::NAN].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()),
+        ];
+        let expected = [(2, 1), (2, 1), (2, 0)];
+        for ((dtype, bytes), want) in cases.iter().zip(expected) {
+            let mut buffer = vec![0u8; bytes.len() + 1];
+            for shift in [0, 1] {
+                buffer[shift..shift + bytes.len()].copy_from_slice(bytes);
+                assert_eq!(non_finite(*dtype, &buffer[shift..shift + bytes.len()]), Some(want), "{dtype:?}, shifted by {shift}");
+            }
+            let finite = vec![0u8; 4096];
+            assert_eq!(non_finite(*dtype, &finite), None);
+        }
+    }
 }
