@@ -359,13 +359,17 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
             let width = if n + wide <= range.end { wide } else if n + 4 <= range.end { 4 } else { 1 };
             let mut m = block;
             while m < block_end {
-                let height = if m + 4 <= block_end { 4 } else { 1 };
+                // The last rows of a block, fewer than four, share each
+                // weight load too (an expert's tokens rarely come in fours).
+                let height = if m + 4 <= block_end { 4 } else if width == 4 { block_end - m } else { 1 };
                 // SAFETY: rows `m..m + height` and columns `n..n + width`
                 // are inside the block and the range.
                 unsafe {
                     match (height, width) {
                         (1, 8) => store(rows, m, n, tiles.tile::<1, 8>(m, n)),
                         (4, 4) => store(rows, m, n, tiles.tile::<4, 4>(m, n)),
+                        (3, 4) => store(rows, m, n, tiles.tile::<3, 4>(m, n)),
+                        (2, 4) => store(rows, m, n, tiles.tile::<2, 4>(m, n)),
                         (1, 4) => store(rows, m, n, tiles.tile::<1, 4>(m, n)),
                         (4, _) => store(rows, m, n, tiles.tile::<4, 1>(m, n)),
                         _ => store(rows, m, n, tiles.tile::<1, 1>(m, n)),
