@@ -9,7 +9,7 @@
 //! registers as they are read, never copied.
 //!
 //! Work is tiled for the caches: input rows in blocks that stay in L2,
-//! four weight rows at a time against four input rows (sixteen sums in
+//! four weight rows at a time against six input rows (twenty-four sums in
 //! flight), so that a prefill reads each weight row once per block of
 //! rows; large products split the weight rows among rayon's threads.
 
@@ -343,7 +343,8 @@ impl<L: Lanes, W: Weight> Tiles for Widened<'_, L, W> {
 }
 
 /// Columns `range` of every output row: input rows in blocks, weight rows
-/// four at a time against four input rows at a time.
+/// four at a time against six input rows at a time (twenty-four sums in
+/// registers, ten loads for each twenty-four products).
 ///
 /// # Safety
 /// As [`columns_on`], with `tiles` over `rows`' inputs.
@@ -359,14 +360,16 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
             let width = if n + wide <= range.end { wide } else if n + 4 <= range.end { 4 } else { 1 };
             let mut m = block;
             while m < block_end {
-                // The last rows of a block, fewer than four, share each
-                // weight load too (an expert's tokens rarely come in fours).
-                let height = if m + 4 <= block_end { 4 } else if width == 4 { block_end - m } else { 1 };
+                // Up to six rows share each weight load, the last rows of a
+                // block too (an expert's tokens rarely come in sixes).
+                let height = if width == 4 { (block_end - m).min(6) } else if m + 4 <= block_end { 4 } else { 1 };
                 // SAFETY: rows `m..m + height` and columns `n..n + width`
                 // are inside the block and the range.
                 unsafe {
                     match (height, width) {
                         (1, 8) => store(rows, m, n, tiles.tile::<1, 8>(m, n)),
+                        (6, 4) => store(rows, m, n, tiles.tile::<6, 4>(m, n)),
+                        (5, 4) => store(rows, m, n, tiles.tile::<5, 4>(m, n)),
                         (4, 4) => store(rows, m, n, tiles.tile::<4, 4>(m, n)),
                         (3, 4) => store(rows, m, n, tiles.tile::<3, 4>(m, n)),
                         (2, 4) => store(rows, m, n, tiles.tile::<2, 4>(m, n)),
