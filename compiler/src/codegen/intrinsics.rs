@@ -3,10 +3,11 @@
 //! compiler vectorizes them for the widest vectors the CPU has (chosen at
 //! run time, as the matrix kernel's are), and every head on rayon's
 //! threads. The gated delta rule keeps each head's state in f32 and walks
-//! the tokens in order; attention reads each admitted key once per query.
+//! the tokens in order; attention's scores are matrix products (the
+//! matrix kernel's) and it reads each admitted value once per query.
 //! Cache writes copy rows and are the interpreter's own (`crate::intrinsics`).
 
-use super::matmul::Isa;
+use super::matmul::{self, Isa, Rows};
 use crate::intrinsics::{Attention, DeltaRule};
 use crate::ir::Intrinsic;
 use crate::numerics::round;
@@ -125,39 +126,65 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tens
     Tensor { dtype: Dtype::F32, shape, data: Data::F32(out.into()) }
 }
 
+/// Queries a task takes: enough tasks for every thread on a prefill, and
+/// scores for all of them that stay in L2.
+const QUERY_BLOCK: usize = 16;
+
 /// `grouped_attention` (mask `[Q, K]`) and `grouped_attention_rows` (mask
-/// `[B, 1, K]`), one task per (batch row, query head): each query's scores
-/// over the keys its mask admits (all keys, uniformly weighted, when it
-/// admits none, as the Linnet body computes), a softmax, and the weighted
-/// values, rounded to the query's type.
+/// `[B, 1, K]`), one task per (batch row, key/value head, block of
+/// queries): the scores of every query head that shares the key/value
+/// head, for the block's queries, are one matrix product against the keys
+/// up to the last any of them admits (the matrix kernel's). Then per query
+/// and head: a softmax over the keys its mask admits (all keys, uniformly
+/// weighted, when it admits none, as the Linnet body computes), and the
+/// admitted values weighted, rounded to the query's type.
 fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
     let operands = Attention::of(args);
     let Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch, heads, queries, width, kv_heads, keys } = operands;
     let group = operands.group();
     let mut out = vec![0f32; batch * heads * queries * width];
     let target = Shared(out.as_mut_ptr());
-    (0..batch * heads).into_par_iter().for_each(|task| {
-        let (b, h) = (task / heads, task % heads);
-        let kv = h / group;
+    let blocks = queries.div_ceil(QUERY_BLOCK);
+    (0..batch * kv_heads * blocks).into_par_iter().for_each(|task| {
+        let (b, kv, block) = (task / (kv_heads * blocks), task / blocks % kv_heads, task % blocks);
+        let block = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(queries);
+        let query_at = |i: usize, g: usize| ((b * heads + kv * group + g) * queries + i) * width;
+        let admitted: Vec<(bool, Vec<usize>)> = block
+            .clone()
+            .map(|i| {
+                let mut keys_of = Vec::new();
+                let any = crate::intrinsics::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut keys_of);
+                (any, keys_of)
+            })
+            .collect();
+        let span = admitted.iter().filter(|(any, _)| *any).filter_map(|(_, keys_of)| keys_of.last()).max().map_or(0, |last| last + 1);
+        let first_key = (b * kv_heads + kv) * keys * width;
+        let mut scores = vec![0f32; block.len() * group * span];
+        let slots: Vec<(usize, usize)> = block.clone().flat_map(|i| (0..group).map(move |g| (i, g))).collect();
+        let rows = Rows {
+            inputs: slots.iter().map(|&(i, g)| qf[query_at(i, g)..].as_ptr()).collect(),
+            outs: scores.chunks_exact_mut(span.max(1)).take(slots.len()).map(|row| row.as_mut_ptr()).collect(),
+        };
+        if span > 0 {
+            // SAFETY: each query row has `width` values, each scores row
+            // room for `span`, and the keys up to `span` are in `kf`.
+            unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
+        }
         on_host_vectors!(|| {
-            let (mut admitted, mut weights, mut sum) = (Vec::with_capacity(keys), Vec::with_capacity(keys), vec![0f32; width]);
-            for i in 0..queries {
-                let any = crate::intrinsics::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut admitted);
-                let q_at = ((b * heads + h) * queries + i) * width;
-                let query = &qf[q_at..q_at + width];
+            let (mut weights, mut sum) = (Vec::with_capacity(keys), vec![0f32; width]);
+            for (slot, &(i, g)) in slots.iter().enumerate() {
+                let (any, keys_of) = &admitted[i - block.start];
+                let row = &scores[slot * span..(slot + 1) * span];
                 weights.clear();
-                weights.extend(admitted.iter().map(|&j| {
-                    let k_at = ((b * kv_heads + kv) * keys + j) * width;
-                    if any { dot(query, &kf[k_at..k_at + width]) * scale } else { 0.0 }
-                }));
+                weights.extend(keys_of.iter().map(|&j| if *any { row[j] * scale } else { 0.0 }));
                 let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
                 let mut total = 0f32;
                 for weight in weights.iter_mut() {
-                    *weight = ((*weight - top) as f64).exp() as f32;
+                    *weight = exp(*weight - top);
                     total += *weight;
                 }
                 sum.fill(0.0);
-                for (weight, &j) in weights.iter().zip(&admitted) {
+                for (weight, &j) in weights.iter().zip(keys_of) {
                     let v_at = ((b * kv_heads + kv) * keys + j) * width;
                     let share = weight / total;
                     for (s, &value) in sum.iter_mut().zip(&vf[v_at..v_at + width]) {
@@ -165,8 +192,9 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                     }
                 }
                 for (d, &s) in sum.iter().enumerate() {
-                    // SAFETY: query `i` of head `h` of row `b`: this task's.
-                    unsafe { target.write(q_at + d, round(f64::from(s), dtype) as f32) };
+                    // SAFETY: query `i` of head `kv · group + g` of row `b`:
+                    // this task's.
+                    unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
                 }
             }
         })
@@ -174,16 +202,56 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
     Tensor { dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 
-/// A dot product in sixteen partial sums (so that it vectorizes).
+/// `e^x` in f32, in straight-line code the compiler vectorizes: `x = n·ln
+/// 2 + r` with `|r| ≤ ln 2 / 2` (ln 2 in two parts, so that `n·ln 2` is
+/// exact), Cephes' `expf` polynomial for `e^r`, and `2^n` as two factors so
+/// that subnormal results are reached; infinity above the largest finite
+/// result, zero below the smallest subnormal, NaN for NaN. Within two units
+/// in the last place; generated code computes the same in lanes
+/// (`codegen::cpu::lanes`).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut partial = [0f32; 16];
-    let (chunks_a, chunks_b) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = chunks_a.remainder().iter().zip(chunks_b.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in chunks_a.zip(chunks_b) {
-        for lane in 0..16 {
-            partial[lane] += x[lane] * y[lane];
-        }
+pub fn exp(x: f32) -> f32 {
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let p = [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5].iter().fold(1.987_569_1e-4f32, |p, c| p * r + c);
+    let y = p * r * r + r + 1.0;
+    // A saturating conversion: out of range (or NaN) only where the
+    // result is decided below, or is NaN already.
+    let whole = n as i32;
+    let half = whole >> 1;
+    let factor = |e: i32| f32::from_bits((e.wrapping_add(127) as u32) << 23);
+    let value = y * factor(half) * factor(whole.wrapping_sub(half));
+    if x > 88.722_84 {
+        f32::INFINITY
+    } else if x < -103.972_08 {
+        0.0
+    } else {
+        value
     }
-    partial.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    /// Within two units in the last place of the correctly rounded
+    /// result over the whole range, the same infinities, zeros and NaN.
+    #[test]
+    fn exp_is_within_two_ulps() {
+        let mut x = -110.0f32;
+        while x < 90.0 {
+            let want = (f64::from(x)).exp() as f32;
+            let got = super::exp(x);
+            let close = if want == 0.0 || want.is_infinite() {
+                got == want
+            } else if want < f32::MIN_POSITIVE {
+                (want - got).abs() <= f32::from_bits(1)
+            } else {
+                (want - got).abs() <= 2.0 * f32::EPSILON * want.abs()
+            };
+            assert!(close, "exp({x:e}) is {got:e}, not {want:e}");
+            x += 0.001_37;
+        }
+        assert!(super::exp(f32::NAN).is_nan());
+        assert_eq!(super::exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(super::exp(f32::NEG_INFINITY), 0.0);
+    }
 }

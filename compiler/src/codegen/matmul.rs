@@ -128,6 +128,7 @@ pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f3
         inputs: (0..rows).map(|m| unsafe { input_base.add(m * depth) }).collect(),
         outs: (0..rows).map(|m| unsafe { out_base.add(m * columns) }).collect(),
     };
+    count_weight_bytes(&[(&rows, weight)]);
     // SAFETY: the rows point into `input` and `out`, which outlive this
     // call, with `depth` and `columns` elements each.
     unsafe { run(isa, &[(&rows, weight)], columns, depth) }
@@ -152,8 +153,26 @@ unsafe impl Sync for Rows {}
 /// Each input row has `depth` readable values and each output row room
 /// for `columns`; no output row overlaps another or an input.
 pub unsafe fn matmul_groups<W: Weight>(groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
+    count_weight_bytes(groups);
     // SAFETY: as the caller promises.
     unsafe { run(Isa::host(), groups, columns, depth) }
+}
+
+/// `out[m][n] = Σₖ input[m][k] · other[n, k]` for activations against
+/// activations (attention's queries against its keys): [`matmul_groups`]
+/// for one matrix, not counted as weights read.
+///
+/// # Safety
+/// As [`matmul_groups`].
+pub unsafe fn products(rows: &Rows, other: &[f32], columns: usize, depth: usize) {
+    // SAFETY: as the caller promises.
+    unsafe { run(Isa::host(), &[(rows, other)], columns, depth) }
+}
+
+/// Every matrix of `groups` read once: what a decode step streams.
+fn count_weight_bytes<W: Weight>(groups: &[(&Rows, &[W])]) {
+    let bytes: usize = groups.iter().map(|(_, weight)| std::mem::size_of_val(*weight)).sum();
+    WEIGHT_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
 /// The input rows as bf16 bits, when every value is exactly a bf16 (then
@@ -185,7 +204,6 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
         .iter()
         .map(|(rows, weight)| {
             assert_eq!(weight.len(), columns * depth, "a weight row per column");
-            WEIGHT_BYTES.fetch_add(std::mem::size_of_val(*weight) as u64, Ordering::Relaxed);
             let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
             (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
         })
