@@ -70,7 +70,10 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
 
 /// The gated delta rule over a span of tokens (or one, with no S axis),
 /// one task per (batch row, value head): the state decays, recalls,
-/// learns and is read, token by token, in f32.
+/// learns and is read, token by token, in f32. One pass over the state
+/// per token: each state row learns and is read for token `t`, then
+/// decays and is recalled for token `t + 1`, while it is in L1 (the same
+/// operations on each element, in the same order, as two passes).
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
     let DeltaRule { q, k, v, decay, beta, state, scale, batch, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
@@ -80,32 +83,50 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tens
     (0..batch * value_heads).into_par_iter().for_each(|task| {
         let (b, h) = (task / value_heads, task % value_heads);
         let kh = h / group;
+        let key_at = |t: usize| ((b * tokens + t) * key_heads + kh) * key_dim;
+        let gate_at = |t: usize| (b * tokens + t) * value_heads + h;
+        let forget = |t: usize| (decay[gate_at(t)] as f64).exp() as f32;
         on_host_vectors!(|| {
             let first = (b * value_heads + h) * key_dim * value_dim;
             let mut memory = state[first..first + key_dim * value_dim].to_vec();
             let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
-            for t in 0..tokens {
-                let key_at = ((b * tokens + t) * key_heads + kh) * key_dim;
-                let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
-                let gate_at = (b * tokens + t) * value_heads + h;
-                let forget = (decay[gate_at] as f64).exp() as f32;
-                let (key, query) = (&k[key_at..key_at + key_dim], &q[key_at..key_at + key_dim]);
-                recalled.fill(0.0);
+            if tokens > 0 {
+                let (decayed, key) = (forget(0), &k[key_at(0)..key_at(0) + key_dim]);
                 for (row, &ki) in memory.chunks_exact_mut(value_dim).zip(key) {
                     for (cell, sum) in row.iter_mut().zip(recalled.iter_mut()) {
-                        *cell *= forget;
+                        *cell *= decayed;
                         *sum += *cell * ki;
                     }
                 }
-                let rate = beta[gate_at];
+            }
+            for t in 0..tokens {
+                let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
+                let (key, query) = (&k[key_at(t)..key_at(t) + key_dim], &q[key_at(t)..key_at(t) + key_dim]);
+                let rate = beta[gate_at(t)];
                 for ((slot, &value), &sum) in update.iter_mut().zip(&v[value_at..value_at + value_dim]).zip(&recalled) {
                     *slot = (value - sum) * rate;
                 }
                 read.fill(0.0);
-                for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
-                    for ((cell, &delta), sum) in row.iter_mut().zip(&update).zip(read.iter_mut()) {
-                        *cell += ki * delta;
-                        *sum += *cell * qi;
+                recalled.fill(0.0);
+                if t + 1 < tokens {
+                    let (decayed, next_key) = (forget(t + 1), &k[key_at(t + 1)..key_at(t + 1) + key_dim]);
+                    let (update, read, recalled) = (&update[..value_dim], &mut read[..value_dim], &mut recalled[..value_dim]);
+                    for (((row, &ki), &qi), &next_ki) in memory.chunks_exact_mut(value_dim).zip(key).zip(query).zip(next_key) {
+                        let row = &mut row[..value_dim];
+                        for d in 0..value_dim {
+                            let learned = row[d] + ki * update[d];
+                            read[d] += learned * qi;
+                            let decayed_cell = learned * decayed;
+                            row[d] = decayed_cell;
+                            recalled[d] += decayed_cell * next_ki;
+                        }
+                    }
+                } else {
+                    for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
+                        for ((cell, &delta), sum) in row.iter_mut().zip(&update).zip(read.iter_mut()) {
+                            *cell += ki * delta;
+                            *sum += *cell * qi;
+                        }
                     }
                 }
                 let at = ((b * rows + t) * value_heads + h) * value_dim;
