@@ -11,7 +11,7 @@ use super::native::{self, Compiled, NativeKernel};
 use crate::exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Intrinsic, Model, NodeKind, Value};
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{Data, Elements, Tensor};
 use std::collections::HashMap;
 
 /// Native code for every entry: compiled in process, or an artifact's.
@@ -24,17 +24,56 @@ pub struct Cpu {
     rankings: Vec<Vec<Option<Value>>>,
     /// How code compiled here computes elementwise nodes.
     elementwise: Elementwise,
+    /// Memory of released values, for the outputs of later nodes.
+    pool: Pool,
+}
+
+/// Released f32 buffers by length, up to `POOL_BYTES` in all. A large
+/// output taken from here is not faulted in and zeroed page by page again
+/// (allocations over glibc's mmap threshold, 32 MiB, are fresh mappings
+/// every time: a prefill of thousands of tokens makes many).
+#[derive(Default)]
+struct Pool {
+    free: HashMap<usize, Vec<Vec<f32>>>,
+    bytes: usize,
+}
+
+/// What the pool holds at most.
+const POOL_BYTES: usize = 2 << 30;
+
+impl Pool {
+    /// A buffer of `len` floats whose contents are unspecified: for an
+    /// output every element of which the kernel writes.
+    fn take(&mut self, len: usize) -> Vec<f32> {
+        match self.free.get_mut(&len).and_then(Vec::pop) {
+            Some(buffer) => {
+                self.bytes -= len * 4;
+                buffer
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    fn keep(&mut self, tensor: Tensor) {
+        if let Data::F32(Elements::Owned(buffer)) = tensor.data {
+            let bytes = buffer.len() * 4;
+            if self.bytes + bytes <= POOL_BYTES {
+                self.bytes += bytes;
+                self.free.entry(buffer.len()).or_default().push(buffer);
+            }
+        }
+    }
 }
 
 impl Cpu {
     /// Compiles every entry in this process when it readies a model.
     pub fn jit(elementwise: Elementwise) -> Cpu {
-        Cpu { given: None, entries: Vec::new(), rankings: Vec::new(), elementwise }
+        Cpu { given: None, entries: Vec::new(), rankings: Vec::new(), elementwise, pool: Pool::default() }
     }
 
     /// Runs code compiled before (an artifact's kernels).
     pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
-        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new(), elementwise: Elementwise::default() }
+        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new(), elementwise: Elementwise::default(), pool: Pool::default() }
     }
 }
 
@@ -96,7 +135,7 @@ impl Backend for Cpu {
             return Ok(Tensor::from_i64(site.entry.nodes[site.at].dtype, site.shape.to_vec(), crate::ir::ranking::ranks(rows, width)));
         }
         let kernel = self.entries[site.entry_number].kernels[site.at].as_ref().expect("`prepare` found a kernel for every node");
-        run(kernel, site, values)
+        run(kernel, site, values, &mut self.pool)
     }
 
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
@@ -107,6 +146,10 @@ impl Backend for Cpu {
 
     fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
         crate::intrinsics::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
+    }
+
+    fn release(&mut self, buffer: Tensor) {
+        self.pool.keep(buffer);
     }
 }
 
@@ -139,10 +182,16 @@ impl Call<'_> {
 /// Runs a node's kernel on the values it loads: an elementwise node's
 /// rows shared among threads when it is large, as chunks whose first
 /// fault (in row order) is the one a single pass would report.
-fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mut Pool) -> Result<Tensor, NodeError> {
     use rayon::prelude::*;
     let node = &site.entry.nodes[site.at];
-    let mut out = Tensor::zeros(node.dtype, site.shape.to_vec());
+    // Every kernel writes every element of its output (an elementwise
+    // node all its rows, a contraction all its rows' columns), so a float
+    // output may start as any memory of its size.
+    let mut out = match node.dtype {
+        dtype if dtype.is_float() => Tensor { dtype, shape: site.shape.to_vec(), data: Data::F32(pool.take(site.shape.iter().product()).into()) },
+        dtype => Tensor::zeros(dtype, site.shape.to_vec()),
+    };
     let target = match &mut out.data {
         Data::F32(x) => x.as_mut_ptr() as *mut u8,
         Data::I64(x) => x.as_mut_ptr() as *mut u8,

@@ -92,10 +92,12 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tens
             let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
             if tokens > 0 {
                 let (decayed, key) = (forget(0), &k[key_at(0)..key_at(0) + key_dim]);
+                let recalled = &mut recalled[..value_dim];
                 for (row, &ki) in memory.chunks_exact_mut(value_dim).zip(key) {
-                    for (cell, sum) in row.iter_mut().zip(recalled.iter_mut()) {
-                        *cell *= decayed;
-                        *sum += *cell * ki;
+                    let row = &mut row[..value_dim];
+                    for d in 0..value_dim {
+                        row[d] *= decayed;
+                        recalled[d] += row[d] * ki;
                     }
                 }
             }
@@ -122,10 +124,12 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tens
                         }
                     }
                 } else {
+                    let (update, read) = (&update[..value_dim], &mut read[..value_dim]);
                     for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
-                        for ((cell, &delta), sum) in row.iter_mut().zip(&update).zip(read.iter_mut()) {
-                            *cell += ki * delta;
-                            *sum += *cell * qi;
+                        let row = &mut row[..value_dim];
+                        for d in 0..value_dim {
+                            row[d] += ki * update[d];
+                            read[d] += row[d] * qi;
                         }
                     }
                 }

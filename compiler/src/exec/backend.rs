@@ -116,4 +116,10 @@ pub trait Backend {
 
     /// A cache write into `cache`, in place.
     fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Self::Buffer, args: &[&Self::Buffer]) -> Result<(), NodeError>;
+
+    /// A value the executor holds no more: the backend may keep its memory
+    /// for a later value (by default it is freed).
+    fn release(&mut self, buffer: Self::Buffer) {
+        drop(buffer);
+    }
 }

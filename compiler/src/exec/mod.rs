@@ -224,10 +224,12 @@ impl<B: Backend> Executor<B> {
                 profile.add(kind, node.source.as_ref(), started.elapsed().as_secs_f64());
             }
             values.push(value);
-            // Values read for the last time are freed now.
+            // Values read for the last time are released now.
             for read in &analysis.reads[at] {
                 if analysis.last_reads[read.index()] == at {
-                    values[read.index()] = None;
+                    if let Some(buffer) = values[read.index()].take().and_then(|value| Rc::try_unwrap(value).ok()) {
+                        self.backend.release(buffer);
+                    }
                 }
             }
         }
