@@ -390,14 +390,7 @@ impl Lowerer<'_, '_> {
             let float = matches!(a, Reg::F(_)) || matches!(b, Reg::F(_));
             return Reg::B(if float {
                 let (x, y) = (self.f(a), self.f(b));
-                let cc = match cmp {
-                    CmpOp::Eq => FloatCC::Equal,
-                    CmpOp::Ne => FloatCC::NotEqual,
-                    CmpOp::Lt => FloatCC::LessThan,
-                    CmpOp::Le => FloatCC::LessThanOrEqual,
-                    CmpOp::Gt => FloatCC::GreaterThan,
-                    CmpOp::Ge => FloatCC::GreaterThanOrEqual,
-                };
+                let cc = float_condition(cmp);
                 self.builder.ins().fcmp(cc, x, y)
             } else {
                 let (x, y) = (self.i(a), self.i(b));
@@ -815,6 +808,18 @@ impl Stored {
             Stored::F32 => 4,
             Stored::Int => 8,
         }
+    }
+}
+
+/// The ordered float comparison a source comparison is.
+fn float_condition(cmp: CmpOp) -> FloatCC {
+    match cmp {
+        CmpOp::Eq => FloatCC::Equal,
+        CmpOp::Ne => FloatCC::NotEqual,
+        CmpOp::Lt => FloatCC::LessThan,
+        CmpOp::Le => FloatCC::LessThanOrEqual,
+        CmpOp::Gt => FloatCC::GreaterThan,
+        CmpOp::Ge => FloatCC::GreaterThanOrEqual,
     }
 }
 

@@ -15,10 +15,9 @@
 //! splatted. Lanes compute in f32 where the scalar code uses f64: the
 //! numerics a compiled backend may use (`docs/language.md`).
 
-use super::{Lowerer, Store, Stored};
+use super::{float_condition, Lowerer, Store, Stored};
 use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::ty::Dtype;
-use crate::syntax::ast::CmpOp;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type};
 use cranelift_frontend::Variable;
@@ -107,7 +106,7 @@ impl Lowerer<'_, '_> {
         let varying = Varying::of(store.scalar, inner);
         let limit = self.builder.declare_var(types::I64);
         self.builder.def_var(axis, start);
-        let [head, body, fallback, scalar_head, scalar_body, scalar_done, exit] = std::array::from_fn(|_| self.builder.create_block());
+        let [head, body, fallback, scalar, exit] = std::array::from_fn(|_| self.builder.create_block());
         self.builder.ins().jump(head, &[]);
 
         self.builder.switch_to_block(head);
@@ -115,7 +114,7 @@ impl Lowerer<'_, '_> {
         let last = self.builder.ins().iadd_imm_s(at, LANES);
         let fits = self.builder.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
         self.builder.def_var(limit, end);
-        self.builder.ins().brif(fits, body, &[], scalar_head, &[]);
+        self.builder.ins().brif(fits, body, &[], scalar, &[]);
 
         self.builder.switch_to_block(body);
         self.builder.seal_block(body);
@@ -140,26 +139,14 @@ impl Lowerer<'_, '_> {
         let at = self.builder.use_var(axis);
         let four_on = self.builder.ins().iadd_imm_s(at, LANES);
         self.builder.def_var(limit, four_on);
-        self.builder.ins().jump(scalar_head, &[]);
+        self.builder.ins().jump(scalar, &[]);
 
-        self.builder.switch_to_block(scalar_head);
-        let at = self.builder.use_var(axis);
-        let until = self.builder.use_var(limit);
-        let more = self.builder.ins().icmp(IntCC::SignedLessThan, at, until);
-        self.builder.ins().brif(more, scalar_body, &[], scalar_done, &[]);
-
-        self.builder.switch_to_block(scalar_body);
-        self.builder.seal_block(scalar_body);
-        element(self);
-        let at = self.builder.use_var(axis);
-        let next = self.builder.ins().iadd_imm_s(at, 1);
-        self.builder.def_var(axis, next);
-        self.builder.ins().jump(scalar_head, &[]);
-        self.builder.seal_block(scalar_head);
-
-        // The tail is done when the scalar code ran to the end.
-        self.builder.switch_to_block(scalar_done);
-        self.builder.seal_block(scalar_done);
+        // The scalar code up to the limit; the loop is done when that was
+        // the end.
+        self.builder.switch_to_block(scalar);
+        self.builder.seal_block(scalar);
+        let (at, until) = (self.builder.use_var(axis), self.builder.use_var(limit));
+        self.counted_from(axis, Some(at), until, element);
         let until = self.builder.use_var(limit);
         let finished = self.builder.ins().icmp(IntCC::Equal, until, end);
         self.builder.ins().brif(finished, exit, &[], head, &[]);
@@ -201,14 +188,7 @@ impl Lowerer<'_, '_> {
             }
             Scalar::Binary(BinaryOp::Cmp(cmp), a, b, _) => {
                 let (x, y) = (self.floats(a, varying), self.floats(b, varying));
-                let cc = match cmp {
-                    CmpOp::Eq => FloatCC::Equal,
-                    CmpOp::Ne => FloatCC::NotEqual,
-                    CmpOp::Lt => FloatCC::LessThan,
-                    CmpOp::Le => FloatCC::LessThanOrEqual,
-                    CmpOp::Gt => FloatCC::GreaterThan,
-                    CmpOp::Ge => FloatCC::GreaterThanOrEqual,
-                };
+                let cc = float_condition(*cmp);
                 Lanes::M(self.builder.ins().fcmp(cc, x, y))
             }
             Scalar::Binary(op @ (BinaryOp::And | BinaryOp::Or), a, b, _) => {
