@@ -521,17 +521,13 @@ impl Lowerer<'_, '_> {
     }
 
     fn stored(&self, value: Value) -> Stored {
-        self.load_layout(value).0
+        self.loaded(value).1
     }
 
-    /// How a loaded value's elements are held, and its rank.
-    fn load_layout(&self, value: Value) -> (Stored, usize) {
+    /// A loaded value's shape and how its elements are held.
+    fn loaded(&self, value: Value) -> (&[Dim], Stored) {
         let (_, shape, stored) = self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first");
-        (*stored, shape.len())
-    }
-
-    fn load_shape(&self, value: Value) -> &[Dim] {
-        &self.loads.iter().find(|(v, ..)| *v == value).expect("loads are listed first").1
+        (shape, *stored)
     }
 
     /// The loops over the axes from `level` on, then one element. Before
@@ -558,7 +554,7 @@ impl Lowerer<'_, '_> {
             self.close(continuation);
             return;
         }
-        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::applies(store.dtype);
+        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::in_lanes_float(store.dtype);
         if let Some((first, end)) = rows {
             // A node of one or two axes: rows `first..end` of the first.
             if in_lanes {

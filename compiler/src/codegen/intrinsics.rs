@@ -7,6 +7,7 @@
 //! matrix kernel's) and it reads each admitted value once per query.
 //! Cache writes copy rows and are the interpreter's own (`crate::intrinsics`).
 
+use super::expf;
 use super::matmul::{self, Isa, Rows};
 use crate::intrinsics::{Attention, DeltaRule};
 use crate::ir::Intrinsic;
@@ -205,7 +206,7 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                 let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
                 let mut total = 0f32;
                 for weight in weights.iter_mut() {
-                    *weight = exp(*weight - top);
+                    *weight = expf::exp(*weight - top);
                     total += *weight;
                 }
                 sum.fill(0.0);
@@ -225,58 +226,4 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
         })
     });
     Tensor { dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
-}
-
-/// `e^x` in f32, in straight-line code the compiler vectorizes: `x = n·ln
-/// 2 + r` with `|r| ≤ ln 2 / 2` (ln 2 in two parts, so that `n·ln 2` is
-/// exact), Cephes' `expf` polynomial for `e^r`, and `2^n` as two factors so
-/// that subnormal results are reached; infinity above the largest finite
-/// result, zero below the smallest subnormal, NaN for NaN. Within two units
-/// in the last place; generated code computes the same in lanes
-/// (`codegen::cpu::lanes`).
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5].iter().fold(1.987_569_1e-4f32, |p, c| p * r + c);
-    let y = p * r * r + r + 1.0;
-    // A saturating conversion: out of range (or NaN) only where the
-    // result is decided below, or is NaN already.
-    let whole = n as i32;
-    let half = whole >> 1;
-    let factor = |e: i32| f32::from_bits((e.wrapping_add(127) as u32) << 23);
-    let value = y * factor(half) * factor(whole.wrapping_sub(half));
-    if x > 88.722_84 {
-        f32::INFINITY
-    } else if x < -103.972_08 {
-        0.0
-    } else {
-        value
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// Within two units in the last place of the correctly rounded
-    /// result over the whole range, the same infinities, zeros and NaN.
-    #[test]
-    fn exp_is_within_two_ulps() {
-        let mut x = -110.0f32;
-        while x < 90.0 {
-            let want = (f64::from(x)).exp() as f32;
-            let got = super::exp(x);
-            let close = if want == 0.0 || want.is_infinite() {
-                got == want
-            } else if want < f32::MIN_POSITIVE {
-                (want - got).abs() <= f32::from_bits(1)
-            } else {
-                (want - got).abs() <= 2.0 * f32::EPSILON * want.abs()
-            };
-            assert!(close, "exp({x:e}) is {got:e}, not {want:e}");
-            x += 0.001_37;
-        }
-        assert!(super::exp(f32::NAN).is_nan());
-        assert_eq!(super::exp(f32::INFINITY), f32::INFINITY);
-        assert_eq!(super::exp(f32::NEG_INFINITY), 0.0);
-    }
 }

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod expf;
 pub mod helpers;
 pub mod intrinsics;
 pub mod matmul;

@@ -7,8 +7,8 @@
 //!
 //! What varies along the last axis is computed in lanes: loads whose last
 //! position is that axis plus an offset (one vector load of f32 or bf16
-//! elements), float arithmetic, comparisons as masks, selects, `exp` (a
-//! Cody–Waite reduction and Cephes' polynomial), rounding to bf16, and
+//! elements), float arithmetic, comparisons as masks, selects, `exp` (as
+//! `codegen::expf` computes it), rounding to bf16, and
 //! reductions whose body varies. Anything else that varies (a gather,
 //! integer arithmetic, `log`, `tanh`, f16) is computed lane by lane by the
 //! scalar code; what does not vary is computed once by the scalar code and
@@ -16,6 +16,7 @@
 //! numerics a compiled backend may use (`docs/language.md`).
 
 use super::{float_condition, Lowerer, Store, Stored};
+use crate::codegen::expf;
 use crate::ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::ty::Dtype;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -76,14 +77,9 @@ impl Varying {
     }
 }
 
-/// Whether a node of `dtype` is computed in lanes: f32 and bf16 results,
-/// stored as f32.
-pub(super) fn applies(dtype: Dtype) -> bool {
-    matches!(dtype, Dtype::F32 | Dtype::Bf16)
-}
-
-/// A float type computed in lanes (f16 rounds through the scalar code).
-fn in_lanes_float(dtype: Dtype) -> bool {
+/// Whether values of `dtype` are computed in lanes: f32 and bf16 (stored
+/// as f32); f16 rounds through the scalar code.
+pub(super) fn in_lanes_float(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::F32 | Dtype::Bf16)
 }
 
@@ -253,9 +249,9 @@ impl Lowerer<'_, '_> {
         let float = |s: &Scalar| s.dtype().is_float();
         match scalar {
             Scalar::Load(value, positions, _) => {
-                let (stored, rank) = self.load_layout(*value);
+                let (shape, stored) = self.loaded(*value);
                 matches!(stored, Stored::F32 | Stored::Bf16Bits)
-                    && positions.len() == rank
+                    && positions.len() == shape.len()
                     && positions.split_last().is_some_and(|(last, rows)| varying.is_unit_stride(last) && rows.iter().all(|p| !varying.has(p)))
             }
             Scalar::Unary(UnaryOp::Not, a, _) => a.dtype() == Dtype::Bool,
@@ -351,8 +347,8 @@ impl Lowerer<'_, '_> {
         let row = self.address(value, rows);
         let reg = self.scalar(last);
         let first = self.i(reg);
-        let (stored, _) = self.load_layout(value);
-        let size = self.load_shape(value).last().cloned().expect("a load of positions has axes");
+        let (shape, stored) = self.loaded(value);
+        let size = shape.last().cloned().expect("a load of positions has axes");
         if !self.inside(last, &size) {
             let size = self.dim(&size);
             let last_lane = self.builder.ins().iadd_imm_s(first, LANES - 1);
@@ -445,25 +441,21 @@ impl Lowerer<'_, '_> {
         self.blend(y_nan, x, unless_x)
     }
 
-    /// `e^x` in f32 lanes: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2` (ln 2 in
-    /// two parts, so that `n·ln 2` is exact), Cephes' `expf` polynomial
-    /// for `e^r`, and `2^n` as two factors so that subnormal results are
-    /// reached; infinity above the largest finite result, zero below the
-    /// smallest subnormal, NaN for NaN.
+    /// `e^x` in f32 lanes, step for step as `expf::exp` (its constants).
     fn lanes_exp(&mut self, x: ClValue) -> ClValue {
         let log2e = self.constant(std::f32::consts::LOG2_E);
         let scaled = self.builder.ins().fmul(x, log2e);
         let n = self.builder.ins().nearest(scaled);
-        let ln2_high = self.constant(0.693_359_4);
-        let ln2_low = self.constant(-2.121_944_4e-4);
+        let ln2_high = self.constant(expf::LN2_HIGH);
+        let ln2_low = self.constant(expf::LN2_LOW);
         let high = self.builder.ins().fmul(n, ln2_high);
         let r = self.builder.ins().fsub(x, high);
         let low = self.builder.ins().fmul(n, ln2_low);
         let r = self.builder.ins().fsub(r, low);
-        let mut p = self.constant(1.987_569_1e-4);
-        for coefficient in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        let mut p = self.constant(expf::POLYNOMIAL[0]);
+        for coefficient in &expf::POLYNOMIAL[1..] {
             let times = self.builder.ins().fmul(p, r);
-            let c = self.constant(coefficient);
+            let c = self.constant(*coefficient);
             p = self.builder.ins().fadd(times, c);
         }
         let r2 = self.builder.ins().fmul(r, r);
@@ -481,8 +473,8 @@ impl Lowerer<'_, '_> {
             let factor = self.builder.ins().bitcast(F32X4, lane_order(), exponent);
             y = self.builder.ins().fmul(y, factor);
         }
-        let largest = self.constant(88.722_84);
-        let smallest = self.constant(-103.972_08);
+        let largest = self.constant(expf::LARGEST);
+        let smallest = self.constant(expf::SMALLEST);
         let over = self.builder.ins().fcmp(FloatCC::GreaterThan, x, largest);
         let under = self.builder.ins().fcmp(FloatCC::LessThan, x, smallest);
         let infinity = self.constant(f32::INFINITY);
