@@ -54,14 +54,22 @@ impl Pool {
         }
     }
 
+    /// Keeps a released tensor's floats. When they do not fit, what the
+    /// pool holds is freed first: shapes change between calls (a new
+    /// prompt length), and buffers of lengths no longer computed must not
+    /// keep the sizes computed now out.
     fn keep(&mut self, tensor: Tensor) {
-        if let Data::F32(Elements::Owned(buffer)) = tensor.data {
-            let bytes = buffer.len() * 4;
-            if self.bytes + bytes <= POOL_BYTES {
-                self.bytes += bytes;
-                self.free.entry(buffer.len()).or_default().push(buffer);
-            }
+        let Data::F32(Elements::Owned(buffer)) = tensor.data else { return };
+        let bytes = buffer.len() * 4;
+        if bytes > POOL_BYTES {
+            return;
         }
+        if self.bytes + bytes > POOL_BYTES {
+            self.free.clear();
+            self.bytes = 0;
+        }
+        self.bytes += bytes;
+        self.free.entry(buffer.len()).or_default().push(buffer);
     }
 }
 
