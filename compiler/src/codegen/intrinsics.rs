@@ -187,11 +187,11 @@ fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
         let first_key = (b * kv_heads + kv) * keys * width;
         let mut scores = vec![0f32; block.len() * group * span];
         let slots: Vec<(usize, usize)> = block.clone().flat_map(|i| (0..group).map(move |g| (i, g))).collect();
-        let rows = Rows {
-            inputs: slots.iter().map(|&(i, g)| qf[query_at(i, g)..].as_ptr()).collect(),
-            outs: scores.chunks_exact_mut(span.max(1)).take(slots.len()).map(|row| row.as_mut_ptr()).collect(),
-        };
         if span > 0 {
+            let rows = Rows {
+                inputs: slots.iter().map(|&(i, g)| qf[query_at(i, g)..].as_ptr()).collect(),
+                outs: scores.chunks_exact_mut(span).map(|row| row.as_mut_ptr()).collect(),
+            };
             // SAFETY: each query row has `width` values, each scores row
             // room for `span`, and the keys up to `span` are in `kf`.
             unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
