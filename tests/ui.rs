@@ -15,6 +15,13 @@ fn model_dir() -> PathBuf {
     root().join("models/qwen3.6-35b-a3b")
 }
 
+/// A module of the seed package or of the dense package it uses, by the
+/// path the loader reads it at.
+fn module_file(module: &str) -> PathBuf {
+    let package = if matches!(module, "lib" | "moe") { "qwen3.6-35b-a3b" } else { "qwen3.8-27b" };
+    root().join("models").join(package).join(format!("src/{module}.linnet"))
+}
+
 fn options() -> LoadOptions {
     LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
 }
@@ -50,6 +57,42 @@ fn seed_package_is_clean_with_other_consistent_generics() {
     assert_clean(&check_package(&model_dir(), &LoadOptions { overrides, ..options() }));
 }
 
+/// The dense package checks clean under its card (the published 27B
+/// sizes), the dense oracle checkpoint's sizes, and other consistent ones.
+#[test]
+fn dense_package_is_clean_with_its_card_and_other_generics() {
+    let dense = root().join("models/qwen3.8-27b");
+    assert_clean(&check_package(&dense, &options()));
+    let oracle = [
+        ("Vocab", "512"), ("H", "64"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32"), ("KeyHeads", "2"),
+        ("ValueHeads", "4"), ("KeyDim", "16"), ("ValueDim", "16"), ("Conv", "128"), ("Inner", "96"), ("Groups", "2"),
+        ("Batch", "2"), ("MaxSeq", "64"), ("T", "f32"),
+    ];
+    let other = [
+        ("H", "96"), ("Heads", "6"), ("KvHeads", "3"), ("HeadDim", "40"), ("KeyHeads", "3"), ("ValueHeads", "9"),
+        ("KeyDim", "8"), ("ValueDim", "12"), ("Conv", "156"), ("Width", "3"), ("Inner", "7"), ("Groups", "1"),
+        ("Batch", "3"), ("MaxSeq", "17"), ("S", "1"), ("B", "4"),
+    ];
+    for sizes in [&oracle[..], &other[..]] {
+        let overrides = sizes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_clean(&check_package(&dense, &LoadOptions { overrides, ..options() }));
+    }
+    // A size the MoE package has and the dense one does not is refused.
+    let overrides = vec![("Experts".to_string(), "8".to_string())];
+    assert!(check_package(&dense, &LoadOptions { overrides, ..options() }).has_errors());
+}
+
+/// An editor's or a harness's unsaved text applies however its path is
+/// written: here with a `..` step through the package that uses it.
+#[test]
+fn an_overlay_applies_to_a_dependency_through_any_path() {
+    let path = model_dir().join("../qwen3.8-27b/src/norm.linnet");
+    let text = std::fs::read_to_string(&path).expect("readable").replacen("module qwen3_5.norm", "module qwen3_5.norms", 1);
+    let checked = check_package(&model_dir(), &LoadOptions { overlay: HashMap::from([(path, text)]), ..options() });
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(codes, ["module-name-mismatch"], "{}", render(&checked));
+}
+
 #[test]
 fn an_override_that_breaks_a_clause_points_at_the_command_line() {
     let overrides = vec![("Conv".to_string(), "100".to_string())];
@@ -81,7 +124,7 @@ struct Edit {
 fn apply(case: &Case, dir: &Path) -> Result<HashMap<PathBuf, String>, String> {
     let mut overlay: HashMap<PathBuf, String> = HashMap::new();
     for edit in &case.edit {
-        let path = dir.join(&edit.file);
+        let path = linnet_compiler::package::join_normalized(dir, Path::new(&edit.file));
         let text = match overlay.get(&path) {
             Some(text) => text.clone(),
             None => std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -155,13 +198,13 @@ fn package_cases_are_reported_where_they_are() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// Every prefix of every module is half-typed code: the checker must
-/// report, never panic.
+/// Every prefix of every module (the seed's and the dense blocks it uses)
+/// is half-typed code: the checker must report, never panic.
 #[test]
 fn truncated_sources_never_panic() {
     let dir = model_dir();
     for module in ["attention", "deltanet", "lib", "moe", "norm", "rope"] {
-        let path = dir.join(format!("src/{module}.linnet"));
+        let path = module_file(module);
         let text = std::fs::read_to_string(&path).expect("readable");
         let step = (text.len() / 12).max(1);
         for cut in (0..text.len()).step_by(step) {
@@ -186,7 +229,7 @@ fn deeply_nested(shape: &str, levels: usize) -> HashMap<PathBuf, String> {
         "indexing" => format!("{operand} + cast<f32>({}0{})", "iota<i64>(H)[".repeat(levels), "]".repeat(levels)),
         other => panic!("no shape {other}"),
     };
-    let path = model_dir().join("src/norm.linnet");
+    let path = module_file("norm");
     let text = std::fs::read_to_string(&path).expect("readable");
     let line = "        let xf = cast<f32>(x)\n";
     assert_eq!(text.matches(line).count(), 2, "both norms start with this line");

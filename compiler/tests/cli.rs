@@ -13,16 +13,18 @@ fn linnetc(args: &[&str]) -> Output {
 }
 
 #[test]
-fn the_seed_package_checks_clean() {
-    let output = linnetc(&["check", "models/qwen3.6-35b-a3b"]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("no errors"));
+fn the_model_packages_check_clean() {
+    for package in ["models/qwen3.6-35b-a3b", "models/qwen3.8-27b"] {
+        let output = linnetc(&["check", package]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(String::from_utf8_lossy(&output.stderr).contains("no errors"));
+    }
 }
 
 /// A file or folder inside a package checks the package, found upward.
 #[test]
 fn a_file_or_folder_inside_the_package_checks_it() {
-    for inside in ["models/qwen3.6-35b-a3b/src", "models/qwen3.6-35b-a3b/src/norm.linnet"] {
+    for inside in ["models/qwen3.6-35b-a3b/src", "models/qwen3.6-35b-a3b/src/moe.linnet"] {
         let output = linnetc(&["check", inside]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success() && stderr.contains("checked `models/qwen3.6-35b-a3b`: no errors"), "{inside}: {stderr}");

@@ -1,7 +1,8 @@
-//! A scripted editor session with `linnetc lsp`: open the seed package,
+//! A scripted editor session with `linnetc lsp`: open the model packages,
 //! type mistakes into unsaved text and expect diagnostics at their ranges,
-//! hover over lets for their shapes, jump to definitions across modules,
-//! find references, list symbols, and format.
+//! hover over lets for their shapes, jump to definitions across modules and
+//! packages, find references, list symbols, and format; a change to a
+//! dependency re-checks the packages that use it.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -109,8 +110,9 @@ fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).canonicalize().unwrap()
 }
 
+/// A file of `models/`, its URI and its text.
 fn file(relative: &str) -> (String, String) {
-    let path = root().join("models/qwen3.6-35b-a3b/src").join(relative);
+    let path = root().join("models").join(relative);
     let uri = format!("file://{}", path.display());
     (uri, std::fs::read_to_string(path).unwrap())
 }
@@ -128,15 +130,15 @@ fn hover(client: &mut Client, uri: &str, text: &str, needle: &str) -> String {
 }
 
 #[test]
-fn an_editor_session_on_the_seed_package() {
+fn an_editor_session_on_the_dense_package() {
     let mut client = Client::start();
-    let (uri, text) = file("attention.linnet");
+    let (uri, text) = file("qwen3.8-27b/src/attention.linnet");
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
-    assert!(client.diagnostics_for(&uri).is_empty(), "the seed opens clean");
+    assert!(client.diagnostics_for(&uri).is_empty(), "the package opens clean");
 
     // Hover: lets in attention with their symbolic and concrete shapes.
     let shown = hover(&mut client, &uri, &text, "v = reshape(v_proj");
-    assert!(shown.contains("Tensor[B, S, KvHeads, HeadDim; T]") && shown.contains("[1, 8, 2, 256] bf16, 8.0 KiB"), "{shown}");
+    assert!(shown.contains("Tensor[B, S, KvHeads, HeadDim; T]") && shown.contains("[1, 8, 4, 256] bf16, 16.0 KiB"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "mixed = grouped_attention(");
     assert!(shown.contains("Tensor[B, Heads, S, HeadDim; T]"), "{shown}");
 
@@ -160,11 +162,11 @@ fn an_editor_session_on_the_seed_package() {
     assert!(found.as_array().unwrap().len() >= 12, "{found}");
     // A state's declaration shows its shape.
     let shown = hover(&mut client, &uri, &text, "cache_k: Tensor");
-    assert!(shown.contains("[1, 2, 262144, 256] bf16, 256.0 MiB"), "{shown}");
+    assert!(shown.contains("[1, 4, 262144, 256] bf16, 512.0 MiB"), "{shown}");
 
     // A size the card sets shows its value, where it is declared and used.
     let shown = hover(&mut client, &uri, &text, "KvHeads: Dim");
-    assert!(shown.contains("KvHeads = 2"), "{shown}");
+    assert!(shown.contains("KvHeads = 4"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>(THETA)");
     assert!(shown.contains("HeadDim = 256"), "{shown}");
 
@@ -202,7 +204,7 @@ fn an_editor_session_on_the_seed_package() {
     assert!(client.diagnostics_for(&uri).is_empty());
     eprintln!("diagnostics after a change: {:?} ms", timings.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>());
 
-    // Formatting the seed changes nothing; a messy line is fixed.
+    // Formatting the file changes nothing; a messy line is fixed.
     let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
     assert_eq!(edits, json!([]));
     let messy = text.replacen("let (q, gate, k, v) = project<B, S>(x)", "let (q,gate,k,v)=project<B,S>( x )", 1);
@@ -223,25 +225,26 @@ fn an_editor_session_on_the_seed_package() {
 #[test]
 fn hover_in_deltanet_shows_shapes() {
     let mut client = Client::start();
-    let (uri, text) = file("deltanet.linnet");
+    let (uri, text) = file("qwen3.8-27b/src/deltanet.linnet");
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
     assert!(client.diagnostics_for(&uri).is_empty());
     // A name bound by a tuple pattern shows its own type.
     let shown = hover(&mut client, &uri, &text, "(q, k, v) = heads<B, S>");
     assert!(shown.contains("Tensor[B, S, KeyHeads, KeyDim; T]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "final = permute");
-    assert!(shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]") && shown.contains("[1, 32, 128, 128] f32, 2.0 MiB"), "{shown}");
+    assert!(shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]") && shown.contains("[1, 48, 128, 128] f32, 3.0 MiB"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "inside[b, s] =");
     assert!(shown.contains("Tensor[B, S; bool]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "heads<B: Dim");
     assert!(shown.contains("fn heads<B: Dim, S: Dim>(") && shown.contains("split into L2-normalized"), "{shown}");
 }
 
-/// A copy of the seed package in a fresh folder, for edits on disk.
-fn package_copy(name: &str) -> PathBuf {
+/// A copy of `models/` (the two packages, one depending on the other) in
+/// a fresh folder, for edits on disk.
+fn models_copy(name: &str) -> PathBuf {
     let target = std::env::temp_dir().join(format!("linnet-lsp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&target);
-    let mut stack = vec![(root().join("models/qwen3.6-35b-a3b"), target.clone())];
+    let mut stack = vec![(root().join("models"), target.clone())];
     while let Some((from, to)) = stack.pop() {
         std::fs::create_dir_all(&to).unwrap();
         for entry in std::fs::read_dir(&from).unwrap() {
@@ -264,7 +267,8 @@ fn package_copy(name: &str) -> PathBuf {
 /// navigation is served from the package that read it.
 #[test]
 fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
-    let package = package_copy("settle");
+    let models = models_copy("settle");
+    let package = models.join("qwen3.8-27b");
     let mut client = Client::start();
     let path = package.join("src/attention.linnet");
     let uri = format!("file://{}", path.display());
@@ -285,7 +289,7 @@ fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
 
     let nest = package.join("nest.toml");
     let card = std::fs::read_to_string(&nest).unwrap();
-    std::fs::write(&nest, card.replacen("KvHeads = 2", "KvHeads = 3", 1)).unwrap();
+    std::fs::write(&nest, card.replacen("KvHeads = 4", "KvHeads = 5", 1)).unwrap();
     let nest_uri = format!("file://{}", nest.display());
     client.notify("workspace/didChangeWatchedFiles", json!({ "changes": [{ "uri": nest_uri, "type": 2 }] }));
     let diagnostics = client.diagnostics_for(&nest_uri);
@@ -297,5 +301,39 @@ fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": stdlib_uri, "languageId": "linnet", "version": 1, "text": stdlib_text } }));
     let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": stdlib_uri } }));
     assert!(symbols.as_array().is_some_and(|s| s.iter().any(|s| s["name"] == "grouped_attention")), "{symbols}");
-    std::fs::remove_dir_all(&package).unwrap();
+    std::fs::remove_dir_all(&models).unwrap();
+}
+
+/// The mixture-of-experts package uses the dense one's blocks: hover and
+/// go to definition follow its `use` into the other package, and a change
+/// to the dependency's file re-checks the package that uses it, which
+/// reports what broke where it is used.
+#[test]
+fn a_dependency_is_followed_and_its_changes_recheck_its_users() {
+    let models = models_copy("dependency");
+    let mut client = Client::start();
+    let lib = models.join("qwen3.6-35b-a3b/src/lib.linnet");
+    let lib_uri = format!("file://{}", lib.display());
+    let lib_text = std::fs::read_to_string(&lib).unwrap();
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": lib_uri, "languageId": "linnet", "version": 1, "text": lib_text } }));
+    assert!(client.diagnostics_for(&lib_uri).is_empty());
+
+    let at = position_of(&lib_text, "GatedAttention<H, Heads", 1);
+    let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": lib_uri }, "position": at }));
+    let attention = models.join("qwen3.8-27b/src/attention.linnet");
+    assert_eq!(target["uri"].as_str().unwrap(), format!("file://{}", attention.display()), "{target}");
+    let shown = hover(&mut client, &lib_uri, &lib_text, "KvHeads: Dim");
+    assert!(shown.contains("KvHeads = 2"), "the MoE card's value: {shown}");
+
+    // Renaming the block in the dependency breaks the import in the user.
+    let attention_uri = format!("file://{}", attention.display());
+    let attention_text = std::fs::read_to_string(&attention).unwrap();
+    let renamed = attention_text.replacen("pub block GatedAttention<", "pub block GatedAttn<", 1);
+    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": attention_uri, "languageId": "linnet", "version": 1, "text": attention_text } }));
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": attention_uri, "version": 2 }, "contentChanges": [{ "text": renamed }] }));
+    let diagnostics = client.diagnostics_for(&lib_uri);
+    assert!(diagnostics.iter().any(|d| d["code"] == "unknown-import"), "{diagnostics:?}");
+    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": attention_uri, "version": 3 }, "contentChanges": [{ "text": attention_text }] }));
+    assert!(client.diagnostics_for(&lib_uri).is_empty());
+    std::fs::remove_dir_all(&models).unwrap();
 }

@@ -1,10 +1,15 @@
 //! Every path to logits against the reference implementation's: the
 //! random-weight checkpoints and the logits Hugging Face transformers
 //! computes for them (`tests/fixtures/oracle`), through the seed package
-//! (`models/qwen3.6-35b-a3b`) on the reference interpreter and the CPU
-//! backend. f32: within 1e-4 of the largest logit, every argmax and greedy
-//! token equal. bf16: within 1e-1, argmax agreement at least 0.8, greedy
-//! tokens as `greedy_generation` says.
+//! (`models/qwen3.6-35b-a3b`) and the dense one (`models/qwen3.8-27b`,
+//! given its generics as `--set` would) on the reference interpreter and
+//! the CPU backend. f32: within 1e-4 of the largest logit, every argmax and
+//! greedy token equal. bf16: on the calm checkpoint within 1e-1 on every
+//! row; on a unit-scale one (chaotic: a rounding flips choices) the median
+//! row within 1e-1 and the worst within twice the distance between
+//! transformers' own f32 and bf16 runs; argmax agreement at least 0.8 on
+//! the positions those two runs agree on; greedy tokens as
+//! `greedy_generation` says.
 
 use linnet_compiler::exec::Machine;
 use linnet_compiler::tensor::Tensor;
@@ -21,25 +26,95 @@ fn root() -> PathBuf {
 struct Oracle {
     machine: Machine,
     golden: Vec<Sequence>,
+    /// The largest row distance allowed.
     tolerance: f32,
+    /// The median row distance allowed.
+    typical: f32,
     min_agreement: f32,
+    /// How many greedy tokens transformers' f32 and bf16 runs share before
+    /// each sequence's first difference, summed.
+    greedy_prefix: usize,
+}
+
+/// The reference's logits at one position.
+struct Row {
+    logits: Vec<f32>,
+    /// Whether transformers' f32 and bf16 runs choose the same token here.
+    /// Where they do not, the position sits on a knife's edge that the
+    /// reference's own precision decides, and its argmax is not held
+    /// against another run in bf16.
+    decided: bool,
 }
 
 struct Sequence {
     tokens: Vec<i64>,
-    logits: Vec<Vec<f32>>,
+    logits: Vec<Row>,
     greedy: Vec<i64>,
 }
 
-fn load(config: &str, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
-    let dir = root().join("tests/fixtures/oracle").join(config);
-    let options = LoadOptions {
-        nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
-        stdlib: Some(root().join("stdlib")),
-        ..LoadOptions::default()
+/// A folder of `tests/fixtures/oracle` and the package that runs it.
+#[derive(Clone, Copy)]
+struct Fixture {
+    config: &'static str,
+    package: &'static str,
+    /// Block outputs scaled down so that bf16 rounding does not flip
+    /// choices: held to 1e-1 on every row.
+    calm: bool,
+}
+
+const MOE: Fixture = Fixture { config: "tiny-qwen3.5-moe", package: "models/qwen3.6-35b-a3b", calm: false };
+const MOE_CALM: Fixture = Fixture { config: "tiny-qwen3.5-moe-calm", calm: true, ..MOE };
+const DENSE: Fixture = Fixture { config: "tiny-qwen3.5-dense", package: "models/qwen3.8-27b", calm: false };
+
+/// The dense checkpoint's generics (its `config.json`), given as `--set`
+/// would give them: the folder has no model card of its own.
+const DENSE_GENERICS: [(&str, &str); 14] = [
+    ("Vocab", "512"), ("H", "64"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32"), ("KeyHeads", "2"),
+    ("ValueHeads", "4"), ("KeyDim", "16"), ("ValueDim", "16"), ("Conv", "128"), ("Inner", "96"), ("Groups", "2"),
+    ("Batch", "2"), ("MaxSeq", "64"),
+];
+
+fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
+    let dir = root().join("tests/fixtures/oracle").join(fixture.config);
+    let card = dir.join(format!("package/nest-{dtype}.toml"));
+    let options = if card.is_file() {
+        LoadOptions { nest: Some(card), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
+    } else {
+        let mut overrides: Vec<(String, String)> = DENSE_GENERICS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        overrides.push(("T".into(), dtype.into()));
+        LoadOptions { overrides, stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     };
     let weights = linnet_runtime::Weights::Checkpoint { dir: Some(dir.join(format!("weights-{dtype}"))), non_finite: linnet_runtime::weights::NonFinite::Refuse };
-    let machine = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
+    let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
+    let mut golden = read_golden(&dir, dtype);
+    let f32_run = read_golden(&dir, "f32");
+    let tolerance = match dtype {
+        "f32" => 1e-4,
+        _ if fixture.calm => 1e-1,
+        // Unit-scale weights: roundings in another order than transformers'
+        // grow through the layers. Transformers' own bf16 run is some
+        // distance from its f32 run; ours, rounding as the language says,
+        // may be as far again on the other side.
+        _ => {
+            for (bf16_seq, f32_seq) in golden.iter_mut().zip(&f32_run) {
+                for (row, f32_row) in bf16_seq.logits.iter_mut().zip(&f32_seq.logits) {
+                    row.decided = argmax(&row.logits) == argmax(&f32_row.logits);
+                }
+            }
+            2.0 * distance(&f32_run, &golden)
+        }
+    };
+    let min_agreement = if dtype == "f32" { 1.0 } else { 0.8 };
+    let greedy_prefix = golden.iter().zip(&f32_run).map(|(a, b)| shared_prefix(&a.greedy, &b.greedy)).sum();
+    Oracle { machine, golden, tolerance, typical: tolerance.min(1e-1), min_agreement, greedy_prefix }
+}
+
+fn shared_prefix(a: &[i64], b: &[i64]) -> usize {
+    a.iter().zip(b).take_while(|(a, b)| a == b).count()
+}
+
+/// The reference's logits, tokens and greedy tokens for every sequence.
+fn read_golden(dir: &std::path::Path, dtype: &str) -> Vec<Sequence> {
     let bytes = std::fs::read(dir.join(format!("golden-{dtype}.safetensors"))).expect("golden file");
     let file = SafeTensors::deserialize(&bytes).expect("golden safetensors");
     let floats = |name: &str| -> Vec<f32> {
@@ -54,40 +129,75 @@ fn load(config: &str, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
             break;
         }
         let tokens = ints(&format!("seq{n}.tokens"));
-        let logits = floats(&format!("seq{n}.logits")).chunks(512).map(<[f32]>::to_vec).collect();
+        let logits = floats(&format!("seq{n}.logits")).chunks(512).map(|row| Row { logits: row.to_vec(), decided: true }).collect();
         golden.push(Sequence { tokens, logits, greedy: ints(&format!("seq{n}.greedy")) });
     }
-    let (tolerance, min_agreement) = if dtype == "f32" { (1e-4, 1.0) } else { (1e-1, 0.8) };
-    Oracle { machine, golden, tolerance, min_agreement }
+    golden
+}
+
+/// The largest row distance between two sets of logits for the same sequences.
+fn distance(a: &[Sequence], b: &[Sequence]) -> f32 {
+    let mut score = Score::new();
+    for (a, b) in a.iter().zip(b) {
+        assert_eq!(a.tokens, b.tokens, "the golden files hold the same sequences");
+        for (x, y) in a.logits.iter().zip(&b.logits) {
+            score.add(&x.logits, y);
+        }
+    }
+    score.worst()
 }
 
 /// Compares rows of logits with the reference rows at the same positions.
 struct Score {
-    worst: f32,
+    /// Each row's `max |ours - ref| / max |ref|`.
+    distances: Vec<f32>,
+    /// Rows whose argmax is held (see `Row::decided`), and how many agree.
+    decided: usize,
     agree: usize,
-    rows: usize,
 }
 
 impl Score {
     fn new() -> Score {
-        Score { worst: 0.0, agree: 0, rows: 0 }
+        Score { distances: Vec::new(), decided: 0, agree: 0 }
     }
 
-    fn add(&mut self, ours: &[f32], reference: &[f32]) {
+    fn worst(&self) -> f32 {
+        self.distances.iter().fold(0f32, |m, &d| m.max(d))
+    }
+
+    fn median(&self) -> f32 {
+        let mut sorted = self.distances.clone();
+        sorted.sort_by(f32::total_cmp);
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    fn add(&mut self, ours: &[f32], reference: &Row) {
+        let (decided, reference) = (reference.decided, &reference.logits);
         let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        self.worst = self.worst.max(diff / scale);
-        let argmax = |row: &[f32]| argmax_rows(&Tensor::from_f32(Dtype::F32, vec![1, row.len()], row.to_vec()))[0];
-        self.agree += usize::from(argmax(ours) == argmax(reference));
-        self.rows += 1;
+        self.distances.push(diff / scale);
+        if decided {
+            self.decided += 1;
+            self.agree += usize::from(argmax(ours) == argmax(reference));
+        }
     }
 
     fn check(&self, oracle: &Oracle, what: &str) {
-        let agreement = self.agree as f32 / self.rows as f32;
-        assert!(self.worst <= oracle.tolerance, "{what}: max|diff|/max|ref| = {:.2e} > {:.0e}", self.worst, oracle.tolerance);
+        let agreement = self.agree as f32 / self.decided as f32;
+        let (worst, median) = (self.worst(), self.median());
+        assert!(worst <= oracle.tolerance, "{what}: max|diff|/max|ref| = {worst:.2e} > {:.2e}", oracle.tolerance);
+        assert!(median <= oracle.typical, "{what}: median row's max|diff|/max|ref| = {median:.2e} > {:.0e}", oracle.typical);
         assert!(agreement >= oracle.min_agreement, "{what}: argmax agreement {agreement:.3} < {}", oracle.min_agreement);
-        eprintln!("{what}: max|diff|/max|ref| = {:.2e}, argmax agreement {agreement:.3} over {} rows", self.worst, self.rows);
+        eprintln!(
+            "{what}: max|diff|/max|ref| = {worst:.2e} (median row {median:.2e}) over {} rows, argmax agreement {agreement:.3} over {} decided",
+            self.distances.len(),
+            self.decided
+        );
     }
+}
+
+fn argmax(row: &[f32]) -> i64 {
+    argmax_rows(&Tensor::from_f32(Dtype::F32, vec![1, row.len()], row.to_vec()))[0]
 }
 
 fn tokens(rows: &[&[i64]]) -> Tensor {
@@ -187,11 +297,10 @@ fn slots_then_rows(oracle: &mut Oracle, what: &str) {
 
 /// Greedy tokens against the reference's: all of them in f32; in bf16,
 /// where rounding in another order than transformers' makes a sequence
-/// part ways after a while, the first token of every sequence and at least
-/// `BF16_GREEDY_PREFIX` of the 60 tokens before each sequence's first
-/// difference (what the reference interpreter reaches).
+/// part ways after a while, the first token of every sequence and, before
+/// each sequence's first difference, at least as many tokens as
+/// transformers' own f32 and bf16 runs share.
 fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
-    const BF16_GREEDY_PREFIX: usize = 39;
     let mut equal = 0;
     let mut total = 0;
     for seq in &oracle.golden {
@@ -200,16 +309,17 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
             assert_eq!(ours, seq.greedy, "{what}: greedy tokens after {:?}", seq.tokens);
         }
         assert_eq!(ours.first(), seq.greedy.first(), "{what}: the first greedy token after {:?}", seq.tokens);
-        equal += ours.iter().zip(&seq.greedy).take_while(|(a, b)| a == b).count();
+        equal += shared_prefix(&ours, &seq.greedy);
         total += seq.greedy.len();
     }
     eprintln!("{what} greedy: {equal} of {total} tokens equal before the first difference");
-    assert!(exact || equal >= BF16_GREEDY_PREFIX, "{what}: {equal} of {total} greedy tokens equal before the first difference, under {BF16_GREEDY_PREFIX}");
+    let least = oracle.greedy_prefix;
+    assert!(exact || equal >= least, "{what}: {equal} of {total} greedy tokens equal before the first difference, under {least}");
 }
 
-fn every_path(config: &str, dtype: &str, backend: linnet_runtime::Backend) {
-    let mut oracle = load(config, dtype, backend);
-    let what = format!("{dtype} {backend:?}");
+fn every_path(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) {
+    let mut oracle = load(fixture, dtype, backend);
+    let what = format!("{} {dtype} {backend:?}", fixture.config);
     forward_and_next_token(&mut oracle, &what);
     prefill_then_decode(&mut oracle, &what);
     slots_then_rows(&mut oracle, &what);
@@ -218,20 +328,40 @@ fn every_path(config: &str, dtype: &str, backend: linnet_runtime::Backend) {
 
 #[test]
 fn f32_every_path_matches_the_reference() {
-    every_path("tiny-qwen3.5-moe", "f32", linnet_runtime::Backend::Interp);
+    every_path(MOE, "f32", linnet_runtime::Backend::Interp);
 }
 
 #[test]
 fn bf16_every_path_matches_the_reference() {
-    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_runtime::Backend::Interp);
+    every_path(MOE_CALM, "bf16", linnet_runtime::Backend::Interp);
 }
 
 #[test]
 fn f32_every_path_matches_the_reference_on_cpu() {
-    every_path("tiny-qwen3.5-moe", "f32", linnet_runtime::Backend::Cpu);
+    every_path(MOE, "f32", linnet_runtime::Backend::Cpu);
 }
 
 #[test]
 fn bf16_every_path_matches_the_reference_on_cpu() {
-    every_path("tiny-qwen3.5-moe-calm", "bf16", linnet_runtime::Backend::Cpu);
+    every_path(MOE_CALM, "bf16", linnet_runtime::Backend::Cpu);
+}
+
+#[test]
+fn dense_f32_every_path_matches_the_reference() {
+    every_path(DENSE, "f32", linnet_runtime::Backend::Interp);
+}
+
+#[test]
+fn dense_bf16_every_path_matches_the_reference() {
+    every_path(DENSE, "bf16", linnet_runtime::Backend::Interp);
+}
+
+#[test]
+fn dense_f32_every_path_matches_the_reference_on_cpu() {
+    every_path(DENSE, "f32", linnet_runtime::Backend::Cpu);
+}
+
+#[test]
+fn dense_bf16_every_path_matches_the_reference_on_cpu() {
+    every_path(DENSE, "bf16", linnet_runtime::Backend::Cpu);
 }

@@ -45,10 +45,12 @@ fn options(overlay: HashMap<PathBuf, String>) -> LoadOptions {
     LoadOptions { stdlib: Some(repository().join("stdlib")), overlay, ..LoadOptions::default() }
 }
 
-/// The seed package's modules, in a fixed order.
+/// The seed package's modules and those of the dense package it uses, in
+/// a fixed order.
 fn modules() -> Vec<PathBuf> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(model_dir().join("src"))
-        .expect("the seed package's sources")
+    let mut paths: Vec<PathBuf> = ["models/qwen3.6-35b-a3b/src", "models/qwen3.8-27b/src"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(repository().join(dir)).expect("the model packages' sources"))
         .map(|entry| entry.expect("an entry").path())
         .collect();
     paths.sort();

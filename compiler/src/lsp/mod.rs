@@ -190,24 +190,39 @@ impl Server {
         crate::package::enclosing(path).or_else(|| self.checked.iter().find(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone()))
     }
 
+    /// Marks for checking the package `path` is in and every checked
+    /// package that read it (a package whose dependency it is).
     fn mark(&mut self, path: &Path) {
         if let Some(dir) = self.package_for(path) {
             self.marked.insert(dir);
         }
+        let readers = self.checked.iter().filter(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone());
+        self.marked.extend(readers.collect::<Vec<_>>());
     }
 
     /// Checks every marked package; returns the diagnostics to publish,
     /// only for files whose diagnostics changed since last published.
     fn check_marked(&mut self) -> Vec<Notification> {
         let marked = std::mem::take(&mut self.marked);
-        marked.into_iter().flat_map(|dir| self.check(dir)).collect()
+        marked.iter().flat_map(|dir| self.check(dir.clone(), &marked)).collect()
     }
 
-    fn check(&mut self, dir: PathBuf) -> Vec<Notification> {
+    /// Checks the package at `dir`, one of `batch` checked together.
+    fn check(&mut self, dir: PathBuf, batch: &BTreeSet<PathBuf>) -> Vec<Notification> {
         let checked = check_package(&dir, &self.options());
+        // A dependency's files are published by its own check when it has
+        // one (when one of its files is open), so that two checks do not
+        // take turns publishing the same file.
+        let checked_elsewhere: Vec<&Path> = checked
+            .package
+            .iter()
+            .flat_map(|package| package.members.iter().skip(1))
+            .map(|member| member.dir.as_path())
+            .filter(|member| self.checked.contains_key(*member) || batch.contains(*member))
+            .collect();
         let mut by_file: BTreeMap<FileId, Vec<lsp_types::Diagnostic>> = BTreeMap::new();
         for (file, source) in checked.sources.iter() {
-            if source.path.is_absolute() {
+            if source.path.is_absolute() && !checked_elsewhere.iter().any(|member| source.path.starts_with(member)) {
                 by_file.insert(file, Vec::new());
             }
         }

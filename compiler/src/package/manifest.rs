@@ -1,5 +1,6 @@
 //! The package's TOML and JSON files, read with their spans so that a bad
-//! value is reported where it is written: `linnet.toml`'s package name,
+//! value is reported where it is written: `linnet.toml`'s package name and
+//! dependencies,
 //! `nest.toml`'s source, generics, check dims and weights, and
 //! `bindings.json`'s parameter-to-tensor names.
 
@@ -69,6 +70,7 @@ fn toml_error(file: FileId, error: toml::de::Error, what: &str) -> Diagnostic {
 #[derive(Deserialize)]
 struct RawManifest {
     package: Option<RawPackage>,
+    dependencies: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
 }
 
 #[derive(Deserialize)]
@@ -76,34 +78,84 @@ struct RawPackage {
     name: Spanned<String>,
 }
 
-pub fn package_name(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic>) -> Option<String> {
-    match toml::from_str::<RawManifest>(&sources.get(file).text) {
+/// `linnet.toml`: the package's name and the packages it uses.
+pub struct Manifest {
+    pub name: String,
+    pub dependencies: Vec<Dependency>,
+}
+
+/// One `name = { path = "…" }` line of `[dependencies]`.
+pub struct Dependency {
+    /// What modules write to use it (`use name.module::{…}`); it must be
+    /// the `[package] name` of the package at `path`.
+    pub name: String,
+    /// Relative to the folder of the `linnet.toml` that declares it;
+    /// `None` (reported) where the manifest gives none.
+    pub path: Option<PathBuf>,
+    pub name_span: Span,
+    pub path_span: Span,
+}
+
+/// A package name is an identifier, and not one that `use` paths reserve.
+fn valid_package_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name != "std"
+        && name != "crate"
+}
+
+pub fn parse_manifest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic>) -> Option<Manifest> {
+    let raw = match toml::from_str::<RawManifest>(&sources.get(file).text) {
+        Ok(raw) => raw,
         Err(error) => {
             diagnostics.push(toml_error(file, error, "linnet.toml"));
-            None
+            return None;
         }
-        Ok(RawManifest { package: None }) => {
-            diagnostics.push(
-                Diagnostic::error("package-error", Span::new(file, 0..0), "linnet.toml has no [package] table")
-                    .with_label("expected `[package]` with a `name`"),
-            );
-            None
-        }
-        Ok(RawManifest { package: Some(package) }) => {
-            let name = package.name.get_ref();
-            let valid = !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !name.starts_with(|c: char| c.is_ascii_digit());
-            if !valid {
-                diagnostics.push(
-                    Diagnostic::error("package-error", Span::new(file, package.name.span()), "invalid package name")
-                        .with_label("a package name is an identifier: letters, digits and `_`"),
-                );
-                return None;
-            }
-            Some(name.clone())
-        }
+    };
+    let Some(package) = raw.package else {
+        diagnostics.push(
+            Diagnostic::error("package-error", Span::new(file, 0..0), "linnet.toml has no [package] table")
+                .with_label("expected `[package]` with a `name`"),
+        );
+        return None;
+    };
+    if !valid_package_name(package.name.get_ref()) {
+        diagnostics.push(
+            Diagnostic::error("package-error", Span::new(file, package.name.span()), "invalid package name")
+                .with_label("a package name is an identifier (letters, digits and `_`), other than `std` and `crate`"),
+        );
+        return None;
     }
+    let mut dependencies = Vec::new();
+    for (name, value) in raw.dependencies.unwrap_or_default() {
+        let name_span = Span::new(file, name.span());
+        let path_value = match value.get_ref() {
+            toml::Value::Table(table) => table.get("path").and_then(toml::Value::as_str).filter(|_| table.len() == 1),
+            _ => None,
+        };
+        if path_value.is_none() {
+            diagnostics.push(
+                Diagnostic::error("package-error", Span::new(file, value.span()), format!("dependency `{}` has no path", name.get_ref()))
+                    .with_label("a dependency is a package on disk: `{ path = \"../other\" }`"),
+            );
+        }
+        if !valid_package_name(name.get_ref()) {
+            diagnostics.push(
+                Diagnostic::error("package-error", name_span, "invalid dependency name")
+                    .with_label("the dependency's package name: letters, digits and `_`, other than `std` and `crate`"),
+            );
+            continue;
+        }
+        dependencies.push(Dependency {
+            name: name.into_inner(),
+            path: path_value.map(PathBuf::from),
+            name_span,
+            path_span: Span::new(file, value.span()),
+        });
+    }
+    dependencies.sort_by_key(|dependency| dependency.name_span.start);
+    Some(Manifest { name: package.name.into_inner(), dependencies })
 }
 
 #[derive(Deserialize)]

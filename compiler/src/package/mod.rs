@@ -1,19 +1,23 @@
-//! Packages on disk: `linnet.toml` (the manifest), `nest.toml` (the model
-//! card with generics), `bindings.json` (parameter paths to checkpoint
-//! names), and the modules reached from the root through `use`, including
-//! the standard library. All file IO of the frontend happens here; unsaved
-//! editor texts come in through an overlay and win over the disk.
+//! Packages on disk: `linnet.toml` (the manifest and its dependencies),
+//! `nest.toml` (the model card with generics), `bindings.json` (parameter
+//! paths to checkpoint names), and the modules reached from the root
+//! through `use`: in the package, its dependencies and the standard
+//! library. All file IO of the frontend happens here; unsaved editor texts
+//! come in through an overlay and win over the disk.
 
+mod link;
 mod manifest;
+mod modules;
 mod stdlib;
 
+pub use link::{join_normalized, Member};
 pub use manifest::{Bindings, Nest, NestValue};
 pub use stdlib::stdlib_dir;
 
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
-use crate::syntax::{self, ast};
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::syntax::ast;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The package `path` is in: `path` itself when it holds a `linnet.toml`,
@@ -39,12 +43,15 @@ pub fn enclosing(path: &Path) -> Option<PathBuf> {
     None
 }
 
-/// A parsed module and the dotted name it is known by (`qwen3_5_moe.attention`,
-/// `std.nn.linear`).
+/// A parsed module and the dotted name it is known by (`qwen3_5_moe.moe`,
+/// `qwen3_5.attention`, `std.nn.linear`).
 pub struct LoadedModule {
     pub name: String,
     pub file: FileId,
     pub ast: ast::Module,
+    /// The qualified module each of `ast.uses` names, in order; `None`
+    /// where the loader reported that it cannot be used from here.
+    pub imports: Vec<Option<String>>,
 }
 
 pub struct Package {
@@ -53,6 +60,8 @@ pub struct Package {
     pub name: String,
     pub nest: Option<Nest>,
     pub bindings: Option<Bindings>,
+    /// This package first, then the packages it depends on, transitively.
+    pub members: Vec<Member>,
     /// The root module first, then every module reached through `use`.
     pub modules: Vec<LoadedModule>,
 }
@@ -63,6 +72,17 @@ pub struct Package {
 #[derive(Default)]
 pub struct ParseCache {
     modules: HashMap<PathBuf, (String, FileId, ast::Module, Vec<Diagnostic>)>,
+}
+
+impl ParseCache {
+    fn get(&self, path: &Path, text: &str, file: FileId) -> Option<(ast::Module, Vec<Diagnostic>)> {
+        let (old_text, old_file, ast, diagnostics) = self.modules.get(path)?;
+        (old_text == text && *old_file == file).then(|| (ast.clone(), diagnostics.clone()))
+    }
+
+    fn insert(&mut self, path: &Path, text: &str, file: FileId, ast: &ast::Module, diagnostics: &[Diagnostic]) {
+        self.modules.insert(path.to_path_buf(), (text.to_string(), file, ast.clone(), diagnostics.to_vec()));
+    }
 }
 
 /// How to load: which model card to read, which values to override, and
@@ -80,8 +100,14 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
+    /// The overlay's text for `path` (its key may be written with `..`
+    /// steps that the loader's paths have taken out), else the disk's.
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        match self.overlay.get(path) {
+        let overlaid = self.overlay.get(path).or_else(|| {
+            let wanted = join_normalized(path, Path::new(""));
+            self.overlay.iter().find(|(key, _)| join_normalized(key, Path::new("")) == wanted).map(|(_, text)| text)
+        });
+        match overlaid {
             Some(text) => Ok(text.clone()),
             None => std::fs::read_to_string(path),
         }
@@ -123,7 +149,7 @@ pub fn load(
         }
     };
     let manifest_file = sources.add(&manifest_path, manifest_text);
-    let name = manifest::package_name(manifest_file, sources, diagnostics)?;
+    let manifest = manifest::parse_manifest(manifest_file, sources, diagnostics)?;
 
     let nest_path = options.nest.clone().unwrap_or_else(|| dir.join("nest.toml"));
     let nest = match options.read(&nest_path) {
@@ -154,143 +180,17 @@ pub fn load(
         }
     });
 
+    let root = Member {
+        name: manifest.name.clone(),
+        dir: dir.to_path_buf(),
+        root_file: join_normalized(dir, &source_path),
+        dependencies: Vec::new(),
+        unlinked: Vec::new(),
+    };
+    let members = link::link(root, manifest.dependencies, options, sources, diagnostics);
     let stdlib = options.stdlib.clone().or_else(stdlib_dir);
-    let root_path = dir.join(&source_path);
-    // `crate.x` is the file `x.linnet` beside the root module.
-    let crate_dir = root_path.parent().map_or_else(|| dir.join("src"), Path::to_path_buf);
-    let mut loader = ModuleLoader { crate_dir: &crate_dir, package: &name, stdlib, options, sources, diagnostics, modules: Vec::new() };
-    let root_span = nest.as_ref().map(|nest| nest.source_span);
-    loader.load_all(&root_path, root_span);
+    let mut loader = modules::ModuleLoader { members: &members, stdlib, options, sources, diagnostics, modules: Vec::new() };
+    loader.load_all(nest.as_ref().map(|nest| nest.source_span));
     let modules = loader.modules;
-    Some(Package { dir: dir.to_path_buf(), name, nest, bindings, modules })
-}
-
-struct ModuleLoader<'a> {
-    crate_dir: &'a Path,
-    package: &'a str,
-    stdlib: Option<PathBuf>,
-    options: &'a LoadOptions,
-    sources: &'a mut SourceMap,
-    diagnostics: &'a mut Vec<Diagnostic>,
-    modules: Vec<LoadedModule>,
-}
-
-impl ModuleLoader<'_> {
-    /// Loads the root module, then every module its `use` lists reach.
-    fn load_all(&mut self, root_path: &Path, root_span: Option<Span>) {
-        let mut queue = VecDeque::new();
-        let root_name = self.package.to_string();
-        match self.options.read(root_path) {
-            Ok(text) => self.parse(root_name.clone(), root_path, text, &mut queue),
-            Err(error) => {
-                let span = root_span.unwrap_or_else(|| file_start(self.sources, root_path));
-                self.diagnostics.push(unreadable(span, root_path, &error));
-                return;
-            }
-        }
-        let mut seen: HashSet<String> = HashSet::from([root_name]);
-        while let Some((name, span)) = queue.pop_front() {
-            if !seen.insert(name.clone()) {
-                continue;
-            }
-            let Some(path) = self.module_path(&name, span) else { continue };
-            match self.options.read(&path) {
-                Ok(text) => self.parse(name, &path, text, &mut queue),
-                Err(_) => self.diagnostics.push(
-                    Diagnostic::error("unknown-module", span, format!("no module `{name}`"))
-                        .with_label(format!("looked for `{}`", path.display())),
-                ),
-            }
-        }
-    }
-
-    fn parse(&mut self, name: String, path: &Path, text: String, queue: &mut VecDeque<(String, Span)>) {
-        let file = self.sources.add(path, text);
-        let text = &self.sources.get(file).text;
-        let cached = self.options.parse_cache.as_ref().and_then(|cache| {
-            let cache = cache.borrow();
-            let (old_text, old_file, ast, diagnostics) = cache.modules.get(path)?;
-            (old_text == text && *old_file == file).then(|| (ast.clone(), diagnostics.clone()))
-        });
-        let ast = match cached {
-            Some((ast, diagnostics)) => {
-                self.diagnostics.extend(diagnostics);
-                ast
-            }
-            None => {
-                let mut diagnostics = Vec::new();
-                let ast = syntax::parse_module(file, text, &mut diagnostics);
-                if let Some(cache) = &self.options.parse_cache {
-                    let entry = (text.clone(), file, ast.clone(), diagnostics.clone());
-                    cache.borrow_mut().modules.insert(path.to_path_buf(), entry);
-                }
-                self.diagnostics.extend(diagnostics);
-                ast
-            }
-        };
-        match &ast.name {
-            Some(header) if header.text() != name => self.diagnostics.push(
-                Diagnostic::error(
-                    "module-name-mismatch",
-                    header.span,
-                    format!("this file is module `{name}`, but its header says `{}`", header.text()),
-                )
-                .with_label(format!("expected `module {name}`")),
-            ),
-            _ => {}
-        }
-        for item in &ast.uses {
-            queue.push_back((self.qualified(&item.path), item.path.span));
-        }
-        self.modules.push(LoadedModule { name, file, ast });
-    }
-
-    /// `crate.x.y` is the package's module `<package>.x.y`; `std.…` stays.
-    fn qualified(&self, path: &ast::Path) -> String {
-        let text = path.text();
-        match text.strip_prefix("crate") {
-            Some(rest) if rest.is_empty() || rest.starts_with('.') => format!("{}{rest}", self.package),
-            _ => text,
-        }
-    }
-
-    fn module_path(&mut self, name: &str, span: Span) -> Option<PathBuf> {
-        let mut segments = name.split('.');
-        let first = segments.next().unwrap_or_default();
-        let rest: Vec<&str> = segments.collect();
-        let base = if first == "std" {
-            match &self.stdlib {
-                Some(dir) => dir.clone(),
-                None => {
-                    self.diagnostics.push(
-                        Diagnostic::error("unknown-module", span, "the standard library was not found")
-                            .with_label("imports from `std`")
-                            .with_note("set LINNET_STDLIB to the `stdlib` folder of a Linnet checkout"),
-                    );
-                    return None;
-                }
-            }
-        } else if first == self.package {
-            self.crate_dir.to_path_buf()
-        } else {
-            self.diagnostics.push(
-                Diagnostic::error("unknown-module", span, format!("no package `{first}`"))
-                    .with_label("modules come from `crate.…` (this package) or `std.…`"),
-            );
-            return None;
-        };
-        if rest.is_empty() {
-            self.diagnostics.push(
-                Diagnostic::error("unknown-module", span, format!("`{name}` names a package, not a module"))
-                    .with_label("name a module inside it"),
-            );
-            return None;
-        }
-        let mut path = base;
-        for segment in &rest {
-            path.push(segment);
-        }
-        path.set_extension("linnet");
-        Some(path)
-    }
+    Some(Package { dir: dir.to_path_buf(), name: manifest.name, nest, bindings, members, modules })
 }

@@ -432,14 +432,10 @@ impl<'a> Program<'a> {
         let names: HashMap<&str, usize> =
             self.package.modules.iter().enumerate().map(|(at, m)| (m.name.as_str(), at)).collect();
         for (module_index, module) in self.package.modules.iter().enumerate() {
-            for item in &module.ast.uses {
-                let text = item.path.text();
-                let qualified = match text.strip_prefix("crate") {
-                    Some(rest) if rest.is_empty() || rest.starts_with('.') => format!("{}{rest}", self.package.name),
-                    _ => text,
-                };
-                // A module that failed to load was reported by the loader.
-                let Some(&target) = names.get(qualified.as_str()) else {
+            for (item, import) in module.ast.uses.iter().zip(&module.imports) {
+                // A module that cannot be used from here, or failed to
+                // load, was reported by the loader.
+                let Some((qualified, &target)) = import.as_deref().and_then(|q| Some((q, names.get(q)?))) else {
                     for name in &item.names {
                         self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
                     }
