@@ -103,7 +103,7 @@ impl std::fmt::Display for Report {
         match self.step_bytes {
             Some(bytes) => {
                 let gb = bytes / 1e9;
-                write!(f, "; a step's contractions read {gb:.4} GB of weights (the chosen experts), {:.2} GB/s", gb * steps)?
+                write!(f, "; a step's contractions read {gb:.4} GB of weights (counted as read: of experts, the chosen ones), {:.2} GB/s", gb * steps)?
             }
             None => write!(f, "; a step reads at most {:.4} GB of weights (every parameter)", self.weight_bytes as f64 / 1e9)?,
         }
