@@ -331,7 +331,7 @@ fn main() -> ExitCode {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
                 let written = linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
-                linnet_runtime::init::copy_text_files(&package.dir, &output)?;
+                linnet_runtime::init::copy_text_files(package.dir(), &output)?;
                 println!("wrote {} parameters ({written} bytes) of `{}` to {}", model.params.len(), model.name, output.display());
                 Ok(())
             })

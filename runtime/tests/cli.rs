@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
+use common::{root, DENSE_GENERICS};
 
 fn linnet(args: &[&str]) -> Output {
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
@@ -132,41 +131,31 @@ fn generate_runs_a_built_artifact() {
 fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-dense");
     let weights = oracle.join("weights-f32");
-    let generics = [
-        "Vocab=512", "H=64", "Heads=4", "KvHeads=2", "HeadDim=32", "KeyHeads=2", "ValueHeads=4", "KeyDim=16",
-        "ValueDim=16", "Conv=128", "Inner=96", "Groups=2", "Batch=2", "MaxSeq=64", "T=f32",
-    ];
     let dense = |args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
         command.args(&args[..1]).arg(root().join("models/qwen3.8-27b")).arg("--weights").arg(&weights);
-        for value in generics {
-            command.args(["--set", value]);
+        for (name, value) in DENSE_GENERICS.iter().chain(&[("T", "f32")]) {
+            command.arg("--set").arg(format!("{name}={value}"));
         }
         let output = command.args(&args[1..]).env("LINNET_STDLIB", root().join("stdlib")).env("LINNET_CACHE_DIR", cache()).output().unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         output.stdout
     };
-    let bytes = std::fs::read(oracle.join("golden-f32.safetensors")).unwrap();
-    let golden = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let ints = |name: &str| -> Vec<i64> {
-        golden.tensor(name).unwrap().data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect()
-    };
-    let prompt = ints("seq2.tokens");
-    let listed: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let sequence = common::golden(&oracle, "f32").swap_remove(2);
+    let listed: Vec<String> = sequence.tokens.iter().map(i64::to_string).collect();
     let stdout = dense(&["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"]);
     let ids: Vec<i64> = String::from_utf8(stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
-    assert_eq!(ids, ints("seq2.greedy"));
+    assert_eq!(ids, sequence.greedy);
 
     let dir = std::env::temp_dir().join(format!("linnet-cli-dense-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor = linnet_compiler::tensor::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, prompt.len()], prompt);
+    let tensor = linnet_compiler::tensor::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
     dense(&["run", "--entry", "forward", "--input", &format!("tokens={}", tokens.display()), "--output", logits.to_str().unwrap()]);
     let ours = linnet_runtime::npy::read(&std::fs::read(&logits).unwrap()).unwrap();
-    let reference: Vec<f32> =
-        golden.tensor("seq2.logits").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let reference = sequence.logits.concat();
     let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     let worst = ours.as_f32().unwrap().iter().zip(&reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert_eq!(ours.as_f32().unwrap().len(), reference.len());

@@ -16,12 +16,9 @@ use linnet_compiler::tensor::Tensor;
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_runtime::generate::{argmax_rows, greedy};
-use safetensors::SafeTensors;
-use std::path::PathBuf;
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
+use common::{root, DENSE_GENERICS};
 
 struct Oracle {
     machine: Machine,
@@ -66,14 +63,6 @@ const MOE: Fixture = Fixture { config: "tiny-qwen3.5-moe", package: "models/qwen
 const MOE_CALM: Fixture = Fixture { config: "tiny-qwen3.5-moe-calm", calm: true, ..MOE };
 const DENSE: Fixture = Fixture { config: "tiny-qwen3.5-dense", package: "models/qwen3.8-27b", calm: false };
 
-/// The dense checkpoint's generics (its `config.json`), given as `--set`
-/// would give them: the folder has no model card of its own.
-const DENSE_GENERICS: [(&str, &str); 14] = [
-    ("Vocab", "512"), ("H", "64"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32"), ("KeyHeads", "2"),
-    ("ValueHeads", "4"), ("KeyDim", "16"), ("ValueDim", "16"), ("Conv", "128"), ("Inner", "96"), ("Groups", "2"),
-    ("Batch", "2"), ("MaxSeq", "64"),
-];
-
 fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
     let dir = root().join("tests/fixtures/oracle").join(fixture.config);
     let card = dir.join(format!("package/nest-{dtype}.toml"));
@@ -87,52 +76,44 @@ fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Orac
     let weights = linnet_runtime::Weights::Checkpoint { dir: Some(dir.join(format!("weights-{dtype}"))), non_finite: linnet_runtime::weights::NonFinite::Refuse };
     let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
     let mut golden = read_golden(&dir, dtype);
+    if dtype == "f32" {
+        let greedy_prefix = golden.iter().map(|seq| seq.greedy.len()).sum();
+        return Oracle { machine, golden, tolerance: 1e-4, typical: 1e-4, min_agreement: 1.0, greedy_prefix };
+    }
     let f32_run = read_golden(&dir, "f32");
-    let tolerance = match dtype {
-        "f32" => 1e-4,
-        _ if fixture.calm => 1e-1,
+    let tolerance = if fixture.calm {
+        1e-1
+    } else {
         // Unit-scale weights: roundings in another order than transformers'
         // grow through the layers. Transformers' own bf16 run is some
         // distance from its f32 run; ours, rounding as the language says,
         // may be as far again on the other side.
-        _ => {
-            for (bf16_seq, f32_seq) in golden.iter_mut().zip(&f32_run) {
-                for (row, f32_row) in bf16_seq.logits.iter_mut().zip(&f32_seq.logits) {
-                    row.decided = argmax(&row.logits) == argmax(&f32_row.logits);
-                }
+        for (bf16_seq, f32_seq) in golden.iter_mut().zip(&f32_run) {
+            for (row, f32_row) in bf16_seq.logits.iter_mut().zip(&f32_seq.logits) {
+                row.decided = argmax(&row.logits) == argmax(&f32_row.logits);
             }
-            2.0 * distance(&f32_run, &golden)
         }
+        2.0 * distance(&f32_run, &golden)
     };
-    let min_agreement = if dtype == "f32" { 1.0 } else { 0.8 };
     let greedy_prefix = golden.iter().zip(&f32_run).map(|(a, b)| shared_prefix(&a.greedy, &b.greedy)).sum();
-    Oracle { machine, golden, tolerance, typical: tolerance.min(1e-1), min_agreement, greedy_prefix }
+    Oracle { machine, golden, tolerance, typical: 1e-1, min_agreement: 0.8, greedy_prefix }
 }
 
 fn shared_prefix(a: &[i64], b: &[i64]) -> usize {
     a.iter().zip(b).take_while(|(a, b)| a == b).count()
 }
 
-/// The reference's logits, tokens and greedy tokens for every sequence.
+/// The reference's logits, tokens and greedy tokens for every sequence,
+/// every row decided until compared with the other precision's.
 fn read_golden(dir: &std::path::Path, dtype: &str) -> Vec<Sequence> {
-    let bytes = std::fs::read(dir.join(format!("golden-{dtype}.safetensors"))).expect("golden file");
-    let file = SafeTensors::deserialize(&bytes).expect("golden safetensors");
-    let floats = |name: &str| -> Vec<f32> {
-        file.tensor(name).expect(name).data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    };
-    let ints = |name: &str| -> Vec<i64> {
-        file.tensor(name).expect(name).data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect()
-    };
-    let mut golden = Vec::new();
-    for n in 0.. {
-        if file.tensor(&format!("seq{n}.tokens")).is_err() {
-            break;
-        }
-        let tokens = ints(&format!("seq{n}.tokens"));
-        let logits = floats(&format!("seq{n}.logits")).chunks(512).map(|row| Row { logits: row.to_vec(), decided: true }).collect();
-        golden.push(Sequence { tokens, logits, greedy: ints(&format!("seq{n}.greedy")) });
-    }
-    golden
+    common::golden(dir, dtype)
+        .into_iter()
+        .map(|seq| Sequence {
+            logits: seq.logits.into_iter().map(|logits| Row { logits, decided: true }).collect(),
+            tokens: seq.tokens,
+            greedy: seq.greedy,
+        })
+        .collect()
 }
 
 /// The largest row distance between two sets of logits for the same sequences.

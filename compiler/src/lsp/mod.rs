@@ -193,11 +193,9 @@ impl Server {
     /// Marks for checking the package `path` is in and every checked
     /// package that read it (a package whose dependency it is).
     fn mark(&mut self, path: &Path) {
-        if let Some(dir) = self.package_for(path) {
-            self.marked.insert(dir);
-        }
-        let readers = self.checked.iter().filter(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone());
-        self.marked.extend(readers.collect::<Vec<_>>());
+        self.marked.extend(crate::package::enclosing(path));
+        let readers = self.checked.iter().filter(|(_, checked)| checked.sources.find(path).is_some());
+        self.marked.extend(readers.map(|(dir, _)| dir.clone()));
     }
 
     /// Checks every marked package; returns the diagnostics to publish,

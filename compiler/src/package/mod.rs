@@ -55,15 +55,24 @@ pub struct LoadedModule {
 }
 
 pub struct Package {
-    pub dir: PathBuf,
-    /// `[package] name`: the root module's name, what `crate` stands for.
-    pub name: String,
     pub nest: Option<Nest>,
     pub bindings: Option<Bindings>,
     /// This package first, then the packages it depends on, transitively.
     pub members: Vec<Member>,
     /// The root module first, then every module reached through `use`.
     pub modules: Vec<LoadedModule>,
+}
+
+impl Package {
+    /// `[package] name`: the root module's name, what `crate` stands for.
+    pub fn name(&self) -> &str {
+        &self.members[0].name
+    }
+
+    /// The folder holding its `linnet.toml`.
+    pub fn dir(&self) -> &Path {
+        &self.members[0].dir
+    }
 }
 
 /// Parsed modules kept between loads, so that a language server re-parses
@@ -181,7 +190,7 @@ pub fn load(
     });
 
     let root = Member {
-        name: manifest.name.clone(),
+        name: manifest.name,
         dir: dir.to_path_buf(),
         root_file: join_normalized(dir, &source_path),
         dependencies: Vec::new(),
@@ -192,5 +201,5 @@ pub fn load(
     let mut loader = modules::ModuleLoader { members: &members, stdlib, options, sources, diagnostics, modules: Vec::new() };
     loader.load_all(nest.as_ref().map(|nest| nest.source_span));
     let modules = loader.modules;
-    Some(Package { dir: dir.to_path_buf(), name: manifest.name, nest, bindings, members, modules })
+    Some(Package { nest, bindings, members, modules })
 }
