@@ -34,6 +34,10 @@ pub enum Backend {
     Interp,
     /// Native code from the artifact (Cranelift, with the CPU kernels).
     Cpu,
+    /// The GPU kernels' bodies, lowered by MLIR for the host and run with
+    /// its execution engine (builds with the `nvptx` feature): how the GPU
+    /// target's numerics are checked without a GPU.
+    MlirHost,
 }
 
 /// Where the parameters come from.
@@ -111,5 +115,16 @@ fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend) 
     match backend {
         Backend::Interp => Ok(interp::machine(built.model.clone(), params)),
         Backend::Cpu => codegen::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
+        Backend::MlirHost => mlir_host(built.model.clone(), params),
     }
+}
+
+#[cfg(feature = "nvptx")]
+fn mlir_host(model: Model, params: Vec<Tensor>) -> Result<Machine, String> {
+    Machine::new(model, params, linnet_compiler::gpu::host::MlirHost::default()).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "nvptx"))]
+fn mlir_host(_: Model, _: Vec<Tensor>) -> Result<Machine, String> {
+    Err("this linnet was built without the GPU kernels' host backend: run scripts/install-gpu-tools.sh, then build with `--features nvptx`".into())
 }

@@ -50,6 +50,8 @@ struct Model {
 enum BackendArg {
     Cpu,
     Interp,
+    /// The GPU kernels run on the host by MLIR (a build with `--features nvptx`).
+    MlirHost,
 }
 
 #[derive(Args, Clone)]
@@ -192,6 +194,7 @@ fn load(model: &Model) -> Result<Loaded, String> {
     let backend = match model.backend {
         BackendArg::Cpu => linnet_runtime::Backend::Cpu,
         BackendArg::Interp => linnet_runtime::Backend::Interp,
+        BackendArg::MlirHost => linnet_runtime::Backend::MlirHost,
     };
     linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
 }

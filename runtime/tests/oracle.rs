@@ -3,7 +3,8 @@
 //! computes for them (`tests/fixtures/oracle`), through the seed package
 //! (`models/qwen3.6-35b-a3b`) and the dense one (`models/qwen3.8-27b`,
 //! given its generics as `--set` would) on the reference interpreter and
-//! the CPU backend. f32: within 1e-4 of the largest logit, every argmax and
+//! the CPU backend, and the seed on the GPU kernels run on the host by MLIR
+//! (with `--features nvptx`). f32: within 1e-4 of the largest logit, every argmax and
 //! greedy token equal. bf16: on the calm checkpoint within 1e-1 on every
 //! row; on a unit-scale one (chaotic: a rounding flips choices) the median
 //! row within 1e-1 and the worst within twice the distance between
@@ -345,4 +346,18 @@ fn dense_f32_every_path_matches_the_reference_on_cpu() {
 #[test]
 fn dense_bf16_every_path_matches_the_reference_on_cpu() {
     every_path(DENSE, "bf16", linnet_runtime::Backend::Cpu);
+}
+
+/// The GPU kernels' bodies, run on the host by MLIR (`--features nvptx`):
+/// a wrong index, reduction or rounding in a GPU kernel fails here.
+#[cfg(feature = "nvptx")]
+#[test]
+fn f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
+    every_path(MOE, "f32", linnet_runtime::Backend::MlirHost);
+}
+
+#[cfg(feature = "nvptx")]
+#[test]
+fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
+    every_path(MOE_CALM, "bf16", linnet_runtime::Backend::MlirHost);
 }

@@ -5,10 +5,10 @@
 //! results are held to the interpreter by the contract's tolerances.
 //! Intrinsics run on the reference kernels, as the interpreter runs them.
 
-use super::kernel::{kernel, Kernel};
+use super::{node_kernel, Fault, Kernel};
 use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
-use crate::ir::{Intrinsic, Model, NodeKind};
+use crate::ir::{Intrinsic, Model};
 use crate::numerics::{bf16_bits, bf16_value};
 use crate::sema::ty::Dtype;
 use crate::tensor::{Data, Tensor};
@@ -79,15 +79,11 @@ fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
-        kernels.push(match &node.kind {
-            NodeKind::Compute(_) => {
-                if matches!(node.dtype, Dtype::F16) {
-                    return Err(failed(Some(at), "f16 values are not held on the host MLIR path".into()));
-                }
-                Some(kernel(entry, at, &format!("{}_v{at}", entry.name)).map_err(|why| failed(Some(at), why.0))?)
-            }
-            _ => None,
-        });
+        let kernel = node_kernel(entry, at).transpose().map_err(|why| failed(Some(at), why.0))?;
+        if kernel.is_some() && matches!(node.dtype, Dtype::F16) {
+            return Err(failed(Some(at), "f16 values are not held on the host MLIR path".into()));
+        }
+        kernels.push(kernel);
     }
     let text: Vec<&str> = kernels.iter().flatten().map(|kernel| kernel.text.as_str()).collect();
     let module = format!("module {{\n{}}}\n", text.join("\n"));
@@ -115,22 +111,58 @@ impl Backend for MlirHost {
     crate::tensor::host_memory!();
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
-        let compiled = &self.entries[site.entry_number];
-        let kernel = compiled.kernels[site.at].as_ref().expect("a kernel for every compute node");
+        let kernel = self.kernel(&site);
+        let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let node = &site.entry.nodes[site.at];
-        let count: usize = site.shape.iter().product();
-        let mut out = vec![0u8; count * node.dtype.bytes()];
+        let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
+        let faults = self.invoke(&site, &mut out, &args)?;
+        if let Some(message) = fault_message(faults, None) {
+            return Err(NodeError::Check(message));
+        }
+        Ok(loaded(&out, node.dtype, site.shape.to_vec()))
+    }
+
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
+        let node = &site.entry.nodes[site.at];
+        let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
+        let faults = self.invoke(&site, &mut out, args)?;
+        if let Some(message) = fault_message(faults, Some((intrinsic, args))) {
+            return Err(NodeError::Check(message));
+        }
+        Ok(loaded(&out, node.dtype, site.shape.to_vec()))
+    }
+
+    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+        let dtype = site.entry.nodes[site.at].dtype;
+        let mut cells = stored(cache, dtype)?;
+        let faults = self.invoke(&site, &mut cells, args)?;
+        if let Some(message) = fault_message(faults, Some((intrinsic, args))) {
+            return Err(NodeError::Check(message));
+        }
+        *cache = loaded(&cells, dtype, cache.shape.clone());
+        Ok(())
+    }
+}
+
+impl MlirHost {
+    fn kernel(&self, site: &Site<'_>) -> &Kernel {
+        self.entries[site.entry_number].kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
+    }
+
+    /// Runs the site's kernel into `out` (its stored bytes) from `args`
+    /// (its loads' values, in order); the faults table it leaves.
+    fn invoke(&self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor]) -> Result<[i64; 4], NodeError> {
+        let kernel = self.kernel(site);
+        let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
         let mut inputs = kernel
             .loads
             .iter()
-            .map(|value| {
-                let tensor = values[value.index()].as_deref().expect("a loaded value is live");
-                stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len()))
-            })
+            .zip(args)
+            .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())))
             .collect::<Result<Vec<_>, _>>()?;
         let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
         let mut error = [0u8; 32];
-        let mut descriptors = vec![Descriptor::of(&mut out, count)];
+        let mut descriptors = vec![Descriptor::of(out, out_elements)];
         descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
         descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
         descriptors.push(Descriptor::of(&mut error, 4));
@@ -138,20 +170,29 @@ impl Backend for MlirHost {
         // packed call, a pointer to each of those.
         let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
         let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
+        let engine = &self.entries[site.entry_number].engine;
         // SAFETY: the kernel takes one 1-D memref per argument, in this
         // order, each descriptor pointing at a live buffer of its length.
-        unsafe { compiled.engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
-        if error[..8] != [0; 8] {
-            return Err(NodeError::Check("a position outside its axis".into()));
-        }
-        Ok(loaded(&out, node.dtype, site.shape.to_vec()))
+        unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
+        Ok(std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes"))))
     }
+}
 
-    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
-        Ok(crate::intrinsics::run_widened(intrinsic, args, site.shape.to_vec()))
+/// The message for the faults a kernel raised, if any: an intrinsic's as
+/// the reference words it (`crate::intrinsics`).
+fn fault_message(faults: [i64; 4], intrinsic: Option<(Intrinsic, &[&Tensor])>) -> Option<String> {
+    let raised = |fault: Fault| faults[fault as usize] != 0;
+    if raised(Fault::PositionOutsideAxis) {
+        return Some("a position outside its axis".into());
     }
-
-    fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
-        crate::intrinsics::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
+    let (intrinsic, args) = intrinsic?;
+    let name = intrinsic.name();
+    if raised(Fault::OutsideCache) {
+        let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
+        return Some(format!("{name}: {what} outside the cache"));
     }
+    if raised(Fault::RequestOutsideX) {
+        return Some(format!("{name}: position {} is outside 0..{}", faults[3], args[0].shape[0]));
+    }
+    None
 }

@@ -1,140 +1,21 @@
-//! One `Compute` node as an MLIR function: an `scf.parallel` over the
-//! node's elements (flattened), its scalar expression in `arith`, `math`,
-//! `scf` and `memref` operations. Every value is a flat `memref<?xT>` in
-//! its own element type (bool as `i8`); entry dims come in a `memref<?xi64>`
-//! table, in the order [`Kernel::dims`] lists them; a position outside its
-//! axis reads element 0 and sets `error[0]` to 1. In registers floats are
-//! f32 (the contract allows f32 accumulation), rounded to bf16 or f16
-//! where a value of that type is produced; integers are i64, wrapped to
-//! 32 bits where the type is `i32`, with the language's Euclidean division.
-//! The same body runs on the host (MLIR's CPU lowering) or, mapped to GPU
-//! threads, as PTX.
+//! One `Compute` node as an MLIR function (in `emit`'s calling
+//! convention): an `scf.parallel` over the node's elements (flattened),
+//! its scalar expression in `arith`, `math`, `scf` and `memref`
+//! operations. A position outside its axis reads element 0 and raises
+//! [`Fault::PositionOutsideAxis`]. Floats are computed in f32 (the
+//! contract allows f32 accumulation), rounded to bf16 or f16 where a value
+//! of that type is produced; integers in i64, wrapped to 32 bits where the
+//! type is `i32`, with the language's Euclidean division. The same body
+//! runs on the host (MLIR's CPU lowering) or, mapped to GPU threads, as
+//! PTX.
 
+use super::emit::{register, Emitter, Fault, Kernel, Unsupported};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
-use std::collections::HashMap;
 use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
-use std::fmt::Write;
-
-/// A node's kernel: its MLIR function and what it is called with.
-pub struct Kernel {
-    pub name: String,
-    pub text: String,
-    /// The values it reads, in argument order after the output.
-    pub loads: Vec<Value>,
-    /// The non-constant dims, in the order of the dims table.
-    pub dims: Vec<Dim>,
-}
-
-/// Why a node has no kernel for this target yet.
-#[derive(Debug)]
-pub struct Unsupported(pub String);
-
-/// The storage type of a dtype in memory.
-fn stored(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::Bf16 => "bf16",
-        Dtype::F16 => "f16",
-        Dtype::F32 => "f32",
-        Dtype::I32 => "i32",
-        Dtype::I64 => "i64",
-        Dtype::Bool => "i8",
-    }
-}
-
-/// The register type of a dtype.
-fn register(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::Bf16 | Dtype::F16 | Dtype::F32 => "f32",
-        Dtype::I32 | Dtype::I64 => "i64",
-        Dtype::Bool => "i1",
-    }
-}
-
-/// Emits the body of one kernel, one SSA value at a time.
-struct Emitter<'e> {
-    entry: &'e Entry,
-    body: String,
-    next: usize,
-    loads: Vec<Value>,
-    dims: Vec<Dim>,
-    /// The SSA names (of type `index`) of the node's axes and of the
-    /// reduction indices in scope, by index number.
-    indices: HashMap<u32, String>,
-}
 
 impl Emitter<'_> {
-    fn fresh(&mut self) -> String {
-        self.next += 1;
-        format!("%t{}", self.next)
-    }
-
-    fn line(&mut self, text: String) {
-        self.body.push_str("    ");
-        self.body.push_str(&text);
-        self.body.push('\n');
-    }
-
-    /// `name = op`; returns the name.
-    fn op(&mut self, text: String) -> String {
-        let name = self.fresh();
-        self.line(format!("{name} = {text}"));
-        name
-    }
-
-    fn index_constant(&mut self, value: i64) -> String {
-        self.op(format!("arith.constant {value} : index"))
-    }
-
-    /// A dim's value as `i64`: a constant, or its slot in the dims table.
-    fn dim(&mut self, dim: &Dim) -> String {
-        if let Some(value) = dim.as_constant() {
-            return self.op(format!("arith.constant {value} : i64"));
-        }
-        let slot = match self.dims.iter().position(|known| known == dim) {
-            Some(slot) => slot,
-            None => {
-                self.dims.push(dim.clone());
-                self.dims.len() - 1
-            }
-        };
-        let at = self.index_constant(slot as i64);
-        self.op(format!("memref.load %dims[{at}] : memref<?xi64>"))
-    }
-
-    fn argument(&mut self, value: Value) -> String {
-        let at = match self.loads.iter().position(|known| *known == value) {
-            Some(at) => at,
-            None => {
-                self.loads.push(value);
-                self.loads.len() - 1
-            }
-        };
-        format!("%in{at}")
-    }
-
-    /// Rounds an f32 register to `dtype`'s precision where it has less.
-    fn rounded(&mut self, value: String, dtype: Dtype) -> String {
-        match dtype {
-            Dtype::Bf16 | Dtype::F16 => {
-                let narrow = self.op(format!("arith.truncf {value} : f32 to {}", stored(dtype)));
-                self.op(format!("arith.extf {narrow} : {} to f32", stored(dtype)))
-            }
-            _ => value,
-        }
-    }
-
-    /// An i64 register wrapped to `dtype`'s width.
-    fn wrapped(&mut self, value: String, dtype: Dtype) -> String {
-        if dtype == Dtype::I32 {
-            let narrow = self.op(format!("arith.trunci {value} : i64 to i32"));
-            self.op(format!("arith.extsi {narrow} : i32 to i64"))
-        } else {
-            value
-        }
-    }
-
     fn scalar(&mut self, scalar: &Scalar) -> Result<String, Unsupported> {
         Ok(match scalar {
             Scalar::Index(k, _) => {
@@ -248,14 +129,6 @@ impl Emitter<'_> {
         self.wrapped(result, dtype)
     }
 
-    /// `|a|` of an i64 (wrapping at the most negative, as Rust's).
-    fn magnitude(&mut self, a: String) -> String {
-        let zero = self.op("arith.constant 0 : i64".into());
-        let negative = self.op(format!("arith.cmpi slt, {a}, {zero} : i64"));
-        let negated = self.op(format!("arith.subi {zero}, {a} : i64"));
-        self.op(format!("arith.select {negative}, {negated}, {a} : i64"))
-    }
-
     /// Euclidean division or remainder; by zero, 0 (as `numerics`).
     fn euclidean(&mut self, op: BinaryOp, a: String, b: String) -> String {
         let (zero, one) = (self.op("arith.constant 0 : i64".into()), self.op("arith.constant 1 : i64".into()));
@@ -335,37 +208,9 @@ impl Emitter<'_> {
         let safe = self.op(format!("arith.select {inside}, {flat}, {zero} : i64"));
         let outside = self.op("arith.constant true".into());
         let outside = self.op(format!("arith.xori {inside}, {outside} : i1"));
-        self.line(format!("scf.if {outside} {{"));
-        let (flag, slot) = (self.op("arith.constant 1 : i64".into()), self.index_constant(0));
-        self.line(format!("  memref.store {flag}, %error[{slot}] : memref<4xi64>"));
-        self.line("}".into());
+        self.when(&outside, |emitter| emitter.fault(Fault::PositionOutsideAxis));
         let at = self.op(format!("arith.index_cast {safe} : i64 to index"));
-        let element = self.op(format!("memref.load {argument}[{at}] : memref<?x{}>", stored(dtype)));
-        Ok(self.widened(element, dtype))
-    }
-
-    /// A stored element as a register.
-    fn widened(&mut self, element: String, dtype: Dtype) -> String {
-        match dtype {
-            Dtype::Bf16 | Dtype::F16 => self.op(format!("arith.extf {element} : {} to f32", stored(dtype))),
-            Dtype::F32 => element,
-            Dtype::I32 => self.op(format!("arith.extsi {element} : i32 to i64")),
-            Dtype::I64 => element,
-            Dtype::Bool => {
-                let zero = self.op("arith.constant 0 : i8".into());
-                self.op(format!("arith.cmpi ne, {element}, {zero} : i8"))
-            }
-        }
-    }
-
-    /// A register as stored.
-    fn narrowed(&mut self, value: String, dtype: Dtype) -> String {
-        match dtype {
-            Dtype::Bf16 | Dtype::F16 => self.op(format!("arith.truncf {value} : f32 to {}", stored(dtype))),
-            Dtype::F32 | Dtype::I64 => value,
-            Dtype::I32 => self.op(format!("arith.trunci {value} : i64 to i32")),
-            Dtype::Bool => self.op(format!("arith.extui {value} : i1 to i8")),
-        }
+        Ok(self.load_element(&argument, &at, dtype))
     }
 
     fn reduce(&mut self, op: ReduceOp, index: u32, extent: &Dim, body: &Scalar, dtype: Dtype) -> Result<String, Unsupported> {
@@ -430,37 +275,29 @@ fn integer_predicate(cmp: CmpOp) -> &'static str {
 pub fn kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Compute(scalar) = &node.kind else { return Err(Unsupported("not a compute node".into())) };
-    let mut emitter = Emitter { entry, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new() };
+    let mut emitter = Emitter::new(entry);
     // The element count, then the flat element id split into the axes.
-    let mut count = emitter.op("arith.constant 1 : i64".into());
-    let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim(dim)).collect();
+    let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
+    let mut count = emitter.index_constant(1);
     for size in &sizes {
-        count = emitter.op(format!("arith.muli {count}, {size} : i64"));
+        count = emitter.mul(&count, size);
     }
-    let upper = emitter.op(format!("arith.index_cast {count} : i64 to index"));
-    let (zero, one) = (emitter.index_constant(0), emitter.index_constant(1));
-    emitter.line(format!("scf.parallel (%element) = ({zero}) to ({upper}) step ({one}) {{"));
-    let mut rest = emitter.op("arith.index_cast %element : index to i64".into());
-    let mut axes = vec![String::new(); sizes.len()];
-    for (axis, size) in sizes.iter().enumerate().rev() {
-        let position = emitter.op(format!("arith.remui {rest}, {size} : i64"));
-        rest = emitter.op(format!("arith.divui {rest}, {size} : i64"));
-        axes[axis] = emitter.op(format!("arith.index_cast {position} : i64 to index"));
+    let mut failed = None;
+    emitter.parallel(&count, |emitter, element| {
+        let mut rest = element.to_string();
+        let mut axes = vec![String::new(); sizes.len()];
+        for (axis, size) in sizes.iter().enumerate().rev() {
+            axes[axis] = emitter.op(format!("arith.remui {rest}, {size} : index"));
+            rest = emitter.op(format!("arith.divui {rest}, {size} : index"));
+        }
+        emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
+        match emitter.scalar(scalar) {
+            Ok(value) => emitter.store_element(value, "%out", element, node.dtype),
+            Err(why) => failed = Some(why),
+        }
+    });
+    match failed {
+        Some(why) => Err(why),
+        None => Ok(emitter.finish(name, node.dtype)),
     }
-    emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
-    let value = emitter.scalar(scalar)?;
-    let value = if node.dtype.is_float() { emitter.rounded(value, node.dtype) } else { value };
-    let value = emitter.narrowed(value, node.dtype);
-    emitter.line(format!("memref.store {value}, %out[%element] : memref<?x{}>", stored(node.dtype)));
-    emitter.line("scf.reduce".into());
-    emitter.line("}".into());
-    let mut arguments = format!("%out: memref<?x{}>", stored(node.dtype));
-    for (at, value) in emitter.loads.iter().enumerate() {
-        write!(arguments, ", %in{at}: memref<?x{}>", stored(entry.nodes[value.index()].dtype)).expect("writing to a string");
-    }
-    arguments.push_str(", %dims: memref<?xi64>, %error: memref<4xi64>");
-    // `llvm.emit_c_interface`: MLIR's execution engine calls only such
-    // functions (the host path); the GPU path ignores it.
-    let text = format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", emitter.body);
-    Ok(Kernel { name: name.to_string(), text, loads: emitter.loads, dims: emitter.dims })
 }

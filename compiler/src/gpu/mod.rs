@@ -1,19 +1,34 @@
 //! The NVPTX target (`linnetc build --target nvptx`): every `Compute` node
-//! of every entry as an MLIR kernel (`kernel`), lowered by MLIR's passes
-//! through melior to PTX (`pipeline`), or for the host and run there
-//! (`host`, the numerics check without a GPU). Intrinsics (attention, the delta
-//! rule, cache writes) have no GPU kernels yet: a model that uses them is
-//! refused with each missing node named, never half built.
+//! of every entry as an MLIR kernel (`kernel`), every intrinsic (attention,
+//! the delta rule, cache writes) as one too (`intrinsic`), both written
+//! with `emit`; lowered by MLIR's passes through melior to PTX
+//! (`pipeline`), or for the host and run there (`host`, the numerics check
+//! without a GPU). A node with no kernel (a shape the kernels do not take)
+//! is refused by name, never half built.
 
+mod emit;
 pub mod host;
+mod intrinsic;
 mod kernel;
 mod pipeline;
 
 use crate::exec::BuildError;
-use crate::ir::{Model, NodeKind};
+use crate::ir::{Entry, Model, NodeKind};
 use std::path::Path;
 
-pub use kernel::{kernel, Kernel};
+pub use emit::{Fault, Kernel, Unsupported};
+
+/// The kernel of node `at` of `entry`, if it is a `Compute` node or an
+/// intrinsic (other nodes move values and need none), named after the
+/// entry and the node.
+pub fn node_kernel(entry: &Entry, at: usize) -> Option<Result<Kernel, Unsupported>> {
+    let name = format!("{}_v{at}", entry.name);
+    match &entry.nodes[at].kind {
+        NodeKind::Compute(_) => Some(kernel::kernel(entry, at, &name)),
+        NodeKind::Intrinsic(..) => Some(intrinsic::intrinsic_kernel(entry, at, &name)),
+        _ => None,
+    }
+}
 
 /// One entry's kernels and the PTX MLIR made of them.
 pub struct EntryPtx {
@@ -22,9 +37,8 @@ pub struct EntryPtx {
     pub ptx: Vec<String>,
 }
 
-/// What the target made of a model: PTX for every entry's `Compute`
-/// nodes, and the nodes it has no kernel for (the model runs only when
-/// there are none).
+/// What the target made of a model: PTX for every entry's kernels, and
+/// the nodes it has no kernel for (the model runs only when there are none).
 pub struct Built {
     pub entries: Vec<EntryPtx>,
     pub missing: Vec<BuildError>,
@@ -37,15 +51,11 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&Path>) -> Result<Buil
     let mut built = Built { entries: Vec::new(), missing: Vec::new() };
     for entry in &model.entries {
         let mut kernels = Vec::new();
-        for (at, node) in entry.nodes.iter().enumerate() {
-            let refuse = |message: String| BuildError::new("nvptx", entry, Some(at), message);
-            match &node.kind {
-                NodeKind::Compute(_) => match kernel::kernel(entry, at, &format!("{}_v{at}", entry.name)) {
-                    Ok(kernel) => kernels.push(kernel),
-                    Err(kernel::Unsupported(why)) => built.missing.push(refuse(format!("no GPU kernel: {why}"))),
-                },
-                NodeKind::Intrinsic(intrinsic, _) => built.missing.push(refuse(format!("no GPU kernel for `{}` yet", intrinsic.name()))),
-                _ => {}
+        for at in 0..entry.nodes.len() {
+            match node_kernel(entry, at) {
+                Some(Ok(kernel)) => kernels.push(kernel),
+                Some(Err(Unsupported(why))) => built.missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}"))),
+                None => {}
             }
         }
         if kernels.is_empty() {

@@ -1,0 +1,299 @@
+//! The text of MLIR kernels, one SSA value at a time: the emitter every
+//! GPU kernel is written with (the `Compute` nodes' in `kernel`, the
+//! intrinsics' in `intrinsic`), and the calling convention they share.
+//! Every value is a flat `memref<?xT>` in its own element type (bool as
+//! `i8`); the output comes first, then the values read, then the entry's
+//! dims as a `memref<?xi64>` table (in the order [`Kernel::dims`] lists
+//! them) and a `memref<4xi64>` of faults ([`Fault`]). In registers floats
+//! are f32 and integers i64.
+
+use crate::ir::{Entry, Value};
+use crate::sema::dim::Dim;
+use crate::sema::ty::Dtype;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// A node's kernel: its MLIR function and what it is called with.
+pub struct Kernel {
+    pub name: String,
+    pub text: String,
+    /// The values it reads, in argument order after the output.
+    pub loads: Vec<Value>,
+    /// The non-constant dims, in the order of the dims table.
+    pub dims: Vec<Dim>,
+}
+
+/// Why a node has no kernel for this target yet.
+#[derive(Debug)]
+pub struct Unsupported(pub String);
+
+/// What a kernel reports in its faults table: the slot it sets to 1 (a
+/// cache write also stores the offending request in slot 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// A load's position outside its axis (the element read is 0).
+    PositionOutsideAxis = 0,
+    /// A cache write's position or span outside the cache (nothing written).
+    OutsideCache = 1,
+    /// `write_slots`: a row named by slots whose requests sum past `x`.
+    RequestOutsideX = 2,
+}
+
+/// The storage type of a dtype in memory.
+pub fn stored(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Bf16 => "bf16",
+        Dtype::F16 => "f16",
+        Dtype::F32 => "f32",
+        Dtype::I32 => "i32",
+        Dtype::I64 => "i64",
+        Dtype::Bool => "i8",
+    }
+}
+
+/// The register type of a dtype.
+pub fn register(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Bf16 | Dtype::F16 | Dtype::F32 => "f32",
+        Dtype::I32 | Dtype::I64 => "i64",
+        Dtype::Bool => "i1",
+    }
+}
+
+/// Emits the body of one kernel, one SSA value at a time.
+pub struct Emitter<'e> {
+    pub entry: &'e Entry,
+    body: String,
+    next: usize,
+    pub loads: Vec<Value>,
+    dims: Vec<Dim>,
+    /// The SSA names (of type `index`) of the node's axes and of the
+    /// reduction indices in scope, by index number (`Compute` nodes).
+    pub indices: HashMap<u32, String>,
+}
+
+impl<'e> Emitter<'e> {
+    pub fn new(entry: &'e Entry) -> Emitter<'e> {
+        Emitter { entry, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new() }
+    }
+
+    pub fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%t{}", self.next)
+    }
+
+    pub fn line(&mut self, text: String) {
+        self.body.push_str("    ");
+        self.body.push_str(&text);
+        self.body.push('\n');
+    }
+
+    /// `name = op`; returns the name.
+    pub fn op(&mut self, text: String) -> String {
+        let name = self.fresh();
+        self.line(format!("{name} = {text}"));
+        name
+    }
+
+    pub fn index_constant(&mut self, value: i64) -> String {
+        self.op(format!("arith.constant {value} : index"))
+    }
+
+    /// A dim's value as `i64`: a constant, or its slot in the dims table.
+    pub fn dim(&mut self, dim: &Dim) -> String {
+        if let Some(value) = dim.as_constant() {
+            return self.op(format!("arith.constant {value} : i64"));
+        }
+        let slot = match self.dims.iter().position(|known| known == dim) {
+            Some(slot) => slot,
+            None => {
+                self.dims.push(dim.clone());
+                self.dims.len() - 1
+            }
+        };
+        let at = self.index_constant(slot as i64);
+        self.op(format!("memref.load %dims[{at}] : memref<?xi64>"))
+    }
+
+    pub fn argument(&mut self, value: Value) -> String {
+        let at = match self.loads.iter().position(|known| *known == value) {
+            Some(at) => at,
+            None => {
+                self.loads.push(value);
+                self.loads.len() - 1
+            }
+        };
+        format!("%in{at}")
+    }
+
+    /// Rounds an f32 register to `dtype`'s precision where it has less.
+    pub fn rounded(&mut self, value: String, dtype: Dtype) -> String {
+        match dtype {
+            Dtype::Bf16 | Dtype::F16 => {
+                let narrow = self.op(format!("arith.truncf {value} : f32 to {}", stored(dtype)));
+                self.op(format!("arith.extf {narrow} : {} to f32", stored(dtype)))
+            }
+            _ => value,
+        }
+    }
+
+    /// An i64 register wrapped to `dtype`'s width.
+    pub fn wrapped(&mut self, value: String, dtype: Dtype) -> String {
+        if dtype == Dtype::I32 {
+            let narrow = self.op(format!("arith.trunci {value} : i64 to i32"));
+            self.op(format!("arith.extsi {narrow} : i32 to i64"))
+        } else {
+            value
+        }
+    }
+
+    /// `|a|` of an i64 (wrapping at the most negative, as Rust's).
+    pub fn magnitude(&mut self, a: String) -> String {
+        let zero = self.op("arith.constant 0 : i64".into());
+        let negative = self.op(format!("arith.cmpi slt, {a}, {zero} : i64"));
+        let negated = self.op(format!("arith.subi {zero}, {a} : i64"));
+        self.op(format!("arith.select {negative}, {negated}, {a} : i64"))
+    }
+
+    /// A stored element as a register.
+    pub fn widened(&mut self, element: String, dtype: Dtype) -> String {
+        match dtype {
+            Dtype::Bf16 | Dtype::F16 => self.op(format!("arith.extf {element} : {} to f32", stored(dtype))),
+            Dtype::F32 => element,
+            Dtype::I32 => self.op(format!("arith.extsi {element} : i32 to i64")),
+            Dtype::I64 => element,
+            Dtype::Bool => {
+                let zero = self.op("arith.constant 0 : i8".into());
+                self.op(format!("arith.cmpi ne, {element}, {zero} : i8"))
+            }
+        }
+    }
+
+    /// A register as stored.
+    pub fn narrowed(&mut self, value: String, dtype: Dtype) -> String {
+        match dtype {
+            Dtype::Bf16 | Dtype::F16 => self.op(format!("arith.truncf {value} : f32 to {}", stored(dtype))),
+            Dtype::F32 | Dtype::I64 => value,
+            Dtype::I32 => self.op(format!("arith.trunci {value} : i64 to i32")),
+            Dtype::Bool => self.op(format!("arith.extui {value} : i1 to i8")),
+        }
+    }
+
+    /// A dim's value as an `index`.
+    pub fn dim_index(&mut self, dim: &Dim) -> String {
+        let value = self.dim(dim);
+        self.op(format!("arith.index_cast {value} : i64 to index"))
+    }
+
+    /// `a * b` or `a + b` on indices.
+    pub fn mul(&mut self, a: &str, b: &str) -> String {
+        self.op(format!("arith.muli {a}, {b} : index"))
+    }
+
+    pub fn add(&mut self, a: &str, b: &str) -> String {
+        self.op(format!("arith.addi {a}, {b} : index"))
+    }
+
+    /// The flat position of `positions` (indices) in a row-major array of
+    /// `sizes` (indices).
+    pub fn flat(&mut self, positions: &[&str], sizes: &[&str]) -> String {
+        let mut flat = self.index_constant(0);
+        for (position, size) in positions.iter().zip(sizes) {
+            let scaled = self.mul(&flat, size);
+            flat = self.add(&scaled, position);
+        }
+        flat
+    }
+
+    /// Element `at` (an index) of `argument`, a `memref<?xT>` of `dtype`,
+    /// as a register.
+    pub fn load_element(&mut self, argument: &str, at: &str, dtype: Dtype) -> String {
+        let element = self.op(format!("memref.load {argument}[{at}] : memref<?x{}>", stored(dtype)));
+        self.widened(element, dtype)
+    }
+
+    /// Stores register `value` as element `at` of `argument` (of `dtype`).
+    pub fn store_element(&mut self, value: String, argument: &str, at: &str, dtype: Dtype) {
+        let value = if dtype.is_float() { self.rounded(value, dtype) } else { value };
+        let value = self.narrowed(value, dtype);
+        self.line(format!("memref.store {value}, {argument}[{at}] : memref<?x{}>", stored(dtype)));
+    }
+
+    /// Sets `fault`'s slot of the faults table.
+    pub fn fault(&mut self, fault: Fault) {
+        let (flag, slot) = (self.op("arith.constant 1 : i64".into()), self.index_constant(fault as i64));
+        self.line(format!("memref.store {flag}, %error[{slot}] : memref<4xi64>"));
+    }
+
+    /// `scf.parallel` over `0..count` (an index), `body` given the element.
+    pub fn parallel(&mut self, count: &str, body: impl FnOnce(&mut Self, &str)) {
+        let (zero, one) = (self.index_constant(0), self.index_constant(1));
+        let element = self.fresh();
+        self.line(format!("scf.parallel ({element}) = ({zero}) to ({count}) step ({one}) {{"));
+        body(self, &element);
+        self.line("scf.reduce".into());
+        self.line("}".into());
+    }
+
+    /// `scf.for` over `from..to` (indices) carrying `carried` (initial
+    /// value, register type); `body` gets the counter and the carried
+    /// values and gives the next ones. The loop's results, in order.
+    pub fn for_range(&mut self, from: &str, to: &str, carried: &[(String, &str)], body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
+        let one = self.index_constant(1);
+        let (result, counter) = (self.fresh(), self.fresh());
+        let names: Vec<String> = carried.iter().map(|_| self.fresh()).collect();
+        let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
+        if carried.is_empty() {
+            self.line(format!("scf.for {counter} = {from} to {to} step {one} {{"));
+        } else {
+            let arguments: Vec<String> = names.iter().zip(carried).map(|(name, (initial, _))| format!("{name} = {initial}")).collect();
+            let prefix = if carried.len() == 1 { result.clone() } else { format!("{result}:{}", carried.len()) };
+            self.line(format!("{prefix} = scf.for {counter} = {from} to {to} step {one} iter_args({}) -> ({}) {{", arguments.join(", "), types.join(", ")));
+        }
+        let next = body(self, &counter, &names);
+        if !carried.is_empty() {
+            self.line(format!("  scf.yield {} : {}", next.join(", "), types.join(", ")));
+        }
+        self.line("}".into());
+        match carried.len() {
+            0 => Vec::new(),
+            1 => vec![result],
+            n => (0..n).map(|k| format!("{result}#{k}")).collect(),
+        }
+    }
+
+    /// `scf.if condition` giving one value of register type `ty`: `then`
+    /// or `otherwise`'s.
+    pub fn if_else(&mut self, condition: &str, ty: &str, then: impl FnOnce(&mut Self) -> String, otherwise: impl FnOnce(&mut Self) -> String) -> String {
+        let name = self.fresh();
+        self.line(format!("{name} = scf.if {condition} -> ({ty}) {{"));
+        let a = then(self);
+        self.line(format!("  scf.yield {a} : {ty}"));
+        self.line("} else {".into());
+        let b = otherwise(self);
+        self.line(format!("  scf.yield {b} : {ty}"));
+        self.line("}".into());
+        name
+    }
+
+    /// `scf.if condition` with no result.
+    pub fn when(&mut self, condition: &str, then: impl FnOnce(&mut Self)) {
+        self.line(format!("scf.if {condition} {{"));
+        then(self);
+        self.line("}".into());
+    }
+
+    /// The kernel: a function named `name` writing `out` (of `dtype`) from
+    /// the loads, with the body emitted so far.
+    pub fn finish(self, name: &str, dtype: Dtype) -> Kernel {
+        let mut arguments = format!("%out: memref<?x{}>", stored(dtype));
+        for (at, value) in self.loads.iter().enumerate() {
+            write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
+        }
+        arguments.push_str(", %dims: memref<?xi64>, %error: memref<4xi64>");
+        // `llvm.emit_c_interface`: MLIR's execution engine calls only such
+        // functions (the host path); the GPU path ignores it.
+        let text = format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", self.body);
+        Kernel { name: name.to_string(), text, loads: self.loads, dims: self.dims }
+    }
+}
