@@ -242,7 +242,7 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
     let started = std::time::Instant::now();
     let Some(model) = lowered(package, options) else { return ExitCode::from(1) };
     let built = match linnet_compiler::gpu::build(&model, arch, libdevice) {
-        Ok(built) if built.missing.is_empty() => built.entries,
+        Ok(built) if built.missing.is_empty() => built,
         Ok(built) => {
             for error in &built.missing {
                 eprintln!("linnetc build: {error}");
@@ -256,19 +256,15 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
         }
     };
     let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
-    let mut written = 0usize;
-    for entry in &built {
-        for (at, ptx) in entry.ptx.iter().enumerate() {
-            let path = dir.join(format!("{}-{at}.ptx", entry.entry));
-            if let Err(error) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, ptx)) {
-                eprintln!("linnetc build: cannot write {}: {error}", path.display());
-                return ExitCode::from(1);
-            }
-            written += ptx.len();
+    let written = match built.write(&dir) {
+        Ok(written) => written,
+        Err(error) => {
+            eprintln!("linnetc build: {error}");
+            return ExitCode::from(1);
         }
-    }
-    let kernels: usize = built.iter().map(|entry| entry.kernels.len()).sum();
-    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), built.len());
+    };
+    let kernels: usize = built.entries.iter().map(|entry| entry.kernels.len()).sum();
+    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), built.entries.len());
     ExitCode::SUCCESS
 }
 

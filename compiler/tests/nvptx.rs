@@ -32,6 +32,23 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     assert!(built.missing.is_empty(), "{}", built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
     assert_eq!(built.entries.len(), model.entries.len());
     ptxas_accepts(&built.entries);
+    // What the build writes: each entry's PTX and every kernel's launch.
+    let dir = std::env::temp_dir().join(format!("linnet-mlp-ptx-{}", std::process::id()));
+    let written = built.write(&dir).unwrap();
+    assert_eq!(written, built.entries.iter().map(|entry| entry.ptx.len()).sum::<usize>());
+    let text = std::fs::read_to_string(dir.join("kernels.json")).unwrap();
+    let launches: std::collections::BTreeMap<String, Vec<linnet_compiler::gpu::Launch>> = serde_json::from_str(&text).unwrap();
+    for entry in &model.entries {
+        let ptx = std::fs::read_to_string(dir.join(format!("{}.ptx", entry.name))).unwrap();
+        let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
+        let launched: Vec<usize> = launches[&entry.name].iter().map(|launch| launch.node).collect();
+        assert_eq!(launched, computes, "{}", entry.name);
+        for launch in &launches[&entry.name] {
+            assert!(ptx.contains(&format!(".entry {}(", launch.name)));
+            assert_eq!(launch.work, entry.nodes[launch.node].shape, "a Compute node's work is its elements");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `ptxas -arch=sm_90` accepts every PTX text.
@@ -40,13 +57,14 @@ fn ptxas_accepts(entries: &[linnet_compiler::gpu::EntryPtx]) {
     std::fs::create_dir_all(&scratch).unwrap();
     for entry in entries {
         assert!(!entry.kernels.is_empty());
-        for (at, ptx) in entry.ptx.iter().enumerate() {
-            assert!(ptx.contains(".target sm_90"), "{ptx}");
-            let path = scratch.join(format!("{}-{at}.ptx", entry.entry));
-            std::fs::write(&path, ptx).unwrap();
-            let checked = Command::new(cuda_nvcc().join("bin/ptxas")).args(["-arch=sm_90", "-o"]).arg(path.with_extension("cubin")).arg(&path).output().expect("ptxas runs");
-            assert!(checked.status.success(), "ptxas refused {}: {}", path.display(), String::from_utf8_lossy(&checked.stderr));
+        assert!(entry.ptx.contains(".target sm_90"), "{}", entry.ptx);
+        for kernel in &entry.kernels {
+            assert!(entry.ptx.contains(&format!(".entry {}(", kernel.name)), "no `{}` in the PTX of `{}`", kernel.name, entry.entry);
         }
+        let path = scratch.join(format!("{}.ptx", entry.entry));
+        std::fs::write(&path, &entry.ptx).unwrap();
+        let checked = Command::new(cuda_nvcc().join("bin/ptxas")).args(["-arch=sm_90", "-o"]).arg(path.with_extension("cubin")).arg(&path).output().expect("ptxas runs");
+        assert!(checked.status.success(), "ptxas refused {}: {}", path.display(), String::from_utf8_lossy(&checked.stderr));
     }
     std::fs::remove_dir_all(&scratch).unwrap();
 }

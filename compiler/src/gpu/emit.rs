@@ -6,6 +6,14 @@
 //! dims as a `memref<?xi64>` table (in the order [`Kernel::dims`] lists
 //! them) and a `memref<4xi64>` of faults ([`Fault`]). In registers floats
 //! are f32 and integers i64.
+//!
+//! A kernel is independent work items (their count the product of
+//! [`Kernel::work`]) with sequential code in each, written once and
+//! wrapped in one of two [`Form`]s: for the host, a `func.func` whose
+//! items are an `scf.parallel` (MLIR runs it on the CPU); for the device,
+//! a `gpu.func` kernel with one thread per item, [`THREADS`] to a block,
+//! that computes everything (sizes included) from its arguments, so a
+//! launch needs only them and the item count.
 
 use crate::ir::{Entry, Value};
 use crate::sema::dim::Dim;
@@ -15,13 +23,29 @@ use std::fmt::Write;
 
 /// A node's kernel: its MLIR function and what it is called with.
 pub struct Kernel {
+    /// The node it computes.
+    pub node: usize,
+    /// `ENTRY_vNODE`.
     pub name: String,
     pub text: String,
     /// The values it reads, in argument order after the output.
     pub loads: Vec<Value>,
     /// The non-constant dims, in the order of the dims table.
     pub dims: Vec<Dim>,
+    /// The work items: as many as the product of these dims.
+    pub work: Vec<Dim>,
 }
+
+/// Where a kernel runs: the same body, wrapped for MLIR's host lowering or
+/// as a GPU kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    Host,
+    Device,
+}
+
+/// Threads in a block of a device kernel (one work item each).
+pub const THREADS: u32 = 256;
 
 /// Why a node has no kernel for this target yet.
 #[derive(Debug)]
@@ -63,6 +87,8 @@ pub fn register(dtype: Dtype) -> &'static str {
 /// Emits the body of one kernel, one SSA value at a time.
 pub struct Emitter<'e> {
     pub entry: &'e Entry,
+    form: Form,
+    work: Vec<Dim>,
     body: String,
     next: usize,
     pub loads: Vec<Value>,
@@ -73,8 +99,8 @@ pub struct Emitter<'e> {
 }
 
 impl<'e> Emitter<'e> {
-    pub fn new(entry: &'e Entry) -> Emitter<'e> {
-        Emitter { entry, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new() }
+    pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
+        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new() }
     }
 
     pub fn fresh(&mut self) -> String {
@@ -225,13 +251,38 @@ impl<'e> Emitter<'e> {
         self.line(format!("memref.store {flag}, %error[{slot}] : memref<4xi64>"));
     }
 
-    /// `scf.parallel` over `0..count` (an index), `body` given the element.
-    pub fn parallel(&mut self, count: &str, body: impl FnOnce(&mut Self, &str)) {
-        let (zero, one) = (self.index_constant(0), self.index_constant(1));
-        let element = self.fresh();
-        self.line(format!("scf.parallel ({element}) = ({zero}) to ({count}) step ({one}) {{"));
+    /// The kernel's work items, as many as the product of `work`; `body`
+    /// is given the item's number (an index). On the host, an
+    /// `scf.parallel`; on the device, this thread's item, if it is one.
+    pub fn parallel(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str)) {
+        self.work = work.to_vec();
+        let mut count = self.index_constant(1);
+        for dim in work {
+            let size = self.dim_index(dim);
+            count = self.mul(&count, &size);
+        }
+        let element = match self.form {
+            Form::Host => {
+                let (zero, one) = (self.index_constant(0), self.index_constant(1));
+                let element = self.fresh();
+                self.line(format!("scf.parallel ({element}) = ({zero}) to ({count}) step ({one}) {{"));
+                element
+            }
+            Form::Device => {
+                let block = self.op("gpu.block_id x".into());
+                let threads = self.index_constant(i64::from(THREADS));
+                let thread = self.op("gpu.thread_id x".into());
+                let first = self.mul(&block, &threads);
+                let element = self.add(&first, &thread);
+                let mine = self.op(format!("arith.cmpi ult, {element}, {count} : index"));
+                self.line(format!("scf.if {mine} {{"));
+                element
+            }
+        };
         body(self, &element);
-        self.line("scf.reduce".into());
+        if self.form == Form::Host {
+            self.line("scf.reduce".into());
+        }
         self.line("}".into());
     }
 
@@ -283,17 +334,24 @@ impl<'e> Emitter<'e> {
         self.line("}".into());
     }
 
-    /// The kernel: a function named `name` writing `out` (of `dtype`) from
-    /// the loads, with the body emitted so far.
-    pub fn finish(self, name: &str, dtype: Dtype) -> Kernel {
+    /// The kernel of node `node`, writing `out` (of `dtype`) from the
+    /// loads, with the body emitted so far.
+    pub fn finish(self, node: usize, dtype: Dtype) -> Kernel {
+        let name = format!("{}_v{node}", self.entry.name);
         let mut arguments = format!("%out: memref<?x{}>", stored(dtype));
         for (at, value) in self.loads.iter().enumerate() {
             write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
         }
         arguments.push_str(", %dims: memref<?xi64>, %error: memref<4xi64>");
-        // `llvm.emit_c_interface`: MLIR's execution engine calls only such
-        // functions (the host path); the GPU path ignores it.
-        let text = format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", self.body);
-        Kernel { name: name.to_string(), text, loads: self.loads, dims: self.dims }
+        let text = match self.form {
+            // `llvm.emit_c_interface`: MLIR's execution engine calls only
+            // such functions.
+            Form::Host => format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", self.body),
+            Form::Device => format!(
+                "gpu.func @{name}({arguments}) kernel attributes {{ known_block_size = array<i32: {THREADS}, 1, 1> }} {{\n{}    gpu.return\n}}\n",
+                self.body
+            ),
+        };
+        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work }
     }
 }

@@ -5,7 +5,7 @@
 //! results are held to the interpreter by the contract's tolerances.
 //! Intrinsics run on the reference kernels, as the interpreter runs them.
 
-use super::{node_kernel, Fault, Kernel};
+use super::{node_kernel, Fault, Form, Kernel};
 use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Intrinsic, Model};
@@ -79,7 +79,7 @@ fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
-        let kernel = node_kernel(entry, at).transpose().map_err(|why| failed(Some(at), why.0))?;
+        let kernel = node_kernel(entry, at, Form::Host).transpose().map_err(|why| failed(Some(at), why.0))?;
         if kernel.is_some() && matches!(node.dtype, Dtype::F16) {
             return Err(failed(Some(at), "f16 values are not held on the host MLIR path".into()));
         }

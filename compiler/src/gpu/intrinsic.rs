@@ -15,18 +15,18 @@
 //!   position or span outside the cache writes nothing and raises
 //!   [`Fault::OutsideCache`].
 
-use super::emit::{Emitter, Fault, Kernel, Unsupported};
+use super::emit::{Emitter, Fault, Form, Kernel, Unsupported};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 
-/// The kernel of intrinsic node `at` of `entry`, named `name`. A cache
+/// The kernel of intrinsic node `at` of `entry`. A cache
 /// write's kernel takes the cache as its output and the other arguments as
 /// its loads; every other intrinsic's, all its arguments.
-pub fn intrinsic_kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, Unsupported> {
+pub fn intrinsic_kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Intrinsic(intrinsic, args) = &node.kind else { return Err(Unsupported("not an intrinsic node".into())) };
-    let mut emitter = Emitter::new(entry);
+    let mut emitter = Emitter::new(entry, form);
     let operands = Operands { entry, args };
     match intrinsic {
         Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows => {
@@ -42,7 +42,7 @@ pub fn intrinsic_kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, 
             write_cache(&mut emitter, &operands, *intrinsic);
         }
     }
-    Ok(emitter.finish(name, node.dtype))
+    Ok(emitter.finish(at, node.dtype))
 }
 
 /// An intrinsic's arguments: their shapes and types.
@@ -104,10 +104,8 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
     let (kv_heads, keys) = (operands.size(emitter, 1, 1), operands.size(emitter, 1, 2));
     let width_index = emitter.index_constant(width);
     let group = emitter.op(format!("arith.divui {heads}, {kv_heads} : index"));
-    let rows = emitter.mul(&batch, &heads);
-    let count = emitter.mul(&rows, &queries);
     let zero = emitter.index_constant(0);
-    emitter.parallel(&count, |e, row| {
+    emitter.parallel(&operands.shape(0)[..3], |e, row| {
         let position = split(e, row, &[&batch, &heads, &queries]);
         let (b, h, i) = (&position[0], &position[1], &position[2]);
         let kv = e.op(format!("arith.divui {h}, {group} : index"));
@@ -215,10 +213,10 @@ fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) {
     let (value_heads, value_dim) = (operands.size(emitter, 2, -2), operands.size(emitter, 2, -1));
     let rows = emitter.add(&tokens, &key_dim);
     let group = emitter.op(format!("arith.divui {value_heads}, {key_heads} : index"));
-    let columns = emitter.mul(&batch, &value_heads);
-    let count = emitter.mul(&columns, &value_dim);
     let zero = emitter.index_constant(0);
-    emitter.parallel(&count, |e, item| {
+    let (q_shape, v_shape) = (operands.shape(0), operands.shape(2));
+    let work = [q_shape[0].clone(), v_shape[v_shape.len() - 2].clone(), v_shape[v_shape.len() - 1].clone()];
+    emitter.parallel(&work, |e, item| {
         let position = split(e, item, &[&batch, &value_heads, &value_dim]);
         let (b, h, j) = (&position[0], &position[1], &position[2]);
         let kh = e.op(format!("arith.divui {h}, {group} : index"));
@@ -291,15 +289,16 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
     // Each work item is one element of `x` (one of a cache row's span for
     // `write_slots`, whose rows are the cache's).
     let rows = if intrinsic == Intrinsic::WriteSlots { cache_rows.clone() } else { x_rows.clone() };
-    let mut count = emitter.mul(&rows, &axis);
-    count = emitter.mul(&count, &span);
-    count = emitter.mul(&count, &width);
+    let mut work = operands.shape(1).to_vec();
+    if intrinsic == Intrinsic::WriteSlots {
+        work[0] = operands.shape(0)[0].clone();
+    }
     let (start_dtype, start_load) = match intrinsic {
         Intrinsic::WriteAt | Intrinsic::WriteSpan => (Some(operands.dtype(2)), load_name(1)),
         Intrinsic::WriteSlots => (Some(operands.dtype(3)), load_name(2)),
         _ => (None, String::new()),
     };
-    emitter.parallel(&count, |e, item| {
+    emitter.parallel(&work, |e, item| {
         let position = split(e, item, &[&rows, &axis, &span, &width]);
         let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
         // The first position written: `pos`/`start`, checked against the

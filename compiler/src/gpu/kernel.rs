@@ -9,7 +9,7 @@
 //! runs on the host (MLIR's CPU lowering) or, mapped to GPU threads, as
 //! PTX.
 
-use super::emit::{register, Emitter, Fault, Kernel, Unsupported};
+use super::emit::{register, Emitter, Fault, Form, Kernel, Unsupported};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -271,22 +271,19 @@ fn integer_predicate(cmp: CmpOp) -> &'static str {
     }
 }
 
-/// The kernel of `Compute` node `at` of `entry`, named `name`.
-pub fn kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, Unsupported> {
+/// The kernel of `Compute` node `at` of `entry`: one work
+/// item per element.
+pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Compute(scalar) = &node.kind else { return Err(Unsupported("not a compute node".into())) };
-    let mut emitter = Emitter::new(entry);
-    // The element count, then the flat element id split into the axes.
-    let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
-    let mut count = emitter.index_constant(1);
-    for size in &sizes {
-        count = emitter.mul(&count, size);
-    }
+    let mut emitter = Emitter::new(entry, form);
     let mut failed = None;
-    emitter.parallel(&count, |emitter, element| {
+    emitter.parallel(&node.shape, |emitter, element| {
+        // The element's number split into the axes.
         let mut rest = element.to_string();
-        let mut axes = vec![String::new(); sizes.len()];
-        for (axis, size) in sizes.iter().enumerate().rev() {
+        let mut axes = vec![String::new(); node.shape.len()];
+        for (axis, dim) in node.shape.iter().enumerate().rev() {
+            let size = emitter.dim_index(dim);
             axes[axis] = emitter.op(format!("arith.remui {rest}, {size} : index"));
             rest = emitter.op(format!("arith.divui {rest}, {size} : index"));
         }
@@ -298,6 +295,6 @@ pub fn kernel(entry: &Entry, at: usize, name: &str) -> Result<Kernel, Unsupporte
     });
     match failed {
         Some(why) => Err(why),
-        None => Ok(emitter.finish(name, node.dtype)),
+        None => Ok(emitter.finish(at, node.dtype)),
     }
 }

@@ -1,6 +1,5 @@
-//! MLIR's passes through melior: a module of `scf.parallel` kernels mapped
-//! to GPU threads, outlined into a `gpu.module`, lowered to NVVM and
-//! serialized to PTX (`gpu-module-to-binary{format=isa}`), with libdevice
+//! MLIR's passes through melior: a `gpu.module` of kernels lowered to NVVM
+//! and serialized to PTX (`gpu-module-to-binary{format=isa}`), with libdevice
 //! linked for the math functions when it is given. Messages MLIR reports
 //! come back as the error.
 
@@ -13,13 +12,16 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
-/// The pass pipeline from host kernels to PTX for `arch` (`sm_90`).
+/// The pass pipeline from a `gpu.module` of kernels to PTX for `arch`
+/// (`sm_90`). A kernel's parameters are its memrefs' descriptors, in its
+/// arguments' order, each as five: the allocated and aligned pointers,
+/// then the offset, size and stride as 64-bit integers.
 fn pipeline(arch: &str, libdevice: Option<&Path>) -> String {
     let link = libdevice.map(|path| format!(" l={}", path.display())).unwrap_or_default();
     format!(
-        "builtin.module(func.func(gpu-map-parallel-loops,convert-parallel-loops-to-gpu),gpu-kernel-outlining,\
-         lower-affine,convert-scf-to-cf,nvvm-attach-target{{chip={arch}{link}}},\
-         gpu.module(convert-gpu-to-nvvm,canonicalize),gpu-to-llvm,reconcile-unrealized-casts,gpu-module-to-binary{{format=isa}})"
+        "builtin.module(nvvm-attach-target{{chip={arch}{link}}},\
+         gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm,canonicalize),\
+         reconcile-unrealized-casts,gpu-module-to-binary{{format=isa}})"
     )
 }
 
@@ -50,8 +52,8 @@ pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module
     Ok(then(&parsed))
 }
 
-/// The PTX of every kernel in `module` (MLIR text of `func.func`s whose
-/// bodies are `scf.parallel` loops): one text per `gpu.module`.
+/// The PTX of `module` (MLIR text of a `gpu.module` of kernels): one text
+/// per `gpu.module`.
 pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, String> {
     let objects = lowered(module, &pipeline(arch, libdevice), |lowered| assembly(&lowered.as_operation().to_string()))?;
     if objects.is_empty() {
