@@ -5,8 +5,9 @@
 //! interpreter (`interp`) or the CPU backend (`codegen`), peers that both
 //! hold host tensors (`tensor`), compute with the numerics of record
 //! (`numerics`) and run the intrinsics' host kernels (`intrinsics`);
-//! `artifact` writes and reads what `linnetc build` produces; with the
-//! `nvptx` feature, `gpu` lowers the same IR to PTX through MLIR.
+//! `artifact` writes and reads what `linnetc build` produces; `gpu` writes
+//! the same IR as GPU kernels, which MLIR lowers to PTX with the `nvptx`
+//! feature and the CUDA driver runs with the `cuda` feature.
 //! The `driver` runs these phases for the `linnetc` CLI, and `diagnostic`
 //! renders what they report.
 
@@ -15,7 +16,6 @@ pub mod codegen;
 pub mod diagnostic;
 pub mod driver;
 pub mod exec;
-#[cfg(feature = "nvptx")]
 pub mod gpu;
 pub mod interp;
 pub mod intrinsics;

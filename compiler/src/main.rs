@@ -70,7 +70,8 @@ enum Command {
         #[arg(long, default_value = "sm_90")]
         gpu_arch: String,
         /// libdevice (`libdevice.10.bc`), linked for the math functions;
-        /// default `$LINNET_LIBDEVICE`.
+        /// default `$LINNET_LIBDEVICE`, else where
+        /// `scripts/install-gpu-tools.sh` puts it.
         #[arg(long)]
         libdevice: Option<PathBuf>,
     },
@@ -178,10 +179,7 @@ fn main() -> ExitCode {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             match target {
                 Target::Cpu => build(&package, output, emit, &options),
-                Target::Nvptx => {
-                    let libdevice = libdevice.or_else(|| std::env::var_os("LINNET_LIBDEVICE").map(PathBuf::from));
-                    build_nvptx(&package, output, &gpu_arch, libdevice.as_deref(), &options)
-                }
+                Target::Nvptx => build_nvptx(&package, output, &gpu_arch, libdevice, &options),
             }
         }
         Command::Check { package, message_format, nest, overrides, color } => {
@@ -238,10 +236,15 @@ fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_co
 /// `linnetc build --target nvptx`: each entry's kernels as PTX files in
 /// `DIR/ptx/` (default `target/linnet/MODEL-nvptx`).
 #[cfg(feature = "nvptx")]
-fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, libdevice: Option<&std::path::Path>, options: &LoadOptions) -> ExitCode {
+fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, libdevice: Option<PathBuf>, options: &LoadOptions) -> ExitCode {
     let started = std::time::Instant::now();
+    let libdevice = libdevice.unwrap_or_else(linnet_compiler::gpu::default_libdevice);
+    if !libdevice.is_file() {
+        eprintln!("linnetc build: libdevice is not at {} (the math functions link it): run scripts/install-gpu-tools.sh, or name it with --libdevice", libdevice.display());
+        return ExitCode::from(1);
+    }
     let Some(model) = lowered(package, options) else { return ExitCode::from(1) };
-    let built = match linnet_compiler::gpu::build(&model, arch, libdevice) {
+    let built = match linnet_compiler::gpu::build(&model, arch, Some(&libdevice)) {
         Ok(built) if built.missing.is_empty() => built,
         Ok(built) => {
             for error in &built.missing {
@@ -256,20 +259,21 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
         }
     };
     let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
-    let written = match built.write(&dir) {
+    let set = linnet_compiler::gpu::PtxSet::of(&model, arch, built);
+    let written = match set.write(&dir) {
         Ok(written) => written,
         Err(error) => {
             eprintln!("linnetc build: {error}");
             return ExitCode::from(1);
         }
     };
-    let kernels: usize = built.entries.iter().map(|entry| entry.kernels.len()).sum();
-    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), built.entries.len());
+    let kernels: usize = set.entries.values().map(|entry| entry.launches.len()).sum();
+    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), set.entries.len());
     ExitCode::SUCCESS
 }
 
 #[cfg(not(feature = "nvptx"))]
-fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<&std::path::Path>, _: &LoadOptions) -> ExitCode {
+fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<PathBuf>, _: &LoadOptions) -> ExitCode {
     eprintln!("linnetc build: this linnetc was built without the nvptx target; run scripts/install-gpu-tools.sh, then build with `cargo build --release --features nvptx`");
     ExitCode::from(2)
 }

@@ -195,20 +195,20 @@ impl Tensor {
 /// where they are, values come back with floats as f32, copies too.
 macro_rules! host_memory {
     () => {
-        fn upload(&mut self, tensor: $crate::tensor::Tensor) -> $crate::tensor::Tensor {
-            tensor
+        fn upload(&mut self, tensor: $crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::exec::MemoryError> {
+            Ok(tensor)
         }
 
-        fn download(&mut self, buffer: &$crate::tensor::Tensor) -> $crate::tensor::Tensor {
-            buffer.widened().into_owned()
+        fn download(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::exec::MemoryError> {
+            Ok(buffer.widened().into_owned())
         }
 
-        fn zeros(&mut self, dtype: $crate::sema::ty::Dtype, shape: &[usize]) -> $crate::tensor::Tensor {
-            $crate::tensor::Tensor::zeros(dtype, shape.to_vec())
+        fn zeros(&mut self, dtype: $crate::sema::ty::Dtype, shape: &[usize]) -> Result<$crate::tensor::Tensor, $crate::exec::MemoryError> {
+            Ok($crate::tensor::Tensor::zeros(dtype, shape.to_vec()))
         }
 
-        fn copy(&mut self, buffer: &$crate::tensor::Tensor) -> $crate::tensor::Tensor {
-            buffer.widened().into_owned()
+        fn copy(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::exec::MemoryError> {
+            Ok(buffer.widened().into_owned())
         }
     };
 }

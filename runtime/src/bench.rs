@@ -58,7 +58,7 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
     // computes what is hoisted.
     for round in 0..=repetitions {
         let measured = round > 0;
-        machine.reset();
+        machine.reset().map_err(|e| e.to_string())?;
         machine.set_profiling(profile && measured);
         let start = Instant::now();
         let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];

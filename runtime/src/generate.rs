@@ -68,7 +68,7 @@ pub fn generate(
         );
         return Err(RunError::Inputs { entry: "prefill".into(), message });
     }
-    machine.reset();
+    machine.reset()?;
     let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
     let prefill = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
     let mut logits = machine.call("prefill", prefill)?.remove(0);

@@ -6,6 +6,8 @@
 pub mod bench;
 pub mod cache;
 pub mod experts;
+#[cfg(feature = "cuda")]
+mod gpu_ptx;
 pub mod generate;
 pub mod init;
 pub mod npy;
@@ -38,6 +40,10 @@ pub enum Backend {
     /// its execution engine (builds with the `nvptx` feature): how the GPU
     /// target's numerics are checked without a GPU.
     MlirHost,
+    /// The GPU kernels as PTX on an NVIDIA GPU, through the CUDA driver
+    /// (builds with the `cuda` feature; runs where a driver and a device
+    /// are found, and says so where not).
+    Cuda,
 }
 
 /// Where the parameters come from.
@@ -116,9 +122,24 @@ fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend) 
         Backend::Interp => Ok(interp::machine(built.model.clone(), params)),
         Backend::Cpu => codegen::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
         Backend::MlirHost => mlir_host(built.model.clone(), params),
+        Backend::Cuda => cuda(built, dir, params),
     }
 }
 
+/// The artifact's model on the first CUDA device, running the artifact's
+/// PTX (built into it first when absent, by a linnet with `nvptx`).
+#[cfg(feature = "cuda")]
+fn cuda(built: &Artifact, dir: &Path, params: Vec<Tensor>) -> Result<Machine, String> {
+    let device = linnet_compiler::gpu::cuda::Cuda::open()?;
+    tracing::info!("the cuda backend on {}", device.device());
+    let set = gpu_ptx::for_artifact(&built.model, dir, device.arch())?;
+    Machine::new(built.model.clone(), params, device.running(set)).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &Artifact, _: &Path, _: Vec<Tensor>) -> Result<Machine, String> {
+    Err("this linnet was built without the cuda backend: build it with `--features cuda`".into())
+}
 #[cfg(feature = "nvptx")]
 fn mlir_host(model: Model, params: Vec<Tensor>) -> Result<Machine, String> {
     Machine::new(model, params, linnet_compiler::gpu::host::MlirHost::default()).map_err(|e| e.to_string())

@@ -41,7 +41,8 @@ struct Model {
     /// Override a generic: `--set Groups=2`, `--set T=f32`.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = assignment)]
     overrides: Vec<(String, String)>,
-    /// `cpu` compiles with Cranelift; `interp` is the reference interpreter.
+    /// `cpu` compiles with Cranelift; `interp` is the reference interpreter;
+    /// `mlir-host` and `cuda` run the GPU kernels (builds with `--features nvptx`, `cuda`).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     backend: BackendArg,
 }
@@ -52,6 +53,8 @@ enum BackendArg {
     Interp,
     /// The GPU kernels run on the host by MLIR (a build with `--features nvptx`).
     MlirHost,
+    /// The GPU kernels on an NVIDIA GPU (a build with `--features cuda`).
+    Cuda,
 }
 
 #[derive(Args, Clone)]
@@ -195,6 +198,7 @@ fn load(model: &Model) -> Result<Loaded, String> {
         BackendArg::Cpu => linnet_runtime::Backend::Cpu,
         BackendArg::Interp => linnet_runtime::Backend::Interp,
         BackendArg::MlirHost => linnet_runtime::Backend::MlirHost,
+        BackendArg::Cuda => linnet_runtime::Backend::Cuda,
     };
     linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
 }

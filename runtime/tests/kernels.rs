@@ -10,7 +10,7 @@
 use linnet_compiler::driver::lower_package_with;
 use linnet_compiler::codegen::backend::Cpu;
 use linnet_compiler::codegen::cpu::Elementwise;
-use linnet_compiler::exec::{Backend, BuildError, Machine, NodeError, Site, Values};
+use linnet_compiler::exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
 use linnet_compiler::ir::analysis::Analysis;
 use linnet_compiler::ir::{Intrinsic, Model};
 use linnet_compiler::tensor::{Data, Tensor};
@@ -39,6 +39,7 @@ fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtim
     match backend {
         linnet_runtime::Backend::Interp => interp::machine(model, params),
         linnet_runtime::Backend::Cpu => codegen::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}")),
+        other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
     }
 }
 
@@ -158,16 +159,16 @@ impl Backend for Skewed {
     fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
         self.cpu.prepare(model, analyses)
     }
-    fn upload(&mut self, tensor: Tensor) -> Tensor {
+    fn upload(&mut self, tensor: Tensor) -> Result<Tensor, MemoryError> {
         self.cpu.upload(tensor)
     }
-    fn download(&mut self, buffer: &Tensor) -> Tensor {
+    fn download(&mut self, buffer: &Tensor) -> Result<Tensor, MemoryError> {
         self.cpu.download(buffer)
     }
-    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Tensor {
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Result<Tensor, MemoryError> {
         self.cpu.zeros(dtype, shape)
     }
-    fn copy(&mut self, buffer: &Tensor) -> Tensor {
+    fn copy(&mut self, buffer: &Tensor) -> Result<Tensor, MemoryError> {
         self.cpu.copy(buffer)
     }
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {

@@ -3,8 +3,10 @@
 //! computes for them (`tests/fixtures/oracle`), through the seed package
 //! (`models/qwen3.6-35b-a3b`) and the dense one (`models/qwen3.8-27b`,
 //! given its generics as `--set` would) on the reference interpreter and
-//! the CPU backend, and the seed on the GPU kernels run on the host by MLIR
-//! (with `--features nvptx`). f32: within 1e-4 of the largest logit, every argmax and
+//! the CPU backend, and the seed on the GPU kernels, run on the host by MLIR
+//! (with `--features nvptx`) and, where the machine has one, on an NVIDIA
+//! GPU (with `--features nvptx,cuda`: the PTX is built when the artifact
+//! has none). f32: within 1e-4 of the largest logit, every argmax and
 //! greedy token equal. bf16: on the calm checkpoint within 1e-1 on every
 //! row; on a unit-scale one (chaotic: a rounding flips choices) the median
 //! row within 1e-1 and the worst within twice the distance between
@@ -65,6 +67,10 @@ const MOE_CALM: Fixture = Fixture { config: "tiny-qwen3.5-moe-calm", calm: true,
 const DENSE: Fixture = Fixture { config: "tiny-qwen3.5-dense", package: "models/qwen3.8-27b", calm: false };
 
 fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Oracle {
+    try_load(fixture, dtype, backend).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Result<Oracle, String> {
     let dir = root().join("tests/fixtures/oracle").join(fixture.config);
     let card = dir.join(format!("package/nest-{dtype}.toml"));
     let options = if card.is_file() {
@@ -75,11 +81,11 @@ fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Orac
         LoadOptions { overrides, stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     };
     let weights = linnet_runtime::Weights::Checkpoint { dir: Some(dir.join(format!("weights-{dtype}"))), non_finite: linnet_runtime::weights::NonFinite::Refuse };
-    let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
+    let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend)?.machine;
     let mut golden = read_golden(&dir, dtype);
     if dtype == "f32" {
         let greedy_prefix = golden.iter().map(|seq| seq.greedy.len()).sum();
-        return Oracle { machine, golden, tolerance: 1e-4, typical: 1e-4, min_agreement: 1.0, greedy_prefix };
+        return Ok(Oracle { machine, golden, tolerance: 1e-4, typical: 1e-4, min_agreement: 1.0, greedy_prefix });
     }
     let f32_run = read_golden(&dir, "f32");
     let tolerance = if fixture.calm {
@@ -97,7 +103,7 @@ fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> Orac
         2.0 * distance(&f32_run, &golden)
     };
     let greedy_prefix = golden.iter().zip(&f32_run).map(|(a, b)| shared_prefix(&a.greedy, &b.greedy)).sum();
-    Oracle { machine, golden, tolerance, typical: 1e-1, min_agreement: 0.8, greedy_prefix }
+    Ok(Oracle { machine, golden, tolerance, typical: 1e-1, min_agreement: 0.8, greedy_prefix })
 }
 
 fn shared_prefix(a: &[i64], b: &[i64]) -> usize {
@@ -225,7 +231,7 @@ fn prefill_then_decode(oracle: &mut Oracle, what: &str) {
     let mut score = Score::new();
     let (a, b) = (oracle.golden[0].tokens.clone(), oracle.golden[1].tokens.clone());
     let prefix = 6;
-    oracle.machine.reset();
+    oracle.machine.reset().unwrap();
     let out = oracle.machine.call("prefill", vec![tokens(&[&a[..prefix], &b[..prefix]]), scalar(0)]).unwrap().remove(0);
     let rows_out = rows(&out);
     score.add(&rows_out[0], &oracle.golden[0].logits[prefix - 1]);
@@ -247,7 +253,7 @@ fn slots_then_rows(oracle: &mut Oracle, what: &str) {
     let (long_prefix, short_prefix) = (7, 2);
     let mut padded_short = short[..short_prefix].to_vec();
     padded_short.resize(long_prefix, 0);
-    oracle.machine.reset();
+    oracle.machine.reset().unwrap();
     let prompts = tokens(&[&long[..long_prefix], &padded_short]);
     let slots = Tensor::from_i64(Dtype::I32, vec![2], vec![1, 0]);
     let lengths = Tensor::from_i64(Dtype::I32, vec![2], vec![long_prefix as i64, short_prefix as i64]);
@@ -300,7 +306,10 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
 }
 
 fn every_path(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) {
-    let mut oracle = load(fixture, dtype, backend);
+    every_path_of(load(fixture, dtype, backend), fixture, dtype, backend);
+}
+
+fn every_path_of(mut oracle: Oracle, fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) {
     let what = format!("{} {dtype} {backend:?}", fixture.config);
     forward_and_next_token(&mut oracle, &what);
     prefill_then_decode(&mut oracle, &what);
@@ -360,4 +369,30 @@ fn f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
 #[test]
 fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
     every_path(MOE_CALM, "bf16", linnet_runtime::Backend::MlirHost);
+}
+
+/// On an NVIDIA GPU through the CUDA driver, where the machine has one;
+/// where it has none, the backend says so plainly (and stderr says the
+/// check did not run).
+#[cfg(feature = "cuda")]
+fn on_the_gpu(fixture: Fixture, dtype: &str) {
+    match try_load(fixture, dtype, linnet_runtime::Backend::Cuda) {
+        Ok(oracle) => every_path_of(oracle, fixture, dtype, linnet_runtime::Backend::Cuda),
+        Err(message) if message.contains("no CUDA driver") || message.contains("no CUDA device") => {
+            eprintln!("{} {dtype}: not run on a GPU: {message}", fixture.config);
+        }
+        Err(message) => panic!("{message}"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn f32_every_path_on_a_gpu_where_there_is_one() {
+    on_the_gpu(MOE, "f32");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn bf16_every_path_on_a_gpu_where_there_is_one() {
+    on_the_gpu(MOE_CALM, "bf16");
 }

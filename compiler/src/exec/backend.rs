@@ -45,6 +45,17 @@ pub enum NodeError {
     Check(String),
 }
 
+/// Memory the backend could not give or move (a device out of memory, a
+/// driver that failed), in its words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryError(pub String);
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A node a backend cannot run, found when it readies a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BuildError {
@@ -64,8 +75,18 @@ impl BuildError {
     }
 }
 
+impl BuildError {
+    /// A model's parameters or states the backend could not take.
+    pub fn memory(backend: &'static str, error: MemoryError) -> BuildError {
+        BuildError { backend, entry: String::new(), node: None, source: None, message: error.0 }
+    }
+}
+
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.entry.is_empty() {
+            return write!(f, "the {} backend cannot load the model: {}", self.backend, self.message);
+        }
         write!(f, "the {} backend cannot run ", self.backend)?;
         if let Some(node) = self.node {
             write!(f, "v{node} of ")?;
@@ -96,17 +117,17 @@ pub trait Backend {
 
     /// A host tensor moved to where the backend computes (a bf16
     /// parameter arrives held as its bits: `tensor::holds_bits`).
-    fn upload(&mut self, tensor: Tensor) -> Self::Buffer;
+    fn upload(&mut self, tensor: Tensor) -> Result<Self::Buffer, MemoryError>;
 
     /// A value brought back to the host, floats as f32.
-    fn download(&mut self, buffer: &Self::Buffer) -> Tensor;
+    fn download(&mut self, buffer: &Self::Buffer) -> Result<Tensor, MemoryError>;
 
     /// A tensor of zeros (a state at load).
-    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Self::Buffer;
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Result<Self::Buffer, MemoryError>;
 
     /// A copy the executor may change (a cache written where it is read
     /// again), held as computed values are: floats as f32.
-    fn copy(&mut self, buffer: &Self::Buffer) -> Self::Buffer;
+    fn copy(&mut self, buffer: &Self::Buffer) -> Result<Self::Buffer, MemoryError>;
 
     /// A `Compute` node.
     fn compute(&mut self, site: Site<'_>, values: &Values<Self::Buffer>) -> Result<Self::Buffer, NodeError>;

@@ -12,7 +12,7 @@
 
 pub mod backend;
 
-pub use backend::{Backend, BuildError, Dims, NodeError, Site, Values};
+pub use backend::{Backend, BuildError, Dims, MemoryError, NodeError, Site, Values};
 
 use crate::ir::analysis::Analysis;
 use crate::ir::{Entry, Model, NodeKind};
@@ -30,6 +30,8 @@ pub enum RunError {
     Requirement { entry: String, requirement: String },
     OutOfRange { entry: String, message: String },
     Assertion { entry: String, message: String },
+    /// The backend's memory failed (a device out of memory).
+    Memory(MemoryError),
 }
 
 impl fmt::Display for RunError {
@@ -40,6 +42,7 @@ impl fmt::Display for RunError {
             RunError::Requirement { entry, requirement } => write!(f, "entry `{entry}` requires {requirement}, which these inputs break"),
             RunError::OutOfRange { entry, message } => write!(f, "entry `{entry}`: {message}"),
             RunError::Assertion { entry, message } => write!(f, "entry `{entry}`: {message}"),
+            RunError::Memory(error) => write!(f, "the backend's memory: {error}"),
         }
     }
 }
@@ -123,16 +126,18 @@ impl<B: Backend> Executor<B> {
     pub fn new(model: Model, params: Vec<Tensor>, mut backend: B) -> Result<Executor<B>, BuildError> {
         let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
         backend.prepare(&model, &analyses)?;
-        let params = params.into_iter().map(|param| Rc::new(backend.upload(param.into_bits()))).collect();
-        let states = model.states.iter().map(|s| Rc::new(backend.zeros(s.dtype, &s.shape))).collect();
+        let name = backend.name();
+        let params = params.into_iter().map(|param| backend.upload(param.into_bits()).map(Rc::new)).collect::<Result<_, _>>().map_err(|e| BuildError::memory(name, e))?;
+        let states = model.states.iter().map(|s| backend.zeros(s.dtype, &s.shape).map(Rc::new)).collect::<Result<_, _>>().map_err(|e| BuildError::memory(name, e))?;
         Ok(Executor { model, backend, analyses, params, states, hoisted: HashMap::new(), profile: None })
     }
 
     /// Zeroes every state, as at load.
-    pub fn reset(&mut self) {
+    pub fn reset(&mut self) -> Result<(), RunError> {
         for (slot, state) in self.states.iter_mut().zip(&self.model.states) {
-            *slot = Rc::new(self.backend.zeros(state.dtype, &state.shape));
+            *slot = Rc::new(self.backend.zeros(state.dtype, &state.shape).map_err(RunError::Memory)?);
         }
+        Ok(())
     }
 
     pub fn call(&mut self, entry_name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
@@ -159,7 +164,7 @@ impl<B: Backend> Executor<B> {
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
             let failed = |error: NodeError| describe(&self.model, entry, at, error);
             let value = match &node.kind {
-                NodeKind::Input(k) => Some(Rc::new(self.backend.upload(inputs[*k].take().expect("each input is read once")))),
+                NodeKind::Input(k) => Some(Rc::new(self.backend.upload(inputs[*k].take().expect("each input is read once")).map_err(RunError::Memory)?)),
                 NodeKind::Param(k) => Some(Rc::clone(&self.params[*k])),
                 NodeKind::State(k) => Some(Rc::clone(&self.states[*k])),
                 NodeKind::Compute(_) if analysis.hoistable[at] => match self.hoisted.get(&(number, at)) {
@@ -178,10 +183,14 @@ impl<B: Backend> Executor<B> {
                             // The state's only reader: take it out of both
                             // places so that it is written where it lies.
                             values[source] = None;
-                            let held = std::mem::replace(&mut self.states[k], Rc::new(self.backend.zeros(Dtype::Bool, &[])));
-                            Rc::try_unwrap(held).unwrap_or_else(|shared| self.backend.copy(&shared))
+                            let empty = self.backend.zeros(Dtype::Bool, &[]).map_err(RunError::Memory)?;
+                            let held = std::mem::replace(&mut self.states[k], Rc::new(empty));
+                            match Rc::try_unwrap(held) {
+                                Ok(cache) => cache,
+                                Err(shared) => self.backend.copy(&shared).map_err(RunError::Memory)?,
+                            }
                         }
-                        None => self.backend.copy(held(&values, source)),
+                        None => self.backend.copy(held(&values, source)).map_err(RunError::Memory)?,
                     };
                     let rest: Vec<&B::Buffer> = args[1..].iter().map(|v| held(&values, v.index())).collect();
                     let written = self.backend.write_cache(site, *intrinsic, &mut cache, &rest);
@@ -203,11 +212,11 @@ impl<B: Backend> Executor<B> {
                     // A state holds floats as f32, even when it takes a
                     // parameter's value (held as bf16 bits).
                     let holds_bits = crate::tensor::holds_bits(&entry.nodes[value.index()]);
-                    writes.push((*k, if holds_bits { Rc::new(self.backend.copy(written)) } else { Rc::clone(written) }));
+                    writes.push((*k, if holds_bits { Rc::new(self.backend.copy(written).map_err(RunError::Memory)?) } else { Rc::clone(written) }));
                     None
                 }
                 NodeKind::Assert(value, message) => {
-                    if self.backend.download(held(&values, value.index())).data != Data::Bool(vec![true]) {
+                    if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data != Data::Bool(vec![true]) {
                         return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
                     }
                     None
@@ -237,7 +246,7 @@ impl<B: Backend> Executor<B> {
             self.states[state] = value;
         }
         let started = self.profile.is_some().then(std::time::Instant::now);
-        let outputs = entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect();
+        let outputs = entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect::<Result<_, _>>().map_err(RunError::Memory)?;
         if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
             profile.add("output", None, started.elapsed().as_secs_f64());
         }
@@ -339,7 +348,7 @@ pub struct Machine {
 trait Run {
     fn model(&self) -> &Model;
     fn backend(&self) -> &'static str;
-    fn reset(&mut self);
+    fn reset(&mut self) -> Result<(), RunError>;
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError>;
     fn profile(&mut self) -> &mut Option<Profile>;
 }
@@ -351,7 +360,7 @@ impl<B: Backend + 'static> Run for Executor<B> {
     fn backend(&self) -> &'static str {
         self.backend.name()
     }
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<(), RunError> {
         Executor::reset(self)
     }
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
@@ -378,7 +387,7 @@ impl Machine {
     }
 
     /// Zeroes every state, as at load.
-    pub fn reset(&mut self) {
+    pub fn reset(&mut self) -> Result<(), RunError> {
         self.run.reset()
     }
 

@@ -5,13 +5,12 @@
 //! results are held to the interpreter by the contract's tolerances.
 //! Intrinsics run on the reference kernels, as the interpreter runs them.
 
-use super::{node_kernel, Fault, Form, Kernel};
+use super::{Form, Kernel};
 use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Intrinsic, Model};
-use crate::numerics::{bf16_bits, bf16_value};
-use crate::sema::ty::Dtype;
-use crate::tensor::{Data, Tensor};
+use super::layout::{loaded, stored};
+use crate::tensor::Tensor;
 use melior::ExecutionEngine;
 
 /// MLIR's lowering of the kernels for the host (math functions as LLVM
@@ -48,43 +47,10 @@ impl Descriptor {
     }
 }
 
-/// A value as its kernel stores it: little-endian elements of its dtype
-/// (bf16 and f16 as bits, bool as one byte).
-fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, NodeError> {
-    let widened = tensor.widened();
-    Ok(match (&widened.data, dtype) {
-        (Data::F32(values), Dtype::F32) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        (Data::F32(values), Dtype::Bf16) => values.iter().flat_map(|v| bf16_bits(*v).to_le_bytes()).collect(),
-        (Data::I64(values), Dtype::I32) => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
-        (Data::I64(values), Dtype::I64) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        (Data::Bool(values), Dtype::Bool) => values.iter().map(|v| u8::from(*v)).collect(),
-        _ => return Err(NodeError::Check(format!("the host MLIR path does not hold {} values", dtype.name()))),
-    })
-}
-
-/// A kernel's output as a host tensor (floats held as f32).
-fn loaded(bytes: &[u8], dtype: Dtype, shape: Vec<usize>) -> Tensor {
-    match dtype {
-        Dtype::F32 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>().into()) },
-        Dtype::Bf16 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(2).map(|c| bf16_value(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<f32>>().into()) },
-        Dtype::I32 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()),
-        Dtype::I64 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
-        Dtype::Bool => Tensor { dtype, shape, data: Data::Bool(bytes.iter().map(|b| *b != 0).collect()) },
-        Dtype::F16 => unreachable!("an f16 node is refused when its entry is compiled"),
-    }
-}
-
 fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
     let entry = &model.entries[entry_number];
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
-    let mut kernels = Vec::with_capacity(entry.nodes.len());
-    for (at, node) in entry.nodes.iter().enumerate() {
-        let kernel = node_kernel(entry, at, Form::Host).transpose().map_err(|why| failed(Some(at), why.0))?;
-        if kernel.is_some() && matches!(node.dtype, Dtype::F16) {
-            return Err(failed(Some(at), "f16 values are not held on the host MLIR path".into()));
-        }
-        kernels.push(kernel);
-    }
+    let kernels = super::entry_kernels(entry, Form::Host, "mlir-host")?;
     let text: Vec<&str> = kernels.iter().flatten().map(|kernel| kernel.text.as_str()).collect();
     let module = format!("module {{\n{}}}\n", text.join("\n"));
     // The engine holds the code it compiled; the module may go.
@@ -116,7 +82,7 @@ impl Backend for MlirHost {
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
         let faults = self.invoke(&site, &mut out, &args)?;
-        if let Some(message) = fault_message(faults, None) {
+        if let Some(message) = super::fault_message(faults, None, 0) {
             return Err(NodeError::Check(message));
         }
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
@@ -126,7 +92,7 @@ impl Backend for MlirHost {
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
         let faults = self.invoke(&site, &mut out, args)?;
-        if let Some(message) = fault_message(faults, Some((intrinsic, args))) {
+        if let Some(message) = super::fault_message(faults, Some(intrinsic), args[0].shape[0]) {
             return Err(NodeError::Check(message));
         }
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
@@ -134,9 +100,9 @@ impl Backend for MlirHost {
 
     fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
         let dtype = site.entry.nodes[site.at].dtype;
-        let mut cells = stored(cache, dtype)?;
+        let mut cells = stored(cache, dtype).map_err(NodeError::Check)?;
         let faults = self.invoke(&site, &mut cells, args)?;
-        if let Some(message) = fault_message(faults, Some((intrinsic, args))) {
+        if let Some(message) = super::fault_message(faults, Some(intrinsic), args[0].shape[0]) {
             return Err(NodeError::Check(message));
         }
         *cache = loaded(&cells, dtype, cache.shape.clone());
@@ -158,7 +124,7 @@ impl MlirHost {
             .loads
             .iter()
             .zip(args)
-            .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())))
+            .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check))
             .collect::<Result<Vec<_>, _>>()?;
         let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
         let mut error = [0u8; 32];
@@ -176,23 +142,4 @@ impl MlirHost {
         unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
         Ok(std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes"))))
     }
-}
-
-/// The message for the faults a kernel raised, if any: an intrinsic's as
-/// the reference words it (`crate::intrinsics`).
-fn fault_message(faults: [i64; 4], intrinsic: Option<(Intrinsic, &[&Tensor])>) -> Option<String> {
-    let raised = |fault: Fault| faults[fault as usize] != 0;
-    if raised(Fault::PositionOutsideAxis) {
-        return Some("a position outside its axis".into());
-    }
-    let (intrinsic, args) = intrinsic?;
-    let name = intrinsic.name();
-    if raised(Fault::OutsideCache) {
-        let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
-        return Some(format!("{name}: {what} outside the cache"));
-    }
-    if raised(Fault::RequestOutsideX) {
-        return Some(format!("{name}: position {} is outside 0..{}", faults[3], args[0].shape[0]));
-    }
-    None
 }

@@ -1,22 +1,35 @@
-//! The NVPTX target (`linnetc build --target nvptx`): every `Compute` node
-//! of every entry as an MLIR kernel (`kernel`), every intrinsic (attention,
-//! the delta rule, cache writes) as one too (`intrinsic`), both written
-//! with `emit`; lowered by MLIR's passes through melior to PTX
-//! (`pipeline`), or for the host and run there (`host`, the numerics check
-//! without a GPU). A node with no kernel (a shape the kernels do not take)
-//! is refused by name, never half built.
+//! The GPU target. Every `Compute` node of every entry is an MLIR kernel
+//! (`kernel`), every intrinsic (attention, the delta rule, cache writes)
+//! one too (`intrinsic`), both written with `emit`. With the `nvptx`
+//! feature, MLIR (through melior) lowers them to PTX (`pipeline`, for
+//! `linnetc build --target nvptx`) or for the host, where they run
+//! (`host`, the numerics check without a GPU). The PTX and how to launch
+//! each kernel are written beside an artifact's CPU code (`ptx_set`); with
+//! the `cuda` feature, the CUDA driver runs them (`cuda`). A node with no
+//! kernel (a shape the kernels do not take) is refused by name, never half
+//! built.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod emit;
+#[cfg(feature = "nvptx")]
 pub mod host;
 mod intrinsic;
 mod kernel;
+#[cfg(any(feature = "nvptx", feature = "cuda"))]
+mod layout;
+#[cfg(feature = "nvptx")]
 mod pipeline;
+mod ptx_set;
 
+#[cfg(feature = "nvptx")]
 use crate::exec::BuildError;
-use crate::ir::{Entry, Model, NodeKind};
-use std::path::Path;
+use crate::ir::{Entry, NodeKind};
+#[cfg(feature = "nvptx")]
+use crate::ir::Model;
 
 pub use emit::{Fault, Form, Kernel, Unsupported, THREADS};
+pub use ptx_set::{Launch, PtxSet};
 
 /// The kernel of node `at` of `entry`, if it is a `Compute` node or an
 /// intrinsic (other nodes move values and need none).
@@ -28,8 +41,36 @@ pub fn node_kernel(entry: &Entry, at: usize, form: Form) -> Option<Result<Kernel
     }
 }
 
+/// Where libdevice (`libdevice.10.bc`, linked for the math functions) is:
+/// `$LINNET_LIBDEVICE`, else where `scripts/install-gpu-tools.sh` puts it
+/// (under `$LINNET_CUDA_HOME`, default `/opt/linnet-cuda`).
+pub fn default_libdevice() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("LINNET_LIBDEVICE") {
+        return path.into();
+    }
+    let home = std::env::var_os("LINNET_CUDA_HOME").unwrap_or_else(|| "/opt/linnet-cuda".into());
+    std::path::Path::new(&home).join("nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc")
+}
+
+/// Every node's kernel in `entry` (`None` for nodes that need none), for
+/// backend `backend` to run: a node with no kernel, or of a type the
+/// kernels' buffers do not hold (f16), is an error.
+#[cfg(feature = "nvptx")]
+fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec<Option<Kernel>>, BuildError> {
+    let mut kernels = Vec::with_capacity(entry.nodes.len());
+    for (at, node) in entry.nodes.iter().enumerate() {
+        let kernel = node_kernel(entry, at, form).transpose().map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?;
+        if kernel.is_some() && node.dtype == crate::sema::ty::Dtype::F16 {
+            return Err(BuildError::new(backend, entry, Some(at), "f16 values are not held by the GPU kernels' buffers".into()));
+        }
+        kernels.push(kernel);
+    }
+    Ok(kernels)
+}
+
 /// One entry's kernels and the PTX MLIR made of them (one module).
-pub struct EntryPtx {
+#[cfg(feature = "nvptx")]
+pub struct BuiltEntry {
     pub entry: String,
     pub kernels: Vec<Kernel>,
     pub ptx: String,
@@ -37,15 +78,17 @@ pub struct EntryPtx {
 
 /// What the target made of a model: PTX for every entry's kernels, and
 /// the nodes it has no kernel for (the model runs only when there are none).
+#[cfg(feature = "nvptx")]
 pub struct Built {
-    pub entries: Vec<EntryPtx>,
+    pub entries: Vec<BuiltEntry>,
     pub missing: Vec<BuildError>,
 }
 
 /// Every entry of `model` as PTX for `arch` (`sm_90`), linking
 /// `libdevice` for the math functions when given. An error is MLIR's
 /// failure to lower kernels it was given (a compiler bug).
-pub fn build(model: &Model, arch: &str, libdevice: Option<&Path>) -> Result<Built, BuildError> {
+#[cfg(feature = "nvptx")]
+pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> Result<Built, BuildError> {
     let mut built = Built { entries: Vec::new(), missing: Vec::new() };
     for entry in &model.entries {
         let mut kernels = Vec::new();
@@ -66,56 +109,29 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&Path>) -> Result<Buil
             return Err(BuildError::new("nvptx", entry, None, format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len())));
         }
         let ptx = ptx.remove(0);
-        built.entries.push(EntryPtx { entry: entry.name.clone(), kernels, ptx });
+        built.entries.push(BuiltEntry { entry: entry.name.clone(), kernels, ptx });
     }
     Ok(built)
 }
 
-/// How the runtime launches one kernel, as `kernels.json` lists it: the
-/// kernel's PTX entry (in `ENTRY.ptx`), the node it computes (its
-/// output; for a cache write, the cache it changes in place), the values
-/// it reads, the dims table it is given, and its work: one thread per
-/// item, [`THREADS`] to a block, as many items as the product of `work`.
-/// Every buffer is passed as a memref descriptor (`pipeline`).
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct Launch {
-    pub name: String,
-    pub node: usize,
-    pub loads: Vec<usize>,
-    pub dims: Vec<crate::sema::dim::Dim>,
-    pub work: Vec<crate::sema::dim::Dim>,
-    pub threads: u32,
-}
-
-impl Built {
-    /// Writes each entry's PTX as `dir/ENTRY.ptx` and the launches of
-    /// every kernel as `dir/kernels.json` (entry name to its launches);
-    /// the bytes of PTX written.
-    pub fn write(&self, dir: &Path) -> Result<usize, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let mut written = 0;
-        let mut launches = serde_json::Map::new();
-        for entry in &self.entries {
-            let path = dir.join(format!("{}.ptx", entry.entry));
-            std::fs::write(&path, &entry.ptx).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            written += entry.ptx.len();
-            let launch: Vec<Launch> = entry
-                .kernels
-                .iter()
-                .map(|kernel| Launch {
-                    name: kernel.name.clone(),
-                    node: kernel.node,
-                    loads: kernel.loads.iter().map(|value| value.index()).collect(),
-                    dims: kernel.dims.clone(),
-                    work: kernel.work.clone(),
-                    threads: THREADS,
-                })
-                .collect();
-            launches.insert(entry.entry.clone(), serde_json::to_value(launch).expect("launches serialize"));
-        }
-        let path = dir.join("kernels.json");
-        let text = serde_json::to_string_pretty(&launches).expect("launches serialize");
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok(written)
+/// The message for the faults a kernel raised, if any: an intrinsic's as
+/// the reference words it (`crate::intrinsics`); `requests`, the rows of a
+/// `write_slots`' `x`.
+#[cfg(any(feature = "nvptx", feature = "cuda"))]
+fn fault_message(faults: [i64; 4], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<String> {
+    use crate::ir::Intrinsic;
+    let raised = |fault: Fault| faults[fault as usize] != 0;
+    if raised(Fault::PositionOutsideAxis) {
+        return Some("a position outside its axis".into());
     }
+    let intrinsic = intrinsic?;
+    let name = intrinsic.name();
+    if raised(Fault::OutsideCache) {
+        let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
+        return Some(format!("{name}: {what} outside the cache"));
+    }
+    if raised(Fault::RequestOutsideX) {
+        return Some(format!("{name}: position {} is outside 0..{requests}", faults[3]));
+    }
+    None
 }

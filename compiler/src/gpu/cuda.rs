@@ -1,0 +1,227 @@
+//! The CUDA backend: a model's PTX set (`ptx_set`, built before, here or
+//! elsewhere), loaded into the device through the CUDA driver (cudarc,
+//! loaded when the backend starts: a binary built with it runs on machines
+//! without CUDA and says so), and run on one stream. Parameters are uploaded once, in their dtype; states,
+//! caches and every value an entry computes stay in device memory; only
+//! inputs go in and outputs come back. Each launch is one thread per work
+//! item, as many to a block as the launch says, every buffer passed as its memref
+//! descriptor (`pipeline`), with the dims table of the call (uploaded once
+//! per dims) and a faults table, read back after each kernel that can
+//! raise one, so a fault is reported at its node.
+
+use super::layout::{loaded, stored};
+use super::{Launch, PtxSet};
+use crate::exec::{dim_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
+use crate::ir::analysis::Analysis;
+use crate::ir::{Intrinsic, Model};
+use crate::sema::ty::Dtype;
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A value in device memory: its stored bytes, its type and shape.
+pub struct DeviceBuffer {
+    bytes: CudaSlice<u8>,
+    dtype: Dtype,
+    shape: Vec<usize>,
+}
+
+impl DeviceBuffer {
+    fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One entry's kernels, loaded: per node, its launch and function.
+struct Loaded {
+    kernels: Vec<Option<(Launch, CudaFunction)>>,
+}
+
+/// The backend: a context on one device, its stream, the loaded kernels.
+pub struct Cuda {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// The device's architecture, `sm_90`.
+    arch: String,
+    /// The PTX it runs, until `prepare` loads it.
+    set: Option<PtxSet>,
+    entries: Vec<Loaded>,
+    /// Dims tables already on the device, by their contents.
+    dims: HashMap<Vec<i64>, CudaSlice<i64>>,
+    faults: CudaSlice<i64>,
+}
+
+/// A driver error as text.
+fn driver(what: &str, error: cudarc::driver::DriverError) -> String {
+    format!("{what}: {error:?}")
+}
+
+impl Cuda {
+    /// The first device, through the CUDA driver; without a driver or a
+    /// device, the reason.
+    pub fn open() -> Result<Cuda, String> {
+        // SAFETY: only probes for the driver library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("no CUDA driver on this machine (libcuda was not found): the cuda backend needs an NVIDIA GPU and its driver".into());
+        }
+        let context = CudaContext::new(0).map_err(|e| driver("no CUDA device could be opened", e))?;
+        let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
+        let stream = context.default_stream();
+        let faults = stream.alloc_zeros::<i64>(4).map_err(|e| driver("device memory for the faults table", e))?;
+        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults })
+    }
+
+    /// The device's architecture, `sm_90`: what its PTX is built for.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The backend running `set` (checked against the model when it is
+    /// readied).
+    pub fn running(self, set: PtxSet) -> Cuda {
+        Cuda { set: Some(set), ..self }
+    }
+
+    /// The device, in words: `NVIDIA H200 (sm_90, 139.8 GiB)`.
+    pub fn device(&self) -> String {
+        let name = self.context.name().unwrap_or_else(|_| "an unnamed device".into());
+        let memory = self.context.total_mem().map(|bytes| format!(", {:.1} GiB", bytes as f64 / (1u64 << 30) as f64)).unwrap_or_default();
+        format!("{name} ({}{memory})", self.arch)
+    }
+
+    fn allocate(&self, dtype: Dtype, shape: &[usize]) -> Result<DeviceBuffer, MemoryError> {
+        let bytes = shape.iter().product::<usize>() * dtype.bytes();
+        // At least one byte: a zero-sized value still has an address.
+        let slice = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| MemoryError(driver(&format!("device memory for {bytes} bytes"), e)))?;
+        Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec() })
+    }
+
+    fn kernel(&self, site: &Site<'_>) -> &(Launch, CudaFunction) {
+        self.entries[site.entry_number].kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
+    }
+
+    /// Launches the site's kernel writing `out` from `args` (its loads'
+    /// values, in order); then reads the faults it may have raised.
+    fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
+        let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
+        let (items, dims): (i64, Vec<i64>) = {
+            let (kernel, _) = self.kernel(site);
+            (kernel.work.iter().map(bound).product(), kernel.dims.iter().map(bound).collect())
+        };
+        if items == 0 {
+            return Ok(());
+        }
+        let threads = self.kernel(site).0.threads;
+        let blocks = u32::try_from((items + i64::from(threads) - 1) / i64::from(threads))
+            .map_err(|_| NodeError::Check(format!("{items} work items are more than one launch holds")))?;
+        if !self.dims.contains_key(&dims) {
+            // At least one element: an empty table still has an address.
+            let values = if dims.is_empty() { vec![0] } else { dims.clone() };
+            let table = self.stream.clone_htod(&values).map_err(|e| NodeError::Check(driver("uploading a dims table", e)))?;
+            self.dims.insert(dims.clone(), table);
+        }
+        let (kernel, function) = self.kernel(site);
+        // Each memref's descriptor after its two pointers (allocated and
+        // aligned, the same): offset 0, size, stride 1.
+        let descriptor = |elements: usize| [0, elements as i64, 1];
+        let mut sizes = vec![descriptor(out.elements())];
+        sizes.extend(args.iter().map(|arg| descriptor(arg.elements())));
+        sizes.push(descriptor(dims.len()));
+        sizes.push(descriptor(4));
+        let buffers: Vec<&CudaSlice<u8>> = std::iter::once(&out.bytes).chain(args.iter().map(|arg| &arg.bytes)).collect();
+        let table = &self.dims[&dims];
+        let mut launch = self.stream.launch_builder(function);
+        for (buffer, size) in buffers.iter().zip(&sizes) {
+            launch.arg(*buffer).arg(*buffer).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+        }
+        let size = &sizes[buffers.len()];
+        launch.arg(table).arg(table).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+        let size = &sizes[buffers.len() + 1];
+        launch.arg(&self.faults).arg(&self.faults).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel's parameters are these descriptors, in this
+        // order (`emit`'s convention as `pipeline` lowers it), each
+        // pointing at a live device buffer of its size.
+        unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
+        let name = kernel.name.clone();
+        let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
+        let faults: [i64; 4] = faults.try_into().expect("four faults");
+        if faults != [0; 4] {
+            self.stream.memset_zeros(&mut self.faults).map_err(|e| NodeError::Check(driver("clearing the faults table", e)))?;
+            let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
+            return Err(NodeError::Check(super::fault_message(faults, intrinsic, requests).unwrap_or_else(|| format!("`{name}` raised {faults:?}"))));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Cuda {
+    type Buffer = DeviceBuffer;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn prepare(&mut self, model: &Model, _: &[Analysis]) -> Result<(), BuildError> {
+        let whole = |message: String| BuildError { backend: "cuda", entry: model.name.clone(), node: None, source: None, message };
+        let set = self.set.take().ok_or_else(|| whole("no PTX to run: the backend was given none".into()))?;
+        set.check(model, &self.arch).map_err(whole)?;
+        let mut by_name = set.entries;
+        self.entries = Vec::with_capacity(model.entries.len());
+        for entry in &model.entries {
+            let mut kernels: Vec<Option<(Launch, CudaFunction)>> = (0..entry.nodes.len()).map(|_| None).collect();
+            if let Some(ptx) = by_name.remove(&entry.name) {
+                let failed = |what: String| BuildError::new("cuda", entry, None, what);
+                let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx)).map_err(|e| failed(driver("the driver refused the entry's PTX", e)))?;
+                for launch in ptx.launches {
+                    let function = module.load_function(&launch.name).map_err(|e| failed(driver(&format!("no `{}` in the loaded PTX", launch.name), e)))?;
+                    let node = launch.node;
+                    kernels[node] = Some((launch, function));
+                }
+            }
+            self.entries.push(Loaded { kernels });
+        }
+        Ok(())
+    }
+
+    fn upload(&mut self, tensor: Tensor) -> Result<DeviceBuffer, MemoryError> {
+        let bytes = stored(&tensor, tensor.dtype).map_err(MemoryError)?;
+        let slice = self.stream.clone_htod(&if bytes.is_empty() { vec![0] } else { bytes }).map_err(|e| MemoryError(driver("uploading to the device", e)))?;
+        Ok(DeviceBuffer { bytes: slice, dtype: tensor.dtype, shape: tensor.shape })
+    }
+
+    fn download(&mut self, buffer: &DeviceBuffer) -> Result<Tensor, MemoryError> {
+        let mut bytes = self.stream.clone_dtoh(&buffer.bytes).map_err(|e| MemoryError(driver("reading from the device", e)))?;
+        bytes.truncate(buffer.elements() * buffer.dtype.bytes());
+        Ok(loaded(&bytes, buffer.dtype, buffer.shape.clone()))
+    }
+
+    fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Result<DeviceBuffer, MemoryError> {
+        self.allocate(dtype, shape)
+    }
+
+    fn copy(&mut self, buffer: &DeviceBuffer) -> Result<DeviceBuffer, MemoryError> {
+        let mut copy = self.allocate(buffer.dtype, &buffer.shape)?;
+        self.stream.memcpy_dtod(&buffer.bytes, &mut copy.bytes).map_err(|e| MemoryError(driver("copying on the device", e)))?;
+        Ok(copy)
+    }
+
+    fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
+        let out = self.allocate(site.entry.nodes[site.at].dtype, site.shape).map_err(|e| NodeError::Check(e.0))?;
+        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernel(&site).0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
+        let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
+        self.launch(&site, &out, &args, None)?;
+        Ok(out)
+    }
+
+    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&DeviceBuffer]) -> Result<DeviceBuffer, NodeError> {
+        let out = self.allocate(site.entry.nodes[site.at].dtype, site.shape).map_err(|e| NodeError::Check(e.0))?;
+        self.launch(&site, &out, args, Some(intrinsic))?;
+        Ok(out)
+    }
+
+    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
+        self.launch(&site, cache, args, Some(intrinsic))
+    }
+}

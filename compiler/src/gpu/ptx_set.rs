@@ -1,0 +1,150 @@
+//! A model's PTX and how to launch each kernel: what `linnetc build
+//! --target nvptx` writes into an artifact's `ptx/` folder (each entry's
+//! `ENTRY.ptx`, and `launches.json`) and what the CUDA backend reads, so a
+//! machine that runs the model needs no MLIR. The launches name the model
+//! they were built from by a fingerprint of its IR and the architecture
+//! they were built for: PTX of another build is refused, never run.
+
+use crate::ir::{Model, NodeKind};
+use crate::sema::dim::Dim;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// How one kernel is launched: its PTX entry point, the node it computes
+/// (its output; for a cache write, the cache it changes in place), the
+/// values it reads, the dims table it is given, and its work: one thread
+/// per item, `threads` to a block, as many items as the product of `work`.
+/// Every buffer is passed as a memref descriptor (`pipeline`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Launch {
+    pub name: String,
+    pub node: usize,
+    pub loads: Vec<usize>,
+    pub dims: Vec<Dim>,
+    pub work: Vec<Dim>,
+    pub threads: u32,
+}
+
+/// One entry's PTX module and its launches, in node order.
+#[derive(Clone, Debug)]
+pub struct EntryPtx {
+    pub ptx: String,
+    pub launches: Vec<Launch>,
+}
+
+/// A model's PTX, by entry name.
+#[derive(Clone, Debug)]
+pub struct PtxSet {
+    pub model: String,
+    pub fingerprint: String,
+    pub arch: String,
+    pub entries: BTreeMap<String, EntryPtx>,
+}
+
+/// `launches.json`: everything but the PTX texts.
+#[derive(Serialize, Deserialize)]
+struct Launches {
+    model: String,
+    fingerprint: String,
+    arch: String,
+    entries: BTreeMap<String, Vec<Launch>>,
+}
+
+/// A hash of `model`'s IR: two builds with the same fingerprint have the
+/// same nodes, shapes and types.
+pub fn fingerprint(model: &Model) -> String {
+    let text = serde_json::to_vec(model).expect("the IR serializes");
+    Sha256::digest(&text).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl PtxSet {
+    /// The set MLIR built for `model` (every entry with kernels).
+    #[cfg(feature = "nvptx")]
+    pub fn of(model: &Model, arch: &str, built: super::Built) -> PtxSet {
+        let entries = built
+            .entries
+            .into_iter()
+            .map(|entry| {
+                let launches = entry
+                    .kernels
+                    .iter()
+                    .map(|kernel| Launch {
+                        name: kernel.name.clone(),
+                        node: kernel.node,
+                        loads: kernel.loads.iter().map(|value| value.index()).collect(),
+                        dims: kernel.dims.clone(),
+                        work: kernel.work.clone(),
+                        threads: super::THREADS,
+                    })
+                    .collect();
+                (entry.entry, EntryPtx { ptx: entry.ptx, launches })
+            })
+            .collect();
+        PtxSet { model: model.name.clone(), fingerprint: fingerprint(model), arch: arch.to_string(), entries }
+    }
+
+    /// Writes the set into `dir` (created); the bytes of PTX written.
+    pub fn write(&self, dir: &Path) -> Result<usize, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut written = 0;
+        for (name, entry) in &self.entries {
+            let path = dir.join(format!("{name}.ptx"));
+            std::fs::write(&path, &entry.ptx).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            written += entry.ptx.len();
+        }
+        let launches = Launches {
+            model: self.model.clone(),
+            fingerprint: self.fingerprint.clone(),
+            arch: self.arch.clone(),
+            entries: self.entries.iter().map(|(name, entry)| (name.clone(), entry.launches.clone())).collect(),
+        };
+        let path = dir.join("launches.json");
+        std::fs::write(&path, serde_json::to_string(&launches).expect("launches serialize")).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(written)
+    }
+
+    /// Whether `dir` holds a set (its `launches.json`).
+    pub fn is_in(dir: &Path) -> bool {
+        dir.join("launches.json").is_file()
+    }
+
+    /// The set in `dir`.
+    pub fn read(dir: &Path) -> Result<PtxSet, String> {
+        let path = dir.join("launches.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let launches: Launches = serde_json::from_str(&text).map_err(|e| format!("{} is not a set of launches: {e}", path.display()))?;
+        let mut entries = BTreeMap::new();
+        for (name, launches) in launches.entries {
+            let path = dir.join(format!("{name}.ptx"));
+            let ptx = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            entries.insert(name, EntryPtx { ptx, launches });
+        }
+        Ok(PtxSet { model: launches.model, fingerprint: launches.fingerprint, arch: launches.arch, entries })
+    }
+
+    /// Whether the set was built from `model` for `arch`, and launches a
+    /// kernel for exactly the nodes that need one, each reading values
+    /// its entry has.
+    pub fn check(&self, model: &Model, arch: &str) -> Result<(), String> {
+        if self.fingerprint != fingerprint(model) {
+            return Err(format!("this PTX was built from another build of `{}` (its IR differs): build it again", self.model));
+        }
+        if self.arch != arch {
+            return Err(format!("this PTX was built for {}, not for this device's {arch}: build it with --gpu-arch {arch}", self.arch));
+        }
+        for entry in &model.entries {
+            let working: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..))).collect();
+            let launched: Vec<usize> = self.entries.get(&entry.name).map(|set| set.launches.iter().map(|launch| launch.node).collect()).unwrap_or_default();
+            if launched != working {
+                return Err(format!("the PTX of entry `{}` does not launch a kernel for each of its nodes", entry.name));
+            }
+            let reads_its_own = self.entries.get(&entry.name).is_none_or(|set| set.launches.iter().all(|launch| launch.loads.iter().all(|&load| load < launch.node)));
+            if !reads_its_own {
+                return Err(format!("a kernel of entry `{}` reads a value its node cannot", entry.name));
+            }
+        }
+        Ok(())
+    }
+}
