@@ -269,7 +269,8 @@ pub struct Artifact {
 }
 
 /// Reads the manifest and IR of the artifact in `dir`, refusing one that
-/// this runtime cannot run.
+/// this runtime cannot read (its CPU code is checked against the host
+/// when it is loaded: [`Artifact::kernels`]).
 pub fn read(dir: &Path) -> Result<Artifact, String> {
     let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {}: {e}", dir.join(name).display()));
     let manifest: Manifest = serde_json::from_slice(&read(MANIFEST)?).map_err(|e| format!("{}: not an artifact manifest: {e}", dir.join(MANIFEST).display()))?;
@@ -285,18 +286,20 @@ pub fn read(dir: &Path) -> Result<Artifact, String> {
     if manifest.clone().sealed()?.seal != manifest.seal {
         return Err(format!("{} was edited after it was written (its seal does not match): {rebuild}", dir.join(MANIFEST).display()));
     }
-    let host = native::host_target()?;
-    if manifest.target != host {
-        return Err(format!("the artifact was compiled for {}, and this host is {host}: {rebuild}", manifest.target));
-    }
     let model: Model = serde_json::from_slice(&manifest.checked_file(dir, IR)?).map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
     crate::ir::verify(&model).map_err(|e| format!("{}: the IR does not verify: {e}", dir.join(IR).display()))?;
     Ok(Artifact { manifest, model })
 }
 
 impl Artifact {
-    /// The native code of every entry, loaded from `kernels.o`.
+    /// The native code of every entry, loaded from `kernels.o`: code for
+    /// the host it was compiled on (its IR runs anywhere, on the other
+    /// backends).
     pub fn kernels(&self, dir: &Path) -> Result<HashMap<String, Compiled>, String> {
+        let host = native::host_target()?;
+        if self.manifest.target != host {
+            return Err(format!("the artifact's CPU code was compiled for {}, and this host is {host}: rebuild it with `linnetc build` ({})", self.manifest.target, dir.display()));
+        }
         let object = self.manifest.checked_file(dir, KERNELS)?;
         native::load_object(&object, &self.model, &self.manifest.kernels)
     }

@@ -32,27 +32,33 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     assert!(built.missing.is_empty(), "{}", built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
     assert_eq!(built.entries.len(), model.entries.len());
     ptxas_accepts(&built.entries);
-    // What the build writes: each entry's PTX and every kernel's launch.
+    // What the build writes: each entry's PTX and every kernel's launch,
+    // read back as the CUDA backend reads it.
     let dir = std::env::temp_dir().join(format!("linnet-mlp-ptx-{}", std::process::id()));
-    let written = built.write(&dir).unwrap();
-    assert_eq!(written, built.entries.iter().map(|entry| entry.ptx.len()).sum::<usize>());
-    let text = std::fs::read_to_string(dir.join("kernels.json")).unwrap();
-    let launches: std::collections::BTreeMap<String, Vec<linnet_compiler::gpu::Launch>> = serde_json::from_str(&text).unwrap();
+    let bytes: usize = built.entries.iter().map(|entry| entry.ptx.len()).sum();
+    let set = linnet_compiler::gpu::PtxSet::of(&model, "sm_90", built);
+    assert_eq!(set.write(&dir).unwrap(), bytes);
+    let read = linnet_compiler::gpu::PtxSet::read(&dir).unwrap();
+    read.check(&model, "sm_90").unwrap();
+    assert!(read.check(&model, "sm_80").unwrap_err().contains("built for sm_90"));
     for entry in &model.entries {
-        let ptx = std::fs::read_to_string(dir.join(format!("{}.ptx", entry.name))).unwrap();
         let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
-        let launched: Vec<usize> = launches[&entry.name].iter().map(|launch| launch.node).collect();
-        assert_eq!(launched, computes, "{}", entry.name);
-        for launch in &launches[&entry.name] {
-            assert!(ptx.contains(&format!(".entry {}(", launch.name)));
+        let launches = &read.entries[&entry.name].launches;
+        assert_eq!(launches.iter().map(|launch| launch.node).collect::<Vec<_>>(), computes, "{}", entry.name);
+        for launch in launches {
+            assert!(read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)));
             assert_eq!(launch.work, entry.nodes[launch.node].shape, "a Compute node's work is its elements");
         }
     }
+    // The PTX of another build of the model is refused.
+    let (mut other, _) = lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
+    other.entries.pop();
+    assert!(read.check(&other, "sm_90").unwrap_err().contains("another build"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `ptxas -arch=sm_90` accepts every PTX text.
-fn ptxas_accepts(entries: &[linnet_compiler::gpu::EntryPtx]) {
+fn ptxas_accepts(entries: &[linnet_compiler::gpu::BuiltEntry]) {
     let scratch = std::env::temp_dir().join(format!("linnet-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
     for entry in entries {

@@ -5,7 +5,10 @@
 //! near zero.
 
 use crate::sampling::Rng;
-use linnet_compiler::tensor::Tensor;
+use rayon::prelude::*;
+use linnet_compiler::numerics::bf16_bits;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_compiler::tensor::{Data, Tensor};
 use linnet_compiler::ir::{Model, Param};
 
 /// One parameter's values, from its own stream of the seed.
@@ -19,11 +22,31 @@ pub fn values(param: &Param, seed: u64, index: usize) -> Vec<f32> {
     (0..count).map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32).collect()
 }
 
+/// One parameter's draw: bf16 ones as their bits.
+enum Drawn {
+    Floats(Vec<f32>),
+    Bits(Vec<u16>),
+}
+
+/// Every parameter of `model`, drawn in parallel, bf16 ones held as their
+/// bits (as a checkpoint's are: a full-size model's draw fits in memory).
 pub fn params(model: &Model, seed: u64) -> Vec<Tensor> {
+    let drawn: Vec<Drawn> = model
+        .params
+        .par_iter()
+        .enumerate()
+        .map(|(index, param)| {
+            let values = values(param, seed, index);
+            if param.dtype == Dtype::Bf16 { Drawn::Bits(values.iter().map(|v| bf16_bits(*v)).collect()) } else { Drawn::Floats(values) }
+        })
+        .collect();
     model
         .params
         .iter()
-        .enumerate()
-        .map(|(index, param)| Tensor::from_f32(param.dtype, param.shape.clone(), values(param, seed, index)))
+        .zip(drawn)
+        .map(|(param, drawn)| match drawn {
+            Drawn::Floats(values) => Tensor::from_f32(param.dtype, param.shape.clone(), values),
+            Drawn::Bits(bits) => Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) },
+        })
         .collect()
 }

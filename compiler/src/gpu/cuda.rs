@@ -1,13 +1,15 @@
 //! The CUDA backend: a model's PTX set (`ptx_set`, built before, here or
 //! elsewhere), loaded into the device through the CUDA driver (cudarc,
 //! loaded when the backend starts: a binary built with it runs on machines
-//! without CUDA and says so), and run on one stream. Parameters are uploaded once, in their dtype; states,
-//! caches and every value an entry computes stay in device memory; only
-//! inputs go in and outputs come back. Each launch is one thread per work
-//! item, as many to a block as the launch says, every buffer passed as its memref
-//! descriptor (`pipeline`), with the dims table of the call (uploaded once
-//! per dims) and a faults table, read back after each kernel that can
-//! raise one, so a fault is reported at its node.
+//! without CUDA and says so), and run on one stream. Parameters are
+//! uploaded once, in their dtype; states, caches and every value an entry
+//! computes stay in device memory; only inputs go in and outputs come
+//! back. Each launch is one thread per work item, as many to a block as
+//! the launch says, every buffer passed as its memref descriptor
+//! (`pipeline`), with the dims table of the call (uploaded once per dims)
+//! and a faults table, read back after each kernel that can raise one, so
+//! a fault is reported at its node. An entry's PTX is loaded (compiled by
+//! the driver) when the entry is first called.
 
 use super::layout::{loaded, stored};
 use super::{Launch, PtxSet};
@@ -33,9 +35,12 @@ impl DeviceBuffer {
     }
 }
 
-/// One entry's kernels, loaded: per node, its launch and function.
-struct Loaded {
-    kernels: Vec<Option<(Launch, CudaFunction)>>,
+/// One entry's kernels: its PTX until the entry is first called (the
+/// driver compiles PTX as it loads it: only entries that run pay), then
+/// per node its launch and function.
+enum EntryKernels {
+    Pending(super::ptx_set::EntryPtx),
+    Loaded(Vec<Option<(Launch, CudaFunction)>>),
 }
 
 /// The backend: a context on one device, its stream, the loaded kernels.
@@ -44,9 +49,9 @@ pub struct Cuda {
     stream: Arc<CudaStream>,
     /// The device's architecture, `sm_90`.
     arch: String,
-    /// The PTX it runs, until `prepare` loads it.
+    /// The PTX it runs, until `prepare` takes it.
     set: Option<PtxSet>,
-    entries: Vec<Loaded>,
+    entries: Vec<EntryKernels>,
     /// Dims tables already on the device, by their contents.
     dims: HashMap<Vec<i64>, CudaSlice<i64>>,
     faults: CudaSlice<i64>,
@@ -97,13 +102,29 @@ impl Cuda {
         Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec() })
     }
 
+    /// Loads the PTX of `site`'s entry, if it is not yet.
+    fn load(&mut self, site: &Site<'_>) -> Result<(), NodeError> {
+        let EntryKernels::Pending(ptx) = &self.entries[site.entry_number] else { return Ok(()) };
+        let failed = |what: &str, e| NodeError::Check(driver(&format!("{what} of entry `{}`", site.entry.name), e));
+        let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone())).map_err(|e| failed("the driver refused the PTX", e))?;
+        let mut kernels: Vec<Option<(Launch, CudaFunction)>> = (0..site.entry.nodes.len()).map(|_| None).collect();
+        for launch in &ptx.launches {
+            let function = module.load_function(&launch.name).map_err(|e| failed(&format!("no `{}` in the PTX", launch.name), e))?;
+            kernels[launch.node] = Some((launch.clone(), function));
+        }
+        self.entries[site.entry_number] = EntryKernels::Loaded(kernels);
+        Ok(())
+    }
+
     fn kernel(&self, site: &Site<'_>) -> &(Launch, CudaFunction) {
-        self.entries[site.entry_number].kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
+        let EntryKernels::Loaded(kernels) = &self.entries[site.entry_number] else { panic!("an entry's PTX is loaded before its kernels run") };
+        kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
     }
 
     /// Launches the site's kernel writing `out` from `args` (its loads'
     /// values, in order); then reads the faults it may have raised.
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
+        self.load(site)?;
         let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
         let (items, dims): (i64, Vec<i64>) = {
             let (kernel, _) = self.kernel(site);
@@ -144,6 +165,9 @@ impl Cuda {
         // order (`emit`'s convention as `pipeline` lowers it), each
         // pointing at a live device buffer of its size.
         unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
+        if !kernel.faults {
+            return Ok(());
+        }
         let name = kernel.name.clone();
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
         let faults: [i64; 4] = faults.try_into().expect("four faults");
@@ -168,20 +192,15 @@ impl Backend for Cuda {
         let set = self.set.take().ok_or_else(|| whole("no PTX to run: the backend was given none".into()))?;
         set.check(model, &self.arch).map_err(whole)?;
         let mut by_name = set.entries;
-        self.entries = Vec::with_capacity(model.entries.len());
-        for entry in &model.entries {
-            let mut kernels: Vec<Option<(Launch, CudaFunction)>> = (0..entry.nodes.len()).map(|_| None).collect();
-            if let Some(ptx) = by_name.remove(&entry.name) {
-                let failed = |what: String| BuildError::new("cuda", entry, None, what);
-                let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx)).map_err(|e| failed(driver("the driver refused the entry's PTX", e)))?;
-                for launch in ptx.launches {
-                    let function = module.load_function(&launch.name).map_err(|e| failed(driver(&format!("no `{}` in the loaded PTX", launch.name), e)))?;
-                    let node = launch.node;
-                    kernels[node] = Some((launch, function));
-                }
-            }
-            self.entries.push(Loaded { kernels });
-        }
+        self.entries = model
+            .entries
+            .iter()
+            .map(|entry| match by_name.remove(&entry.name) {
+                Some(ptx) => EntryKernels::Pending(ptx),
+                // An entry of no kernels (`check` made sure it needs none).
+                None => EntryKernels::Loaded(Vec::new()),
+            })
+            .collect();
         Ok(())
     }
 
@@ -208,6 +227,7 @@ impl Backend for Cuda {
     }
 
     fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
+        self.load(&site)?;
         let out = self.allocate(site.entry.nodes[site.at].dtype, site.shape).map_err(|e| NodeError::Check(e.0))?;
         let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernel(&site).0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();

@@ -34,6 +34,8 @@ pub struct Kernel {
     pub dims: Vec<Dim>,
     /// The work items: as many as the product of these dims.
     pub work: Vec<Dim>,
+    /// Whether it can raise a fault (else its faults table is not read).
+    pub faults: bool,
 }
 
 /// Where a kernel runs: the same body, wrapped for MLIR's host lowering or
@@ -96,11 +98,14 @@ pub struct Emitter<'e> {
     /// The SSA names (of type `index`) of the node's axes and of the
     /// reduction indices in scope, by index number (`Compute` nodes).
     pub indices: HashMap<u32, String>,
+    /// The dim each of those indices runs over.
+    pub extents: HashMap<u32, Dim>,
+    faults: bool,
 }
 
 impl<'e> Emitter<'e> {
     pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
-        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new() }
+        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false }
     }
 
     pub fn fresh(&mut self) -> String {
@@ -247,6 +252,7 @@ impl<'e> Emitter<'e> {
 
     /// Sets `fault`'s slot of the faults table.
     pub fn fault(&mut self, fault: Fault) {
+        self.faults = true;
         let (flag, slot) = (self.op("arith.constant 1 : i64".into()), self.index_constant(fault as i64));
         self.line(format!("memref.store {flag}, %error[{slot}] : memref<4xi64>"));
     }
@@ -352,6 +358,6 @@ impl<'e> Emitter<'e> {
                 self.body
             ),
         };
-        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work }
+        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, faults: self.faults }
     }
 }

@@ -2,7 +2,8 @@
 //! convention): an `scf.parallel` over the node's elements (flattened),
 //! its scalar expression in `arith`, `math`, `scf` and `memref`
 //! operations. A position outside its axis reads element 0 and raises
-//! [`Fault::PositionOutsideAxis`]. Floats are computed in f32 (the
+//! [`Fault::PositionOutsideAxis`]; a position that is an index over the
+//! axis's own dim is inside it and is not checked. Floats are computed in f32 (the
 //! contract allows f32 accumulation), rounded to bf16 or f16 where a value
 //! of that type is produced; integers in i64, wrapped to 32 bits where the
 //! type is `i32`, with the language's Euclidean division. The same body
@@ -192,28 +193,42 @@ impl Emitter<'_> {
         let dtype = node.dtype;
         let argument = self.argument(value);
         let mut flat = self.op("arith.constant 0 : i64".into());
-        let mut inside = self.op("arith.constant true".into());
+        let mut inside = None;
         for (position, size) in positions.iter().zip(&shape) {
+            // An index over the same dim as the axis is inside it: no check.
+            let proven = matches!(position, Scalar::Index(k, _) if self.extents.get(k) == Some(size));
             let position = self.scalar(position)?;
             let size = self.dim(size);
-            let zero = self.op("arith.constant 0 : i64".into());
-            let above = self.op(format!("arith.cmpi sge, {position}, {zero} : i64"));
-            let below = self.op(format!("arith.cmpi slt, {position}, {size} : i64"));
-            let here = self.op(format!("arith.andi {above}, {below} : i1"));
-            inside = self.op(format!("arith.andi {inside}, {here} : i1"));
+            if !proven {
+                let zero = self.op("arith.constant 0 : i64".into());
+                let above = self.op(format!("arith.cmpi sge, {position}, {zero} : i64"));
+                let below = self.op(format!("arith.cmpi slt, {position}, {size} : i64"));
+                let here = self.op(format!("arith.andi {above}, {below} : i1"));
+                inside = Some(match inside {
+                    Some(so_far) => self.op(format!("arith.andi {so_far}, {here} : i1")),
+                    None => here,
+                });
+            }
             let scaled = self.op(format!("arith.muli {flat}, {size} : i64"));
             flat = self.op(format!("arith.addi {scaled}, {position} : i64"));
         }
-        let zero = self.op("arith.constant 0 : i64".into());
-        let safe = self.op(format!("arith.select {inside}, {flat}, {zero} : i64"));
-        let outside = self.op("arith.constant true".into());
-        let outside = self.op(format!("arith.xori {inside}, {outside} : i1"));
-        self.when(&outside, |emitter| emitter.fault(Fault::PositionOutsideAxis));
+        let safe = match inside {
+            None => flat,
+            Some(inside) => {
+                let zero = self.op("arith.constant 0 : i64".into());
+                let safe = self.op(format!("arith.select {inside}, {flat}, {zero} : i64"));
+                let outside = self.op("arith.constant true".into());
+                let outside = self.op(format!("arith.xori {inside}, {outside} : i1"));
+                self.when(&outside, |emitter| emitter.fault(Fault::PositionOutsideAxis));
+                safe
+            }
+        };
         let at = self.op(format!("arith.index_cast {safe} : i64 to index"));
         Ok(self.load_element(&argument, &at, dtype))
     }
 
     fn reduce(&mut self, op: ReduceOp, index: u32, extent: &Dim, body: &Scalar, dtype: Dtype) -> Result<String, Unsupported> {
+        let extent_dim = extent.clone();
         let ty = register(dtype);
         let initial = match (op, ty) {
             (ReduceOp::Sum, "f32") => "arith.constant 0.0 : f32".to_string(),
@@ -233,6 +248,7 @@ impl Emitter<'_> {
         let (result, counter, accumulator) = (self.fresh(), self.fresh(), self.fresh());
         self.line(format!("{result} = scf.for {counter} = {zero} to {upper} step {one} iter_args({accumulator} = {initial}) -> ({ty}) {{"));
         self.indices.insert(index, counter);
+        self.extents.insert(index, extent_dim.clone());
         let value = self.scalar(body)?;
         let combined = match (op, ty) {
             (ReduceOp::Sum, "f32") => self.op(format!("arith.addf {accumulator}, {value} : f32")),
@@ -245,6 +261,7 @@ impl Emitter<'_> {
         self.line(format!("  scf.yield {combined} : {ty}"));
         self.line("}".into());
         self.indices.remove(&index);
+        self.extents.remove(&index);
         Ok(if ty == "f32" { self.rounded(result, dtype) } else { self.wrapped(result, dtype) })
     }
 }
@@ -288,6 +305,7 @@ pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupporte
             rest = emitter.op(format!("arith.divui {rest}, {size} : index"));
         }
         emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
+        emitter.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
         match emitter.scalar(scalar) {
             Ok(value) => emitter.store_element(value, "%out", element, node.dtype),
             Err(why) => failed = Some(why),

@@ -15,8 +15,9 @@ use std::path::Path;
 /// How one kernel is launched: its PTX entry point, the node it computes
 /// (its output; for a cache write, the cache it changes in place), the
 /// values it reads, the dims table it is given, and its work: one thread
-/// per item, `threads` to a block, as many items as the product of `work`.
-/// Every buffer is passed as a memref descriptor (`pipeline`).
+/// per item, `threads` to a block, as many items as the product of `work`;
+/// whether it can raise a fault. Every buffer is passed as a memref
+/// descriptor (`pipeline`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Launch {
     pub name: String,
@@ -25,6 +26,7 @@ pub struct Launch {
     pub dims: Vec<Dim>,
     pub work: Vec<Dim>,
     pub threads: u32,
+    pub faults: bool,
 }
 
 /// One entry's PTX module and its launches, in node order.
@@ -77,6 +79,7 @@ impl PtxSet {
                         dims: kernel.dims.clone(),
                         work: kernel.work.clone(),
                         threads: super::THREADS,
+                        faults: kernel.faults,
                     })
                     .collect();
                 (entry.entry, EntryPtx { ptx: entry.ptx, launches })
