@@ -5,8 +5,9 @@
 # MLIR):
 #   linnet      built with the cuda backend alone, stripped;
 #   artifacts/  the seed at the two oracle cards (f32, bf16-calm) and at
-#               full size (batch 1 and 8), each with its PTX for sm_90,
-#               gzipped (their CPU code stays here: it is not run there).
+#               full size (batch 1 and 8), each with its PTX for sm_90
+#               (their CPU code stays here: it is not run there);
+# all gzipped, to fit what travels (64 MiB with the working tree).
 # Then, where a device is lent: bash scripts/gpu-check.sh, carrying .gpu-check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ grep -qx '/.gpu-check/' .git/info/exclude 2>/dev/null || echo '/.gpu-check/' >> 
 cargo build --release --locked -p linnet-compiler --features nvptx --bin linnetc
 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
     cargo build --release --locked -p linnet-runtime --features cuda --bin linnet --target-dir target/gpu-check
-cp target/gpu-check/release/linnet "$out/linnet"
+gzip -9 -c target/gpu-check/release/linnet > "$out/linnet.gz"
 
 # NAME, then linnetc's options: the artifact, its PTX beside it.
 artifact() {
@@ -27,7 +28,7 @@ artifact() {
     target/release/linnetc build models/qwen3.6-35b-a3b "$@" -o "$out/artifacts/$name"
     target/release/linnetc build models/qwen3.6-35b-a3b "$@" --target nvptx --gpu-arch sm_90 -o "$out/artifacts/$name"
     rm -f "$out/artifacts/$name/kernels.o"
-    gzip -9 "$out/artifacts/$name"/ptx/*
+    gzip -9 -r "$out/artifacts/$name"
 }
 artifact tiny-qwen3.5-moe-f32 --nest tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml
 artifact tiny-qwen3.5-moe-calm-bf16 --nest tests/fixtures/oracle/tiny-qwen3.5-moe-calm/package/nest-bf16.toml
@@ -35,3 +36,4 @@ artifact tiny-qwen3.5-moe-calm-bf16 --nest tests/fixtures/oracle/tiny-qwen3.5-mo
 artifact seed-b1 --set MaxSeq=4608
 artifact seed-b8 --set MaxSeq=4608 --set Batch=8
 du -sh "$out"
+git ls-files -z | xargs -0 du -cb | tail -1 | awk '{printf "the working tree: %.1f MB\n", $1 / 1e6}'

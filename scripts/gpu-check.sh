@@ -18,7 +18,8 @@ gpu=.gpu-check
 linnet="$gpu/linnet"
 export LINNET_CACHE_DIR=/tmp/linnet-cache RUST_LOG=info
 hbm="${HBM_BYTES_PER_S:-4.8e12}"
-find "$gpu/artifacts" -name '*.gz' -exec gunzip -f {} +
+find "$gpu" -name '*.gz' -exec gunzip -f {} +
+chmod +x "$linnet"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: none"
 status=0
 

@@ -98,6 +98,11 @@ pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<
 /// A package is built into the artifact cache first, unless an artifact of
 /// the same content is there already.
 pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: Backend) -> Result<Loaded, String> {
+    if backend == Backend::Cuda {
+        // Before the weights are read or drawn: a machine without a GPU
+        // says so at once.
+        cuda_device()?;
+    }
     let dir = cache::artifact_for(package, options)?;
     let built = artifact::read(&dir)?;
     let Artifact { manifest, model } = &built;
@@ -137,8 +142,22 @@ fn cuda(built: &Artifact, dir: &Path, params: Vec<Tensor>) -> Result<Machine, St
 }
 
 #[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str = "this linnet was built without the cuda backend: build it with `--features cuda`";
+
+#[cfg(not(feature = "cuda"))]
 fn cuda(_: &Artifact, _: &Path, _: Vec<Tensor>) -> Result<Machine, String> {
-    Err("this linnet was built without the cuda backend: build it with `--features cuda`".into())
+    Err(NO_CUDA.into())
+}
+
+/// Whether the CUDA backend can open a device; else why not.
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<(), String> {
+    linnet_compiler::gpu::cuda::Cuda::open().map(drop)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device() -> Result<(), String> {
+    Err(NO_CUDA.into())
 }
 #[cfg(feature = "nvptx")]
 fn mlir_host(model: Model, params: Vec<Tensor>) -> Result<Machine, String> {
