@@ -78,6 +78,22 @@ fn linnet_plain(args: &[&str]) -> Output {
 
 /// The newcomer's path through the example: random weights, text
 /// generation (greedy and sampled, repeatable by seed), a benchmark.
+/// `--backend cuda` where it cannot run says why, at once: a linnet built
+/// without the backend, or a machine without a driver or a device. (Where
+/// there is a GPU, the oracle tests run on it.)
+#[test]
+fn the_cuda_backend_says_plainly_why_it_cannot_run() {
+    let output = linnet(&["run", "--entry", "next_token", "--arg", "tokens=1", "--backend", "cuda"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let plain = ["built without the cuda backend", "no CUDA driver", "no CUDA device"];
+    if plain.iter().any(|reason| stderr.contains(reason)) {
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+    } else {
+        // A machine with a GPU: the call goes on to the inputs' check.
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
 #[test]
 fn the_example_from_random_weights_to_text() {
     let dir = std::env::temp_dir().join(format!("linnet-example-{}", std::process::id()));
