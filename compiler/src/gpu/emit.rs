@@ -236,6 +236,22 @@ impl<'e> Emitter<'e> {
         flat
     }
 
+    /// Splits flat `item` (an index below the product of `sizes`) into its
+    /// positions along `sizes` (row-major).
+    pub fn split(&mut self, item: &str, sizes: &[&str]) -> Vec<String> {
+        let mut rest = item.to_string();
+        let mut positions = vec![String::new(); sizes.len()];
+        for (axis, size) in sizes.iter().enumerate().rev() {
+            if axis == 0 {
+                positions[0] = rest.clone();
+                break;
+            }
+            positions[axis] = self.op(format!("arith.remui {rest}, {size} : index"));
+            rest = self.op(format!("arith.divui {rest}, {size} : index"));
+        }
+        positions
+    }
+
     /// Element `at` (an index) of `argument`, a `memref<?xT>` of `dtype`,
     /// as a register.
     pub fn load_element(&mut self, argument: &str, at: &str, dtype: Dtype) -> String {

@@ -74,21 +74,6 @@ fn load_name(load: usize) -> String {
     format!("%in{load}")
 }
 
-/// Splits flat `item` into positions along `sizes` (row-major).
-fn split(emitter: &mut Emitter, item: &str, sizes: &[&str]) -> Vec<String> {
-    let mut rest = item.to_string();
-    let mut positions = vec![String::new(); sizes.len()];
-    for (axis, size) in sizes.iter().enumerate().rev() {
-        if axis == 0 {
-            positions[0] = rest.clone();
-            break;
-        }
-        positions[axis] = emitter.op(format!("arith.remui {rest}, {size} : index"));
-        rest = emitter.op(format!("arith.divui {rest}, {size} : index"));
-    }
-    positions
-}
-
 /// `grouped_attention` (mask `[Q, K]`, row `i`) and
 /// `grouped_attention_rows` (mask `[B, 1, K]`, row `b`): q `[B, H, Q, D]`,
 /// k and v `[B, KvH, K, D]`, the scale, the mask; the output is q's shape
@@ -106,7 +91,7 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
     let group = emitter.op(format!("arith.divui {heads}, {kv_heads} : index"));
     let zero = emitter.index_constant(0);
     emitter.parallel(&operands.shape(0)[..3], |e, row| {
-        let position = split(e, row, &[&batch, &heads, &queries]);
+        let position = e.split(row, &[&batch, &heads, &queries]);
         let (b, h, i) = (&position[0], &position[1], &position[2]);
         let kv = e.op(format!("arith.divui {h}, {group} : index"));
         let q_at = e.mul(row, &width_index);
@@ -217,7 +202,7 @@ fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) {
     let (q_shape, v_shape) = (operands.shape(0), operands.shape(2));
     let work = [q_shape[0].clone(), v_shape[v_shape.len() - 2].clone(), v_shape[v_shape.len() - 1].clone()];
     emitter.parallel(&work, |e, item| {
-        let position = split(e, item, &[&batch, &value_heads, &value_dim]);
+        let position = e.split(item, &[&batch, &value_heads, &value_dim]);
         let (b, h, j) = (&position[0], &position[1], &position[2]);
         let kh = e.op(format!("arith.divui {h}, {group} : index"));
         let scale = e.load_element(&scale, &zero, scale_dtype);
@@ -299,7 +284,7 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
         _ => (None, String::new()),
     };
     emitter.parallel(&work, |e, item| {
-        let position = split(e, item, &[&rows, &axis, &span, &width]);
+        let position = e.split(item, &[&rows, &axis, &span, &width]);
         let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
         // The first position written: `pos`/`start`, checked against the
         // cache; `write_rows`' own row's position, skipped when outside.

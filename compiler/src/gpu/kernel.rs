@@ -297,13 +297,8 @@ pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupporte
     let mut failed = None;
     emitter.parallel(&node.shape, |emitter, element| {
         // The element's number split into the axes.
-        let mut rest = element.to_string();
-        let mut axes = vec![String::new(); node.shape.len()];
-        for (axis, dim) in node.shape.iter().enumerate().rev() {
-            let size = emitter.dim_index(dim);
-            axes[axis] = emitter.op(format!("arith.remui {rest}, {size} : index"));
-            rest = emitter.op(format!("arith.divui {rest}, {size} : index"));
-        }
+        let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
+        let axes = emitter.split(element, &sizes.iter().map(String::as_str).collect::<Vec<_>>());
         emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
         emitter.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
         match emitter.scalar(scalar) {
