@@ -98,11 +98,9 @@ pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<
 /// A package is built into the artifact cache first, unless an artifact of
 /// the same content is there already.
 pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: Backend) -> Result<Loaded, String> {
-    if backend == Backend::Cuda {
-        // Before the weights are read or drawn: a machine without a GPU
-        // says so at once.
-        cuda_device()?;
-    }
+    // The device first, before the weights are read or drawn: a machine
+    // without a GPU says so at once.
+    let device = if backend == Backend::Cuda { Some(open_cuda()?) } else { None };
     let dir = cache::artifact_for(package, options)?;
     let built = artifact::read(&dir)?;
     let Artifact { manifest, model } = &built;
@@ -115,50 +113,61 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
                 format!("the weights in {} do not fit `{}`:\n  {}", found.display(), model.name, problems.join("\n  "))
             })?;
             let text = text::TextModel::load(&found)?;
-            let machine = machine(&built, &dir, params, backend)?;
+            let machine = machine(&built, &dir, params, backend, device)?;
             return Ok(Loaded { machine, weights_dir: Some(found), text });
         }
     };
-    Ok(Loaded { machine: machine(&built, &dir, params, backend)?, weights_dir: None, text: None })
+    Ok(Loaded { machine: machine(&built, &dir, params, backend, device)?, weights_dir: None, text: None })
 }
 
-fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend) -> Result<Machine, String> {
+/// The loaded model on `backend`; `device` is the CUDA device it opened.
+fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend, device: Option<CudaDevice>) -> Result<Machine, String> {
     match backend {
         Backend::Interp => Ok(interp::machine(built.model.clone(), params)),
         Backend::Cpu => codegen::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
         Backend::MlirHost => mlir_host(built.model.clone(), params),
-        Backend::Cuda => cuda(built, dir, params),
+        Backend::Cuda => cuda(built, dir, params, device),
     }
 }
 
-/// The artifact's model on the first CUDA device, running the artifact's
-/// PTX (built into it first when absent, by a linnet with `nvptx`).
 #[cfg(feature = "cuda")]
-fn cuda(built: &Artifact, dir: &Path, params: Vec<Tensor>) -> Result<Machine, String> {
+type CudaDevice = linnet_compiler::gpu::cuda::Cuda;
+
+/// No device: a linnet without the cuda backend opens none.
+#[cfg(not(feature = "cuda"))]
+type CudaDevice = std::convert::Infallible;
+
+/// The first CUDA device, or why there is none.
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<CudaDevice, String> {
     let device = linnet_compiler::gpu::cuda::Cuda::open()?;
     tracing::info!("the cuda backend on {}", device.device());
+    Ok(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<CudaDevice, String> {
+    Err("this linnet was built without the cuda backend: build it with `--features cuda`".into())
+}
+
+/// The artifact's model on `device` (opened here if not yet), running the
+/// artifact's PTX (built into it first when absent, by a linnet with
+/// `nvptx`).
+#[cfg(feature = "cuda")]
+fn cuda(built: &Artifact, dir: &Path, params: Vec<Tensor>, device: Option<CudaDevice>) -> Result<Machine, String> {
+    let device = match device {
+        Some(device) => device,
+        None => open_cuda()?,
+    };
     let set = gpu_ptx::for_artifact(&built.model, dir, device.arch())?;
     Machine::new(built.model.clone(), params, device.running(set)).map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "cuda"))]
-const NO_CUDA: &str = "this linnet was built without the cuda backend: build it with `--features cuda`";
-
-#[cfg(not(feature = "cuda"))]
-fn cuda(_: &Artifact, _: &Path, _: Vec<Tensor>) -> Result<Machine, String> {
-    Err(NO_CUDA.into())
+fn cuda(_: &Artifact, _: &Path, _: Vec<Tensor>, _: Option<CudaDevice>) -> Result<Machine, String> {
+    open_cuda().map(|never| match never {})
 }
 
-/// Whether the CUDA backend can open a device; else why not.
-#[cfg(feature = "cuda")]
-fn cuda_device() -> Result<(), String> {
-    linnet_compiler::gpu::cuda::Cuda::open().map(drop)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device() -> Result<(), String> {
-    Err(NO_CUDA.into())
-}
 #[cfg(feature = "nvptx")]
 fn mlir_host(model: Model, params: Vec<Tensor>) -> Result<Machine, String> {
     Machine::new(model, params, linnet_compiler::gpu::host::MlirHost::default()).map_err(|e| e.to_string())

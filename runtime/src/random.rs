@@ -5,11 +5,11 @@
 //! near zero.
 
 use crate::sampling::Rng;
-use rayon::prelude::*;
+use linnet_compiler::ir::{Model, Param};
 use linnet_compiler::numerics::bf16_bits;
 use linnet_compiler::sema::ty::Dtype;
 use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::ir::{Model, Param};
+use rayon::prelude::*;
 
 /// One parameter's values, from its own stream of the seed.
 pub fn values(param: &Param, seed: u64, index: usize) -> Vec<f32> {

@@ -76,8 +76,6 @@ fn linnet_plain(args: &[&str]) -> Output {
         .expect("linnet runs")
 }
 
-/// The newcomer's path through the example: random weights, text
-/// generation (greedy and sampled, repeatable by seed), a benchmark.
 /// `--backend cuda` where it cannot run says why, at once: a linnet built
 /// without the backend, or a machine without a driver or a device. (Where
 /// there is a GPU, the oracle tests run on it.)
@@ -94,6 +92,8 @@ fn the_cuda_backend_says_plainly_why_it_cannot_run() {
     }
 }
 
+/// The newcomer's path through the example: random weights, text
+/// generation (greedy and sampled, repeatable by seed), a benchmark.
 #[test]
 fn the_example_from_random_weights_to_text() {
     let dir = std::env::temp_dir().join(format!("linnet-example-{}", std::process::id()));

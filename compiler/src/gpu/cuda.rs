@@ -95,11 +95,25 @@ impl Cuda {
         format!("{name} ({}{memory})", self.arch)
     }
 
-    fn allocate(&self, dtype: Dtype, shape: &[usize]) -> Result<DeviceBuffer, MemoryError> {
+    /// Device memory for a value of `dtype` and `shape`: zeroed, or left
+    /// as it is for a value that is written whole before it is read.
+    fn allocate(&self, dtype: Dtype, shape: &[usize], zeroed: bool) -> Result<DeviceBuffer, MemoryError> {
         let bytes = shape.iter().product::<usize>() * dtype.bytes();
+        let failed = |e| MemoryError(driver(&format!("device memory for {bytes} bytes"), e));
         // At least one byte: a zero-sized value still has an address.
-        let slice = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| MemoryError(driver(&format!("device memory for {bytes} bytes"), e)))?;
+        let slice = if zeroed {
+            self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(failed)?
+        } else {
+            // SAFETY: bytes, which the caller writes whole before they are read.
+            unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(failed)?
+        };
         Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec() })
+    }
+
+    /// Device memory for node `site`'s value, which its kernel writes whole
+    /// (each element is a work item's, or in a delta rule item's column).
+    fn output(&self, site: &Site<'_>) -> Result<DeviceBuffer, NodeError> {
+        self.allocate(site.entry.nodes[site.at].dtype, site.shape, false).map_err(|e| NodeError::Check(e.0))
     }
 
     /// Loads the PTX of `site`'s entry, if it is not yet.
@@ -126,14 +140,13 @@ impl Cuda {
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
         self.load(site)?;
         let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
-        let (items, dims): (i64, Vec<i64>) = {
+        let (items, dims, threads) = {
             let (kernel, _) = self.kernel(site);
-            (kernel.work.iter().map(bound).product(), kernel.dims.iter().map(bound).collect())
+            (kernel.work.iter().map(bound).product::<i64>(), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
         };
         if items == 0 {
             return Ok(());
         }
-        let threads = self.kernel(site).0.threads;
         let blocks = u32::try_from((items + i64::from(threads) - 1) / i64::from(threads))
             .map_err(|_| NodeError::Check(format!("{items} work items are more than one launch holds")))?;
         if !self.dims.contains_key(&dims) {
@@ -146,20 +159,15 @@ impl Cuda {
         // Each memref's descriptor after its two pointers (allocated and
         // aligned, the same): offset 0, size, stride 1.
         let descriptor = |elements: usize| [0, elements as i64, 1];
-        let mut sizes = vec![descriptor(out.elements())];
-        sizes.extend(args.iter().map(|arg| descriptor(arg.elements())));
-        sizes.push(descriptor(dims.len()));
-        sizes.push(descriptor(4));
-        let buffers: Vec<&CudaSlice<u8>> = std::iter::once(&out.bytes).chain(args.iter().map(|arg| &arg.bytes)).collect();
-        let table = &self.dims[&dims];
+        let buffers: Vec<&DeviceBuffer> = std::iter::once(out).chain(args.iter().copied()).collect();
+        let sizes: Vec<[i64; 3]> = buffers.iter().map(|buffer| descriptor(buffer.elements())).collect();
+        let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(4));
         let mut launch = self.stream.launch_builder(function);
         for (buffer, size) in buffers.iter().zip(&sizes) {
-            launch.arg(*buffer).arg(*buffer).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+            launch.arg(&buffer.bytes).arg(&buffer.bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
         }
-        let size = &sizes[buffers.len()];
-        launch.arg(table).arg(table).arg(&size[0]).arg(&size[1]).arg(&size[2]);
-        let size = &sizes[buffers.len() + 1];
-        launch.arg(&self.faults).arg(&self.faults).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+        launch.arg(table).arg(table).arg(&table_size[0]).arg(&table_size[1]).arg(&table_size[2]);
+        launch.arg(&self.faults).arg(&self.faults).arg(&faults_size[0]).arg(&faults_size[1]).arg(&faults_size[2]);
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel's parameters are these descriptors, in this
         // order (`emit`'s convention as `pipeline` lowers it), each
@@ -170,11 +178,10 @@ impl Cuda {
         }
         let name = kernel.name.clone();
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
-        let faults: [i64; 4] = faults.try_into().expect("four faults");
-        if faults != [0; 4] {
+        let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
+        if let Some(message) = super::fault_message(faults.try_into().expect("four faults"), intrinsic, requests) {
             self.stream.memset_zeros(&mut self.faults).map_err(|e| NodeError::Check(driver("clearing the faults table", e)))?;
-            let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-            return Err(NodeError::Check(super::fault_message(faults, intrinsic, requests).unwrap_or_else(|| format!("`{name}` raised {faults:?}"))));
+            return Err(NodeError::Check(message));
         }
         Ok(())
     }
@@ -217,18 +224,18 @@ impl Backend for Cuda {
     }
 
     fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Result<DeviceBuffer, MemoryError> {
-        self.allocate(dtype, shape)
+        self.allocate(dtype, shape, true)
     }
 
     fn copy(&mut self, buffer: &DeviceBuffer) -> Result<DeviceBuffer, MemoryError> {
-        let mut copy = self.allocate(buffer.dtype, &buffer.shape)?;
+        let mut copy = self.allocate(buffer.dtype, &buffer.shape, false)?;
         self.stream.memcpy_dtod(&buffer.bytes, &mut copy.bytes).map_err(|e| MemoryError(driver("copying on the device", e)))?;
         Ok(copy)
     }
 
     fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
         self.load(&site)?;
-        let out = self.allocate(site.entry.nodes[site.at].dtype, site.shape).map_err(|e| NodeError::Check(e.0))?;
+        let out = self.output(&site)?;
         let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernel(&site).0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
         self.launch(&site, &out, &args, None)?;
@@ -236,7 +243,7 @@ impl Backend for Cuda {
     }
 
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&DeviceBuffer]) -> Result<DeviceBuffer, NodeError> {
-        let out = self.allocate(site.entry.nodes[site.at].dtype, site.shape).map_err(|e| NodeError::Check(e.0))?;
+        let out = self.output(&site)?;
         self.launch(&site, &out, args, Some(intrinsic))?;
         Ok(out)
     }

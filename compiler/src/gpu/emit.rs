@@ -210,6 +210,20 @@ impl<'e> Emitter<'e> {
         }
     }
 
+    /// `!a` of an `i1`.
+    pub fn not(&mut self, a: &str) -> String {
+        let yes = self.op("arith.constant true".into());
+        self.op(format!("arith.xori {a}, {yes} : i1"))
+    }
+
+    /// Whether i64 `position` is in `0..size` (`size` an i64).
+    pub fn inside(&mut self, position: &str, size: &str) -> String {
+        let zero = self.op("arith.constant 0 : i64".into());
+        let above = self.op(format!("arith.cmpi sge, {position}, {zero} : i64"));
+        let below = self.op(format!("arith.cmpi slt, {position}, {size} : i64"));
+        self.op(format!("arith.andi {above}, {below} : i1"))
+    }
+
     /// A dim's value as an `index`.
     pub fn dim_index(&mut self, dim: &Dim) -> String {
         let value = self.dim(dim);

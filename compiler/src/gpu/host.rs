@@ -81,30 +81,21 @@ impl Backend for MlirHost {
         let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
-        let faults = self.invoke(&site, &mut out, &args)?;
-        if let Some(message) = super::fault_message(faults, None, 0) {
-            return Err(NodeError::Check(message));
-        }
+        self.invoke(&site, &mut out, &args, None)?;
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
     }
 
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
-        let faults = self.invoke(&site, &mut out, args)?;
-        if let Some(message) = super::fault_message(faults, Some(intrinsic), args[0].shape[0]) {
-            return Err(NodeError::Check(message));
-        }
+        self.invoke(&site, &mut out, args, Some(intrinsic))?;
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
     }
 
     fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
         let dtype = site.entry.nodes[site.at].dtype;
         let mut cells = stored(cache, dtype).map_err(NodeError::Check)?;
-        let faults = self.invoke(&site, &mut cells, args)?;
-        if let Some(message) = super::fault_message(faults, Some(intrinsic), args[0].shape[0]) {
-            return Err(NodeError::Check(message));
-        }
+        self.invoke(&site, &mut cells, args, Some(intrinsic))?;
         *cache = loaded(&cells, dtype, cache.shape.clone());
         Ok(())
     }
@@ -116,8 +107,8 @@ impl MlirHost {
     }
 
     /// Runs the site's kernel into `out` (its stored bytes) from `args`
-    /// (its loads' values, in order); the faults table it leaves.
-    fn invoke(&self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor]) -> Result<[i64; 4], NodeError> {
+    /// (its loads' values, in order); a fault it raised is the error.
+    fn invoke(&self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
         let kernel = self.kernel(site);
         let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
         let mut inputs = kernel
@@ -140,6 +131,11 @@ impl MlirHost {
         // SAFETY: the kernel takes one 1-D memref per argument, in this
         // order, each descriptor pointing at a live buffer of its length.
         unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
-        Ok(std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes"))))
+        let faults = std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes")));
+        let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
+        match super::fault_message(faults, intrinsic, requests) {
+            Some(message) => Err(NodeError::Check(message)),
+            None => Ok(()),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The intrinsics as MLIR kernels (in `emit`'s calling convention), each
-//! an `scf.parallel` over independent work with sequential loops inside,
-//! computing what `crate::intrinsics` defines in f32:
+//! independent work items with sequential loops inside, computing what
+//! `crate::intrinsics` defines in f32:
 //! - attention: one work item per query row and head: the row's largest
 //!   admitted score, the softmax's total, then the weighted values summed
 //!   into a per-item accumulator of the head's width (which must be known
@@ -106,6 +106,7 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
             vec![e.op(format!("arith.ori {}, {admitted} : i1", carried[0]))]
         })[0]
             .clone();
+        let none_admitted = e.not(&any);
         // Key `j`'s row in k and v, whether it is admitted, and its score
         // (every key's -1e30 when none is admitted).
         let key_row = |e: &mut Emitter, j: &str| {
@@ -115,9 +116,7 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
         let admitted = |e: &mut Emitter, j: &str| {
             let at = e.add(&mask_at, j);
             let allowed = e.load_element(&mask, &at, Dtype::Bool);
-            let yes = e.op("arith.constant true".into());
-            let none = e.op(format!("arith.xori {any}, {yes} : i1"));
-            e.op(format!("arith.ori {allowed}, {none} : i1"))
+            e.op(format!("arith.ori {allowed}, {none_admitted} : i1"))
         };
         let score = |e: &mut Emitter, j: &str| {
             let key_at = key_row(e, j);
@@ -290,23 +289,21 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
         // cache; `write_rows`' own row's position, skipped when outside.
         let (first, inside) = match start_dtype {
             Some(start_dtype) => {
+                // `start + span <= length`: `start` in `0..length - span + 1`.
                 let start = e.load_element(&start_load, &zero, start_dtype);
-                let (span_i64, length_i64) = (e.op(format!("arith.index_cast {span} : index to i64")), e.op(format!("arith.index_cast {length} : index to i64")));
-                let end = e.op(format!("arith.addi {start}, {span_i64} : i64"));
-                let zero_i64 = e.op("arith.constant 0 : i64".into());
-                let (above, below) = (e.op(format!("arith.cmpi sge, {start}, {zero_i64} : i64")), e.op(format!("arith.cmpi sle, {end}, {length_i64} : i64")));
-                let inside = e.op(format!("arith.andi {above}, {below} : i1"));
-                let yes = e.op("arith.constant true".into());
-                let outside = e.op(format!("arith.xori {inside}, {yes} : i1"));
+                let room = e.op(format!("arith.subi {length}, {span} : index"));
+                let room = e.op(format!("arith.index_cast {room} : index to i64"));
+                let one = e.op("arith.constant 1 : i64".into());
+                let starts = e.op(format!("arith.addi {room}, {one} : i64"));
+                let inside = e.inside(&start, &starts);
+                let outside = e.not(&inside);
                 e.when(&outside, |e| e.fault(Fault::OutsideCache));
                 (start, inside)
             }
             None => {
                 let at = e.load_element(&load_name(1), row, operands.dtype(2));
                 let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
-                let zero_i64 = e.op("arith.constant 0 : i64".into());
-                let (above, below) = (e.op(format!("arith.cmpi sge, {at}, {zero_i64} : i64")), e.op(format!("arith.cmpi slt, {at}, {length_i64} : i64")));
-                let inside = e.op(format!("arith.andi {above}, {below} : i1"));
+                let inside = e.inside(&at, &length_i64);
                 (at, inside)
             }
         };

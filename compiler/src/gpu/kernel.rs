@@ -1,14 +1,13 @@
-//! One `Compute` node as an MLIR function (in `emit`'s calling
-//! convention): an `scf.parallel` over the node's elements (flattened),
-//! its scalar expression in `arith`, `math`, `scf` and `memref`
-//! operations. A position outside its axis reads element 0 and raises
-//! [`Fault::PositionOutsideAxis`]; a position that is an index over the
-//! axis's own dim is inside it and is not checked. Floats are computed in f32 (the
-//! contract allows f32 accumulation), rounded to bf16 or f16 where a value
-//! of that type is produced; integers in i64, wrapped to 32 bits where the
-//! type is `i32`, with the language's Euclidean division. The same body
-//! runs on the host (MLIR's CPU lowering) or, mapped to GPU threads, as
-//! PTX.
+//! One `Compute` node as an MLIR kernel (in `emit`'s calling convention):
+//! one work item per element of the node, its scalar expression in
+//! `arith`, `math`, `scf` and `memref` operations. A position outside its
+//! axis reads element 0 and raises [`Fault::PositionOutsideAxis`]; a
+//! position that is an index over the axis's own dim is inside it and is
+//! not checked. Floats are computed in f32 (the contract allows f32
+//! accumulation), rounded to bf16 or f16 where a value of that type is
+//! produced; integers in i64, wrapped to 32 bits where the type is `i32`,
+//! with the language's Euclidean division. The same body runs on the host
+//! (MLIR's CPU lowering) or, one thread per element, as PTX.
 
 use super::emit::{register, Emitter, Fault, Form, Kernel, Unsupported};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
@@ -70,10 +69,7 @@ impl Emitter<'_> {
                 let zero = self.op("arith.constant 0 : i64".into());
                 self.op(format!("arith.subi {zero}, {a} : i64"))
             }
-            (UnaryOp::Not, _) => {
-                let one = self.op("arith.constant true".into());
-                return self.op(format!("arith.xori {a}, {one} : i1"));
-            }
+            (UnaryOp::Not, _) => return self.not(&a),
             (UnaryOp::Abs, false) => self.magnitude(a),
             (op, _) => {
                 let name = match op {
@@ -200,10 +196,7 @@ impl Emitter<'_> {
             let position = self.scalar(position)?;
             let size = self.dim(size);
             if !proven {
-                let zero = self.op("arith.constant 0 : i64".into());
-                let above = self.op(format!("arith.cmpi sge, {position}, {zero} : i64"));
-                let below = self.op(format!("arith.cmpi slt, {position}, {size} : i64"));
-                let here = self.op(format!("arith.andi {above}, {below} : i1"));
+                let here = self.inside(&position, &size);
                 inside = Some(match inside {
                     Some(so_far) => self.op(format!("arith.andi {so_far}, {here} : i1")),
                     None => here,
@@ -217,8 +210,7 @@ impl Emitter<'_> {
             Some(inside) => {
                 let zero = self.op("arith.constant 0 : i64".into());
                 let safe = self.op(format!("arith.select {inside}, {flat}, {zero} : i64"));
-                let outside = self.op("arith.constant true".into());
-                let outside = self.op(format!("arith.xori {inside}, {outside} : i1"));
+                let outside = self.not(&inside);
                 self.when(&outside, |emitter| emitter.fault(Fault::PositionOutsideAxis));
                 safe
             }
@@ -228,7 +220,6 @@ impl Emitter<'_> {
     }
 
     fn reduce(&mut self, op: ReduceOp, index: u32, extent: &Dim, body: &Scalar, dtype: Dtype) -> Result<String, Unsupported> {
-        let extent_dim = extent.clone();
         let ty = register(dtype);
         let initial = match (op, ty) {
             (ReduceOp::Sum, "f32") => "arith.constant 0.0 : f32".to_string(),
@@ -242,13 +233,12 @@ impl Emitter<'_> {
             return Err(Unsupported("a reduction over booleans".into()));
         }
         let initial = self.op(initial);
-        let extent = self.dim(extent);
-        let upper = self.op(format!("arith.index_cast {extent} : i64 to index"));
+        let upper = self.dim_index(extent);
         let (zero, one) = (self.index_constant(0), self.index_constant(1));
         let (result, counter, accumulator) = (self.fresh(), self.fresh(), self.fresh());
         self.line(format!("{result} = scf.for {counter} = {zero} to {upper} step {one} iter_args({accumulator} = {initial}) -> ({ty}) {{"));
         self.indices.insert(index, counter);
-        self.extents.insert(index, extent_dim.clone());
+        self.extents.insert(index, extent.clone());
         let value = self.scalar(body)?;
         let combined = match (op, ty) {
             (ReduceOp::Sum, "f32") => self.op(format!("arith.addf {accumulator}, {value} : f32")),
@@ -294,11 +284,12 @@ pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupporte
     let node = &entry.nodes[at];
     let NodeKind::Compute(scalar) = &node.kind else { return Err(Unsupported("not a compute node".into())) };
     let mut emitter = Emitter::new(entry, form);
+    let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
+    let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let mut failed = None;
     emitter.parallel(&node.shape, |emitter, element| {
         // The element's number split into the axes.
-        let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
-        let axes = emitter.split(element, &sizes.iter().map(String::as_str).collect::<Vec<_>>());
+        let axes = emitter.split(element, &sizes);
         emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
         emitter.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
         match emitter.scalar(scalar) {

@@ -121,17 +121,15 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
 fn fault_message(faults: [i64; 4], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<String> {
     use crate::ir::Intrinsic;
     let raised = |fault: Fault| faults[fault as usize] != 0;
-    if raised(Fault::PositionOutsideAxis) {
-        return Some("a position outside its axis".into());
-    }
-    let intrinsic = intrinsic?;
-    let name = intrinsic.name();
-    if raised(Fault::OutsideCache) {
-        let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
-        return Some(format!("{name}: {what} outside the cache"));
-    }
-    if raised(Fault::RequestOutsideX) {
-        return Some(format!("{name}: position {} is outside 0..{requests}", faults[3]));
-    }
-    None
+    let name = intrinsic.map(Intrinsic::name).unwrap_or("a kernel");
+    Some(if raised(Fault::PositionOutsideAxis) {
+        "a position outside its axis".into()
+    } else if raised(Fault::OutsideCache) {
+        let what = if intrinsic == Some(Intrinsic::WriteAt) { "position" } else { "span" };
+        format!("{name}: {what} outside the cache")
+    } else if raised(Fault::RequestOutsideX) {
+        format!("{name}: position {} is outside 0..{requests}", faults[3])
+    } else {
+        return None;
+    })
 }
