@@ -6,11 +6,12 @@
 //! expert's SwiGLU activation, in f32 lanes and as the scalar f64 code).
 //! Shapes are the bench model's (H 2048, experts of width 512, 16 query
 //! heads of 256, 32 delta-rule heads of 128). Run with `cargo bench -p
-//! linnet-compiler --bench kernels`.
+//! linnet-compiler --bench kernels [-- FAMILY…]` (matrix, experts,
+//! intrinsics, elementwise).
 
 use linnet_compiler::codegen::cpu::Elementwise;
 use linnet_compiler::codegen::{backend, intrinsics};
-use linnet_compiler::codegen::matmul::{matmul_on, Isa};
+use linnet_compiler::codegen::matmul::{matmul_groups, matmul_on, Isa, Rows};
 use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, Scalar, UnaryOp, Value};
 use linnet_compiler::sema::dim::Dim;
 use linnet_compiler::numerics::bf16_bits;
@@ -65,6 +66,40 @@ fn matrix_kernels() {
     }
 }
 
+/// The expert products as generated code makes them (one grouped call),
+/// each expert's weights of 256 its own (so that they stream from memory
+/// as in the model): a 512-token prefill's gate and up products and its
+/// down products (8 experts a token, 16 rows each, 1024 × 2048 and
+/// 2048 × 512), and a decode step's (8 experts of one row, other experts
+/// each call).
+fn expert_kernels() {
+    let experts = 256;
+    for (chosen, rows_each, columns, depth) in [(256, 16, 1024, 2048), (256, 16, 2048, 512), (8, 1, 1024, 2048), (8, 1, 2048, 512)] {
+        let weights: Vec<Vec<u16>> = (0..experts).map(|e| values(columns * depth, 20 + e as u64).into_iter().map(bf16_bits).collect()).collect();
+        let input = values(chosen * rows_each * depth, 13);
+        let mut out = vec![0f32; chosen * rows_each * columns];
+        let out_base = out.as_mut_ptr();
+        let batches: Vec<Rows> = (0..chosen)
+            .map(|e| Rows {
+                inputs: (0..rows_each).map(|r| input[((e * rows_each + r) * depth)..].as_ptr()).collect(),
+                // SAFETY: row `e · rows_each + r` of `out` has room for `columns`.
+                outs: (0..rows_each).map(|r| unsafe { out_base.add((e * rows_each + r) * columns) }).collect(),
+            })
+            .collect();
+        let mut call = 0;
+        let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
+            call += 1;
+            let groups: Vec<(&Rows, &[u16])> = batches.iter().enumerate().map(|(e, rows)| (rows, weights[(call * chosen + e) % experts].as_slice())).collect();
+            // SAFETY: every row points into a live vector of the right
+            // length, and the output rows are distinct.
+            unsafe { matmul_groups(&groups, columns, depth) }
+        });
+        let gflops = 2.0 * (chosen * rows_each * columns * depth) as f64 / seconds / 1e9;
+        let gbs = (chosen * columns * depth * 2) as f64 / seconds / 1e9;
+        println!("experts bf16 {chosen} × {rows_each} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
+    }
+}
+
 fn tensor(shape: Vec<usize>, seed: u64) -> Tensor {
     let count = shape.iter().product();
     Tensor::from_f32(Dtype::F32, shape, values(count, seed))
@@ -77,7 +112,7 @@ fn intrinsic_kernels() {
     let (q, k, v) = (tensor(vec![1, heads, tokens, width], 5), tensor(vec![1, kv_heads, tokens, width], 6), tensor(vec![1, kv_heads, tokens, width], 7));
     let scale = Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.0625]);
     let mask = Tensor { dtype: Dtype::Bool, shape: vec![tokens, tokens], data: Data::Bool((0..tokens * tokens).map(|at| at % tokens <= at / tokens).collect()) };
-    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GroupedAttention, &[&q, &k, &v, &scale, &mask], q.shape.clone())));
+    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GroupedAttention, &[&q, &k, &v, &scale, &mask], q.shape.clone(), vec![0.0; q.shape.iter().product()])));
     let flops = 4.0 * (heads * width) as f64 * (tokens * (tokens + 1) / 2) as f64;
     println!("attention 512 tokens, 16 heads of 256 (causal): {:6.1} GFLOP/s", flops / seconds / 1e9);
     // The gated delta rule over a 512-token prefill: 32 value heads and 16
@@ -90,10 +125,17 @@ fn intrinsic_kernels() {
     let beta = Tensor::from_f32(Dtype::F32, vec![1, tokens, value_heads], vec![0.5; tokens * value_heads]);
     let state = tensor(vec![1, value_heads, dim, dim], 11);
     let shape = vec![1, tokens + dim, value_heads, dim];
-    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GatedDeltaRule, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone())));
+    let seconds = fastest(3, || drop(intrinsics::run(Intrinsic::GatedDeltaRule, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone(), vec![0.0; shape.iter().product()])));
     // Per token and head: decay, recall, update and read the state, 2 FLOPs each.
     let flops = 8.0 * (tokens * value_heads * dim * dim) as f64;
     println!("gated delta rule 512 tokens, 32 heads of 128: {:6.1} GFLOP/s", flops / seconds / 1e9);
+    // One decode step of it: the state (2 MB of f32) read and written once.
+    let (q, k, v) = (tensor(vec![1, key_heads, dim], 14), tensor(vec![1, key_heads, dim], 15), tensor(vec![1, value_heads, dim], 16));
+    let (decay, beta) = (Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![-0.1; value_heads]), Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![0.5; value_heads]));
+    let shape = vec![1, 1 + dim, value_heads, dim];
+    let seconds = fastest(20, || drop(intrinsics::run(Intrinsic::GatedDeltaStep, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone(), vec![0.0; shape.iter().product()])));
+    let bytes = 2.0 * (value_heads * dim * dim * 4) as f64;
+    println!("gated delta step, 32 heads of 128: {:6.1} GB/s of state read and written ({:.3} ms)", bytes / seconds / 1e9, seconds * 1e3);
 }
 
 /// A 512-token prefill's expert activations (8 experts a token, width
@@ -135,7 +177,13 @@ fn elementwise_kernels() {
 
 fn main() {
     println!("{} threads; instruction sets: {}", rayon::current_num_threads(), Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", "));
-    matrix_kernels();
-    intrinsic_kernels();
-    elementwise_kernels();
+    // `cargo bench -p linnet-compiler --bench kernels -- experts` runs the
+    // families whose names are given; no name runs them all.
+    let wanted: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
+    let families: [(&str, fn()); 4] = [("matrix", matrix_kernels), ("experts", expert_kernels), ("intrinsics", intrinsic_kernels), ("elementwise", elementwise_kernels)];
+    for (name, family) in families {
+        if wanted.is_empty() || wanted.iter().any(|w| w == name) {
+            family();
+        }
+    }
 }

@@ -149,7 +149,8 @@ impl Backend for Cpu {
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
         let args = crate::intrinsics::widened(args);
         let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
-        Ok(super::intrinsics::run(intrinsic, &args, site.shape.to_vec()))
+        let out = self.pool.take(site.shape.iter().product());
+        Ok(super::intrinsics::run(intrinsic, &args, site.shape.to_vec(), out))
     }
 
     fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
@@ -158,6 +159,10 @@ impl Backend for Cpu {
 
     fn release(&mut self, buffer: Tensor) {
         self.pool.keep(buffer);
+    }
+
+    fn weight_bytes_read(&self) -> Option<u64> {
+        Some(super::matmul::weight_bytes_read())
     }
 }
 

@@ -59,12 +59,15 @@ macro_rules! on_host_vectors {
     }};
 }
 
-/// An intrinsic that makes a new value.
-pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
+/// An intrinsic that makes a new value of `shape`, in `out` (a buffer of
+/// that many floats whose contents are unspecified: every element is
+/// written).
+pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f32>) -> Tensor {
+    assert_eq!(out.len(), shape.iter().product::<usize>(), "an output buffer of the value's size");
     match intrinsic {
-        Intrinsic::GroupedAttention => attention(args, false),
-        Intrinsic::GroupedAttentionRows => attention(args, true),
-        Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => delta_rule(intrinsic, args, shape),
+        Intrinsic::GroupedAttention => attention(args, false, out),
+        Intrinsic::GroupedAttentionRows => attention(args, true, out),
+        Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => delta_rule(intrinsic, args, shape, out),
         writer => unreachable!("{} writes a cache", writer.name()),
     }
 }
@@ -75,11 +78,10 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
 /// per token: each state row learns and is read for token `t`, then
 /// decays and is recalled for token `t + 1`, while it is in L1 (the same
 /// operations on each element, in the same order, as two passes).
-fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
+fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
     let DeltaRule { q, k, v, decay, beta, state, scale, batch, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
     let (group, rows) = (operands.group(), operands.rows());
-    let mut out = vec![0f32; shape.iter().product()];
     let target = Shared(out.as_mut_ptr());
     (0..batch * value_heads).into_par_iter().for_each(|task| {
         let (b, h) = (task / value_heads, task % value_heads);
@@ -164,11 +166,10 @@ const QUERY_BLOCK: usize = 16;
 /// and head: a softmax over the keys its mask admits (all keys, uniformly
 /// weighted, when it admits none, as the Linnet body computes), and the
 /// admitted values weighted, rounded to the query's type.
-fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
+fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
     let Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch, heads, queries, width, kv_heads, keys } = operands;
     let group = operands.group();
-    let mut out = vec![0f32; batch * heads * queries * width];
     let target = Shared(out.as_mut_ptr());
     let blocks = queries.div_ceil(QUERY_BLOCK);
     (0..batch * kv_heads * blocks).into_par_iter().for_each(|task| {

@@ -104,10 +104,6 @@ const PARALLEL_PRODUCTS: usize = 1 << 18;
 /// of a thread's share passes over them.
 const ROW_BLOCK: usize = 64;
 
-/// How far ahead (in weights) a matrix–vector product prefetches its
-/// weight rows: far enough to cover memory's latency.
-const PREFETCH: usize = 1024;
-
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
 /// (`out` is `rows × columns`, `weight` `columns × depth`).
 pub fn matmul<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
@@ -199,9 +195,10 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
     use rayon::prelude::*;
     // Per group: bf16 dot products pay off where tiles of four rows reuse
     // each weight load; a matrix–vector product streams faster widening
-    // the weights.
+    // the weights. The inputs are converted on every thread (a prefill's
+    // experts have thousands of rows between them).
     let plans: Vec<(Isa, Option<Vec<u16>>)> = groups
-        .iter()
+        .par_iter()
         .map(|(rows, weight)| {
             assert_eq!(weight.len(), columns * depth, "a weight row per column");
             let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
@@ -258,6 +255,9 @@ trait Lanes {
     /// `a · b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn sum(v: Self::V) -> f32;
+    /// Asks for the cache line at `at` into L2 ahead of its use (a hint:
+    /// any address, never a fault).
+    unsafe fn prefetch<T>(_at: *const T) {}
     /// The sums of `N` vectors.
     #[inline(always)]
     unsafe fn sums<const N: usize>(v: &[Self::V; N]) -> [f32; N] {
@@ -303,6 +303,12 @@ unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*co
         let mut k = 0;
         while k + L::WIDTH <= depth {
             for j in 0..N {
+                // The next tile's weight rows (which follow these) asked
+                // for one tile ahead, so that their reading from memory
+                // overlaps this tile's arithmetic: the hardware's
+                // prefetcher alone left an expert's products waiting on
+                // memory (205 → 305 GFLOP/s with it).
+                L::prefetch(weights[j].wrapping_add(k + N * depth));
                 w[j] = L::load_weight(weights[j].add(k));
             }
             for (r, row) in sums.iter_mut().enumerate() {
@@ -426,7 +432,7 @@ unsafe fn store<const R: usize, const N: usize>(rows: &Rows, m: usize, n: usize,
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{columns, widened_columns, Lanes, Rows, Tiles, Weight, PREFETCH};
+    use super::{columns, widened_columns, Lanes, Rows, Tiles, Weight};
     use std::arch::x86_64::*;
 
     struct Avx512;
@@ -459,6 +465,10 @@ mod x86 {
             unsafe { _mm512_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
+        unsafe fn prefetch<T>(at: *const T) {
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) }
+        }
+        #[inline(always)]
         unsafe fn sum(v: __m512) -> f32 {
             unsafe {
                 let half = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -471,7 +481,11 @@ mod x86 {
         unsafe fn sums<const N: usize>(v: &[__m512; N]) -> [f32; N] {
             let mut out = [0f32; N];
             unsafe {
-                if N == 4 {
+                if N == 8 {
+                    let (low, high) = (Self::sums(&[v[0], v[1], v[2], v[3]]), Self::sums(&[v[4], v[5], v[6], v[7]]));
+                    out[..4].copy_from_slice(&low);
+                    out[4..].copy_from_slice(&high);
+                } else if N == 4 {
                     // [v0: blocks 0+2, 1+3 | v1: 0+2, 1+3], and so for v2, v3.
                     let x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
                     let x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
@@ -518,6 +532,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
             unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn prefetch<T>(at: *const T) {
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) }
         }
         #[inline(always)]
         unsafe fn sum(v: __m256) -> f32 {
@@ -571,10 +589,8 @@ mod x86 {
                 let mut k = 0;
                 while k + 32 <= depth {
                     for j in 0..N {
-                        // A row or two streams from memory: ask for it ahead.
-                        if R == 1 {
-                            _mm_prefetch::<_MM_HINT_T0>(weights[j].add(k + PREFETCH) as *const i8);
-                        }
+                        // The next tile's rows, one tile ahead (as `tile`).
+                        Avx512::prefetch(weights[j].wrapping_add(k + N * depth));
                         w[j] = load(weights[j].add(k));
                     }
                     for (r, row) in sums.iter_mut().enumerate() {

@@ -143,4 +143,10 @@ pub trait Backend {
     fn release(&mut self, buffer: Self::Buffer) {
         drop(buffer);
     }
+
+    /// The bytes of weights this backend's contraction kernels have read
+    /// so far, where it counts them (profiles turn them into bandwidth).
+    fn weight_bytes_read(&self) -> Option<u64> {
+        None
+    }
 }

@@ -69,20 +69,31 @@ pub struct Profile {
     /// Kind of node (`contraction`, `compute`, an intrinsic's name,
     /// `input`, `output`) → (seconds, nodes run).
     pub kinds: std::collections::BTreeMap<&'static str, (f64, u64)>,
-    /// The source place nodes were lowered from, and their kind →
-    /// (seconds, nodes run).
-    pub places: HashMap<(String, &'static str), (f64, u64)>,
+    /// The source place nodes were lowered from, and their kind → what
+    /// its nodes took.
+    pub places: HashMap<(String, &'static str), PlaceTime>,
+}
+
+/// What the nodes lowered from one place took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PlaceTime {
+    pub seconds: f64,
+    pub nodes: u64,
+    /// Bytes of weights their contractions read, where the backend counts
+    /// them.
+    pub weight_bytes: u64,
 }
 
 impl Profile {
-    fn add(&mut self, kind: &'static str, place: Option<&crate::ir::SourceAt>, seconds: f64) {
+    fn add(&mut self, kind: &'static str, place: Option<&crate::ir::SourceAt>, seconds: f64, weight_bytes: u64) {
         let slot = self.kinds.entry(kind).or_default();
         slot.0 += seconds;
         slot.1 += 1;
         if let Some(place) = place {
             let slot = self.places.entry((place.to_string(), kind)).or_default();
-            slot.0 += seconds;
-            slot.1 += 1;
+            slot.seconds += seconds;
+            slot.nodes += 1;
+            slot.weight_bytes += weight_bytes;
         }
     }
 }
@@ -97,10 +108,12 @@ impl fmt::Display for Profile {
             writeln!(f, "{kind:>24}: {seconds:>9.3} s {:>5.1}% in {count} nodes", share(*seconds))?;
         }
         let mut places: Vec<_> = self.places.iter().collect();
-        places.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        places.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
         writeln!(f, "the slowest places:")?;
-        for ((place, kind), (seconds, count)) in places.into_iter().take(12) {
-            writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {count} {kind} nodes  {place}", share(*seconds))?;
+        for ((place, kind), time) in places.into_iter().take(12) {
+            let PlaceTime { seconds, nodes, weight_bytes } = *time;
+            let bandwidth = if weight_bytes > 0 { format!(", {:.1} GB/s of weights", weight_bytes as f64 / seconds.max(f64::MIN_POSITIVE) / 1e9) } else { String::new() };
+            writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {nodes} {kind} nodes{bandwidth}  {place}", share(seconds))?;
         }
         Ok(())
     }
@@ -154,7 +167,7 @@ impl<B: Backend> Executor<B> {
         let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
         let mut writes = Vec::new();
         for (at, node) in entry.nodes.iter().enumerate() {
-            let started = self.profile.is_some().then(std::time::Instant::now);
+            let started = self.profile.is_some().then(|| (std::time::Instant::now(), self.backend.weight_bytes_read()));
             // Only nodes a backend runs need their shape (no allocation for
             // the others: parameters, states, effects).
             let shape = match node.kind {
@@ -222,7 +235,8 @@ impl<B: Backend> Executor<B> {
                     None
                 }
             };
-            if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
+            if let (Some(profile), Some((started, bytes_before))) = (self.profile.as_mut(), started) {
+                let weight_bytes = self.backend.weight_bytes_read().zip(bytes_before).map_or(0, |(after, before)| after - before);
                 let kind = match &node.kind {
                     NodeKind::Compute(_) if analysis.contraction[at] => "contraction",
                     NodeKind::Compute(_) => "compute",
@@ -230,7 +244,7 @@ impl<B: Backend> Executor<B> {
                     NodeKind::Input(_) => "input",
                     _ => "other",
                 };
-                profile.add(kind, node.source.as_ref(), started.elapsed().as_secs_f64());
+                profile.add(kind, node.source.as_ref(), started.elapsed().as_secs_f64(), weight_bytes);
             }
             values.push(value);
             // Values read for the last time are released now.
@@ -248,7 +262,7 @@ impl<B: Backend> Executor<B> {
         let started = self.profile.is_some().then(std::time::Instant::now);
         let outputs = entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect::<Result<_, _>>().map_err(RunError::Memory)?;
         if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
-            profile.add("output", None, started.elapsed().as_secs_f64());
+            profile.add("output", None, started.elapsed().as_secs_f64(), 0);
         }
         Ok(outputs)
     }
