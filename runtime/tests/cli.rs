@@ -120,6 +120,18 @@ fn the_example_from_random_weights_to_text() {
     assert!(report.contains("| pp8 |") && report.contains("| tg4 |") && report.contains("GB/s"), "{report}");
 }
 
+/// `--profile` says where prefill's and decode's time went, and what each
+/// place's contractions read of the weights (nothing for other nodes).
+#[test]
+fn the_profile_gives_each_contraction_its_weight_bandwidth() {
+    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "2", "-r", "1", "--profile"]);
+    let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && report.contains("prefill, by kind of node") && report.contains("decode, by kind of node"), "{report}");
+    let places: Vec<&str> = report.lines().filter(|line| line.contains(" nodes") && line.contains(".linnet:")).collect();
+    assert!(places.iter().any(|line| line.contains("contraction nodes, ") && line.contains("GB/s of weights")), "{report}");
+    assert!(places.iter().filter(|line| !line.contains("contraction nodes")).all(|line| !line.contains("GB/s")), "{report}");
+}
+
 /// A built artifact runs from the CLI as its package does.
 #[test]
 fn generate_runs_a_built_artifact() {
