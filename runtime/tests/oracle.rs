@@ -371,6 +371,45 @@ fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
     every_path(MOE_CALM, "bf16", linnet_runtime::Backend::MlirHost);
 }
 
+/// What the GPU kernels (run on the host) refuse, they refuse at the node
+/// the CPU backend does, in its words (the value, axis, position and size
+/// of a load outside its axis): positions past the caches or before them,
+/// a span that runs past them, two requests written into one row; and the
+/// machine runs again after each.
+#[cfg(feature = "nvptx")]
+#[test]
+fn the_gpu_kernels_refuse_bad_positions_and_slots_as_the_cpu_does() {
+    let bad_calls = || {
+        let position = |pos: i64| Tensor::from_i64(Dtype::I32, Vec::new(), vec![pos]);
+        let duplicate = (tokens(&[&[1, 2, 3], &[4, 5, 6]]), Tensor::from_i64(Dtype::I32, vec![2], vec![1, 1]), Tensor::from_i64(Dtype::I32, vec![2], vec![3, 3]));
+        vec![
+            ("decode", vec![tokens(&[&[1], &[2]]), position(64)]),
+            ("decode", vec![tokens(&[&[1], &[2]]), position(-1)]),
+            ("prefill", vec![tokens(&[&[1, 2], &[3, 4]]), position(63)]),
+            ("prefill_slots", vec![duplicate.0, duplicate.1, duplicate.2]),
+        ]
+    };
+    let errors = |backend| {
+        let mut oracle = load(MOE, "f32", backend);
+        bad_calls()
+            .into_iter()
+            .map(|(entry, inputs)| {
+                oracle.machine.reset().unwrap();
+                let error = oracle.machine.call(entry, inputs).expect_err("a bad call is refused").to_string();
+                // The machine still runs.
+                oracle.machine.reset().unwrap();
+                oracle.machine.call("decode", vec![tokens(&[&[1], &[2]]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])]).expect("a good call after a bad one runs");
+                error
+            })
+            .collect::<Vec<String>>()
+    };
+    let (cpu, gpu) = (errors(linnet_runtime::Backend::Cpu), errors(linnet_runtime::Backend::MlirHost));
+    for (cpu, gpu) in cpu.iter().zip(&gpu) {
+        assert!(cpu.contains("outside"), "{cpu}");
+        assert_eq!(gpu.replace("mlir-host", "cpu"), *cpu);
+    }
+}
+
 /// On an NVIDIA GPU through the CUDA driver, where the machine has one;
 /// where it has none, the backend says so plainly (and stderr says the
 /// check did not run).

@@ -73,7 +73,7 @@ impl Cuda {
         let context = CudaContext::new(0).map_err(|e| driver("no CUDA device could be opened", e))?;
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
-        let faults = stream.alloc_zeros::<i64>(4).map_err(|e| driver("device memory for the faults table", e))?;
+        let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
         Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults })
     }
 
@@ -161,7 +161,7 @@ impl Cuda {
         let descriptor = |elements: usize| [0, elements as i64, 1];
         let buffers: Vec<&DeviceBuffer> = std::iter::once(out).chain(args.iter().copied()).collect();
         let sizes: Vec<[i64; 3]> = buffers.iter().map(|buffer| descriptor(buffer.elements())).collect();
-        let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(4));
+        let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
         let mut launch = self.stream.launch_builder(function);
         for (buffer, size) in buffers.iter().zip(&sizes) {
             launch.arg(&buffer.bytes).arg(&buffer.bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
@@ -179,9 +179,10 @@ impl Cuda {
         let name = kernel.name.clone();
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
         let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-        if let Some(message) = super::fault_message(faults.try_into().expect("four faults"), intrinsic, requests) {
+        let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
+        if let Some(error) = super::fault_error(&faults, &name, &kernel.checks, intrinsic, requests) {
             self.stream.memset_zeros(&mut self.faults).map_err(|e| NodeError::Check(driver("clearing the faults table", e)))?;
-            return Err(NodeError::Check(message));
+            return Err(error);
         }
         Ok(())
     }

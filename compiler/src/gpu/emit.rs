@@ -4,7 +4,7 @@
 //! Every value is a flat `memref<?xT>` in its own element type (bool as
 //! `i8`); the output comes first, then the values read, then the entry's
 //! dims as a `memref<?xi64>` table (in the order [`Kernel::dims`] lists
-//! them) and a `memref<4xi64>` of faults ([`Fault`]). In registers floats
+//! them) and a `memref<7xi64>` of faults ([`Fault`], [`FAULT_SLOTS`]). In registers floats
 //! are f32 and integers i64.
 //!
 //! A kernel is independent work items (their count the product of
@@ -36,6 +36,19 @@ pub struct Kernel {
     pub work: Vec<Dim>,
     /// Whether it can raise a fault (else its faults table is not read).
     pub faults: bool,
+    /// The axes its loads check, numbered as a fault names them.
+    pub checks: Vec<Check>,
+}
+
+/// An axis a kernel checks its loads' positions against: a position
+/// outside it is reported with these, as the CPU backend reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Check {
+    pub value: Value,
+    pub axis: usize,
+    /// The value the position reads directly, if any (an input holding a
+    /// position or a token id).
+    pub source: Option<Value>,
 }
 
 /// Where a kernel runs: the same body, wrapped for MLIR's host lowering or
@@ -53,8 +66,18 @@ pub const THREADS: u32 = 256;
 #[derive(Debug)]
 pub struct Unsupported(pub String);
 
-/// What a kernel reports in its faults table: the slot it sets to 1 (a
-/// cache write also stores the offending request in slot 3).
+/// The faults table's length: the flags of [`Fault`], then the detail of
+/// the fault raised (slot 3: a cache write's offending request; slots 4,
+/// 5, 6: the [`Check`] a load failed, its position and the axis' size).
+/// Where items fault at once, the details are one item's.
+pub const FAULT_SLOTS: usize = 7;
+
+/// Slots of the faults table past the flags.
+pub const REQUEST_SLOT: usize = 3;
+pub const CHECK_SLOT: usize = 4;
+
+/// What a kernel reports in its faults table: the slot it sets to 1, with
+/// its details past the flags ([`FAULT_SLOTS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// A load's position outside its axis (the element read is 0).
@@ -101,11 +124,12 @@ pub struct Emitter<'e> {
     /// The dim each of those indices runs over.
     pub extents: HashMap<u32, Dim>,
     faults: bool,
+    checks: Vec<Check>,
 }
 
 impl<'e> Emitter<'e> {
     pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
-        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false }
+        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false, checks: Vec::new() }
     }
 
     pub fn fresh(&mut self) -> String {
@@ -280,11 +304,24 @@ impl<'e> Emitter<'e> {
         self.line(format!("memref.store {value}, {argument}[{at}] : memref<?x{}>", stored(dtype)));
     }
 
-    /// Sets `fault`'s slot of the faults table.
-    pub fn fault(&mut self, fault: Fault) {
+    /// Sets `fault`'s slot of the faults table and stores `details` (i64
+    /// SSA names) from slot `first_detail` on.
+    pub fn fault(&mut self, fault: Fault, first_detail: usize, details: &[&str]) {
         self.faults = true;
         let (flag, slot) = (self.op("arith.constant 1 : i64".into()), self.index_constant(fault as i64));
-        self.line(format!("memref.store {flag}, %error[{slot}] : memref<4xi64>"));
+        self.line(format!("memref.store {flag}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+        for (at, detail) in details.iter().enumerate() {
+            let slot = self.index_constant((first_detail + at) as i64);
+            self.line(format!("memref.store {detail}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+        }
+    }
+
+    /// Raises [`Fault::PositionOutsideAxis`] for `check`, with the
+    /// position and the axis' size (i64 SSA names).
+    pub fn fault_outside_axis(&mut self, check: Check, position: &str, size: &str) {
+        let number = self.op(format!("arith.constant {} : i64", self.checks.len()));
+        self.checks.push(check);
+        self.fault(Fault::PositionOutsideAxis, CHECK_SLOT, &[&number, position, size]);
     }
 
     /// The kernel's work items, as many as the product of `work`; `body`
@@ -378,7 +415,7 @@ impl<'e> Emitter<'e> {
         for (at, value) in self.loads.iter().enumerate() {
             write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
         }
-        arguments.push_str(", %dims: memref<?xi64>, %error: memref<4xi64>");
+        write!(arguments, ", %dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>").expect("writing to a string");
         let text = match self.form {
             // `llvm.emit_c_interface`: MLIR's execution engine calls only
             // such functions.
@@ -388,6 +425,6 @@ impl<'e> Emitter<'e> {
                 self.body
             ),
         };
-        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, faults: self.faults }
+        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, faults: self.faults, checks: self.checks }
     }
 }

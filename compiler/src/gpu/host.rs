@@ -118,11 +118,11 @@ impl MlirHost {
             .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check))
             .collect::<Result<Vec<_>, _>>()?;
         let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
-        let mut error = [0u8; 32];
+        let mut error = [0u8; 8 * super::FAULT_SLOTS];
         let mut descriptors = vec![Descriptor::of(out, out_elements)];
         descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
         descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
-        descriptors.push(Descriptor::of(&mut error, 4));
+        descriptors.push(Descriptor::of(&mut error, super::FAULT_SLOTS));
         // The C interface takes a pointer to each memref's descriptor; the
         // packed call, a pointer to each of those.
         let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
@@ -133,8 +133,8 @@ impl MlirHost {
         unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
         let faults = std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes")));
         let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-        match super::fault_message(faults, intrinsic, requests) {
-            Some(message) => Err(NodeError::Check(message)),
+        match super::fault_error(&faults, &kernel.name, &kernel.checks, intrinsic, requests) {
+            Some(error) => Err(error),
             None => Ok(()),
         }
     }

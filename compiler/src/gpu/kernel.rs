@@ -1,7 +1,8 @@
 //! One `Compute` node as an MLIR kernel (in `emit`'s calling convention):
 //! one work item per element of the node, its scalar expression in
 //! `arith`, `math`, `scf` and `memref` operations. A position outside its
-//! axis reads element 0 and raises [`Fault::PositionOutsideAxis`]; a
+//! axis reads element 0 and raises [`super::emit::Fault::PositionOutsideAxis`]
+//! with the axis' [`Check`], the position and the axis' size; a
 //! position that is an index over the axis's own dim is inside it and is
 //! not checked. Floats are computed in f32 (the contract allows f32
 //! accumulation), rounded to bf16 or f16 where a value of that type is
@@ -9,7 +10,7 @@
 //! with the language's Euclidean division. The same body runs on the host
 //! (MLIR's CPU lowering) or, one thread per element, as PTX.
 
-use super::emit::{register, Emitter, Fault, Form, Kernel, Unsupported};
+use super::emit::{register, Check, Emitter, Form, Kernel, Unsupported};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -190,13 +191,16 @@ impl Emitter<'_> {
         let argument = self.argument(value);
         let mut flat = self.op("arith.constant 0 : i64".into());
         let mut inside = None;
-        for (position, size) in positions.iter().zip(&shape) {
+        for (axis, (scalar, size)) in positions.iter().zip(&shape).enumerate() {
             // An index over the same dim as the axis is inside it: no check.
-            let proven = matches!(position, Scalar::Index(k, _) if self.extents.get(k) == Some(size));
-            let position = self.scalar(position)?;
+            let proven = matches!(scalar, Scalar::Index(k, _) if self.extents.get(k) == Some(size));
+            let position = self.scalar(scalar)?;
             let size = self.dim(size);
             if !proven {
                 let here = self.inside(&position, &size);
+                let outside = self.not(&here);
+                let check = Check { value, axis, source: scalar.direct_load() };
+                self.when(&outside, |emitter| emitter.fault_outside_axis(check, &position, &size));
                 inside = Some(match inside {
                     Some(so_far) => self.op(format!("arith.andi {so_far}, {here} : i1")),
                     None => here,
@@ -209,10 +213,7 @@ impl Emitter<'_> {
             None => flat,
             Some(inside) => {
                 let zero = self.op("arith.constant 0 : i64".into());
-                let safe = self.op(format!("arith.select {inside}, {flat}, {zero} : i64"));
-                let outside = self.not(&inside);
-                self.when(&outside, |emitter| emitter.fault(Fault::PositionOutsideAxis));
-                safe
+                self.op(format!("arith.select {inside}, {flat}, {zero} : i64"))
             }
         };
         let at = self.op(format!("arith.index_cast {safe} : i64 to index"));

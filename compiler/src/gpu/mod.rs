@@ -28,7 +28,7 @@ use crate::ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use crate::ir::Model;
 
-pub use emit::{Fault, Form, Kernel, Unsupported, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Unsupported, CHECK_SLOT, FAULT_SLOTS, REQUEST_SLOT, THREADS};
 pub use ptx_set::{Launch, PtxSet};
 
 /// The kernel of node `at` of `entry`, if it is a `Compute` node or an
@@ -114,21 +114,28 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
     Ok(built)
 }
 
-/// The message for the faults a kernel raised, if any: an intrinsic's as
-/// the reference words it (`crate::intrinsics`); `requests`, the rows of a
-/// `write_slots`' `x`.
+/// The error for the faults kernel `name` raised, if any (`checks`: the
+/// axes its loads check): a load outside its
+/// axis as the CPU backend reports it (the check's value and axis, the
+/// position, the size); an intrinsic's as the reference words it
+/// (`crate::intrinsics`); `requests`, the rows of a `write_slots`' `x`.
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
-fn fault_message(faults: [i64; 4], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<String> {
+fn fault_error(faults: &[i64; FAULT_SLOTS], name: &str, checks: &[Check], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<crate::exec::NodeError> {
+    use crate::exec::NodeError;
     use crate::ir::Intrinsic;
     let raised = |fault: Fault| faults[fault as usize] != 0;
-    let name = intrinsic.map(Intrinsic::name).unwrap_or("a kernel");
+    let writer = intrinsic.map(Intrinsic::name).unwrap_or("a kernel");
     Some(if raised(Fault::PositionOutsideAxis) {
-        "a position outside its axis".into()
+        let [number, position, size] = [faults[CHECK_SLOT], faults[CHECK_SLOT + 1], faults[CHECK_SLOT + 2]];
+        match usize::try_from(number).ok().and_then(|number| checks.get(number)) {
+            Some(check) => NodeError::OutOfRange { value: check.value, axis: check.axis, position, size, source: check.source },
+            None => NodeError::Check(format!("`{name}` raised a fault for check {number}, which it does not have")),
+        }
     } else if raised(Fault::OutsideCache) {
         let what = if intrinsic == Some(Intrinsic::WriteAt) { "position" } else { "span" };
-        format!("{name}: {what} outside the cache")
+        NodeError::Check(format!("{writer}: {what} outside the cache"))
     } else if raised(Fault::RequestOutsideX) {
-        format!("{name}: position {} is outside 0..{requests}", faults[3])
+        NodeError::Check(format!("{writer}: position {} is outside 0..{requests}", faults[REQUEST_SLOT]))
     } else {
         return None;
     })

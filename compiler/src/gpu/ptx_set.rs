@@ -16,7 +16,8 @@ use std::path::Path;
 /// (its output; for a cache write, the cache it changes in place), the
 /// values it reads, the dims table it is given, and its work: one thread
 /// per item, `threads` to a block, as many items as the product of `work`;
-/// whether it can raise a fault. Every buffer is passed as a memref
+/// whether it can raise a fault, and the axes its loads check (numbered
+/// as a fault names them). Every buffer is passed as a memref
 /// descriptor (`pipeline`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Launch {
@@ -27,6 +28,7 @@ pub struct Launch {
     pub work: Vec<Dim>,
     pub threads: u32,
     pub faults: bool,
+    pub checks: Vec<super::Check>,
 }
 
 /// One entry's PTX module and its launches, in node order.
@@ -80,6 +82,7 @@ impl PtxSet {
                         work: kernel.work.clone(),
                         threads: super::THREADS,
                         faults: kernel.faults,
+                        checks: kernel.checks.clone(),
                     })
                     .collect();
                 (entry.entry, EntryPtx { ptx: entry.ptx, launches })
