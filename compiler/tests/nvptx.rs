@@ -3,12 +3,18 @@
 //! `nvidia-cuda-nvcc-cu12`, which `scripts/install-gpu-tools.sh` unpacks)
 //! accepts every one for sm_90. The same kernels run on the host through
 //! MLIR's execution engine are held to the oracle in
-//! `runtime/tests/oracle.rs`. Built only with `--features nvptx`.
+//! `runtime/tests/oracle.rs`; here, a kernel's fault is held to the
+//! reference's error. Built only with `--features nvptx`.
 #![cfg(feature = "nvptx")]
 
 use linnet_compiler::driver::lower_package;
-use linnet_compiler::ir::{Intrinsic, NodeKind};
+use linnet_compiler::exec::Machine;
+use linnet_compiler::gpu::host::MlirHost;
+use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, Scalar, Value};
 use linnet_compiler::package::LoadOptions;
+use linnet_compiler::sema::dim::Dim;
+use linnet_compiler::sema::ty::Dtype;
+use linnet_compiler::tensor::Tensor;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -95,4 +101,36 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
         assert!(used, "the seed no longer uses `{}`: this test covers less than it says", intrinsic.name());
     }
     ptxas_accepts(&built.entries);
+}
+
+/// `out[i] = x[i + 10] + x[i + 20]` over a 4-element `x`: every element
+/// reads outside `x`, twice. The GPU kernel names the fault the
+/// reference meets first (element 0's first load, position 10), not a
+/// later one that overwrote it.
+#[test]
+fn a_kernel_reports_its_first_fault_as_the_reference_does() {
+    let shape = vec![Dim::constant(4)];
+    let shifted = |offset: i64| {
+        let position = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(0, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
+        Scalar::Load(Value(0), vec![position], Dtype::F32)
+    };
+    let sum = Scalar::Binary(BinaryOp::Add, Box::new(shifted(10)), Box::new(shifted(20)), Dtype::F32);
+    let entry = Entry {
+        name: "shift".into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: vec![Input { name: "x".into(), shape: shape.clone(), dtype: Dtype::F32 }],
+        nodes: vec![
+            Node { kind: NodeKind::Input(0), shape: shape.clone(), dtype: Dtype::F32, source: None },
+            Node { kind: NodeKind::Compute(sum), shape, dtype: Dtype::F32, source: None },
+        ],
+        outputs: vec![Value(1)],
+    };
+    let model = Model { name: "shift".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    let x = || vec![Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4])];
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("shift", x()).expect_err("every load is outside x").to_string();
+    let mut host = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds");
+    let error = host.call("shift", x()).expect_err("every load is outside x").to_string();
+    assert!(reference.contains("position 10 is outside 0..4"), "{reference}");
+    assert_eq!(error, reference);
 }

@@ -69,7 +69,8 @@ pub struct Unsupported(pub String);
 /// The faults table's length: the flags of [`Fault`], then the detail of
 /// the fault raised (slot 3: a cache write's offending request; slots 4,
 /// 5, 6: the [`Check`] a load failed, its position and the axis' size).
-/// Where items fault at once, the details are one item's.
+/// A kind's first fault keeps its details, as the CPU backend reports the
+/// first; where items fault at once, they are one item's.
 pub const FAULT_SLOTS: usize = 7;
 
 /// Slots of the faults table past the flags.
@@ -86,6 +87,16 @@ pub enum Fault {
     OutsideCache = 1,
     /// `write_slots`: a row named by slots whose requests sum past `x`.
     RequestOutsideX = 2,
+}
+
+impl Fault {
+    /// The faults table's slot where this fault's details begin.
+    fn details_slot(self) -> usize {
+        match self {
+            Fault::PositionOutsideAxis => CHECK_SLOT,
+            Fault::OutsideCache | Fault::RequestOutsideX => REQUEST_SLOT,
+        }
+    }
 }
 
 /// The storage type of a dtype in memory.
@@ -304,16 +315,24 @@ impl<'e> Emitter<'e> {
         self.line(format!("memref.store {value}, {argument}[{at}] : memref<?x{}>", stored(dtype)));
     }
 
-    /// Sets `fault`'s slot of the faults table and stores `details` (i64
-    /// SSA names) from slot `first_detail` on.
-    pub fn fault(&mut self, fault: Fault, first_detail: usize, details: &[&str]) {
+    /// Sets `fault`'s slot of the faults table, with `details` (i64 SSA
+    /// names) in its detail slots if it is the first of its kind.
+    pub fn fault(&mut self, fault: Fault, details: &[&str]) {
         self.faults = true;
-        let (flag, slot) = (self.op("arith.constant 1 : i64".into()), self.index_constant(fault as i64));
-        self.line(format!("memref.store {flag}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
-        for (at, detail) in details.iter().enumerate() {
-            let slot = self.index_constant((first_detail + at) as i64);
-            self.line(format!("memref.store {detail}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+        let slot = self.index_constant(fault as i64);
+        if !details.is_empty() {
+            let raised = self.op(format!("memref.load %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+            let zero = self.op("arith.constant 0 : i64".into());
+            let first = self.op(format!("arith.cmpi eq, {raised}, {zero} : i64"));
+            self.when(&first, |e| {
+                for (at, detail) in details.iter().enumerate() {
+                    let slot = e.index_constant((fault.details_slot() + at) as i64);
+                    e.line(format!("memref.store {detail}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+                }
+            });
         }
+        let flag = self.op("arith.constant 1 : i64".into());
+        self.line(format!("memref.store {flag}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
     }
 
     /// Raises [`Fault::PositionOutsideAxis`] for `check`, with the
@@ -321,7 +340,7 @@ impl<'e> Emitter<'e> {
     pub fn fault_outside_axis(&mut self, check: Check, position: &str, size: &str) {
         let number = self.op(format!("arith.constant {} : i64", self.checks.len()));
         self.checks.push(check);
-        self.fault(Fault::PositionOutsideAxis, CHECK_SLOT, &[&number, position, size]);
+        self.fault(Fault::PositionOutsideAxis, &[&number, position, size]);
     }
 
     /// The kernel's work items, as many as the product of `work`; `body`

@@ -15,7 +15,7 @@
 //!   position or span outside the cache writes nothing and raises
 //!   [`Fault::OutsideCache`].
 
-use super::emit::{Emitter, Fault, Form, Kernel, Unsupported, REQUEST_SLOT};
+use super::emit::{Emitter, Fault, Form, Kernel, Unsupported};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -297,7 +297,7 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
                 let starts = e.op(format!("arith.addi {room}, {one} : i64"));
                 let inside = e.inside(&start, &starts);
                 let outside = e.not(&inside);
-                e.when(&outside, |e| e.fault(Fault::OutsideCache, REQUEST_SLOT, &[]));
+                e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
                 (start, inside)
             }
             None => {
@@ -336,7 +336,7 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
                 let one = e.op("arith.constant 1 : i64".into());
                 let request = e.op(format!("arith.subi {owner}, {one} : i64"));
                 e.line(format!("scf.if {beyond} {{"));
-                e.fault(Fault::RequestOutsideX, REQUEST_SLOT, &[&request]);
+                e.fault(Fault::RequestOutsideX, &[&request]);
                 e.line("} else {".into());
                 let request = e.op(format!("arith.index_cast {request} : i64 to index"));
                 let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);

@@ -28,7 +28,9 @@ use crate::ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use crate::ir::Model;
 
-pub use emit::{Check, Fault, Form, Kernel, Unsupported, CHECK_SLOT, FAULT_SLOTS, REQUEST_SLOT, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Unsupported, FAULT_SLOTS, THREADS};
+#[cfg(any(feature = "nvptx", feature = "cuda"))]
+use emit::{CHECK_SLOT, REQUEST_SLOT};
 pub use ptx_set::{Launch, PtxSet};
 
 /// The kernel of node `at` of `entry`, if it is a `Compute` node or an
@@ -115,10 +117,10 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
 }
 
 /// The error for the faults kernel `name` raised, if any (`checks`: the
-/// axes its loads check): a load outside its
-/// axis as the CPU backend reports it (the check's value and axis, the
-/// position, the size); an intrinsic's as the reference words it
-/// (`crate::intrinsics`); `requests`, the rows of a `write_slots`' `x`.
+/// axes its loads check): a load outside its axis as the CPU backend
+/// reports it (the check's value and axis, the position, the size); an
+/// intrinsic's as the reference words it (`crate::intrinsics`);
+/// `requests`, the rows of a `write_slots`' `x`.
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 fn fault_error(faults: &[i64; FAULT_SLOTS], name: &str, checks: &[Check], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<crate::exec::NodeError> {
     use crate::exec::NodeError;
