@@ -30,33 +30,36 @@ impl Shared {
     }
 }
 
-/// Runs `body` compiled for the host's vectors: the same Rust, vectorized
-/// by the compiler for each instruction set.
+/// Defines `$name`, which runs `$kernel` (an `#[inline(always)]` function)
+/// compiled for the host's widest vectors: the same Rust, inlined into a
+/// wrapper with each instruction set's target features and vectorized for
+/// it, the wrapper chosen at run time (as the matrix kernel's are). A
+/// closure would not do: its body is a function of its own, compiled
+/// without the features of the wrapper that calls it.
 macro_rules! on_host_vectors {
-    ($body:expr) => {{
-        let body = $body;
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-            unsafe fn avx512<R>(body: impl FnOnce() -> R) -> R {
-                body()
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $kernel:path) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $kernel($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $kernel($($arg),*)
+                }
+                match Isa::host() {
+                    // SAFETY: the CPU has these features.
+                    Isa::Avx512Bf16 | Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    Isa::Portable => {}
+                }
             }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2<R>(body: impl FnOnce() -> R) -> R {
-                body()
-            }
-            match Isa::host() {
-                // SAFETY: the CPU has these features.
-                Isa::Avx512Bf16 | Isa::Avx512 => unsafe { avx512(body) },
-                Isa::Avx2 => unsafe { avx2(body) },
-                Isa::Portable => body(),
-            }
+            $kernel($($arg),*)
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            body()
-        }
-    }};
+    };
 }
 
 /// An intrinsic that makes a new value of `shape`, in `out` (a buffer of
@@ -80,78 +83,84 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f
 /// operations on each element, in the same order, as two passes).
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
-    let DeltaRule { q, k, v, decay, beta, state, scale, batch, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
-    let (group, rows) = (operands.group(), operands.rows());
     let target = Shared(out.as_mut_ptr());
-    (0..batch * value_heads).into_par_iter().for_each(|task| {
-        let (b, h) = (task / value_heads, task % value_heads);
-        let kh = h / group;
-        let key_at = |t: usize| ((b * tokens + t) * key_heads + kh) * key_dim;
-        let gate_at = |t: usize| (b * tokens + t) * value_heads + h;
-        let forget = |t: usize| (decay[gate_at(t)] as f64).exp() as f32;
-        on_host_vectors!(|| {
-            let first = (b * value_heads + h) * key_dim * value_dim;
-            let mut memory = state[first..first + key_dim * value_dim].to_vec();
-            let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
-            if tokens > 0 {
-                let (decayed, key) = (forget(0), &k[key_at(0)..key_at(0) + key_dim]);
-                let recalled = &mut recalled[..value_dim];
-                for (row, &ki) in memory.chunks_exact_mut(value_dim).zip(key) {
-                    let row = &mut row[..value_dim];
-                    for d in 0..value_dim {
-                        row[d] *= decayed;
-                        recalled[d] += row[d] * ki;
-                    }
-                }
-            }
-            for t in 0..tokens {
-                let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
-                let (key, query) = (&k[key_at(t)..key_at(t) + key_dim], &q[key_at(t)..key_at(t) + key_dim]);
-                let rate = beta[gate_at(t)];
-                for ((slot, &value), &sum) in update.iter_mut().zip(&v[value_at..value_at + value_dim]).zip(&recalled) {
-                    *slot = (value - sum) * rate;
-                }
-                read.fill(0.0);
-                recalled.fill(0.0);
-                if t + 1 < tokens {
-                    let (decayed, next_key) = (forget(t + 1), &k[key_at(t + 1)..key_at(t + 1) + key_dim]);
-                    let (update, read, recalled) = (&update[..value_dim], &mut read[..value_dim], &mut recalled[..value_dim]);
-                    for (((row, &ki), &qi), &next_ki) in memory.chunks_exact_mut(value_dim).zip(key).zip(query).zip(next_key) {
-                        let row = &mut row[..value_dim];
-                        for d in 0..value_dim {
-                            let learned = row[d] + ki * update[d];
-                            read[d] += learned * qi;
-                            let decayed_cell = learned * decayed;
-                            row[d] = decayed_cell;
-                            recalled[d] += decayed_cell * next_ki;
-                        }
-                    }
-                } else {
-                    let (update, read) = (&update[..value_dim], &mut read[..value_dim]);
-                    for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
-                        let row = &mut row[..value_dim];
-                        for d in 0..value_dim {
-                            row[d] += ki * update[d];
-                            read[d] += row[d] * qi;
-                        }
-                    }
-                }
-                let at = ((b * rows + t) * value_heads + h) * value_dim;
-                for (j, &sum) in read.iter().enumerate() {
-                    // SAFETY: token `t` of head `h` of row `b`: this task's.
-                    unsafe { target.write(at + j, sum * scale) };
-                }
-            }
-            for (i, row) in memory.chunks_exact(value_dim).enumerate() {
-                let at = ((b * rows + tokens + i) * value_heads + h) * value_dim;
-                for (j, &cell) in row.iter().enumerate() {
-                    // SAFETY: state row `i` of head `h` of row `b`: this task's.
-                    unsafe { target.write(at + j, cell) };
-                }
-            }
-        })
-    });
+    (0..operands.batch * operands.value_heads).into_par_iter().for_each(|task| delta_head(&operands, task, &target));
     Tensor { dtype: Dtype::F32, shape, data: Data::F32(out.into()) }
+}
+
+on_host_vectors! {
+    /// Task `task` of [`delta_rule`]: one batch row's value head.
+    fn delta_head(operands: &DeltaRule, task: usize, target: &Shared) => delta_head_on_host
+}
+
+#[inline(always)]
+fn delta_head_on_host(operands: &DeltaRule, task: usize, target: &Shared) {
+    let &DeltaRule { q, k, v, decay, beta, state, scale, batch: _, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
+    let (group, rows) = (operands.group(), operands.rows());
+    let (b, h) = (task / value_heads, task % value_heads);
+    let kh = h / group;
+    let key_at = |t: usize| ((b * tokens + t) * key_heads + kh) * key_dim;
+    let gate_at = |t: usize| (b * tokens + t) * value_heads + h;
+    let forget = |t: usize| (decay[gate_at(t)] as f64).exp() as f32;
+    let first = (b * value_heads + h) * key_dim * value_dim;
+    let mut memory = state[first..first + key_dim * value_dim].to_vec();
+    let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
+    if tokens > 0 {
+        let (decayed, key) = (forget(0), &k[key_at(0)..key_at(0) + key_dim]);
+        let recalled = &mut recalled[..value_dim];
+        for (row, &ki) in memory.chunks_exact_mut(value_dim).zip(key) {
+            let row = &mut row[..value_dim];
+            for d in 0..value_dim {
+                row[d] *= decayed;
+                recalled[d] += row[d] * ki;
+            }
+        }
+    }
+    for t in 0..tokens {
+        let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
+        let (key, query) = (&k[key_at(t)..key_at(t) + key_dim], &q[key_at(t)..key_at(t) + key_dim]);
+        let rate = beta[gate_at(t)];
+        for ((slot, &value), &sum) in update.iter_mut().zip(&v[value_at..value_at + value_dim]).zip(&recalled) {
+            *slot = (value - sum) * rate;
+        }
+        read.fill(0.0);
+        recalled.fill(0.0);
+        if t + 1 < tokens {
+            let (decayed, next_key) = (forget(t + 1), &k[key_at(t + 1)..key_at(t + 1) + key_dim]);
+            let (update, read, recalled) = (&update[..value_dim], &mut read[..value_dim], &mut recalled[..value_dim]);
+            for (((row, &ki), &qi), &next_ki) in memory.chunks_exact_mut(value_dim).zip(key).zip(query).zip(next_key) {
+                let row = &mut row[..value_dim];
+                for d in 0..value_dim {
+                    let learned = row[d] + ki * update[d];
+                    read[d] += learned * qi;
+                    let decayed_cell = learned * decayed;
+                    row[d] = decayed_cell;
+                    recalled[d] += decayed_cell * next_ki;
+                }
+            }
+        } else {
+            let (update, read) = (&update[..value_dim], &mut read[..value_dim]);
+            for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
+                let row = &mut row[..value_dim];
+                for d in 0..value_dim {
+                    row[d] += ki * update[d];
+                    read[d] += row[d] * qi;
+                }
+            }
+        }
+        let at = ((b * rows + t) * value_heads + h) * value_dim;
+        for (j, &sum) in read.iter().enumerate() {
+            // SAFETY: token `t` of head `h` of row `b`: this task's.
+            unsafe { target.write(at + j, sum * scale) };
+        }
+    }
+    for (i, row) in memory.chunks_exact(value_dim).enumerate() {
+        let at = ((b * rows + tokens + i) * value_heads + h) * value_dim;
+        for (j, &cell) in row.iter().enumerate() {
+            // SAFETY: state row `i` of head `h` of row `b`: this task's.
+            unsafe { target.write(at + j, cell) };
+        }
+    }
 }
 
 /// Queries a task takes: enough tasks for every thread on a prefill, and
@@ -168,63 +177,71 @@ const QUERY_BLOCK: usize = 16;
 /// admitted values weighted, rounded to the query's type.
 fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
-    let Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch, heads, queries, width, kv_heads, keys } = operands;
-    let group = operands.group();
     let target = Shared(out.as_mut_ptr());
+    let blocks = operands.queries.div_ceil(QUERY_BLOCK);
+    (0..operands.batch * operands.kv_heads * blocks).into_par_iter().for_each(|task| attention_block(&operands, rows_mask, task, &target));
+    Tensor { dtype: operands.dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
+}
+
+on_host_vectors! {
+    /// Task `task` of [`attention`]: one batch row's key/value head, for
+    /// one block of queries.
+    fn attention_block(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => attention_block_on_host
+}
+
+#[inline(always)]
+fn attention_block_on_host(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) {
+    let &Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch: _, heads, queries, width, kv_heads, keys } = operands;
+    let group = operands.group();
     let blocks = queries.div_ceil(QUERY_BLOCK);
-    (0..batch * kv_heads * blocks).into_par_iter().for_each(|task| {
-        let (b, kv, block) = (task / (kv_heads * blocks), task / blocks % kv_heads, task % blocks);
-        let block = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(queries);
-        let query_at = |i: usize, g: usize| ((b * heads + kv * group + g) * queries + i) * width;
-        let admitted: Vec<(bool, Vec<usize>)> = block
-            .clone()
-            .map(|i| {
-                let mut keys_of = Vec::new();
-                let any = crate::intrinsics::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut keys_of);
-                (any, keys_of)
-            })
-            .collect();
-        let span = admitted.iter().filter(|(any, _)| *any).filter_map(|(_, keys_of)| keys_of.last()).max().map_or(0, |last| last + 1);
-        let first_key = (b * kv_heads + kv) * keys * width;
-        let mut scores = vec![0f32; block.len() * group * span];
-        let slots: Vec<(usize, usize)> = block.clone().flat_map(|i| (0..group).map(move |g| (i, g))).collect();
-        if span > 0 {
-            let rows = Rows {
-                inputs: slots.iter().map(|&(i, g)| qf[query_at(i, g)..].as_ptr()).collect(),
-                outs: scores.chunks_exact_mut(span).map(|row| row.as_mut_ptr()).collect(),
-            };
-            // SAFETY: each query row has `width` values, each scores row
-            // room for `span`, and the keys up to `span` are in `kf`.
-            unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
-        }
-        on_host_vectors!(|| {
-            let (mut weights, mut sum) = (Vec::with_capacity(keys), vec![0f32; width]);
-            for (slot, &(i, g)) in slots.iter().enumerate() {
-                let (any, keys_of) = &admitted[i - block.start];
-                let row = &scores[slot * span..(slot + 1) * span];
-                weights.clear();
-                weights.extend(keys_of.iter().map(|&j| if *any { row[j] * scale } else { 0.0 }));
-                let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
-                let mut total = 0f32;
-                for weight in weights.iter_mut() {
-                    *weight = expf::exp(*weight - top);
-                    total += *weight;
-                }
-                sum.fill(0.0);
-                for (weight, &j) in weights.iter().zip(keys_of) {
-                    let v_at = ((b * kv_heads + kv) * keys + j) * width;
-                    let share = weight / total;
-                    for (s, &value) in sum.iter_mut().zip(&vf[v_at..v_at + width]) {
-                        *s += share * value;
-                    }
-                }
-                for (d, &s) in sum.iter().enumerate() {
-                    // SAFETY: query `i` of head `kv · group + g` of row `b`:
-                    // this task's.
-                    unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
-                }
-            }
+    let (b, kv, block) = (task / (kv_heads * blocks), task / blocks % kv_heads, task % blocks);
+    let block = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(queries);
+    let query_at = |i: usize, g: usize| ((b * heads + kv * group + g) * queries + i) * width;
+    let admitted: Vec<(bool, Vec<usize>)> = block
+        .clone()
+        .map(|i| {
+            let mut keys_of = Vec::new();
+            let any = crate::intrinsics::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut keys_of);
+            (any, keys_of)
         })
-    });
-    Tensor { dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
+        .collect();
+    let span = admitted.iter().filter(|(any, _)| *any).filter_map(|(_, keys_of)| keys_of.last()).max().map_or(0, |last| last + 1);
+    let first_key = (b * kv_heads + kv) * keys * width;
+    let mut scores = vec![0f32; block.len() * group * span];
+    let slots: Vec<(usize, usize)> = block.clone().flat_map(|i| (0..group).map(move |g| (i, g))).collect();
+    if span > 0 {
+        let rows = Rows {
+            inputs: slots.iter().map(|&(i, g)| qf[query_at(i, g)..].as_ptr()).collect(),
+            outs: scores.chunks_exact_mut(span).map(|row| row.as_mut_ptr()).collect(),
+        };
+        // SAFETY: each query row has `width` values, each scores row
+        // room for `span`, and the keys up to `span` are in `kf`.
+        unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
+    }
+    let (mut weights, mut sum) = (Vec::with_capacity(keys), vec![0f32; width]);
+    for (slot, &(i, g)) in slots.iter().enumerate() {
+        let (any, keys_of) = &admitted[i - block.start];
+        let row = &scores[slot * span..(slot + 1) * span];
+        weights.clear();
+        weights.extend(keys_of.iter().map(|&j| if *any { row[j] * scale } else { 0.0 }));
+        let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
+        let mut total = 0f32;
+        for weight in weights.iter_mut() {
+            *weight = expf::exp(*weight - top);
+            total += *weight;
+        }
+        sum.fill(0.0);
+        for (weight, &j) in weights.iter().zip(keys_of) {
+            let v_at = ((b * kv_heads + kv) * keys + j) * width;
+            let share = weight / total;
+            for (s, &value) in sum.iter_mut().zip(&vf[v_at..v_at + width]) {
+                *s += share * value;
+            }
+        }
+        for (d, &s) in sum.iter().enumerate() {
+            // SAFETY: query `i` of head `kv · group + g` of row `b`:
+            // this task's.
+            unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
+        }
+    }
 }
