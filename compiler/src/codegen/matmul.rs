@@ -172,21 +172,15 @@ fn count_weight_bytes<W: Weight>(groups: &[(&Rows, &[W])]) {
 }
 
 /// The input rows as bf16 bits, when every value is exactly a bf16 (then
-/// a bf16 dot product computes exact products, as f32 does).
+/// a bf16 dot product computes exact products, as f32 does); asked for
+/// only on `Avx512Bf16`.
 fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
-    let mut bits = Vec::with_capacity(rows.inputs.len() * depth);
-    for &row in &rows.inputs {
-        // SAFETY: each input row has `depth` readable values.
-        let values = unsafe { std::slice::from_raw_parts(row, depth) };
-        for &value in values {
-            let high = (value.to_bits() >> 16) as u16;
-            if value.to_bits() & 0xffff != 0 {
-                return None;
-            }
-            bits.push(high);
-        }
-    }
-    Some(bits)
+    // SAFETY: the CPU has AVX-512 (the only caller runs on `Avx512Bf16`),
+    // and each input row has `depth` readable values.
+    #[cfg(target_arch = "x86_64")]
+    return unsafe { x86::as_bf16(rows, depth) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("bf16 dot products are x86's ({} rows of {depth})", rows.inputs.len())
 }
 
 /// # Safety
@@ -614,6 +608,35 @@ mod x86 {
                 out
             }
         }
+    }
+
+    /// `super::as_bf16` in AVX-512 lanes: a row's values are converted
+    /// whole, with the bits that bf16 drops or-ed together on the way,
+    /// instead of one branch per value.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BW; each input row has `depth` readable values.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
+        let total = rows.inputs.len() * depth;
+        // Written before it is read: no pass to zero it first.
+        let mut bits = Vec::with_capacity(total);
+        let spare = &mut bits.spare_capacity_mut()[..total];
+        for (&row, out) in rows.inputs.iter().zip(spare.chunks_exact_mut(depth.max(1))) {
+            // SAFETY: as the caller promises.
+            let values = unsafe { std::slice::from_raw_parts(row, depth) };
+            let mut dropped = 0u32;
+            for (bits, value) in out.iter_mut().zip(values) {
+                dropped |= value.to_bits() & 0xffff;
+                bits.write((value.to_bits() >> 16) as u16);
+            }
+            if dropped != 0 {
+                return None;
+            }
+        }
+        // SAFETY: every row's `depth` elements were written above.
+        unsafe { bits.set_len(total) };
+        Some(bits)
     }
 
     /// Columns `range` of every output row from bf16 inputs (`inputs`:
