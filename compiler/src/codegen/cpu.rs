@@ -21,9 +21,11 @@ use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, SigRef, Signature};
+use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::isa::CallConv;
+use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_module::{FuncId, Linkage, Module, ModuleReloc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -874,13 +876,16 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
 /// Defines one function per `Compute` node of `entry`, named
 /// `{prefix}v{node}`, in `module` (a JIT or an object file). Entry dims are
 /// read at run time from the dims table; the model's dims are constants.
-/// A node that cannot be compiled is an error naming it.
+/// A node that cannot be compiled is an error naming it. The functions'
+/// IR is built in node order, then compiled on rayon's threads (the
+/// module takes the machine code in node order): compiling is nearly all
+/// of a build's time.
 pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str, elementwise: Elementwise) -> Result<Vec<KernelDef>, (usize, String)> {
     assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
     let call_conv = module.target_config().default_call_conv;
     let mut context = module.make_context();
     let mut function_context = FunctionBuilderContext::new();
-    let mut defined = Vec::new();
+    let mut built = Vec::new();
     for (at, node) in entry.nodes.iter().enumerate() {
         let NodeKind::Compute(scalar) = &node.kind else { continue };
         let mut loaded = Vec::new();
@@ -958,9 +963,35 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             sites = std::mem::take(&mut lowerer.sites);
             builder.finalize(module.target_config());
         }
-        module.define_function(id, &mut context).map_err(|e| (at, format!("Cranelift: {e:?}")))?;
-        module.clear_context(&mut context);
-        defined.push(KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } });
+        let function = std::mem::replace(&mut context, module.make_context());
+        built.push((function, KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } }));
     }
-    Ok(defined)
+    compile_all(module, built)
+}
+
+/// Compiles the functions `built` on rayon's threads and defines each in
+/// `module`, in order; the first function (in node order) that does not
+/// compile is an error naming its node.
+fn compile_all<M: Module>(module: &mut M, built: Vec<(Context, KernelDef)>) -> Result<Vec<KernelDef>, (usize, String)> {
+    use rayon::prelude::*;
+    let (mut functions, defs): (Vec<Context>, Vec<KernelDef>) = built.into_iter().unzip();
+    let nodes: Vec<usize> = defs.iter().map(|def| def.record.node).collect();
+    let isa = module.isa();
+    let compiled: Vec<Result<(), (usize, String)>> = functions
+        .par_iter_mut()
+        .zip(&nodes)
+        .map(|(function, &node)| function.compile(isa, &mut ControlPlane::default()).map(|_| ()).map_err(|error| (node, format!("Cranelift: {:?}", error.inner))))
+        .collect();
+    // The first failure in node order, whichever thread met it first.
+    compiled.into_iter().collect::<Result<(), _>>()?;
+    functions
+        .into_iter()
+        .zip(defs)
+        .map(|(function, def)| {
+            let code = function.compiled_code().expect("compiled above");
+            let relocs: Vec<ModuleReloc> = code.buffer.relocs().iter().map(|reloc| ModuleReloc::from_mach_reloc(reloc, &function.func, def.func)).collect();
+            module.define_function_bytes(def.func, u64::from(code.buffer.alignment), code.code_buffer(), &relocs).map_err(|e| (def.record.node, format!("Cranelift: {e:?}")))?;
+            Ok(def)
+        })
+        .collect()
 }
