@@ -52,7 +52,7 @@ impl Weight for u16 {
 pub enum Isa {
     /// AVX-512 with bf16 dot products (`vdpbf16ps`).
     Avx512Bf16,
-    /// AVX-512 F: sixteen f32 lanes with FMA.
+    /// AVX-512 F and BW: sixteen f32 lanes with FMA.
     Avx512,
     /// AVX2 with FMA: eight f32 lanes.
     Avx2,
@@ -72,7 +72,8 @@ impl Isa {
         let mut found = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            // The AVX-512 kernels use BW's 16-bit widening as well as F.
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
             if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
                 found.push(Isa::Avx512Bf16);
             }
