@@ -883,9 +883,8 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
 pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str, elementwise: Elementwise) -> Result<Vec<KernelDef>, (usize, String)> {
     assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
     let call_conv = module.target_config().default_call_conv;
-    let mut context = module.make_context();
     let mut function_context = FunctionBuilderContext::new();
-    let mut built = Vec::new();
+    let (mut functions, mut defs) = (Vec::new(), Vec::new());
     for (at, node) in entry.nodes.iter().enumerate() {
         let NodeKind::Compute(scalar) = &node.kind else { continue };
         let mut loaded = Vec::new();
@@ -895,6 +894,8 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         let loads: Vec<(Value, Vec<Dim>, Stored)> =
             loaded.iter().map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()]))).collect();
         let table = dims_read(entry, &node.shape, scalar);
+        // Each function keeps its own context until it is compiled.
+        let mut context = module.make_context();
         context.func.signature = kernel_signature(call_conv);
         let symbol = format!("{prefix}v{at}");
         let sites;
@@ -963,18 +964,18 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             sites = std::mem::take(&mut lowerer.sites);
             builder.finalize(module.target_config());
         }
-        let function = std::mem::replace(&mut context, module.make_context());
-        built.push((function, KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } }));
+        functions.push(context);
+        defs.push(KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } });
     }
-    compile_all(module, built)
+    compile_all(module, functions, defs)
 }
 
-/// Compiles the functions `built` on rayon's threads and defines each in
-/// `module`, in order; the first function (in node order) that does not
-/// compile is an error naming its node.
-fn compile_all<M: Module>(module: &mut M, built: Vec<(Context, KernelDef)>) -> Result<Vec<KernelDef>, (usize, String)> {
+/// Compiles `functions` on rayon's threads and defines each in `module`
+/// as its `defs` entry says, in order; the first function (in node order)
+/// that does not compile is an error naming its node.
+fn compile_all<M: Module>(module: &mut M, mut functions: Vec<Context>, defs: Vec<KernelDef>) -> Result<Vec<KernelDef>, (usize, String)> {
     use rayon::prelude::*;
-    let (mut functions, defs): (Vec<Context>, Vec<KernelDef>) = built.into_iter().unzip();
+    // The nodes apart: a `KernelDef` is not shared among threads.
     let nodes: Vec<usize> = defs.iter().map(|def| def.record.node).collect();
     let isa = module.isa();
     let compiled: Vec<Result<(), (usize, String)>> = functions

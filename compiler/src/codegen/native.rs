@@ -63,8 +63,8 @@ fn host_isa(position_independent: bool) -> Result<OwnedTargetIsa, String> {
     let mut flags = settings::builder();
     flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
     // Cranelift's IR verifier checks the code generator, not the model: on
-    // in debug builds (the tests), off in release, where it took a tenth
-    // of a build.
+    // in debug builds (the tests), off in release, where it took 7% of a
+    // build.
     flags.set("enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" }).map_err(|e| e.to_string())?;
     flags.set("is_pic", if position_independent { "true" } else { "false" }).map_err(|e| e.to_string())?;
     let isa = cranelift_native::builder().map_err(|e| format!("this host is not supported by Cranelift: {e}"))?;
