@@ -176,7 +176,7 @@ fn elementwise_kernels() {
 }
 
 fn main() {
-    println!("{} threads; instruction sets: {}", rayon::current_num_threads(), Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", "));
+    println!("{} threads; instruction sets: {}", linnet_compiler::codegen::threads::threads(), Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", "));
     // `cargo bench -p linnet-compiler --bench kernels -- experts` runs the
     // families whose names are given; no name runs them all.
     let wanted: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();

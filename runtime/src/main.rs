@@ -166,11 +166,15 @@ enum Command {
     },
 }
 
-/// The kernels' thread pool at `threads` threads, when given.
+/// The kernels' threads (and rayon's, which loading uses) at `threads`,
+/// when given.
 fn use_threads(threads: Option<usize>) -> Result<(), String> {
     match threads {
         Some(0) => Err("`--threads` must be at least 1".into()),
-        Some(count) => rayon::ThreadPoolBuilder::new().num_threads(count).build_global().map_err(|e| format!("cannot start {count} threads: {e}")),
+        Some(count) => {
+            linnet_compiler::codegen::threads::set_threads(count)?;
+            rayon::ThreadPoolBuilder::new().num_threads(count).build_global().map_err(|e| format!("cannot start {count} threads: {e}"))
+        }
         None => Ok(()),
     }
 }

@@ -167,7 +167,7 @@ impl Backend for Cpu {
 }
 
 /// Elements at or above which an elementwise node's rows are shared among
-/// rayon's threads.
+/// the kernels' threads.
 const PARALLEL_ELEMENTS: usize = 1 << 16;
 
 /// One kernel call's pointers, shared by the threads that run its rows.
@@ -196,7 +196,6 @@ impl Call<'_> {
 /// rows shared among threads when it is large, as chunks whose first
 /// fault (in row order) is the one a single pass would report.
 fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mut Pool) -> Result<Tensor, NodeError> {
-    use rayon::prelude::*;
     let node = &site.entry.nodes[site.at];
     // Every kernel writes every element of its output (an elementwise
     // node all its rows, a contraction all its rows' columns), so a float
@@ -224,11 +223,23 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
         [first] | [first, _] => *first,
         [first, second, ..] => first * second,
     };
-    let threads = rayon::current_num_threads();
+    let threads = super::threads::threads();
     let result = if kernel.record.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
         let chunk = rows.div_ceil(threads * 4);
-        let faults: Vec<_> = (0..rows.div_ceil(chunk)).into_par_iter().map(|part| call.rows(part * chunk..((part + 1) * chunk).min(rows))).collect();
-        faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        // The fault of the first part that has one.
+        let first_fault = std::sync::Mutex::new(None);
+        super::threads::for_each(rows.div_ceil(chunk), &|part| {
+            if let Err(fault) = call.rows(part * chunk..((part + 1) * chunk).min(rows)) {
+                let mut first = first_fault.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if first.as_ref().is_none_or(|(earlier, _)| part < *earlier) {
+                    *first = Some((part, fault));
+                }
+            }
+        });
+        match first_fault.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            Some((_, fault)) => Err(fault),
+            None => Ok(()),
+        }
     } else {
         call.rows(0..rows)
     };

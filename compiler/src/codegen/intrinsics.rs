@@ -1,20 +1,20 @@
 //! The CPU backend's kernels for the intrinsics, with the numerics a
 //! compiled backend may use: f32 throughout, loops written so that the
 //! compiler vectorizes them for the widest vectors the CPU has (chosen at
-//! run time, as the matrix kernel's are), and every head on rayon's
+//! run time, as the matrix kernel's are), and every head on the kernels'
 //! threads. The gated delta rule keeps each head's state in f32 and walks
 //! the tokens in order; attention's scores are matrix products (the
 //! matrix kernel's) and it reads each admitted value once per query.
 //! Cache writes copy rows and are the interpreter's own (`crate::intrinsics`).
 
 use super::expf;
+use super::threads;
 use super::matmul::{self, Isa, Rows};
 use crate::intrinsics::{Attention, DeltaRule};
 use crate::ir::Intrinsic;
 use crate::numerics::round;
 use crate::sema::ty::Dtype;
 use crate::tensor::{Data, Tensor};
-use rayon::prelude::*;
 
 /// An output written by many threads, each at its own elements.
 struct Shared(*mut f32);
@@ -84,7 +84,7 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
     let target = Shared(out.as_mut_ptr());
-    (0..operands.batch * operands.value_heads).into_par_iter().for_each(|task| delta_head(&operands, task, &target));
+    threads::for_each(operands.batch * operands.value_heads, &|task| delta_head(&operands, task, &target));
     Tensor { dtype: Dtype::F32, shape, data: Data::F32(out.into()) }
 }
 
@@ -179,7 +179,7 @@ fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
     let target = Shared(out.as_mut_ptr());
     let blocks = operands.queries.div_ceil(QUERY_BLOCK);
-    (0..operands.batch * operands.kv_heads * blocks).into_par_iter().for_each(|task| attention_block(&operands, rows_mask, task, &target));
+    threads::for_each(operands.batch * operands.kv_heads * blocks, &|task| attention_block(&operands, rows_mask, task, &target));
     Tensor { dtype: operands.dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 

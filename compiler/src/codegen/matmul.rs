@@ -11,10 +11,13 @@
 //! Work is tiled for the caches: input rows in blocks that stay in L2,
 //! four weight rows at a time against six input rows (twenty-four sums in
 //! flight), so that a prefill reads each weight row once per block of
-//! rows; large products split the weight rows among rayon's threads.
+//! rows; large products split the weight rows among the kernels' threads
+//! (`codegen::threads`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+use super::threads;
 
 /// Weight bytes the kernel was given, over the process's life.
 static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -187,26 +190,32 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
 unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
-    use rayon::prelude::*;
     // Per group: bf16 dot products pay off where tiles of four rows reuse
     // each weight load; a matrix–vector product streams faster widening
     // the weights. The inputs are converted on every thread (a prefill's
     // experts have thousands of rows between them).
-    let plans: Vec<(Isa, Option<Vec<u16>>)> = groups
-        .par_iter()
-        .map(|(rows, weight)| {
-            assert_eq!(weight.len(), columns * depth, "a weight row per column");
-            let bf16_inputs = if isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4 { as_bf16(rows, depth) } else { None };
-            (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
-        })
-        .collect();
+    let converts = |rows: &Rows| isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4;
+    let plans: Vec<OnceLock<(Isa, Option<Vec<u16>>)>> = groups.iter().map(|_| OnceLock::new()).collect();
+    let plan = |group: usize| {
+        let (rows, weight) = groups[group];
+        assert_eq!(weight.len(), columns * depth, "a weight row per column");
+        let bf16_inputs = if converts(rows) { as_bf16(rows, depth) } else { None };
+        let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
+        plans[group].get_or_init(|| (isa, bf16_inputs));
+    };
+    if groups.iter().any(|(rows, _)| converts(rows)) {
+        threads::for_each(groups.len(), &plan);
+    } else {
+        (0..groups.len()).for_each(plan);
+    }
+    let plans: Vec<(Isa, Option<Vec<u16>>)> = plans.into_iter().map(|plan| plan.into_inner().expect("every group is planned")).collect();
     let share = |group: usize, range: std::ops::Range<usize>| {
         let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
         // bf16 inputs, when given, are `rows` converted.
         unsafe { columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
     };
-    let threads = rayon::current_num_threads();
+    let threads = threads::threads();
     let products: usize = groups.iter().map(|(rows, _)| rows.inputs.len() * columns * depth).sum();
     if threads == 1 || products < PARALLEL_PRODUCTS {
         return (0..groups.len()).for_each(|group| share(group, 0..columns));
@@ -214,7 +223,7 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
     // About four shares a thread over all groups, none under a tile's worth.
     let chunk = (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
     let parts = columns.div_ceil(chunk);
-    (0..groups.len() * parts).into_par_iter().for_each(|job| {
+    threads::for_each(groups.len() * parts, &|job| {
         let (group, part) = (job / parts, job % parts);
         share(group, part * chunk..((part + 1) * chunk).min(columns));
     });

@@ -3,9 +3,10 @@
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call, and
 //! `matmul` the hand-tuned kernel contractions run on, `intrinsics` the
-//! kernels of attention and the delta rule; `backend` is what the executor
-//! drives. Numerics follow `numerics`, the same as the
-//! interpreter's, within the tolerances of `docs/language.md`.
+//! kernels of attention and the delta rule, `threads` the pool they share
+//! their work on; `backend` is what the executor drives. Numerics follow
+//! `numerics`, the same as the interpreter's, within the tolerances of
+//! `docs/language.md`.
 
 pub mod backend;
 pub mod cpu;
@@ -14,3 +15,4 @@ pub mod helpers;
 pub mod intrinsics;
 pub mod matmul;
 pub mod native;
+pub mod threads;
