@@ -8,12 +8,13 @@
 //! result:
 //! - the load's positions are distinct indices, each running over exactly
 //!   the producer's extent on that axis (so the load is never out of
-//!   range), covering every index in scope but those of extent 1 (the
-//!   consumer's axes and the reductions around the load: no element is
-//!   recomputed); or, for a
-//!   producer that reduces, outside the consumer's reductions, covering
-//!   the consumer's outer axes `0..m`: backends compute it once per outer
-//!   position (`ir::invariant`), which makes a norm one pass over a row;
+//!   range), or a constant 0 on an axis of extent 1 (a batch of one row
+//!   read as `x[0, i1, i2]`), covering every index in scope but those of
+//!   extent 1 (the consumer's axes and the reductions around the load: no
+//!   element is recomputed); or, for a producer that reduces, outside the
+//!   consumer's reductions, covering the consumer's outer axes `0..m`:
+//!   backends compute it once per outer position (`ir::invariant`), which
+//!   makes a norm one pass over a row;
 //! - the load is not in a branch of a lazy select (which would skip the
 //!   producer's own range checks);
 //! - the producer is not hoisted (computed once per loaded model), nor a
@@ -87,6 +88,15 @@ fn fuse_entry(entry: &mut Entry) {
     remove(entry, &fused);
 }
 
+/// Where one of the producer's axes comes from in the consumer.
+#[derive(Clone, Copy, PartialEq)]
+enum Axis {
+    /// The consumer's index of this number.
+    Index(u32),
+    /// Position 0 of an axis of extent 1.
+    Zero,
+}
+
 struct Inliner<'a> {
     value: Value,
     body: &'a Scalar,
@@ -138,24 +148,30 @@ impl Inliner<'_> {
         }
     }
 
-    /// The consumer's index for each of the producer's axes, when the
-    /// positions are distinct indices that cover the scope and match the
-    /// producer's extents.
-    fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)], rank: usize) -> Option<Vec<u32>> {
+    /// Where each of the producer's axes comes from in the consumer, when
+    /// the positions are distinct indices (or 0 on an axis of extent 1)
+    /// that cover the scope and match the producer's extents.
+    fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)], rank: usize) -> Option<Vec<Axis>> {
+        let one = Dim::constant(1);
         let mut mapping = Vec::with_capacity(positions.len());
         for (position, extent) in positions.iter().zip(self.shape) {
-            let Scalar::Index(index, _) = position else { return None };
-            let (_, range) = scope.iter().find(|(number, _)| number == index)?;
-            if range != extent || mapping.contains(index) {
-                return None;
-            }
-            mapping.push(*index);
+            let axis = match position {
+                Scalar::Int(0, _) if *extent == one => Axis::Zero,
+                Scalar::Index(index, _) => {
+                    let (_, range) = scope.iter().find(|(number, _)| number == index)?;
+                    if range != extent || mapping.contains(&Axis::Index(*index)) {
+                        return None;
+                    }
+                    Axis::Index(*index)
+                }
+                _ => return None,
+            };
+            mapping.push(axis);
         }
         // Indices of extent 1 repeat nothing when left out.
-        let one = Dim::constant(1);
-        let covers = scope.iter().all(|(number, extent)| mapping.contains(number) || *extent == one);
+        let covers = scope.iter().all(|(number, extent)| mapping.contains(&Axis::Index(*number)) || *extent == one);
         // Outer axes `0..m` of the consumer, outside its reductions.
-        let outer = self.reduces && scope.len() == rank && mapping.iter().all(|index| (*index as usize) < mapping.len());
+        let outer = self.reduces && scope.len() == rank && mapping.iter().all(|axis| matches!(axis, Axis::Index(index) if (*index as usize) < mapping.len()));
         (covers || outer).then_some(mapping)
     }
 }
@@ -169,11 +185,17 @@ fn max_index(scalar: &Scalar) -> u32 {
     most
 }
 
-/// The producer's axes become the consumer's indices in `axes`; its
-/// reductions get fresh numbers.
-fn renumber(scalar: &mut Scalar, axes: &[u32], next: &mut u32, reductions: &mut HashMap<u32, u32>) {
+/// The producer's axes become what `axes` says (the consumer's indices, or
+/// 0); its reductions get fresh numbers.
+fn renumber(scalar: &mut Scalar, axes: &[Axis], next: &mut u32, reductions: &mut HashMap<u32, u32>) {
     match scalar {
-        Scalar::Index(index, _) => *index = reductions.get(index).copied().unwrap_or_else(|| axes[*index as usize]),
+        Scalar::Index(index, dtype) => match reductions.get(index) {
+            Some(fresh) => *index = *fresh,
+            None => match axes[*index as usize] {
+                Axis::Index(number) => *index = number,
+                Axis::Zero => *scalar = Scalar::Int(0, *dtype),
+            },
+        },
         Scalar::Reduce { index, .. } => {
             reductions.insert(*index, *next);
             *index = *next;
