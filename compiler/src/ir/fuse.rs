@@ -240,3 +240,55 @@ fn rename_loads(scalar: &mut Scalar, rename: &dyn Fn(&mut Value)) {
     }
     scalar.for_each_child_mut(&mut |child| rename_loads(child, rename));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fuse_entry;
+    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, UnaryOp, Value};
+    use crate::sema::dim::Dim;
+    use crate::sema::ty::Dtype;
+
+    fn index(k: u32) -> Scalar {
+        Scalar::Index(k, Dtype::I64)
+    }
+
+    /// `x: [1, 4]`, `y[i0, i1] = exp(x[i0, i1])` (`[first, 4]`),
+    /// `z[i0, i1] = y[at, i1] + 1` (`[1, 4]`), fused.
+    fn fused(first: i64, at: Scalar) -> Entry {
+        let node = |kind, rows: i64| Node { kind, shape: vec![Dim::constant(rows), Dim::constant(4)], dtype: Dtype::F32, source: None };
+        let load = |value: u32, positions: Vec<Scalar>| Scalar::Load(Value(value), positions, Dtype::F32);
+        let exp = Scalar::Unary(UnaryOp::Exp, Box::new(load(0, vec![index(0), index(1)])), Dtype::F32);
+        let sum = Scalar::Binary(BinaryOp::Add, Box::new(load(1, vec![at, index(1)])), Box::new(Scalar::Float(1.0, Dtype::F32)), Dtype::F32);
+        let mut entry = Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32 }],
+            nodes: vec![node(NodeKind::Input(0), 1), node(NodeKind::Compute(exp), first), node(NodeKind::Compute(sum), 1)],
+            outputs: vec![Value(2)],
+        };
+        fuse_entry(&mut entry);
+        entry
+    }
+
+    /// A read at position 0 of an axis of extent 1 is inlined as a read at
+    /// an index is, the producer's index on that axis becoming 0.
+    #[test]
+    fn a_read_at_zero_of_an_axis_of_one_is_inlined() {
+        for at in [index(0), Scalar::Int(0, Dtype::I64)] {
+            let entry = fused(1, at.clone());
+            assert_eq!(entry.nodes.len(), 2, "the exponential is inlined");
+            let NodeKind::Compute(Scalar::Binary(_, sum, _, _)) = &entry.nodes[1].kind else { panic!("the sum") };
+            let Scalar::Unary(UnaryOp::Exp, read, _) = sum.as_ref() else { panic!("the exponential, inlined: {sum:?}") };
+            let Scalar::Load(Value(0), positions, _) = read.as_ref() else { panic!("a read of the input: {read:?}") };
+            assert_eq!(format!("{positions:?}"), format!("{:?}", [at, index(1)]));
+        }
+    }
+
+    /// Position 0 of a longer axis reads one element of several: not
+    /// inlined.
+    #[test]
+    fn a_read_at_zero_of_a_longer_axis_is_not_inlined() {
+        assert_eq!(fused(3, Scalar::Int(0, Dtype::I64)).nodes.len(), 3);
+    }
+}
