@@ -2,7 +2,7 @@
 //! large elementwise nodes share their work on. The thread that calls
 //! [`for_each`] works too, beside `threads() - 1` workers; each takes the
 //! next task with one atomic step, and the job's lock is taken once per
-//! job and thread (a lock per task made threads that met on it sleep).
+//! job and thread (a contended lock may park the thread that waits).
 //!
 //! A decode step runs about fifty kernels with a little single-threaded
 //! work between them. A pool whose workers sleep as soon as they are idle
