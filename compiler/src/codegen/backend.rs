@@ -226,20 +226,8 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
     let threads = super::threads::threads();
     let result = if kernel.record.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
         let chunk = rows.div_ceil(threads * 4);
-        // The fault of the first part that has one.
-        let first_fault = std::sync::Mutex::new(None);
-        super::threads::for_each(rows.div_ceil(chunk), &|part| {
-            if let Err(fault) = call.rows(part * chunk..((part + 1) * chunk).min(rows)) {
-                let mut first = first_fault.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if first.as_ref().is_none_or(|(earlier, _)| part < *earlier) {
-                    *first = Some((part, fault));
-                }
-            }
-        });
-        match first_fault.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()) {
-            Some((_, fault)) => Err(fault),
-            None => Ok(()),
-        }
+        let faults = super::threads::map(rows.div_ceil(chunk), &|part| call.rows(part * chunk..((part + 1) * chunk).min(rows)));
+        faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     } else {
         call.rows(0..rows)
     };

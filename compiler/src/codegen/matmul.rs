@@ -195,20 +195,14 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
     // the weights. The inputs are converted on every thread (a prefill's
     // experts have thousands of rows between them).
     let converts = |rows: &Rows| isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4;
-    let plans: Vec<OnceLock<(Isa, Option<Vec<u16>>)>> = groups.iter().map(|_| OnceLock::new()).collect();
     let plan = |group: usize| {
         let (rows, weight) = groups[group];
         assert_eq!(weight.len(), columns * depth, "a weight row per column");
         let bf16_inputs = if converts(rows) { as_bf16(rows, depth) } else { None };
-        let isa = if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa };
-        plans[group].get_or_init(|| (isa, bf16_inputs));
+        (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
     };
-    if groups.iter().any(|(rows, _)| converts(rows)) {
-        threads::for_each(groups.len(), &plan);
-    } else {
-        (0..groups.len()).for_each(plan);
-    }
-    let plans: Vec<(Isa, Option<Vec<u16>>)> = plans.into_iter().map(|plan| plan.into_inner().expect("every group is planned")).collect();
+    let plans: Vec<(Isa, Option<Vec<u16>>)> =
+        if groups.iter().any(|(rows, _)| converts(rows)) { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
     let share = |group: usize, range: std::ops::Range<usize>| {
         let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the

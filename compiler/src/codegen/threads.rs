@@ -153,6 +153,16 @@ pub fn for_each(tasks: usize, work: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// `work(task)` for every task in `0..tasks`, run as [`for_each`] runs
+/// them, the results in task order.
+pub fn map<R: Send + Sync>(tasks: usize, work: &(dyn Fn(usize) -> R + Sync)) -> Vec<R> {
+    let results: Vec<OnceLock<R>> = (0..tasks).map(|_| OnceLock::new()).collect();
+    for_each(tasks, &|task| {
+        let _ = results[task].set(work(task));
+    });
+    results.into_iter().map(|result| result.into_inner().expect("every task ran")).collect()
+}
+
 impl Pool {
     fn start(threads: usize) -> Pool {
         let shared = Pool {
@@ -253,7 +263,7 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::for_each;
+    use super::{for_each, map};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Every task runs exactly once, from one caller or several at once
@@ -278,6 +288,12 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// Results come back in task order.
+    #[test]
+    fn map_keeps_task_order() {
+        assert_eq!(map(100, &|task| task * task), (0..100).map(|task| task * task).collect::<Vec<_>>());
     }
 
     /// A task's panic reaches the caller, after which the pool still works.
