@@ -34,7 +34,9 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
     (mean, variance.sqrt())
 }
 
-/// Runs `repetitions` of: prefill `prompt` tokens, then decode `generate`.
+/// Runs `repetitions` of: prefill `prompt` tokens, then decode `generate`
+/// (either may be 0: then that phase is skipped and not reported, and
+/// decode starts from empty states at position 0, as `llama-bench -p 0`).
 /// With `profile`, the report says where the measured calls' time went.
 pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: usize, profile: bool) -> Result<Report, String> {
     let rows = batch_rows(machine)?;
@@ -59,13 +61,15 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
     for round in 0..=repetitions {
         let measured = round > 0;
         machine.reset().map_err(|e| e.to_string())?;
-        machine.set_profiling(profile && measured);
-        let start = Instant::now();
-        let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
-        machine.call("prefill", inputs).map_err(|e| e.to_string())?;
-        if measured {
-            report.prefill.push((rows * prompt) as f64 / start.elapsed().as_secs_f64());
-            report.prefill_profile = machine.profile();
+        if prompt > 0 {
+            machine.set_profiling(profile && measured);
+            let start = Instant::now();
+            let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
+            machine.call("prefill", inputs).map_err(|e| e.to_string())?;
+            if measured {
+                report.prefill.push((rows * prompt) as f64 / start.elapsed().as_secs_f64());
+                report.prefill_profile = machine.profile();
+            }
         }
         machine.set_profiling(profile && measured);
         let start = Instant::now();
@@ -77,9 +81,9 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
             ];
             machine.call("decode", inputs).map_err(|e| e.to_string())?;
         }
-        if measured {
+        if measured && generate > 0 {
             report.decode.push((rows * generate) as f64 / start.elapsed().as_secs_f64());
-            if counted && generate > 0 {
+            if counted {
                 report.step_bytes = Some((matmul::weight_bytes_read() - bytes_before) as f64 / generate as f64);
             }
             report.decode_profile = machine.profile();
@@ -94,18 +98,22 @@ impl std::fmt::Display for Report {
         let gib = self.weight_bytes as f64 / (1u64 << 30) as f64;
         writeln!(f, "| model | size | backend | test | t/s |")?;
         writeln!(f, "| --- | ---: | --- | ---: | ---: |")?;
-        let (pp, pp_sd) = mean_sd(&self.prefill);
-        let (tg, tg_sd) = mean_sd(&self.decode);
-        writeln!(f, "| {} | {gib:.3} GiB | {} | pp{} | {pp:.2} ± {pp_sd:.2} |", self.model, self.backend, self.prompt)?;
-        writeln!(f, "| {} | {gib:.3} GiB | {} | tg{} | {tg:.2} ± {tg_sd:.2} |", self.model, self.backend, self.generate)?;
-        let steps = tg / self.rows as f64;
-        write!(f, "\n{} row(s); {steps:.2} decode steps/s", self.rows)?;
-        match self.step_bytes {
-            Some(bytes) => {
-                let gb = bytes / 1e9;
-                write!(f, "; a step's contractions read {gb:.4} GB of weights (counted as read: of experts, the chosen ones), {:.2} GB/s", gb * steps)?
+        for (test, size, rates) in [("pp", self.prompt, &self.prefill), ("tg", self.generate, &self.decode)] {
+            if size > 0 {
+                let (mean, sd) = mean_sd(rates);
+                writeln!(f, "| {} | {gib:.3} GiB | {} | {test}{size} | {mean:.2} ± {sd:.2} |", self.model, self.backend)?;
             }
-            None => write!(f, "; a step reads at most {:.4} GB of weights (every parameter)", self.weight_bytes as f64 / 1e9)?,
+        }
+        if self.generate > 0 {
+            let steps = mean_sd(&self.decode).0 / self.rows as f64;
+            write!(f, "\n{} row(s); {steps:.2} decode steps/s", self.rows)?;
+            match self.step_bytes {
+                Some(bytes) => {
+                    let gb = bytes / 1e9;
+                    write!(f, "; a step's contractions read {gb:.4} GB of weights (counted as read: of experts, the chosen ones), {:.2} GB/s", gb * steps)?
+                }
+                None => write!(f, "; a step reads at most {:.4} GB of weights (every parameter)", self.weight_bytes as f64 / 1e9)?,
+            }
         }
         for (what, profile) in [("prefill", &self.prefill_profile), ("decode", &self.decode_profile)] {
             if let Some(profile) = profile {

@@ -118,6 +118,10 @@ fn the_example_from_random_weights_to_text() {
     let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "4", "-r", "2"]);
     let report = String::from_utf8(output.stdout).unwrap();
     assert!(report.contains("| pp8 |") && report.contains("| tg4 |") && report.contains("GB/s"), "{report}");
+    // `-p 0` measures decode alone, from empty states, as `llama-bench -p 0`.
+    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "0", "-n", "4", "-r", "1"]);
+    let report = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success() && !report.contains("| pp") && report.contains("| tg4 |"), "{report}");
 }
 
 /// `--profile` says where prefill's and decode's time went, and what each
