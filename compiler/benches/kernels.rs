@@ -3,7 +3,8 @@
 //! number: matrix–vector products in GB/s of weights (decode streams them
 //! from memory), matrix products in GFLOP/s (prefill), attention and the
 //! gated delta rule in GFLOP/s, generated elementwise code in GB/s (an
-//! expert's SwiGLU activation, in f32 lanes and as the scalar f64 code).
+//! expert's SwiGLU activation and an RMS norm, in f32 lanes and as the
+//! scalar f64 code).
 //! Shapes are the bench model's (H 2048, experts of width 512, 16 query
 //! heads of 256, 32 delta-rule heads of 128). Run with `cargo bench -p
 //! linnet-compiler --bench kernels [-- FAMILY…]` (matrix, experts,
@@ -12,7 +13,7 @@
 use linnet_compiler::codegen::cpu::Elementwise;
 use linnet_compiler::codegen::{backend, intrinsics};
 use linnet_compiler::codegen::matmul::{matmul_groups, matmul_on, Isa, Rows};
-use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, Scalar, UnaryOp, Value};
+use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use linnet_compiler::sema::dim::Dim;
 use linnet_compiler::numerics::bf16_bits;
 use linnet_compiler::sema::ty::Dtype;
@@ -140,7 +141,10 @@ fn intrinsic_kernels() {
 
 /// A 512-token prefill's expert activations (8 experts a token, width
 /// 512): `bf16(silu(x[r, c]) * x[r, 512 + c])` from the gate and up
-/// products side by side, as generated code computes it.
+/// products side by side, as generated code computes it; and its RMS norm
+/// at H 2048: each row's sum of squares (a reduction computed once per
+/// row), then the row scaled by its reciprocal root,
+/// `bf16(x[r, c] * rsqrt(sum[k] x[r, k]² / H + 1e-6))`.
 fn elementwise_kernels() {
     let (rows, width) = (512 * 8, 512);
     let load = |offset: i64| {
@@ -151,27 +155,48 @@ fn elementwise_kernels() {
     let denominator = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Float(1.0, Dtype::F32)), Box::new(Scalar::Unary(UnaryOp::Exp, Box::new(negated), Dtype::F32)), Dtype::F32);
     let silu = Scalar::Binary(BinaryOp::Div, Box::new(load(0)), Box::new(denominator), Dtype::F32);
     let product = Scalar::Binary(BinaryOp::Mul, Box::new(silu), Box::new(load(width)), Dtype::Bf16);
-    let (input_shape, output_shape) = (vec![Dim::constant(rows), Dim::constant(2 * width)], vec![Dim::constant(rows), Dim::constant(width)]);
+    generated("SwiGLU activation", product, [rows, 2 * width], [rows, width], (rows * 3 * width * 4) as f64);
+
+    let (rows, width) = (512, 2048);
+    let at = |index: u32| Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(index, Dtype::I64)], Dtype::F32);
+    let square = Scalar::Binary(BinaryOp::Mul, Box::new(at(2)), Box::new(at(2)), Dtype::F32);
+    let body = Scalar::Binary(BinaryOp::Div, Box::new(square), Box::new(Scalar::Float(width as f64, Dtype::F32)), Dtype::F32);
+    let mean_square = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(width), body: Box::new(body), dtype: Dtype::F32 };
+    let shifted = Scalar::Binary(BinaryOp::Add, Box::new(mean_square), Box::new(Scalar::Float(1e-6, Dtype::F32)), Dtype::F32);
+    let scale = Scalar::Unary(UnaryOp::Rsqrt, Box::new(shifted), Dtype::F32);
+    let normalized = Scalar::Binary(BinaryOp::Mul, Box::new(at(1)), Box::new(scale), Dtype::Bf16);
+    generated("RMS norm", normalized, [rows, width], [rows, width], (rows * 2 * width * 4) as f64);
+}
+
+/// Times one generated elementwise node, `scalar` over an output of
+/// `output` from one f32 input of `input`, in f32 lanes and as the scalar
+/// f64 code; `bytes` is what one call reads and writes.
+fn generated(name: &str, scalar: Scalar, input: [i64; 2], output: [i64; 2], bytes: f64) {
+    let dtype = scalar.dtype();
+    let (input_shape, output_shape) = (input.map(Dim::constant).to_vec(), output.map(Dim::constant).to_vec());
     let entry = Entry {
-        name: "activate".into(),
+        name: "node".into(),
         dims: Vec::new(),
         requires: Vec::new(),
-        inputs: vec![Input { name: "gate_up".into(), shape: input_shape.clone(), dtype: Dtype::F32 }],
+        inputs: vec![Input { name: "x".into(), shape: input_shape.clone(), dtype: Dtype::F32 }],
         nodes: vec![
             Node { kind: NodeKind::Input(0), shape: input_shape, dtype: Dtype::F32, source: None },
-            Node { kind: NodeKind::Compute(product), shape: output_shape, dtype: Dtype::Bf16, source: None },
+            Node { kind: NodeKind::Compute(scalar), shape: output_shape, dtype, source: None },
+            // One element out: the node's output stays inside the call,
+            // where its buffer is reused from one call to the next, so the
+            // figure is the kernel's, not page faults' or a download's.
+            Node { kind: NodeKind::Compute(Scalar::Load(Value(1), vec![Scalar::Int(0, Dtype::I64); 2], dtype)), shape: Vec::new(), dtype, source: None },
         ],
-        outputs: vec![Value(1)],
+        outputs: vec![Value(2)],
     };
-    let model = Model { name: "activation".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    let input = tensor(vec![rows as usize, 2 * width as usize], 12);
-    let bytes = (rows * 3 * width * 4) as f64;
+    let model = Model { name: "elementwise".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    let values = tensor(input.iter().map(|&d| d as usize).collect(), 12);
     for elementwise in [Elementwise::Lanes, Elementwise::Scalar] {
-        let mut machine = backend::jit_machine(model.clone(), Vec::new(), elementwise).expect("the activation compiles");
+        let mut machine = backend::jit_machine(model.clone(), Vec::new(), elementwise).expect("the node compiles");
         // The copies of the input each call consumes, made outside the timing.
-        let mut inputs: Vec<Tensor> = (0..6).map(|_| input.clone()).collect();
-        let seconds = fastest(5, || drop(machine.call("activate", vec![inputs.pop().expect("one input a run")]).expect("the activation runs")));
-        println!("generated SwiGLU activation {rows}×{width} ({elementwise:?}): {:6.1} GB/s read and written", bytes / seconds / 1e9);
+        let mut inputs: Vec<Tensor> = (0..6).map(|_| values.clone()).collect();
+        let seconds = fastest(5, || drop(machine.call("node", vec![inputs.pop().expect("one input a run")]).expect("the node runs")));
+        println!("generated {name} {}×{} ({elementwise:?}): {:6.1} GB/s read and written", output[0], output[1], bytes / seconds / 1e9);
     }
 }
 

@@ -370,3 +370,38 @@ fn lanes_exp_is_within_two_ulps() {
     // lanes computed these only if some result differs from it.
     assert!(differs_from_libm, "every result is the reference's to the bit: the node did not run in lanes");
 }
+
+/// A row's sum computed once per row and in lanes along its own index (a
+/// norm's sum of squares): within the contract where the width leaves a
+/// tail after the fours, the same error where a load falls outside the
+/// row, -0.0 for a row of -0.0s and 0.0 for an empty sum, as the
+/// reference.
+#[test]
+fn row_sums_in_lanes_meet_the_contract() {
+    let mut rng = Rng::new(18);
+    let row_sum = |width: usize, extent: i64, offset: i64| {
+        let at = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(2, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
+        let load = Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), at], Dtype::F32);
+        let square = Scalar::Binary(BinaryOp::Mul, Box::new(load.clone()), Box::new(load), Dtype::F32);
+        elementwise(width, |x| {
+            let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(extent), body: Box::new(square.clone()), dtype: Dtype::F32 };
+            Scalar::Binary(BinaryOp::Add, Box::new(sum), Box::new(Scalar::Binary(BinaryOp::Mul, Box::new(x), Box::new(Scalar::Float(0.0, Dtype::F32)), Dtype::F32)), Dtype::F32)
+        }, Dtype::F32)
+    };
+    for (width, extent, offset) in [(4099, 4099, 0), (4099, 4096, 3), (7, 7, 0), (3, 3, 0), (10, 10, 1), (9, 6, 4)] {
+        let program = row_sum(width, extent, offset);
+        let values = (0..width).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
+        agree(&program, floats(vec![1, width], values), &format!("width {width}, extent {extent}, offset {offset}"));
+    }
+    // Squares of -0.0 are +0.0: sum the row itself for the signs.
+    let signed = |width: usize, extent: i64| {
+        let load = Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(2, Dtype::I64)], Dtype::F32);
+        elementwise(width, |_| Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(extent), body: Box::new(load.clone()), dtype: Dtype::F32 }, Dtype::F32)
+    };
+    for (width, extent, expected) in [(9, 9, -0.0f32), (9, 0, 0.0)] {
+        let given = floats(vec![1, width], vec![-0.0; width]);
+        let lanes = native(&signed(width, extent), Elementwise::Lanes).call("program", given).unwrap();
+        let Data::F32(sums) = &lanes[0].data else { panic!("an f32 output") };
+        assert!(sums.iter().all(|sum| sum.to_bits() == expected.to_bits()), "extent {extent}: {sums:?}");
+    }
+}

@@ -176,7 +176,7 @@ impl Lowerer<'_, '_> {
 
     fn call(&mut self, helper: Helper, args: &[ClValue]) -> ClValue {
         let offset = (helper.slot() * 8) as i32;
-        let pointer = self.builder.ins().load(types::I64, self.flags, self.helpers, offset);
+        let pointer = self.builder.ins().load(types::I64, pointer_table(), self.helpers, offset);
         let call = self.builder.ins().call_indirect(self.signatures[&helper.shape()], pointer, args);
         self.builder.inst_results(call)[0]
     }
@@ -488,7 +488,7 @@ impl Lowerer<'_, '_> {
             let size = self.dim(size);
             offset = self.builder.ins().imul(offset, size);
         }
-        let base = self.builder.ins().load(types::I64, self.flags, self.inputs, (argument * 8) as i32);
+        let base = self.builder.ins().load(types::I64, pointer_table(), self.inputs, (argument * 8) as i32);
         let bytes = self.builder.ins().imul_imm_s(offset, stored.bytes());
         self.builder.ins().iadd(base, bytes)
     }
@@ -616,6 +616,7 @@ impl Lowerer<'_, '_> {
             self.builder.ins().brif(runs, compute, &[], continuation, &[]);
             self.builder.switch_to_block(compute);
             self.builder.seal_block(compute);
+            let mut computed = Vec::new();
             for invariant in here {
                 let reg = self.scalar(invariant.scalar);
                 let (kind, value) = match invariant.scalar.dtype() {
@@ -623,9 +624,24 @@ impl Lowerer<'_, '_> {
                     Dtype::Bool => (types::I8, self.b(reg)),
                     _ => (types::I64, self.i(reg)),
                 };
+                computed.push((invariant.scalar, kind, value));
+            }
+            // Each value is passed on as a block parameter: Cranelift's
+            // optimizer places pure instructions where they are used and
+            // hoists them out of a loop only to the loop depth of their
+            // operands, so the arithmetic after a reduction (the `rsqrt` of
+            // a norm's sum) would otherwise be recomputed in the element
+            // loop. A block parameter is computed here, once.
+            let pinned = self.builder.create_block();
+            let arguments: Vec<_> = computed.iter().map(|&(_, _, value)| value.into()).collect();
+            self.builder.ins().jump(pinned, &arguments);
+            self.builder.switch_to_block(pinned);
+            self.builder.seal_block(pinned);
+            for (scalar, kind, _) in computed {
+                let value = self.builder.append_block_param(pinned, kind);
                 let variable = self.builder.declare_var(kind);
                 self.builder.def_var(variable, value);
-                self.hoisted.insert(invariant.scalar as *const Scalar, variable);
+                self.hoisted.insert(scalar as *const Scalar, variable);
             }
             Some(continuation)
         }
@@ -724,6 +740,11 @@ impl Lowerer<'_, '_> {
     }
 
     fn reduce(&mut self, op: ReduceOp, index: u32, extent: ClValue, body: &Scalar, dtype: Dtype) -> Reg {
+        if op == ReduceOp::Sum && self.elementwise == Elementwise::Lanes {
+            if let Some(total) = self.sum_in_lanes(index, extent, body, dtype) {
+                return self.float_result(total, dtype);
+            }
+        }
         let variable = self.builder.declare_var(types::I64);
         self.indices.insert(index, variable);
         let float = dtype.is_float();
@@ -810,6 +831,13 @@ impl Stored {
 }
 
 /// The ordered float comparison a source comparison is.
+/// Loads from a kernel's tables of input and helper pointers: they do not
+/// change during a call, so the optimizer may load each once, outside
+/// every loop, instead of in every iteration that reads through it.
+fn pointer_table() -> MemFlagsData {
+    MemFlagsData::trusted().with_readonly().with_can_move()
+}
+
 fn float_condition(cmp: CmpOp) -> FloatCC {
     match cmp {
         CmpOp::Eq => FloatCC::Equal,

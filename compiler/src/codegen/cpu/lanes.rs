@@ -407,6 +407,78 @@ impl Lowerer<'_, '_> {
         self.builder.use_var(total)
     }
 
+    /// A float sum computed by the scalar code (a norm's sum of squares,
+    /// once per row) in lanes along its own index, when its body computes
+    /// in lanes there: four partial sums of every fourth element, then
+    /// added together, with the scalar code for the rest and for any four
+    /// elements a load would read outside (where it reports the error).
+    /// The order of the additions is not the scalar code's: f32 partial
+    /// sums, within the contract's tolerances. Each partial sum starts at
+    /// -0.0, the identity of addition, so that a sum of -0.0s is -0.0 as
+    /// the scalar code's; an empty sum is 0.0, as there.
+    pub(super) fn sum_in_lanes(&mut self, index: u32, extent: ClValue, body: &Scalar, dtype: Dtype) -> Option<ClValue> {
+        let varying = Varying::of(body, index);
+        if !(in_lanes_float(dtype) && body.dtype().is_float() && varying.has(body) && self.computes_in_lanes(body, &varying)) {
+            return None;
+        }
+        let at = self.builder.declare_var(types::I64);
+        self.indices.insert(index, at);
+        let zero = self.builder.ins().iconst(types::I64, 0);
+        self.builder.def_var(at, zero);
+        let partial = self.builder.declare_var(F32X4);
+        let start = self.constant(-0.0);
+        self.builder.def_var(partial, start);
+        let [head, body_block, rest] = std::array::from_fn(|_| self.builder.create_block());
+        self.builder.ins().jump(head, &[]);
+
+        self.builder.switch_to_block(head);
+        let first = self.builder.use_var(at);
+        let last = self.builder.ins().iadd_imm_s(first, LANES);
+        let fits = self.builder.ins().icmp(IntCC::SignedLessThanOrEqual, last, extent);
+        self.builder.ins().brif(fits, body_block, &[], rest, &[]);
+
+        self.builder.switch_to_block(body_block);
+        self.builder.seal_block(body_block);
+        let outer_failure = self.bounds_failure.replace(rest);
+        let x = self.floats(body, &varying);
+        self.bounds_failure = outer_failure;
+        let sum = self.builder.use_var(partial);
+        let next = self.builder.ins().fadd(sum, x);
+        self.builder.def_var(partial, next);
+        let first = self.builder.use_var(at);
+        let next = self.builder.ins().iadd_imm_s(first, LANES);
+        self.builder.def_var(at, next);
+        self.builder.ins().jump(head, &[]);
+        self.builder.seal_block(head);
+
+        // The rest, one element at a time, from where the lanes stopped.
+        self.builder.switch_to_block(rest);
+        self.builder.seal_block(rest);
+        let lanes = self.builder.use_var(partial);
+        let mut total = self.builder.ins().extractlane(lanes, 0);
+        for lane in 1..LANES as u8 {
+            let value = self.builder.ins().extractlane(lanes, lane);
+            total = self.builder.ins().fadd(total, value);
+        }
+        let total_variable = self.builder.declare_var(types::F32);
+        self.builder.def_var(total_variable, total);
+        let from = self.builder.use_var(at);
+        self.counted_from(at, Some(from), extent, &mut |this| {
+            let reg = this.scalar(body);
+            let wide = this.f(reg);
+            let value = this.builder.ins().fdemote(types::F32, wide);
+            let sum = this.builder.use_var(total_variable);
+            let next = this.builder.ins().fadd(sum, value);
+            this.builder.def_var(total_variable, next);
+        });
+        let total = self.builder.use_var(total_variable);
+        let zero = self.builder.ins().iconst(types::I64, 0);
+        let empty = self.builder.ins().icmp(IntCC::Equal, extent, zero);
+        let positive_zero = self.builder.ins().f32const(0.0);
+        let total = self.builder.ins().select(empty, positive_zero, total);
+        Some(self.builder.ins().fpromote(types::F64, total))
+    }
+
     /// Lanes rounded to `dtype`: bf16 to nearest even (a NaN stays a
     /// NaN), f32 as they are.
     fn lanes_round(&mut self, x: ClValue, dtype: Dtype) -> ClValue {
