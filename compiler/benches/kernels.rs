@@ -70,21 +70,39 @@ fn matrix_kernels() {
 /// The expert products as generated code makes them (one grouped call),
 /// each expert's weights of 256 its own (so that they stream from memory
 /// as in the model): a 512-token prefill's gate and up products and its
-/// down products (8 experts a token, 16 rows each, 1024 × 2048 and
-/// 2048 × 512), and a decode step's (8 experts of one row, other experts
-/// each call).
+/// down products (8 experts a token, 1024 × 2048 and 2048 × 512, each
+/// expert's rows as a router's choices at random fall: 16 on average,
+/// from a handful to thirty), and a decode step's (8 experts of one row,
+/// other experts each call).
 fn expert_kernels() {
     let experts = 256;
-    for (chosen, rows_each, columns, depth) in [(256, 16, 1024, 2048), (256, 16, 2048, 512), (8, 1, 1024, 2048), (8, 1, 2048, 512)] {
+    let mut state = 7u64;
+    let mut routed = vec![0usize; experts];
+    for _token in 0..512 {
+        let mut chosen = Vec::new();
+        while chosen.len() < 8 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let expert = (state >> 33) as usize % experts;
+            if !chosen.contains(&expert) {
+                chosen.push(expert);
+            }
+        }
+        chosen.into_iter().for_each(|e| routed[e] += 1);
+    }
+    for (counts, columns, depth) in [(&routed, 1024, 2048), (&routed, 2048, 512), (&vec![1; 8], 1024, 2048), (&vec![1; 8], 2048, 512)] {
+        let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
         let weights: Vec<Vec<u16>> = (0..experts).map(|e| values(columns * depth, 20 + e as u64).into_iter().map(bf16_bits).collect()).collect();
-        let input = values(chosen * rows_each * depth, 13);
-        let mut out = vec![0f32; chosen * rows_each * columns];
+        let input = values(total * depth, 13);
+        let mut out = vec![0f32; total * columns];
         let out_base = out.as_mut_ptr();
-        let batches: Vec<Rows> = (0..chosen)
-            .map(|e| Rows {
-                inputs: (0..rows_each).map(|r| input[((e * rows_each + r) * depth)..].as_ptr()).collect(),
-                // SAFETY: row `e · rows_each + r` of `out` has room for `columns`.
-                outs: (0..rows_each).map(|r| unsafe { out_base.add((e * rows_each + r) * columns) }).collect(),
+        let firsts: Vec<usize> = counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
+        let batches: Vec<Rows> = firsts
+            .iter()
+            .zip(counts)
+            .map(|(&first, &count)| Rows {
+                inputs: (first..first + count).map(|r| input[(r * depth)..].as_ptr()).collect(),
+                // SAFETY: row `r` of `out` has room for `columns`.
+                outs: (first..first + count).map(|r| unsafe { out_base.add(r * columns) }).collect(),
             })
             .collect();
         let mut call = 0;
@@ -95,9 +113,10 @@ fn expert_kernels() {
             // length, and the output rows are distinct.
             unsafe { matmul_groups(&groups, columns, depth) }
         });
-        let gflops = 2.0 * (chosen * rows_each * columns * depth) as f64 / seconds / 1e9;
+        let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
         let gbs = (chosen * columns * depth * 2) as f64 / seconds / 1e9;
-        println!("experts bf16 {chosen} × {rows_each} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
+        let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
+        println!("experts bf16 {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
     }
 }
 
