@@ -85,7 +85,7 @@ fn fuse_entry(entry: &mut Entry) {
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
     }
-    remove(entry, &fused);
+    entry.remove_nodes(&fused);
 }
 
 /// Where one of the producer's axes comes from in the consumer.
@@ -204,41 +204,6 @@ fn renumber(scalar: &mut Scalar, axes: &[Axis], next: &mut u32, reductions: &mut
         _ => {}
     }
     scalar.for_each_child_mut(&mut |child| renumber(child, axes, next, reductions));
-}
-
-/// Drops the fused nodes and renumbers the values after them.
-fn remove(entry: &mut Entry, fused: &[bool]) {
-    let mut renamed = Vec::with_capacity(fused.len());
-    let mut next = 0u32;
-    for gone in fused {
-        renamed.push(Value(next));
-        if !gone {
-            next += 1;
-        }
-    }
-    let rename = |value: &mut Value| *value = renamed[value.index()];
-    let nodes = std::mem::take(&mut entry.nodes);
-    for (node, gone) in nodes.into_iter().zip(fused) {
-        if *gone {
-            continue;
-        }
-        let mut node = node;
-        match &mut node.kind {
-            NodeKind::Compute(scalar) => rename_loads(scalar, &rename),
-            NodeKind::Intrinsic(_, args) => args.iter_mut().for_each(rename),
-            NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => rename(value),
-            NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_) => {}
-        }
-        entry.nodes.push(node);
-    }
-    entry.outputs.iter_mut().for_each(rename);
-}
-
-fn rename_loads(scalar: &mut Scalar, rename: &dyn Fn(&mut Value)) {
-    if let Scalar::Load(value, ..) = scalar {
-        rename(value);
-    }
-    scalar.for_each_child_mut(&mut |child| rename_loads(child, rename));
 }
 
 #[cfg(test)]

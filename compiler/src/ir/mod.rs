@@ -12,6 +12,7 @@
 
 pub mod analysis;
 pub mod contraction;
+pub mod cse;
 pub mod fuse;
 pub mod invariant;
 pub mod plan;
@@ -180,7 +181,7 @@ pub enum NodeKind {
     Assert(Value, String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnaryOp {
     Neg,
     Not,
@@ -194,7 +195,7 @@ pub enum UnaryOp {
     Abs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BinaryOp {
     Add,
     Sub,
@@ -208,7 +209,7 @@ pub enum BinaryOp {
     Cmp(CmpOp),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ReduceOp {
     Sum,
     Max,
@@ -316,6 +317,48 @@ impl Scalar {
             out.push(*value);
         }
         self.for_each_child(&mut |child| child.loads(out));
+    }
+}
+
+impl NodeKind {
+    /// Renames every value this node reads.
+    pub fn rename_reads(&mut self, rename: &dyn Fn(&mut Value)) {
+        fn in_loads(scalar: &mut Scalar, rename: &dyn Fn(&mut Value)) {
+            if let Scalar::Load(value, ..) = scalar {
+                rename(value);
+            }
+            scalar.for_each_child_mut(&mut |child| in_loads(child, rename));
+        }
+        match self {
+            NodeKind::Compute(scalar) => in_loads(scalar, rename),
+            NodeKind::Intrinsic(_, args) => args.iter_mut().for_each(rename),
+            NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => rename(value),
+            NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_) => {}
+        }
+    }
+}
+
+impl Entry {
+    /// Drops the nodes `gone` marks (which nothing left reads) and
+    /// renumbers the values after them.
+    pub fn remove_nodes(&mut self, gone: &[bool]) {
+        let mut renamed = Vec::with_capacity(gone.len());
+        let mut next = 0u32;
+        for gone in gone {
+            renamed.push(Value(next));
+            if !gone {
+                next += 1;
+            }
+        }
+        let rename = |value: &mut Value| *value = renamed[value.index()];
+        let nodes = std::mem::take(&mut self.nodes);
+        for (mut node, gone) in nodes.into_iter().zip(gone) {
+            if !gone {
+                node.kind.rename_reads(&rename);
+                self.nodes.push(node);
+            }
+        }
+        self.outputs.iter_mut().for_each(rename);
     }
 }
 

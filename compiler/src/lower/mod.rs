@@ -56,7 +56,8 @@ pub struct Lowering {
     /// Run the standard library's attention and cache writes as kernels
     /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
-    /// Inline values read once into their consumer (`ir::fuse`).
+    /// Inline values read once into their consumer (`ir::fuse`), then
+    /// compute what is left only once (`ir::cse`).
     pub fuse: bool,
 }
 
@@ -97,6 +98,7 @@ pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering:
     let mut model = lowerer.model;
     if lowering.fuse {
         ir::fuse::fuse(&mut model);
+        ir::cse::eliminate(&mut model);
     }
     if let Err(problem) = ir::verify(&model) {
         panic!("{problem}");

@@ -74,7 +74,7 @@ pub struct Generic {
     pub span: Span,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CmpOp {
     Eq,
     Ne,
