@@ -1,15 +1,17 @@
 //! The CPU backend's kernels for the intrinsics, with the numerics a
-//! compiled backend may use: f32 throughout, loops written so that the
-//! compiler vectorizes them for the widest vectors the CPU has (chosen at
-//! run time, as the matrix kernel's are), and every head on the kernels'
-//! threads. The gated delta rule keeps each head's state in f32 and walks
-//! the tokens in order; attention's scores are matrix products (the
-//! matrix kernel's) and it reads each admitted value once per query.
-//! Cache writes copy rows and are the interpreter's own (`crate::intrinsics`).
+//! compiled backend may use: f32 throughout, multiply-adds, the widest
+//! vectors the CPU has (chosen at run time, as the matrix kernel's are),
+//! and every head on the kernels' threads. The gated delta rule keeps each
+//! head's state in f32 and walks the tokens in order, one pass over the
+//! state per token, written over `simd::Lanes`; attention's scores are
+//! matrix products (the matrix kernel's) and it reads each admitted value
+//! once per query, in loops the compiler vectorizes. Cache writes copy rows
+//! and are the interpreter's own (`crate::intrinsics`).
 
 use super::expf;
 use super::threads;
 use super::matmul::{self, Isa, Rows};
+use super::simd::{self, Lanes, Scalar};
 use crate::intrinsics::{Attention, DeltaRule};
 use crate::ir::Intrinsic;
 use crate::numerics::round;
@@ -35,20 +37,27 @@ impl Shared {
 /// wrapper with each instruction set's target features and vectorized for
 /// it, the wrapper chosen at run time (as the matrix kernel's are). A
 /// closure would not do: its body is a function of its own, compiled
-/// without the features of the wrapper that calls it.
+/// without the features of the wrapper that calls it. `=> kernel in lanes`
+/// runs `kernel::<L>`, written over `simd::Lanes`, with each set's lanes.
 macro_rules! on_host_vectors {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $kernel:ident in lanes) => {
+        on_host_vectors!(@define $(#[$doc])* $name($($arg: $ty),*) => $kernel::<simd::Avx512>, $kernel::<simd::Avx2>, $kernel::<simd::Scalar>);
+    };
     ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $kernel:path) => {
+        on_host_vectors!(@define $(#[$doc])* $name($($arg: $ty),*) => $kernel, $kernel, $kernel);
+    };
+    (@define $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $wide:expr, $narrow:expr, $portable:expr) => {
         $(#[$doc])*
         fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) {
-                    $kernel($($arg),*)
+                    $wide($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
-                    $kernel($($arg),*)
+                    $narrow($($arg),*)
                 }
                 match Isa::host() {
                     // SAFETY: the CPU has these features.
@@ -57,7 +66,7 @@ macro_rules! on_host_vectors {
                     Isa::Portable => {}
                 }
             }
-            $kernel($($arg),*)
+            $portable($($arg),*)
         }
     };
 }
@@ -78,9 +87,10 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f
 /// The gated delta rule over a span of tokens (or one, with no S axis),
 /// one task per (batch row, value head): the state decays, recalls,
 /// learns and is read, token by token, in f32. One pass over the state
-/// per token: each state row learns and is read for token `t`, then
-/// decays and is recalled for token `t + 1`, while it is in L1 (the same
-/// operations on each element, in the same order, as two passes).
+/// per token: each cell learns and is read for token `t`, then decays and
+/// is recalled for token `t + 1` (the same operations on each cell, in the
+/// same order, as two passes), a block of value columns at a time with
+/// their sums in registers (`columns_pass`).
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
     let target = Shared(out.as_mut_ptr());
@@ -90,64 +100,48 @@ fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out
 
 on_host_vectors! {
     /// Task `task` of [`delta_rule`]: one batch row's value head.
-    fn delta_head(operands: &DeltaRule, task: usize, target: &Shared) => delta_head_on_host
+    fn delta_head(operands: &DeltaRule, task: usize, target: &Shared) => delta_head_in in lanes
+}
+
+/// Token `t`'s part of a pass: the state learns `update` along `key`, then
+/// is read along `query`.
+struct Learn<'p> {
+    key: &'p [f32],
+    update: &'p [f32],
+    query: &'p [f32],
+}
+
+/// Token `t + 1`'s part of a pass: the state decays by `decay`, then is
+/// recalled along `key`.
+struct Next<'p> {
+    decay: f32,
+    key: &'p [f32],
 }
 
 #[inline(always)]
-fn delta_head_on_host(operands: &DeltaRule, task: usize, target: &Shared) {
+fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
     let &DeltaRule { q, k, v, decay, beta, state, scale, batch: _, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
     let (group, rows) = (operands.group(), operands.rows());
     let (b, h) = (task / value_heads, task % value_heads);
     let kh = h / group;
     let key_at = |t: usize| ((b * tokens + t) * key_heads + kh) * key_dim;
     let gate_at = |t: usize| (b * tokens + t) * value_heads + h;
-    let forget = |t: usize| (decay[gate_at(t)] as f64).exp() as f32;
+    let next = |t: usize| Next { decay: (decay[gate_at(t)] as f64).exp() as f32, key: &k[key_at(t)..key_at(t) + key_dim] };
     let first = (b * value_heads + h) * key_dim * value_dim;
     let mut memory = state[first..first + key_dim * value_dim].to_vec();
     let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
     if tokens > 0 {
-        let (decayed, key) = (forget(0), &k[key_at(0)..key_at(0) + key_dim]);
-        let recalled = &mut recalled[..value_dim];
-        for (row, &ki) in memory.chunks_exact_mut(value_dim).zip(key) {
-            let row = &mut row[..value_dim];
-            for d in 0..value_dim {
-                row[d] *= decayed;
-                recalled[d] += row[d] * ki;
-            }
-        }
+        state_pass::<L>(&mut memory, value_dim, None, Some(&next(0)), &mut read, &mut recalled);
     }
     for t in 0..tokens {
         let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
-        let (key, query) = (&k[key_at(t)..key_at(t) + key_dim], &q[key_at(t)..key_at(t) + key_dim]);
         let rate = beta[gate_at(t)];
         for ((slot, &value), &sum) in update.iter_mut().zip(&v[value_at..value_at + value_dim]).zip(&recalled) {
             *slot = (value - sum) * rate;
         }
-        read.fill(0.0);
-        recalled.fill(0.0);
-        if t + 1 < tokens {
-            let (decayed, next_key) = (forget(t + 1), &k[key_at(t + 1)..key_at(t + 1) + key_dim]);
-            let (update, read, recalled) = (&update[..value_dim], &mut read[..value_dim], &mut recalled[..value_dim]);
-            for (((row, &ki), &qi), &next_ki) in memory.chunks_exact_mut(value_dim).zip(key).zip(query).zip(next_key) {
-                let row = &mut row[..value_dim];
-                for d in 0..value_dim {
-                    let learned = row[d] + ki * update[d];
-                    read[d] += learned * qi;
-                    let decayed_cell = learned * decayed;
-                    row[d] = decayed_cell;
-                    recalled[d] += decayed_cell * next_ki;
-                }
-            }
-        } else {
-            let (update, read) = (&update[..value_dim], &mut read[..value_dim]);
-            for ((row, &ki), &qi) in memory.chunks_exact_mut(value_dim).zip(key).zip(query) {
-                let row = &mut row[..value_dim];
-                for d in 0..value_dim {
-                    row[d] += ki * update[d];
-                    read[d] += row[d] * qi;
-                }
-            }
-        }
+        let learn = Learn { key: &k[key_at(t)..key_at(t) + key_dim], update: &update, query: &q[key_at(t)..key_at(t) + key_dim] };
+        let following = (t + 1 < tokens).then(|| next(t + 1));
+        state_pass::<L>(&mut memory, value_dim, Some(&learn), following.as_ref(), &mut read, &mut recalled);
         let at = ((b * rows + t) * value_heads + h) * value_dim;
         for (j, &sum) in read.iter().enumerate() {
             // SAFETY: token `t` of head `h` of row `b`: this task's.
@@ -159,6 +153,102 @@ fn delta_head_on_host(operands: &DeltaRule, task: usize, target: &Shared) {
         for (j, &cell) in row.iter().enumerate() {
             // SAFETY: state row `i` of head `h` of row `b`: this task's.
             unsafe { target.write(at + j, cell) };
+        }
+    }
+}
+
+/// Vectors of value columns a pass over the state takes at once: their
+/// update and their two running sums (the read and the next recall) stay
+/// in registers (twelve of them) while the pass walks every state row, so
+/// that each cell is loaded and stored once, and nothing else is.
+const COLUMN_VECTORS: usize = 4;
+
+/// One pass over a head's state (`value_dim` columns a row),
+/// [`COLUMN_VECTORS`] vectors of columns at a time (the rest one column at
+/// a time): the sums of `learn`'s read go to `read` and those of `next`'s
+/// recall to `recalled`, each column's over the state rows in order.
+#[inline(always)]
+fn state_pass<L: Lanes>(memory: &mut [f32], value_dim: usize, learn: Option<&Learn>, next: Option<&Next>, read: &mut [f32], recalled: &mut [f32]) {
+    let block = COLUMN_VECTORS * L::WIDTH;
+    let mut at = 0;
+    while at < value_dim {
+        let whole = at + block <= value_dim;
+        // SAFETY: columns `at..at + block` (or the one column `at`) are
+        // inside every state row, `read` and `recalled`; `learn`'s and
+        // `next`'s keys have a value per state row and its update one per
+        // column.
+        unsafe {
+            match (learn, next, whole) {
+                (Some(learn), Some(next), true) => columns_pass::<L, COLUMN_VECTORS, true, true>(memory, value_dim, at, learn, next, read, recalled),
+                (Some(learn), Some(next), false) => columns_pass::<Scalar, 1, true, true>(memory, value_dim, at, learn, next, read, recalled),
+                (Some(learn), None, true) => columns_pass::<L, COLUMN_VECTORS, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled),
+                (Some(learn), None, false) => columns_pass::<Scalar, 1, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled),
+                (None, Some(next), true) => columns_pass::<L, COLUMN_VECTORS, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled),
+                (None, Some(next), false) => columns_pass::<Scalar, 1, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled),
+                (None, None, _) => {}
+            }
+        }
+        at += if whole { block } else { 1 };
+    }
+}
+
+/// What a pass that does not learn (or does not go on to a next token)
+/// is given in its place: never read.
+const NO_LEARNING: Learn<'static> = Learn { key: &[], update: &[], query: &[] };
+const NO_NEXT: Next<'static> = Next { decay: 1.0, key: &[] };
+
+/// [`state_pass`] over the `N · L::WIDTH` columns from `at`, learning when
+/// `LEARN` and decaying and recalling when `NEXT`: per cell, `cell += k_i ·
+/// update`, `read += cell · q_i`, `cell *= decay`, `recalled += cell · k'_i`
+/// (multiply-adds), the sums in registers.
+///
+/// # Safety
+/// As `state_pass` says of its columns.
+#[inline(always)]
+unsafe fn columns_pass<L: Lanes, const N: usize, const LEARN: bool, const NEXT: bool>(
+    memory: &mut [f32],
+    value_dim: usize,
+    at: usize,
+    learn: &Learn,
+    next: &Next,
+    read: &mut [f32],
+    recalled: &mut [f32],
+) {
+    unsafe {
+        let column = |j: usize| at + j * L::WIDTH;
+        let mut update = [L::zero(); N];
+        if LEARN {
+            for (j, lanes) in update.iter_mut().enumerate() {
+                *lanes = L::load(learn.update.as_ptr().add(column(j)));
+            }
+        }
+        let (mut reads, mut recalls) = ([L::zero(); N], [L::zero(); N]);
+        let rows = memory.len() / value_dim;
+        let cells = memory.as_mut_ptr();
+        for i in 0..rows {
+            let row = cells.add(i * value_dim);
+            let (key, query) = if LEARN { (L::splat(*learn.key.get_unchecked(i)), L::splat(*learn.query.get_unchecked(i))) } else { (L::zero(), L::zero()) };
+            let (decay, next_key) = if NEXT { (L::splat(next.decay), L::splat(*next.key.get_unchecked(i))) } else { (L::zero(), L::zero()) };
+            for j in 0..N {
+                let mut cell = L::load(row.add(column(j)));
+                if LEARN {
+                    cell = L::fma(key, update[j], cell);
+                    reads[j] = L::fma(cell, query, reads[j]);
+                }
+                if NEXT {
+                    cell = L::mul(cell, decay);
+                    recalls[j] = L::fma(cell, next_key, recalls[j]);
+                }
+                L::store(row.add(column(j)), cell);
+            }
+        }
+        for j in 0..N {
+            if LEARN {
+                L::store(read.as_mut_ptr().add(column(j)), reads[j]);
+            }
+            if NEXT {
+                L::store(recalled.as_mut_ptr().add(column(j)), recalls[j]);
+            }
         }
     }
 }
@@ -242,6 +332,86 @@ fn attention_block_on_host(operands: &Attention, rows_mask: bool, task: usize, t
             // SAFETY: query `i` of head `kv · group + g` of row `b`:
             // this task's.
             unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{delta_head_in, Shared};
+    use crate::intrinsics::DeltaRule;
+    use crate::ir::Intrinsic;
+    use crate::sema::ty::Dtype;
+    use crate::tensor::Tensor;
+
+    /// Values in `low..high` from a fixed sequence.
+    fn values(count: usize, seed: u64, low: f32, high: f32) -> Vec<f32> {
+        let mut state = seed;
+        (0..count)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                low + (high - low) * ((state >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect()
+    }
+
+    /// The delta rule's passes on every instruction set this CPU has, and
+    /// in one lane, over value columns that leave a remainder after the
+    /// vector blocks (72: a block of 64 and 8, or two of 32 and 8), against
+    /// the interpreter's: within the contract.
+    #[test]
+    fn the_delta_rule_meets_the_contract_on_every_instruction_set() {
+        let (batch, tokens, key_heads, key_dim, value_heads, value_dim) = (2, 5, 2, 8, 4, 72);
+        let tensor = |shape: Vec<usize>, seed, low, high| {
+            let count = shape.iter().product();
+            Tensor::from_f32(Dtype::F32, shape, values(count, seed, low, high))
+        };
+        let args = [
+            tensor(vec![batch, tokens, key_heads, key_dim], 1, -0.5, 0.5),
+            tensor(vec![batch, tokens, key_heads, key_dim], 2, -0.5, 0.5),
+            tensor(vec![batch, tokens, value_heads, value_dim], 3, -1.0, 1.0),
+            tensor(vec![batch, tokens, value_heads], 4, -2.0, 0.0),
+            tensor(vec![batch, tokens, value_heads], 5, 0.0, 1.0),
+            tensor(vec![batch, value_heads, key_dim, value_dim], 6, -1.0, 1.0),
+            tensor(Vec::new(), 7, 0.3, 0.4),
+        ];
+        let args: Vec<&Tensor> = args.iter().collect();
+        let shape = vec![batch, tokens + key_dim, value_heads, value_dim];
+        let reference = crate::intrinsics::run(Intrinsic::GatedDeltaRule, &args, shape.clone());
+        let operands = DeltaRule::of(Intrinsic::GatedDeltaRule, &args);
+        let run = |head: &dyn Fn(&DeltaRule, usize, &Shared)| {
+            let mut out = vec![f32::NAN; shape.iter().product()];
+            let target = Shared(out.as_mut_ptr());
+            (0..batch * value_heads).for_each(|task| head(&operands, task, &target));
+            Tensor::from_f32(Dtype::F32, shape.clone(), out)
+        };
+        let mut outputs = vec![("one lane", run(&delta_head_in::<super::Scalar>))];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::codegen::matmul::Isa;
+            use crate::codegen::simd::{Avx2, Avx512};
+            #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+            unsafe fn avx512(operands: &DeltaRule, task: usize, target: &Shared) {
+                delta_head_in::<Avx512>(operands, task, target)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(operands: &DeltaRule, task: usize, target: &Shared) {
+                delta_head_in::<Avx2>(operands, task, target)
+            }
+            let available = Isa::available();
+            if available.contains(&Isa::Avx512) {
+                // SAFETY: the CPU has AVX-512.
+                outputs.push(("avx512", run(&|o, t, s| unsafe { avx512(o, t, s) })));
+            }
+            if available.contains(&Isa::Avx2) {
+                // SAFETY: the CPU has AVX2 and FMA.
+                outputs.push(("avx2", run(&|o, t, s| unsafe { avx2(o, t, s) })));
+            }
+        }
+        for (lanes, output) in outputs {
+            if let Err(mismatch) = crate::tolerance::compare(&reference, &output) {
+                panic!("{lanes}: {mismatch}");
+            }
         }
     }
 }

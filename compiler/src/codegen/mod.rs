@@ -3,8 +3,8 @@
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call, and
 //! `matmul` the hand-tuned kernel contractions run on, `intrinsics` the
-//! kernels of attention and the delta rule, `threads` the pool they share
-//! their work on; `backend` is what the executor drives. Numerics follow
+//! kernels of attention and the delta rule, `simd` the vectors both are
+//! written in, `threads` the pool they share their work on; `backend` is what the executor drives. Numerics follow
 //! `numerics`, the same as the interpreter's, within the tolerances of
 //! `docs/language.md`.
 
@@ -15,4 +15,5 @@ pub mod helpers;
 pub mod intrinsics;
 pub mod matmul;
 pub mod native;
+pub mod simd;
 pub mod threads;
