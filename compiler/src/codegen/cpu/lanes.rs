@@ -116,7 +116,9 @@ impl Lowerer<'_, '_> {
         self.builder.seal_block(body);
         let outer_failure = self.bounds_failure.replace(fallback);
         let value = self.floats(store.scalar, &varying);
-        let value = self.lanes_round(value, store.dtype);
+        // Every expression in lanes comes out rounded to its own type
+        // already: a second rounding to the same type would change nothing.
+        let value = if store.scalar.dtype() == store.dtype { value } else { self.lanes_round(value, store.dtype) };
         self.bounds_failure = outer_failure;
         let flat = self.builder.use_var(store.flat);
         let bytes = self.builder.ins().imul_imm_s(flat, 4);
