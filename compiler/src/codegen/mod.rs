@@ -15,5 +15,5 @@ pub mod helpers;
 pub mod intrinsics;
 pub mod matmul;
 pub mod native;
-pub mod simd;
+pub(crate) mod simd;
 pub mod threads;
