@@ -3,9 +3,9 @@
 //! vectors the CPU has (chosen at run time, as the matrix kernel's are),
 //! and every head on the kernels' threads. The gated delta rule keeps each
 //! head's state in f32 and walks the tokens in order, one pass over the
-//! state per token, written over `simd::Lanes`; attention's scores are
-//! matrix products (the matrix kernel's) and it reads each admitted value
-//! once per query, in loops the compiler vectorizes. Cache writes copy rows
+//! state per token; attention's scores are matrix products (the matrix
+//! kernel's) and it reads each admitted value once per query, for all the
+//! query's heads; both written over `simd::Lanes`. Cache writes copy rows
 //! and are the interpreter's own (`crate::intrinsics`).
 
 use super::expf;
@@ -32,32 +32,25 @@ impl Shared {
     }
 }
 
-/// Defines `$name`, which runs `$kernel` (an `#[inline(always)]` function)
-/// compiled for the host's widest vectors: the same Rust, inlined into a
-/// wrapper with each instruction set's target features and vectorized for
-/// it, the wrapper chosen at run time (as the matrix kernel's are). A
-/// closure would not do: its body is a function of its own, compiled
-/// without the features of the wrapper that calls it. `=> kernel in lanes`
-/// runs `kernel::<L>`, written over `simd::Lanes`, with each set's lanes.
+/// Defines `$name`, which runs `$kernel::<L>` (an `#[inline(always)]`
+/// function written over `simd::Lanes`) with the host's widest lanes: it
+/// is inlined into a wrapper with each instruction set's target features
+/// and that set's lanes, the wrapper chosen at run time (as the matrix
+/// kernel's are). A closure would not do: its body is a function of its
+/// own, compiled without the features of the wrapper that calls it.
 macro_rules! on_host_vectors {
     ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $kernel:ident in lanes) => {
-        on_host_vectors!(@define $(#[$doc])* $name($($arg: $ty),*) => $kernel::<simd::Avx512>, $kernel::<simd::Avx2>, $kernel::<simd::Scalar>);
-    };
-    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $kernel:path) => {
-        on_host_vectors!(@define $(#[$doc])* $name($($arg: $ty),*) => $kernel, $kernel, $kernel);
-    };
-    (@define $(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $wide:expr, $narrow:expr, $portable:expr) => {
         $(#[$doc])*
         fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) {
-                    $wide($($arg),*)
+                    $kernel::<simd::Avx512>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
-                    $narrow($($arg),*)
+                    $kernel::<simd::Avx2>($($arg),*)
                 }
                 match Isa::host() {
                     // SAFETY: the CPU has these features.
@@ -66,7 +59,7 @@ macro_rules! on_host_vectors {
                     Isa::Portable => {}
                 }
             }
-            $portable($($arg),*)
+            $kernel::<simd::Scalar>($($arg),*)
         }
     };
 }
@@ -264,7 +257,8 @@ const QUERY_BLOCK: usize = 16;
 /// up to the last any of them admits (the matrix kernel's). Then per query
 /// and head: a softmax over the keys its mask admits (all keys, uniformly
 /// weighted, when it admits none, as the Linnet body computes), and the
-/// admitted values weighted, rounded to the query's type.
+/// admitted values weighted for all the query's heads in one pass over
+/// them (`weighted_values`), rounded to the query's type.
 fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
     let target = Shared(out.as_mut_ptr());
@@ -276,11 +270,11 @@ fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
 on_host_vectors! {
     /// Task `task` of [`attention`]: one batch row's key/value head, for
     /// one block of queries.
-    fn attention_block(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => attention_block_on_host
+    fn attention_block(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => attention_block_in in lanes
 }
 
 #[inline(always)]
-fn attention_block_on_host(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) {
+fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) {
     let &Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch: _, heads, queries, width, kv_heads, keys } = operands;
     let group = operands.group();
     let blocks = queries.div_ceil(QUERY_BLOCK);
@@ -308,38 +302,130 @@ fn attention_block_on_host(operands: &Attention, rows_mask: bool, task: usize, t
         // room for `span`, and the keys up to `span` are in `kf`.
         unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
     }
-    let (mut weights, mut sum) = (Vec::with_capacity(keys), vec![0f32; width]);
-    for (slot, &(i, g)) in slots.iter().enumerate() {
+    // Per query: the softmax of each of its heads' scores over the keys it
+    // admits (every key, uniformly weighted, when it admits none, as the
+    // Linnet body computes), then the admitted values weighted, for all
+    // the query's heads at once (`weighted_values`).
+    let first_value = (b * kv_heads + kv) * keys * width;
+    let mut weights = vec![0f32; group * keys];
+    let mut sums = vec![0f32; group * width];
+    let mut row_weights = Vec::with_capacity(keys);
+    for i in block.clone() {
         let (any, keys_of) = &admitted[i - block.start];
-        let row = &scores[slot * span..(slot + 1) * span];
-        weights.clear();
-        weights.extend(keys_of.iter().map(|&j| if *any { row[j] * scale } else { 0.0 }));
-        let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
-        let mut total = 0f32;
-        for weight in weights.iter_mut() {
-            *weight = expf::exp(*weight - top);
-            total += *weight;
-        }
-        sum.fill(0.0);
-        for (weight, &j) in weights.iter().zip(keys_of) {
-            let v_at = ((b * kv_heads + kv) * keys + j) * width;
-            let share = weight / total;
-            for (s, &value) in sum.iter_mut().zip(&vf[v_at..v_at + width]) {
-                *s += share * value;
+        for g in 0..group {
+            let slot = (i - block.start) * group + g;
+            match *any {
+                true => softmax(&scores[slot * span..(slot + 1) * span], keys_of, scale, &mut row_weights),
+                false => softmax(&vec![0.0; keys], keys_of, 0.0, &mut row_weights),
             }
+            weights[g * keys_of.len()..(g + 1) * keys_of.len()].copy_from_slice(&row_weights);
         }
-        for (d, &s) in sum.iter().enumerate() {
-            // SAFETY: query `i` of head `kv · group + g` of row `b`:
-            // this task's.
-            unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
+        let values = Values { all: &vf[first_value..first_value + keys * width], width, keys_of };
+        weighted_values::<L>(&values, &weights[..group * keys_of.len()], group, &mut sums);
+        for g in 0..group {
+            for (d, &s) in sums[g * width..(g + 1) * width].iter().enumerate() {
+                // SAFETY: query `i` of head `kv · group + g` of row `b`:
+                // this task's.
+                unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
+            }
         }
     }
 }
 
+/// One key/value head's values (`all`, `width` a key) and the keys a query
+/// admits.
+struct Values<'v> {
+    all: &'v [f32],
+    width: usize,
+    keys_of: &'v [usize],
+}
+
+/// Query heads of a group whose weighted sums one pass over the values
+/// keeps in registers.
+const HEADS_AT_ONCE: usize = 8;
+
+/// `sums[g][d] = Σₙ weights[g][n] · values[keys_of[n]][d]` for the `heads`
+/// heads of a query (`weights` holds `keys_of.len()` per head), in key
+/// order: up to [`HEADS_AT_ONCE`] heads' sums of one vector of columns in
+/// registers while the keys stream past, so that each value is loaded once
+/// for all of them.
+#[inline(always)]
+fn weighted_values<L: Lanes>(values: &Values, weights: &[f32], heads: usize, sums: &mut [f32]) {
+    let mut head = 0;
+    while head < heads {
+        let at_once = match heads - head {
+            n if n >= HEADS_AT_ONCE => HEADS_AT_ONCE,
+            n if n >= 4 => 4,
+            n if n >= 2 => 2,
+            _ => 1,
+        };
+        let (weights, sums) = (&weights[head * values.keys_of.len()..], &mut sums[head * values.width..]);
+        let mut column = 0;
+        while column < values.width {
+            let whole = column + L::WIDTH <= values.width;
+            // SAFETY: columns `column..column + L::WIDTH` (or the one
+            // column) are inside every value row and every head's sums;
+            // `weights` has `keys_of.len()` per head for `at_once` heads.
+            unsafe {
+                match (at_once, whole) {
+                    (HEADS_AT_ONCE, true) => heads_pass::<L, HEADS_AT_ONCE>(values, weights, column, sums),
+                    (4, true) => heads_pass::<L, 4>(values, weights, column, sums),
+                    (2, true) => heads_pass::<L, 2>(values, weights, column, sums),
+                    (_, true) => heads_pass::<L, 1>(values, weights, column, sums),
+                    (HEADS_AT_ONCE, false) => heads_pass::<Scalar, HEADS_AT_ONCE>(values, weights, column, sums),
+                    (4, false) => heads_pass::<Scalar, 4>(values, weights, column, sums),
+                    (2, false) => heads_pass::<Scalar, 2>(values, weights, column, sums),
+                    (_, false) => heads_pass::<Scalar, 1>(values, weights, column, sums),
+                }
+            }
+            column += if whole { L::WIDTH } else { 1 };
+        }
+        head += at_once;
+    }
+}
+
+/// [`weighted_values`] for `H` heads and the `L::WIDTH` columns from
+/// `column`: `H` sums in registers, one multiply-add each per key.
+///
+/// # Safety
+/// As `weighted_values` says of its columns and weights.
+#[inline(always)]
+unsafe fn heads_pass<L: Lanes, const H: usize>(values: &Values, weights: &[f32], column: usize, sums: &mut [f32]) {
+    let (keys, width) = (values.keys_of.len(), values.width);
+    unsafe {
+        let mut totals = [L::zero(); H];
+        for (n, &j) in values.keys_of.iter().enumerate() {
+            let value = L::load(values.all.as_ptr().add(j * width + column));
+            for (h, total) in totals.iter_mut().enumerate() {
+                *total = L::fma(L::splat(*weights.get_unchecked(h * keys + n)), value, *total);
+            }
+        }
+        for (h, total) in totals.iter().enumerate() {
+            L::store(sums.as_mut_ptr().add(h * width + column), *total);
+        }
+    }
+}
+
+/// The softmax of the `scores` of `keys_of`, scaled by `scale`, into
+/// `weights` (one per key of `keys_of`): each weight already divided by the
+/// total.
+#[inline(always)]
+fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut Vec<f32>) {
+    weights.clear();
+    weights.extend(keys_of.iter().map(|&j| scores[j] * scale));
+    let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
+    let mut total = 0f32;
+    for weight in weights.iter_mut() {
+        *weight = expf::exp(*weight - top);
+        total += *weight;
+    }
+    weights.iter_mut().for_each(|weight| *weight /= total);
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{delta_head_in, Shared};
-    use crate::intrinsics::DeltaRule;
+    use super::{attention_block_in, delta_head_in, Shared};
+    use crate::intrinsics::{Attention, DeltaRule};
     use crate::ir::Intrinsic;
     use crate::sema::ty::Dtype;
     use crate::tensor::Tensor;
@@ -353,6 +439,75 @@ mod tests {
                 low + (high - low) * ((state >> 40) as f32 / (1u64 << 24) as f32)
             })
             .collect()
+    }
+
+    /// Runs `kernel` on every instruction set this CPU has and in one
+    /// lane, each through a function with that set's target features.
+    macro_rules! on_every_set {
+        ($kernel:ident($($arg:ident: $ty:ty),*) => $run:expr) => {{
+            let mut outputs = vec![("one lane", $run(&|$($arg: $ty),*| $kernel::<super::Scalar>($($arg),*)))];
+            #[cfg(target_arch = "x86_64")]
+            {
+                use crate::codegen::matmul::Isa;
+                use crate::codegen::simd::{Avx2, Avx512};
+                #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $kernel::<Avx512>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $kernel::<Avx2>($($arg),*)
+                }
+                let available = Isa::available();
+                if available.contains(&Isa::Avx512) {
+                    // SAFETY: the CPU has AVX-512.
+                    outputs.push(("avx512", $run(&|$($arg: $ty),*| unsafe { avx512($($arg),*) })));
+                }
+                if available.contains(&Isa::Avx2) {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    outputs.push(("avx2", $run(&|$($arg: $ty),*| unsafe { avx2($($arg),*) })));
+                }
+            }
+            outputs
+        }};
+    }
+
+    /// Attention on every instruction set this CPU has, and in one lane:
+    /// three query heads a key/value head (a pass of two heads and one of
+    /// one), 20 columns (vectors and a remainder), two blocks of queries,
+    /// a causal mask with one query that admits no key, against the
+    /// interpreter's: within the contract.
+    #[test]
+    fn attention_meets_the_contract_on_every_instruction_set() {
+        let (batch, heads, kv_heads, queries, width) = (2, 6, 2, 20, 20);
+        let tensor = |shape: Vec<usize>, seed| {
+            let count = shape.iter().product();
+            Tensor::from_f32(Dtype::F32, shape, values(count, seed, -1.0, 1.0))
+        };
+        let mask: Vec<bool> = (0..queries * queries).map(|at| at / queries != 3 && at % queries <= at / queries).collect();
+        let args = [
+            tensor(vec![batch, heads, queries, width], 11),
+            tensor(vec![batch, kv_heads, queries, width], 12),
+            tensor(vec![batch, kv_heads, queries, width], 13),
+            tensor(Vec::new(), 14),
+            Tensor { dtype: Dtype::Bool, shape: vec![queries, queries], data: crate::tensor::Data::Bool(mask) },
+        ];
+        let args: Vec<&Tensor> = args.iter().collect();
+        let reference = crate::intrinsics::attention(&args, false);
+        let operands = Attention::of(&args);
+        let blocks = queries.div_ceil(super::QUERY_BLOCK);
+        let run = |block: &dyn Fn(&Attention, bool, usize, &Shared)| {
+            let mut out = vec![f32::NAN; reference.len()];
+            let target = Shared(out.as_mut_ptr());
+            (0..batch * kv_heads * blocks).for_each(|task| block(&operands, false, task, &target));
+            Tensor::from_f32(Dtype::F32, reference.shape.clone(), out)
+        };
+        let outputs = on_every_set!(attention_block_in(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => run);
+        for (lanes, output) in outputs {
+            if let Err(mismatch) = crate::tolerance::compare(&reference, &output) {
+                panic!("{lanes}: {mismatch}");
+            }
+        }
     }
 
     /// The delta rule's passes on every instruction set this CPU has, and
@@ -385,29 +540,7 @@ mod tests {
             (0..batch * value_heads).for_each(|task| head(&operands, task, &target));
             Tensor::from_f32(Dtype::F32, shape.clone(), out)
         };
-        let mut outputs = vec![("one lane", run(&delta_head_in::<super::Scalar>))];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::codegen::matmul::Isa;
-            use crate::codegen::simd::{Avx2, Avx512};
-            #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-            unsafe fn avx512(operands: &DeltaRule, task: usize, target: &Shared) {
-                delta_head_in::<Avx512>(operands, task, target)
-            }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(operands: &DeltaRule, task: usize, target: &Shared) {
-                delta_head_in::<Avx2>(operands, task, target)
-            }
-            let available = Isa::available();
-            if available.contains(&Isa::Avx512) {
-                // SAFETY: the CPU has AVX-512.
-                outputs.push(("avx512", run(&|o, t, s| unsafe { avx512(o, t, s) })));
-            }
-            if available.contains(&Isa::Avx2) {
-                // SAFETY: the CPU has AVX2 and FMA.
-                outputs.push(("avx2", run(&|o, t, s| unsafe { avx2(o, t, s) })));
-            }
-        }
+        let outputs = on_every_set!(delta_head_in(operands: &DeltaRule, task: usize, target: &Shared) => run);
         for (lanes, output) in outputs {
             if let Err(mismatch) = crate::tolerance::compare(&reference, &output) {
                 panic!("{lanes}: {mismatch}");
