@@ -836,7 +836,6 @@ impl Stored {
     }
 }
 
-/// The ordered float comparison a source comparison is.
 /// The least and the most an integer position can be, when the indices
 /// it reads run over constant extents (`extents`, by index number):
 /// through sums, differences, products of what is not negative, and
@@ -870,6 +869,7 @@ fn pointer_table() -> MemFlagsData {
     MemFlagsData::trusted().with_readonly().with_can_move()
 }
 
+/// The ordered float comparison a source comparison is.
 fn float_condition(cmp: CmpOp) -> FloatCC {
     match cmp {
         CmpOp::Eq => FloatCC::Equal,

@@ -4,9 +4,9 @@
 //! loads them back; `helpers` is the table of functions they call, and
 //! `matmul` the hand-tuned kernel contractions run on, `intrinsics` the
 //! kernels of attention and the delta rule, `simd` the vectors both are
-//! written in, `threads` the pool they share their work on; `backend` is what the executor drives. Numerics follow
-//! `numerics`, the same as the interpreter's, within the tolerances of
-//! `docs/language.md`.
+//! written in, `threads` the pool they share their work on; `backend` is
+//! what the executor drives. Numerics follow `numerics`, the same as the
+//! interpreter's, within the tolerances of `docs/language.md`.
 
 pub mod backend;
 pub mod cpu;
