@@ -309,16 +309,15 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
     let first_value = (b * kv_heads + kv) * keys * width;
     let mut weights = vec![0f32; group * keys];
     let mut sums = vec![0f32; group * width];
-    let mut row_weights = Vec::with_capacity(keys);
     for i in block.clone() {
         let (any, keys_of) = &admitted[i - block.start];
-        for g in 0..group {
+        for (g, head_weights) in weights.chunks_exact_mut(keys_of.len().max(1)).take(group).enumerate() {
             let slot = (i - block.start) * group + g;
             match *any {
-                true => softmax(&scores[slot * span..(slot + 1) * span], keys_of, scale, &mut row_weights),
-                false => softmax(&vec![0.0; keys], keys_of, 0.0, &mut row_weights),
+                true => softmax(&scores[slot * span..(slot + 1) * span], keys_of, scale, head_weights),
+                // exp(0) over a total of one per key.
+                false => head_weights.fill(1.0 / keys_of.len() as f32),
             }
-            weights[g * keys_of.len()..(g + 1) * keys_of.len()].copy_from_slice(&row_weights);
         }
         let values = Values { all: &vf[first_value..first_value + keys * width], width, keys_of };
         weighted_values::<L>(&values, &weights[..group * keys_of.len()], group, &mut sums);
@@ -410,9 +409,10 @@ unsafe fn heads_pass<L: Lanes, const H: usize>(values: &Values, weights: &[f32],
 /// `weights` (one per key of `keys_of`): each weight already divided by the
 /// total.
 #[inline(always)]
-fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut Vec<f32>) {
-    weights.clear();
-    weights.extend(keys_of.iter().map(|&j| scores[j] * scale));
+fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut [f32]) {
+    for (weight, &j) in weights.iter_mut().zip(keys_of) {
+        *weight = scores[j] * scale;
+    }
     let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
     let mut total = 0f32;
     for weight in weights.iter_mut() {
