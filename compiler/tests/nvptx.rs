@@ -10,7 +10,9 @@
 use linnet_compiler::driver::lower_package;
 use linnet_compiler::exec::Machine;
 use linnet_compiler::gpu::host::MlirHost;
-use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, Scalar, Value};
+use linnet_compiler::gpu::LANES;
+use linnet_compiler::ir::contraction;
+use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, Value};
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::dim::Dim;
 use linnet_compiler::sema::ty::Dtype;
@@ -47,15 +49,25 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     let read = linnet_compiler::gpu::PtxSet::read(&dir).unwrap();
     read.check(&model, "sm_90").unwrap();
     assert!(read.check(&model, "sm_80").unwrap_err().contains("built for sm_90"));
+    let mut contractions = 0;
     for entry in &model.entries {
         let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
         let launches = &read.entries[&entry.name].launches;
         assert_eq!(launches.iter().map(|launch| launch.node).collect::<Vec<_>>(), computes, "{}", entry.name);
         for launch in launches {
             assert!(read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)));
-            assert_eq!(launch.work, entry.nodes[launch.node].shape, "a Compute node's work is its elements");
+            let shape = &entry.nodes[launch.node].shape;
+            if contraction::of(entry, launch.node).is_some() {
+                contractions += 1;
+                assert_eq!(launch.lanes, LANES, "a contraction's item is a warp's");
+                assert_eq!(launch.work.last(), shape.last(), "a contraction's items are per column");
+            } else {
+                assert_eq!(launch.lanes, 1);
+                assert_eq!(&launch.work, shape, "a Compute node's work is its elements");
+            }
         }
     }
+    assert!(contractions > 0, "the tiny MLP has no contraction: this test covers less than it says");
     // The PTX of another build of the model is refused.
     let (mut other, _) = lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
     other.entries.pop();
@@ -132,5 +144,85 @@ fn a_kernel_reports_its_first_fault_as_the_reference_does() {
     let mut host = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds");
     let error = host.call("shift", x()).expect_err("every load is outside x").to_string();
     assert!(reference.contains("position 10 is outside 0..4"), "{reference}");
+    assert_eq!(error, reference);
+}
+
+/// Contractions split across a warp's lanes (`gpu::contraction`), run on
+/// the host, against the reference: a depth that is no multiple of a run
+/// (each lane reads single elements), one that is (runs), both longer
+/// than a warp reads at once, so lanes come round again; rows that share
+/// their weight row (items of eight rows, the last item part past the
+/// rows) and rows that gather theirs (an expert per row); and a gathered
+/// row outside its weights is refused as the reference refuses it.
+#[test]
+fn contractions_split_across_lanes_meet_the_reference() {
+    let (rows, columns, experts) = (11usize, 5usize, 3usize);
+    let index = |k: u32| Scalar::Index(k, Dtype::I64);
+    let load = |value: u32, positions: Vec<Scalar>, dtype: Dtype| {
+        let loaded = Scalar::Load(Value(value), positions, dtype);
+        if dtype == Dtype::F32 { loaded } else { Scalar::Cast(Box::new(loaded), Dtype::F32) }
+    };
+    let sum = |depth: usize, a: Scalar, w: Scalar| Scalar::Reduce {
+        op: ReduceOp::Sum,
+        index: 2,
+        extent: Dim::constant(depth as i64),
+        body: Box::new(Scalar::Binary(BinaryOp::Mul, Box::new(a), Box::new(w), Dtype::F32)),
+        dtype: Dtype::F32,
+    };
+    let shape = |dims: &[usize]| dims.iter().map(|&d| Dim::constant(d as i64)).collect::<Vec<Dim>>();
+    let inputs = [("a", vec![rows, 45], Dtype::F32), ("w", vec![columns, 45], Dtype::Bf16), ("b", vec![rows, 264], Dtype::Bf16), ("v", vec![experts, columns, 264], Dtype::Bf16), ("pick", vec![rows], Dtype::I32)];
+    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, dims, dtype))| Node { kind: NodeKind::Input(at), shape: shape(dims), dtype: *dtype, source: None }).collect();
+    let picked = Scalar::Cast(Box::new(Scalar::Load(Value(4), vec![index(0)], Dtype::I32)), Dtype::I64);
+    let products = [
+        sum(45, load(0, vec![index(0), index(2)], Dtype::F32), load(1, vec![index(1), index(2)], Dtype::Bf16)),
+        sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![picked, index(1), index(2)], Dtype::Bf16)),
+        sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![Scalar::Int(1, Dtype::I64), index(1), index(2)], Dtype::Bf16)),
+    ];
+    for product in products {
+        nodes.push(Node { kind: NodeKind::Compute(product), shape: shape(&[rows, columns]), dtype: Dtype::F32, source: None });
+    }
+    let entry = Entry {
+        name: "contract".into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: inputs.iter().map(|(name, dims, dtype)| Input { name: (*name).into(), shape: shape(dims), dtype: *dtype }).collect(),
+        nodes,
+        outputs: vec![Value(5), Value(6), Value(7)],
+    };
+    for at in 5..8 {
+        assert!(contraction::of(&entry, at).is_some(), "node {at} is not a contraction: this test covers less than it says");
+    }
+    let model = Model { name: "contract".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    let mut seed = 7u64;
+    let mut random = |count: usize| {
+        (0..count)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect::<Vec<f32>>()
+    };
+    let values: Vec<Tensor> = inputs[..4].iter().map(|(_, dims, dtype)| Tensor::from_f32(*dtype, dims.clone(), random(dims.iter().product()))).collect();
+    let call = |pick: Vec<i64>| {
+        let mut call = values.clone();
+        call.push(Tensor::from_i64(Dtype::I32, vec![rows], pick));
+        call
+    };
+    let good: Vec<i64> = (0..rows as i64).map(|row| row % experts as i64).collect();
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("contract", call(good.clone())).expect("the reference runs");
+    let mut host = Machine::new(model.clone(), Vec::new(), MlirHost::default()).expect("the kernels build");
+    let computed = host.call("contract", call(good.clone())).expect("the kernels run");
+    for (output, (expected, got)) in reference.iter().zip(&computed).enumerate() {
+        let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
+        assert_eq!(expected.len(), rows * columns);
+        for (at, (e, g)) in expected.iter().zip(got).enumerate() {
+            assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "output {output}, element {at}: {g}, the reference {e}");
+        }
+    }
+    let mut bad = good;
+    bad[9] = experts as i64;
+    let reference = linnet_compiler::interp::machine(model, Vec::new()).call("contract", call(bad.clone())).expect_err("expert 3 of 3").to_string();
+    let error = host.call("contract", call(bad)).expect_err("expert 3 of 3").to_string();
+    assert!(reference.contains("holds 3, outside 0..3"), "{reference}");
     assert_eq!(error, reference);
 }

@@ -4,8 +4,8 @@
 //! without CUDA and says so), and run on one stream. Parameters are
 //! uploaded once, in their dtype; states, caches and every value an entry
 //! computes stay in device memory; only inputs go in and outputs come
-//! back. Each launch is one thread per work item, as many to a block as
-//! the launch says, every buffer passed as its memref descriptor
+//! back. Each launch is a thread per work item (a warp's, where the
+//! launch splits items across lanes), as many to a block as the launch says, every buffer passed as its memref descriptor
 //! (`pipeline`), with the dims table of the call (uploaded once per dims)
 //! and a faults table, read back after each kernel that can raise one, so
 //! a fault is reported at its node. An entry's PTX is loaded (compiled by
@@ -140,15 +140,15 @@ impl Cuda {
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
         self.load(site)?;
         let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
-        let (items, dims, threads) = {
+        let (launched, dims, threads) = {
             let (kernel, _) = self.kernel(site);
-            (kernel.work.iter().map(bound).product::<i64>(), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
+            (kernel.work.iter().map(bound).product::<i64>() * i64::from(kernel.lanes), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
         };
-        if items == 0 {
+        if launched == 0 {
             return Ok(());
         }
-        let blocks = u32::try_from((items + i64::from(threads) - 1) / i64::from(threads))
-            .map_err(|_| NodeError::Check(format!("{items} work items are more than one launch holds")))?;
+        let blocks = u32::try_from((launched + i64::from(threads) - 1) / i64::from(threads))
+            .map_err(|_| NodeError::Check(format!("{launched} threads are more than one launch holds")))?;
         if !self.dims.contains_key(&dims) {
             // At least one element: an empty table still has an address.
             let values = if dims.is_empty() { vec![0] } else { dims.clone() };

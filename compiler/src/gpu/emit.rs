@@ -13,7 +13,11 @@
 //! items are an `scf.parallel` (MLIR runs it on the CPU); for the device,
 //! a `gpu.func` kernel with one thread per item, [`THREADS`] to a block,
 //! that computes everything (sizes included) from its arguments, so a
-//! launch needs only them and the item count.
+//! launch needs only them and the item count. An item may instead be
+//! split across a warp's [`LANES`] ([`Emitter::parallel_in_lanes`]): each
+//! lane sums its share, and the lanes' sums are added in one fixed tree,
+//! by shuffles on the device and by the same additions in order on the
+//! host, so both forms compute the same bits.
 
 use crate::ir::{Entry, Value};
 use crate::sema::dim::Dim;
@@ -34,6 +38,8 @@ pub struct Kernel {
     pub dims: Vec<Dim>,
     /// The work items: as many as the product of these dims.
     pub work: Vec<Dim>,
+    /// The threads each item takes: 1, or [`LANES`].
+    pub lanes: u32,
     /// Whether it can raise a fault (else its faults table is not read).
     pub faults: bool,
     /// The axes its loads check, numbered as a fault names them.
@@ -59,8 +65,12 @@ pub enum Form {
     Device,
 }
 
-/// Threads in a block of a device kernel (one work item each).
+/// Threads in a block of a device kernel.
 pub const THREADS: u32 = 256;
+
+/// The lanes of a work item split across a warp
+/// ([`Emitter::parallel_in_lanes`]): a warp's threads.
+pub const LANES: u32 = 32;
 
 /// Why a node has no kernel for this target yet.
 #[derive(Debug)]
@@ -125,6 +135,7 @@ pub struct Emitter<'e> {
     pub entry: &'e Entry,
     form: Form,
     work: Vec<Dim>,
+    lanes: u32,
     body: String,
     next: usize,
     pub loads: Vec<Value>,
@@ -140,7 +151,11 @@ pub struct Emitter<'e> {
 
 impl<'e> Emitter<'e> {
     pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
-        Emitter { entry, form, work: Vec::new(), body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false, checks: Vec::new() }
+        Emitter { entry, form, work: Vec::new(), lanes: 1, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false, checks: Vec::new() }
+    }
+
+    pub fn form(&self) -> Form {
+        self.form
     }
 
     pub fn fresh(&mut self) -> String {
@@ -343,16 +358,31 @@ impl<'e> Emitter<'e> {
         self.fault(Fault::PositionOutsideAxis, &[&number, position, size]);
     }
 
-    /// The kernel's work items, as many as the product of `work`; `body`
-    /// is given the item's number (an index). On the host, an
-    /// `scf.parallel`; on the device, this thread's item, if it is one.
-    pub fn parallel(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str)) {
+    /// The number of work items, the product of `work` (an index).
+    fn item_count(&mut self, work: &[Dim]) -> String {
         self.work = work.to_vec();
         let mut count = self.index_constant(1);
         for dim in work {
             let size = self.dim_index(dim);
             count = self.mul(&count, &size);
         }
+        count
+    }
+
+    /// This device thread's number in the launch (an index).
+    fn thread_number(&mut self) -> String {
+        let block = self.op("gpu.block_id x".into());
+        let threads = self.index_constant(i64::from(THREADS));
+        let thread = self.op("gpu.thread_id x".into());
+        let first = self.mul(&block, &threads);
+        self.add(&first, &thread)
+    }
+
+    /// The kernel's work items, as many as the product of `work`; `body`
+    /// is given the item's number (an index). On the host, an
+    /// `scf.parallel`; on the device, this thread's item, if it is one.
+    pub fn parallel(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str)) {
+        let count = self.item_count(work);
         let element = match self.form {
             Form::Host => {
                 let (zero, one) = (self.index_constant(0), self.index_constant(1));
@@ -361,11 +391,7 @@ impl<'e> Emitter<'e> {
                 element
             }
             Form::Device => {
-                let block = self.op("gpu.block_id x".into());
-                let threads = self.index_constant(i64::from(THREADS));
-                let thread = self.op("gpu.thread_id x".into());
-                let first = self.mul(&block, &threads);
-                let element = self.add(&first, &thread);
+                let element = self.thread_number();
                 let mine = self.op(format!("arith.cmpi ult, {element}, {count} : index"));
                 self.line(format!("scf.if {mine} {{"));
                 element
@@ -378,20 +404,98 @@ impl<'e> Emitter<'e> {
         self.line("}".into());
     }
 
+    /// The kernel's work items, as many as the product of `work`, each
+    /// split across [`LANES`] lanes. `lane_body` is given the item and the
+    /// lane (indices) and gives that lane's `sums` f32 partial sums; the
+    /// lanes' partials of each sum are added in a fixed tree (lane `l`
+    /// with lane `l + 16`, then with `l + 8`, … `l + 1`); `finish` is given
+    /// the item and the totals, once per item.
+    ///
+    /// On the device the lanes are a warp's threads, and the tree is its
+    /// butterfly of `gpu.shuffle xor` (every lane ends with the total;
+    /// lane 0 finishes). On the host they run one after another, each
+    /// partial put in its lane of a vector, which the same additions then
+    /// fold, in the same order: the two forms compute the same bits.
+    pub fn parallel_in_lanes(&mut self, work: &[Dim], sums: usize, lane_body: impl FnOnce(&mut Self, &str, &str) -> Vec<String>, finish: impl FnOnce(&mut Self, &str, &[String])) {
+        self.lanes = LANES;
+        let count = self.item_count(work);
+        let halves = || std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
+        match self.form {
+            Form::Host => {
+                let (zero, one) = (self.index_constant(0), self.index_constant(1));
+                let item = self.fresh();
+                self.line(format!("scf.parallel ({item}) = ({zero}) to ({count}) step ({one}) {{"));
+                let lanes_vector = format!("vector<{LANES}xf32>");
+                let zeros = self.op(format!("arith.constant dense<0.0> : {lanes_vector}"));
+                let carried: Vec<(String, &str)> = (0..sums).map(|_| (zeros.clone(), lanes_vector.as_str())).collect();
+                let lanes = self.index_constant(i64::from(LANES));
+                let partials = self.for_range(&zero, &lanes, &carried, |e, lane, partials| {
+                    let values = lane_body(e, &item, lane);
+                    assert_eq!(values.len(), sums, "a lane gives every partial sum");
+                    values.iter().zip(partials).map(|(value, partial)| e.op(format!("vector.insert {value}, {partial}[{lane}] : f32 into {lanes_vector}"))).collect()
+                });
+                let totals: Vec<String> = partials
+                    .iter()
+                    .map(|partial| {
+                        let mut lane_sums: Vec<String> = (0..LANES).map(|lane| self.op(format!("vector.extract {partial}[{lane}] : f32 from {lanes_vector}"))).collect();
+                        for half in halves() {
+                            for lane in 0..half as usize {
+                                lane_sums[lane] = self.op(format!("arith.addf {}, {} : f32", lane_sums[lane], lane_sums[lane + half as usize]));
+                            }
+                        }
+                        lane_sums.swap_remove(0)
+                    })
+                    .collect();
+                finish(self, &item, &totals);
+                self.line("scf.reduce".into());
+                self.line("}".into());
+            }
+            Form::Device => {
+                let thread = self.thread_number();
+                let lanes = self.index_constant(i64::from(LANES));
+                let item = self.op(format!("arith.divui {thread}, {lanes} : index"));
+                let lane = self.op(format!("arith.remui {thread}, {lanes} : index"));
+                // Uniform across a warp: its lanes share the item.
+                let mine = self.op(format!("arith.cmpi ult, {item}, {count} : index"));
+                self.line(format!("scf.if {mine} {{"));
+                let mut totals = lane_body(self, &item, &lane);
+                assert_eq!(totals.len(), sums, "a lane gives every partial sum");
+                let width = self.op(format!("arith.constant {LANES} : i32"));
+                for half in halves() {
+                    let offset = self.op(format!("arith.constant {half} : i32"));
+                    for total in &mut totals {
+                        let (theirs, valid) = (self.fresh(), self.fresh());
+                        self.line(format!("{theirs}, {valid} = gpu.shuffle xor {total}, {offset}, {width} : f32"));
+                        *total = self.op(format!("arith.addf {total}, {theirs} : f32"));
+                    }
+                }
+                let zero = self.index_constant(0);
+                let first = self.op(format!("arith.cmpi eq, {lane}, {zero} : index"));
+                self.when(&first, |e| finish(e, &item, &totals));
+                self.line("}".into());
+            }
+        }
+    }
+
     /// `scf.for` over `from..to` (indices) carrying `carried` (initial
     /// value, register type); `body` gets the counter and the carried
     /// values and gives the next ones. The loop's results, in order.
     pub fn for_range(&mut self, from: &str, to: &str, carried: &[(String, &str)], body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
         let one = self.index_constant(1);
+        self.for_steps(from, to, &one, carried, body)
+    }
+
+    /// [`Emitter::for_range`] counting by `step` (an index).
+    pub fn for_steps(&mut self, from: &str, to: &str, step: &str, carried: &[(String, &str)], body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
         let (result, counter) = (self.fresh(), self.fresh());
         let names: Vec<String> = carried.iter().map(|_| self.fresh()).collect();
         let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
         if carried.is_empty() {
-            self.line(format!("scf.for {counter} = {from} to {to} step {one} {{"));
+            self.line(format!("scf.for {counter} = {from} to {to} step {step} {{"));
         } else {
             let arguments: Vec<String> = names.iter().zip(carried).map(|(name, (initial, _))| format!("{name} = {initial}")).collect();
             let prefix = if carried.len() == 1 { result.clone() } else { format!("{result}:{}", carried.len()) };
-            self.line(format!("{prefix} = scf.for {counter} = {from} to {to} step {one} iter_args({}) -> ({}) {{", arguments.join(", "), types.join(", ")));
+            self.line(format!("{prefix} = scf.for {counter} = {from} to {to} step {step} iter_args({}) -> ({}) {{", arguments.join(", "), types.join(", ")));
         }
         let next = body(self, &counter, &names);
         if !carried.is_empty() {
@@ -444,6 +548,6 @@ impl<'e> Emitter<'e> {
                 self.body
             ),
         };
-        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, faults: self.faults, checks: self.checks }
+        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks }
     }
 }

@@ -17,7 +17,7 @@ use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
 
 impl Emitter<'_> {
-    fn scalar(&mut self, scalar: &Scalar) -> Result<String, Unsupported> {
+    pub(super) fn scalar(&mut self, scalar: &Scalar) -> Result<String, Unsupported> {
         Ok(match scalar {
             Scalar::Index(k, _) => {
                 let index = self.indices.get(k).cloned().ok_or_else(|| Unsupported(format!("index i{k} is not bound")))?;
@@ -182,13 +182,21 @@ impl Emitter<'_> {
         }
     }
 
-    /// The flat position of `positions` in `value`, each checked against
-    /// its axis (outside: element 0, and the error flag set).
+    /// The element of `value` at `positions`, each checked against its
+    /// axis (outside: element 0, and the error flag set).
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Result<String, Unsupported> {
-        let node = &self.entry.nodes[value.index()];
-        let shape = node.shape.clone();
-        let dtype = node.dtype;
+        let dtype = self.entry.nodes[value.index()].dtype;
         let argument = self.argument(value);
+        let at = self.position(value, positions)?;
+        Ok(self.load_element(&argument, &at, dtype))
+    }
+
+    /// The row-major number (an index) of `positions` among the positions
+    /// of `value`'s leading axes (all of them, or as many as are given),
+    /// each checked against its axis: outside one, 0, and the error flag
+    /// set.
+    pub(super) fn position(&mut self, value: Value, positions: &[Scalar]) -> Result<String, Unsupported> {
+        let shape = self.entry.nodes[value.index()].shape.clone();
         let mut flat = self.op("arith.constant 0 : i64".into());
         let mut inside = None;
         for (axis, (scalar, size)) in positions.iter().zip(&shape).enumerate() {
@@ -216,8 +224,7 @@ impl Emitter<'_> {
                 self.op(format!("arith.select {inside}, {flat}, {zero} : i64"))
             }
         };
-        let at = self.op(format!("arith.index_cast {safe} : i64 to index"));
-        Ok(self.load_element(&argument, &at, dtype))
+        Ok(self.op(format!("arith.index_cast {safe} : i64 to index")))
     }
 
     fn reduce(&mut self, op: ReduceOp, index: u32, extent: &Dim, body: &Scalar, dtype: Dtype) -> Result<String, Unsupported> {

@@ -1,5 +1,6 @@
 //! The GPU target. Every `Compute` node of every entry is an MLIR kernel
-//! (`kernel`), every intrinsic (attention, the delta rule, cache writes)
+//! (`kernel`; a contraction, warps that read its weights' rows together:
+//! `contraction`), every intrinsic (attention, the delta rule, cache writes)
 //! one too (`intrinsic`), both written with `emit`. With the `nvptx`
 //! feature, MLIR (through melior) lowers them to PTX (`pipeline`, for
 //! `linnetc build --target nvptx`) or for the host, where they run
@@ -9,6 +10,7 @@
 //! kernel (a shape the kernels do not take) is refused by name, never half
 //! built.
 
+mod contraction;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod emit;
@@ -28,7 +30,7 @@ use crate::ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use crate::ir::Model;
 
-pub use emit::{Check, Fault, Form, Kernel, Unsupported, FAULT_SLOTS, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, REQUEST_SLOT};
 pub use ptx_set::{Launch, PtxSet};
@@ -37,7 +39,10 @@ pub use ptx_set::{Launch, PtxSet};
 /// intrinsic (other nodes move values and need none).
 pub fn node_kernel(entry: &Entry, at: usize, form: Form) -> Option<Result<Kernel, Unsupported>> {
     match &entry.nodes[at].kind {
-        NodeKind::Compute(_) => Some(kernel::kernel(entry, at, form)),
+        NodeKind::Compute(_) => Some(match crate::ir::contraction::of(entry, at) {
+            Some(contraction) => contraction::contraction_kernel(entry, at, form, &contraction),
+            None => kernel::kernel(entry, at, form),
+        }),
         NodeKind::Intrinsic(..) => Some(intrinsic::intrinsic_kernel(entry, at, form)),
         _ => None,
     }

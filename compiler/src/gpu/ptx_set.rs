@@ -14,8 +14,9 @@ use std::path::Path;
 
 /// How one kernel is launched: its PTX entry point, the node it computes
 /// (its output; for a cache write, the cache it changes in place), the
-/// values it reads, the dims table it is given, and its work: one thread
-/// per item, `threads` to a block, as many items as the product of `work`;
+/// values it reads, the dims table it is given, and its work: `lanes`
+/// threads per item (1, or a warp's), `threads` to a block, as many items
+/// as the product of `work`;
 /// whether it can raise a fault, and the axes its loads check (numbered
 /// as a fault names them). Every buffer is passed as a memref
 /// descriptor (`pipeline`).
@@ -26,6 +27,7 @@ pub struct Launch {
     pub loads: Vec<usize>,
     pub dims: Vec<Dim>,
     pub work: Vec<Dim>,
+    pub lanes: u32,
     pub threads: u32,
     pub faults: bool,
     pub checks: Vec<super::Check>,
@@ -80,6 +82,7 @@ impl PtxSet {
                         loads: kernel.loads.iter().map(|value| value.index()).collect(),
                         dims: kernel.dims.clone(),
                         work: kernel.work.clone(),
+                        lanes: kernel.lanes,
                         threads: super::THREADS,
                         faults: kernel.faults,
                         checks: kernel.checks.clone(),

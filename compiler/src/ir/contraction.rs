@@ -80,6 +80,6 @@ fn loaded<'e>(entry: &Entry, operand: &'e Scalar, index: u32, extent: &Dim) -> O
 }
 
 /// Whether index `axis` occurs in `scalar`.
-fn reads_index(scalar: &Scalar, axis: u32) -> bool {
+pub fn reads_index(scalar: &Scalar, axis: u32) -> bool {
     scalar.any(&|s| matches!(s, Scalar::Index(index, _) | Scalar::Reduce { index, .. } if *index == axis))
 }
