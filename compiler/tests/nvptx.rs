@@ -10,9 +10,9 @@
 use linnet_compiler::driver::lower_package;
 use linnet_compiler::exec::Machine;
 use linnet_compiler::gpu::host::MlirHost;
-use linnet_compiler::gpu::LANES;
+use linnet_compiler::gpu::{Form, LANES};
 use linnet_compiler::ir::contraction;
-use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, Value};
+use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::dim::Dim;
 use linnet_compiler::sema::ty::Dtype;
@@ -49,7 +49,7 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     let read = linnet_compiler::gpu::PtxSet::read(&dir).unwrap();
     read.check(&model, "sm_90").unwrap();
     assert!(read.check(&model, "sm_80").unwrap_err().contains("built for sm_90"));
-    let mut contractions = 0;
+    let (mut contractions, mut rows) = (0, 0);
     for entry in &model.entries {
         let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
         let launches = &read.entries[&entry.name].launches;
@@ -61,13 +61,16 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
                 contractions += 1;
                 assert_eq!(launch.lanes, LANES, "a contraction's item is a warp's");
                 assert_eq!(launch.work.last(), shape.last(), "a contraction's items are per column");
+            } else if launch.lanes == LANES {
+                rows += 1;
+                assert_eq!(launch.work, shape[..shape.len() - 1], "a row kernel's items are its rows");
             } else {
                 assert_eq!(launch.lanes, 1);
                 assert_eq!(&launch.work, shape, "a Compute node's work is its elements");
             }
         }
     }
-    assert!(contractions > 0, "the tiny MLP has no contraction: this test covers less than it says");
+    assert!(contractions > 0 && rows > 0, "the tiny MLP has no contraction or norm: this test covers less than it says");
     // The PTX of another build of the model is refused.
     let (mut other, _) = lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
     other.entries.pop();
@@ -225,4 +228,52 @@ fn contractions_split_across_lanes_meet_the_reference() {
     let error = host.call("contract", call(bad)).expect_err("expert 3 of 3").to_string();
     assert!(reference.contains("holds 3, outside 0..3"), "{reference}");
     assert_eq!(error, reference);
+}
+
+/// Rows whose elements share reductions along other axes than the last
+/// (`gpu::kernel`'s row kernels: a norm, a softmax's maximum), run on the
+/// host, against the reference: rows longer than a warp, a sum and a
+/// maximum shared by the lanes, and a node of one axis (one row).
+#[test]
+fn rows_sharing_reductions_meet_the_reference() {
+    let (rows, columns) = (3usize, 45usize);
+    let index = |k: u32| Scalar::Index(k, Dtype::I64);
+    let binary = |op: BinaryOp, a: Scalar, b: Scalar| Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::F32);
+    let x = |row: Scalar, column: Scalar| Scalar::Load(Value(0), vec![row, column], Dtype::F32);
+    // A reduction's index is its own, numbered after the node's axes.
+    let reduce = |op: ReduceOp, index: u32, body: Scalar| Scalar::Reduce { op, index, extent: Dim::constant(columns as i64), body: Box::new(body), dtype: Dtype::F32 };
+    let squares = reduce(ReduceOp::Sum, 2, binary(BinaryOp::Mul, x(index(0), index(2)), x(index(0), index(2))));
+    let scale = Scalar::Unary(UnaryOp::Rsqrt, Box::new(binary(BinaryOp::Add, squares, Scalar::Float(1.0, Dtype::F32))), Dtype::F32);
+    let norm = binary(BinaryOp::Sub, binary(BinaryOp::Mul, x(index(0), index(1)), scale), reduce(ReduceOp::Max, 3, x(index(0), index(3))));
+    let of_row_one = binary(BinaryOp::Div, x(Scalar::Int(1, Dtype::I64), index(0)), reduce(ReduceOp::Sum, 1, x(Scalar::Int(2, Dtype::I64), index(1))));
+    let matrix = vec![Dim::constant(rows as i64), Dim::constant(columns as i64)];
+    let entry = Entry {
+        name: "rows".into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: vec![Input { name: "x".into(), shape: matrix.clone(), dtype: Dtype::F32 }],
+        nodes: vec![
+            Node { kind: NodeKind::Input(0), shape: matrix.clone(), dtype: Dtype::F32, source: None },
+            Node { kind: NodeKind::Compute(norm), shape: matrix, dtype: Dtype::Bf16, source: None },
+            Node { kind: NodeKind::Compute(of_row_one), shape: vec![Dim::constant(columns as i64)], dtype: Dtype::F32, source: None },
+        ],
+        outputs: vec![Value(1), Value(2)],
+    };
+    for at in 1..3 {
+        let kernel = linnet_compiler::gpu::node_kernel(&entry, at, Form::Host).expect("a compute node has a kernel").expect("it builds");
+        assert_eq!(kernel.lanes, LANES, "node {at} is not a row kernel: this test covers less than it says");
+    }
+    let model = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    let input = || vec![Tensor::from_f32(Dtype::F32, vec![rows, columns], (0..rows * columns).map(|at| ((at * 37 % 101) as f32 - 50.0) / 25.0).collect())];
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("rows", input()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("rows", input()).expect("the kernels run");
+    // bf16 (a rounding may fall the other way), then f32.
+    for (output, ((expected, got), tolerance)) in reference.iter().zip(&computed).zip([1e-2, 1e-5]).enumerate() {
+        let (expected, got) = (expected.widened(), got.widened());
+        let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
+        assert_eq!(expected.len(), got.len());
+        for (at, (e, g)) in expected.iter().zip(got).enumerate() {
+            assert!((e - g).abs() <= tolerance * (1.0 + e.abs()), "output {output}, element {at}: {g}, the reference {e}");
+        }
+    }
 }

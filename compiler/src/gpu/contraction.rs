@@ -20,7 +20,7 @@
 //! are used where the depth is a constant multiple of [`RUN`] (rows start
 //! aligned); elsewhere each lane reads every 32nd element.
 
-use super::emit::{register, stored, Emitter, Form, Kernel, Unsupported, LANES};
+use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Unsupported, LANES};
 use crate::ir::contraction::{reads_index, Contraction};
 use crate::ir::{Entry, Value};
 use crate::sema::dim::Dim;
@@ -60,7 +60,7 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
     let mut failed = None;
     e.parallel_in_lanes(
         &[blocks, columns.clone()],
-        rows_per_item,
+        &vec![Combine::Add; rows_per_item],
         |e, item, lane| {
             let column = e.op(format!("arith.remui {item}, {columns_size} : index"));
             let block = e.op(format!("arith.divui {item}, {columns_size} : index"));
@@ -93,7 +93,8 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
             let operands = Operands { input: (input_argument.as_str(), dtype_of(e, input)), weight: (weight_argument.as_str(), dtype_of(e, weight)) };
             lane_sums(e, read, lane, &depth, &starts, &operands)
         },
-        |e, item, totals| {
+        |e, item, lane, totals| {
+            // Lane `r` stores row `r`'s total.
             let column = e.op(format!("arith.remui {item}, {columns_size} : index"));
             let block = e.op(format!("arith.divui {item}, {columns_size} : index"));
             let first = e.mul(&block, &per_item);
@@ -101,7 +102,9 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
                 let offset = e.index_constant(r as i64);
                 let row = e.add(&first, &offset);
                 let inside = e.op(format!("arith.cmpi ult, {row}, {rows} : index"));
-                e.when(&inside, |e| {
+                let storing = e.op(format!("arith.cmpi eq, {lane}, {offset} : index"));
+                let storing = e.op(format!("arith.andi {storing}, {inside} : i1"));
+                e.when(&storing, |e| {
                     let scaled = e.mul(&row, &columns_size);
                     let at = e.add(&scaled, &column);
                     e.store_element(total.clone(), "%out", &at, node.dtype);

@@ -15,11 +15,11 @@
 //! that computes everything (sizes included) from its arguments, so a
 //! launch needs only them and the item count. An item may instead be
 //! split across a warp's [`LANES`] ([`Emitter::parallel_in_lanes`]): each
-//! lane sums its share, and the lanes' sums are added in one fixed tree,
-//! by shuffles on the device and by the same additions in order on the
-//! host, so both forms compute the same bits.
+//! lane reduces its share, and the lanes' shares are combined in one
+//! fixed tree, by shuffles on the device and by the same operations in
+//! order on the host, so both forms compute the same bits.
 
-use crate::ir::{Entry, Value};
+use crate::ir::{Entry, Scalar, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 use std::collections::HashMap;
@@ -71,6 +71,25 @@ pub const THREADS: u32 = 256;
 /// The lanes of a work item split across a warp
 /// ([`Emitter::parallel_in_lanes`]): a warp's threads.
 pub const LANES: u32 = 32;
+
+/// How two lanes' shares of an f32 reduction combine
+/// ([`Emitter::parallel_in_lanes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    Add,
+    Max,
+    Min,
+}
+
+impl Combine {
+    fn op(self) -> &'static str {
+        match self {
+            Combine::Add => "arith.addf",
+            Combine::Max => "arith.maxnumf",
+            Combine::Min => "arith.minnumf",
+        }
+    }
+}
 
 /// Why a node has no kernel for this target yet.
 #[derive(Debug)]
@@ -145,13 +164,17 @@ pub struct Emitter<'e> {
     pub indices: HashMap<u32, String>,
     /// The dim each of those indices runs over.
     pub extents: HashMap<u32, Dim>,
+    /// Subexpressions already computed (a row's shared reductions and
+    /// invariant parts), by address in the node's expression: their SSA
+    /// names.
+    pub hoisted: HashMap<*const Scalar, String>,
     faults: bool,
     checks: Vec<Check>,
 }
 
 impl<'e> Emitter<'e> {
     pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
-        Emitter { entry, form, work: Vec::new(), lanes: 1, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), faults: false, checks: Vec::new() }
+        Emitter { entry, form, work: Vec::new(), lanes: 1, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), hoisted: HashMap::new(), faults: false, checks: Vec::new() }
     }
 
     pub fn form(&self) -> Form {
@@ -406,72 +429,87 @@ impl<'e> Emitter<'e> {
 
     /// The kernel's work items, as many as the product of `work`, each
     /// split across [`LANES`] lanes. `lane_body` is given the item and the
-    /// lane (indices) and gives that lane's `sums` f32 partial sums; the
-    /// lanes' partials of each sum are added in a fixed tree (lane `l`
-    /// with lane `l + 16`, then with `l + 8`, … `l + 1`); `finish` is given
-    /// the item and the totals, once per item.
+    /// lane (indices) and gives that lane's share of each of the item's
+    /// f32 reductions (`combines`: how two shares combine); the lanes'
+    /// shares are combined in a fixed tree (lane `l` with lane `l + 16`,
+    /// then with `l + 8`, … `l + 1`). Then `finish` is given the item, each
+    /// lane in turn and the totals.
     ///
     /// On the device the lanes are a warp's threads, and the tree is its
-    /// butterfly of `gpu.shuffle xor` (every lane ends with the total;
-    /// lane 0 finishes). On the host they run one after another, each
-    /// partial put in its lane of a vector, which the same additions then
-    /// fold, in the same order: the two forms compute the same bits.
-    pub fn parallel_in_lanes(&mut self, work: &[Dim], sums: usize, lane_body: impl FnOnce(&mut Self, &str, &str) -> Vec<String>, finish: impl FnOnce(&mut Self, &str, &[String])) {
+    /// butterfly of `gpu.shuffle xor`: lanes `l` and `l ^ o` combine the
+    /// same two values (in either order: the same bits), so every lane
+    /// ends with lane 0's total. On the host the lanes run one after
+    /// another, each share put in its lane of a vector, which the same
+    /// combinations then fold, in the same order: the two forms compute
+    /// the same bits.
+    pub fn parallel_in_lanes(
+        &mut self,
+        work: &[Dim],
+        combines: &[Combine],
+        lane_body: impl FnOnce(&mut Self, &str, &str) -> Vec<String>,
+        finish: impl FnOnce(&mut Self, &str, &str, &[String]),
+    ) {
         self.lanes = LANES;
         let count = self.item_count(work);
         let halves = || std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
+        let (zero, one) = (self.index_constant(0), self.index_constant(1));
+        let lanes = self.index_constant(i64::from(LANES));
         match self.form {
             Form::Host => {
-                let (zero, one) = (self.index_constant(0), self.index_constant(1));
                 let item = self.fresh();
                 self.line(format!("scf.parallel ({item}) = ({zero}) to ({count}) step ({one}) {{"));
                 let lanes_vector = format!("vector<{LANES}xf32>");
                 let zeros = self.op(format!("arith.constant dense<0.0> : {lanes_vector}"));
-                let carried: Vec<(String, &str)> = (0..sums).map(|_| (zeros.clone(), lanes_vector.as_str())).collect();
-                let lanes = self.index_constant(i64::from(LANES));
-                let partials = self.for_range(&zero, &lanes, &carried, |e, lane, partials| {
+                let carried: Vec<(String, &str)> = combines.iter().map(|_| (zeros.clone(), lanes_vector.as_str())).collect();
+                let shares = self.for_range(&zero, &lanes, &carried, |e, lane, shares| {
                     let values = lane_body(e, &item, lane);
-                    assert_eq!(values.len(), sums, "a lane gives every partial sum");
-                    values.iter().zip(partials).map(|(value, partial)| e.op(format!("vector.insert {value}, {partial}[{lane}] : f32 into {lanes_vector}"))).collect()
+                    assert_eq!(values.len(), combines.len(), "a lane gives a share of every reduction");
+                    values.iter().zip(shares).map(|(value, shares)| e.op(format!("vector.insert {value}, {shares}[{lane}] : f32 into {lanes_vector}"))).collect()
                 });
-                let totals: Vec<String> = partials
+                let totals: Vec<String> = shares
                     .iter()
-                    .map(|partial| {
-                        let mut lane_sums: Vec<String> = (0..LANES).map(|lane| self.op(format!("vector.extract {partial}[{lane}] : f32 from {lanes_vector}"))).collect();
+                    .zip(combines)
+                    .map(|(shares, combine)| {
+                        // Lanes `0..half` with lanes `half..2 * half`, as vectors.
+                        let mut shares = shares.clone();
                         for half in halves() {
-                            for lane in 0..half as usize {
-                                lane_sums[lane] = self.op(format!("arith.addf {}, {} : f32", lane_sums[lane], lane_sums[lane + half as usize]));
-                            }
+                            let whole = format!("vector<{}xf32>", 2 * half);
+                            let slice = |e: &mut Self, from: u32| {
+                                let lanes: Vec<String> = (from..from + half).map(|lane| lane.to_string()).collect();
+                                e.op(format!("vector.shuffle {shares}, {shares} [{}] : {whole}, {whole}", lanes.join(", ")))
+                            };
+                            let (low, high) = (slice(self, 0), slice(self, half));
+                            shares = self.op(format!("{} {low}, {high} : vector<{half}xf32>", combine.op()));
                         }
-                        lane_sums.swap_remove(0)
+                        self.op(format!("vector.extract {shares}[0] : f32 from vector<1xf32>"))
                     })
                     .collect();
-                finish(self, &item, &totals);
+                self.for_range(&zero, &lanes, &[], |e, lane, _| {
+                    finish(e, &item, lane, &totals);
+                    Vec::new()
+                });
                 self.line("scf.reduce".into());
                 self.line("}".into());
             }
             Form::Device => {
                 let thread = self.thread_number();
-                let lanes = self.index_constant(i64::from(LANES));
                 let item = self.op(format!("arith.divui {thread}, {lanes} : index"));
                 let lane = self.op(format!("arith.remui {thread}, {lanes} : index"));
                 // Uniform across a warp: its lanes share the item.
                 let mine = self.op(format!("arith.cmpi ult, {item}, {count} : index"));
                 self.line(format!("scf.if {mine} {{"));
                 let mut totals = lane_body(self, &item, &lane);
-                assert_eq!(totals.len(), sums, "a lane gives every partial sum");
+                assert_eq!(totals.len(), combines.len(), "a lane gives a share of every reduction");
                 let width = self.op(format!("arith.constant {LANES} : i32"));
                 for half in halves() {
                     let offset = self.op(format!("arith.constant {half} : i32"));
-                    for total in &mut totals {
+                    for (total, combine) in totals.iter_mut().zip(combines) {
                         let (theirs, valid) = (self.fresh(), self.fresh());
                         self.line(format!("{theirs}, {valid} = gpu.shuffle xor {total}, {offset}, {width} : f32"));
-                        *total = self.op(format!("arith.addf {total}, {theirs} : f32"));
+                        *total = self.op(format!("{} {total}, {theirs} : f32", combine.op()));
                     }
                 }
-                let zero = self.index_constant(0);
-                let first = self.op(format!("arith.cmpi eq, {lane}, {zero} : index"));
-                self.when(&first, |e| finish(e, &item, &totals));
+                finish(self, &item, &lane, &totals);
                 self.line("}".into());
             }
         }

@@ -54,8 +54,12 @@ fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
     let text: Vec<&str> = kernels.iter().flatten().map(|kernel| kernel.text.as_str()).collect();
     let module = format!("module {{\n{}}}\n", text.join("\n"));
     // The engine holds the code it compiled; the module may go.
-    let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| ExecutionEngine::new(lowered, 2, &[], false, false))
-        .map_err(|message| failed(None, message))?;
+    let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| match super::pipeline::unlowered(&lowered.as_operation()) {
+        Some(operation) => Err(format!("MLIR's host lowering left `{operation}` (a compiler bug)")),
+        None => Ok(ExecutionEngine::new(lowered, 2, &[], false, false)),
+    })
+    .and_then(|engine| engine)
+    .map_err(|message| failed(None, message))?;
     if let Some(kernel) = kernels.iter().flatten().find(|kernel| engine.lookup(&kernel.name).is_null()) {
         return Err(failed(None, format!("MLIR's execution engine did not compile `{}`", kernel.name)));
     }

@@ -1,6 +1,9 @@
 //! One `Compute` node as an MLIR kernel (in `emit`'s calling convention):
 //! one work item per element of the node, its scalar expression in
-//! `arith`, `math`, `scf` and `memref` operations. A position outside its
+//! `arith`, `math`, `scf` and `memref` operations; or, where the
+//! expression reduces along other axes than its last (`ir::invariant`: a
+//! norm's sum of squares), a warp per row that shares those reductions
+//! among its lanes and then writes the row. A position outside its
 //! axis reads element 0 and raises [`super::emit::Fault::PositionOutsideAxis`]
 //! with the axis' [`Check`], the position and the axis' size; a
 //! position that is an index over the axis's own dim is inside it and is
@@ -8,16 +11,20 @@
 //! accumulation), rounded to bf16 or f16 where a value of that type is
 //! produced; integers in i64, wrapped to 32 bits where the type is `i32`,
 //! with the language's Euclidean division. The same body runs on the host
-//! (MLIR's CPU lowering) or, one thread per element, as PTX.
+//! (MLIR's CPU lowering) or as PTX.
 
-use super::emit::{register, Check, Emitter, Form, Kernel, Unsupported};
+use super::emit::{register, Check, Combine, Emitter, Form, Kernel, Unsupported, LANES};
+use crate::ir::invariant::{invariants, Invariant};
 use crate::ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 use crate::syntax::ast::CmpOp;
+use std::cell::Cell;
 
 impl Emitter<'_> {
     pub(super) fn scalar(&mut self, scalar: &Scalar) -> Result<String, Unsupported> {
+        if let Some(value) = self.hoisted.get(&(scalar as *const Scalar)) {
+            return Ok(value.clone());
+        }
         Ok(match scalar {
             Scalar::Index(k, _) => {
                 let index = self.indices.get(k).cloned().ok_or_else(|| Unsupported(format!("index i{k} is not bound")))?;
@@ -58,7 +65,11 @@ impl Emitter<'_> {
                 let a = self.scalar(a)?;
                 self.cast(a, from, *dtype)
             }
-            Scalar::Reduce { op, index, extent, body, dtype } => self.reduce(*op, *index, extent, body, *dtype)?,
+            Scalar::Reduce { dtype, .. } => {
+                let (zero, one) = (self.index_constant(0), self.index_constant(1));
+                let result = self.reduction(scalar, &zero, &one)?;
+                if register(*dtype) == "f32" { self.rounded(result, *dtype) } else { self.wrapped(result, *dtype) }
+            }
         })
     }
 
@@ -227,7 +238,12 @@ impl Emitter<'_> {
         Ok(self.op(format!("arith.index_cast {safe} : i64 to index")))
     }
 
-    fn reduce(&mut self, op: ReduceOp, index: u32, extent: &Dim, body: &Scalar, dtype: Dtype) -> Result<String, Unsupported> {
+    /// `Reduce` node `reduction` over the positions of its index from
+    /// `from`, every `step`th (indices), in registers: not yet rounded or
+    /// wrapped to its type.
+    fn reduction(&mut self, reduction: &Scalar, from: &str, step: &str) -> Result<String, Unsupported> {
+        let Scalar::Reduce { op, index, extent, body, dtype } = reduction else { return Err(Unsupported("not a reduction".into())) };
+        let (op, index, dtype) = (*op, *index, *dtype);
         let ty = register(dtype);
         let initial = match (op, ty) {
             (ReduceOp::Sum, "f32") => "arith.constant 0.0 : f32".to_string(),
@@ -242,9 +258,8 @@ impl Emitter<'_> {
         }
         let initial = self.op(initial);
         let upper = self.dim_index(extent);
-        let (zero, one) = (self.index_constant(0), self.index_constant(1));
         let (result, counter, accumulator) = (self.fresh(), self.fresh(), self.fresh());
-        self.line(format!("{result} = scf.for {counter} = {zero} to {upper} step {one} iter_args({accumulator} = {initial}) -> ({ty}) {{"));
+        self.line(format!("{result} = scf.for {counter} = {from} to {upper} step {step} iter_args({accumulator} = {initial}) -> ({ty}) {{"));
         self.indices.insert(index, counter);
         self.extents.insert(index, extent.clone());
         let value = self.scalar(body)?;
@@ -260,7 +275,7 @@ impl Emitter<'_> {
         self.line("}".into());
         self.indices.remove(&index);
         self.extents.remove(&index);
-        Ok(if ty == "f32" { self.rounded(result, dtype) } else { self.wrapped(result, dtype) })
+        Ok(result)
     }
 }
 
@@ -286,11 +301,41 @@ fn integer_predicate(cmp: CmpOp) -> &'static str {
     }
 }
 
-/// The kernel of `Compute` node `at` of `entry`: one work
-/// item per element.
+/// The kernel of `Compute` node `at` of `entry`: one work item per
+/// element, or, where its expression reduces along other axes than its
+/// last (a norm's sum of squares, a softmax's sum), a warp per row
+/// ([`row_kernel`]).
 pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Compute(scalar) = &node.kind else { return Err(Unsupported("not a compute node".into())) };
+    let rank = node.shape.len() as u32;
+    let parts: Vec<Invariant<'_>> = invariants(scalar, rank).into_iter().filter(|part| part.level < rank).collect();
+    let mut shared = Vec::new();
+    for part in &parts {
+        lane_reductions(part.scalar, &mut shared);
+    }
+    if shared.is_empty() {
+        element_kernel(entry, at, form, scalar)
+    } else {
+        row_kernel(entry, at, form, scalar, &parts, &shared)
+    }
+}
+
+/// The reductions in a part invariant along the last axis that a row's
+/// lanes can share: f32 sums, maxima and minima, outside lazy branches
+/// and other reductions.
+fn lane_reductions<'s>(scalar: &'s Scalar, out: &mut Vec<&'s Scalar>) {
+    match scalar {
+        Scalar::Reduce { dtype, .. } if register(*dtype) == "f32" => out.push(scalar),
+        Scalar::Reduce { .. } => {}
+        Scalar::Select(condition, _, _, _) => lane_reductions(condition, out),
+        _ => scalar.for_each_child(&mut |child| lane_reductions(child, out)),
+    }
+}
+
+/// One work item per element of the node.
+fn element_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar) -> Result<Kernel, Unsupported> {
+    let node = &entry.nodes[at];
     let mut emitter = Emitter::new(entry, form);
     let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
     let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
@@ -308,5 +353,81 @@ pub fn kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupporte
     match failed {
         Some(why) => Err(why),
         None => Ok(emitter.finish(at, node.dtype)),
+    }
+}
+
+/// A warp per row (a position of every axis but the last). Its lanes
+/// share the `shared` reductions (each lane every 32nd position, the
+/// shares combined in the lanes' tree); then each lane computes the
+/// invariant `parts` once, with those totals, and the row's elements at
+/// every 32nd position of the last axis from its own. A row's reduction
+/// is computed once instead of once per element, by 32 threads.
+fn row_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar, parts: &[Invariant<'_>], shared: &[&Scalar]) -> Result<Kernel, Unsupported> {
+    let node = &entry.nodes[at];
+    let (leading, last) = node.shape.split_at(node.shape.len() - 1);
+    let last_axis = leading.len() as u32;
+    let mut e = Emitter::new(entry, form);
+    let leading_sizes: Vec<String> = leading.iter().map(|dim| e.dim_index(dim)).collect();
+    let columns = e.dim_index(&last[0]);
+    let lanes = e.index_constant(i64::from(LANES));
+    let combines: Vec<Combine> = shared
+        .iter()
+        .map(|reduction| match reduction {
+            Scalar::Reduce { op: ReduceOp::Sum, .. } => Combine::Add,
+            Scalar::Reduce { op: ReduceOp::Max, .. } => Combine::Max,
+            _ => Combine::Min,
+        })
+        .collect();
+    let failed = Cell::new(None);
+    let bind_row = |e: &mut Emitter<'_>, item: &str| {
+        let sizes: Vec<&str> = leading_sizes.iter().map(String::as_str).collect();
+        let axes = e.split(item, &sizes);
+        e.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
+        e.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+    };
+    e.parallel_in_lanes(
+        leading,
+        &combines,
+        |e, item, lane| {
+            bind_row(e, item);
+            shared
+                .iter()
+                .map(|reduction| {
+                    e.reduction(reduction, lane, &lanes).unwrap_or_else(|why| {
+                        failed.set(Some(why));
+                        e.op("arith.constant 0.0 : f32".into())
+                    })
+                })
+                .collect()
+        },
+        |e, item, lane, totals| {
+            bind_row(e, item);
+            for (reduction, total) in shared.iter().zip(totals) {
+                let value = e.rounded(total.clone(), reduction.dtype());
+                e.hoisted.insert(*reduction as *const Scalar, value);
+            }
+            for part in parts {
+                match e.scalar(part.scalar) {
+                    Ok(value) => _ = e.hoisted.insert(part.scalar as *const Scalar, value),
+                    Err(why) => failed.set(Some(why)),
+                }
+            }
+            let first = e.mul(item, &columns);
+            e.for_steps(lane, &columns, &lanes, &[], |e, column, _| {
+                e.indices.insert(last_axis, column.to_string());
+                match e.scalar(scalar) {
+                    Ok(value) => {
+                        let at = e.add(&first, column);
+                        e.store_element(value, "%out", &at, node.dtype);
+                    }
+                    Err(why) => failed.set(Some(why)),
+                }
+                Vec::new()
+            });
+        },
+    );
+    match failed.into_inner() {
+        Some(why) => Err(why),
+        None => Ok(e.finish(at, node.dtype)),
     }
 }

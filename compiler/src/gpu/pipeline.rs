@@ -4,7 +4,8 @@
 //! come back as the error.
 
 use melior::dialect::DialectRegistry;
-use melior::ir::Module;
+use melior::ir::operation::OperationLike;
+use melior::ir::{BlockLike, Module, RegionLike};
 use melior::pass::PassManager;
 use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
 use melior::Context;
@@ -50,6 +51,31 @@ pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module
     parse_pass_pipeline(manager.as_operation_pass_manager(), pipeline).map_err(|e| e.to_string())?;
     manager.run(&mut parsed).map_err(|_| failed("MLIR's lowering failed"))?;
     Ok(then(&parsed))
+}
+
+/// The first operation in `operation` (itself or nested) outside the LLVM
+/// dialect, by name: what MLIR's execution engine cannot compile (it fails
+/// without saying so), left by a host lowering that missed it.
+pub(super) fn unlowered<'c: 'a, 'a>(operation: &impl OperationLike<'c, 'a>) -> Option<String> {
+    let name = operation.name();
+    let name = name.as_string_ref().as_str().unwrap_or("an operation");
+    if !name.starts_with("llvm.") && name != "builtin.module" {
+        return Some(name.to_string());
+    }
+    for region in operation.regions() {
+        let mut block = region.first_block();
+        while let Some(current) = block {
+            let mut nested = current.first_operation();
+            while let Some(inner) = nested {
+                if let Some(found) = unlowered(&inner) {
+                    return Some(found);
+                }
+                nested = inner.next_in_block();
+            }
+            block = current.next_in_region();
+        }
+    }
+    None
 }
 
 /// The PTX of `module` (MLIR text of a `gpu.module` of kernels): one text
