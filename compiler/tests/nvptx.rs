@@ -16,7 +16,7 @@ use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKi
 use linnet_compiler::package::LoadOptions;
 use linnet_compiler::sema::dim::Dim;
 use linnet_compiler::sema::ty::Dtype;
-use linnet_compiler::tensor::Tensor;
+use linnet_compiler::tensor::{Data, Tensor};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -275,5 +275,53 @@ fn rows_sharing_reductions_meet_the_reference() {
         for (at, (e, g)) in expected.iter().zip(got).enumerate() {
             assert!((e - g).abs() <= tolerance * (1.0 + e.abs()), "output {output}, element {at}: {g}, the reference {e}");
         }
+    }
+}
+
+/// Attention as warps (`gpu::intrinsic`'s online softmax), run on the
+/// host, against the reference: a head width that is no multiple of a
+/// warp (a lane's last element past it), more keys than lanes, grouped
+/// heads, a causal mask and a query row it admits no key of.
+#[test]
+fn attention_in_warps_meets_the_reference() {
+    let (heads, kv_heads, queries, keys, width) = (4usize, 2usize, 3usize, 37usize, 40usize);
+    let shape = |dims: &[usize]| dims.iter().map(|&d| Dim::constant(d as i64)).collect::<Vec<Dim>>();
+    let inputs = [
+        ("q", vec![1, heads, queries, width], Dtype::Bf16),
+        ("k", vec![1, kv_heads, keys, width], Dtype::Bf16),
+        ("v", vec![1, kv_heads, keys, width], Dtype::Bf16),
+        ("scale", Vec::new(), Dtype::F32),
+        ("mask", vec![queries, keys], Dtype::Bool),
+    ];
+    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, dims, dtype))| Node { kind: NodeKind::Input(at), shape: shape(dims), dtype: *dtype, source: None }).collect();
+    nodes.push(Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()), shape: shape(&inputs[0].1), dtype: Dtype::Bf16, source: None });
+    let entry = Entry {
+        name: "attend".into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: inputs.iter().map(|(name, dims, dtype)| Input { name: (*name).into(), shape: shape(dims), dtype: *dtype }).collect(),
+        nodes,
+        outputs: vec![Value(5)],
+    };
+    let kernel = linnet_compiler::gpu::node_kernel(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds");
+    assert_eq!(kernel.lanes, LANES, "attention is not in warps: this test covers less than it says");
+    let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    let wave = |count: usize, phase: usize| (0..count).map(|at| (((at + phase) * 37 % 101) as f32 - 50.0) / 50.0).collect::<Vec<f32>>();
+    // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
+    let mask: Vec<bool> = (0..queries * keys).map(|at| (at / keys == 1 && at % keys <= 20) || at / keys == 2).collect();
+    let call = || {
+        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11))).collect();
+        call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
+        call.push(Tensor { dtype: Dtype::Bool, shape: vec![queries, keys], data: Data::Bool(mask.clone()) });
+        call
+    };
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds").call("attend", call()).expect("the kernel runs");
+    let (expected, got) = (reference[0].widened(), computed[0].widened());
+    let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
+    assert_eq!(expected.len(), got.len());
+    for (at, (e, g)) in expected.iter().zip(got).enumerate() {
+        // bf16: a rounding may fall the other way.
+        assert!((e - g).abs() <= 1e-2 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
 }

@@ -72,8 +72,13 @@ pub const THREADS: u32 = 256;
 /// ([`Emitter::parallel_in_lanes`]): a warp's threads.
 pub const LANES: u32 = 32;
 
-/// How two lanes' shares of an f32 reduction combine
-/// ([`Emitter::parallel_in_lanes`]).
+/// A work item's warp ([`Emitter::parallel_in_warps`]): on the device,
+/// this thread's lane (an index); on the host, none (every lane at once).
+pub struct Warp {
+    lane: Option<String>,
+}
+
+/// How two lanes' values combine ([`Emitter::combine_lanes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Combine {
     Add,
@@ -430,18 +435,9 @@ impl<'e> Emitter<'e> {
     /// The kernel's work items, as many as the product of `work`, each
     /// split across [`LANES`] lanes. `lane_body` is given the item and the
     /// lane (indices) and gives that lane's share of each of the item's
-    /// f32 reductions (`combines`: how two shares combine); the lanes'
-    /// shares are combined in a fixed tree (lane `l` with lane `l + 16`,
-    /// then with `l + 8`, … `l + 1`). Then `finish` is given the item, each
-    /// lane in turn and the totals.
-    ///
-    /// On the device the lanes are a warp's threads, and the tree is its
-    /// butterfly of `gpu.shuffle xor`: lanes `l` and `l ^ o` combine the
-    /// same two values (in either order: the same bits), so every lane
-    /// ends with lane 0's total. On the host the lanes run one after
-    /// another, each share put in its lane of a vector, which the same
-    /// combinations then fold, in the same order: the two forms compute
-    /// the same bits.
+    /// f32 reductions (`combines`: how two shares combine); the shares are
+    /// combined across the lanes ([`Emitter::combine_lanes`]). Then
+    /// `finish` is given the item, each lane in turn and the totals.
     pub fn parallel_in_lanes(
         &mut self,
         work: &[Dim],
@@ -449,68 +445,124 @@ impl<'e> Emitter<'e> {
         lane_body: impl FnOnce(&mut Self, &str, &str) -> Vec<String>,
         finish: impl FnOnce(&mut Self, &str, &str, &[String]),
     ) {
+        self.parallel_in_warps(work, |e, item, warp| {
+            let shares = e.in_lanes(warp, &[], combines.len(), |e, lane, _| lane_body(e, item, lane));
+            let totals: Vec<String> = shares.iter().zip(combines).map(|(shares, combine)| e.combine_lanes(shares, *combine)).collect();
+            e.in_lanes(warp, &[], 0, |e, lane, _| {
+                finish(e, item, lane, &totals);
+                Vec::new()
+            });
+        });
+    }
+
+    /// The kernel's work items, as many as the product of `work`, each a
+    /// warp's: `body` is given the item (an index) and the [`Warp`], whose
+    /// lanes run code with [`Emitter::in_lanes`] and exchange values with
+    /// [`Emitter::combine_lanes`]. Values outside `in_lanes` are the same
+    /// in every lane.
+    ///
+    /// On the device the lanes are a warp's threads; on the host they are
+    /// the elements of vectors ([`Emitter::lane_type`]), and a lane's code
+    /// runs for each in turn.
+    pub fn parallel_in_warps(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str, &Warp)) {
         self.lanes = LANES;
         let count = self.item_count(work);
-        let halves = || std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
-        let (zero, one) = (self.index_constant(0), self.index_constant(1));
-        let lanes = self.index_constant(i64::from(LANES));
         match self.form {
             Form::Host => {
+                let (zero, one) = (self.index_constant(0), self.index_constant(1));
                 let item = self.fresh();
                 self.line(format!("scf.parallel ({item}) = ({zero}) to ({count}) step ({one}) {{"));
-                let lanes_vector = format!("vector<{LANES}xf32>");
-                let zeros = self.op(format!("arith.constant dense<0.0> : {lanes_vector}"));
-                let carried: Vec<(String, &str)> = combines.iter().map(|_| (zeros.clone(), lanes_vector.as_str())).collect();
-                let shares = self.for_range(&zero, &lanes, &carried, |e, lane, shares| {
-                    let values = lane_body(e, &item, lane);
-                    assert_eq!(values.len(), combines.len(), "a lane gives a share of every reduction");
-                    values.iter().zip(shares).map(|(value, shares)| e.op(format!("vector.insert {value}, {shares}[{lane}] : f32 into {lanes_vector}"))).collect()
-                });
-                let totals: Vec<String> = shares
-                    .iter()
-                    .zip(combines)
-                    .map(|(shares, combine)| {
-                        // Lanes `0..half` with lanes `half..2 * half`, as vectors.
-                        let mut shares = shares.clone();
-                        for half in halves() {
-                            let whole = format!("vector<{}xf32>", 2 * half);
-                            let slice = |e: &mut Self, from: u32| {
-                                let lanes: Vec<String> = (from..from + half).map(|lane| lane.to_string()).collect();
-                                e.op(format!("vector.shuffle {shares}, {shares} [{}] : {whole}, {whole}", lanes.join(", ")))
-                            };
-                            let (low, high) = (slice(self, 0), slice(self, half));
-                            shares = self.op(format!("{} {low}, {high} : vector<{half}xf32>", combine.op()));
-                        }
-                        self.op(format!("vector.extract {shares}[0] : f32 from vector<1xf32>"))
-                    })
-                    .collect();
-                self.for_range(&zero, &lanes, &[], |e, lane, _| {
-                    finish(e, &item, lane, &totals);
-                    Vec::new()
-                });
+                body(self, &item, &Warp { lane: None });
                 self.line("scf.reduce".into());
                 self.line("}".into());
             }
             Form::Device => {
                 let thread = self.thread_number();
+                let lanes = self.index_constant(i64::from(LANES));
                 let item = self.op(format!("arith.divui {thread}, {lanes} : index"));
                 let lane = self.op(format!("arith.remui {thread}, {lanes} : index"));
                 // Uniform across a warp: its lanes share the item.
                 let mine = self.op(format!("arith.cmpi ult, {item}, {count} : index"));
                 self.line(format!("scf.if {mine} {{"));
-                let mut totals = lane_body(self, &item, &lane);
-                assert_eq!(totals.len(), combines.len(), "a lane gives a share of every reduction");
-                let width = self.op(format!("arith.constant {LANES} : i32"));
-                for half in halves() {
-                    let offset = self.op(format!("arith.constant {half} : i32"));
-                    for (total, combine) in totals.iter_mut().zip(combines) {
-                        let (theirs, valid) = (self.fresh(), self.fresh());
-                        self.line(format!("{theirs}, {valid} = gpu.shuffle xor {total}, {offset}, {width} : f32"));
-                        *total = self.op(format!("{} {total}, {theirs} : f32", combine.op()));
-                    }
-                }
-                finish(self, &item, &lane, &totals);
+                body(self, &item, &Warp { lane: Some(lane) });
                 self.line("}".into());
+            }
+        }
+    }
+
+    /// The type of an f32 each lane holds its own of.
+    pub fn lane_type(&self) -> String {
+        match self.form {
+            Form::Host => format!("vector<{LANES}xf32>"),
+            Form::Device => "f32".into(),
+        }
+    }
+
+    /// 0.0 in every lane.
+    pub fn lanes_zero(&mut self) -> String {
+        let ty = self.lane_type();
+        match self.form {
+            Form::Host => self.op(format!("arith.constant dense<0.0> : {ty}")),
+            Form::Device => self.op("arith.constant 0.0 : f32".into()),
+        }
+    }
+
+    /// `body` in every lane of `warp`: given the lane (an index) and the
+    /// lane's own of each of `inputs` (values of [`Emitter::lane_type`]),
+    /// it gives the lane's `outputs` f32s, which come back as values of
+    /// that type.
+    pub fn in_lanes(&mut self, warp: &Warp, inputs: &[String], outputs: usize, body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
+        let Some(lane) = &warp.lane else {
+            let ty = self.lane_type();
+            let (zero, lanes) = (self.index_constant(0), self.index_constant(i64::from(LANES)));
+            let zeros = self.lanes_zero();
+            let carried: Vec<(String, &str)> = (0..outputs).map(|_| (zeros.clone(), ty.as_str())).collect();
+            return self.for_range(&zero, &lanes, &carried, |e, lane, so_far| {
+                let mine: Vec<String> = inputs.iter().map(|input| e.op(format!("vector.extract {input}[{lane}] : f32 from {ty}"))).collect();
+                let values = body(e, lane, &mine);
+                assert_eq!(values.len(), outputs, "a lane gives every output");
+                values.iter().zip(so_far).map(|(value, so_far)| e.op(format!("vector.insert {value}, {so_far}[{lane}] : f32 into {ty}"))).collect()
+            });
+        };
+        let values = body(self, lane, inputs);
+        assert_eq!(values.len(), outputs, "a lane gives every output");
+        values
+    }
+
+    /// The lanes' values of `value` (of [`Emitter::lane_type`]) combined
+    /// in a fixed tree (lane `l` with lane `l + 16`, then with `l + 8`, …
+    /// `l + 1`): the same f32 in every lane.
+    ///
+    /// On the device the tree is the warp's butterfly of `gpu.shuffle
+    /// xor`: lanes `l` and `l ^ o` combine the same two values (in either
+    /// order: the same bits), so every lane ends with lane 0's total. On
+    /// the host the same combinations fold the vector's halves, in the
+    /// same order: the two forms compute the same bits.
+    pub fn combine_lanes(&mut self, value: &str, combine: Combine) -> String {
+        let halves = std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
+        let mut value = value.to_string();
+        match self.form {
+            Form::Host => {
+                for half in halves {
+                    let whole = format!("vector<{}xf32>", 2 * half);
+                    let slice = |e: &mut Self, from: u32| {
+                        let lanes: Vec<String> = (from..from + half).map(|lane| lane.to_string()).collect();
+                        e.op(format!("vector.shuffle {value}, {value} [{}] : {whole}, {whole}", lanes.join(", ")))
+                    };
+                    let (low, high) = (slice(self, 0), slice(self, half));
+                    value = self.op(format!("{} {low}, {high} : vector<{half}xf32>", combine.op()));
+                }
+                self.op(format!("vector.extract {value}[0] : f32 from vector<1xf32>"))
+            }
+            Form::Device => {
+                let width = self.op(format!("arith.constant {LANES} : i32"));
+                for half in halves {
+                    let offset = self.op(format!("arith.constant {half} : i32"));
+                    let (theirs, valid) = (self.fresh(), self.fresh());
+                    self.line(format!("{theirs}, {valid} = gpu.shuffle xor {value}, {offset}, {width} : f32"));
+                    value = self.op(format!("{} {value}, {theirs} : f32", combine.op()));
+                }
+                value
             }
         }
     }
@@ -532,7 +584,7 @@ impl<'e> Emitter<'e> {
             self.line(format!("scf.for {counter} = {from} to {to} step {step} {{"));
         } else {
             let arguments: Vec<String> = names.iter().zip(carried).map(|(name, (initial, _))| format!("{name} = {initial}")).collect();
-            let prefix = if carried.len() == 1 { result.clone() } else { format!("{result}:{}", carried.len()) };
+            let prefix = Self::results_prefix(&result, carried.len());
             self.line(format!("{prefix} = scf.for {counter} = {from} to {to} step {step} iter_args({}) -> ({}) {{", arguments.join(", "), types.join(", ")));
         }
         let next = body(self, &counter, &names);
@@ -540,25 +592,36 @@ impl<'e> Emitter<'e> {
             self.line(format!("  scf.yield {} : {}", next.join(", "), types.join(", ")));
         }
         self.line("}".into());
-        match carried.len() {
-            0 => Vec::new(),
-            1 => vec![result],
-            n => (0..n).map(|k| format!("{result}#{k}")).collect(),
-        }
+        if carried.is_empty() { Vec::new() } else { Self::results(&result, carried.len()) }
     }
 
-    /// `scf.if condition` giving one value of register type `ty`: `then`
-    /// or `otherwise`'s.
-    pub fn if_else(&mut self, condition: &str, ty: &str, then: impl FnOnce(&mut Self) -> String, otherwise: impl FnOnce(&mut Self) -> String) -> String {
+    /// `scf.if condition` giving values of types `types`: `then`'s or
+    /// `otherwise`'s.
+    pub fn if_else(&mut self, condition: &str, types: &[&str], then: impl FnOnce(&mut Self) -> Vec<String>, otherwise: impl FnOnce(&mut Self) -> Vec<String>) -> Vec<String> {
         let name = self.fresh();
-        self.line(format!("{name} = scf.if {condition} -> ({ty}) {{"));
+        let types = types.join(", ");
+        let count = Self::results_prefix(&name, types.split(", ").count());
+        self.line(format!("{count} = scf.if {condition} -> ({types}) {{"));
         let a = then(self);
-        self.line(format!("  scf.yield {a} : {ty}"));
+        self.line(format!("  scf.yield {} : {types}", a.join(", ")));
         self.line("} else {".into());
         let b = otherwise(self);
-        self.line(format!("  scf.yield {b} : {ty}"));
+        self.line(format!("  scf.yield {} : {types}", b.join(", ")));
         self.line("}".into());
-        name
+        Self::results(&name, a.len())
+    }
+
+    /// How an operation of `count` results named `name` is written.
+    fn results_prefix(name: &str, count: usize) -> String {
+        if count == 1 { name.to_string() } else { format!("{name}:{count}") }
+    }
+
+    /// The results of an operation of `count` results named `name`.
+    fn results(name: &str, count: usize) -> Vec<String> {
+        match count {
+            1 => vec![name.to_string()],
+            n => (0..n).map(|k| format!("{name}#{k}")).collect(),
+        }
     }
 
     /// `scf.if condition` with no result.

@@ -1,10 +1,9 @@
 //! The intrinsics as MLIR kernels (in `emit`'s calling convention), each
 //! independent work items with sequential loops inside, computing what
 //! `crate::intrinsics` defines in f32:
-//! - attention: one work item per query row and head: the row's largest
-//!   admitted score, the softmax's total, then the weighted values summed
-//!   into a per-item accumulator of the head's width (which must be known
-//!   when the model is built);
+//! - attention: a warp per query row and head, one pass over the keys with
+//!   an online softmax, the row's elements spread over the lanes (the
+//!   head's width must be known when the model is built);
 //! - the gated delta rule: one work item per (batch row, value head, value
 //!   column). A column of the state evolves on its own (its recall, update
 //!   and read involve no other column), so each item walks the tokens with
@@ -15,7 +14,7 @@
 //!   position or span outside the cache writes nothing and raises
 //!   [`Fault::OutsideCache`].
 
-use super::emit::{Emitter, Fault, Form, Kernel, Unsupported};
+use super::emit::{Combine, Emitter, Fault, Form, Kernel, Unsupported, LANES};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -78,10 +77,20 @@ fn load_name(load: usize) -> String {
 /// `grouped_attention_rows` (mask `[B, 1, K]`, row `b`): q `[B, H, Q, D]`,
 /// k and v `[B, KvH, K, D]`, the scale, the mask; the output is q's shape
 /// and type. A row its mask admits no key of weighs every key alike.
+///
+/// A warp per query row and head, in one pass over the keys (an online
+/// softmax, as flash attention's): lane `l` holds the row's elements `l`,
+/// `l + 32`, … of the query and of the weighted sum, so each key's row is
+/// read by the warp together; a key's score is the lanes' shares of the
+/// dot product summed across the warp; the running maximum rescales the
+/// sums so far. A masked key is skipped by the whole warp.
 fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype: Dtype) -> Result<(), Unsupported> {
     let width = operands.shape(0)[3]
         .as_constant()
         .ok_or_else(|| Unsupported("attention whose head width is known only when the model runs".into()))?;
+    // A lane's elements of a row: `slot * LANES + lane` for each slot.
+    let slots = (width + i64::from(LANES) - 1) / i64::from(LANES);
+    let ragged = width % i64::from(LANES) != 0;
     let (q, k, v, scale, mask) = (load_name(0), load_name(1), load_name(2), load_name(3), load_name(4));
     let (kd, scale_dtype) = (operands.dtype(1), operands.dtype(3));
     let (qd, vd) = (operands.dtype(0), operands.dtype(2));
@@ -90,7 +99,19 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
     let width_index = emitter.index_constant(width);
     let group = emitter.op(format!("arith.divui {heads}, {kv_heads} : index"));
     let zero = emitter.index_constant(0);
-    emitter.parallel(&operands.shape(0)[..3], |e, row| {
+    // Element `slot` of this lane in the row from `row_at`: its position
+    // (0 past the width) and whether it is one of the row's.
+    let element = |e: &mut Emitter, row_at: &str, lane: &str, slot: i64| {
+        let first = e.index_constant(slot * i64::from(LANES));
+        let d = e.add(&first, lane);
+        let within = ragged.then(|| e.op(format!("arith.cmpi ult, {d}, {width_index} : index")));
+        let d = match &within {
+            Some(within) => e.op(format!("arith.select {within}, {d}, {zero} : index")),
+            None => d,
+        };
+        (e.add(row_at, &d), within)
+    };
+    emitter.parallel_in_warps(&operands.shape(0)[..3], |e, row, warp| {
         let position = e.split(row, &[&batch, &heads, &queries]);
         let (b, h, i) = (&position[0], &position[1], &position[2]);
         let kv = e.op(format!("arith.divui {h}, {group} : index"));
@@ -107,76 +128,85 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
         })[0]
             .clone();
         let none_admitted = e.not(&any);
-        // Key `j`'s row in k and v, whether it is admitted, and its score
-        // (every key's -1e30 when none is admitted).
-        let key_row = |e: &mut Emitter, j: &str| {
-            let key = e.add(&first_key, j);
-            e.mul(&key, &width_index)
-        };
-        let admitted = |e: &mut Emitter, j: &str| {
+        let queries = e.in_lanes(warp, &[], slots as usize, |e, lane, _| {
+            (0..slots)
+                .map(|slot| {
+                    let (at, within) = element(e, &q_at, lane, slot);
+                    let x = e.load_element(&q, &at, qd);
+                    match within {
+                        Some(within) => {
+                            let nothing = e.op("arith.constant 0.0 : f32".into());
+                            e.op(format!("arith.select {within}, {x}, {nothing} : f32"))
+                        }
+                        None => x,
+                    }
+                })
+                .collect()
+        });
+        let lane_type = e.lane_type();
+        let lowest = e.op("arith.constant 0xFF800000 : f32".into());
+        let nothing = e.op("arith.constant 0.0 : f32".into());
+        let mut carried: Vec<(String, &str)> = vec![(lowest, "f32"), (nothing, "f32")];
+        let zeros = e.lanes_zero();
+        carried.extend((0..slots).map(|_| (zeros.clone(), lane_type.as_str())));
+        let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
+        let results = e.for_range(&zero, &keys, &carried, |e, j, so_far| {
             let at = e.add(&mask_at, j);
             let allowed = e.load_element(&mask, &at, Dtype::Bool);
-            e.op(format!("arith.ori {allowed}, {none_admitted} : i1"))
-        };
-        let score = |e: &mut Emitter, j: &str| {
-            let key_at = key_row(e, j);
-            let nothing = e.op("arith.constant 0.0 : f32".into());
-            let dot = e.for_range(&zero, &width_index, &[(nothing, "f32")], |e, d, carried| {
-                let (qa, ka) = (e.add(&q_at, d), e.add(&key_at, d));
-                let (qx, kx) = (e.load_element(&q, &qa, qd), e.load_element(&k, &ka, kd));
-                vec![e.op(format!("math.fma {qx}, {kx}, {} : f32", carried[0]))]
-            })[0]
-                .clone();
-            let scaled = e.op(format!("arith.mulf {dot}, {scale} : f32"));
-            let masked = e.op("arith.constant -1.0e30 : f32".into());
-            e.op(format!("arith.select {any}, {scaled}, {masked} : f32"))
-        };
-        let lowest = e.op("arith.constant 0xFF800000 : f32".into());
-        let top = e.for_range(&zero, &keys, &[(lowest, "f32")], |e, j, carried| {
-            let here = admitted(e, j);
-            let top = carried[0].clone();
-            vec![e.if_else(&here, "f32", |e| { let s = score(e, j); e.op(format!("arith.maximumf {top}, {s} : f32")) }, |_| top.clone())]
-        })[0]
-            .clone();
-        // exp(score - top) of an admitted key.
-        let weight = |e: &mut Emitter, j: &str| {
-            let s = score(e, j);
-            let shifted = e.op(format!("arith.subf {s}, {top} : f32"));
-            e.op(format!("math.exp {shifted} : f32"))
-        };
-        let nothing = e.op("arith.constant 0.0 : f32".into());
-        let total = e.for_range(&zero, &keys, &[(nothing.clone(), "f32")], |e, j, carried| {
-            let here = admitted(e, j);
-            let sum = carried[0].clone();
-            vec![e.if_else(&here, "f32", |e| { let w = weight(e, j); e.op(format!("arith.addf {sum}, {w} : f32")) }, |_| sum.clone())]
-        })[0]
-            .clone();
-        let sums = e.op(format!("memref.alloca() : memref<{width}xf32>"));
-        e.for_range(&zero, &width_index, &[], |e, d, _| {
-            e.line(format!("memref.store {nothing}, {sums}[{d}] : memref<{width}xf32>"));
-            Vec::new()
+            let admitted = e.op(format!("arith.ori {allowed}, {none_admitted} : i1"));
+            e.if_else(
+                &admitted,
+                &types,
+                |e| {
+                    let (top, total, sums) = (&so_far[0], &so_far[1], &so_far[2..]);
+                    let key = e.add(&first_key, j);
+                    let key_at = e.mul(&key, &width_index);
+                    let shares = e.in_lanes(warp, &queries, 1, |e, lane, queries| {
+                        let mut dot = e.op("arith.constant 0.0 : f32".into());
+                        for (slot, query) in queries.iter().enumerate() {
+                            let (at, _) = element(e, &key_at, lane, slot as i64);
+                            let x = e.load_element(&k, &at, kd);
+                            dot = e.op(format!("math.fma {query}, {x}, {dot} : f32"));
+                        }
+                        vec![dot]
+                    });
+                    let dot = e.combine_lanes(&shares[0], Combine::Add);
+                    let scaled = e.op(format!("arith.mulf {dot}, {scale} : f32"));
+                    let masked = e.op("arith.constant -1.0e30 : f32".into());
+                    let score = e.op(format!("arith.select {any}, {scaled}, {masked} : f32"));
+                    let new_top = e.op(format!("arith.maximumf {top}, {score} : f32"));
+                    let shift = e.op(format!("arith.subf {top}, {new_top} : f32"));
+                    let rescale = e.op(format!("math.exp {shift} : f32"));
+                    let shift = e.op(format!("arith.subf {score}, {new_top} : f32"));
+                    let weight = e.op(format!("math.exp {shift} : f32"));
+                    let scaled_total = e.op(format!("arith.mulf {total}, {rescale} : f32"));
+                    let new_total = e.op(format!("arith.addf {scaled_total}, {weight} : f32"));
+                    let sums = e.in_lanes(warp, sums, slots as usize, |e, lane, sums| {
+                        sums.iter()
+                            .enumerate()
+                            .map(|(slot, sum)| {
+                                let (at, _) = element(e, &key_at, lane, slot as i64);
+                                let x = e.load_element(&v, &at, vd);
+                                let kept = e.op(format!("arith.mulf {sum}, {rescale} : f32"));
+                                e.op(format!("math.fma {weight}, {x}, {kept} : f32"))
+                            })
+                            .collect()
+                    });
+                    [vec![new_top, new_total], sums].concat()
+                },
+                |_| so_far.to_vec(),
+            )
         });
-        e.for_range(&zero, &keys, &[], |e, j, _| {
-            let here = admitted(e, j);
-            e.when(&here, |e| {
-                let w = weight(e, j);
-                let w = e.op(format!("arith.divf {w}, {total} : f32"));
-                let value_at = key_row(e, j);
-                e.for_range(&zero, &width_index, &[], |e, d, _| {
-                    let at = e.add(&value_at, d);
-                    let x = e.load_element(&v, &at, vd);
-                    let sum = e.op(format!("memref.load {sums}[{d}] : memref<{width}xf32>"));
-                    let sum = e.op(format!("math.fma {w}, {x}, {sum} : f32"));
-                    e.line(format!("memref.store {sum}, {sums}[{d}] : memref<{width}xf32>"));
-                    Vec::new()
-                });
-            });
-            Vec::new()
-        });
-        e.for_range(&zero, &width_index, &[], |e, d, _| {
-            let sum = e.op(format!("memref.load {sums}[{d}] : memref<{width}xf32>"));
-            let at = e.add(&q_at, d);
-            e.store_element(sum, "%out", &at, dtype);
+        let (total, sums) = (&results[1], &results[2..]);
+        e.in_lanes(warp, sums, 0, |e, lane, sums| {
+            for (slot, sum) in sums.iter().enumerate() {
+                let (at, within) = element(e, &q_at, lane, slot as i64);
+                let value = e.op(format!("arith.divf {sum}, {total} : f32"));
+                match within {
+                    Some(within) => e.when(&within, |e| e.store_element(value, "%out", &at, dtype)),
+                    None => e.store_element(value, "%out", &at, dtype),
+                }
+            }
             Vec::new()
         });
     });
