@@ -150,6 +150,32 @@ fn a_kernel_reports_its_first_fault_as_the_reference_does() {
     assert_eq!(error, reference);
 }
 
+/// Constant dims of these sizes.
+fn dims(sizes: &[usize]) -> Vec<Dim> {
+    sizes.iter().map(|&size| Dim::constant(size as i64)).collect()
+}
+
+/// Entry `name`: its inputs (name, sizes, type), then the `computed`
+/// nodes, which are its outputs.
+fn entry_of(name: &str, inputs: &[(&str, Vec<usize>, Dtype)], computed: Vec<Node>) -> Entry {
+    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, sizes, dtype))| Node { kind: NodeKind::Input(at), shape: dims(sizes), dtype: *dtype, source: None }).collect();
+    let outputs = (nodes.len()..nodes.len() + computed.len()).map(|at| Value(at as u32)).collect();
+    nodes.extend(computed);
+    Entry {
+        name: name.into(),
+        dims: Vec::new(),
+        requires: Vec::new(),
+        inputs: inputs.iter().map(|(name, sizes, dtype)| Input { name: (*name).into(), shape: dims(sizes), dtype: *dtype }).collect(),
+        nodes,
+        outputs,
+    }
+}
+
+/// `count` values in -`size`..`size`, a different run for each `phase`.
+fn wave(count: usize, phase: usize, size: f32) -> Vec<f32> {
+    (0..count).map(|at| ((((at + phase) * 37 % 101) as f32 - 50.0) / 50.0) * size).collect()
+}
+
 /// Contractions split across a warp's lanes (`gpu::contraction`), run on
 /// the host, against the reference: a depth that is no multiple of a run
 /// (each lane reads single elements), one that is (runs), both longer
@@ -172,40 +198,20 @@ fn contractions_split_across_lanes_meet_the_reference() {
         body: Box::new(Scalar::Binary(BinaryOp::Mul, Box::new(a), Box::new(w), Dtype::F32)),
         dtype: Dtype::F32,
     };
-    let shape = |dims: &[usize]| dims.iter().map(|&d| Dim::constant(d as i64)).collect::<Vec<Dim>>();
     let inputs = [("a", vec![rows, 45], Dtype::F32), ("w", vec![columns, 45], Dtype::Bf16), ("b", vec![rows, 264], Dtype::Bf16), ("v", vec![experts, columns, 264], Dtype::Bf16), ("pick", vec![rows], Dtype::I32)];
-    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, dims, dtype))| Node { kind: NodeKind::Input(at), shape: shape(dims), dtype: *dtype, source: None }).collect();
     let picked = Scalar::Cast(Box::new(Scalar::Load(Value(4), vec![index(0)], Dtype::I32)), Dtype::I64);
     let products = [
         sum(45, load(0, vec![index(0), index(2)], Dtype::F32), load(1, vec![index(1), index(2)], Dtype::Bf16)),
         sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![picked, index(1), index(2)], Dtype::Bf16)),
         sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![Scalar::Int(1, Dtype::I64), index(1), index(2)], Dtype::Bf16)),
     ];
-    for product in products {
-        nodes.push(Node { kind: NodeKind::Compute(product), shape: shape(&[rows, columns]), dtype: Dtype::F32, source: None });
-    }
-    let entry = Entry {
-        name: "contract".into(),
-        dims: Vec::new(),
-        requires: Vec::new(),
-        inputs: inputs.iter().map(|(name, dims, dtype)| Input { name: (*name).into(), shape: shape(dims), dtype: *dtype }).collect(),
-        nodes,
-        outputs: vec![Value(5), Value(6), Value(7)],
-    };
+    let computed = products.into_iter().map(|product| Node { kind: NodeKind::Compute(product), shape: dims(&[rows, columns]), dtype: Dtype::F32, source: None }).collect();
+    let entry = entry_of("contract", &inputs, computed);
     for at in 5..8 {
         assert!(contraction::of(&entry, at).is_some(), "node {at} is not a contraction: this test covers less than it says");
     }
     let model = Model { name: "contract".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    let mut seed = 7u64;
-    let mut random = |count: usize| {
-        (0..count)
-            .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect::<Vec<f32>>()
-    };
-    let values: Vec<Tensor> = inputs[..4].iter().map(|(_, dims, dtype)| Tensor::from_f32(*dtype, dims.clone(), random(dims.iter().product()))).collect();
+    let values: Vec<Tensor> = inputs[..4].iter().enumerate().map(|(phase, (_, sizes, dtype))| Tensor::from_f32(*dtype, sizes.clone(), wave(sizes.iter().product(), phase * 7, 1.0))).collect();
     let call = |pick: Vec<i64>| {
         let mut call = values.clone();
         call.push(Tensor::from_i64(Dtype::I32, vec![rows], pick));
@@ -246,25 +252,17 @@ fn rows_sharing_reductions_meet_the_reference() {
     let scale = Scalar::Unary(UnaryOp::Rsqrt, Box::new(binary(BinaryOp::Add, squares, Scalar::Float(1.0, Dtype::F32))), Dtype::F32);
     let norm = binary(BinaryOp::Sub, binary(BinaryOp::Mul, x(index(0), index(1)), scale), reduce(ReduceOp::Max, 3, x(index(0), index(3))));
     let of_row_one = binary(BinaryOp::Div, x(Scalar::Int(1, Dtype::I64), index(0)), reduce(ReduceOp::Sum, 1, x(Scalar::Int(2, Dtype::I64), index(1))));
-    let matrix = vec![Dim::constant(rows as i64), Dim::constant(columns as i64)];
-    let entry = Entry {
-        name: "rows".into(),
-        dims: Vec::new(),
-        requires: Vec::new(),
-        inputs: vec![Input { name: "x".into(), shape: matrix.clone(), dtype: Dtype::F32 }],
-        nodes: vec![
-            Node { kind: NodeKind::Input(0), shape: matrix.clone(), dtype: Dtype::F32, source: None },
-            Node { kind: NodeKind::Compute(norm), shape: matrix, dtype: Dtype::Bf16, source: None },
-            Node { kind: NodeKind::Compute(of_row_one), shape: vec![Dim::constant(columns as i64)], dtype: Dtype::F32, source: None },
-        ],
-        outputs: vec![Value(1), Value(2)],
-    };
+    let computed = vec![
+        Node { kind: NodeKind::Compute(norm), shape: dims(&[rows, columns]), dtype: Dtype::Bf16, source: None },
+        Node { kind: NodeKind::Compute(of_row_one), shape: dims(&[columns]), dtype: Dtype::F32, source: None },
+    ];
+    let entry = entry_of("rows", &[("x", vec![rows, columns], Dtype::F32)], computed);
     for at in 1..3 {
         let kernel = linnet_compiler::gpu::node_kernel(&entry, at, Form::Host).expect("a compute node has a kernel").expect("it builds");
         assert_eq!(kernel.lanes, LANES, "node {at} is not a row kernel: this test covers less than it says");
     }
     let model = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    let input = || vec![Tensor::from_f32(Dtype::F32, vec![rows, columns], (0..rows * columns).map(|at| ((at * 37 % 101) as f32 - 50.0) / 25.0).collect())];
+    let input = || vec![Tensor::from_f32(Dtype::F32, vec![rows, columns], wave(rows * columns, 0, 2.0))];
     let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("rows", input()).expect("the reference runs");
     let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("rows", input()).expect("the kernels run");
     // bf16 (a rounding may fall the other way), then f32.
@@ -285,7 +283,6 @@ fn rows_sharing_reductions_meet_the_reference() {
 #[test]
 fn attention_in_warps_meets_the_reference() {
     let (heads, kv_heads, queries, keys, width) = (4usize, 2usize, 3usize, 37usize, 40usize);
-    let shape = |dims: &[usize]| dims.iter().map(|&d| Dim::constant(d as i64)).collect::<Vec<Dim>>();
     let inputs = [
         ("q", vec![1, heads, queries, width], Dtype::Bf16),
         ("k", vec![1, kv_heads, keys, width], Dtype::Bf16),
@@ -293,24 +290,15 @@ fn attention_in_warps_meets_the_reference() {
         ("scale", Vec::new(), Dtype::F32),
         ("mask", vec![queries, keys], Dtype::Bool),
     ];
-    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, dims, dtype))| Node { kind: NodeKind::Input(at), shape: shape(dims), dtype: *dtype, source: None }).collect();
-    nodes.push(Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()), shape: shape(&inputs[0].1), dtype: Dtype::Bf16, source: None });
-    let entry = Entry {
-        name: "attend".into(),
-        dims: Vec::new(),
-        requires: Vec::new(),
-        inputs: inputs.iter().map(|(name, dims, dtype)| Input { name: (*name).into(), shape: shape(dims), dtype: *dtype }).collect(),
-        nodes,
-        outputs: vec![Value(5)],
-    };
+    let attention = Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()), shape: dims(&inputs[0].1), dtype: Dtype::Bf16, source: None };
+    let entry = entry_of("attend", &inputs, vec![attention]);
     let kernel = linnet_compiler::gpu::node_kernel(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds");
     assert_eq!(kernel.lanes, LANES, "attention is not in warps: this test covers less than it says");
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    let wave = |count: usize, phase: usize| (0..count).map(|at| (((at + phase) * 37 % 101) as f32 - 50.0) / 50.0).collect::<Vec<f32>>();
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
     let mask: Vec<bool> = (0..queries * keys).map(|at| (at / keys == 1 && at % keys <= 20) || at / keys == 2).collect();
     let call = || {
-        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11))).collect();
+        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))).collect();
         call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
         call.push(Tensor { dtype: Dtype::Bool, shape: vec![queries, keys], data: Data::Bool(mask.clone()) });
         call
@@ -323,5 +311,56 @@ fn attention_in_warps_meets_the_reference() {
     for (at, (e, g)) in expected.iter().zip(got).enumerate() {
         // bf16: a rounding may fall the other way.
         assert!((e - g).abs() <= 1e-2 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
+    }
+}
+
+/// The delta rule as warps (`gpu::intrinsic`: a state column's cells in a
+/// warp's lanes), run on the host, against the reference: a key width
+/// that is no multiple of a warp, more than one token, grouped heads,
+/// two batch rows; every token's read and the final state.
+#[test]
+fn the_delta_rule_in_warps_meets_the_reference() {
+    let (batch, tokens, key_heads, value_heads, key_width, value_width) = (2usize, 3usize, 2usize, 4usize, 40usize, 5usize);
+    let inputs = [
+        ("q", vec![batch, tokens, key_heads, key_width], Dtype::Bf16),
+        ("k", vec![batch, tokens, key_heads, key_width], Dtype::Bf16),
+        ("v", vec![batch, tokens, value_heads, value_width], Dtype::Bf16),
+        ("decay", vec![batch, tokens, value_heads], Dtype::F32),
+        ("beta", vec![batch, tokens, value_heads], Dtype::F32),
+        ("state", vec![batch, value_heads, key_width, value_width], Dtype::F32),
+        ("scale", Vec::new(), Dtype::F32),
+    ];
+    let out = dims(&[batch, tokens + key_width, value_heads, value_width]);
+    let delta = Node { kind: NodeKind::Intrinsic(Intrinsic::GatedDeltaRule, (0..7).map(Value).collect()), shape: out, dtype: Dtype::F32, source: None };
+    let entry = entry_of("delta", &inputs, vec![delta]);
+    let kernel = linnet_compiler::gpu::node_kernel(&entry, 7, Form::Host).expect("an intrinsic has a kernel").expect("it builds");
+    assert_eq!(kernel.lanes, LANES, "the delta rule is not in warps: this test covers less than it says");
+    let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    // Keys and queries of unit scale over the width, decays below 0, rates in 0..1.
+    let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
+    let call = || {
+        let mut call: Vec<Tensor> = inputs[..6]
+            .iter()
+            .zip(sizes)
+            .enumerate()
+            .map(|(phase, ((name, dims, dtype), size))| {
+                let mut values = wave(dims.iter().product(), phase * 13, size);
+                if *name == "decay" {
+                    values.iter_mut().for_each(|x| *x = -x.abs());
+                } else if *name == "beta" {
+                    values.iter_mut().for_each(|x| *x = x.abs());
+                }
+                Tensor::from_f32(*dtype, dims.clone(), values)
+            })
+            .collect();
+        call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.15]));
+        call
+    };
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("delta", call()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds").call("delta", call()).expect("the kernel runs");
+    let (expected, got) = (reference[0].as_f32().unwrap(), computed[0].as_f32().unwrap());
+    assert_eq!(expected.len(), got.len());
+    for (at, (e, g)) in expected.iter().zip(got).enumerate() {
+        assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
 }

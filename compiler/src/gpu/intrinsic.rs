@@ -4,17 +4,17 @@
 //! - attention: a warp per query row and head, one pass over the keys with
 //!   an online softmax, the row's elements spread over the lanes (the
 //!   head's width must be known when the model is built);
-//! - the gated delta rule: one work item per (batch row, value head, value
+//! - the gated delta rule: a warp per (batch row, value head, value
 //!   column). A column of the state evolves on its own (its recall, update
-//!   and read involve no other column), so each item walks the tokens with
-//!   its column held in the output's final-state rows, which are f32, as
-//!   the state is: rounded after every decay and update, as the reference;
+//!   and read involve no other column), so each warp walks the tokens with
+//!   its column's cells in its lanes' registers, in f32 as the state is
+//!   (the key width must be known when the model is built);
 //! - cache writes: one work item per element written, copied in its stored
 //!   type (exact); the cache is the kernel's output, changed in place. A
 //!   position or span outside the cache writes nothing and raises
 //!   [`Fault::OutsideCache`].
 
-use super::emit::{Combine, Emitter, Fault, Form, Kernel, Unsupported, LANES};
+use super::emit::{Combine, Emitter, Fault, Form, Kernel, Unsupported, Warp, LANES};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -34,7 +34,7 @@ pub fn intrinsic_kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, 
         }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
             emitter.loads = args.clone();
-            delta_rule(&mut emitter, &operands, *intrinsic == Intrinsic::GatedDeltaRule);
+            delta_rule(&mut emitter, &operands, *intrinsic == Intrinsic::GatedDeltaRule)?;
         }
         Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows | Intrinsic::WriteSlots => {
             emitter.loads = args[1..].to_vec();
@@ -73,6 +73,65 @@ fn load_name(load: usize) -> String {
     format!("%in{load}")
 }
 
+/// A row's elements spread over a warp's lanes: lane `l` holds elements
+/// `l`, `l + 32`, …, one per slot, as many slots as a row of `width`
+/// needs (the width known when the model is built).
+struct Spread {
+    width: i64,
+    /// The width, as an index.
+    size: String,
+    zero: String,
+}
+
+impl Spread {
+    fn new(e: &mut Emitter, width: i64) -> Spread {
+        Spread { width, size: e.index_constant(width), zero: e.index_constant(0) }
+    }
+
+    fn slots(&self) -> usize {
+        ((self.width + i64::from(LANES) - 1) / i64::from(LANES)) as usize
+    }
+
+    /// Slot `slot`'s element of `lane`: its position in the row (0 past
+    /// the width, so that it can be read) and, where the width is no
+    /// multiple of a warp, whether it is one of the row's.
+    fn position(&self, e: &mut Emitter, lane: &str, slot: usize) -> (String, Option<String>) {
+        let first = e.index_constant(slot as i64 * i64::from(LANES));
+        let position = e.add(&first, lane);
+        if self.width % i64::from(LANES) == 0 {
+            return (position, None);
+        }
+        let within = e.op(format!("arith.cmpi ult, {position}, {} : index", self.size));
+        (e.op(format!("arith.select {within}, {position}, {} : index", self.zero)), Some(within))
+    }
+
+    /// Slot `slot`'s element of `lane` in `argument` (of `dtype`), at
+    /// `at(position)`; 0 past the width.
+    fn load(&self, e: &mut Emitter, lane: &str, slot: usize, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) -> String {
+        let (position, within) = self.position(e, lane, slot);
+        let at = at(e, &position);
+        let x = e.load_element(argument, &at, dtype);
+        match within {
+            Some(within) => {
+                let nothing = e.op("arith.constant 0.0 : f32".into());
+                e.op(format!("arith.select {within}, {x}, {nothing} : f32"))
+            }
+            None => x,
+        }
+    }
+
+    /// Stores `value` as slot `slot`'s element of `lane` in the output, at
+    /// `at(position)`; nothing past the width.
+    fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) {
+        let (position, within) = self.position(e, lane, slot);
+        let at = at(e, &position);
+        match within {
+            Some(within) => e.when(&within, |e| e.store_element(value, "%out", &at, dtype)),
+            None => e.store_element(value, "%out", &at, dtype),
+        }
+    }
+}
+
 /// `grouped_attention` (mask `[Q, K]`, row `i`) and
 /// `grouped_attention_rows` (mask `[B, 1, K]`, row `b`): q `[B, H, Q, D]`,
 /// k and v `[B, KvH, K, D]`, the scale, the mask; the output is q's shape
@@ -88,29 +147,15 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
     let width = operands.shape(0)[3]
         .as_constant()
         .ok_or_else(|| Unsupported("attention whose head width is known only when the model runs".into()))?;
-    // A lane's elements of a row: `slot * LANES + lane` for each slot.
-    let slots = (width + i64::from(LANES) - 1) / i64::from(LANES);
-    let ragged = width % i64::from(LANES) != 0;
     let (q, k, v, scale, mask) = (load_name(0), load_name(1), load_name(2), load_name(3), load_name(4));
     let (kd, scale_dtype) = (operands.dtype(1), operands.dtype(3));
     let (qd, vd) = (operands.dtype(0), operands.dtype(2));
     let [batch, heads, queries] = [0, 1, 2].map(|axis| operands.size(emitter, 0, axis));
     let (kv_heads, keys) = (operands.size(emitter, 1, 1), operands.size(emitter, 1, 2));
-    let width_index = emitter.index_constant(width);
+    let spread = Spread::new(emitter, width);
+    let (slots, width_index) = (spread.slots(), spread.size.clone());
     let group = emitter.op(format!("arith.divui {heads}, {kv_heads} : index"));
     let zero = emitter.index_constant(0);
-    // Element `slot` of this lane in the row from `row_at`: its position
-    // (0 past the width) and whether it is one of the row's.
-    let element = |e: &mut Emitter, row_at: &str, lane: &str, slot: i64| {
-        let first = e.index_constant(slot * i64::from(LANES));
-        let d = e.add(&first, lane);
-        let within = ragged.then(|| e.op(format!("arith.cmpi ult, {d}, {width_index} : index")));
-        let d = match &within {
-            Some(within) => e.op(format!("arith.select {within}, {d}, {zero} : index")),
-            None => d,
-        };
-        (e.add(row_at, &d), within)
-    };
     emitter.parallel_in_warps(&operands.shape(0)[..3], |e, row, warp| {
         let position = e.split(row, &[&batch, &heads, &queries]);
         let (b, h, i) = (&position[0], &position[1], &position[2]);
@@ -128,21 +173,7 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
         })[0]
             .clone();
         let none_admitted = e.not(&any);
-        let queries = e.in_lanes(warp, &[], slots as usize, |e, lane, _| {
-            (0..slots)
-                .map(|slot| {
-                    let (at, within) = element(e, &q_at, lane, slot);
-                    let x = e.load_element(&q, &at, qd);
-                    match within {
-                        Some(within) => {
-                            let nothing = e.op("arith.constant 0.0 : f32".into());
-                            e.op(format!("arith.select {within}, {x}, {nothing} : f32"))
-                        }
-                        None => x,
-                    }
-                })
-                .collect()
-        });
+        let queries = e.in_lanes(warp, &[], slots, |e, lane, _| (0..slots).map(|slot| spread.load(e, lane, slot, &q, qd, |e, d| e.add(&q_at, d))).collect());
         let lane_type = e.lane_type();
         let lowest = e.op("arith.constant 0xFF800000 : f32".into());
         let nothing = e.op("arith.constant 0.0 : f32".into());
@@ -164,7 +195,8 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
                     let shares = e.in_lanes(warp, &queries, 1, |e, lane, queries| {
                         let mut dot = e.op("arith.constant 0.0 : f32".into());
                         for (slot, query) in queries.iter().enumerate() {
-                            let (at, _) = element(e, &key_at, lane, slot as i64);
+                            let (d, _) = spread.position(e, lane, slot);
+                            let at = e.add(&key_at, &d);
                             let x = e.load_element(&k, &at, kd);
                             dot = e.op(format!("math.fma {query}, {x}, {dot} : f32"));
                         }
@@ -181,11 +213,12 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
                     let weight = e.op(format!("math.exp {shift} : f32"));
                     let scaled_total = e.op(format!("arith.mulf {total}, {rescale} : f32"));
                     let new_total = e.op(format!("arith.addf {scaled_total}, {weight} : f32"));
-                    let sums = e.in_lanes(warp, sums, slots as usize, |e, lane, sums| {
+                    let sums = e.in_lanes(warp, sums, slots, |e, lane, sums| {
                         sums.iter()
                             .enumerate()
                             .map(|(slot, sum)| {
-                                let (at, _) = element(e, &key_at, lane, slot as i64);
+                                let (d, _) = spread.position(e, lane, slot);
+                                let at = e.add(&key_at, &d);
                                 let x = e.load_element(&v, &at, vd);
                                 let kept = e.op(format!("arith.mulf {sum}, {rescale} : f32"));
                                 e.op(format!("math.fma {weight}, {x}, {kept} : f32"))
@@ -200,12 +233,8 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
         let (total, sums) = (&results[1], &results[2..]);
         e.in_lanes(warp, sums, 0, |e, lane, sums| {
             for (slot, sum) in sums.iter().enumerate() {
-                let (at, within) = element(e, &q_at, lane, slot as i64);
                 let value = e.op(format!("arith.divf {sum}, {total} : f32"));
-                match within {
-                    Some(within) => e.when(&within, |e| e.store_element(value, "%out", &at, dtype)),
-                    None => e.store_element(value, "%out", &at, dtype),
-                }
+                spread.store(e, lane, slot, value, dtype, |e, d| e.add(&q_at, d));
             }
             Vec::new()
         });
@@ -217,37 +246,43 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
 /// beta `[B, S, VH]`) or `gated_delta_step` (the same without S), the
 /// state `[B, VH, KD, VD]` and the scale; the output `[B, S + KD, VH, VD]`
 /// holds each token's read, then the final state.
-fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) {
+///
+/// A warp per (batch row, value head, value column): a column of the state
+/// evolves on its own (its recall, update and read involve no other
+/// column), and lane `l` holds its cells `l`, `l + 32`, … in registers
+/// through the tokens, reading the keys' and queries' elements of the same
+/// positions (the warp reads each row together). A token's recall and
+/// read are the lanes' shares summed across the warp.
+fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) -> Result<(), Unsupported> {
+    let key_width = operands.shape(0)[operands.shape(0).len() - 1]
+        .as_constant()
+        .ok_or_else(|| Unsupported("a delta rule whose key width is known only when the model runs".into()))?;
     let (q, k, v, decay, beta, state, scale) = (load_name(0), load_name(1), load_name(2), load_name(3), load_name(4), load_name(5), load_name(6));
     let (qd, kd, vd) = (operands.dtype(0), operands.dtype(1), operands.dtype(2));
     let (decay_dtype, beta_dtype, state_dtype, scale_dtype) = (operands.dtype(3), operands.dtype(4), operands.dtype(5), operands.dtype(6));
     let batch = operands.size(emitter, 0, 0);
     let tokens = if spans { operands.size(emitter, 0, 1) } else { emitter.index_constant(1) };
-    let (key_heads, key_dim) = (operands.size(emitter, 0, -2), operands.size(emitter, 0, -1));
+    let key_heads = operands.size(emitter, 0, -2);
+    // A column's cells spread over the lanes.
+    let spread = Spread::new(emitter, key_width);
+    let (slots, key_dim) = (spread.slots(), spread.size.clone());
     let (value_heads, value_dim) = (operands.size(emitter, 2, -2), operands.size(emitter, 2, -1));
     let rows = emitter.add(&tokens, &key_dim);
     let group = emitter.op(format!("arith.divui {value_heads}, {key_heads} : index"));
     let zero = emitter.index_constant(0);
     let (q_shape, v_shape) = (operands.shape(0), operands.shape(2));
     let work = [q_shape[0].clone(), v_shape[v_shape.len() - 2].clone(), v_shape[v_shape.len() - 1].clone()];
-    emitter.parallel(&work, |e, item| {
+    emitter.parallel_in_warps(&work, |e, item, warp| {
         let position = e.split(item, &[&batch, &value_heads, &value_dim]);
         let (b, h, j) = (&position[0], &position[1], &position[2]);
         let kh = e.op(format!("arith.divui {h}, {group} : index"));
         let scale = e.load_element(&scale, &zero, scale_dtype);
-        // Cell `i` of this column: in the output's final-state rows.
-        let cell = |e: &mut Emitter, i: &str| {
-            let row = e.add(&tokens, i);
-            e.flat(&[b, &row, h, j], &[&batch, &rows, &value_heads, &value_dim])
-        };
-        e.for_range(&zero, &key_dim, &[], |e, i, _| {
-            let from = e.flat(&[b, h, i, j], &[&batch, &value_heads, &key_dim, &value_dim]);
-            let initial = e.load_element(&state, &from, state_dtype);
-            let to = cell(e, i);
-            e.store_element(initial, "%out", &to, Dtype::F32);
-            Vec::new()
+        let initial = e.in_lanes(warp, &[], slots, |e, lane, _| {
+            (0..slots).map(|slot| spread.load(e, lane, slot, &state, state_dtype, |e, i| e.flat(&[b, h, i, j], &[&batch, &value_heads, &key_dim, &value_dim]))).collect()
         });
-        e.for_range(&zero, &tokens, &[], |e, t, _| {
+        let lane_type = e.lane_type();
+        let carried: Vec<(String, &str)> = initial.iter().map(|cells| (cells.clone(), lane_type.as_str())).collect();
+        let last = e.for_range(&zero, &tokens, &carried, |e, t, cells| {
             let gate_at = e.flat(&[b, t, h], &[&batch, &tokens, &value_heads]);
             let decay = e.load_element(&decay, &gate_at, decay_dtype);
             let forget = e.op(format!("math.exp {decay} : f32"));
@@ -257,37 +292,58 @@ fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) {
             let value_at = e.flat(&[b, t, h, j], &[&batch, &tokens, &value_heads, &value_dim]);
             let value = e.load_element(&v, &value_at, vd);
             // The state decays, and recalls the value the key holds.
-            let nothing = e.op("arith.constant 0.0 : f32".into());
-            let recalled = e.for_range(&zero, &key_dim, &[(nothing.clone(), "f32")], |e, i, carried| {
-                let at = cell(e, i);
-                let memory = e.load_element("%out", &at, Dtype::F32);
+            let (decayed, recalled) = changed_cells(e, warp, cells, |e, lane, slot, memory| {
                 let memory = e.op(format!("arith.mulf {memory}, {forget} : f32"));
-                e.store_element(memory.clone(), "%out", &at, Dtype::F32);
-                let key_index = e.add(&key_at, i);
-                let key = e.load_element(&k, &key_index, kd);
-                vec![e.op(format!("math.fma {memory}, {key}, {} : f32", carried[0]))]
-            })[0]
-                .clone();
+                let key = spread.load(e, lane, slot, &k, kd, |e, i| e.add(&key_at, i));
+                (memory, key)
+            });
             let error = e.op(format!("arith.subf {value}, {recalled} : f32"));
             let update = e.op(format!("arith.mulf {error}, {rate} : f32"));
             // It learns the update along the key, and is read by the query.
-            let read = e.for_range(&zero, &key_dim, &[(nothing, "f32")], |e, i, carried| {
-                let at = cell(e, i);
-                let key_index = e.add(&key_at, i);
-                let key = e.load_element(&k, &key_index, kd);
-                let memory = e.load_element("%out", &at, Dtype::F32);
+            let (learned, read) = changed_cells(e, warp, &decayed, |e, lane, slot, memory| {
+                let key = spread.load(e, lane, slot, &k, kd, |e, i| e.add(&key_at, i));
                 let memory = e.op(format!("math.fma {key}, {update}, {memory} : f32"));
-                e.store_element(memory.clone(), "%out", &at, Dtype::F32);
-                let query = e.load_element(&q, &key_index, qd);
-                vec![e.op(format!("math.fma {memory}, {query}, {} : f32", carried[0]))]
-            })[0]
-                .clone();
+                let query = spread.load(e, lane, slot, &q, qd, |e, i| e.add(&key_at, i));
+                (memory, query)
+            });
             let read = e.op(format!("arith.mulf {read}, {scale} : f32"));
             let out_at = e.flat(&[b, t, h, j], &[&batch, &rows, &value_heads, &value_dim]);
             e.store_element(read, "%out", &out_at, Dtype::F32);
+            learned
+        });
+        // The final state, in the output's last rows.
+        e.in_lanes(warp, &last, 0, |e, lane, cells| {
+            for (slot, memory) in cells.iter().enumerate() {
+                spread.store(e, lane, slot, memory.clone(), Dtype::F32, |e, i| {
+                    let row = e.add(&tokens, i);
+                    e.flat(&[b, &row, h, j], &[&batch, &rows, &value_heads, &value_dim])
+                });
+            }
             Vec::new()
         });
     });
+    Ok(())
+}
+
+/// Every lane's cells (values of the lane type) changed by `change`, which
+/// is given the lane, the slot and the cell and gives the new cell and
+/// what it is weighed by; the new cells, and the column's weighted sum
+/// (across the warp).
+fn changed_cells(e: &mut Emitter, warp: &Warp, cells: &[String], change: impl Fn(&mut Emitter, &str, usize, &str) -> (String, String)) -> (Vec<String>, String) {
+    let mut changed = e.in_lanes(warp, cells, cells.len() + 1, |e, lane, cells| {
+        let mut sum = e.op("arith.constant 0.0 : f32".into());
+        let mut changed: Vec<String> = Vec::with_capacity(cells.len() + 1);
+        for (slot, memory) in cells.iter().enumerate() {
+            let (memory, weight) = change(e, lane, slot, memory);
+            sum = e.op(format!("math.fma {memory}, {weight}, {sum} : f32"));
+            changed.push(memory);
+        }
+        changed.push(sum);
+        changed
+    });
+    let sum = changed.pop().expect("the sum follows the cells");
+    let sum = e.combine_lanes(&sum, Combine::Add);
+    (changed, sum)
 }
 
 /// The cache writes: `write_at` and `write_span` (x `[R, A, S, W]` at
