@@ -447,7 +447,7 @@ impl<'e> Emitter<'e> {
     ) {
         self.parallel_in_warps(work, |e, item, warp| {
             let shares = e.in_lanes(warp, &[], combines.len(), |e, lane, _| lane_body(e, item, lane));
-            let totals: Vec<String> = shares.iter().zip(combines).map(|(shares, combine)| e.combine_lanes(shares, *combine)).collect();
+            let totals: Vec<String> = shares.iter().zip(combines).flat_map(|(shares, combine)| e.combine_lanes(std::slice::from_ref(shares), *combine)).collect();
             e.in_lanes(warp, &[], 0, |e, lane, _| {
                 finish(e, item, lane, &totals);
                 Vec::new()
@@ -529,41 +529,44 @@ impl<'e> Emitter<'e> {
         values
     }
 
-    /// The lanes' values of `value` (of [`Emitter::lane_type`]) combined
-    /// in a fixed tree (lane `l` with lane `l + 16`, then with `l + 8`, …
-    /// `l + 1`): the same f32 in every lane.
+    /// The lanes' values of each of `values` (of [`Emitter::lane_type`])
+    /// combined in a fixed tree (lane `l` with lane `l + 16`, then with
+    /// `l + 8`, … `l + 1`): for each, the same f32 in every lane. The
+    /// trees' steps are interleaved, so that they overlap on the device.
     ///
     /// On the device the tree is the warp's butterfly of `gpu.shuffle
     /// xor`: lanes `l` and `l ^ o` combine the same two values (in either
     /// order: the same bits), so every lane ends with lane 0's total. On
     /// the host the same combinations fold the vector's halves, in the
     /// same order: the two forms compute the same bits.
-    pub fn combine_lanes(&mut self, value: &str, combine: Combine) -> String {
+    pub fn combine_lanes(&mut self, values: &[String], combine: Combine) -> Vec<String> {
         let halves = std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
-        let mut value = value.to_string();
+        let mut values = values.to_vec();
+        let width = (self.form == Form::Device).then(|| self.op(format!("arith.constant {LANES} : i32")));
+        for half in halves {
+            let offset = width.as_ref().map(|_| self.op(format!("arith.constant {half} : i32")));
+            for value in &mut values {
+                *value = match (&width, &offset) {
+                    (Some(width), Some(offset)) => {
+                        let (theirs, valid) = (self.fresh(), self.fresh());
+                        self.line(format!("{theirs}, {valid} = gpu.shuffle xor {value}, {offset}, {width} : f32"));
+                        self.op(format!("{} {value}, {theirs} : f32", combine.op()))
+                    }
+                    _ => {
+                        let whole = format!("vector<{}xf32>", 2 * half);
+                        let slice = |e: &mut Self, from: u32| {
+                            let lanes: Vec<String> = (from..from + half).map(|lane| lane.to_string()).collect();
+                            e.op(format!("vector.shuffle {value}, {value} [{}] : {whole}, {whole}", lanes.join(", ")))
+                        };
+                        let (low, high) = (slice(self, 0), slice(self, half));
+                        self.op(format!("{} {low}, {high} : vector<{half}xf32>", combine.op()))
+                    }
+                };
+            }
+        }
         match self.form {
-            Form::Host => {
-                for half in halves {
-                    let whole = format!("vector<{}xf32>", 2 * half);
-                    let slice = |e: &mut Self, from: u32| {
-                        let lanes: Vec<String> = (from..from + half).map(|lane| lane.to_string()).collect();
-                        e.op(format!("vector.shuffle {value}, {value} [{}] : {whole}, {whole}", lanes.join(", ")))
-                    };
-                    let (low, high) = (slice(self, 0), slice(self, half));
-                    value = self.op(format!("{} {low}, {high} : vector<{half}xf32>", combine.op()));
-                }
-                self.op(format!("vector.extract {value}[0] : f32 from vector<1xf32>"))
-            }
-            Form::Device => {
-                let width = self.op(format!("arith.constant {LANES} : i32"));
-                for half in halves {
-                    let offset = self.op(format!("arith.constant {half} : i32"));
-                    let (theirs, valid) = (self.fresh(), self.fresh());
-                    self.line(format!("{theirs}, {valid} = gpu.shuffle xor {value}, {offset}, {width} : f32"));
-                    value = self.op(format!("{} {value}, {theirs} : f32", combine.op()));
-                }
-                value
-            }
+            Form::Host => values.iter().map(|value| self.op(format!("vector.extract {value}[0] : f32 from vector<1xf32>"))).collect(),
+            Form::Device => values,
         }
     }
 

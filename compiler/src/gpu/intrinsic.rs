@@ -73,6 +73,9 @@ fn load_name(load: usize) -> String {
     format!("%in{load}")
 }
 
+/// The keys attention takes at a time.
+const KEYS_PER_STEP: usize = 4;
+
 /// A row's elements spread over a warp's lanes: lane `l` holds elements
 /// `l`, `l + 32`, …, one per slot, as many slots as a row of `width`
 /// needs (the width known when the model is built).
@@ -142,7 +145,9 @@ impl Spread {
 /// `l + 32`, … of the query and of the weighted sum, so each key's row is
 /// read by the warp together; a key's score is the lanes' shares of the
 /// dot product summed across the warp; the running maximum rescales the
-/// sums so far. A masked key is skipped by the whole warp.
+/// sums so far. The keys go [`KEYS_PER_STEP`] at a time, so that their sums
+/// across the warp overlap; a step none of whose keys the mask admits is
+/// skipped by the whole warp, and a key it does not admit weighs 0.
 fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype: Dtype) -> Result<(), Unsupported> {
     let width = operands.shape(0)[3]
         .as_constant()
@@ -181,47 +186,87 @@ fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype:
         let zeros = e.lanes_zero();
         carried.extend((0..slots).map(|_| (zeros.clone(), lane_type.as_str())));
         let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
-        let results = e.for_range(&zero, &keys, &carried, |e, j, so_far| {
-            let at = e.add(&mask_at, j);
-            let allowed = e.load_element(&mask, &at, Dtype::Bool);
-            let admitted = e.op(format!("arith.ori {allowed}, {none_admitted} : i1"));
+        // The keys a step takes: each one's row in k and v (the first key's
+        // past the last) and whether it counts.
+        let step = e.index_constant(KEYS_PER_STEP as i64);
+        let results = e.for_steps(&zero, &keys, &step, &carried, |e, first, so_far| {
+            let taken: Vec<(String, String)> = (0..KEYS_PER_STEP)
+                .map(|offset| {
+                    let offset = e.index_constant(offset as i64);
+                    let j = e.add(first, &offset);
+                    let inside = e.op(format!("arith.cmpi ult, {j}, {keys} : index"));
+                    let j = e.op(format!("arith.select {inside}, {j}, {zero} : index"));
+                    let at = e.add(&mask_at, &j);
+                    let allowed = e.load_element(&mask, &at, Dtype::Bool);
+                    let admitted = e.op(format!("arith.ori {allowed}, {none_admitted} : i1"));
+                    let admitted = e.op(format!("arith.andi {admitted}, {inside} : i1"));
+                    let key = e.add(&first_key, &j);
+                    (e.mul(&key, &width_index), admitted)
+                })
+                .collect();
+            let mut any_taken = taken[0].1.clone();
+            for (_, admitted) in &taken[1..] {
+                any_taken = e.op(format!("arith.ori {any_taken}, {admitted} : i1"));
+            }
             e.if_else(
-                &admitted,
+                &any_taken,
                 &types,
                 |e| {
                     let (top, total, sums) = (&so_far[0], &so_far[1], &so_far[2..]);
-                    let key = e.add(&first_key, j);
-                    let key_at = e.mul(&key, &width_index);
-                    let shares = e.in_lanes(warp, &queries, 1, |e, lane, queries| {
-                        let mut dot = e.op("arith.constant 0.0 : f32".into());
-                        for (slot, query) in queries.iter().enumerate() {
-                            let (d, _) = spread.position(e, lane, slot);
-                            let at = e.add(&key_at, &d);
-                            let x = e.load_element(&k, &at, kd);
-                            dot = e.op(format!("math.fma {query}, {x}, {dot} : f32"));
-                        }
-                        vec![dot]
+                    let shares = e.in_lanes(warp, &queries, KEYS_PER_STEP, |e, lane, queries| {
+                        taken
+                            .iter()
+                            .map(|(key_at, _)| {
+                                let mut dot = e.op("arith.constant 0.0 : f32".into());
+                                for (slot, query) in queries.iter().enumerate() {
+                                    let (d, _) = spread.position(e, lane, slot);
+                                    let at = e.add(key_at, &d);
+                                    let x = e.load_element(&k, &at, kd);
+                                    dot = e.op(format!("math.fma {query}, {x}, {dot} : f32"));
+                                }
+                                dot
+                            })
+                            .collect()
                     });
-                    let dot = e.combine_lanes(&shares[0], Combine::Add);
-                    let scaled = e.op(format!("arith.mulf {dot}, {scale} : f32"));
-                    let masked = e.op("arith.constant -1.0e30 : f32".into());
-                    let score = e.op(format!("arith.select {any}, {scaled}, {masked} : f32"));
-                    let new_top = e.op(format!("arith.maximumf {top}, {score} : f32"));
+                    let dots = e.combine_lanes(&shares, Combine::Add);
+                    let (masked, left_out) = (e.op("arith.constant -1.0e30 : f32".into()), e.op("arith.constant 0xFF800000 : f32".into()));
+                    let scores: Vec<String> = dots
+                        .iter()
+                        .zip(&taken)
+                        .map(|(dot, (_, admitted))| {
+                            let scaled = e.op(format!("arith.mulf {dot}, {scale} : f32"));
+                            let score = e.op(format!("arith.select {any}, {scaled}, {masked} : f32"));
+                            e.op(format!("arith.select {admitted}, {score}, {left_out} : f32"))
+                        })
+                        .collect();
+                    let mut new_top = top.clone();
+                    for score in &scores {
+                        new_top = e.op(format!("arith.maximumf {new_top}, {score} : f32"));
+                    }
                     let shift = e.op(format!("arith.subf {top}, {new_top} : f32"));
                     let rescale = e.op(format!("math.exp {shift} : f32"));
-                    let shift = e.op(format!("arith.subf {score}, {new_top} : f32"));
-                    let weight = e.op(format!("math.exp {shift} : f32"));
-                    let scaled_total = e.op(format!("arith.mulf {total}, {rescale} : f32"));
-                    let new_total = e.op(format!("arith.addf {scaled_total}, {weight} : f32"));
+                    let mut new_total = e.op(format!("arith.mulf {total}, {rescale} : f32"));
+                    let weights: Vec<String> = scores
+                        .iter()
+                        .map(|score| {
+                            let shift = e.op(format!("arith.subf {score}, {new_top} : f32"));
+                            let weight = e.op(format!("math.exp {shift} : f32"));
+                            new_total = e.op(format!("arith.addf {new_total}, {weight} : f32"));
+                            weight
+                        })
+                        .collect();
                     let sums = e.in_lanes(warp, sums, slots, |e, lane, sums| {
                         sums.iter()
                             .enumerate()
                             .map(|(slot, sum)| {
                                 let (d, _) = spread.position(e, lane, slot);
-                                let at = e.add(&key_at, &d);
-                                let x = e.load_element(&v, &at, vd);
-                                let kept = e.op(format!("arith.mulf {sum}, {rescale} : f32"));
-                                e.op(format!("math.fma {weight}, {x}, {kept} : f32"))
+                                let mut sum = e.op(format!("arith.mulf {sum}, {rescale} : f32"));
+                                for ((value_at, _), weight) in taken.iter().zip(&weights) {
+                                    let at = e.add(value_at, &d);
+                                    let x = e.load_element(&v, &at, vd);
+                                    sum = e.op(format!("math.fma {weight}, {x}, {sum} : f32"));
+                                }
+                                sum
                             })
                             .collect()
                     });
@@ -342,7 +387,7 @@ fn changed_cells(e: &mut Emitter, warp: &Warp, cells: &[String], change: impl Fn
         changed
     });
     let sum = changed.pop().expect("the sum follows the cells");
-    let sum = e.combine_lanes(&sum, Combine::Add);
+    let sum = e.combine_lanes(&[sum], Combine::Add).remove(0);
     (changed, sum)
 }
 
