@@ -92,33 +92,45 @@ pub struct Built {
 }
 
 /// Every entry of `model` as PTX for `arch` (`sm_90`), linking
-/// `libdevice` for the math functions when given. An error is MLIR's
+/// `libdevice` for the math functions when given. MLIR lowers the entries'
+/// modules in parallel, each in its own context. An error is MLIR's
 /// failure to lower kernels it was given (a compiler bug).
 #[cfg(feature = "nvptx")]
 pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> Result<Built, BuildError> {
-    let mut built = Built { entries: Vec::new(), missing: Vec::new() };
+    use rayon::prelude::*;
+    let mut missing = Vec::new();
+    let mut modules = Vec::new();
     for entry in &model.entries {
         let mut kernels = Vec::new();
         for at in 0..entry.nodes.len() {
             match node_kernel(entry, at, Form::Device) {
                 Some(Ok(kernel)) => kernels.push(kernel),
-                Some(Err(Unsupported(why))) => built.missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}"))),
+                Some(Err(Unsupported(why))) => missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}"))),
                 None => {}
             }
         }
-        if kernels.is_empty() {
-            continue;
+        if !kernels.is_empty() {
+            modules.push((entry, kernels));
         }
-        let module: String = kernels.iter().map(|kernel| kernel.text.as_str()).collect::<Vec<_>>().join("\n");
-        let module = format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name);
-        let mut ptx = pipeline::ptx(&module, arch, libdevice).map_err(|message| BuildError::new("nvptx", entry, None, message))?;
+    }
+    // Kernels hold dims, which stay on this thread: only the texts go.
+    let texts: Vec<String> = modules
+        .iter()
+        .map(|(entry, kernels)| {
+            let module: String = kernels.iter().map(|kernel| kernel.text.as_str()).collect::<Vec<_>>().join("\n");
+            format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name)
+        })
+        .collect();
+    let lowered: Vec<Result<Vec<String>, String>> = texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
+    let mut entries = Vec::with_capacity(modules.len());
+    for ((entry, kernels), ptx) in modules.into_iter().zip(lowered) {
+        let mut ptx = ptx.map_err(|message| BuildError::new("nvptx", entry, None, message))?;
         if ptx.len() != 1 {
             return Err(BuildError::new("nvptx", entry, None, format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len())));
         }
-        let ptx = ptx.remove(0);
-        built.entries.push(BuiltEntry { entry: entry.name.clone(), kernels, ptx });
+        entries.push(BuiltEntry { entry: entry.name.clone(), kernels, ptx: ptx.remove(0) });
     }
-    Ok(built)
+    Ok(Built { entries, missing })
 }
 
 /// The error for the faults kernel `name` raised, if any (`checks`: the

@@ -35,7 +35,10 @@ pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module
     context.append_dialect_registry(&registry);
     context.load_all_available_dialects();
     register_all_llvm_translations(&context);
-    register_all_passes();
+    // The passes' registry is the process's: registered once, whichever
+    // thread lowers first.
+    static PASSES: std::sync::Once = std::sync::Once::new();
+    PASSES.call_once(register_all_passes);
     let messages = Rc::new(RefCell::new(Vec::new()));
     let heard = messages.clone();
     context.attach_diagnostic_handler(move |diagnostic| {
