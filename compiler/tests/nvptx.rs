@@ -80,7 +80,10 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
 
 /// `ptxas -arch=sm_90` accepts every PTX text.
 fn ptxas_accepts(entries: &[linnet_compiler::gpu::BuiltEntry]) {
-    let scratch = std::env::temp_dir().join(format!("linnet-ptx-{}", std::process::id()));
+    // Tests run at once in one process: each call has its own folder.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let scratch = std::env::temp_dir().join(format!("linnet-ptx-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
     for entry in entries {
         assert!(!entry.kernels.is_empty());

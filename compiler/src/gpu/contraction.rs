@@ -12,7 +12,7 @@
 //! of the row axes), an item takes [`ROWS`] rows, so `W` is read once for
 //! all of them (a decode step of eight sequences reads each weight once);
 //! where a row picks its own (an expert gathered per row), one. A row past
-//! the last computes the first row's sums and is not stored.
+//! the last is skipped by the whole warp.
 //!
 //! Each lane sums its share in f32 with fused multiply-adds (in
 //! [`RUN`]-wide vectors, their elements added in order at the end), the
@@ -36,6 +36,9 @@ const RUN: i64 = 8;
 struct Row {
     input: String,
     weight: String,
+    /// Whether it is one of the node's rows (an `i1`), for every row of an
+    /// item but its first, which always is.
+    real: Option<String>,
 }
 
 /// The kernel of contraction node `at` of `entry`.
@@ -67,7 +70,8 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
             let first = e.mul(&block, &per_item);
             let mut starts: Vec<Row> = Vec::with_capacity(rows_per_item);
             for r in 0..rows_per_item {
-                let row = row_number(e, &first, r, &rows);
+                let (row, inside) = row_number(e, &first, r, &rows);
+                let real = (r > 0).then_some(inside);
                 let axes = e.split(&row, &leading_sizes);
                 e.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
                 e.indices.insert(column_axis, column.clone());
@@ -82,11 +86,11 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
                     }),
                 };
                 match (input_row, weight_start) {
-                    (Ok(input_row), Ok(weight)) => starts.push(Row { input: e.mul(&input_row, &depth), weight }),
+                    (Ok(input_row), Ok(weight)) => starts.push(Row { input: e.mul(&input_row, &depth), weight, real }),
                     (Err(why), _) | (_, Err(why)) => {
                         failed = Some(why);
                         let zero = e.index_constant(0);
-                        starts.push(Row { input: zero.clone(), weight: zero });
+                        starts.push(Row { input: zero.clone(), weight: zero, real });
                     }
                 }
             }
@@ -118,13 +122,14 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
     }
 }
 
-/// Row `first + r` of the item, or row 0 past the last (`rows`).
-fn row_number(e: &mut Emitter<'_>, first: &str, r: usize, rows: &str) -> String {
+/// Row `first + r` of the item, or row 0 past the last (`rows`); and
+/// whether it is one of the rows.
+fn row_number(e: &mut Emitter<'_>, first: &str, r: usize, rows: &str) -> (String, String) {
     let offset = e.index_constant(r as i64);
     let row = e.add(first, &offset);
     let inside = e.op(format!("arith.cmpi ult, {row}, {rows} : index"));
     let zero = e.index_constant(0);
-    e.op(format!("arith.select {inside}, {row}, {zero} : index"))
+    (e.op(format!("arith.select {inside}, {row}, {zero} : index")), inside)
 }
 
 fn dtype_of(e: &Emitter<'_>, value: Value) -> Dtype {
@@ -227,9 +232,16 @@ fn lane_sums(e: &mut Emitter<'_>, read: Read, lane: &str, depth: &str, starts: &
                     read.load(e, weight, &at, weight_dtype)
                 }
             };
-            let at = e.add(&start.input, k);
-            let a = read.load(e, input, &at, input_dtype);
-            next.push(read.fma(e, &a, &w, sum));
+            // A row past the last (the whole warp's) is skipped.
+            let product = |e: &mut Emitter<'_>| {
+                let at = e.add(&start.input, k);
+                let a = read.load(e, input, &at, input_dtype);
+                vec![read.fma(e, &a, &w, sum)]
+            };
+            next.push(match &start.real {
+                Some(real) => e.if_else(real, &[register.as_str()], product, |_| vec![sum.clone()]).remove(0),
+                None => product(e).remove(0),
+            });
             weights = Some((&start.weight, w));
         }
         next
