@@ -26,8 +26,10 @@ use crate::ir::{Entry, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 
-/// Rows an item takes when they share their `W` row.
+/// Rows an item takes when they share their `W` row; lane `r` stores row
+/// `r`, so no more than a warp's lanes.
 const ROWS: usize = 8;
+const _: () = assert!(ROWS <= LANES as usize);
 
 /// Consecutive elements a lane reads at once.
 const RUN: i64 = 8;
@@ -65,9 +67,7 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
         &[blocks, columns.clone()],
         &vec![Combine::Add; rows_per_item],
         |e, item, lane| {
-            let column = e.op(format!("arith.remui {item}, {columns_size} : index"));
-            let block = e.op(format!("arith.divui {item}, {columns_size} : index"));
-            let first = e.mul(&block, &per_item);
+            let (column, first) = item_position(e, item, &columns_size, &per_item);
             let mut starts: Vec<Row> = Vec::with_capacity(rows_per_item);
             for r in 0..rows_per_item {
                 let (row, inside) = row_number(e, &first, r, &rows);
@@ -98,10 +98,9 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
             lane_sums(e, read, lane, &depth, &starts, &operands)
         },
         |e, item, lane, totals| {
-            // Lane `r` stores row `r`'s total.
-            let column = e.op(format!("arith.remui {item}, {columns_size} : index"));
-            let block = e.op(format!("arith.divui {item}, {columns_size} : index"));
-            let first = e.mul(&block, &per_item);
+            // Lane `r` stores row `r`'s total (an item has no more rows
+            // than a warp has lanes).
+            let (column, first) = item_position(e, item, &columns_size, &per_item);
             for (r, total) in totals.iter().enumerate() {
                 let offset = e.index_constant(r as i64);
                 let row = e.add(&first, &offset);
@@ -120,6 +119,14 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
         Some(why) => Err(why),
         None => Ok(e.finish(at, node.dtype)),
     }
+}
+
+/// Item `item`'s output column and first row (indices), from the number
+/// of columns and the rows an item takes.
+fn item_position(e: &mut Emitter<'_>, item: &str, columns: &str, per_item: &str) -> (String, String) {
+    let column = e.op(format!("arith.remui {item}, {columns} : index"));
+    let block = e.op(format!("arith.divui {item}, {columns} : index"));
+    (column, e.mul(&block, per_item))
 }
 
 /// Row `first + r` of the item, or row 0 past the last (`rows`); and
