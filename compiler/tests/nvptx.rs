@@ -10,7 +10,7 @@
 use linnet_compiler::driver::lower_package;
 use linnet_compiler::exec::Machine;
 use linnet_compiler::gpu::host::MlirHost;
-use linnet_compiler::gpu::{Form, LANES};
+use linnet_compiler::gpu::{Form, Kernel, LANES};
 use linnet_compiler::ir::contraction;
 use linnet_compiler::ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use linnet_compiler::package::LoadOptions;
@@ -113,7 +113,12 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     assert!(built.missing.is_empty(), "{}", built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
     let working = |kind: &NodeKind| matches!(kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..));
     let nodes: usize = model.entries.iter().map(|e| e.nodes.iter().filter(|n| working(&n.kind)).count()).sum();
-    assert_eq!(built.entries.iter().map(|e| e.kernels.len()).sum::<usize>(), nodes);
+    let with_kernels = |kernels: &[Kernel]| {
+        let mut nodes: Vec<usize> = kernels.iter().map(|kernel| kernel.node).collect();
+        nodes.dedup();
+        nodes.len()
+    };
+    assert_eq!(built.entries.iter().map(|e| with_kernels(&e.kernels)).sum::<usize>(), nodes);
     for intrinsic in [Intrinsic::GroupedAttention, Intrinsic::GroupedAttentionRows, Intrinsic::GatedDeltaRule, Intrinsic::GatedDeltaStep, Intrinsic::WriteAt, Intrinsic::WriteSpan, Intrinsic::WriteRows, Intrinsic::WriteSlots] {
         let used = model.entries.iter().flat_map(|e| &e.nodes).any(|n| matches!(n.kind, NodeKind::Intrinsic(i, _) if i == intrinsic));
         assert!(used, "the seed no longer uses `{}`: this test covers less than it says", intrinsic.name());
@@ -184,11 +189,13 @@ fn wave(count: usize, phase: usize, size: f32) -> Vec<f32> {
 /// (each lane reads single elements), one that is (runs), both longer
 /// than a warp reads at once, so lanes come round again; rows that share
 /// their weight row (items of eight rows, the last item part past the
-/// rows) and rows that gather theirs (an expert per row); and a gathered
-/// row outside its weights is refused as the reference refuses it.
+/// rows) and rows that gather theirs (an expert per row: more rows than a
+/// warp, ordered by expert first, so that an item's rows change expert
+/// within it); and a gathered row outside its weights is refused as the
+/// reference refuses it.
 #[test]
 fn contractions_split_across_lanes_meet_the_reference() {
-    let (rows, columns, experts) = (11usize, 5usize, 3usize);
+    let (rows, columns, experts) = (37usize, 5usize, 3usize);
     let index = |k: u32| Scalar::Index(k, Dtype::I64);
     let load = |value: u32, positions: Vec<Scalar>, dtype: Dtype| {
         let loaded = Scalar::Load(Value(value), positions, dtype);
@@ -213,6 +220,8 @@ fn contractions_split_across_lanes_meet_the_reference() {
     for at in 5..8 {
         assert!(contraction::of(&entry, at).is_some(), "node {at} is not a contraction: this test covers less than it says");
     }
+    let stages = |at| linnet_compiler::gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has kernels").expect("they build").len();
+    assert_eq!((stages(5), stages(6)), (1, 2), "the gathered product is not ordered first: this test covers less than it says");
     let model = Model { name: "contract".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     let values: Vec<Tensor> = inputs[..4].iter().enumerate().map(|(phase, (_, sizes, dtype))| Tensor::from_f32(*dtype, sizes.clone(), wave(sizes.iter().product(), phase * 7, 1.0))).collect();
     let call = |pick: Vec<i64>| {
@@ -220,7 +229,8 @@ fn contractions_split_across_lanes_meet_the_reference() {
         call.push(Tensor::from_i64(Dtype::I32, vec![rows], pick));
         call
     };
-    let good: Vec<i64> = (0..rows as i64).map(|row| row % experts as i64).collect();
+    // Experts in no row's order: 2, 0, 1, 2, 0, …
+    let good: Vec<i64> = (0..rows as i64).map(|row| (row + 2) % experts as i64).collect();
     let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("contract", call(good.clone())).expect("the reference runs");
     let mut host = Machine::new(model.clone(), Vec::new(), MlirHost::default()).expect("the kernels build");
     let computed = host.call("contract", call(good.clone())).expect("the kernels run");
@@ -261,7 +271,7 @@ fn rows_sharing_reductions_meet_the_reference() {
     ];
     let entry = entry_of("rows", &[("x", vec![rows, columns], Dtype::F32)], computed);
     for at in 1..3 {
-        let kernel = linnet_compiler::gpu::node_kernel(&entry, at, Form::Host).expect("a compute node has a kernel").expect("it builds");
+        let kernel = &linnet_compiler::gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has a kernel").expect("it builds")[0];
         assert_eq!(kernel.lanes, LANES, "node {at} is not a row kernel: this test covers less than it says");
     }
     let model = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
@@ -295,7 +305,7 @@ fn attention_in_warps_meets_the_reference() {
     ];
     let attention = Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()), shape: dims(&inputs[0].1), dtype: Dtype::Bf16, source: None };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernel = linnet_compiler::gpu::node_kernel(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds");
+    let kernel = &linnet_compiler::gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
     assert_eq!(kernel.lanes, LANES, "attention is not in warps: this test covers less than it says");
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
@@ -314,6 +324,46 @@ fn attention_in_warps_meets_the_reference() {
     for (at, (e, g)) in expected.iter().zip(got).enumerate() {
         // bf16: a rounding may fall the other way.
         assert!((e - g).abs() <= 1e-2 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
+    }
+}
+
+/// Attention of one query per row (a decode step's) as `gpu::attention`
+/// splits it: each mask row's chunks' ends first, then parts of a row's
+/// keys walked by warps of their own, then the parts combined; run on the
+/// host, against the reference (f32, so that a key left out shows): keys
+/// over two mask chunks, a mask with holes, a batch row that admits no
+/// key (every key weighs alike) and one that admits only the first.
+#[test]
+fn attention_split_over_keys_meets_the_reference() {
+    let (batch, heads, kv_heads, keys, width) = (3usize, 4usize, 2usize, 1100usize, 40usize);
+    let inputs = [
+        ("q", vec![batch, heads, 1, width], Dtype::F32),
+        ("k", vec![batch, kv_heads, keys, width], Dtype::F32),
+        ("v", vec![batch, kv_heads, keys, width], Dtype::F32),
+        ("scale", Vec::new(), Dtype::F32),
+        ("mask", vec![batch, 1, keys], Dtype::Bool),
+    ];
+    let attention = Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttentionRows, (0..5).map(Value).collect()), shape: dims(&inputs[0].1), dtype: Dtype::F32, source: None };
+    let entry = entry_of("attend", &inputs, vec![attention]);
+    let kernels = linnet_compiler::gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    assert_eq!(kernels.len(), 3, "attention of one query is not split over its keys: this test covers less than it says");
+    let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    // Row 0 admits the keys up to 1050 but every 7th; row 1 none; row 2
+    // key 0 alone.
+    let mask: Vec<bool> = (0..batch * keys).map(|at| (at <= 1050 && at % 7 != 3) || at == 2 * keys).collect();
+    let call = || {
+        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))).collect();
+        call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
+        call.push(Tensor { dtype: Dtype::Bool, shape: vec![batch, 1, keys], data: Data::Bool(mask.clone()) });
+        call
+    };
+    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("attend", call()).expect("the kernels run");
+    let (expected, got) = (reference[0].widened(), computed[0].widened());
+    let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
+    assert_eq!(expected.len(), got.len());
+    for (at, (e, g)) in expected.iter().zip(got).enumerate() {
+        assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
 }
 
@@ -336,7 +386,7 @@ fn the_delta_rule_in_warps_meets_the_reference() {
     let out = dims(&[batch, tokens + key_width, value_heads, value_width]);
     let delta = Node { kind: NodeKind::Intrinsic(Intrinsic::GatedDeltaRule, (0..7).map(Value).collect()), shape: out, dtype: Dtype::F32, source: None };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernel = linnet_compiler::gpu::node_kernel(&entry, 7, Form::Host).expect("an intrinsic has a kernel").expect("it builds");
+    let kernel = &linnet_compiler::gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
     assert_eq!(kernel.lanes, LANES, "the delta rule is not in warps: this test covers less than it says");
     let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Keys and queries of unit scale over the width, decays below 0, rates in 0..1.

@@ -8,11 +8,18 @@
 //! per output would read 32 rows a cache line apart. Adjacent warps take
 //! adjacent columns of the same rows, so `A`'s rows are read from cache.
 //!
-//! Where every row reads the same `W` row (a linear layer: `w` reads none
-//! of the row axes), an item takes [`ROWS`] rows, so `W` is read once for
-//! all of them (a decode step of eight sequences reads each weight once);
-//! where a row picks its own (an expert gathered per row), one. A row past
-//! the last is skipped by the whole warp.
+//! An item takes [`ROWS`] rows, so a `W` row they share is read once for
+//! all of them. Where every row reads the same `W` row (a linear layer:
+//! `w` reads none of the row axes), the rows are consecutive: a decode
+//! step of eight sequences reads each weight once. Where a row picks its
+//! own (an expert gathered per row), the node is two kernels: the first
+//! orders the rows by the `W` row they read (a warp per row counts the
+//! rows before it in that order, a stable ranking: ties keep the rows'
+//! order) into the node's scratch; the second takes the rows in that
+//! order, eight to an item, and reads a `W` row again only where it
+//! changes, so a prefill's rows that chose the same expert read its
+//! weights together (the grouped product). A row past the last is
+//! skipped by the whole warp.
 //!
 //! Each lane sums its share in f32 with fused multiply-adds (in
 //! [`RUN`]-wide vectors, their elements added in order at the end), the
@@ -20,77 +27,212 @@
 //! are used where the depth is a constant multiple of [`RUN`] (rows start
 //! aligned); elsewhere each lane reads every 32nd element.
 
-use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Unsupported, LANES};
+use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, LANES};
 use crate::ir::contraction::{reads_index, Contraction};
 use crate::ir::{Entry, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
+use std::cell::Cell;
 
-/// Rows an item takes when they share their `W` row; lane `r` stores row
-/// `r`, so no more than a warp's lanes.
+/// Rows an item takes; lane `r` stores row `r`, so no more than a warp's
+/// lanes.
 const ROWS: usize = 8;
 const _: () = assert!(ROWS <= LANES as usize);
 
 /// Consecutive elements a lane reads at once.
 const RUN: i64 = 8;
 
-/// One operand's row in an item: where it starts (an index) in its value.
+/// How an item's rows are found: consecutive rows, or consecutive
+/// entries of the order the first kernel left in the scratch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Consecutive,
+    Ordered,
+}
+
+/// One row of an item: where its operands' rows start (indices).
 struct Row {
     input: String,
     weight: String,
     /// Whether it is one of the node's rows (an `i1`), for every row of an
     /// item but its first, which always is.
     real: Option<String>,
+    /// Whether it reads the `W` row the item's previous row read.
+    reuse: Reuse,
 }
 
-/// The kernel of contraction node `at` of `entry`.
-pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Contraction<'_>) -> Result<Kernel, Unsupported> {
+enum Reuse {
+    Never,
+    Always,
+    /// Where this `i1` holds (the same for every lane).
+    When(String),
+}
+
+/// The node's shape as the kernels see it.
+struct Layout<'a> {
+    at: usize,
+    leading: &'a [Dim],
+    columns: &'a Dim,
+    rows: Dim,
+}
+
+/// The kernels of contraction node `at` of `entry`, in launch order.
+pub fn contraction_kernels(entry: &Entry, at: usize, form: Form, contraction: &Contraction<'_>) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
     let (leading, columns) = node.shape.split_at(node.shape.len() - 1);
-    let columns = &columns[0];
+    let layout = Layout { at, leading, columns: &columns[0], rows: leading.iter().fold(Dim::constant(1), |count, dim| count.mul(dim)) };
     let column_axis = leading.len() as u32;
     let shared = !contraction.weight.rows.iter().any(|position| (0..column_axis).any(|axis| reads_index(position, axis)));
-    let rows_per_item = if shared { ROWS } else { 1 };
-    let row_count = leading.iter().fold(Dim::constant(1), |count, dim| count.mul(dim));
-    let blocks = row_count.add(&Dim::constant(rows_per_item as i64 - 1)).div(&Dim::constant(rows_per_item as i64));
+    if shared {
+        return Ok(vec![products(entry, form, contraction, &layout, Rows::Consecutive)?]);
+    }
+    let products = products(entry, form, contraction, &layout, Rows::Ordered)?;
+    let order = order(entry, form, contraction, &layout, &products.loads)?;
+    Ok(vec![order, products])
+}
+
+/// The scratch of a node whose rows are ordered: each row's number, in
+/// the order of the `W` rows they read.
+fn order_scratch(layout: &Layout<'_>) -> Scratch {
+    Scratch { dtype: Dtype::I64, elements: layout.rows.clone() }
+}
+
+/// Binds the node's axes to row `row` (an index) and output column
+/// `column`.
+fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, row: &str, column: &str) {
+    let sizes: Vec<String> = layout.leading.iter().map(|dim| e.dim_index(dim)).collect();
+    let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
+    let shape: Vec<Dim> = layout.leading.iter().chain([layout.columns]).cloned().collect();
+    e.bind_axes(row, &sizes, &shape);
+    e.indices.insert(layout.leading.len() as u32, column.to_string());
+}
+
+/// The first kernel of a gathered product: a warp per row, whose lanes
+/// count the rows that come before it (a `W` row lower, or the same one
+/// and a lower row number), so that its lane 0 stores the row's number at
+/// that rank in the scratch. The count is an f32 sum of ones, exact below
+/// 2^24 rows.
+fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, loads: &[Value]) -> Result<Kernel, Unsupported> {
+    let node = &entry.nodes[layout.at];
+    let mut e = Emitter::new(entry, form);
+    // Both kernels take the same arguments.
+    e.loads = loads.to_vec();
+    let order = e.scratch(order_scratch(layout));
+    let rows = e.dim_index(&layout.rows);
+    let failed = Cell::new(None);
+    let weight_row = |e: &mut Emitter<'_>, row: &str| {
+        let zero = e.index_constant(0);
+        bind_row(e, layout, row, &zero);
+        e.position(contraction.weight.value, contraction.weight.rows).unwrap_or_else(|why| {
+            failed.set(Some(why));
+            zero
+        })
+    };
+    e.parallel_in_lanes(
+        std::slice::from_ref(&layout.rows),
+        &[Combine::Add],
+        |e, row, lane| {
+            let mine = weight_row(e, row);
+            let step = e.index_constant(i64::from(LANES));
+            let none = e.op("arith.constant 0.0 : f32".into());
+            e.for_steps(lane, &rows, &step, &[(none, "f32")], |e, other, count| {
+                let theirs = weight_row(e, other);
+                let lower = e.op(format!("arith.cmpi ult, {theirs}, {mine} : index"));
+                let same = e.op(format!("arith.cmpi eq, {theirs}, {mine} : index"));
+                let earlier = e.op(format!("arith.cmpi ult, {other}, {row} : index"));
+                let tie = e.op(format!("arith.andi {same}, {earlier} : i1"));
+                let before = e.op(format!("arith.ori {lower}, {tie} : i1"));
+                let (one, zero) = (e.op("arith.constant 1.0 : f32".into()), e.op("arith.constant 0.0 : f32".into()));
+                let counted = e.op(format!("arith.select {before}, {one}, {zero} : f32"));
+                vec![e.op(format!("arith.addf {}, {counted} : f32", count[0]))]
+            })
+        },
+        |e, row, lane, totals| {
+            let zero = e.index_constant(0);
+            let first = e.op(format!("arith.cmpi eq, {lane}, {zero} : index"));
+            e.when(&first, |e| {
+                let rank = e.op(format!("arith.fptoui {} : f32 to i64", totals[0]));
+                let rank = e.op(format!("arith.index_cast {rank} : i64 to index"));
+                let number = e.op(format!("arith.index_cast {row} : index to i64"));
+                e.store_element(number, order, &rank, Dtype::I64);
+            });
+        },
+    );
+    if e.loads != loads {
+        return Err(Unsupported("ordering an expert product's rows reads a value its product does not".into()));
+    }
+    match failed.take() {
+        Some(why) => Err(why),
+        None => Ok(e.finish_stage(layout.at, node.dtype, "order")),
+    }
+}
+
+/// The products: one item per output column and [`ROWS`] rows, found as
+/// `rows` says.
+fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, rows: Rows) -> Result<Kernel, Unsupported> {
+    let node = &entry.nodes[layout.at];
+    let blocks = layout.rows.add(&Dim::constant(ROWS as i64 - 1)).div(&Dim::constant(ROWS as i64));
     let read = if contraction.depth.as_constant().is_some_and(|depth| depth % RUN == 0) { Read::Runs } else { Read::Elements };
 
     let mut e = Emitter::new(entry, form);
     let (input, weight) = (contraction.input.value, contraction.weight.value);
     let (input_argument, weight_argument) = (e.argument(input), e.argument(weight));
-    let leading_sizes: Vec<String> = leading.iter().map(|dim| e.dim_index(dim)).collect();
-    let leading_sizes: Vec<&str> = leading_sizes.iter().map(String::as_str).collect();
-    let (rows, columns_size, depth) = (e.dim_index(&row_count), e.dim_index(columns), e.dim_index(contraction.depth));
-    let per_item = e.index_constant(rows_per_item as i64);
+    let order = (rows == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
+    let (row_count, columns, depth) = (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
+    let per_item = e.index_constant(ROWS as i64);
+    // Item `item`'s column and rows: each row's number and, but for the
+    // first, whether it is one.
+    let item_rows = |e: &mut Emitter<'_>, item: &str| {
+        let column = e.op(format!("arith.remui {item}, {columns} : index"));
+        let block = e.op(format!("arith.divui {item}, {columns} : index"));
+        let first = e.mul(&block, &per_item);
+        let rows: Vec<(String, Option<String>)> = (0..ROWS)
+            .map(|r| {
+                let (slot, inside) = row_number(e, &first, r, &row_count);
+                let row = match order {
+                    Some(order) => {
+                        let number = e.load_element(order, &slot, Dtype::I64);
+                        e.op(format!("arith.index_cast {number} : i64 to index"))
+                    }
+                    None => slot,
+                };
+                (row, (r > 0).then_some(inside))
+            })
+            .collect();
+        (column, rows)
+    };
     let mut failed = None;
     e.parallel_in_lanes(
-        &[blocks, columns.clone()],
-        &vec![Combine::Add; rows_per_item],
+        &[blocks, layout.columns.clone()],
+        &[Combine::Add; ROWS],
         |e, item, lane| {
-            let (column, first) = item_position(e, item, &columns_size, &per_item);
-            let mut starts: Vec<Row> = Vec::with_capacity(rows_per_item);
-            for r in 0..rows_per_item {
-                let (row, inside) = row_number(e, &first, r, &rows);
-                let real = (r > 0).then_some(inside);
-                let axes = e.split(&row, &leading_sizes);
-                e.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
-                e.indices.insert(column_axis, column.clone());
-                e.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+            let (column, rows) = item_rows(e, item);
+            let mut starts: Vec<Row> = Vec::with_capacity(ROWS);
+            let mut previous_weight_row: Option<String> = None;
+            for (row, real) in rows {
+                bind_row(e, layout, &row, &column);
                 let input_row = e.position(input, contraction.input.rows);
-                let weight_start = match starts.first() {
-                    Some(first) if shared => Ok(first.weight.clone()),
-                    _ => e.position(weight, contraction.weight.rows).map(|weight_row| {
-                        let scaled = e.mul(&weight_row, &columns_size);
-                        let weight_row = e.add(&scaled, &column);
-                        e.mul(&weight_row, &depth)
-                    }),
+                let weight_row = match &previous_weight_row {
+                    // Consecutive rows share the `W` row.
+                    Some(shared) if order.is_none() => Ok(shared.clone()),
+                    _ => e.position(weight, contraction.weight.rows),
                 };
-                match (input_row, weight_start) {
-                    (Ok(input_row), Ok(weight)) => starts.push(Row { input: e.mul(&input_row, &depth), weight, real }),
+                match (input_row, weight_row) {
+                    (Ok(input_row), Ok(weight_row)) => {
+                        let reuse = match &previous_weight_row {
+                            None => Reuse::Never,
+                            Some(_) if order.is_none() => Reuse::Always,
+                            Some(previous) => Reuse::When(e.op(format!("arith.cmpi eq, {weight_row}, {previous} : index"))),
+                        };
+                        let scaled = e.mul(&weight_row, &columns);
+                        let weight_column = e.add(&scaled, &column);
+                        starts.push(Row { input: e.mul(&input_row, &depth), weight: e.mul(&weight_column, &depth), real, reuse });
+                        previous_weight_row = Some(weight_row);
+                    }
                     (Err(why), _) | (_, Err(why)) => {
                         failed = Some(why);
                         let zero = e.index_constant(0);
-                        starts.push(Row { input: zero.clone(), weight: zero, real });
+                        starts.push(Row { input: zero.clone(), weight: zero, real, reuse: Reuse::Never });
                     }
                 }
             }
@@ -98,17 +240,17 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
             lane_sums(e, read, lane, &depth, &starts, &operands)
         },
         |e, item, lane, totals| {
-            // Lane `r` stores row `r`'s total (an item has no more rows
-            // than a warp has lanes).
-            let (column, first) = item_position(e, item, &columns_size, &per_item);
-            for (r, total) in totals.iter().enumerate() {
+            // Lane `r` stores row `r`'s total.
+            let (column, rows) = item_rows(e, item);
+            for (r, (total, (row, real))) in totals.iter().zip(rows).enumerate() {
                 let offset = e.index_constant(r as i64);
-                let row = e.add(&first, &offset);
-                let inside = e.op(format!("arith.cmpi ult, {row}, {rows} : index"));
                 let storing = e.op(format!("arith.cmpi eq, {lane}, {offset} : index"));
-                let storing = e.op(format!("arith.andi {storing}, {inside} : i1"));
+                let storing = match real {
+                    Some(real) => e.op(format!("arith.andi {storing}, {real} : i1")),
+                    None => storing,
+                };
                 e.when(&storing, |e| {
-                    let scaled = e.mul(&row, &columns_size);
+                    let scaled = e.mul(&row, &columns);
                     let at = e.add(&scaled, &column);
                     e.store_element(total.clone(), "%out", &at, node.dtype);
                 });
@@ -117,16 +259,8 @@ pub fn contraction_kernel(entry: &Entry, at: usize, form: Form, contraction: &Co
     );
     match failed {
         Some(why) => Err(why),
-        None => Ok(e.finish(at, node.dtype)),
+        None => Ok(e.finish(layout.at, node.dtype)),
     }
-}
-
-/// Item `item`'s output column and first row (indices), from the number
-/// of columns and the rows an item takes.
-fn item_position(e: &mut Emitter<'_>, item: &str, columns: &str, per_item: &str) -> (String, String) {
-    let column = e.op(format!("arith.remui {item}, {columns} : index"));
-    let block = e.op(format!("arith.divui {item}, {columns} : index"));
-    (column, e.mul(&block, per_item))
 }
 
 /// Row `first + r` of the item, or row 0 past the last (`rows`); and
@@ -229,15 +363,17 @@ fn lane_sums(e: &mut Emitter<'_>, read: Read, lane: &str, depth: &str, starts: &
     let carried: Vec<(String, &str)> = starts.iter().map(|_| (zero.clone(), register.as_str())).collect();
     let sums = e.for_steps(&from, depth, &step, &carried, |e, k, sums| {
         let ((input, input_dtype), (weight, weight_dtype)) = (operands.input, operands.weight);
-        let mut weights: Option<(&str, String)> = None;
+        let mut previous: Option<String> = None;
         let mut next = Vec::with_capacity(starts.len());
         for (start, sum) in starts.iter().zip(sums) {
-            let w = match weights.take() {
-                Some((read_from, w)) if read_from == start.weight => w,
-                _ => {
-                    let at = e.add(&start.weight, k);
-                    read.load(e, weight, &at, weight_dtype)
-                }
+            let load = |e: &mut Emitter<'_>| {
+                let at = e.add(&start.weight, k);
+                vec![read.load(e, weight, &at, weight_dtype)]
+            };
+            let w = match (&start.reuse, previous.take()) {
+                (Reuse::Always, Some(w)) => w,
+                (Reuse::When(same), Some(w)) => e.if_else(same, &[register.as_str()], |_| vec![w], load).remove(0),
+                _ => load(e).remove(0),
             };
             // A row past the last (the whole warp's) is skipped.
             let product = |e: &mut Emitter<'_>| {
@@ -249,7 +385,7 @@ fn lane_sums(e: &mut Emitter<'_>, read: Read, lane: &str, depth: &str, starts: &
                 Some(real) => e.if_else(real, &[register.as_str()], product, |_| vec![sum.clone()]).remove(0),
                 None => product(e).remove(0),
             });
-            weights = Some((&start.weight, w));
+            previous = Some(w);
         }
         next
     });

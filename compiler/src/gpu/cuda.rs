@@ -37,10 +37,10 @@ impl DeviceBuffer {
 
 /// One entry's kernels: its PTX until the entry is first called (the
 /// driver compiles PTX as it loads it: only entries that run pay), then
-/// per node its launch and function.
+/// per node its launches and functions, in the order they run.
 enum EntryKernels {
     Pending(super::ptx_set::EntryPtx),
-    Loaded(Vec<Option<(Launch, CudaFunction)>>),
+    Loaded(Vec<Vec<(Launch, CudaFunction)>>),
 }
 
 /// The backend: a context on one device, its stream, the loaded kernels.
@@ -55,6 +55,9 @@ pub struct Cuda {
     /// Dims tables already on the device, by their contents.
     dims: HashMap<Vec<i64>, CudaSlice<i64>>,
     faults: CudaSlice<i64>,
+    /// The scratch of the nodes that have one: the largest asked for so
+    /// far, reused by each (the stream runs one node at a time).
+    scratch: Option<CudaSlice<u8>>,
 }
 
 /// A driver error as text.
@@ -74,7 +77,7 @@ impl Cuda {
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
         let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
-        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults })
+        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, scratch: None })
     }
 
     /// The device's architecture, `sm_90`: what its PTX is built for.
@@ -121,66 +124,103 @@ impl Cuda {
         let EntryKernels::Pending(ptx) = &self.entries[site.entry_number] else { return Ok(()) };
         let failed = |what: &str, e| NodeError::Check(driver(&format!("{what} of entry `{}`", site.entry.name), e));
         let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone())).map_err(|e| failed("the driver refused the PTX", e))?;
-        let mut kernels: Vec<Option<(Launch, CudaFunction)>> = (0..site.entry.nodes.len()).map(|_| None).collect();
+        let mut kernels: Vec<Vec<(Launch, CudaFunction)>> = (0..site.entry.nodes.len()).map(|_| Vec::new()).collect();
         for launch in &ptx.launches {
             let function = module.load_function(&launch.name).map_err(|e| failed(&format!("no `{}` in the PTX", launch.name), e))?;
-            kernels[launch.node] = Some((launch.clone(), function));
+            kernels[launch.node].push((launch.clone(), function));
         }
         self.entries[site.entry_number] = EntryKernels::Loaded(kernels);
         Ok(())
     }
 
-    fn kernel(&self, site: &Site<'_>) -> &(Launch, CudaFunction) {
+    /// The site's launches, in the order they run; they read the same
+    /// loads.
+    fn kernels(&self, site: &Site<'_>) -> &[(Launch, CudaFunction)] {
         let EntryKernels::Loaded(kernels) = &self.entries[site.entry_number] else { panic!("an entry's PTX is loaded before its kernels run") };
-        kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
+        let kernels = &kernels[site.at];
+        assert!(!kernels.is_empty(), "a kernel for every compute and intrinsic node");
+        kernels
     }
 
-    /// Launches the site's kernel writing `out` from `args` (its loads'
-    /// values, in order); then reads the faults it may have raised.
+    /// The dims table `dims` on the device, uploaded the first time.
+    fn dims_table(&mut self, dims: &[i64]) -> Result<(), NodeError> {
+        if !self.dims.contains_key(dims) {
+            // At least one element: an empty table still has an address.
+            let values = if dims.is_empty() { vec![0] } else { dims.to_vec() };
+            let table = self.stream.clone_htod(&values).map_err(|e| NodeError::Check(driver("uploading a dims table", e)))?;
+            self.dims.insert(dims.to_vec(), table);
+        }
+        Ok(())
+    }
+
+    /// Scratch of at least `bytes`: the one kept, grown if it is smaller.
+    fn scratch_of(&mut self, bytes: usize) -> Result<(), NodeError> {
+        if self.scratch.as_ref().is_none_or(|scratch| scratch.len() < bytes) {
+            self.scratch = None;
+            // SAFETY: a node's first kernel writes what its later ones read.
+            let scratch = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| NodeError::Check(driver(&format!("device memory for {bytes} bytes of scratch"), e)))?;
+            self.scratch = Some(scratch);
+        }
+        Ok(())
+    }
+
+    /// Launches the site's kernels writing `out` from `args` (its loads'
+    /// values, in order); after each that can raise a fault, reads the
+    /// faults.
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
         self.load(site)?;
         let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
-        let (launched, dims, threads) = {
-            let (kernel, _) = self.kernel(site);
-            (kernel.work.iter().map(bound).product::<i64>() * i64::from(kernel.lanes), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
-        };
-        if launched == 0 {
-            return Ok(());
+        let scratch = self.kernels(site)[0].0.scratch.as_ref().map(|scratch| (bound(&scratch.elements), scratch.dtype.bytes()));
+        if let Some((elements, bytes)) = scratch {
+            self.scratch_of(elements as usize * bytes)?;
         }
-        let blocks = u32::try_from((launched + i64::from(threads) - 1) / i64::from(threads))
-            .map_err(|_| NodeError::Check(format!("{launched} threads are more than one launch holds")))?;
-        if !self.dims.contains_key(&dims) {
-            // At least one element: an empty table still has an address.
-            let values = if dims.is_empty() { vec![0] } else { dims.clone() };
-            let table = self.stream.clone_htod(&values).map_err(|e| NodeError::Check(driver("uploading a dims table", e)))?;
-            self.dims.insert(dims.clone(), table);
+        for stage in 0..self.kernels(site).len() {
+            let (launched, dims, threads) = {
+                let (kernel, _) = &self.kernels(site)[stage];
+                (kernel.work.iter().map(bound).product::<i64>() * i64::from(kernel.lanes), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
+            };
+            if launched == 0 {
+                continue;
+            }
+            let blocks = u32::try_from((launched + i64::from(threads) - 1) / i64::from(threads))
+                .map_err(|_| NodeError::Check(format!("{launched} threads are more than one launch holds")))?;
+            self.dims_table(&dims)?;
+            let (kernel, function) = &self.kernels(site)[stage];
+            // Each memref's descriptor after its two pointers (allocated and
+            // aligned, the same): offset 0, size, stride 1.
+            let descriptor = |elements: usize| [0, elements as i64, 1];
+            let buffers: Vec<(&CudaSlice<u8>, [i64; 3])> = std::iter::once(out)
+                .chain(args.iter().copied())
+                .map(|buffer| (&buffer.bytes, descriptor(buffer.elements())))
+                .chain(scratch.and_then(|(elements, _)| Some((self.scratch.as_ref()?, descriptor(elements as usize)))))
+                .collect();
+            let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
+            let mut launch = self.stream.launch_builder(function);
+            for (bytes, size) in &buffers {
+                launch.arg(*bytes).arg(*bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+            }
+            launch.arg(table).arg(table).arg(&table_size[0]).arg(&table_size[1]).arg(&table_size[2]);
+            launch.arg(&self.faults).arg(&self.faults).arg(&faults_size[0]).arg(&faults_size[1]).arg(&faults_size[2]);
+            let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: the kernel's parameters are these descriptors, in this
+            // order (`emit`'s convention as `pipeline` lowers it), each
+            // pointing at a live device buffer of its size.
+            unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
+            if kernel.faults {
+                let (name, checks) = (kernel.name.clone(), kernel.checks.clone());
+                self.raised(&name, &checks, args, intrinsic)?;
+            }
         }
-        let (kernel, function) = self.kernel(site);
-        // Each memref's descriptor after its two pointers (allocated and
-        // aligned, the same): offset 0, size, stride 1.
-        let descriptor = |elements: usize| [0, elements as i64, 1];
-        let buffers: Vec<&DeviceBuffer> = std::iter::once(out).chain(args.iter().copied()).collect();
-        let sizes: Vec<[i64; 3]> = buffers.iter().map(|buffer| descriptor(buffer.elements())).collect();
-        let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
-        let mut launch = self.stream.launch_builder(function);
-        for (buffer, size) in buffers.iter().zip(&sizes) {
-            launch.arg(&buffer.bytes).arg(&buffer.bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
-        }
-        launch.arg(table).arg(table).arg(&table_size[0]).arg(&table_size[1]).arg(&table_size[2]);
-        launch.arg(&self.faults).arg(&self.faults).arg(&faults_size[0]).arg(&faults_size[1]).arg(&faults_size[2]);
-        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the kernel's parameters are these descriptors, in this
-        // order (`emit`'s convention as `pipeline` lowers it), each
-        // pointing at a live device buffer of its size.
-        unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
-        if !kernel.faults {
-            return Ok(());
-        }
-        let name = kernel.name.clone();
+        Ok(())
+    }
+
+    /// The fault kernel `name` (whose loads check `checks`) raised, if any,
+    /// read back from the device (the table is cleared after one).
+    fn raised(&mut self, name: &str, checks: &[super::Check], args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
         let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
         let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
-        if let Some(error) = super::fault_error(&faults, &name, &kernel.checks, intrinsic, requests) {
+        if let Some(error) = super::fault_error(&faults, name, checks, intrinsic, requests) {
             self.stream.memset_zeros(&mut self.faults).map_err(|e| NodeError::Check(driver("clearing the faults table", e)))?;
             return Err(error);
         }
@@ -237,7 +277,7 @@ impl Backend for Cuda {
     fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
         self.load(&site)?;
         let out = self.output(&site)?;
-        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernel(&site).0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
+        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0].0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
         self.launch(&site, &out, &args, None)?;
         Ok(out)

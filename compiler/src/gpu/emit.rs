@@ -2,10 +2,16 @@
 //! GPU kernel is written with (the `Compute` nodes' in `kernel`, the
 //! intrinsics' in `intrinsic`), and the calling convention they share.
 //! Every value is a flat `memref<?xT>` in its own element type (bool as
-//! `i8`); the output comes first, then the values read, then the entry's
-//! dims as a `memref<?xi64>` table (in the order [`Kernel::dims`] lists
-//! them) and a `memref<7xi64>` of faults ([`Fault`], [`FAULT_SLOTS`]). In registers floats
-//! are f32 and integers i64.
+//! `i8`); the output comes first, then the values read, then the node's
+//! scratch if it has one ([`Scratch`]), then the entry's dims as a
+//! `memref<?xi64>` table (in the order [`Kernel::dims`] lists them) and a
+//! `memref<7xi64>` of faults ([`Fault`], [`FAULT_SLOTS`]). In registers
+//! floats are f32 and integers i64.
+//!
+//! A node's work may take several kernels, launched in order with the
+//! same arguments (its stages: one orders an expert product's rows, the
+//! next computes them in that order); what one stage leaves for the next
+//! is in the node's scratch.
 //!
 //! A kernel is independent work items (their count the product of
 //! [`Kernel::work`]) with sequential code in each, written once and
@@ -44,6 +50,18 @@ pub struct Kernel {
     pub faults: bool,
     /// The axes its loads check, numbered as a fault names them.
     pub checks: Vec<Check>,
+    /// The scratch its node's kernels share, if they need one.
+    pub scratch: Option<Scratch>,
+}
+
+/// Device memory a node's kernels share while the node runs (given to
+/// each after its loads, as `%scratch`): `elements` of `dtype`, whose
+/// contents no kernel may expect before a stage of the same node wrote
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Scratch {
+    pub dtype: Dtype,
+    pub elements: Dim,
 }
 
 /// An axis a kernel checks its loads' positions against: a position
@@ -175,11 +193,35 @@ pub struct Emitter<'e> {
     pub hoisted: HashMap<*const Scalar, String>,
     faults: bool,
     checks: Vec<Check>,
+    scratch: Option<Scratch>,
 }
 
 impl<'e> Emitter<'e> {
     pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
-        Emitter { entry, form, work: Vec::new(), lanes: 1, body: String::new(), next: 0, loads: Vec::new(), dims: Vec::new(), indices: HashMap::new(), extents: HashMap::new(), hoisted: HashMap::new(), faults: false, checks: Vec::new() }
+        Emitter {
+            entry,
+            form,
+            work: Vec::new(),
+            lanes: 1,
+            body: String::new(),
+            next: 0,
+            loads: Vec::new(),
+            dims: Vec::new(),
+            indices: HashMap::new(),
+            extents: HashMap::new(),
+            hoisted: HashMap::new(),
+            faults: false,
+            checks: Vec::new(),
+            scratch: None,
+        }
+    }
+
+    /// The node's scratch, `scratch`, as an argument of this kernel: its
+    /// name (a `memref<?xT>`).
+    pub fn scratch(&mut self, scratch: Scratch) -> &'static str {
+        assert!(self.scratch.as_ref().is_none_or(|known| *known == scratch), "a node's kernels share one scratch");
+        self.scratch = Some(scratch);
+        "%scratch"
     }
 
     pub fn form(&self) -> Form {
@@ -342,6 +384,15 @@ impl<'e> Emitter<'e> {
             rest = self.op(format!("arith.divui {rest}, {size} : index"));
         }
         positions
+    }
+
+    /// Binds the node's axes for the code that follows: the first
+    /// `sizes.len()` are `flat` (an index) split along `sizes`
+    /// ([`Emitter::split`]), and each runs over its dim of `shape`.
+    pub fn bind_axes(&mut self, flat: &str, sizes: &[&str], shape: &[Dim]) {
+        let axes = self.split(flat, sizes);
+        self.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
+        self.extents = shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
     }
 
     /// Element `at` (an index) of `argument`, a `memref<?xT>` of `dtype`,
@@ -638,9 +689,23 @@ impl<'e> Emitter<'e> {
     /// loads, with the body emitted so far.
     pub fn finish(self, node: usize, dtype: Dtype) -> Kernel {
         let name = format!("{}_v{node}", self.entry.name);
+        self.finish_named(node, dtype, name)
+    }
+
+    /// [`Emitter::finish`] for a stage of node `node` before its last,
+    /// named `ENTRY_vNODE_STAGE`.
+    pub fn finish_stage(self, node: usize, dtype: Dtype, stage: &str) -> Kernel {
+        let name = format!("{}_v{node}_{stage}", self.entry.name);
+        self.finish_named(node, dtype, name)
+    }
+
+    fn finish_named(self, node: usize, dtype: Dtype, name: String) -> Kernel {
         let mut arguments = format!("%out: memref<?x{}>", stored(dtype));
         for (at, value) in self.loads.iter().enumerate() {
             write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
+        }
+        if let Some(scratch) = &self.scratch {
+            write!(arguments, ", %scratch: memref<?x{}>", stored(scratch.dtype)).expect("writing to a string");
         }
         write!(arguments, ", %dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>").expect("writing to a string");
         let text = match self.form {
@@ -652,6 +717,6 @@ impl<'e> Emitter<'e> {
                 self.body
             ),
         };
-        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks }
+        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch }
     }
 }

@@ -20,8 +20,9 @@ const HOST_PIPELINE: &str =
 
 /// One entry's kernels, compiled for the host.
 struct Compiled {
-    /// Per node: its kernel, for `Compute` nodes.
-    kernels: Vec<Option<Kernel>>,
+    /// Per node: its kernels, in launch order (none for nodes that move
+    /// values).
+    kernels: Vec<Vec<Kernel>>,
     engine: ExecutionEngine,
 }
 
@@ -81,7 +82,7 @@ impl Backend for MlirHost {
     crate::tensor::host_memory!();
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
-        let kernel = self.kernel(&site);
+        let kernel = &self.kernels(&site)[0];
         let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
@@ -106,41 +107,51 @@ impl Backend for MlirHost {
 }
 
 impl MlirHost {
-    fn kernel(&self, site: &Site<'_>) -> &Kernel {
-        self.entries[site.entry_number].kernels[site.at].as_ref().expect("a kernel for every compute and intrinsic node")
+    /// The site's kernels, in launch order; they read the same loads.
+    fn kernels(&self, site: &Site<'_>) -> &[Kernel] {
+        let kernels = &self.entries[site.entry_number].kernels[site.at];
+        assert!(!kernels.is_empty(), "a kernel for every compute and intrinsic node");
+        kernels
     }
 
-    /// Runs the site's kernel into `out` (its stored bytes) from `args`
-    /// (its loads' values, in order); a fault it raised is the error.
+    /// Runs the site's kernels in order into `out` (its stored bytes) from
+    /// `args` (its loads' values, in order), with the node's scratch; a
+    /// fault a kernel raised is the error.
     fn invoke(&self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
-        let kernel = self.kernel(site);
+        let kernels = self.kernels(site);
         let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
-        let mut inputs = kernel
+        let mut inputs = kernels[0]
             .loads
             .iter()
             .zip(args)
             .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
-        let mut error = [0u8; 8 * super::FAULT_SLOTS];
-        let mut descriptors = vec![Descriptor::of(out, out_elements)];
-        descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
-        descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
-        descriptors.push(Descriptor::of(&mut error, super::FAULT_SLOTS));
-        // The C interface takes a pointer to each memref's descriptor; the
-        // packed call, a pointer to each of those.
-        let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
-        let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
-        let engine = &self.entries[site.entry_number].engine;
-        // SAFETY: the kernel takes one 1-D memref per argument, in this
-        // order, each descriptor pointing at a live buffer of its length.
-        unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
-        let faults = std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes")));
-        let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-        match super::fault_error(&faults, &kernel.name, &kernel.checks, intrinsic, requests) {
-            Some(error) => Err(error),
-            None => Ok(()),
+        let scratch_elements = kernels[0].scratch.as_ref().map(|scratch| (dim_value(&scratch.elements, site.dims).expect("an entry's dims are bound") as usize, scratch.dtype.bytes()));
+        let mut scratch = vec![0u8; scratch_elements.map_or(0, |(elements, bytes)| elements * bytes)];
+        for kernel in kernels {
+            let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
+            let mut error = [0u8; 8 * super::FAULT_SLOTS];
+            let mut descriptors = vec![Descriptor::of(out, out_elements)];
+            descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
+            if let Some((elements, _)) = scratch_elements {
+                descriptors.push(Descriptor::of(&mut scratch, elements));
+            }
+            descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
+            descriptors.push(Descriptor::of(&mut error, super::FAULT_SLOTS));
+            // The C interface takes a pointer to each memref's descriptor; the
+            // packed call, a pointer to each of those.
+            let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
+            let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
+            let engine = &self.entries[site.entry_number].engine;
+            // SAFETY: the kernel takes one 1-D memref per argument, in this
+            // order, each descriptor pointing at a live buffer of its length.
+            unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
+            let faults = std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes")));
+            let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
+            if let Some(error) = super::fault_error(&faults, &kernel.name, &kernel.checks, intrinsic, requests) {
+                return Err(error);
+            }
         }
+        Ok(())
     }
 }
-

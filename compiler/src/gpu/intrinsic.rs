@@ -1,9 +1,8 @@
 //! The intrinsics as MLIR kernels (in `emit`'s calling convention), each
 //! independent work items with sequential loops inside, computing what
 //! `crate::intrinsics` defines in f32:
-//! - attention: a warp per query row and head, one pass over the keys with
-//!   an online softmax, the row's elements spread over the lanes (the
-//!   head's width must be known when the model is built);
+//! - attention: its own kernels (`attention`), which share the helpers
+//!   here;
 //! - the gated delta rule: a warp per (batch row, value head, value
 //!   column). A column of the state evolves on its own (its recall, update
 //!   and read involve no other column), so each warp walks the tokens with
@@ -19,18 +18,17 @@ use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 
-/// The kernel of intrinsic node `at` of `entry`. A cache
+/// The kernels of intrinsic node `at` of `entry`, in launch order. A cache
 /// write's kernel takes the cache as its output and the other arguments as
 /// its loads; every other intrinsic's, all its arguments.
-pub fn intrinsic_kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, Unsupported> {
+pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Intrinsic(intrinsic, args) = &node.kind else { return Err(Unsupported("not an intrinsic node".into())) };
     let mut emitter = Emitter::new(entry, form);
     let operands = Operands { entry, args };
     match intrinsic {
         Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows => {
-            emitter.loads = args.clone();
-            attention(&mut emitter, &operands, *intrinsic == Intrinsic::GroupedAttentionRows, node.dtype)?;
+            return super::attention::attention_kernels(entry, at, form, args, *intrinsic == Intrinsic::GroupedAttentionRows);
         }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
             emitter.loads = args.clone();
@@ -41,27 +39,27 @@ pub fn intrinsic_kernel(entry: &Entry, at: usize, form: Form) -> Result<Kernel, 
             write_cache(&mut emitter, &operands, *intrinsic);
         }
     }
-    Ok(emitter.finish(at, node.dtype))
+    Ok(vec![emitter.finish(at, node.dtype)])
 }
 
 /// An intrinsic's arguments: their shapes and types.
-struct Operands<'e> {
-    entry: &'e Entry,
-    args: &'e [Value],
+pub(super) struct Operands<'e> {
+    pub(super) entry: &'e Entry,
+    pub(super) args: &'e [Value],
 }
 
 impl Operands<'_> {
-    fn shape(&self, arg: usize) -> &[Dim] {
+    pub(super) fn shape(&self, arg: usize) -> &[Dim] {
         &self.entry.nodes[self.args[arg].index()].shape
     }
 
-    fn dtype(&self, arg: usize) -> Dtype {
+    pub(super) fn dtype(&self, arg: usize) -> Dtype {
         self.entry.nodes[self.args[arg].index()].dtype
     }
 
     /// Axis `axis` of argument `arg`, counted from the end when negative,
     /// as an index.
-    fn size(&self, emitter: &mut Emitter, arg: usize, axis: isize) -> String {
+    pub(super) fn size(&self, emitter: &mut Emitter, arg: usize, axis: isize) -> String {
         let shape = self.shape(arg);
         let axis = if axis < 0 { (shape.len() as isize + axis) as usize } else { axis as usize };
         emitter.dim_index(&shape[axis])
@@ -69,36 +67,33 @@ impl Operands<'_> {
 }
 
 /// `%in{load}`: the name of a load (loads are the arguments, in order).
-fn load_name(load: usize) -> String {
+pub(super) fn load_name(load: usize) -> String {
     format!("%in{load}")
 }
-
-/// The keys attention takes at a time.
-const KEYS_PER_STEP: usize = 4;
 
 /// A row's elements spread over a warp's lanes: lane `l` holds elements
 /// `l`, `l + 32`, …, one per slot, as many slots as a row of `width`
 /// needs (the width known when the model is built).
-struct Spread {
+pub(super) struct Spread {
     width: i64,
     /// The width, as an index.
-    size: String,
+    pub(super) size: String,
     zero: String,
 }
 
 impl Spread {
-    fn new(e: &mut Emitter, width: i64) -> Spread {
+    pub(super) fn new(e: &mut Emitter, width: i64) -> Spread {
         Spread { width, size: e.index_constant(width), zero: e.index_constant(0) }
     }
 
-    fn slots(&self) -> usize {
+    pub(super) fn slots(&self) -> usize {
         ((self.width + i64::from(LANES) - 1) / i64::from(LANES)) as usize
     }
 
     /// Slot `slot`'s element of `lane`: its position in the row (0 past
     /// the width, so that it can be read) and, where the width is no
     /// multiple of a warp, whether it is one of the row's.
-    fn position(&self, e: &mut Emitter, lane: &str, slot: usize) -> (String, Option<String>) {
+    pub(super) fn position(&self, e: &mut Emitter, lane: &str, slot: usize) -> (String, Option<String>) {
         let first = e.index_constant(slot as i64 * i64::from(LANES));
         let position = e.add(&first, lane);
         if self.width % i64::from(LANES) == 0 {
@@ -110,7 +105,7 @@ impl Spread {
 
     /// Slot `slot`'s element of `lane` in `argument` (of `dtype`), at
     /// `at(position)`; 0 past the width.
-    fn load(&self, e: &mut Emitter, lane: &str, slot: usize, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) -> String {
+    pub(super) fn load(&self, e: &mut Emitter, lane: &str, slot: usize, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) -> String {
         let (position, within) = self.position(e, lane, slot);
         let at = at(e, &position);
         let x = e.load_element(argument, &at, dtype);
@@ -123,168 +118,16 @@ impl Spread {
         }
     }
 
-    /// Stores `value` as slot `slot`'s element of `lane` in the output, at
-    /// `at(position)`; nothing past the width.
-    fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) {
+    /// Stores `value` as slot `slot`'s element of `lane` in `argument` (of
+    /// `dtype`), at `at(position)`; nothing past the width.
+    pub(super) fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) {
         let (position, within) = self.position(e, lane, slot);
         let at = at(e, &position);
         match within {
-            Some(within) => e.when(&within, |e| e.store_element(value, "%out", &at, dtype)),
-            None => e.store_element(value, "%out", &at, dtype),
+            Some(within) => e.when(&within, |e| e.store_element(value, argument, &at, dtype)),
+            None => e.store_element(value, argument, &at, dtype),
         }
     }
-}
-
-/// `grouped_attention` (mask `[Q, K]`, row `i`) and
-/// `grouped_attention_rows` (mask `[B, 1, K]`, row `b`): q `[B, H, Q, D]`,
-/// k and v `[B, KvH, K, D]`, the scale, the mask; the output is q's shape
-/// and type. A row its mask admits no key of weighs every key alike.
-///
-/// A warp per query row and head, in one pass over the keys (an online
-/// softmax, as flash attention's): lane `l` holds the row's elements `l`,
-/// `l + 32`, … of the query and of the weighted sum, so each key's row is
-/// read by the warp together; a key's score is the lanes' shares of the
-/// dot product summed across the warp; the running maximum rescales the
-/// sums so far. The keys go [`KEYS_PER_STEP`] at a time, so that their sums
-/// across the warp overlap; a step none of whose keys the mask admits is
-/// skipped by the whole warp, and a key it does not admit weighs 0.
-fn attention(emitter: &mut Emitter, operands: &Operands, rows_mask: bool, dtype: Dtype) -> Result<(), Unsupported> {
-    let width = operands.shape(0)[3]
-        .as_constant()
-        .ok_or_else(|| Unsupported("attention whose head width is known only when the model runs".into()))?;
-    let (q, k, v, scale, mask) = (load_name(0), load_name(1), load_name(2), load_name(3), load_name(4));
-    let (kd, scale_dtype) = (operands.dtype(1), operands.dtype(3));
-    let (qd, vd) = (operands.dtype(0), operands.dtype(2));
-    let [batch, heads, queries] = [0, 1, 2].map(|axis| operands.size(emitter, 0, axis));
-    let (kv_heads, keys) = (operands.size(emitter, 1, 1), operands.size(emitter, 1, 2));
-    let spread = Spread::new(emitter, width);
-    let (slots, width_index) = (spread.slots(), spread.size.clone());
-    let group = emitter.op(format!("arith.divui {heads}, {kv_heads} : index"));
-    let zero = emitter.index_constant(0);
-    emitter.parallel_in_warps(&operands.shape(0)[..3], |e, row, warp| {
-        let position = e.split(row, &[&batch, &heads, &queries]);
-        let (b, h, i) = (&position[0], &position[1], &position[2]);
-        let kv = e.op(format!("arith.divui {h}, {group} : index"));
-        let q_at = e.mul(row, &width_index);
-        let kv_row = e.flat(&[b, &kv], &[&batch, &kv_heads]);
-        let first_key = e.mul(&kv_row, &keys);
-        let mask_at = e.mul(if rows_mask { b } else { i }, &keys);
-        let scale = e.load_element(&scale, &zero, scale_dtype);
-        let none = e.op("arith.constant false".into());
-        let any = e.for_range(&zero, &keys, &[(none, "i1")], |e, j, carried| {
-            let at = e.add(&mask_at, j);
-            let admitted = e.load_element(&mask, &at, Dtype::Bool);
-            vec![e.op(format!("arith.ori {}, {admitted} : i1", carried[0]))]
-        })[0]
-            .clone();
-        let none_admitted = e.not(&any);
-        let queries = e.in_lanes(warp, &[], slots, |e, lane, _| (0..slots).map(|slot| spread.load(e, lane, slot, &q, qd, |e, d| e.add(&q_at, d))).collect());
-        let lane_type = e.lane_type();
-        let lowest = e.op("arith.constant 0xFF800000 : f32".into());
-        let nothing = e.op("arith.constant 0.0 : f32".into());
-        let mut carried: Vec<(String, &str)> = vec![(lowest, "f32"), (nothing, "f32")];
-        let zeros = e.lanes_zero();
-        carried.extend((0..slots).map(|_| (zeros.clone(), lane_type.as_str())));
-        let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
-        // The keys a step takes: each one's row in k and v (the first key's
-        // past the last) and whether it counts.
-        let step = e.index_constant(KEYS_PER_STEP as i64);
-        let results = e.for_steps(&zero, &keys, &step, &carried, |e, first, so_far| {
-            let taken: Vec<(String, String)> = (0..KEYS_PER_STEP)
-                .map(|offset| {
-                    let offset = e.index_constant(offset as i64);
-                    let j = e.add(first, &offset);
-                    let inside = e.op(format!("arith.cmpi ult, {j}, {keys} : index"));
-                    let j = e.op(format!("arith.select {inside}, {j}, {zero} : index"));
-                    let at = e.add(&mask_at, &j);
-                    let allowed = e.load_element(&mask, &at, Dtype::Bool);
-                    let admitted = e.op(format!("arith.ori {allowed}, {none_admitted} : i1"));
-                    let admitted = e.op(format!("arith.andi {admitted}, {inside} : i1"));
-                    let key = e.add(&first_key, &j);
-                    (e.mul(&key, &width_index), admitted)
-                })
-                .collect();
-            let mut any_taken = taken[0].1.clone();
-            for (_, admitted) in &taken[1..] {
-                any_taken = e.op(format!("arith.ori {any_taken}, {admitted} : i1"));
-            }
-            e.if_else(
-                &any_taken,
-                &types,
-                |e| {
-                    let (top, total, sums) = (&so_far[0], &so_far[1], &so_far[2..]);
-                    let shares = e.in_lanes(warp, &queries, KEYS_PER_STEP, |e, lane, queries| {
-                        taken
-                            .iter()
-                            .map(|(key_at, _)| {
-                                let mut dot = e.op("arith.constant 0.0 : f32".into());
-                                for (slot, query) in queries.iter().enumerate() {
-                                    let (d, _) = spread.position(e, lane, slot);
-                                    let at = e.add(key_at, &d);
-                                    let x = e.load_element(&k, &at, kd);
-                                    dot = e.op(format!("math.fma {query}, {x}, {dot} : f32"));
-                                }
-                                dot
-                            })
-                            .collect()
-                    });
-                    let dots = e.combine_lanes(&shares, Combine::Add);
-                    let (masked, left_out) = (e.op("arith.constant -1.0e30 : f32".into()), e.op("arith.constant 0xFF800000 : f32".into()));
-                    let scores: Vec<String> = dots
-                        .iter()
-                        .zip(&taken)
-                        .map(|(dot, (_, admitted))| {
-                            let scaled = e.op(format!("arith.mulf {dot}, {scale} : f32"));
-                            let score = e.op(format!("arith.select {any}, {scaled}, {masked} : f32"));
-                            e.op(format!("arith.select {admitted}, {score}, {left_out} : f32"))
-                        })
-                        .collect();
-                    let mut new_top = top.clone();
-                    for score in &scores {
-                        new_top = e.op(format!("arith.maximumf {new_top}, {score} : f32"));
-                    }
-                    let shift = e.op(format!("arith.subf {top}, {new_top} : f32"));
-                    let rescale = e.op(format!("math.exp {shift} : f32"));
-                    let mut new_total = e.op(format!("arith.mulf {total}, {rescale} : f32"));
-                    let weights: Vec<String> = scores
-                        .iter()
-                        .map(|score| {
-                            let shift = e.op(format!("arith.subf {score}, {new_top} : f32"));
-                            let weight = e.op(format!("math.exp {shift} : f32"));
-                            new_total = e.op(format!("arith.addf {new_total}, {weight} : f32"));
-                            weight
-                        })
-                        .collect();
-                    let sums = e.in_lanes(warp, sums, slots, |e, lane, sums| {
-                        sums.iter()
-                            .enumerate()
-                            .map(|(slot, sum)| {
-                                let (d, _) = spread.position(e, lane, slot);
-                                let mut sum = e.op(format!("arith.mulf {sum}, {rescale} : f32"));
-                                for ((value_at, _), weight) in taken.iter().zip(&weights) {
-                                    let at = e.add(value_at, &d);
-                                    let x = e.load_element(&v, &at, vd);
-                                    sum = e.op(format!("math.fma {weight}, {x}, {sum} : f32"));
-                                }
-                                sum
-                            })
-                            .collect()
-                    });
-                    [vec![new_top, new_total], sums].concat()
-                },
-                |_| so_far.to_vec(),
-            )
-        });
-        let (total, sums) = (&results[1], &results[2..]);
-        e.in_lanes(warp, sums, 0, |e, lane, sums| {
-            for (slot, sum) in sums.iter().enumerate() {
-                let value = e.op(format!("arith.divf {sum}, {total} : f32"));
-                spread.store(e, lane, slot, value, dtype, |e, d| e.add(&q_at, d));
-            }
-            Vec::new()
-        });
-    });
-    Ok(())
 }
 
 /// `gated_delta_rule` (q, k `[B, S, KH, KD]`, v `[B, S, VH, VD]`, decay and
@@ -359,7 +202,7 @@ fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) -> Result
         // The final state, in the output's last rows.
         e.in_lanes(warp, &last, 0, |e, lane, cells| {
             for (slot, memory) in cells.iter().enumerate() {
-                spread.store(e, lane, slot, memory.clone(), Dtype::F32, |e, i| {
+                spread.store(e, lane, slot, memory.clone(), "%out", Dtype::F32, |e, i| {
                     let row = e.add(&tokens, i);
                     e.flat(&[b, &row, h, j], &[&batch, &rows, &value_heads, &value_dim])
                 });

@@ -341,10 +341,7 @@ fn element_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar) -> Resu
     let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let mut failed = None;
     emitter.parallel(&node.shape, |emitter, element| {
-        // The element's number split into the axes.
-        let axes = emitter.split(element, &sizes);
-        emitter.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
-        emitter.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+        emitter.bind_axes(element, &sizes, &node.shape);
         match emitter.scalar(scalar) {
             Ok(value) => emitter.store_element(value, "%out", element, node.dtype),
             Err(why) => failed = Some(why),
@@ -381,9 +378,7 @@ fn row_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar, parts: &[In
     let failed = Cell::new(None);
     let bind_row = |e: &mut Emitter<'_>, item: &str| {
         let sizes: Vec<&str> = leading_sizes.iter().map(String::as_str).collect();
-        let axes = e.split(item, &sizes);
-        e.indices = axes.into_iter().enumerate().map(|(axis, name)| (axis as u32, name)).collect();
-        e.extents = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+        e.bind_axes(item, &sizes, &node.shape);
     };
     e.parallel_in_lanes(
         leading,

@@ -10,6 +10,7 @@
 //! kernel (a shape the kernels do not take) is refused by name, never half
 //! built.
 
+mod attention;
 mod contraction;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -30,20 +31,21 @@ use crate::ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use crate::ir::Model;
 
-pub use emit::{Check, Fault, Form, Kernel, Unsupported, FAULT_SLOTS, LANES, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, REQUEST_SLOT};
 pub use ptx_set::{Launch, PtxSet};
 
-/// The kernel of node `at` of `entry`, if it is a `Compute` node or an
-/// intrinsic (other nodes move values and need none).
-pub fn node_kernel(entry: &Entry, at: usize, form: Form) -> Option<Result<Kernel, Unsupported>> {
+/// The kernels of node `at` of `entry`, in launch order (most nodes take
+/// one), if it is a `Compute` node or an intrinsic (other nodes move
+/// values and need none).
+pub fn node_kernels(entry: &Entry, at: usize, form: Form) -> Option<Result<Vec<Kernel>, Unsupported>> {
     match &entry.nodes[at].kind {
         NodeKind::Compute(_) => Some(match crate::ir::contraction::of(entry, at) {
-            Some(contraction) => contraction::contraction_kernel(entry, at, form, &contraction),
-            None => kernel::kernel(entry, at, form),
+            Some(contraction) => contraction::contraction_kernels(entry, at, form, &contraction),
+            None => kernel::kernel(entry, at, form).map(|kernel| vec![kernel]),
         }),
-        NodeKind::Intrinsic(..) => Some(intrinsic::intrinsic_kernel(entry, at, form)),
+        NodeKind::Intrinsic(..) => Some(intrinsic::intrinsic_kernels(entry, at, form)),
         _ => None,
     }
 }
@@ -59,18 +61,18 @@ pub fn default_libdevice() -> std::path::PathBuf {
     std::path::Path::new(&home).join("nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc")
 }
 
-/// Every node's kernel in `entry` (`None` for nodes that need none), for
+/// Every node's kernels in `entry` (none for nodes that need none), for
 /// backend `backend` to run: a node with no kernel, or of a type the
 /// kernels' buffers do not hold (f16), is an error.
 #[cfg(feature = "nvptx")]
-fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec<Option<Kernel>>, BuildError> {
+fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
-        let kernel = node_kernel(entry, at, form).transpose().map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?;
-        if kernel.is_some() && node.dtype == crate::sema::ty::Dtype::F16 {
+        let node_kernels = node_kernels(entry, at, form).transpose().map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?.unwrap_or_default();
+        if !node_kernels.is_empty() && node.dtype == crate::sema::ty::Dtype::F16 {
             return Err(BuildError::new(backend, entry, Some(at), "f16 values are not held by the GPU kernels' buffers".into()));
         }
-        kernels.push(kernel);
+        kernels.push(node_kernels);
     }
     Ok(kernels)
 }
@@ -103,8 +105,8 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
     for entry in &model.entries {
         let mut kernels = Vec::new();
         for at in 0..entry.nodes.len() {
-            match node_kernel(entry, at, Form::Device) {
-                Some(Ok(kernel)) => kernels.push(kernel),
+            match node_kernels(entry, at, Form::Device) {
+                Some(Ok(node_kernels)) => kernels.extend(node_kernels),
                 Some(Err(Unsupported(why))) => missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}"))),
                 None => {}
             }

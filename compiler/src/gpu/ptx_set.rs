@@ -14,17 +14,19 @@ use std::path::Path;
 
 /// How one kernel is launched: its PTX entry point, the node it computes
 /// (its output; for a cache write, the cache it changes in place), the
-/// values it reads, the dims table it is given, and its work: `lanes`
-/// threads per item (1, or a warp's), `threads` to a block, as many items
-/// as the product of `work`;
-/// whether it can raise a fault, and the axes its loads check (numbered
-/// as a fault names them). Every buffer is passed as a memref
-/// descriptor (`pipeline`).
+/// values it reads, the scratch its node's kernels share (if any), the
+/// dims table it is given, and its work: `lanes` threads per item (1, or
+/// a warp's), `threads` to a block, as many items as the product of
+/// `work`; whether it can raise a fault, and the axes its loads check
+/// (numbered as a fault names them). Every buffer is passed as a memref
+/// descriptor (`pipeline`). A node of several kernels has a launch for
+/// each, in the order they run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Launch {
     pub name: String,
     pub node: usize,
     pub loads: Vec<usize>,
+    pub scratch: Option<super::Scratch>,
     pub dims: Vec<Dim>,
     pub work: Vec<Dim>,
     pub lanes: u32,
@@ -80,6 +82,7 @@ impl PtxSet {
                         name: kernel.name.clone(),
                         node: kernel.node,
                         loads: kernel.loads.iter().map(|value| value.index()).collect(),
+                        scratch: kernel.scratch.clone(),
                         dims: kernel.dims.clone(),
                         work: kernel.work.clone(),
                         lanes: kernel.lanes,
@@ -133,8 +136,9 @@ impl PtxSet {
         Ok(PtxSet { model: launches.model, fingerprint: launches.fingerprint, arch: launches.arch, entries })
     }
 
-    /// Whether the set was built from `model` for `arch`, and launches a
-    /// kernel for exactly the nodes that need one, each reading values
+    /// Whether the set was built from `model` for `arch`, and launches
+    /// kernels for exactly the nodes that need them (a node's together,
+    /// reading the same values with the same scratch), each reading values
     /// its entry has.
     pub fn check(&self, model: &Model, arch: &str) -> Result<(), String> {
         if self.fingerprint != fingerprint(model) {
@@ -145,13 +149,19 @@ impl PtxSet {
         }
         for entry in &model.entries {
             let working: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..))).collect();
-            let launched: Vec<usize> = self.entries.get(&entry.name).map(|set| set.launches.iter().map(|launch| launch.node).collect()).unwrap_or_default();
+            let launches = self.entries.get(&entry.name).map(|set| set.launches.as_slice()).unwrap_or_default();
+            let mut launched: Vec<usize> = launches.iter().map(|launch| launch.node).collect();
+            launched.dedup();
             if launched != working {
                 return Err(format!("the PTX of entry `{}` does not launch a kernel for each of its nodes", entry.name));
             }
             let reads_its_own = self.entries.get(&entry.name).is_none_or(|set| set.launches.iter().all(|launch| launch.loads.iter().all(|&load| load < launch.node)));
             if !reads_its_own {
                 return Err(format!("a kernel of entry `{}` reads a value its node cannot", entry.name));
+            }
+            let stages_agree = launches.windows(2).all(|pair| pair[0].node != pair[1].node || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch));
+            if !stages_agree {
+                return Err(format!("the kernels of a node of entry `{}` do not take the same arguments", entry.name));
             }
         }
         Ok(())
