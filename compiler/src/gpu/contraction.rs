@@ -18,8 +18,9 @@
 //! order) into the node's scratch; the second takes the rows in that
 //! order, eight to an item, and reads a `W` row again only where it
 //! changes, so a prefill's rows that chose the same expert read its
-//! weights together (the grouped product). A row past the last is
-//! skipped by the whole warp.
+//! weights together (the grouped product). A node of no more rows than an
+//! item takes (a decode step's experts) is one item per column, with
+//! nothing to order. A row past the last is skipped by the whole warp.
 //!
 //! Each lane sums its share in f32 with fused multiply-adds (in
 //! [`RUN`]-wide vectors, their elements added in order at the end), the
@@ -42,11 +43,16 @@ const _: () = assert!(ROWS <= LANES as usize);
 /// Consecutive elements a lane reads at once.
 const RUN: i64 = 8;
 
-/// How an item's rows are found: consecutive rows, or consecutive
-/// entries of the order the first kernel left in the scratch.
+/// How an item's rows are found, and whether they share their `W` row.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Rows {
-    Consecutive,
+    /// Consecutive rows that share it (a linear layer).
+    Shared,
+    /// Consecutive rows that gather their own: all of the node's, as
+    /// many as an item takes, so there is nothing to order.
+    Gathered,
+    /// Rows that gather their own, taken in the order the first kernel
+    /// left in the scratch.
     Ordered,
 }
 
@@ -83,8 +89,10 @@ pub fn contraction_kernels(entry: &Entry, at: usize, form: Form, contraction: &C
     let layout = Layout { at, leading, columns: &columns[0], rows: leading.iter().fold(Dim::constant(1), |count, dim| count.mul(dim)) };
     let column_axis = leading.len() as u32;
     let shared = !contraction.weight.rows.iter().any(|position| (0..column_axis).any(|axis| reads_index(position, axis)));
-    if shared {
-        return Ok(vec![products(entry, form, contraction, &layout, Rows::Consecutive)?]);
+    let one_item = layout.rows.as_constant().is_some_and(|rows| rows <= ROWS as i64);
+    if shared || one_item {
+        let rows = if shared { Rows::Shared } else { Rows::Gathered };
+        return Ok(vec![products(entry, form, contraction, &layout, rows)?]);
     }
     let products = products(entry, form, contraction, &layout, Rows::Ordered)?;
     let order = order(entry, form, contraction, &layout, &products.loads)?;
@@ -168,8 +176,8 @@ fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layo
 }
 
 /// The products: one item per output column and [`ROWS`] rows, found as
-/// `rows` says.
-fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, rows: Rows) -> Result<Kernel, Unsupported> {
+/// `kind` says.
+fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, kind: Rows) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[layout.at];
     let blocks = layout.rows.add(&Dim::constant(ROWS as i64 - 1)).div(&Dim::constant(ROWS as i64));
     let read = if contraction.depth.as_constant().is_some_and(|depth| depth % RUN == 0) { Read::Runs } else { Read::Elements };
@@ -177,7 +185,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
     let mut e = Emitter::new(entry, form);
     let (input, weight) = (contraction.input.value, contraction.weight.value);
     let (input_argument, weight_argument) = (e.argument(input), e.argument(weight));
-    let order = (rows == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
+    let order = (kind == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
     let (row_count, columns, depth) = (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
     let per_item = e.index_constant(ROWS as i64);
     // Item `item`'s column and rows: each row's number and, but for the
@@ -213,15 +221,14 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
                 bind_row(e, layout, &row, &column);
                 let input_row = e.position(input, contraction.input.rows);
                 let weight_row = match &previous_weight_row {
-                    // Consecutive rows share the `W` row.
-                    Some(shared) if order.is_none() => Ok(shared.clone()),
+                    Some(shared) if kind == Rows::Shared => Ok(shared.clone()),
                     _ => e.position(weight, contraction.weight.rows),
                 };
                 match (input_row, weight_row) {
                     (Ok(input_row), Ok(weight_row)) => {
                         let reuse = match &previous_weight_row {
                             None => Reuse::Never,
-                            Some(_) if order.is_none() => Reuse::Always,
+                            Some(_) if kind == Rows::Shared => Reuse::Always,
                             Some(previous) => Reuse::When(e.op(format!("arith.cmpi eq, {weight_row}, {previous} : index"))),
                         };
                         let scaled = e.mul(&weight_row, &columns);

@@ -5,7 +5,9 @@
 //! uploaded once, in their dtype; states, caches and every value an entry
 //! computes stay in device memory; only inputs go in and outputs come
 //! back. Each launch is a thread per work item (a warp's, where the
-//! launch splits items across lanes), as many to a block as the launch says, every buffer passed as its memref descriptor
+//! launch splits items across lanes), as many to a block as the launch
+//! says, a node's kernels in order with one scratch buffer (kept, and
+//! grown when a node needs more), every buffer passed as its memref descriptor
 //! (`pipeline`), with the dims table of the call (uploaded once per dims)
 //! and a faults table, read back after each kernel that can raise one, so
 //! a fault is reported at its node. An entry's PTX is loaded (compiled by

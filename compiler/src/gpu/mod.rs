@@ -1,7 +1,9 @@
-//! The GPU target. Every `Compute` node of every entry is an MLIR kernel
+//! The GPU target. Every `Compute` node of every entry is MLIR kernels
 //! (`kernel`; a contraction, warps that read its weights' rows together:
-//! `contraction`), every intrinsic (attention, the delta rule, cache writes)
-//! one too (`intrinsic`), both written with `emit`. With the `nvptx`
+//! `contraction`), every intrinsic too (attention: `attention`; the delta
+//! rule, cache writes: `intrinsic`), all written with `emit`. Most nodes
+//! are one kernel; an expert product and attention are several, launched
+//! in order, sharing a scratch. With the `nvptx`
 //! feature, MLIR (through melior) lowers them to PTX (`pipeline`, for
 //! `linnetc build --target nvptx`) or for the host, where they run
 //! (`host`, the numerics check without a GPU). The PTX and how to launch
