@@ -310,20 +310,28 @@ fn attention_in_warps_meets_the_reference() {
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
     let mask: Vec<bool> = (0..queries * keys).map(|at| (at / keys == 1 && at % keys <= 20) || at / keys == 2).collect();
+    // bf16: a rounding may fall the other way.
+    attention_meets_the_reference(model, &inputs, mask, 1e-2);
+}
+
+/// Runs attention model `model` (its entry `attend` of `inputs`: q, k, v
+/// as waves, the scale 0.3 and `mask`) on the reference and on the GPU
+/// kernels run on the host: every element within `tolerance` (relative
+/// to one more than its size).
+fn attention_meets_the_reference(model: Model, inputs: &[(&str, Vec<usize>, Dtype)], mask: Vec<bool>, tolerance: f32) {
     let call = || {
         let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))).collect();
         call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
-        call.push(Tensor { dtype: Dtype::Bool, shape: vec![queries, keys], data: Data::Bool(mask.clone()) });
+        call.push(Tensor { dtype: Dtype::Bool, shape: inputs[4].1.clone(), data: Data::Bool(mask.clone()) });
         call
     };
     let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds").call("attend", call()).expect("the kernel runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("attend", call()).expect("the kernels run");
     let (expected, got) = (reference[0].widened(), computed[0].widened());
     let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
     assert_eq!(expected.len(), got.len());
     for (at, (e, g)) in expected.iter().zip(got).enumerate() {
-        // bf16: a rounding may fall the other way.
-        assert!((e - g).abs() <= 1e-2 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
+        assert!((e - g).abs() <= tolerance * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
 }
 
@@ -351,20 +359,7 @@ fn attention_split_over_keys_meets_the_reference() {
     // Row 0 admits the keys up to 1050 but every 7th; row 1 none; row 2
     // key 0 alone.
     let mask: Vec<bool> = (0..batch * keys).map(|at| (at <= 1050 && at % 7 != 3) || at == 2 * keys).collect();
-    let call = || {
-        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))).collect();
-        call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
-        call.push(Tensor { dtype: Dtype::Bool, shape: vec![batch, 1, keys], data: Data::Bool(mask.clone()) });
-        call
-    };
-    let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("attend", call()).expect("the kernels run");
-    let (expected, got) = (reference[0].widened(), computed[0].widened());
-    let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
-    assert_eq!(expected.len(), got.len());
-    for (at, (e, g)) in expected.iter().zip(got).enumerate() {
-        assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
-    }
+    attention_meets_the_reference(model, &inputs, mask, 1e-5);
 }
 
 /// The delta rule as warps (`gpu::intrinsic`: a state column's cells in a

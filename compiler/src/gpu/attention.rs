@@ -228,6 +228,15 @@ fn walk_end(e: &mut Emitter<'_>, s: &Sizes, warp: &Warp, row: &QueryRow) -> (Str
     (e.op(format!("arith.select {any}, {end}, {} : index", s.keys)), any)
 }
 
+/// What a walk over a query row's keys starts from: the row, its query's
+/// elements in the lanes, whether its mask admits any key.
+#[derive(Clone, Copy)]
+struct Walker<'a> {
+    row: &'a QueryRow,
+    queries: &'a [String],
+    any: &'a str,
+}
+
 /// The query row's elements in its lanes, as f32s.
 fn queries(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &QueryRow) -> Vec<String> {
     let (q, qd) = (load_name(0), plan.operands.dtype(0));
@@ -237,9 +246,10 @@ fn queries(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &Q
 /// The online softmax of a query row over keys `from..to` (indices):
 /// the largest score, the total of the weights and the lanes' weighted
 /// sums (values of [`Emitter::lane_type`]), each relative to the largest.
-/// `any`: whether the row's mask admits any key (else every key counts,
-/// with the same score).
-fn walk(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &QueryRow, queries: &[String], range: (&str, &str), any: &str) -> Vec<String> {
+/// `walker.any`: whether the row's mask admits any key (else every key
+/// counts, with the same score).
+fn walk(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, walker: &Walker<'_>, range: (&str, &str)) -> Vec<String> {
+    let Walker { row, queries, any } = *walker;
     let (k, v, scale, mask) = (load_name(1), load_name(2), load_name(3), load_name(4));
     let (kd, vd, scale_dtype) = (plan.operands.dtype(1), plan.operands.dtype(2), plan.operands.dtype(3));
     let (slots, width) = (s.spread.slots(), &s.spread.size);
@@ -354,7 +364,7 @@ fn store_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: 
     e.in_lanes(warp, sums, 0, |e, lane, sums| {
         for (slot, sum) in sums.iter().enumerate() {
             let value = e.op(format!("arith.divf {sum}, {total} : f32"));
-            s.spread.store(e, lane, slot, value, "%out", plan.dtype, |e, d| e.add(&row.query_at, d));
+            s.spread.store(e, lane, slot, value, ("%out", plan.dtype), |e, d| e.add(&row.query_at, d));
         }
         Vec::new()
     });
@@ -368,7 +378,7 @@ fn walk_rows<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
         let row = query_row(e, plan, &s, item);
         let (end, any) = walk_end(e, &s, warp, &row);
         let queries = queries(e, plan, &s, warp, &row);
-        let results = walk(e, plan, &s, warp, &row, &queries, (&s.zero, &end), &any);
+        let results = walk(e, plan, &s, warp, &Walker { row: &row, queries: &queries, any: &any }, (&s.zero, &end));
         store_row(e, plan, &s, warp, &row, &results[1], &results[2..]);
     });
     e
@@ -404,7 +414,7 @@ fn walk_parts<'a>(plan: &'a Plan<'a>, parts: &Dim) -> Emitter<'a> {
             let shorter = e.op(format!("arith.cmpi ult, {past}, {end} : index"));
             let to = e.op(format!("arith.select {shorter}, {past}, {end} : index"));
             let queries = queries(e, plan, &s, warp, &row);
-            let results = walk(e, plan, &s, warp, &row, &queries, (&from, &to), &any);
+            let results = walk(e, plan, &s, warp, &Walker { row: &row, queries: &queries, any: &any }, (&from, &to));
             let at = part_at(e, plan, &s, &parts_index, &row_number, &part);
             let one = e.index_constant(1);
             let total_at = e.add(&at, &one);
@@ -417,7 +427,7 @@ fn walk_parts<'a>(plan: &'a Plan<'a>, parts: &Dim) -> Emitter<'a> {
                     e.store_element(results[1].clone(), s.scratch, &total_at, Dtype::F32);
                 });
                 for (slot, sum) in sums.iter().enumerate() {
-                    s.spread.store(e, lane, slot, sum.clone(), s.scratch, Dtype::F32, |e, d| e.add(&sums_at, d));
+                    s.spread.store(e, lane, slot, sum.clone(), (s.scratch, Dtype::F32), |e, d| e.add(&sums_at, d));
                 }
                 Vec::new()
             });

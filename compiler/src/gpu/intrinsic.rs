@@ -118,9 +118,10 @@ impl Spread {
         }
     }
 
-    /// Stores `value` as slot `slot`'s element of `lane` in `argument` (of
-    /// `dtype`), at `at(position)`; nothing past the width.
-    pub(super) fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) {
+    /// Stores `value` as slot `slot`'s element of `lane` in `target` (an
+    /// argument and its dtype), at `at(position)`; nothing past the width.
+    pub(super) fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, target: (&str, Dtype), at: impl FnOnce(&mut Emitter, &str) -> String) {
+        let (argument, dtype) = target;
         let (position, within) = self.position(e, lane, slot);
         let at = at(e, &position);
         match within {
@@ -202,7 +203,7 @@ fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) -> Result
         // The final state, in the output's last rows.
         e.in_lanes(warp, &last, 0, |e, lane, cells| {
             for (slot, memory) in cells.iter().enumerate() {
-                spread.store(e, lane, slot, memory.clone(), "%out", Dtype::F32, |e, i| {
+                spread.store(e, lane, slot, memory.clone(), ("%out", Dtype::F32), |e, i| {
                     let row = e.add(&tokens, i);
                     e.flat(&[b, &row, h, j], &[&batch, &rows, &value_heads, &value_dim])
                 });
