@@ -127,35 +127,43 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
 }
 
 /// `out[i] = x[i + 10] + x[i + 20]` over a 4-element `x`: every element
-/// reads outside `x`, twice. The GPU kernel names the fault the
-/// reference meets first (element 0's first load, position 10), not a
-/// later one that overwrote it.
+/// reads outside `x`, twice, and the next node reads outside it again.
+/// The GPU kernels, whose faults are read once when the call ends, name
+/// the fault the reference meets first (node v1, element 0's first load,
+/// position 10), not a later one that overwrote it.
 #[test]
 fn a_kernel_reports_its_first_fault_as_the_reference_does() {
     let shape = vec![Dim::constant(4)];
-    let shifted = |offset: i64| {
+    let shifted = |value: u32, offset: i64| {
         let position = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(0, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
-        Scalar::Load(Value(0), vec![position], Dtype::F32)
+        Scalar::Load(Value(value), vec![position], Dtype::F32)
     };
-    let sum = Scalar::Binary(BinaryOp::Add, Box::new(shifted(10)), Box::new(shifted(20)), Dtype::F32);
-    let entry = Entry {
-        name: "shift".into(),
+    let add = |a: Scalar, b: Scalar| Scalar::Binary(BinaryOp::Add, Box::new(a), Box::new(b), Dtype::F32);
+    let entry = |name: &str, nodes: Vec<Scalar>| Entry {
+        name: name.into(),
         dims: Vec::new(),
         requires: Vec::new(),
         inputs: vec![Input { name: "x".into(), shape: shape.clone(), dtype: Dtype::F32 }],
-        nodes: vec![
-            Node { kind: NodeKind::Input(0), shape: shape.clone(), dtype: Dtype::F32, source: None },
-            Node { kind: NodeKind::Compute(sum), shape, dtype: Dtype::F32, source: None },
-        ],
-        outputs: vec![Value(1)],
+        outputs: vec![Value(nodes.len() as u32)],
+        nodes: std::iter::once(Node { kind: NodeKind::Input(0), shape: shape.clone(), dtype: Dtype::F32, source: None })
+            .chain(nodes.into_iter().map(|scalar| Node { kind: NodeKind::Compute(scalar), shape: shape.clone(), dtype: Dtype::F32, source: None }))
+            .collect(),
     };
-    let model = Model { name: "shift".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
+    // `shift`: v1 reads outside x twice per element, v2 once more; the
+    // call fails at v1. `fine` reads inside x.
+    let entries = vec![
+        entry("shift", vec![add(shifted(0, 10), shifted(0, 20)), add(shifted(0, 30), shifted(1, 0))]),
+        entry("fine", vec![add(shifted(0, 0), shifted(0, 0))]),
+    ];
+    let model = Model { name: "shift".into(), params: Vec::new(), states: Vec::new(), entries };
     let x = || vec![Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4])];
     let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("shift", x()).expect_err("every load is outside x").to_string();
-    let mut host = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds");
+    let mut host = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build");
     let error = host.call("shift", x()).expect_err("every load is outside x").to_string();
-    assert!(reference.contains("position 10 is outside 0..4"), "{reference}");
+    assert!(reference.contains("position 10 is outside 0..4") && reference.contains("v1"), "{reference}");
     assert_eq!(error, reference);
+    // The faults of a failed call are not the next call's.
+    assert_eq!(host.call("fine", x()).expect("the loads are inside x")[0].as_f32().unwrap(), [2.0; 4]);
 }
 
 /// Constant dims of these sizes.

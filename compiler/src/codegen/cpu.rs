@@ -493,21 +493,10 @@ impl Lowerer<'_, '_> {
         self.builder.ins().iadd(base, bytes)
     }
 
-    /// Whether `position` lies in `0..size` whatever the indices are: an
-    /// index whose loop runs over exactly that extent, or an expression
-    /// whose every value is inside a constant size (`bounds`: a slice's
-    /// `i + 512`, a reshape's `i / 128` and `i % 128`). Such a position
-    /// needs no check.
+    /// Whether `position` lies in `0..size` whatever the indices are
+    /// (`ir::bounds::inside`): such a position needs no check.
     fn inside(&self, position: &Scalar, size: &Dim) -> bool {
-        if let Scalar::Index(k, _) = position {
-            if self.extents.get(k) == Some(size) {
-                return true;
-            }
-        }
-        match (bounds(position, &self.extents), size.as_constant()) {
-            (Some((least, most)), Some(size)) => least >= 0 && most < size,
-            _ => false,
-        }
+        crate::ir::bounds::inside(position, size, &self.extents)
     }
 
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
@@ -836,32 +825,6 @@ impl Stored {
     }
 }
 
-/// The least and the most an integer position can be, when the indices
-/// it reads run over constant extents (`extents`, by index number):
-/// through sums, differences, products of what is not negative, and
-/// division and remainder by positive constants (Euclidean, as the IR's);
-/// none on overflow.
-fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>) -> Option<(i64, i64)> {
-    match position {
-        Scalar::Index(k, _) => extents.get(k)?.as_constant().filter(|extent| *extent > 0).map(|extent| (0, extent - 1)),
-        Scalar::Int(value, _) => Some((*value, *value)),
-        Scalar::Dim(dim) => dim.as_constant().map(|value| (value, value)),
-        Scalar::Binary(op, a, b, _) => {
-            let ((a_least, a_most), (b_least, b_most)) = (bounds(a, extents)?, bounds(b, extents)?);
-            let divisor = (b_least == b_most && b_least > 0).then_some(b_least);
-            match op {
-                BinaryOp::Add => Some((a_least.checked_add(b_least)?, a_most.checked_add(b_most)?)),
-                BinaryOp::Sub => Some((a_least.checked_sub(b_most)?, a_most.checked_sub(b_least)?)),
-                BinaryOp::Mul if a_least >= 0 && b_least >= 0 => Some((a_least.checked_mul(b_least)?, a_most.checked_mul(b_most)?)),
-                BinaryOp::Div if a_least >= 0 => divisor.map(|d| (a_least / d, a_most / d)),
-                BinaryOp::Rem => divisor.map(|d| (0, d - 1)),
-                _ => None,
-            }
-        }
-        _ => None,
-    }
-}
-
 /// Loads from a kernel's tables of input and helper pointers: they do not
 /// change during a call, so the optimizer may load each once, outside
 /// every loop, instead of in every iteration that reads through it.
@@ -1055,34 +1018,4 @@ fn compile_all<M: Module>(module: &mut M, mut functions: Vec<Context>, defs: Vec
             Ok(def)
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bounds;
-    use crate::ir::{BinaryOp, Scalar};
-    use crate::sema::dim::Dim;
-    use crate::sema::ty::Dtype;
-    use std::collections::HashMap;
-
-    fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
-        Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::I64)
-    }
-
-    /// A slice's, a reshape's and a shifted window's positions: what they
-    /// can reach, and nothing where an extent is not constant.
-    #[test]
-    fn positions_are_bounded_through_their_arithmetic() {
-        let extents: HashMap<u32, Dim> = [(0, Dim::constant(512)), (1, Dim::constant(4096)), (2, Dim::constant(3))].into_iter().collect();
-        let (i, j, k, int) = (Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64), Scalar::Index(2, Dtype::I64), |v| Scalar::Int(v, Dtype::I64));
-        assert_eq!(bounds(&binary(BinaryOp::Add, i.clone(), int(512)), &extents), Some((512, 1023)));
-        assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), k.clone()), &extents), Some((-2, 511)));
-        assert_eq!(bounds(&binary(BinaryOp::Div, j.clone(), int(128)), &extents), Some((0, 31)));
-        assert_eq!(bounds(&binary(BinaryOp::Rem, binary(BinaryOp::Sub, i.clone(), int(7)), int(128)), &extents), Some((0, 127)));
-        assert_eq!(bounds(&binary(BinaryOp::Add, binary(BinaryOp::Mul, k, int(128)), i.clone()), &extents), Some((0, 767)));
-        assert_eq!(bounds(&binary(BinaryOp::Div, binary(BinaryOp::Sub, i.clone(), int(1)), int(2)), &extents), None, "a negative dividend");
-        assert_eq!(bounds(&binary(BinaryOp::Rem, i.clone(), j), &extents), None, "a divisor that varies");
-        assert_eq!(bounds(&Scalar::Index(3, Dtype::I64), &extents), None, "an extent not known");
-        assert_eq!(bounds(&binary(BinaryOp::Mul, i, int(i64::MAX)), &extents), None, "an overflow");
-    }
 }

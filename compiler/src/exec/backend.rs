@@ -144,6 +144,19 @@ pub trait Backend {
         drop(buffer);
     }
 
+    /// The error of a call of `entry` (number `entry_number`) that the
+    /// backend learns of only once the work it queued has run (a GPU's
+    /// faults, read once per call): the node that raised it first, and the
+    /// error. The executor asks before it checks an assertion, before it
+    /// keeps a hoisted value, and once the call's nodes have all run,
+    /// before states change and outputs come back: the call fails at the
+    /// node it would have stopped at. A
+    /// backend that checks every node as it runs it has nothing to say.
+    fn settle(&mut self, entry: &Entry, entry_number: usize) -> Result<(), (usize, NodeError)> {
+        let _ = (entry, entry_number);
+        Ok(())
+    }
+
     /// The bytes of weights this backend's contraction kernels have read
     /// so far, where it counts them (profiles turn them into bandwidth).
     fn weight_bytes_read(&self) -> Option<u64> {

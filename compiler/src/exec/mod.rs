@@ -184,6 +184,9 @@ impl<B: Backend> Executor<B> {
                     Some(value) => Some(Rc::clone(value)),
                     None => {
                         let value = Rc::new(self.backend.compute(site, &values).map_err(failed)?);
+                        // Kept for every later call: only once it is known
+                        // to be whole.
+                        self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
                         self.hoisted.insert((number, at), Rc::clone(&value));
                         Some(value)
                     }
@@ -229,6 +232,7 @@ impl<B: Backend> Executor<B> {
                     None
                 }
                 NodeKind::Assert(value, message) => {
+                    self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
                     if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data != Data::Bool(vec![true]) {
                         return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
                     }
@@ -256,6 +260,7 @@ impl<B: Backend> Executor<B> {
                 }
             }
         }
+        self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
         for (state, value) in writes {
             self.states[state] = value;
         }

@@ -55,6 +55,7 @@ const KEYS_PER_STEP: usize = 4;
 /// and sums).
 struct Plan<'a> {
     entry: &'a Entry,
+    at: usize,
     form: Form,
     args: &'a [Value],
     operands: Operands<'a>,
@@ -77,6 +78,7 @@ pub fn attention_kernels(entry: &Entry, at: usize, form: Form, args: &[Value], r
     let within = |size: i64| keys.add(&Dim::constant(size - 1)).div(&Dim::constant(size));
     let plan = Plan {
         entry,
+        at,
         form,
         args,
         rows_mask,
@@ -87,13 +89,13 @@ pub fn attention_kernels(entry: &Entry, at: usize, form: Form, args: &[Value], r
         parts: (operands.shape(0)[2].as_constant() == Some(1)).then(|| within(PART_KEYS)),
         operands,
     };
-    let mut kernels = vec![spans(&plan).finish_stage(at, plan.dtype, "spans")];
+    let mut kernels = vec![spans(&plan, 0).finish_stage(plan.dtype, "spans")];
     match &plan.parts {
         Some(parts) => {
-            kernels.push(walk_parts(&plan, parts).finish_stage(at, plan.dtype, "parts"));
-            kernels.push(combine_parts(&plan, parts).finish(at, plan.dtype));
+            kernels.push(walk_parts(&plan, 1, parts).finish_stage(plan.dtype, "parts"));
+            kernels.push(combine_parts(&plan, 2, parts).finish(plan.dtype));
         }
-        None => kernels.push(walk_rows(&plan).finish(at, plan.dtype)),
+        None => kernels.push(walk_rows(&plan, 1).finish(plan.dtype)),
     }
     Ok(kernels)
 }
@@ -118,10 +120,10 @@ impl Plan<'_> {
         self.operands.shape(0)[..3].iter().fold(Dim::constant(1), |rows, dim| rows.mul(dim))
     }
 
-    /// An emitter for one of the node's kernels (they take the same
+    /// An emitter for the node's kernel `stage` (they take the same
     /// arguments) and its sizes.
-    fn emitter(&self) -> (Emitter<'_>, Sizes) {
-        let mut e = Emitter::new(self.entry, self.form);
+    fn emitter(&self, stage: usize) -> (Emitter<'_>, Sizes) {
+        let mut e = Emitter::new(self.entry, self.at, stage, self.form);
         e.loads = self.args.to_vec();
         let scratch = e.scratch(self.scratch());
         let [batch, heads, queries] = [0, 1, 2].map(|axis| self.operands.size(&mut e, 0, axis));
@@ -150,8 +152,8 @@ struct Sizes {
 
 /// Kernel 1: each mask chunk's end, one past its last admitted key (0
 /// where it admits none), as an f32 (exact below 2^24 keys).
-fn spans<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
-    let (mut e, s) = plan.emitter();
+fn spans<'a>(plan: &'a Plan<'a>, stage: usize) -> Emitter<'a> {
+    let (mut e, s) = plan.emitter(stage);
     let mask = load_name(4);
     e.parallel_in_lanes(
         &[plan.mask_rows.clone(), plan.chunks.clone()],
@@ -372,8 +374,8 @@ fn store_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: 
 
 /// The last kernel where a row's keys are not split: a warp per query
 /// row and head walks all of them.
-fn walk_rows<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
-    let (mut e, s) = plan.emitter();
+fn walk_rows<'a>(plan: &'a Plan<'a>, stage: usize) -> Emitter<'a> {
+    let (mut e, s) = plan.emitter(stage);
     e.parallel_in_warps(&plan.operands.shape(0)[..3], |e, item, warp| {
         let row = query_row(e, plan, &s, item);
         let (end, any) = walk_end(e, &s, warp, &row);
@@ -397,8 +399,8 @@ fn part_at(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, parts: &str, row: &s
 /// and part of [`PART_KEYS`] keys walks them and leaves its maximum, total
 /// and sums in the scratch. A part past the row's walk leaves nothing
 /// (the last kernel does not read it).
-fn walk_parts<'a>(plan: &'a Plan<'a>, parts: &Dim) -> Emitter<'a> {
-    let (mut e, s) = plan.emitter();
+fn walk_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'a> {
+    let (mut e, s) = plan.emitter(stage);
     let parts_index = e.dim_index(parts);
     let work: Vec<Dim> = plan.operands.shape(0)[..3].iter().cloned().chain([parts.clone()]).collect();
     e.parallel_in_warps(&work, |e, item, warp| {
@@ -439,8 +441,8 @@ fn walk_parts<'a>(plan: &'a Plan<'a>, parts: &Dim) -> Emitter<'a> {
 /// The last kernel where a row's keys are split: a warp per query row and
 /// head combines the parts its walk took, each rescaled to the largest
 /// maximum (their maxima read by the lanes together), in order.
-fn combine_parts<'a>(plan: &'a Plan<'a>, parts: &Dim) -> Emitter<'a> {
-    let (mut e, s) = plan.emitter();
+fn combine_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'a> {
+    let (mut e, s) = plan.emitter(stage);
     let parts_index = e.dim_index(parts);
     e.parallel_in_warps(&plan.operands.shape(0)[..3], |e, item, warp| {
         let row = query_row(e, plan, &s, item);

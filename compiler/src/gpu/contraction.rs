@@ -19,8 +19,9 @@
 //! order, eight to an item, and reads a `W` row again only where it
 //! changes, so a prefill's rows that chose the same expert read its
 //! weights together (the grouped product). A node of no more rows than an
-//! item takes (a decode step's experts) is one item per column, with
-//! nothing to order. A row past the last is skipped by the whole warp.
+//! item would take (a decode step's experts, each its own) has nothing to
+//! order or share: an item per row and column, for more warps. A row past
+//! the last is skipped by the whole warp.
 //!
 //! Each lane sums its share in f32 with fused multiply-adds (in
 //! [`RUN`]-wide vectors, their elements added in order at the end), the
@@ -48,8 +49,9 @@ const RUN: i64 = 8;
 enum Rows {
     /// Consecutive rows that share it (a linear layer).
     Shared,
-    /// Consecutive rows that gather their own: all of the node's, as
-    /// many as an item takes, so there is nothing to order.
+    /// Rows that gather their own, no more of them than an item would
+    /// take (a decode step's experts), so there is nothing to order or
+    /// share: one row to an item, for as many warps as there are rows.
     Gathered,
     /// Rows that gather their own, taken in the order the first kernel
     /// left in the scratch.
@@ -94,6 +96,8 @@ pub fn contraction_kernels(entry: &Entry, at: usize, form: Form, contraction: &C
         let rows = if shared { Rows::Shared } else { Rows::Gathered };
         return Ok(vec![products(entry, form, contraction, &layout, rows)?]);
     }
+    // The order is launched first, so the products are the node's second
+    // kernel; they are written first, for the order to take their loads.
     let products = products(entry, form, contraction, &layout, Rows::Ordered)?;
     let order = order(entry, form, contraction, &layout, &products.loads)?;
     Ok(vec![order, products])
@@ -122,7 +126,7 @@ fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, row: &str, column: &str) {
 /// 2^24 rows.
 fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, loads: &[Value]) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[layout.at];
-    let mut e = Emitter::new(entry, form);
+    let mut e = Emitter::new(entry, layout.at, 0, form);
     // Both kernels take the same arguments.
     e.loads = loads.to_vec();
     let order = e.scratch(order_scratch(layout));
@@ -171,30 +175,32 @@ fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layo
     }
     match failed.take() {
         Some(why) => Err(why),
-        None => Ok(e.finish_stage(layout.at, node.dtype, "order")),
+        None => Ok(e.finish_stage(node.dtype, "order")),
     }
 }
 
-/// The products: one item per output column and [`ROWS`] rows, found as
-/// `kind` says.
+/// The products: one item per output column and [`ROWS`] rows (one
+/// where they are [`Rows::Gathered`]), found as `kind` says.
 fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, kind: Rows) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[layout.at];
-    let blocks = layout.rows.add(&Dim::constant(ROWS as i64 - 1)).div(&Dim::constant(ROWS as i64));
+    let rows_per_item = if kind == Rows::Gathered { 1 } else { ROWS };
+    let blocks = layout.rows.add(&Dim::constant(rows_per_item as i64 - 1)).div(&Dim::constant(rows_per_item as i64));
     let read = if contraction.depth.as_constant().is_some_and(|depth| depth % RUN == 0) { Read::Runs } else { Read::Elements };
 
-    let mut e = Emitter::new(entry, form);
+    let stage = usize::from(kind == Rows::Ordered);
+    let mut e = Emitter::new(entry, layout.at, stage, form);
     let (input, weight) = (contraction.input.value, contraction.weight.value);
     let (input_argument, weight_argument) = (e.argument(input), e.argument(weight));
     let order = (kind == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
     let (row_count, columns, depth) = (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
-    let per_item = e.index_constant(ROWS as i64);
+    let per_item = e.index_constant(rows_per_item as i64);
     // Item `item`'s column and rows: each row's number and, but for the
     // first, whether it is one.
     let item_rows = |e: &mut Emitter<'_>, item: &str| {
         let column = e.op(format!("arith.remui {item}, {columns} : index"));
         let block = e.op(format!("arith.divui {item}, {columns} : index"));
         let first = e.mul(&block, &per_item);
-        let rows: Vec<(String, Option<String>)> = (0..ROWS)
+        let rows: Vec<(String, Option<String>)> = (0..rows_per_item)
             .map(|r| {
                 let (slot, inside) = row_number(e, &first, r, &row_count);
                 let row = match order {
@@ -212,10 +218,10 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
     let mut failed = None;
     e.parallel_in_lanes(
         &[blocks, layout.columns.clone()],
-        &[Combine::Add; ROWS],
+        &vec![Combine::Add; rows_per_item],
         |e, item, lane| {
             let (column, rows) = item_rows(e, item);
-            let mut starts: Vec<Row> = Vec::with_capacity(ROWS);
+            let mut starts: Vec<Row> = Vec::with_capacity(rows_per_item);
             let mut previous_weight_row: Option<String> = None;
             for (row, real) in rows {
                 bind_row(e, layout, &row, &column);
@@ -266,7 +272,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
     );
     match failed {
         Some(why) => Err(why),
-        None => Ok(e.finish(layout.at, node.dtype)),
+        None => Ok(e.finish(node.dtype)),
     }
 }
 

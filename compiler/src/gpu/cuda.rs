@@ -9,15 +9,16 @@
 //! says, a node's kernels in order with one scratch buffer (kept, and
 //! grown when a node needs more), every buffer passed as its memref descriptor
 //! (`pipeline`), with the dims table of the call (uploaded once per dims)
-//! and a faults table, read back after each kernel that can raise one, so
-//! a fault is reported at its node. An entry's PTX is loaded (compiled by
+//! and one faults table, read back once when the call settles (if a kernel
+//! that can raise a fault ran): it names the node the call failed at, so a
+//! fault is reported there without a wait after every kernel. An entry's PTX is loaded (compiled by
 //! the driver) when the entry is first called.
 
 use super::layout::{loaded, stored};
 use super::{Launch, PtxSet};
 use crate::exec::{dim_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
-use crate::ir::{Intrinsic, Model};
+use crate::ir::{Entry, Intrinsic, Model};
 use crate::sema::ty::Dtype;
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
@@ -57,6 +58,9 @@ pub struct Cuda {
     /// Dims tables already on the device, by their contents.
     dims: HashMap<Vec<i64>, CudaSlice<i64>>,
     faults: CudaSlice<i64>,
+    /// Whether a kernel that can raise a fault ran since the faults were
+    /// last read.
+    unsettled: bool,
     /// The scratch of the nodes that have one: the largest asked for so
     /// far, reused by each (the stream runs one node at a time).
     scratch: Option<CudaSlice<u8>>,
@@ -79,7 +83,7 @@ impl Cuda {
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
         let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
-        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, scratch: None })
+        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None })
     }
 
     /// The device's architecture, `sm_90`: what its PTX is built for.
@@ -167,9 +171,9 @@ impl Cuda {
     }
 
     /// Launches the site's kernels writing `out` from `args` (its loads'
-    /// values, in order); after each that can raise a fault, reads the
-    /// faults.
-    fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
+    /// values, in order); the faults they raise are read when the call
+    /// settles.
+    fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
         self.load(site)?;
         let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
         let scratch = self.kernels(site)[0].0.scratch.as_ref().map(|scratch| (bound(&scratch.elements), scratch.dtype.bytes()));
@@ -208,23 +212,7 @@ impl Cuda {
             // order (`emit`'s convention as `pipeline` lowers it), each
             // pointing at a live device buffer of its size.
             unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
-            if kernel.faults {
-                let (name, checks) = (kernel.name.clone(), kernel.checks.clone());
-                self.raised(&name, &checks, args, intrinsic)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The fault kernel `name` (whose loads check `checks`) raised, if any,
-    /// read back from the device (the table is cleared after one).
-    fn raised(&mut self, name: &str, checks: &[super::Check], args: &[&DeviceBuffer], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
-        let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| NodeError::Check(driver(&format!("running `{name}`"), e)))?;
-        let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-        let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
-        if let Some(error) = super::fault_error(&faults, name, checks, intrinsic, requests) {
-            self.stream.memset_zeros(&mut self.faults).map_err(|e| NodeError::Check(driver("clearing the faults table", e)))?;
-            return Err(error);
+            self.unsettled |= kernel.faults;
         }
         Ok(())
     }
@@ -281,17 +269,30 @@ impl Backend for Cuda {
         let out = self.output(&site)?;
         let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0].0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
-        self.launch(&site, &out, &args, None)?;
+        self.launch(&site, &out, &args)?;
         Ok(out)
     }
 
-    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&DeviceBuffer]) -> Result<DeviceBuffer, NodeError> {
+    fn intrinsic(&mut self, site: Site<'_>, _: Intrinsic, args: &[&DeviceBuffer]) -> Result<DeviceBuffer, NodeError> {
         let out = self.output(&site)?;
-        self.launch(&site, &out, args, Some(intrinsic))?;
+        self.launch(&site, &out, args)?;
         Ok(out)
     }
 
-    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
-        self.launch(&site, cache, args, Some(intrinsic))
+    fn settle(&mut self, entry: &Entry, entry_number: usize) -> Result<(), (usize, NodeError)> {
+        if !std::mem::take(&mut self.unsettled) {
+            return Ok(());
+        }
+        let failed = |what: &str, e| (0, NodeError::Check(driver(what, e)));
+        let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| failed("reading the faults table", e))?;
+        let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
+        let EntryKernels::Loaded(kernels) = &self.entries[entry_number] else { return Ok(()) };
+        let Some(error) = super::raised(&faults, entry, |node, stage| Some(kernels.get(node)?.get(stage)?.0.checks.as_slice())) else { return Ok(()) };
+        self.stream.memset_zeros(&mut self.faults).map_err(|e| failed("clearing the faults table", e))?;
+        Err(error)
+    }
+
+    fn write_cache(&mut self, site: Site<'_>, _: Intrinsic, cache: &mut DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
+        self.launch(&site, cache, args)
     }
 }

@@ -5,7 +5,7 @@
 //! `i8`); the output comes first, then the values read, then the node's
 //! scratch if it has one ([`Scratch`]), then the entry's dims as a
 //! `memref<?xi64>` table (in the order [`Kernel::dims`] lists them) and a
-//! `memref<7xi64>` of faults ([`Fault`], [`FAULT_SLOTS`]). In registers
+//! `memref<9xi64>` of faults ([`Fault`], [`FAULT_SLOTS`]). In registers
 //! floats are f32 and integers i64.
 //!
 //! A node's work may take several kernels, launched in order with the
@@ -35,6 +35,9 @@ use std::fmt::Write;
 pub struct Kernel {
     /// The node it computes.
     pub node: usize,
+    /// Its place among its node's kernels, in launch order (0 for a node
+    /// of one kernel).
+    pub stage: usize,
     /// `ENTRY_vNODE`.
     pub name: String,
     pub text: String,
@@ -119,15 +122,37 @@ impl Combine {
 pub struct Unsupported(pub String);
 
 /// The faults table's length: the flags of [`Fault`], then the detail of
-/// the fault raised (slot 3: a cache write's offending request; slots 4,
-/// 5, 6: the [`Check`] a load failed, its position and the axis' size).
-/// A kind's first fault keeps its details, as the CPU backend reports the
-/// first; where items fault at once, they are one item's.
-pub const FAULT_SLOTS: usize = 7;
+/// the fault raised (slot 3: a cache write's offending request, slot 4:
+/// the rows it may name; slots 5, 6, 7: the [`Check`] a load failed, its
+/// position and the axis' size), then the kernel that raised it (slot 8,
+/// [`owner`]). One table serves a whole call: the first kernel that
+/// raises a fault owns it, and no other kernel writes it after, so that
+/// it is read once, when the call ends, and names the node the call
+/// failed at, as the CPU backend stops at it. Within the owner, a kind's
+/// first fault keeps its details, as the CPU backend reports the first;
+/// where items fault at once, they are one item's.
+pub const FAULT_SLOTS: usize = 9;
 
 /// Slots of the faults table past the flags.
 pub const REQUEST_SLOT: usize = 3;
-pub const CHECK_SLOT: usize = 4;
+pub const CHECK_SLOT: usize = 5;
+pub const OWNER_SLOT: usize = 8;
+
+/// The most kernels a node is.
+const MAX_STAGES: usize = 8;
+
+/// How the faults table names the kernel that raised its faults: stage
+/// `stage` of node `node`, never 0 (no fault).
+pub fn owner(node: usize, stage: usize) -> i64 {
+    (node * MAX_STAGES + stage + 1) as i64
+}
+
+/// The node and stage an owner in the faults table names, if it names one.
+#[cfg(any(feature = "nvptx", feature = "cuda"))]
+pub fn owned_by(owner: i64) -> Option<(usize, usize)> {
+    let number = usize::try_from(owner).ok()?.checked_sub(1)?;
+    Some((number / MAX_STAGES, number % MAX_STAGES))
+}
 
 /// What a kernel reports in its faults table: the slot it sets to 1, with
 /// its details past the flags ([`FAULT_SLOTS`]).
@@ -175,6 +200,10 @@ pub fn register(dtype: Dtype) -> &'static str {
 /// Emits the body of one kernel, one SSA value at a time.
 pub struct Emitter<'e> {
     pub entry: &'e Entry,
+    /// The node this kernel computes and its place among the node's
+    /// kernels.
+    node: usize,
+    stage: usize,
     form: Form,
     work: Vec<Dim>,
     lanes: u32,
@@ -197,9 +226,14 @@ pub struct Emitter<'e> {
 }
 
 impl<'e> Emitter<'e> {
-    pub fn new(entry: &'e Entry, form: Form) -> Emitter<'e> {
+    /// The emitter of stage `stage` (its place in launch order) of node
+    /// `node`'s kernels.
+    pub fn new(entry: &'e Entry, node: usize, stage: usize, form: Form) -> Emitter<'e> {
+        assert!(stage < MAX_STAGES, "a node is at most {MAX_STAGES} kernels");
         Emitter {
             entry,
+            node,
+            stage,
             form,
             work: Vec::new(),
             lanes: 1,
@@ -410,23 +444,44 @@ impl<'e> Emitter<'e> {
     }
 
     /// Sets `fault`'s slot of the faults table, with `details` (i64 SSA
-    /// names) in its detail slots if it is the first of its kind.
+    /// names) in its detail slots if it is the first of its kind, unless
+    /// another kernel of the call owns the table ([`FAULT_SLOTS`]).
     pub fn fault(&mut self, fault: Fault, details: &[&str]) {
         self.faults = true;
-        let slot = self.index_constant(fault as i64);
-        if !details.is_empty() {
-            let raised = self.op(format!("memref.load %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
-            let zero = self.op("arith.constant 0 : i64".into());
-            let first = self.op(format!("arith.cmpi eq, {raised}, {zero} : i64"));
-            self.when(&first, |e| {
-                for (at, detail) in details.iter().enumerate() {
-                    let slot = e.index_constant((fault.details_slot() + at) as i64);
-                    e.line(format!("memref.store {detail}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
-                }
-            });
-        }
-        let flag = self.op("arith.constant 1 : i64".into());
-        self.line(format!("memref.store {flag}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+        let me = self.op(format!("arith.constant {} : i64", owner(self.node, self.stage)));
+        let owner_slot = self.index_constant(OWNER_SLOT as i64);
+        let owner = self.op(format!("memref.load %error[{owner_slot}] : memref<{FAULT_SLOTS}xi64>"));
+        let zero = self.op("arith.constant 0 : i64".into());
+        let free = self.op(format!("arith.cmpi eq, {owner}, {zero} : i64"));
+        let mine = self.op(format!("arith.cmpi eq, {owner}, {me} : i64"));
+        let writes = self.op(format!("arith.ori {free}, {mine} : i1"));
+        self.when(&writes, |e| {
+            let slot = e.index_constant(fault as i64);
+            if !details.is_empty() {
+                let raised = e.op(format!("memref.load %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+                let first = e.op(format!("arith.cmpi eq, {raised}, {zero} : i64"));
+                e.when(&first, |e| {
+                    for (at, detail) in details.iter().enumerate() {
+                        let slot = e.index_constant((fault.details_slot() + at) as i64);
+                        e.line(format!("memref.store {detail}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+                    }
+                });
+            }
+            let flag = e.op("arith.constant 1 : i64".into());
+            e.line(format!("memref.store {flag}, %error[{slot}] : memref<{FAULT_SLOTS}xi64>"));
+            e.line(format!("memref.store {me}, %error[{owner_slot}] : memref<{FAULT_SLOTS}xi64>"));
+        });
+    }
+
+    /// `then` only while no kernel of the call has raised a fault: a cache
+    /// write after the node a call fails at writes nothing, as on the CPU
+    /// backend, which stops there.
+    pub fn unless_faulted(&mut self, then: impl FnOnce(&mut Self)) {
+        let owner_slot = self.index_constant(OWNER_SLOT as i64);
+        let owner = self.op(format!("memref.load %error[{owner_slot}] : memref<{FAULT_SLOTS}xi64>"));
+        let zero = self.op("arith.constant 0 : i64".into());
+        let clear = self.op(format!("arith.cmpi eq, {owner}, {zero} : i64"));
+        self.when(&clear, then);
     }
 
     /// Raises [`Fault::PositionOutsideAxis`] for `check`, with the
@@ -685,21 +740,21 @@ impl<'e> Emitter<'e> {
         self.line("}".into());
     }
 
-    /// The kernel of node `node`, writing `out` (of `dtype`) from the
-    /// loads, with the body emitted so far.
-    pub fn finish(self, node: usize, dtype: Dtype) -> Kernel {
-        let name = format!("{}_v{node}", self.entry.name);
-        self.finish_named(node, dtype, name)
+    /// The node's (last) kernel, writing `out` (of `dtype`) from the
+    /// loads, with the body emitted so far: `ENTRY_vNODE`.
+    pub fn finish(self, dtype: Dtype) -> Kernel {
+        let name = format!("{}_v{}", self.entry.name, self.node);
+        self.finish_named(dtype, name)
     }
 
-    /// [`Emitter::finish`] for a stage of node `node` before its last,
-    /// named `ENTRY_vNODE_STAGE`.
-    pub fn finish_stage(self, node: usize, dtype: Dtype, stage: &str) -> Kernel {
-        let name = format!("{}_v{node}_{stage}", self.entry.name);
-        self.finish_named(node, dtype, name)
+    /// [`Emitter::finish`] for a kernel of the node before its last,
+    /// named for what it does: `ENTRY_vNODE_WHAT`.
+    pub fn finish_stage(self, dtype: Dtype, what: &str) -> Kernel {
+        let name = format!("{}_v{}_{what}", self.entry.name, self.node);
+        self.finish_named(dtype, name)
     }
 
-    fn finish_named(self, node: usize, dtype: Dtype, name: String) -> Kernel {
+    fn finish_named(self, dtype: Dtype, name: String) -> Kernel {
         let mut arguments = format!("%out: memref<?x{}>", stored(dtype));
         for (at, value) in self.loads.iter().enumerate() {
             write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
@@ -717,6 +772,6 @@ impl<'e> Emitter<'e> {
                 self.body
             ),
         };
-        Kernel { node, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch }
+        Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch }
     }
 }

@@ -3,12 +3,14 @@
 //! execution engine, as a backend (`MlirHost`) the executor drives. It is
 //! how a wrong index or reduction in a GPU kernel shows without a GPU: its
 //! results are held to the interpreter by the contract's tolerances.
-//! Intrinsics run on the reference kernels, as the interpreter runs them.
+//! Intrinsics run through their kernels too. A call's faults are read
+//! once, when it settles, as on a device: the same kernels report the
+//! same errors.
 
 use super::{Form, Kernel};
 use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
-use crate::ir::{Intrinsic, Model};
+use crate::ir::{Entry, Intrinsic, Model};
 use super::layout::{loaded, stored};
 use crate::tensor::Tensor;
 use melior::ExecutionEngine;
@@ -30,6 +32,10 @@ struct Compiled {
 #[derive(Default)]
 pub struct MlirHost {
     entries: Vec<Compiled>,
+    /// The faults table of the call (`FAULT_SLOTS`), read when it settles,
+    /// as the CUDA backend reads its own: the same kernels, the same
+    /// errors.
+    faults: [i64; super::FAULT_SLOTS],
 }
 
 /// A 1-D memref as MLIR's C interface passes it (`StridedMemRefType<T, 1>`).
@@ -45,6 +51,11 @@ struct Descriptor {
 impl Descriptor {
     fn of(bytes: &mut [u8], elements: usize) -> Descriptor {
         Descriptor { allocated: bytes.as_mut_ptr(), aligned: bytes.as_mut_ptr(), offset: 0, size: elements as i64, stride: 1 }
+    }
+
+    fn of_faults(faults: &mut [i64; super::FAULT_SLOTS]) -> Descriptor {
+        let start = faults.as_mut_ptr() as *mut u8;
+        Descriptor { allocated: start, aligned: start, offset: 0, size: super::FAULT_SLOTS as i64, stride: 1 }
     }
 }
 
@@ -86,21 +97,30 @@ impl Backend for MlirHost {
         let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
-        self.invoke(&site, &mut out, &args, None)?;
+        self.invoke(&site, &mut out, &args)?;
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
     }
 
-    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
+    fn intrinsic(&mut self, site: Site<'_>, _: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
-        self.invoke(&site, &mut out, args, Some(intrinsic))?;
+        self.invoke(&site, &mut out, args)?;
         Ok(loaded(&out, node.dtype, site.shape.to_vec()))
     }
 
-    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+    fn settle(&mut self, entry: &Entry, entry_number: usize) -> Result<(), (usize, NodeError)> {
+        let faults = std::mem::take(&mut self.faults);
+        let kernels = &self.entries[entry_number].kernels;
+        match super::raised(&faults, entry, |node, stage| Some(kernels.get(node)?.get(stage)?.checks.as_slice())) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn write_cache(&mut self, site: Site<'_>, _: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
         let dtype = site.entry.nodes[site.at].dtype;
         let mut cells = stored(cache, dtype).map_err(NodeError::Check)?;
-        self.invoke(&site, &mut cells, args, Some(intrinsic))?;
+        self.invoke(&site, &mut cells, args)?;
         *cache = loaded(&cells, dtype, cache.shape.clone());
         Ok(())
     }
@@ -115,10 +135,10 @@ impl MlirHost {
     }
 
     /// Runs the site's kernels in order into `out` (its stored bytes) from
-    /// `args` (its loads' values, in order), with the node's scratch; a
-    /// fault a kernel raised is the error.
-    fn invoke(&self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor], intrinsic: Option<Intrinsic>) -> Result<(), NodeError> {
-        let kernels = self.kernels(site);
+    /// `args` (its loads' values, in order), with the node's scratch and
+    /// the call's faults table.
+    fn invoke(&mut self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor]) -> Result<(), NodeError> {
+        let kernels = &self.entries[site.entry_number].kernels[site.at];
         let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
         let mut inputs = kernels[0]
             .loads
@@ -130,14 +150,13 @@ impl MlirHost {
         let mut scratch = vec![0u8; scratch_elements.map_or(0, |(elements, bytes)| elements * bytes)];
         for kernel in kernels {
             let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
-            let mut error = [0u8; 8 * super::FAULT_SLOTS];
             let mut descriptors = vec![Descriptor::of(out, out_elements)];
             descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
             if let Some((elements, _)) = scratch_elements {
                 descriptors.push(Descriptor::of(&mut scratch, elements));
             }
             descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
-            descriptors.push(Descriptor::of(&mut error, super::FAULT_SLOTS));
+            descriptors.push(Descriptor::of_faults(&mut self.faults));
             // The C interface takes a pointer to each memref's descriptor; the
             // packed call, a pointer to each of those.
             let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
@@ -146,11 +165,6 @@ impl MlirHost {
             // SAFETY: the kernel takes one 1-D memref per argument, in this
             // order, each descriptor pointing at a live buffer of its length.
             unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
-            let faults = std::array::from_fn(|slot| i64::from_le_bytes(error[slot * 8..slot * 8 + 8].try_into().expect("8 bytes")));
-            let requests = args.first().and_then(|x| x.shape.first().copied()).unwrap_or(0);
-            if let Some(error) = super::fault_error(&faults, &kernel.name, &kernel.checks, intrinsic, requests) {
-                return Err(error);
-            }
         }
         Ok(())
     }

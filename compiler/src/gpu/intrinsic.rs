@@ -11,7 +11,8 @@
 //! - cache writes: one work item per element written, copied in its stored
 //!   type (exact); the cache is the kernel's output, changed in place. A
 //!   position or span outside the cache writes nothing and raises
-//!   [`Fault::OutsideCache`].
+//!   [`Fault::OutsideCache`]; after a node of the call raised a fault,
+//!   nothing is written.
 
 use super::emit::{Combine, Emitter, Fault, Form, Kernel, Unsupported, Warp, LANES};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
@@ -24,7 +25,7 @@ use crate::sema::ty::Dtype;
 pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Intrinsic(intrinsic, args) = &node.kind else { return Err(Unsupported("not an intrinsic node".into())) };
-    let mut emitter = Emitter::new(entry, form);
+    let mut emitter = Emitter::new(entry, at, 0, form);
     let operands = Operands { entry, args };
     match intrinsic {
         Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows => {
@@ -39,7 +40,7 @@ pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Ker
             write_cache(&mut emitter, &operands, *intrinsic);
         }
     }
-    Ok(vec![emitter.finish(at, node.dtype)])
+    Ok(vec![emitter.finish(node.dtype)])
 }
 
 /// An intrinsic's arguments: their shapes and types.
@@ -257,7 +258,8 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
         Intrinsic::WriteSlots => (Some(operands.dtype(3)), load_name(2)),
         _ => (None, String::new()),
     };
-    emitter.parallel(&work, |e, item| {
+    // A write after the node a call fails at writes nothing.
+    emitter.parallel(&work, |e, item| e.unless_faulted(|e| {
         let position = e.split(item, &[&rows, &axis, &span, &width]);
         let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
         // The first position written: `pos`/`start`, checked against the
@@ -311,7 +313,7 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
                 let one = e.op("arith.constant 1 : i64".into());
                 let request = e.op(format!("arith.subi {owner}, {one} : i64"));
                 e.line(format!("scf.if {beyond} {{"));
-                e.fault(Fault::RequestOutsideX, &[&request]);
+                e.fault(Fault::RequestOutsideX, &[&request, &x_rows_i64]);
                 e.line("} else {".into());
                 let request = e.op(format!("arith.index_cast {request} : i64 to index"));
                 let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);
@@ -319,7 +321,7 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
                 e.line("}".into());
             });
         });
-    });
+    }));
 }
 
 /// Copies element `from` of `source` to element `to` of the output, in

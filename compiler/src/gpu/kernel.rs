@@ -204,15 +204,16 @@ impl Emitter<'_> {
 
     /// The row-major number (an index) of `positions` among the positions
     /// of `value`'s leading axes (all of them, or as many as are given),
-    /// each checked against its axis: outside one, 0, and the error flag
-    /// set.
+    /// each checked against its axis unless `ir::bounds` proves it inside:
+    /// outside one, 0, and the error flag set.
     pub(super) fn position(&mut self, value: Value, positions: &[Scalar]) -> Result<String, Unsupported> {
         let shape = self.entry.nodes[value.index()].shape.clone();
         let mut flat = self.op("arith.constant 0 : i64".into());
         let mut inside = None;
         for (axis, (scalar, size)) in positions.iter().zip(&shape).enumerate() {
-            // An index over the same dim as the axis is inside it: no check.
-            let proven = matches!(scalar, Scalar::Index(k, _) if self.extents.get(k) == Some(size));
+            // A position inside the axis whatever the indices are needs no
+            // check.
+            let proven = crate::ir::bounds::inside(scalar, size, &self.extents);
             let position = self.scalar(scalar)?;
             let size = self.dim(size);
             if !proven {
@@ -336,7 +337,7 @@ fn lane_reductions<'s>(scalar: &'s Scalar, out: &mut Vec<&'s Scalar>) {
 /// One work item per element of the node.
 fn element_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
-    let mut emitter = Emitter::new(entry, form);
+    let mut emitter = Emitter::new(entry, at, 0, form);
     let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
     let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let mut failed = None;
@@ -349,7 +350,7 @@ fn element_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar) -> Resu
     });
     match failed {
         Some(why) => Err(why),
-        None => Ok(emitter.finish(at, node.dtype)),
+        None => Ok(emitter.finish(node.dtype)),
     }
 }
 
@@ -363,7 +364,7 @@ fn row_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar, parts: &[In
     let node = &entry.nodes[at];
     let (leading, last) = node.shape.split_at(node.shape.len() - 1);
     let last_axis = leading.len() as u32;
-    let mut e = Emitter::new(entry, form);
+    let mut e = Emitter::new(entry, at, 0, form);
     let leading_sizes: Vec<String> = leading.iter().map(|dim| e.dim_index(dim)).collect();
     let columns = e.dim_index(&last[0]);
     let lanes = e.index_constant(i64::from(LANES));
@@ -423,6 +424,6 @@ fn row_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar, parts: &[In
     );
     match failed.into_inner() {
         Some(why) => Err(why),
-        None => Ok(e.finish(at, node.dtype)),
+        None => Ok(e.finish(node.dtype)),
     }
 }

@@ -35,7 +35,7 @@ use crate::ir::Model;
 
 pub use emit::{Check, Fault, Form, Kernel, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
-use emit::{CHECK_SLOT, REQUEST_SLOT};
+use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use ptx_set::{Launch, PtxSet};
 
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
@@ -137,29 +137,36 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
     Ok(Built { entries, missing })
 }
 
-/// The error for the faults kernel `name` raised, if any (`checks`: the
-/// axes its loads check): a load outside its axis as the CPU backend
-/// reports it (the check's value and axis, the position, the size); an
-/// intrinsic's as the reference words it (`crate::intrinsics`);
-/// `requests`, the rows of a `write_slots`' `x`.
+/// The error a call of `entry` failed with, from its faults table
+/// `faults`, if a kernel raised one: the node that raised it first (the
+/// table's owner) and the error as the CPU backend reports it: a load
+/// outside its axis with the check's value and axis, the position and the
+/// size (`checks(node, stage)`: the axes that kernel's loads check); an
+/// intrinsic's as the reference words it (`crate::intrinsics`).
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
-fn fault_error(faults: &[i64; FAULT_SLOTS], name: &str, checks: &[Check], intrinsic: Option<crate::ir::Intrinsic>, requests: usize) -> Option<crate::exec::NodeError> {
+fn raised<'k>(faults: &[i64; FAULT_SLOTS], entry: &Entry, checks: impl Fn(usize, usize) -> Option<&'k [Check]>) -> Option<(usize, crate::exec::NodeError)> {
     use crate::exec::NodeError;
     use crate::ir::Intrinsic;
+    let (node, stage) = emit::owned_by(faults[OWNER_SLOT])?;
+    let intrinsic = match entry.nodes.get(node).map(|node| &node.kind) {
+        Some(NodeKind::Intrinsic(intrinsic, _)) => Some(*intrinsic),
+        _ => None,
+    };
     let raised = |fault: Fault| faults[fault as usize] != 0;
     let writer = intrinsic.map(Intrinsic::name).unwrap_or("a kernel");
-    Some(if raised(Fault::PositionOutsideAxis) {
+    let error = if raised(Fault::PositionOutsideAxis) {
         let [number, position, size] = [faults[CHECK_SLOT], faults[CHECK_SLOT + 1], faults[CHECK_SLOT + 2]];
-        match usize::try_from(number).ok().and_then(|number| checks.get(number)) {
+        match usize::try_from(number).ok().and_then(|number| checks(node, stage)?.get(number)) {
             Some(check) => NodeError::OutOfRange { value: check.value, axis: check.axis, position, size, source: check.source },
-            None => NodeError::Check(format!("`{name}` raised a fault for check {number}, which it does not have")),
+            None => NodeError::Check(format!("kernel {stage} of node v{node} raised a fault for check {number}, which it does not have")),
         }
     } else if raised(Fault::OutsideCache) {
         let what = if intrinsic == Some(Intrinsic::WriteAt) { "position" } else { "span" };
         NodeError::Check(format!("{writer}: {what} outside the cache"))
     } else if raised(Fault::RequestOutsideX) {
-        NodeError::Check(format!("{writer}: position {} is outside 0..{requests}", faults[REQUEST_SLOT]))
+        NodeError::Check(format!("{writer}: position {} is outside 0..{}", faults[REQUEST_SLOT], faults[REQUEST_SLOT + 1]))
     } else {
-        return None;
-    })
+        NodeError::Check(format!("kernel {stage} of node v{node} owns the faults table but raised no fault it names"))
+    };
+    Some((node, error))
 }

@@ -25,6 +25,8 @@ use std::path::Path;
 pub struct Launch {
     pub name: String,
     pub node: usize,
+    /// Its place among its node's launches (a fault names it so).
+    pub stage: usize,
     pub loads: Vec<usize>,
     pub scratch: Option<super::Scratch>,
     pub dims: Vec<Dim>,
@@ -81,6 +83,7 @@ impl PtxSet {
                     .map(|kernel| Launch {
                         name: kernel.name.clone(),
                         node: kernel.node,
+                        stage: kernel.stage,
                         loads: kernel.loads.iter().map(|value| value.index()).collect(),
                         scratch: kernel.scratch.clone(),
                         dims: kernel.dims.clone(),
@@ -159,7 +162,8 @@ impl PtxSet {
             if !reads_its_own {
                 return Err(format!("a kernel of entry `{}` reads a value its node cannot", entry.name));
             }
-            let stages_agree = launches.windows(2).all(|pair| pair[0].node != pair[1].node || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch));
+            let in_order = launches.iter().enumerate().all(|(at, launch)| launch.stage == launches[..at].iter().rev().take_while(|earlier| earlier.node == launch.node).count());
+            let stages_agree = in_order && launches.windows(2).all(|pair| pair[0].node != pair[1].node || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch));
             if !stages_agree {
                 return Err(format!("the kernels of a node of entry `{}` do not take the same arguments", entry.name));
             }

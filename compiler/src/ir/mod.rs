@@ -11,6 +11,7 @@
 //! recurrence) is an [`Intrinsic`]. Backends lower from this one form.
 
 pub mod analysis;
+pub mod bounds;
 pub mod contraction;
 pub mod cse;
 pub mod fuse;
