@@ -186,7 +186,7 @@ impl<B: Backend> Executor<B> {
                         let value = Rc::new(self.backend.compute(site, &values).map_err(failed)?);
                         // Kept for every later call: only once it is known
                         // to be whole.
-                        self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
+                        settle(&mut self.backend, &self.model, number)?;
                         self.hoisted.insert((number, at), Rc::clone(&value));
                         Some(value)
                     }
@@ -232,7 +232,7 @@ impl<B: Backend> Executor<B> {
                     None
                 }
                 NodeKind::Assert(value, message) => {
-                    self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
+                    settle(&mut self.backend, &self.model, number)?;
                     if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data != Data::Bool(vec![true]) {
                         return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
                     }
@@ -260,7 +260,7 @@ impl<B: Backend> Executor<B> {
                 }
             }
         }
-        self.backend.settle(entry, number).map_err(|(node, error)| describe(&self.model, entry, node, error))?;
+        settle(&mut self.backend, &self.model, number)?;
         for (state, value) in writes {
             self.states[state] = value;
         }
@@ -276,6 +276,13 @@ impl<B: Backend> Executor<B> {
 /// A live value; the plan frees nothing before its last read.
 fn held<B>(values: &Values<B>, at: usize) -> &B {
     values[at].as_deref().expect("a value is read only while it is live")
+}
+
+/// What `backend` learned of entry `number`'s call only once its work ran
+/// (`Backend::settle`), as the error at the node that raised it.
+fn settle<B: Backend>(backend: &mut B, model: &Model, number: usize) -> Result<(), RunError> {
+    let entry = &model.entries[number];
+    backend.settle(entry, number).map_err(|(node, error)| describe(model, entry, node, error))
 }
 
 /// A backend's error at node `at`, with the values it names.

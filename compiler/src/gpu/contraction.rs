@@ -109,10 +109,15 @@ fn order_scratch(layout: &Layout<'_>) -> Scratch {
     Scratch { dtype: Dtype::I64, elements: layout.rows.clone() }
 }
 
-/// Binds the node's axes to row `row` (an index) and output column
-/// `column`.
-fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, row: &str, column: &str) {
-    let sizes: Vec<String> = layout.leading.iter().map(|dim| e.dim_index(dim)).collect();
+/// The sizes of the node's row axes (indices), read once per kernel for
+/// [`bind_row`].
+fn row_sizes(e: &mut Emitter<'_>, layout: &Layout<'_>) -> Vec<String> {
+    layout.leading.iter().map(|dim| e.dim_index(dim)).collect()
+}
+
+/// Binds the node's axes to row `row` (an index, split along `sizes`,
+/// from [`row_sizes`]) and output column `column`.
+fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, sizes: &[String], row: &str, column: &str) {
     let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let shape: Vec<Dim> = layout.leading.iter().chain([layout.columns]).cloned().collect();
     e.bind_axes(row, &sizes, &shape);
@@ -131,10 +136,11 @@ fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layo
     e.loads = loads.to_vec();
     let order = e.scratch(order_scratch(layout));
     let rows = e.dim_index(&layout.rows);
+    let sizes = row_sizes(&mut e, layout);
     let failed = Cell::new(None);
     let weight_row = |e: &mut Emitter<'_>, row: &str| {
         let zero = e.index_constant(0);
-        bind_row(e, layout, row, &zero);
+        bind_row(e, layout, &sizes, row, &zero);
         e.position(contraction.weight.value, contraction.weight.rows).unwrap_or_else(|why| {
             failed.set(Some(why));
             zero
@@ -194,6 +200,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
     let order = (kind == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
     let (row_count, columns, depth) = (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
     let per_item = e.index_constant(rows_per_item as i64);
+    let sizes = row_sizes(&mut e, layout);
     // Item `item`'s column and rows: each row's number and, but for the
     // first, whether it is one.
     let item_rows = |e: &mut Emitter<'_>, item: &str| {
@@ -224,7 +231,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
             let mut starts: Vec<Row> = Vec::with_capacity(rows_per_item);
             let mut previous_weight_row: Option<String> = None;
             for (row, real) in rows {
-                bind_row(e, layout, &row, &column);
+                bind_row(e, layout, &sizes, &row, &column);
                 let input_row = e.position(input, contraction.input.rows);
                 let weight_row = match &previous_weight_row {
                     Some(shared) if kind == Rows::Shared => Ok(shared.clone()),
