@@ -370,27 +370,48 @@ fn attention_split_over_keys_meets_the_reference() {
     attention_meets_the_reference(model, &inputs, mask, 1e-5);
 }
 
-/// The delta rule as warps (`gpu::intrinsic`: a state column's cells in a
-/// warp's lanes), run on the host, against the reference: a key width
-/// that is no multiple of a warp, more than one token, grouped heads,
-/// two batch rows; every token's read and the final state.
+/// The delta rule over a span (`gpu::delta`: each chunk's shared
+/// products first, then a warp per state column solves the chunk's
+/// updates forward), run on the host, against the reference: a key width
+/// that is no multiple of a warp, tokens over two chunks (the second part
+/// past the span), grouped heads, two batch rows; every token's read and
+/// the final state.
 #[test]
-fn the_delta_rule_in_warps_meets_the_reference() {
-    let (batch, tokens, key_heads, value_heads, key_width, value_width) = (2usize, 3usize, 2usize, 4usize, 40usize, 5usize);
+fn the_delta_rule_in_chunks_meets_the_reference() {
+    let kernels = delta_rule_meets_the_reference(Some(37));
+    assert_eq!(kernels, 2, "the span is not taken in chunks: this test covers less than it says");
+}
+
+/// A decode step of the delta rule (`gpu::delta`: a state column's cells
+/// in a warp's lanes), run on the host, against the reference.
+#[test]
+fn a_step_of_the_delta_rule_meets_the_reference() {
+    assert_eq!(delta_rule_meets_the_reference(None), 1);
+}
+
+/// Runs `gated_delta_rule` over `span` tokens (`gated_delta_step` where
+/// none) on the reference and on the GPU kernels run on the host, and
+/// compares every element (f32, so that a token left out shows); the
+/// node's kernels.
+fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
+    let (batch, key_heads, value_heads, key_width, value_width) = (2usize, 2usize, 4usize, 40usize, 5usize);
+    let tokens: Vec<usize> = span.into_iter().collect();
+    let shape = |rest: &[usize]| [&[batch][..], &tokens, rest].concat();
     let inputs = [
-        ("q", vec![batch, tokens, key_heads, key_width], Dtype::Bf16),
-        ("k", vec![batch, tokens, key_heads, key_width], Dtype::Bf16),
-        ("v", vec![batch, tokens, value_heads, value_width], Dtype::Bf16),
-        ("decay", vec![batch, tokens, value_heads], Dtype::F32),
-        ("beta", vec![batch, tokens, value_heads], Dtype::F32),
+        ("q", shape(&[key_heads, key_width]), Dtype::Bf16),
+        ("k", shape(&[key_heads, key_width]), Dtype::Bf16),
+        ("v", shape(&[value_heads, value_width]), Dtype::Bf16),
+        ("decay", shape(&[value_heads]), Dtype::F32),
+        ("beta", shape(&[value_heads]), Dtype::F32),
         ("state", vec![batch, value_heads, key_width, value_width], Dtype::F32),
         ("scale", Vec::new(), Dtype::F32),
     ];
-    let out = dims(&[batch, tokens + key_width, value_heads, value_width]);
-    let delta = Node { kind: NodeKind::Intrinsic(Intrinsic::GatedDeltaRule, (0..7).map(Value).collect()), shape: out, dtype: Dtype::F32, source: None };
+    let out = dims(&[batch, span.unwrap_or(1) + key_width, value_heads, value_width]);
+    let intrinsic = if span.is_some() { Intrinsic::GatedDeltaRule } else { Intrinsic::GatedDeltaStep };
+    let delta = Node { kind: NodeKind::Intrinsic(intrinsic, (0..7).map(Value).collect()), shape: out, dtype: Dtype::F32, source: None };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernel = &linnet_compiler::gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
-    assert_eq!(kernel.lanes, LANES, "the delta rule is not in warps: this test covers less than it says");
+    let kernels = linnet_compiler::gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    assert!(kernels.iter().all(|kernel| kernel.lanes == LANES), "the delta rule is not in warps: this test covers less than it says");
     let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Keys and queries of unit scale over the width, decays below 0, rates in 0..1.
     let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
@@ -413,10 +434,11 @@ fn the_delta_rule_in_warps_meets_the_reference() {
         call
     };
     let reference = linnet_compiler::interp::machine(model.clone(), Vec::new()).call("delta", call()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernel builds").call("delta", call()).expect("the kernel runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("delta", call()).expect("the kernels run");
     let (expected, got) = (reference[0].as_f32().unwrap(), computed[0].as_f32().unwrap());
     assert_eq!(expected.len(), got.len());
     for (at, (e, g)) in expected.iter().zip(got).enumerate() {
         assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
+    kernels.len()
 }

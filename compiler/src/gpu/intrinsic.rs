@@ -3,18 +3,14 @@
 //! `crate::intrinsics` defines in f32:
 //! - attention: its own kernels (`attention`), which share the helpers
 //!   here;
-//! - the gated delta rule: a warp per (batch row, value head, value
-//!   column). A column of the state evolves on its own (its recall, update
-//!   and read involve no other column), so each warp walks the tokens with
-//!   its column's cells in its lanes' registers, in f32 as the state is
-//!   (the key width must be known when the model is built);
+//! - the gated delta rule: its own kernels (`delta`);
 //! - cache writes: one work item per element written, copied in its stored
 //!   type (exact); the cache is the kernel's output, changed in place. A
 //!   position or span outside the cache writes nothing and raises
 //!   [`Fault::OutsideCache`]; after a node of the call raised a fault,
 //!   nothing is written.
 
-use super::emit::{Combine, Emitter, Fault, Form, Kernel, Unsupported, Warp, LANES};
+use super::emit::{Emitter, Fault, Form, Kernel, Unsupported, LANES};
 use crate::ir::{Entry, Intrinsic, NodeKind, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -32,8 +28,7 @@ pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Ker
             return super::attention::attention_kernels(entry, at, form, args, *intrinsic == Intrinsic::GroupedAttentionRows);
         }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
-            emitter.loads = args.clone();
-            delta_rule(&mut emitter, &operands, *intrinsic == Intrinsic::GatedDeltaRule)?;
+            return super::delta::delta_rule_kernels(entry, at, form, args, *intrinsic == Intrinsic::GatedDeltaRule);
         }
         Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows | Intrinsic::WriteSlots => {
             emitter.loads = args[1..].to_vec();
@@ -130,110 +125,6 @@ impl Spread {
             None => e.store_element(value, argument, &at, dtype),
         }
     }
-}
-
-/// `gated_delta_rule` (q, k `[B, S, KH, KD]`, v `[B, S, VH, VD]`, decay and
-/// beta `[B, S, VH]`) or `gated_delta_step` (the same without S), the
-/// state `[B, VH, KD, VD]` and the scale; the output `[B, S + KD, VH, VD]`
-/// holds each token's read, then the final state.
-///
-/// A warp per (batch row, value head, value column): a column of the state
-/// evolves on its own (its recall, update and read involve no other
-/// column), and lane `l` holds its cells `l`, `l + 32`, … in registers
-/// through the tokens, reading the keys' and queries' elements of the same
-/// positions (the warp reads each row together). A token's recall and
-/// read are the lanes' shares summed across the warp.
-fn delta_rule(emitter: &mut Emitter, operands: &Operands, spans: bool) -> Result<(), Unsupported> {
-    let key_width = operands.shape(0)[operands.shape(0).len() - 1]
-        .as_constant()
-        .ok_or_else(|| Unsupported("a delta rule whose key width is known only when the model runs".into()))?;
-    let (q, k, v, decay, beta, state, scale) = (load_name(0), load_name(1), load_name(2), load_name(3), load_name(4), load_name(5), load_name(6));
-    let (qd, kd, vd) = (operands.dtype(0), operands.dtype(1), operands.dtype(2));
-    let (decay_dtype, beta_dtype, state_dtype, scale_dtype) = (operands.dtype(3), operands.dtype(4), operands.dtype(5), operands.dtype(6));
-    let batch = operands.size(emitter, 0, 0);
-    let tokens = if spans { operands.size(emitter, 0, 1) } else { emitter.index_constant(1) };
-    let key_heads = operands.size(emitter, 0, -2);
-    // A column's cells spread over the lanes.
-    let spread = Spread::new(emitter, key_width);
-    let (slots, key_dim) = (spread.slots(), spread.size.clone());
-    let (value_heads, value_dim) = (operands.size(emitter, 2, -2), operands.size(emitter, 2, -1));
-    let rows = emitter.add(&tokens, &key_dim);
-    let group = emitter.op(format!("arith.divui {value_heads}, {key_heads} : index"));
-    let zero = emitter.index_constant(0);
-    let (q_shape, v_shape) = (operands.shape(0), operands.shape(2));
-    let work = [q_shape[0].clone(), v_shape[v_shape.len() - 2].clone(), v_shape[v_shape.len() - 1].clone()];
-    emitter.parallel_in_warps(&work, |e, item, warp| {
-        let position = e.split(item, &[&batch, &value_heads, &value_dim]);
-        let (b, h, j) = (&position[0], &position[1], &position[2]);
-        let kh = e.op(format!("arith.divui {h}, {group} : index"));
-        let scale = e.load_element(&scale, &zero, scale_dtype);
-        let initial = e.in_lanes(warp, &[], slots, |e, lane, _| {
-            (0..slots).map(|slot| spread.load(e, lane, slot, &state, state_dtype, |e, i| e.flat(&[b, h, i, j], &[&batch, &value_heads, &key_dim, &value_dim]))).collect()
-        });
-        let lane_type = e.lane_type();
-        let carried: Vec<(String, &str)> = initial.iter().map(|cells| (cells.clone(), lane_type.as_str())).collect();
-        let last = e.for_range(&zero, &tokens, &carried, |e, t, cells| {
-            let gate_at = e.flat(&[b, t, h], &[&batch, &tokens, &value_heads]);
-            let decay = e.load_element(&decay, &gate_at, decay_dtype);
-            let forget = e.op(format!("math.exp {decay} : f32"));
-            let rate = e.load_element(&beta, &gate_at, beta_dtype);
-            let key_head = e.flat(&[b, t, &kh], &[&batch, &tokens, &key_heads]);
-            let key_at = e.mul(&key_head, &key_dim);
-            let value_at = e.flat(&[b, t, h, j], &[&batch, &tokens, &value_heads, &value_dim]);
-            let value = e.load_element(&v, &value_at, vd);
-            // The state decays, and recalls the value the key holds.
-            let (decayed, recalled) = changed_cells(e, warp, cells, |e, lane, slot, memory| {
-                let memory = e.op(format!("arith.mulf {memory}, {forget} : f32"));
-                let key = spread.load(e, lane, slot, &k, kd, |e, i| e.add(&key_at, i));
-                (memory, key)
-            });
-            let error = e.op(format!("arith.subf {value}, {recalled} : f32"));
-            let update = e.op(format!("arith.mulf {error}, {rate} : f32"));
-            // It learns the update along the key, and is read by the query.
-            let (learned, read) = changed_cells(e, warp, &decayed, |e, lane, slot, memory| {
-                let key = spread.load(e, lane, slot, &k, kd, |e, i| e.add(&key_at, i));
-                let memory = e.op(format!("math.fma {key}, {update}, {memory} : f32"));
-                let query = spread.load(e, lane, slot, &q, qd, |e, i| e.add(&key_at, i));
-                (memory, query)
-            });
-            let read = e.op(format!("arith.mulf {read}, {scale} : f32"));
-            let out_at = e.flat(&[b, t, h, j], &[&batch, &rows, &value_heads, &value_dim]);
-            e.store_element(read, "%out", &out_at, Dtype::F32);
-            learned
-        });
-        // The final state, in the output's last rows.
-        e.in_lanes(warp, &last, 0, |e, lane, cells| {
-            for (slot, memory) in cells.iter().enumerate() {
-                spread.store(e, lane, slot, memory.clone(), ("%out", Dtype::F32), |e, i| {
-                    let row = e.add(&tokens, i);
-                    e.flat(&[b, &row, h, j], &[&batch, &rows, &value_heads, &value_dim])
-                });
-            }
-            Vec::new()
-        });
-    });
-    Ok(())
-}
-
-/// Every lane's cells (values of the lane type) changed by `change`, which
-/// is given the lane, the slot and the cell and gives the new cell and
-/// what it is weighed by; the new cells, and the column's weighted sum
-/// (across the warp).
-fn changed_cells(e: &mut Emitter, warp: &Warp, cells: &[String], change: impl Fn(&mut Emitter, &str, usize, &str) -> (String, String)) -> (Vec<String>, String) {
-    let mut changed = e.in_lanes(warp, cells, cells.len() + 1, |e, lane, cells| {
-        let mut sum = e.op("arith.constant 0.0 : f32".into());
-        let mut changed: Vec<String> = Vec::with_capacity(cells.len() + 1);
-        for (slot, memory) in cells.iter().enumerate() {
-            let (memory, weight) = change(e, lane, slot, memory);
-            sum = e.op(format!("math.fma {memory}, {weight}, {sum} : f32"));
-            changed.push(memory);
-        }
-        changed.push(sum);
-        changed
-    });
-    let sum = changed.pop().expect("the sum follows the cells");
-    let sum = e.combine_lanes(&[sum], Combine::Add).remove(0);
-    (changed, sum)
 }
 
 /// The cache writes: `write_at` and `write_span` (x `[R, A, S, W]` at

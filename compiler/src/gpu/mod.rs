@@ -1,7 +1,7 @@
 //! The GPU target. Every `Compute` node of every entry is MLIR kernels
 //! (`kernel`; a contraction, warps that read its weights' rows together:
 //! `contraction`), every intrinsic too (attention: `attention`; the delta
-//! rule, cache writes: `intrinsic`), all written with `emit`. Most nodes
+//! rule: `delta`; cache writes: `intrinsic`), all written with `emit`. Most nodes
 //! are one kernel; an expert product and attention are several, launched
 //! in order, sharing a scratch. With the `nvptx`
 //! feature, MLIR (through melior) lowers them to PTX (`pipeline`, for
@@ -16,6 +16,7 @@ mod attention;
 mod contraction;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod delta;
 mod emit;
 #[cfg(feature = "nvptx")]
 pub mod host;
