@@ -20,6 +20,7 @@ pub mod plan;
 pub mod ranking;
 mod text;
 mod verify;
+pub mod views;
 
 pub use verify::verify;
 

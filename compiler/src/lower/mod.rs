@@ -99,6 +99,7 @@ pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering:
     if lowering.fuse {
         ir::fuse::fuse(&mut model);
         ir::cse::eliminate(&mut model);
+        ir::views::read_through(&mut model);
     }
     if let Err(problem) = ir::verify(&model) {
         panic!("{problem}");

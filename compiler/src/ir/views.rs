@@ -1,0 +1,261 @@
+//! Views read through: a `Compute` node that reads one element of another
+//! value and at most changes its type (a slice, a reshape, a transpose, a
+//! cast) is a view of that value. The `Compute` nodes that load a view
+//! load its source instead, at the view's positions with theirs put in,
+//! so the view is no pass over memory of its own (a kernel fewer on the
+//! GPU, a loop fewer on the CPU) and holds no buffer. Fusion (`fuse`)
+//! inlines a value that is read once; a view may be read any number of
+//! times, since reading it through repeats nothing but its cast.
+//!
+//! A view is read through only where that changes no result and no error:
+//! - its positions are index arithmetic (no load: a gather's index may
+//!   fail, and would be read again; no reduction), each provably inside
+//!   its axis of the source ([`super::bounds`]), and the reader's
+//!   positions are provably inside the view, so neither the view's checks
+//!   nor the reader's can fail, in a select's branch or not;
+//! - the reader is no contraction or ranking, whose kernels are chosen by
+//!   the loads they read (`ir::contraction`, `ir::ranking`);
+//! - the view is not hoisted (computed once per loaded model).
+//!
+//! The view stays where something still reads it (an intrinsic, a state
+//! write, an output, a reader it was not read through in) and goes where
+//! nothing does.
+
+use super::{bounds, plan, Entry, Model, NodeKind, Scalar, Value};
+use crate::sema::dim::Dim;
+use std::collections::HashMap;
+
+/// Reads every entry's views through.
+pub fn read_through(model: &mut Model) {
+    for entry in &mut model.entries {
+        read_through_entry(entry);
+    }
+}
+
+fn read_through_entry(entry: &mut Entry) {
+    let hoisted = plan::hoistable(entry);
+    // Each value's readers. Reading a view through makes its readers load
+    // values before it, so a view's readers are the same when its turn
+    // comes as they are now.
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); entry.nodes.len()];
+    for (at, node) in entry.nodes.iter().enumerate() {
+        plan::reads(&node.kind).iter().for_each(|value| readers[value.index()].push(at));
+    }
+    // Whether a reader's kernel is chosen by its loads, once per reader.
+    let mut recognized: Vec<Option<bool>> = vec![None; entry.nodes.len()];
+    let mut read_through = vec![false; entry.nodes.len()];
+    // In order, so that a view of a view is a view of the first's source
+    // by the time its own readers are rewritten.
+    for view in 0..entry.nodes.len() {
+        if hoisted[view] {
+            continue;
+        }
+        let Some(body) = view_body(entry, view) else { continue };
+        let (value, dtype, shape) = (Value(view as u32), entry.nodes[view].dtype, entry.nodes[view].shape.clone());
+        for &reader in &readers[view] {
+            let recognized = *recognized[reader].get_or_insert_with(|| super::contraction::of(entry, reader).is_some() || super::ranking::of(entry, reader).is_some());
+            if recognized {
+                continue;
+            }
+            let scope: HashMap<u32, Dim> = entry.nodes[reader].shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+            let NodeKind::Compute(scalar) = &mut entry.nodes[reader].kind else { continue };
+            let through = Through { value, body: &body, dtype, shape: &shape };
+            read_through[view] |= through.rewrite(scalar, &scope);
+        }
+    }
+    let mut read = vec![false; entry.nodes.len()];
+    for node in &entry.nodes {
+        plan::reads(&node.kind).iter().for_each(|value| read[value.index()] = true);
+    }
+    entry.outputs.iter().for_each(|value| read[value.index()] = true);
+    let gone: Vec<bool> = read_through.iter().zip(&read).map(|(through, read)| *through && !read).collect();
+    entry.remove_nodes(&gone);
+}
+
+/// Node `at`'s body, if it is a view whose positions are all inside its
+/// source.
+fn view_body(entry: &Entry, at: usize) -> Option<Scalar> {
+    let node = &entry.nodes[at];
+    let NodeKind::Compute(body) = &node.kind else { return None };
+    let mut load = body;
+    while let Scalar::Cast(inner, _) = load {
+        load = inner;
+    }
+    let Scalar::Load(source, positions, _) = load else { return None };
+    let extents: HashMap<u32, Dim> = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+    let source_shape = &entry.nodes[source.index()].shape;
+    let inside = positions.len() == source_shape.len()
+        && positions.iter().zip(source_shape).all(|(position, size)| index_arithmetic(position) && bounds::inside(position, size, &extents));
+    inside.then(|| body.clone())
+}
+
+/// Whether `position` computes from indices, dims and constants alone.
+fn index_arithmetic(position: &Scalar) -> bool {
+    match position {
+        Scalar::Index(..) | Scalar::Int(..) | Scalar::Dim(_) => true,
+        Scalar::Binary(_, a, b, _) => index_arithmetic(a) && index_arithmetic(b),
+        Scalar::Unary(_, a, _) | Scalar::Cast(a, _) => index_arithmetic(a),
+        _ => false,
+    }
+}
+
+/// A view to read through in a reader's body.
+struct Through<'a> {
+    value: Value,
+    body: &'a Scalar,
+    dtype: crate::sema::ty::Dtype,
+    shape: &'a [Dim],
+}
+
+impl Through<'_> {
+    /// Rewrites the loads of the view in `scalar` (with the indices in
+    /// `scope`, by number) whose positions are inside it; whether any was.
+    fn rewrite(&self, scalar: &mut Scalar, scope: &HashMap<u32, Dim>) -> bool {
+        match scalar {
+            Scalar::Load(value, positions, _) if *value == self.value => {
+                let inside = positions.iter().zip(self.shape).all(|(position, size)| bounds::inside(position, size, scope));
+                if !inside {
+                    return positions.iter_mut().fold(false, |done, position| self.rewrite(position, scope) | done);
+                }
+                let mut read = self.body.clone();
+                put_positions(&mut read, positions);
+                if read.dtype() != self.dtype {
+                    read = Scalar::Cast(Box::new(read), self.dtype);
+                }
+                *scalar = read;
+                true
+            }
+            Scalar::Reduce { index, extent, body, .. } => {
+                let mut inner = scope.clone();
+                inner.insert(*index, extent.clone());
+                self.rewrite(body, &inner)
+            }
+            _ => {
+                let mut done = false;
+                scalar.for_each_child_mut(&mut |child| done |= self.rewrite(child, scope));
+                done
+            }
+        }
+    }
+}
+
+/// The view's axes (its indices) become the reader's `positions`.
+fn put_positions(scalar: &mut Scalar, positions: &[Scalar]) {
+    if let Scalar::Index(axis, dtype) = scalar {
+        let position = positions[*axis as usize].clone();
+        *scalar = if position.dtype() == *dtype { position } else { Scalar::Cast(Box::new(position), *dtype) };
+        return;
+    }
+    scalar.for_each_child_mut(&mut |child| put_positions(child, positions));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_through_entry;
+    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
+    use crate::sema::dim::Dim;
+    use crate::sema::ty::Dtype;
+
+    /// The same expression (the IR compares by its printed form).
+    fn same(got: &impl std::fmt::Debug, expected: &impl std::fmt::Debug) {
+        assert_eq!(format!("{got:?}"), format!("{expected:?}"));
+    }
+
+    fn index(k: u32) -> Scalar {
+        Scalar::Index(k, Dtype::I64)
+    }
+
+    fn int(value: i64) -> Scalar {
+        Scalar::Int(value, Dtype::I64)
+    }
+
+    fn plus(a: Scalar, b: Scalar) -> Scalar {
+        Scalar::Binary(BinaryOp::Add, Box::new(a), Box::new(b), Dtype::I64)
+    }
+
+    fn load(value: u32, positions: Vec<Scalar>, dtype: Dtype) -> Scalar {
+        Scalar::Load(Value(value), positions, dtype)
+    }
+
+    /// `x: [8; bf16]` (v0), `view` (v1, `[4]`), then `readers` (each
+    /// `[4; f32]`, the last the output).
+    fn entry(view: Scalar, view_dtype: Dtype, readers: Vec<Scalar>) -> Entry {
+        let node = |kind, size: i64, dtype| Node { kind, shape: vec![Dim::constant(size)], dtype, source: None };
+        let mut nodes = vec![node(NodeKind::Input(0), 8, Dtype::Bf16), node(NodeKind::Compute(view), 4, view_dtype)];
+        nodes.extend(readers.into_iter().map(|reader| node(NodeKind::Compute(reader), 4, Dtype::F32)));
+        Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(8)], dtype: Dtype::Bf16 }],
+            outputs: vec![Value(nodes.len() as u32 - 1)],
+            nodes,
+        }
+    }
+
+    /// `cast<f32>(x[i0 + 4])`: the upper half of x, widened.
+    fn upper_half() -> Scalar {
+        Scalar::Cast(Box::new(load(0, vec![plus(index(0), int(4))], Dtype::Bf16)), Dtype::F32)
+    }
+
+    /// A slice read elementwise and inside a reduction, by two readers:
+    /// both read x at the slice's positions, and the slice is gone.
+    #[test]
+    fn a_slice_read_twice_is_read_through() {
+        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 1, extent: Dim::constant(4), body: Box::new(load(1, vec![index(1)], Dtype::F32)), dtype: Dtype::F32 };
+        let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(load(1, vec![index(0)], Dtype::F32)), Box::new(sum), Dtype::F32);
+        let mut entry = entry(upper_half(), Dtype::F32, vec![scaled, load(1, vec![index(0)], Dtype::F32)]);
+        read_through_entry(&mut entry);
+        assert_eq!(entry.nodes.len(), 3, "the slice is gone");
+        let NodeKind::Compute(Scalar::Binary(_, element, sum, _)) = &entry.nodes[1].kind else { panic!("the product") };
+        same(element, &upper_half());
+        let Scalar::Reduce { body, .. } = sum.as_ref() else { panic!("the sum") };
+        let Scalar::Cast(read, Dtype::F32) = body.as_ref() else { panic!("the widened read: {body:?}") };
+        same(read, &load(0, vec![plus(index(1), int(4))], Dtype::Bf16));
+        same(&entry.nodes[2].kind, &NodeKind::Compute(upper_half()));
+    }
+
+    /// A view stored narrower than it computes is read through rounded as
+    /// storing it rounded.
+    #[test]
+    fn a_view_is_read_through_in_its_own_type() {
+        let mut entry = entry(upper_half(), Dtype::Bf16, vec![load(1, vec![index(0)], Dtype::Bf16)]);
+        read_through_entry(&mut entry);
+        same(&entry.nodes[1].kind, &NodeKind::Compute(Scalar::Cast(Box::new(upper_half()), Dtype::Bf16)));
+    }
+
+    /// A reader whose position may fall outside the view (`i0 + 1` over
+    /// 4) keeps its read, and its failure: the view stays.
+    #[test]
+    fn a_read_that_may_fall_outside_the_view_keeps_it() {
+        let mut entry = entry(upper_half(), Dtype::F32, vec![load(1, vec![plus(index(0), int(1))], Dtype::F32)]);
+        read_through_entry(&mut entry);
+        assert_eq!(entry.nodes.len(), 3);
+        same(&entry.nodes[2].kind, &NodeKind::Compute(load(1, vec![plus(index(0), int(1))], Dtype::F32)));
+    }
+
+    /// A view whose own positions may fall outside its source (`i0 + 5`
+    /// over 8), or that gathers (a position read from a value), is no
+    /// view to read through.
+    #[test]
+    fn a_view_that_may_fail_or_gathers_is_kept() {
+        let outside = Scalar::Cast(Box::new(load(0, vec![plus(index(0), int(5))], Dtype::Bf16)), Dtype::F32);
+        let gather = Scalar::Cast(Box::new(load(0, vec![Scalar::Cast(Box::new(load(0, vec![index(0)], Dtype::Bf16)), Dtype::I64)], Dtype::Bf16)), Dtype::F32);
+        for view in [outside, gather] {
+            let mut entry = entry(view, Dtype::F32, vec![load(1, vec![index(0)], Dtype::F32)]);
+            read_through_entry(&mut entry);
+            assert_eq!(entry.nodes.len(), 3);
+        }
+    }
+
+    /// A view that is also an output is read through by its readers and
+    /// kept for the output.
+    #[test]
+    fn a_view_something_else_reads_stays() {
+        let mut entry = entry(upper_half(), Dtype::F32, vec![load(1, vec![index(0)], Dtype::F32)]);
+        entry.outputs.push(Value(1));
+        read_through_entry(&mut entry);
+        assert_eq!(entry.nodes.len(), 3);
+        same(&entry.nodes[2].kind, &NodeKind::Compute(upper_half()));
+    }
+}
