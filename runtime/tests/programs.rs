@@ -192,3 +192,31 @@ fn integer_literals_fold_as_the_runtime_divides() {
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A select whose branch reads at a position the lanes compute one by one
+/// (`(h - 0) + 1`, no unit stride), outside its value in the last lane:
+/// those four positions go to the scalar code, which must start at the
+/// first of them (it once started at the failing lane's, and stored each
+/// element three positions late). Found by the random programs once views
+/// were read through into such selects.
+#[test]
+fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_lane() {
+    let source = "module fuzz\n\npub block Prog<H: Dim, T: Float>\nwhere\n    H > 1\n{\n    param w: Tensor[H, H; T]\n\n    \
+                  pub entry run<N: Dim>(x: Tensor[N, H; f32], idx: Tensor[N; i32]) -> Tensor[N, H; f32]\n    where N > 0 {\n        \
+                  let a[n, h] = x[n, h] * 2.0\n        \
+                  let t[n, h] = x[n, h] * (if h < 7 { a[n, (h - 0) + 1] } else { x[n, 0] })\n        return t\n    }\n}\n";
+    let dir = package(9_001, source);
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, _) = linnet_compiler::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let params = linnet_runtime::random::params(&model, 1);
+    let row: Vec<f32> = (1..=8).map(|h| h as f32).collect();
+    let x = Tensor::from_f32(Dtype::F32, vec![2, 8], [row.clone(), row].concat());
+    let idx = Tensor::from_i64(Dtype::I32, vec![2], vec![0, 1]);
+    // x[h] · 2·x[h + 1], and x[7] · x[0] in the last column.
+    let expected_row: Vec<f32> = (1..=8).map(|h| if h < 8 { h as f32 * 2.0 * (h + 1) as f32 } else { 8.0 }).collect();
+    let expected = Tensor::from_f32(Dtype::F32, vec![2, 8], [expected_row.clone(), expected_row].concat());
+    let interpreted = interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
+    let native = codegen::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    assert_eq!((interpreted, native), (expected.clone(), expected));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,35 +6,48 @@ use super::{BinaryOp, Scalar};
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
 
+/// Narrower ranges than their extents that some indices are known to lie
+/// in (least, most; by index number), as a select's branch knows its
+/// condition.
+pub type Ranges = HashMap<u32, (i64, i64)>;
+
 /// Whether `position` lies in `0..size` whatever the indices are
 /// (`extents`, by index number): an index whose loop runs over exactly
 /// that extent, or an expression whose every value is inside a constant
 /// size ([`bounds`]: a slice's `i + 512`, a reshape's `i / 128` and
 /// `i % 128`, a constant).
 pub fn inside(position: &Scalar, size: &Dim, extents: &HashMap<u32, Dim>) -> bool {
+    inside_within(position, size, extents, &Ranges::new())
+}
+
+/// [`inside`], where some indices lie in `ranges`.
+pub fn inside_within(position: &Scalar, size: &Dim, extents: &HashMap<u32, Dim>, ranges: &Ranges) -> bool {
     if let Scalar::Index(k, _) = position {
         if extents.get(k) == Some(size) {
             return true;
         }
     }
-    match (bounds(position, extents), size.as_constant()) {
+    match (bounds(position, extents, ranges), size.as_constant()) {
         (Some((least, most)), Some(size)) => least >= 0 && most < size,
         _ => false,
     }
 }
 
 /// The least and the most an integer position can be, when the indices
-/// it reads run over constant extents (`extents`, by index number):
-/// through sums, differences, products of what is not negative, and
-/// division and remainder by positive constants (Euclidean, as the IR's);
-/// none on overflow.
-pub fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>) -> Option<(i64, i64)> {
+/// it reads run over constant extents (`extents`, by index number) or lie
+/// in `ranges`: through sums, differences, products of what is not
+/// negative, and division and remainder by positive constants (Euclidean,
+/// as the IR's); none on overflow.
+pub fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>, ranges: &Ranges) -> Option<(i64, i64)> {
     match position {
-        Scalar::Index(k, _) => extents.get(k)?.as_constant().filter(|extent| *extent > 0).map(|extent| (0, extent - 1)),
+        Scalar::Index(k, _) => match ranges.get(k) {
+            Some(range) => Some(*range),
+            None => extents.get(k)?.as_constant().filter(|extent| *extent > 0).map(|extent| (0, extent - 1)),
+        },
         Scalar::Int(value, _) => Some((*value, *value)),
         Scalar::Dim(dim) => dim.as_constant().map(|value| (value, value)),
         Scalar::Binary(op, a, b, _) => {
-            let ((a_least, a_most), (b_least, b_most)) = (bounds(a, extents)?, bounds(b, extents)?);
+            let ((a_least, a_most), (b_least, b_most)) = (bounds(a, extents, ranges)?, bounds(b, extents, ranges)?);
             let divisor = (b_least == b_most && b_least > 0).then_some(b_least);
             match op {
                 BinaryOp::Add => Some((a_least.checked_add(b_least)?, a_most.checked_add(b_most)?)),
@@ -51,7 +64,7 @@ pub fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>) -> Option<(i64, i6
 
 #[cfg(test)]
 mod tests {
-    use super::bounds;
+    use super::{bounds, Ranges};
     use crate::ir::{BinaryOp, Scalar};
     use crate::sema::dim::Dim;
     use crate::sema::ty::Dtype;
@@ -67,14 +80,16 @@ mod tests {
     fn positions_are_bounded_through_their_arithmetic() {
         let extents: HashMap<u32, Dim> = [(0, Dim::constant(512)), (1, Dim::constant(4096)), (2, Dim::constant(3))].into_iter().collect();
         let (i, j, k, int) = (Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64), Scalar::Index(2, Dtype::I64), |v| Scalar::Int(v, Dtype::I64));
-        assert_eq!(bounds(&binary(BinaryOp::Add, i.clone(), int(512)), &extents), Some((512, 1023)));
-        assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), k.clone()), &extents), Some((-2, 511)));
-        assert_eq!(bounds(&binary(BinaryOp::Div, j.clone(), int(128)), &extents), Some((0, 31)));
-        assert_eq!(bounds(&binary(BinaryOp::Rem, binary(BinaryOp::Sub, i.clone(), int(7)), int(128)), &extents), Some((0, 127)));
-        assert_eq!(bounds(&binary(BinaryOp::Add, binary(BinaryOp::Mul, k, int(128)), i.clone()), &extents), Some((0, 767)));
-        assert_eq!(bounds(&binary(BinaryOp::Div, binary(BinaryOp::Sub, i.clone(), int(1)), int(2)), &extents), None, "a negative dividend");
-        assert_eq!(bounds(&binary(BinaryOp::Rem, i.clone(), j), &extents), None, "a divisor that varies");
-        assert_eq!(bounds(&Scalar::Index(3, Dtype::I64), &extents), None, "an extent not known");
-        assert_eq!(bounds(&binary(BinaryOp::Mul, i, int(i64::MAX)), &extents), None, "an overflow");
+        assert_eq!(bounds(&binary(BinaryOp::Add, i.clone(), int(512)), &extents, &Ranges::new()), Some((512, 1023)));
+        assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), k.clone()), &extents, &Ranges::new()), Some((-2, 511)));
+        assert_eq!(bounds(&binary(BinaryOp::Div, j.clone(), int(128)), &extents, &Ranges::new()), Some((0, 31)));
+        assert_eq!(bounds(&binary(BinaryOp::Rem, binary(BinaryOp::Sub, i.clone(), int(7)), int(128)), &extents, &Ranges::new()), Some((0, 127)));
+        assert_eq!(bounds(&binary(BinaryOp::Add, binary(BinaryOp::Mul, k, int(128)), i.clone()), &extents, &Ranges::new()), Some((0, 767)));
+        let known: Ranges = [(0, (3, 3))].into_iter().collect();
+        assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), int(3)), &extents, &known), Some((0, 0)), "a range known (a select's branch)");
+        assert_eq!(bounds(&binary(BinaryOp::Div, binary(BinaryOp::Sub, i.clone(), int(1)), int(2)), &extents, &Ranges::new()), None, "a negative dividend");
+        assert_eq!(bounds(&binary(BinaryOp::Rem, i.clone(), j), &extents, &Ranges::new()), None, "a divisor that varies");
+        assert_eq!(bounds(&Scalar::Index(3, Dtype::I64), &extents, &Ranges::new()), None, "an extent not known");
+        assert_eq!(bounds(&binary(BinaryOp::Mul, i, int(i64::MAX)), &extents, &Ranges::new()), None, "an overflow");
     }
 }

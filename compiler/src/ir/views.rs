@@ -12,7 +12,9 @@
 //!   fail, and would be read again; no reduction), each provably inside
 //!   its axis of the source ([`super::bounds`]), and the reader's
 //!   positions are provably inside the view, so neither the view's checks
-//!   nor the reader's can fail, in a select's branch or not;
+//!   nor the reader's can fail; in a select's branch, what its condition
+//!   says of an index counts (a concatenation's part at `i - c` where
+//!   `i >= c`);
 //! - the reader is no contraction or ranking, whose kernels are chosen by
 //!   the loads they read (`ir::contraction`, `ir::ranking`);
 //! - the view is not hoisted (computed once per loaded model).
@@ -21,7 +23,9 @@
 //! write, an output, a reader it was not read through in) and goes where
 //! nothing does.
 
-use super::{bounds, plan, Entry, Model, NodeKind, Scalar, Value};
+use super::bounds::{self, Ranges};
+use super::{plan, BinaryOp, Entry, Model, NodeKind, Scalar, Value};
+use crate::syntax::ast::CmpOp;
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
 
@@ -60,7 +64,7 @@ fn read_through_entry(entry: &mut Entry) {
             let scope: HashMap<u32, Dim> = entry.nodes[reader].shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
             let NodeKind::Compute(scalar) = &mut entry.nodes[reader].kind else { continue };
             let through = Through { value, body: &body, dtype, shape: &shape };
-            read_through[view] |= through.rewrite(scalar, &scope);
+            read_through[view] |= through.rewrite(scalar, &scope, &Ranges::new());
         }
     }
     let mut read = vec![false; entry.nodes.len()];
@@ -109,13 +113,14 @@ struct Through<'a> {
 
 impl Through<'_> {
     /// Rewrites the loads of the view in `scalar` (with the indices in
-    /// `scope`, by number) whose positions are inside it; whether any was.
-    fn rewrite(&self, scalar: &mut Scalar, scope: &HashMap<u32, Dim>) -> bool {
+    /// `scope`, by number, some known to lie in `ranges`) whose positions
+    /// are inside it; whether any was.
+    fn rewrite(&self, scalar: &mut Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> bool {
         match scalar {
             Scalar::Load(value, positions, _) if *value == self.value => {
-                let inside = positions.iter().zip(self.shape).all(|(position, size)| bounds::inside(position, size, scope));
+                let inside = positions.iter().zip(self.shape).all(|(position, size)| bounds::inside_within(position, size, scope, ranges));
                 if !inside {
-                    return positions.iter_mut().fold(false, |done, position| self.rewrite(position, scope) | done);
+                    return positions.iter_mut().fold(false, |done, position| self.rewrite(position, scope, ranges) | done);
                 }
                 let mut read = self.body.clone();
                 put_positions(&mut read, positions);
@@ -128,15 +133,40 @@ impl Through<'_> {
             Scalar::Reduce { index, extent, body, .. } => {
                 let mut inner = scope.clone();
                 inner.insert(*index, extent.clone());
-                self.rewrite(body, &inner)
+                self.rewrite(body, &inner, ranges)
+            }
+            Scalar::Select(condition, then, otherwise, _) => {
+                let (then_ranges, otherwise_ranges) = branch_ranges(condition, scope, ranges);
+                let done = self.rewrite(condition, scope, ranges);
+                let done = self.rewrite(then, scope, &then_ranges) | done;
+                self.rewrite(otherwise, scope, &otherwise_ranges) | done
             }
             _ => {
                 let mut done = false;
-                scalar.for_each_child_mut(&mut |child| done |= self.rewrite(child, scope));
+                scalar.for_each_child_mut(&mut |child| done |= self.rewrite(child, scope, ranges));
                 done
             }
         }
     }
+}
+
+/// What a select's branches know of an index its condition compares with
+/// a constant (`i < c`: below `c` in the first, from `c` in the second),
+/// added to `ranges`: a concatenation's parts read their source at `i`
+/// and at `i - c`.
+fn branch_ranges(condition: &Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> (Ranges, Ranges) {
+    let (mut then, mut otherwise) = (ranges.clone(), ranges.clone());
+    let Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), index, limit, _) = condition else { return (then, otherwise) };
+    let (Scalar::Index(k, _), Some((limit, _))) = (index.as_ref(), bounds::bounds(limit, scope, ranges).filter(|(least, most)| least == most)) else {
+        return (then, otherwise);
+    };
+    let known = bounds::bounds(index, scope, ranges);
+    let (least, most) = known.unwrap_or((0, i64::MAX));
+    then.insert(*k, (least, most.min(limit.saturating_sub(1))));
+    if known.is_some() {
+        otherwise.insert(*k, (least.max(limit), most));
+    }
+    (then, otherwise)
 }
 
 /// The view's axes (its indices) become the reader's `positions`.
@@ -153,6 +183,7 @@ fn put_positions(scalar: &mut Scalar, positions: &[Scalar]) {
 mod tests {
     use super::read_through_entry;
     use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
+    use crate::syntax::ast::CmpOp;
     use crate::sema::dim::Dim;
     use crate::sema::ty::Dtype;
 
@@ -232,6 +263,24 @@ mod tests {
         read_through_entry(&mut entry);
         assert_eq!(entry.nodes.len(), 3);
         same(&entry.nodes[2].kind, &NodeKind::Compute(load(1, vec![plus(index(0), int(1))], Dtype::F32)));
+    }
+
+    /// A select reads the view at `i0 + 2` where `i0 < c` and at `i0 - 2`
+    /// where `i0 >= c` (a concatenation's parts): read through when both
+    /// are inside the view, kept when one may not be.
+    #[test]
+    fn a_select_branch_knows_its_condition() {
+        let concatenated = |split: i64| {
+            let below = Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), Box::new(index(0)), Box::new(int(split)), Dtype::Bool);
+            let shifted = Scalar::Binary(BinaryOp::Sub, Box::new(index(0)), Box::new(int(2)), Dtype::I64);
+            Scalar::Select(Box::new(below), Box::new(load(1, vec![plus(index(0), int(2))], Dtype::F32)), Box::new(load(1, vec![shifted], Dtype::F32)), Dtype::F32)
+        };
+        let mut inside = entry(upper_half(), Dtype::F32, vec![concatenated(2)]);
+        read_through_entry(&mut inside);
+        assert_eq!(inside.nodes.len(), 2, "i0 + 2 is in 2..4 where i0 < 2, i0 - 2 in 0..2 where i0 >= 2");
+        let mut outside = entry(upper_half(), Dtype::F32, vec![concatenated(1)]);
+        read_through_entry(&mut outside);
+        assert_eq!(outside.nodes.len(), 3, "i0 - 2 is -1 at i0 = 1");
     }
 
     /// A view whose own positions may fall outside its source (`i0 + 5`

@@ -101,6 +101,10 @@ impl Lowerer<'_, '_> {
     pub(super) fn lanes_loop(&mut self, store: &Store, axis: Variable, inner: u32, start: ClValue, end: ClValue, element: &mut dyn FnMut(&mut Self)) {
         let varying = Varying::of(store.scalar, inner);
         let limit = self.builder.declare_var(types::I64);
+        // The first of the four positions the lanes take: the code that
+        // computes a value lane by lane moves `axis` to each lane's, and a
+        // load outside its value leaves it there on the way to `fallback`.
+        let four_from = self.builder.declare_var(types::I64);
         self.builder.def_var(axis, start);
         let [head, body, fallback, scalar, exit] = std::array::from_fn(|_| self.builder.create_block());
         self.builder.ins().jump(head, &[]);
@@ -114,6 +118,8 @@ impl Lowerer<'_, '_> {
 
         self.builder.switch_to_block(body);
         self.builder.seal_block(body);
+        let at = self.builder.use_var(axis);
+        self.builder.def_var(four_from, at);
         let outer_failure = self.bounds_failure.replace(fallback);
         let value = self.floats(store.scalar, &varying);
         // Every expression in lanes comes out rounded to its own type
@@ -134,7 +140,8 @@ impl Lowerer<'_, '_> {
         // Four positions the lanes could not take: the scalar code's.
         self.builder.switch_to_block(fallback);
         self.builder.seal_block(fallback);
-        let at = self.builder.use_var(axis);
+        let at = self.builder.use_var(four_from);
+        self.builder.def_var(axis, at);
         let four_on = self.builder.ins().iadd_imm_s(at, LANES);
         self.builder.def_var(limit, four_on);
         self.builder.ins().jump(scalar, &[]);
