@@ -289,10 +289,15 @@ impl Chunk {
         Chunk { first, count, last, block }
     }
 
+    /// `t` (an index), or the chunk's last where `t` is past it.
+    fn within(&self, e: &mut Emitter<'_>, t: &str) -> String {
+        e.op(format!("arith.minui {t}, {} : index", self.last))
+    }
+
     /// The span's token `t` of the chunk (an index), or its last where `t`
     /// is past it (a token that can be read).
     fn token(&self, e: &mut Emitter<'_>, t: &str) -> String {
-        let within = e.op(format!("arith.minui {t}, {} : index", self.last));
+        let within = self.within(e, t);
         e.add(&self.first, &within)
     }
 
@@ -305,7 +310,7 @@ impl Chunk {
     /// `t` is past it), added in order (so the same `t` gives the same bits
     /// in every lane).
     fn decayed(&self, e: &mut Emitter<'_>, s: &Sizes, column: &Column, decay: (&str, Dtype), t: &str) -> String {
-        let within = e.op(format!("arith.minui {t}, {} : index", self.last));
+        let within = self.within(e, t);
         let one = e.index_constant(1);
         let end = e.add(&within, &one);
         let none = e.op("arith.constant 0.0 : f32".into());
@@ -318,11 +323,17 @@ impl Chunk {
         .remove(0)
     }
 
-    /// Element `at` (an index constant's offset) of the block, plus `plus`.
-    fn shared(&self, e: &mut Emitter<'_>, offset: usize, plus: &str) -> String {
+    /// Where element `offset + plus` of the block is in the scratch
+    /// (`offset` one of [`Block`]'s, `plus` an index).
+    fn place(&self, e: &mut Emitter<'_>, offset: usize, plus: &str) -> String {
         let offset = e.index_constant(offset as i64);
         let from = e.add(&self.block, &offset);
-        let at = e.add(&from, plus);
+        e.add(&from, plus)
+    }
+
+    /// Element `offset + plus` of the block ([`Chunk::place`]).
+    fn shared(&self, e: &mut Emitter<'_>, offset: usize, plus: &str) -> String {
+        let at = self.place(e, offset, plus);
         e.load_element("%scratch", &at, Dtype::F32)
     }
 }
@@ -378,9 +389,7 @@ fn gram<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
             let row = e.mul(&source, &size);
             let at = e.add(&row, t);
             for (offset, value) in [(Block::A, a), (Block::B, b)] {
-                let offset = e.index_constant(offset as i64);
-                let from = e.add(&chunk.block, &offset);
-                let at = e.add(&from, &at);
+                let at = chunk.place(e, offset, &at);
                 e.store_element(value, "%scratch", &at, Dtype::F32);
             }
             let first = e.op(format!("arith.cmpi eq, {t}, {} : index", s.zero));
@@ -389,9 +398,7 @@ fn gram<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
                 let to_last = e.op(format!("arith.subf {g_last}, {g_source} : f32"));
                 let tail = e.op(format!("math.exp {to_last} : f32"));
                 for (offset, value) in [(Block::GATE, gate), (Block::TAIL, tail)] {
-                    let offset = e.index_constant(offset as i64);
-                    let from = e.add(&chunk.block, &offset);
-                    let at = e.add(&from, &source);
+                    let at = chunk.place(e, offset, &source);
                     e.store_element(value, "%scratch", &at, Dtype::F32);
                 }
             });

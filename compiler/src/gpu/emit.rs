@@ -654,8 +654,7 @@ impl<'e> Emitter<'e> {
             for value in &mut values {
                 *value = match (&width, &offset) {
                     (Some(width), Some(offset)) => {
-                        let (theirs, valid) = (self.fresh(), self.fresh());
-                        self.line(format!("{theirs}, {valid} = gpu.shuffle xor {value}, {offset}, {width} : f32"));
+                        let theirs = self.shuffle("xor", value, offset, width);
                         self.op(format!("{} {value}, {theirs} : f32", combine.op()))
                     }
                     _ => {
@@ -683,8 +682,14 @@ impl<'e> Emitter<'e> {
             return self.op(format!("vector.extract {value}[{lane}] : f32 from vector<{LANES}xf32>"));
         }
         let (from, width) = (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {LANES} : i32")));
+        self.shuffle("idx", value, &from, &width)
+    }
+
+    /// Another lane's f32 on the device: `gpu.shuffle MODE` of `value` with
+    /// `offset` and `width` (i32s).
+    fn shuffle(&mut self, mode: &str, value: &str, offset: &str, width: &str) -> String {
         let (theirs, valid) = (self.fresh(), self.fresh());
-        self.line(format!("{theirs}, {valid} = gpu.shuffle idx {value}, {from}, {width} : f32"));
+        self.line(format!("{theirs}, {valid} = gpu.shuffle {mode} {value}, {offset}, {width} : f32"));
         theirs
     }
 
@@ -717,8 +722,7 @@ impl<'e> Emitter<'e> {
                     let (low, high) = (&values[k], &values[k + half]);
                     let sent = self.op(format!("arith.select {upper}, {low}, {high} : f32"));
                     let kept = self.op(format!("arith.select {upper}, {high}, {low} : f32"));
-                    let (theirs, valid) = (self.fresh(), self.fresh());
-                    self.line(format!("{theirs}, {valid} = gpu.shuffle xor {sent}, {offset}, {width} : f32"));
+                    let theirs = self.shuffle("xor", &sent, &offset, &width);
                     self.op(format!("arith.addf {kept}, {theirs} : f32"))
                 })
                 .collect();
