@@ -268,7 +268,15 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
         }
     };
     let kernels: usize = set.entries.values().map(|entry| entry.launches.len()).sum();
-    eprintln!("built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX", model.name, dir.display(), started.elapsed().as_secs_f64(), set.entries.len());
+    let calls: Vec<String> = set.entries.iter().map(|(name, entry)| format!("{name} {}", entry.launches_per_call())).collect();
+    eprintln!(
+        "built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX; launches per call: {}",
+        model.name,
+        dir.display(),
+        started.elapsed().as_secs_f64(),
+        set.entries.len(),
+        calls.join(", ")
+    );
     ExitCode::SUCCESS
 }
 

@@ -52,10 +52,11 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     let (mut contractions, mut rows) = (0, 0);
     for entry in &model.entries {
         let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
-        let launches = &read.entries[&entry.name].launches;
+        let (launches, groups) = (&read.entries[&entry.name].launches, &read.entries[&entry.name].groups);
         assert_eq!(launches.iter().map(|launch| launch.node).collect::<Vec<_>>(), computes, "{}", entry.name);
         for launch in launches {
-            assert!(read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)));
+            let grouped = groups.iter().any(|group| group.members.contains(&launch.node));
+            assert_eq!(read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)), !grouped, "{}", launch.name);
             let shape = &entry.nodes[launch.node].shape;
             if contraction::of(entry, launch.node).is_some() {
                 contractions += 1;
@@ -78,7 +79,8 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `ptxas -arch=sm_90` accepts every PTX text.
+/// `ptxas -arch=sm_90` accepts every PTX text, whose entry points are
+/// each launch group and each kernel no group launches.
 fn ptxas_accepts(entries: &[linnet_compiler::gpu::BuiltEntry]) {
     // Tests run at once in one process: each call has its own folder.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -88,8 +90,10 @@ fn ptxas_accepts(entries: &[linnet_compiler::gpu::BuiltEntry]) {
     for entry in entries {
         assert!(!entry.kernels.is_empty());
         assert!(entry.ptx.contains(".target sm_90"), "{}", entry.ptx);
-        for kernel in &entry.kernels {
-            assert!(entry.ptx.contains(&format!(".entry {}(", kernel.name)), "no `{}` in the PTX of `{}`", kernel.name, entry.entry);
+        let grouped: Vec<usize> = entry.groups.iter().flat_map(|group| group.members.iter().copied()).collect();
+        let launched = entry.kernels.iter().filter(|kernel| !grouped.contains(&kernel.node)).map(|kernel| &kernel.name).chain(entry.groups.iter().map(|group| &group.name));
+        for name in launched {
+            assert!(entry.ptx.contains(&format!(".entry {name}(")), "no `{name}` in the PTX of `{}`", entry.entry);
         }
         let path = scratch.join(format!("{}.ptx", entry.entry));
         std::fs::write(&path, &entry.ptx).unwrap();
@@ -123,6 +127,7 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
         let used = model.entries.iter().flat_map(|e| &e.nodes).any(|n| matches!(n.kind, NodeKind::Intrinsic(i, _) if i == intrinsic));
         assert!(used, "the seed no longer uses `{}`: this test covers less than it says", intrinsic.name());
     }
+    assert!(built.entries.iter().all(|entry| !entry.groups.is_empty()), "every entry of the seed launches groups");
     ptxas_accepts(&built.entries);
 }
 

@@ -15,8 +15,8 @@
 //! the driver) when the entry is first called.
 
 use super::layout::{loaded, stored};
-use super::{Launch, PtxSet};
-use crate::exec::{dim_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
+use super::{GroupLaunch, Launch, PtxSet, Role};
+use crate::exec::{dim_value, shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Entry, Intrinsic, Model};
 use crate::sema::ty::Dtype;
@@ -40,10 +40,21 @@ impl DeviceBuffer {
 
 /// One entry's kernels: its PTX until the entry is first called (the
 /// driver compiles PTX as it loads it: only entries that run pay), then
-/// per node its launches and functions, in the order they run.
+/// loaded.
 enum EntryKernels {
     Pending(super::ptx_set::EntryPtx),
-    Loaded(Vec<Vec<(Launch, CudaFunction)>>),
+    Loaded(LoadedEntry),
+}
+
+/// An entry's loaded kernels: per node its launches, in the order they
+/// run, with their functions (none for a group's member: its group
+/// launches it); its launch groups with theirs, and each grouped node's
+/// role.
+#[derive(Default)]
+struct LoadedEntry {
+    kernels: Vec<Vec<(Launch, Option<CudaFunction>)>>,
+    groups: Vec<(GroupLaunch, CudaFunction)>,
+    roles: HashMap<usize, Role>,
 }
 
 /// The backend: a context on one device, its stream, the loaded kernels.
@@ -64,6 +75,9 @@ pub struct Cuda {
     /// The scratch of the nodes that have one: the largest asked for so
     /// far, reused by each (the stream runs one node at a time).
     scratch: Option<CudaSlice<u8>>,
+    /// Values a launch group computed before the executor reached their
+    /// nodes, by node.
+    ahead: HashMap<usize, DeviceBuffer>,
 }
 
 /// A driver error as text.
@@ -83,7 +97,7 @@ impl Cuda {
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
         let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
-        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None })
+        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None, ahead: HashMap::new() })
     }
 
     /// The device's architecture, `sm_90`: what its PTX is built for.
@@ -130,20 +144,28 @@ impl Cuda {
         let EntryKernels::Pending(ptx) = &self.entries[site.entry_number] else { return Ok(()) };
         let failed = |what: &str, e| NodeError::Check(driver(&format!("{what} of entry `{}`", site.entry.name), e));
         let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone())).map_err(|e| failed("the driver refused the PTX", e))?;
-        let mut kernels: Vec<Vec<(Launch, CudaFunction)>> = (0..site.entry.nodes.len()).map(|_| Vec::new()).collect();
+        let function = |name: &str| module.load_function(name).map_err(|e| failed(&format!("no `{name}` in the PTX"), e));
+        let roles = super::roles(ptx.groups.iter().map(|group| group.members.as_slice()));
+        let mut kernels: Vec<Vec<(Launch, Option<CudaFunction>)>> = (0..site.entry.nodes.len()).map(|_| Vec::new()).collect();
         for launch in &ptx.launches {
-            let function = module.load_function(&launch.name).map_err(|e| failed(&format!("no `{}` in the PTX", launch.name), e))?;
+            let function = if roles.contains_key(&launch.node) { None } else { Some(function(&launch.name)?) };
             kernels[launch.node].push((launch.clone(), function));
         }
-        self.entries[site.entry_number] = EntryKernels::Loaded(kernels);
+        let groups = ptx.groups.iter().map(|group| Ok((group.clone(), function(&group.name)?))).collect::<Result<_, NodeError>>()?;
+        self.entries[site.entry_number] = EntryKernels::Loaded(LoadedEntry { kernels, groups, roles });
         Ok(())
+    }
+
+    /// The site's entry, loaded.
+    fn loaded(&self, site: &Site<'_>) -> &LoadedEntry {
+        let EntryKernels::Loaded(loaded) = &self.entries[site.entry_number] else { panic!("an entry's PTX is loaded before its kernels run") };
+        loaded
     }
 
     /// The site's launches, in the order they run; they read the same
     /// loads.
-    fn kernels(&self, site: &Site<'_>) -> &[(Launch, CudaFunction)] {
-        let EntryKernels::Loaded(kernels) = &self.entries[site.entry_number] else { panic!("an entry's PTX is loaded before its kernels run") };
-        let kernels = &kernels[site.at];
+    fn kernels(&self, site: &Site<'_>) -> &[(Launch, Option<CudaFunction>)] {
+        let kernels = &self.loaded(site).kernels[site.at];
         assert!(!kernels.is_empty(), "a kernel for every compute and intrinsic node");
         kernels
     }
@@ -181,39 +203,75 @@ impl Cuda {
             self.scratch_of(elements as usize * bytes)?;
         }
         for stage in 0..self.kernels(site).len() {
-            let (launched, dims, threads) = {
-                let (kernel, _) = &self.kernels(site)[stage];
-                (kernel.work.iter().map(bound).product::<i64>() * i64::from(kernel.lanes), kernel.dims.iter().map(bound).collect::<Vec<i64>>(), kernel.threads)
+            let (threads, dims) = {
+                let (launch, _) = &self.kernels(site)[stage];
+                (launch.work.iter().map(bound).product::<i64>() * i64::from(launch.lanes), launch.dims.iter().map(bound).collect::<Vec<i64>>())
             };
-            if launched == 0 {
-                continue;
-            }
-            let blocks = u32::try_from((launched + i64::from(threads) - 1) / i64::from(threads))
-                .map_err(|_| NodeError::Check(format!("{launched} threads are more than one launch holds")))?;
             self.dims_table(&dims)?;
-            let (kernel, function) = &self.kernels(site)[stage];
-            // Each memref's descriptor after its two pointers (allocated and
-            // aligned, the same): offset 0, size, stride 1.
-            let descriptor = |elements: usize| [0, elements as i64, 1];
-            let buffers: Vec<(&CudaSlice<u8>, [i64; 3])> = std::iter::once(out)
+            let (launch, function) = &self.kernels(site)[stage];
+            let function = function.as_ref().expect("a node launched alone has its functions");
+            let buffers: Vec<(&CudaSlice<u8>, usize)> = std::iter::once(out)
                 .chain(args.iter().copied())
-                .map(|buffer| (&buffer.bytes, descriptor(buffer.elements())))
-                .chain(scratch.and_then(|(elements, _)| Some((self.scratch.as_ref()?, descriptor(elements as usize)))))
+                .map(|buffer| (&buffer.bytes, buffer.elements()))
+                .chain(scratch.and_then(|(elements, _)| Some((self.scratch.as_ref()?, elements as usize))))
                 .collect();
-            let (table, table_size, faults_size) = (&self.dims[&dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
-            let mut launch = self.stream.launch_builder(function);
-            for (bytes, size) in &buffers {
-                launch.arg(*bytes).arg(*bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
-            }
-            launch.arg(table).arg(table).arg(&table_size[0]).arg(&table_size[1]).arg(&table_size[2]);
-            launch.arg(&self.faults).arg(&self.faults).arg(&faults_size[0]).arg(&faults_size[1]).arg(&faults_size[2]);
-            let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: the kernel's parameters are these descriptors, in this
-            // order (`emit`'s convention as `pipeline` lowers it), each
-            // pointing at a live device buffer of its size.
-            unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{}`", kernel.name), e)))?;
-            self.unsettled |= kernel.faults;
+            self.run(function, &launch.name, &buffers, &dims, threads, launch.threads)?;
+            let faults = launch.faults;
+            self.unsettled |= faults;
         }
+        Ok(())
+    }
+
+    /// Launches group `group` of the site's entry (the site its first
+    /// member): gives the site's value and keeps the other members'.
+    fn launch_group(&mut self, site: &Site<'_>, group: usize, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
+        let bound = |dim: &crate::sema::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
+        let (members, threads, dims) = {
+            let (launch, _) = &self.loaded(site).groups[group];
+            (launch.members.clone(), bound(&launch.work), launch.dims.iter().map(bound).collect::<Vec<i64>>())
+        };
+        let outputs = members
+            .iter()
+            .map(|&member| self.allocate(site.entry.nodes[member].dtype, &shape_value(&site.entry.nodes[member].shape, site.dims), false).map_err(|e| NodeError::Check(e.0)))
+            .collect::<Result<Vec<DeviceBuffer>, NodeError>>()?;
+        self.dims_table(&dims)?;
+        let (launch, function) = &self.loaded(site).groups[group];
+        let loads: Vec<std::rc::Rc<DeviceBuffer>> = launch.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
+        let buffers: Vec<(&CudaSlice<u8>, usize)> = outputs.iter().chain(loads.iter().map(|load| load.as_ref())).map(|buffer| (&buffer.bytes, buffer.elements())).collect();
+        self.run(function, &launch.name, &buffers, &dims, threads, launch.threads)?;
+        let faults = launch.faults;
+        self.unsettled |= faults;
+        let mut outputs = members.into_iter().zip(outputs);
+        let (_, first) = outputs.next().expect("a group has members");
+        self.ahead.extend(outputs);
+        Ok(first)
+    }
+
+    /// Launches `function` (`name`, for messages) as `threads` threads,
+    /// `block` to a block, given `buffers` (device memory and its
+    /// elements, in the kernel's argument order), then the dims table
+    /// `dims` (on the device: [`Cuda::dims_table`]) and the faults table.
+    fn run(&self, function: &CudaFunction, name: &str, buffers: &[(&CudaSlice<u8>, usize)], dims: &[i64], threads: i64, block: u32) -> Result<(), NodeError> {
+        if threads == 0 {
+            return Ok(());
+        }
+        let blocks = u32::try_from((threads + i64::from(block) - 1) / i64::from(block)).map_err(|_| NodeError::Check(format!("{threads} threads are more than one launch holds")))?;
+        // Each memref's descriptor after its two pointers (allocated and
+        // aligned, the same): offset 0, size, stride 1.
+        let descriptor = |elements: usize| [0, elements as i64, 1];
+        let sizes: Vec<[i64; 3]> = buffers.iter().map(|(_, elements)| descriptor(*elements)).collect();
+        let (table, table_size, faults_size) = (&self.dims[dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
+        let mut launch = self.stream.launch_builder(function);
+        for ((bytes, _), size) in buffers.iter().zip(&sizes) {
+            launch.arg(*bytes).arg(*bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
+        }
+        launch.arg(table).arg(table).arg(&table_size[0]).arg(&table_size[1]).arg(&table_size[2]);
+        launch.arg(&self.faults).arg(&self.faults).arg(&faults_size[0]).arg(&faults_size[1]).arg(&faults_size[2]);
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel's parameters are these descriptors, in this
+        // order (`emit`'s convention as `pipeline` lowers it), each
+        // pointing at a live device buffer of its size.
+        unsafe { launch.launch(config) }.map_err(|e| NodeError::Check(driver(&format!("launching `{name}`"), e)))?;
         Ok(())
     }
 }
@@ -236,7 +294,7 @@ impl Backend for Cuda {
             .map(|entry| match by_name.remove(&entry.name) {
                 Some(ptx) => EntryKernels::Pending(ptx),
                 // An entry of no kernels (`check` made sure it needs none).
-                None => EntryKernels::Loaded(Vec::new()),
+                None => EntryKernels::Loaded(LoadedEntry::default()),
             })
             .collect();
         Ok(())
@@ -266,6 +324,11 @@ impl Backend for Cuda {
 
     fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
         self.load(&site)?;
+        match self.loaded(&site).roles.get(&site.at) {
+            Some(Role::Follows) => return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest")),
+            Some(&Role::Leads(group)) => return self.launch_group(&site, group, values),
+            None => {}
+        }
         let out = self.output(&site)?;
         let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0].0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
@@ -286,8 +349,8 @@ impl Backend for Cuda {
         let failed = |what: &str, e| (0, NodeError::Check(driver(what, e)));
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| failed("reading the faults table", e))?;
         let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
-        let EntryKernels::Loaded(kernels) = &self.entries[entry_number] else { return Ok(()) };
-        let Some(error) = super::raised(&faults, entry, |node, stage| Some(kernels.get(node)?.get(stage)?.0.checks.as_slice())) else { return Ok(()) };
+        let EntryKernels::Loaded(loaded) = &self.entries[entry_number] else { return Ok(()) };
+        let Some(error) = super::raised(&faults, entry, |node, stage| Some(loaded.kernels.get(node)?.get(stage)?.0.checks.as_slice())) else { return Ok(()) };
         self.stream.memset_zeros(&mut self.faults).map_err(|e| failed("clearing the faults table", e))?;
         Err(error)
     }

@@ -55,6 +55,18 @@ pub struct Kernel {
     pub checks: Vec<Check>,
     /// The scratch its node's kernels share, if they need one.
     pub scratch: Option<Scratch>,
+    /// The same body as a function of one unit's number (its last
+    /// argument, after the kernel's own; a unit is an item on the host, a
+    /// thread on the device): `func.func private @NAME_unit`, what a
+    /// launch group calls ([`Kernel::member_name`]).
+    pub member: String,
+}
+
+impl Kernel {
+    /// The name of [`Kernel::member`]'s function.
+    pub fn member_name(&self) -> String {
+        format!("{}_unit", self.name)
+    }
 }
 
 /// Device memory a node's kernels share while the node runs (given to
@@ -97,6 +109,36 @@ pub const LANES: u32 = 32;
 /// this thread's lane (an index); on the host, none (every lane at once).
 pub struct Warp {
     lane: Option<String>,
+}
+
+/// Where a kernel's body makes its unit's number (an `scf.parallel` on the
+/// host, the thread's number on the device), so that the same body can
+/// also be written as a function of that number ([`Kernel::member`]).
+struct Opening {
+    /// The unit's SSA name.
+    unit: String,
+    /// How many units there are (an index), on the host.
+    count: String,
+    /// The bytes of the body that make the unit.
+    lines: std::ops::Range<usize>,
+    /// The bytes of the `scf.reduce` that closes the host's loop.
+    reduce: Option<std::ops::Range<usize>>,
+}
+
+impl Opening {
+    /// `body` as a function of the unit: the loop (host) or the thread's
+    /// number (device) left out, and on the host a guard in its place.
+    fn member_body(&self, body: &str) -> String {
+        let guard = match self.reduce {
+            Some(_) => format!("    %inside = arith.cmpi ult, {}, {} : index\n    scf.if %inside {{\n", self.unit, self.count),
+            None => String::new(),
+        };
+        let rest = match &self.reduce {
+            Some(reduce) => format!("{}{}", &body[self.lines.end..reduce.start], &body[reduce.end..]),
+            None => body[self.lines.end..].to_string(),
+        };
+        format!("{}{guard}{rest}", &body[..self.lines.start])
+    }
 }
 
 /// How two lanes' values combine ([`Emitter::combine_lanes`]).
@@ -223,6 +265,7 @@ pub struct Emitter<'e> {
     faults: bool,
     checks: Vec<Check>,
     scratch: Option<Scratch>,
+    opening: Option<Opening>,
 }
 
 impl<'e> Emitter<'e> {
@@ -247,7 +290,14 @@ impl<'e> Emitter<'e> {
             faults: false,
             checks: Vec::new(),
             scratch: None,
+            opening: None,
         }
+    }
+
+    /// The emitter with `dims` as the first entries of its dims table (a
+    /// launch group's, whose members read the table as theirs).
+    pub fn with_dims(self, dims: Vec<Dim>) -> Emitter<'e> {
+        Emitter { dims, ..self }
     }
 
     /// The node's scratch, `scratch`, as an argument of this kernel: its
@@ -517,23 +567,46 @@ impl<'e> Emitter<'e> {
     /// `scf.parallel`; on the device, this thread's item, if it is one.
     pub fn parallel(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str)) {
         let count = self.item_count(work);
-        let element = match self.form {
-            Form::Host => {
-                let (zero, one) = (self.index_constant(0), self.index_constant(1));
-                let element = self.fresh();
-                self.line(format!("scf.parallel ({element}) = ({zero}) to ({count}) step ({one}) {{"));
-                element
-            }
-            Form::Device => {
-                let element = self.thread_number();
-                let mine = self.op(format!("arith.cmpi ult, {element}, {count} : index"));
-                self.line(format!("scf.if {mine} {{"));
-                element
-            }
-        };
+        let element = self.open_units(&count);
+        if self.form == Form::Device {
+            let mine = self.op(format!("arith.cmpi ult, {element}, {count} : index"));
+            self.line(format!("scf.if {mine} {{"));
+        }
         body(self, &element);
+        self.close_units();
+    }
+
+    /// Opens the kernel's units, as many as `count` (an index) on the
+    /// host: there an `scf.parallel` over them (closed by
+    /// [`Emitter::close_units`]); on the device this thread's number (the
+    /// caller guards it). Gives the unit's name, and records where it was
+    /// made ([`Opening`]).
+    fn open_units(&mut self, count: &str) -> String {
+        assert!(self.opening.is_none(), "a kernel opens its units once");
+        let (zero, one) = match self.form {
+            Form::Host => (self.index_constant(0), self.index_constant(1)),
+            Form::Device => Default::default(),
+        };
+        let start = self.body.len();
+        let unit = match self.form {
+            Form::Host => {
+                let unit = self.fresh();
+                self.line(format!("scf.parallel ({unit}) = ({zero}) to ({count}) step ({one}) {{"));
+                unit
+            }
+            Form::Device => self.thread_number(),
+        };
+        self.opening = Some(Opening { unit: unit.clone(), count: count.to_string(), lines: start..self.body.len(), reduce: None });
+        unit
+    }
+
+    /// Closes what [`Emitter::open_units`] and its caller's guard opened.
+    fn close_units(&mut self) {
         if self.form == Form::Host {
+            let start = self.body.len();
             self.line("scf.reduce".into());
+            let reduce = start..self.body.len();
+            self.opening.as_mut().expect("units are opened before they close").reduce = Some(reduce);
         }
         self.line("}".into());
     }
@@ -573,27 +646,20 @@ impl<'e> Emitter<'e> {
     pub fn parallel_in_warps(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str, &Warp)) {
         self.lanes = LANES;
         let count = self.item_count(work);
+        let unit = self.open_units(&count);
         match self.form {
-            Form::Host => {
-                let (zero, one) = (self.index_constant(0), self.index_constant(1));
-                let item = self.fresh();
-                self.line(format!("scf.parallel ({item}) = ({zero}) to ({count}) step ({one}) {{"));
-                body(self, &item, &Warp { lane: None });
-                self.line("scf.reduce".into());
-                self.line("}".into());
-            }
+            Form::Host => body(self, &unit, &Warp { lane: None }),
             Form::Device => {
-                let thread = self.thread_number();
                 let lanes = self.index_constant(i64::from(LANES));
-                let item = self.op(format!("arith.divui {thread}, {lanes} : index"));
-                let lane = self.op(format!("arith.remui {thread}, {lanes} : index"));
+                let item = self.op(format!("arith.divui {unit}, {lanes} : index"));
+                let lane = self.op(format!("arith.remui {unit}, {lanes} : index"));
                 // Uniform across a warp: its lanes share the item.
                 let mine = self.op(format!("arith.cmpi ult, {item}, {count} : index"));
                 self.line(format!("scf.if {mine} {{"));
                 body(self, &item, &Warp { lane: Some(lane) });
-                self.line("}".into());
             }
         }
+        self.close_units();
     }
 
     /// The type of an f32 each lane holds its own of.
@@ -794,6 +860,15 @@ impl<'e> Emitter<'e> {
         self.line("}".into());
     }
 
+    /// `scf.if condition` with no result, and an `else`.
+    pub fn when_else(&mut self, condition: &str, then: impl FnOnce(&mut Self), otherwise: impl FnOnce(&mut Self)) {
+        self.line(format!("scf.if {condition} {{"));
+        then(self);
+        self.line("} else {".into());
+        otherwise(self);
+        self.line("}".into());
+    }
+
     /// The node's (last) kernel, writing `out` (of `dtype`) from the
     /// loads, with the body emitted so far: `ENTRY_vNODE`.
     pub fn finish(self, dtype: Dtype) -> Kernel {
@@ -817,7 +892,17 @@ impl<'e> Emitter<'e> {
             write!(arguments, ", %scratch: memref<?x{}>", stored(scratch.dtype)).expect("writing to a string");
         }
         write!(arguments, ", %dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>").expect("writing to a string");
-        let text = match self.form {
+        let opening = self.opening.as_ref().expect("every kernel opens its units");
+        let member = format!("func.func private @{name}_unit({arguments}, {}: index) {{\n{}    return\n}}\n", opening.unit, opening.member_body(&self.body));
+        let text = self.function(&name, &arguments);
+        Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch, member }
+    }
+
+    /// The body emitted so far as function `name` of `arguments` (MLIR
+    /// text) for the emitter's form: a host function MLIR's execution
+    /// engine can call, or a device kernel.
+    fn function(&self, name: &str, arguments: &str) -> String {
+        match self.form {
             // `llvm.emit_c_interface`: MLIR's execution engine calls only
             // such functions.
             Form::Host => format!("func.func @{name}({arguments}) attributes {{ llvm.emit_c_interface }} {{\n{}    return\n}}\n", self.body),
@@ -825,7 +910,28 @@ impl<'e> Emitter<'e> {
                 "gpu.func @{name}({arguments}) kernel attributes {{ known_block_size = array<i32: {THREADS}, 1, 1> }} {{\n{}    gpu.return\n}}\n",
                 self.body
             ),
-        };
-        Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch }
+        }
+    }
+
+    /// The body emitted so far as a launch group's function `name`, which
+    /// writes `outputs` (their dtypes: `%out0`, `%out1`, …) from the
+    /// loads; with its loads and dims table.
+    pub fn finish_group(self, name: &str, outputs: &[Dtype]) -> (String, Vec<Value>, Vec<Dim>) {
+        let mut arguments: Vec<String> = outputs.iter().enumerate().map(|(k, dtype)| format!("%out{k}: memref<?x{}>", stored(*dtype))).collect();
+        arguments.extend(self.loads.iter().enumerate().map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype))));
+        arguments.push(format!("%dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>"));
+        let text = self.function(name, &arguments.join(", "));
+        (text, self.loads, self.dims)
+    }
+
+    /// This unit's number and the loop over `count` units (an index) on
+    /// the host: `body` is given the unit. A launch group's dispatch.
+    pub fn units(&mut self, count: &str, body: impl FnOnce(&mut Self, &str)) {
+        let unit = self.open_units(count);
+        body(self, &unit);
+        if self.form == Form::Host {
+            self.line("scf.reduce".into());
+            self.line("}".into());
+        }
     }
 }

@@ -7,13 +7,14 @@
 //! once, when it settles, as on a device: the same kernels report the
 //! same errors.
 
-use super::{Form, Kernel};
-use crate::exec::{dim_value, Backend, BuildError, NodeError, Site, Values};
+use super::{Form, Group, Kernel, Role};
+use crate::exec::{dim_value, shape_value, Backend, BuildError, NodeError, Site, Values};
 use crate::ir::analysis::Analysis;
 use crate::ir::{Entry, Intrinsic, Model};
 use super::layout::{loaded, stored};
 use crate::tensor::Tensor;
 use melior::ExecutionEngine;
+use std::collections::HashMap;
 
 /// MLIR's lowering of the kernels for the host (math functions as LLVM
 /// intrinsics, `tanh` expanded first: libm has no `rsqrtf` to call).
@@ -25,6 +26,9 @@ struct Compiled {
     /// Per node: its kernels, in launch order (none for nodes that move
     /// values).
     kernels: Vec<Vec<Kernel>>,
+    /// Its launch groups, and each grouped node's role in them.
+    groups: Vec<Group>,
+    roles: HashMap<usize, Role>,
     engine: ExecutionEngine,
 }
 
@@ -36,6 +40,9 @@ pub struct MlirHost {
     /// as the CUDA backend reads its own: the same kernels, the same
     /// errors.
     faults: [i64; super::FAULT_SLOTS],
+    /// Values a launch group computed before the executor reached their
+    /// nodes, by node.
+    ahead: HashMap<usize, Tensor>,
 }
 
 /// A 1-D memref as MLIR's C interface passes it (`StridedMemRefType<T, 1>`).
@@ -59,12 +66,13 @@ impl Descriptor {
     }
 }
 
-fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
+fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Compiled, BuildError> {
     let entry = &model.entries[entry_number];
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
     let kernels = super::entry_kernels(entry, Form::Host, "mlir-host")?;
-    let text: Vec<&str> = kernels.iter().flatten().map(|kernel| kernel.text.as_str()).collect();
-    let module = format!("module {{\n{}}}\n", text.join("\n"));
+    let groups = super::group::groups(entry, &kernels, &analysis.hoistable, Form::Host);
+    let roles = super::roles(groups.iter().map(|group| group.members.as_slice()));
+    let module = format!("module {{\n{}}}\n", super::functions(&kernels, &groups).join("\n"));
     // The engine holds the code it compiled; the module may go.
     let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| match super::pipeline::unlowered(&lowered.as_operation()) {
         Some(operation) => Err(format!("MLIR's host lowering left `{operation}` (a compiler bug)")),
@@ -72,10 +80,11 @@ fn compile(model: &Model, entry_number: usize) -> Result<Compiled, BuildError> {
     })
     .and_then(|engine| engine)
     .map_err(|message| failed(None, message))?;
-    if let Some(kernel) = kernels.iter().flatten().find(|kernel| engine.lookup(&kernel.name).is_null()) {
-        return Err(failed(None, format!("MLIR's execution engine did not compile `{}`", kernel.name)));
+    let called = kernels.iter().flatten().filter(|kernel| !roles.contains_key(&kernel.node)).map(|kernel| &kernel.name).chain(groups.iter().map(|group| &group.name));
+    if let Some(name) = called.into_iter().find(|name| engine.lookup(name).is_null()) {
+        return Err(failed(None, format!("MLIR's execution engine did not compile `{name}`")));
     }
-    Ok(Compiled { kernels, engine })
+    Ok(Compiled { kernels, groups, roles, engine })
 }
 
 impl Backend for MlirHost {
@@ -85,14 +94,19 @@ impl Backend for MlirHost {
         "mlir-host"
     }
 
-    fn prepare(&mut self, model: &Model, _: &[Analysis]) -> Result<(), BuildError> {
-        self.entries = (0..model.entries.len()).map(|entry| compile(model, entry)).collect::<Result<_, _>>()?;
+    fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
+        self.entries = (0..model.entries.len()).map(|entry| compile(model, entry, &analyses[entry])).collect::<Result<_, _>>()?;
         Ok(())
     }
 
     crate::tensor::host_memory!();
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        match self.entries[site.entry_number].roles.get(&site.at) {
+            Some(Role::Follows) => return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest")),
+            Some(&Role::Leads(group)) => return self.launch_group(&site, group, values),
+            None => {}
+        }
         let kernel = &self.kernels(&site)[0];
         let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let node = &site.entry.nodes[site.at];
@@ -140,32 +154,62 @@ impl MlirHost {
     fn invoke(&mut self, site: &Site<'_>, out: &mut [u8], args: &[&Tensor]) -> Result<(), NodeError> {
         let kernels = &self.entries[site.entry_number].kernels[site.at];
         let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
-        let mut inputs = kernels[0]
-            .loads
-            .iter()
-            .zip(args)
-            .map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = stored_loads(site, &kernels[0].loads, args)?;
         let scratch_elements = kernels[0].scratch.as_ref().map(|scratch| (dim_value(&scratch.elements, site.dims).expect("an entry's dims are bound") as usize, scratch.dtype.bytes()));
         let mut scratch = vec![0u8; scratch_elements.map_or(0, |(elements, bytes)| elements * bytes)];
         for kernel in kernels {
-            let mut dims: Vec<u8> = kernel.dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
             let mut descriptors = vec![Descriptor::of(out, out_elements)];
             descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
             if let Some((elements, _)) = scratch_elements {
                 descriptors.push(Descriptor::of(&mut scratch, elements));
             }
-            descriptors.push(Descriptor::of(&mut dims, kernel.dims.len()));
-            descriptors.push(Descriptor::of_faults(&mut self.faults));
-            // The C interface takes a pointer to each memref's descriptor; the
-            // packed call, a pointer to each of those.
-            let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
-            let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
-            let engine = &self.entries[site.entry_number].engine;
-            // SAFETY: the kernel takes one 1-D memref per argument, in this
-            // order, each descriptor pointing at a live buffer of its length.
-            unsafe { engine.invoke_packed(&kernel.name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))?;
+            call(&self.entries[site.entry_number].engine, &kernel.name, descriptors, &kernel.dims, site, &mut self.faults)?;
         }
         Ok(())
     }
+
+    /// Runs launch group `group` of the site's entry (the site its first
+    /// member): gives the site's value and keeps the other members'.
+    fn launch_group(&mut self, site: &Site<'_>, group: usize, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
+        let compiled = &self.entries[site.entry_number];
+        let group = &compiled.groups[group];
+        let args: Vec<&Tensor> = group.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
+        let mut inputs = stored_loads(site, &group.loads, &args)?;
+        let mut outputs: Vec<(Vec<u8>, Vec<usize>)> = group
+            .members
+            .iter()
+            .map(|&member| {
+                let shape = shape_value(&site.entry.nodes[member].shape, site.dims);
+                (vec![0u8; shape.iter().product::<usize>() * site.entry.nodes[member].dtype.bytes()], shape)
+            })
+            .collect();
+        let mut descriptors: Vec<Descriptor> = outputs.iter_mut().map(|(bytes, shape)| Descriptor::of(bytes, shape.iter().product())).collect();
+        descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
+        call(&compiled.engine, &group.name, descriptors, &group.dims, site, &mut self.faults)?;
+        let mut values = group.members.iter().zip(outputs).map(|(&member, (bytes, shape))| (member, loaded(&bytes, site.entry.nodes[member].dtype, shape)));
+        let (_, first) = values.next().expect("a group has members");
+        self.ahead.extend(values);
+        Ok(first)
+    }
+}
+
+/// The stored bytes of `loads` (values of the site's entry), given as
+/// `args`, and their element counts.
+fn stored_loads(site: &Site<'_>, loads: &[crate::ir::Value], args: &[&Tensor]) -> Result<Vec<(Vec<u8>, usize)>, NodeError> {
+    loads.iter().zip(args).map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check)).collect()
+}
+
+/// Calls function `name` of `engine` with `buffers`' descriptors, then its
+/// dims table (`dims` bound by the site's call) and the faults table.
+fn call(engine: &ExecutionEngine, name: &str, mut descriptors: Vec<Descriptor>, dims: &[crate::sema::dim::Dim], site: &Site<'_>, faults: &mut [i64; super::FAULT_SLOTS]) -> Result<(), NodeError> {
+    let mut table: Vec<u8> = dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
+    descriptors.push(Descriptor::of(&mut table, dims.len()));
+    descriptors.push(Descriptor::of_faults(faults));
+    // The C interface takes a pointer to each memref's descriptor; the
+    // packed call, a pointer to each of those.
+    let mut pointers: Vec<*mut Descriptor> = descriptors.iter_mut().map(|d| d as *mut Descriptor).collect();
+    let mut arguments: Vec<*mut ()> = pointers.iter_mut().map(|p| p as *mut *mut Descriptor as *mut ()).collect();
+    // SAFETY: the function takes one 1-D memref per argument, in this
+    // order, each descriptor pointing at a live buffer of its length.
+    unsafe { engine.invoke_packed(name, &mut arguments) }.map_err(|e| NodeError::Check(e.to_string()))
 }

@@ -18,6 +18,7 @@ mod contraction;
 pub mod cuda;
 mod delta;
 mod emit;
+mod group;
 #[cfg(feature = "nvptx")]
 pub mod host;
 mod intrinsic;
@@ -37,7 +38,8 @@ use crate::ir::Model;
 pub use emit::{Check, Fault, Form, Kernel, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
-pub use ptx_set::{Launch, PtxSet};
+pub use group::{roles, Group, Role};
+pub use ptx_set::{GroupLaunch, Launch, PtxSet};
 
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
 /// one), if it is a `Compute` node or an intrinsic (other nodes move
@@ -80,11 +82,27 @@ fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec
     Ok(kernels)
 }
 
-/// One entry's kernels and the PTX MLIR made of them (one module).
+/// The MLIR functions of an entry's `kernels` (per node) and launch
+/// `groups`: a grouped node's member function, any other kernel alone, and
+/// each group's dispatch.
+#[cfg(feature = "nvptx")]
+fn functions<'k>(kernels: &'k [Vec<Kernel>], groups: &'k [Group]) -> Vec<&'k str> {
+    let grouped: std::collections::HashSet<usize> = groups.iter().flat_map(|group| group.members.iter().copied()).collect();
+    kernels
+        .iter()
+        .flatten()
+        .map(|kernel| if grouped.contains(&kernel.node) { kernel.member.as_str() } else { kernel.text.as_str() })
+        .chain(groups.iter().map(|group| group.text.as_str()))
+        .collect()
+}
+
+/// One entry's kernels, its launch groups and the PTX MLIR made of them
+/// (one module).
 #[cfg(feature = "nvptx")]
 pub struct BuiltEntry {
     pub entry: String,
     pub kernels: Vec<Kernel>,
+    pub groups: Vec<Group>,
     pub ptx: String,
 }
 
@@ -97,43 +115,48 @@ pub struct Built {
 }
 
 /// Every entry of `model` as PTX for `arch` (`sm_90`), linking
-/// `libdevice` for the math functions when given. MLIR lowers the entries'
-/// modules in parallel, each in its own context. An error is MLIR's
-/// failure to lower kernels it was given (a compiler bug).
+/// `libdevice` for the math functions when given, its independent nodes
+/// launched in groups (`group`). MLIR lowers the entries' modules in
+/// parallel, each in its own context. An error is MLIR's failure to lower
+/// kernels it was given (a compiler bug).
 #[cfg(feature = "nvptx")]
 pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> Result<Built, BuildError> {
     use rayon::prelude::*;
     let mut missing = Vec::new();
     let mut modules = Vec::new();
     for entry in &model.entries {
-        let mut kernels = Vec::new();
+        let mut kernels = Vec::with_capacity(entry.nodes.len());
         for at in 0..entry.nodes.len() {
-            match node_kernels(entry, at, Form::Device) {
-                Some(Ok(node_kernels)) => kernels.extend(node_kernels),
-                Some(Err(Unsupported(why))) => missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}"))),
-                None => {}
-            }
+            kernels.push(match node_kernels(entry, at, Form::Device) {
+                Some(Ok(node_kernels)) => node_kernels,
+                Some(Err(Unsupported(why))) => {
+                    missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}")));
+                    Vec::new()
+                }
+                None => Vec::new(),
+            });
         }
-        if !kernels.is_empty() {
-            modules.push((entry, kernels));
+        if kernels.iter().any(|node_kernels| !node_kernels.is_empty()) {
+            let groups = group::groups(entry, &kernels, &crate::ir::plan::hoistable(entry), Form::Device);
+            modules.push((entry, kernels, groups));
         }
     }
     // Kernels hold dims, which stay on this thread: only the texts go.
     let texts: Vec<String> = modules
         .iter()
-        .map(|(entry, kernels)| {
-            let module: String = kernels.iter().map(|kernel| kernel.text.as_str()).collect::<Vec<_>>().join("\n");
+        .map(|(entry, kernels, groups)| {
+            let module = functions(kernels, groups).join("\n");
             format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name)
         })
         .collect();
     let lowered: Vec<Result<Vec<String>, String>> = texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
     let mut entries = Vec::with_capacity(modules.len());
-    for ((entry, kernels), ptx) in modules.into_iter().zip(lowered) {
+    for ((entry, kernels, groups), ptx) in modules.into_iter().zip(lowered) {
         let mut ptx = ptx.map_err(|message| BuildError::new("nvptx", entry, None, message))?;
         if ptx.len() != 1 {
             return Err(BuildError::new("nvptx", entry, None, format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len())));
         }
-        entries.push(BuiltEntry { entry: entry.name.clone(), kernels, ptx: ptx.remove(0) });
+        entries.push(BuiltEntry { entry: entry.name.clone(), kernels: kernels.into_iter().flatten().collect(), groups, ptx: ptx.remove(0) });
     }
     Ok(Built { entries, missing })
 }

@@ -37,11 +37,46 @@ pub struct Launch {
     pub checks: Vec<super::Check>,
 }
 
-/// One entry's PTX module and its launches, in node order.
+/// A launch of several nodes' kernels at once (`group`): the dispatch
+/// `name`, computing `members` (in order; their outputs are its first
+/// buffers, in that order) from `loads`, with its dims table, as many
+/// threads as `work`, `threads` to a block. Each member also has its own
+/// [`Launch`], which names its checks (its kernel is not an entry point).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GroupLaunch {
+    pub name: String,
+    pub members: Vec<usize>,
+    pub loads: Vec<usize>,
+    pub dims: Vec<Dim>,
+    pub work: Dim,
+    pub threads: u32,
+    pub faults: bool,
+}
+
+/// One entry's PTX module, its launches in node order, and its launch
+/// groups.
 #[derive(Clone, Debug)]
 pub struct EntryPtx {
     pub ptx: String,
     pub launches: Vec<Launch>,
+    pub groups: Vec<GroupLaunch>,
+}
+
+impl EntryPtx {
+    /// The kernels a call of the entry launches: each group once, each
+    /// kernel no group launches once (a hoisted node's only on a first
+    /// call, counted all the same).
+    pub fn launches_per_call(&self) -> usize {
+        let grouped: usize = self.groups.iter().map(|group| group.members.len()).sum();
+        self.launches.len() - grouped + self.groups.len()
+    }
+}
+
+/// An entry's launches and groups, as `launches.json` holds them.
+#[derive(Serialize, Deserialize)]
+struct EntryLaunches {
+    launches: Vec<Launch>,
+    groups: Vec<GroupLaunch>,
 }
 
 /// A model's PTX, by entry name.
@@ -59,7 +94,7 @@ struct Launches {
     model: String,
     fingerprint: String,
     arch: String,
-    entries: BTreeMap<String, Vec<Launch>>,
+    entries: BTreeMap<String, EntryLaunches>,
 }
 
 /// A hash of `model`'s IR: two builds with the same fingerprint have the
@@ -94,7 +129,20 @@ impl PtxSet {
                         checks: kernel.checks.clone(),
                     })
                     .collect();
-                (entry.entry, EntryPtx { ptx: entry.ptx, launches })
+                let groups = entry
+                    .groups
+                    .iter()
+                    .map(|group| GroupLaunch {
+                        name: group.name.clone(),
+                        members: group.members.clone(),
+                        loads: group.loads.iter().map(|value| value.index()).collect(),
+                        dims: group.dims.clone(),
+                        work: group.units.clone(),
+                        threads: super::THREADS,
+                        faults: group.faults,
+                    })
+                    .collect();
+                (entry.entry, EntryPtx { ptx: entry.ptx, launches, groups })
             })
             .collect();
         PtxSet { model: model.name.clone(), fingerprint: fingerprint(model), arch: arch.to_string(), entries }
@@ -113,7 +161,7 @@ impl PtxSet {
             model: self.model.clone(),
             fingerprint: self.fingerprint.clone(),
             arch: self.arch.clone(),
-            entries: self.entries.iter().map(|(name, entry)| (name.clone(), entry.launches.clone())).collect(),
+            entries: self.entries.iter().map(|(name, entry)| (name.clone(), EntryLaunches { launches: entry.launches.clone(), groups: entry.groups.clone() })).collect(),
         };
         let path = dir.join("launches.json");
         std::fs::write(&path, serde_json::to_string(&launches).expect("launches serialize")).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -131,10 +179,10 @@ impl PtxSet {
         let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let launches: Launches = serde_json::from_str(&text).map_err(|e| format!("{} is not a set of launches: {e}", path.display()))?;
         let mut entries = BTreeMap::new();
-        for (name, launches) in launches.entries {
+        for (name, EntryLaunches { launches, groups }) in launches.entries {
             let path = dir.join(format!("{name}.ptx"));
             let ptx = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            entries.insert(name, EntryPtx { ptx, launches });
+            entries.insert(name, EntryPtx { ptx, launches, groups });
         }
         Ok(PtxSet { model: launches.model, fingerprint: launches.fingerprint, arch: launches.arch, entries })
     }
@@ -142,7 +190,9 @@ impl PtxSet {
     /// Whether the set was built from `model` for `arch`, and launches
     /// kernels for exactly the nodes that need them (a node's together,
     /// reading the same values with the same scratch), each reading values
-    /// its entry has.
+    /// its entry has; a group's members are `Compute` nodes of one kernel
+    /// in order, in no other group, that read values computed before its
+    /// first.
     pub fn check(&self, model: &Model, arch: &str) -> Result<(), String> {
         if self.fingerprint != fingerprint(model) {
             return Err(format!("this PTX was built from another build of `{}` (its IR differs): build it again", self.model));
@@ -166,6 +216,22 @@ impl PtxSet {
             let stages_agree = in_order && launches.windows(2).all(|pair| pair[0].node != pair[1].node || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch));
             if !stages_agree {
                 return Err(format!("the kernels of a node of entry `{}` do not take the same arguments", entry.name));
+            }
+            let groups = self.entries.get(&entry.name).map(|set| set.groups.as_slice()).unwrap_or_default();
+            let mut grouped = vec![false; entry.nodes.len()];
+            for group in groups {
+                let first = group.members.first().copied().unwrap_or(usize::MAX);
+                let sound = group.members.len() > 1
+                    && group.members.windows(2).all(|pair| pair[0] < pair[1])
+                    && group.loads.iter().all(|&load| load < first)
+                    && group.members.iter().all(|&member| {
+                        let once = !std::mem::replace(grouped.get_mut(member).unwrap_or(&mut true), true);
+                        let one_kernel = launches.iter().filter(|launch| launch.node == member).count() == 1;
+                        once && one_kernel && matches!(entry.nodes[member].kind, NodeKind::Compute(_))
+                    });
+                if !sound {
+                    return Err(format!("launch group `{}` of entry `{}` is not one the PTX can run", group.name, entry.name));
+                }
             }
         }
         Ok(())

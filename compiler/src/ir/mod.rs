@@ -18,6 +18,7 @@ pub mod fuse;
 pub mod invariant;
 pub mod plan;
 pub mod ranking;
+pub mod schedule;
 mod text;
 mod verify;
 pub mod views;
@@ -344,21 +345,23 @@ impl Entry {
     /// Drops the nodes `gone` marks (which nothing left reads) and
     /// renumbers the values after them.
     pub fn remove_nodes(&mut self, gone: &[bool]) {
-        let mut renamed = Vec::with_capacity(gone.len());
-        let mut next = 0u32;
-        for gone in gone {
-            renamed.push(Value(next));
-            if !gone {
-                next += 1;
-            }
+        let kept: Vec<usize> = (0..self.nodes.len()).filter(|&at| !gone[at]).collect();
+        self.reorder(&kept);
+    }
+
+    /// Keeps the nodes `order` lists, in that order (each node after the
+    /// values it reads), renumbering every value.
+    pub fn reorder(&mut self, order: &[usize]) {
+        let mut renamed = vec![Value(u32::MAX); self.nodes.len()];
+        for (new, &old) in order.iter().enumerate() {
+            renamed[old] = Value(new as u32);
         }
         let rename = |value: &mut Value| *value = renamed[value.index()];
-        let nodes = std::mem::take(&mut self.nodes);
-        for (mut node, gone) in nodes.into_iter().zip(gone) {
-            if !gone {
-                node.kind.rename_reads(&rename);
-                self.nodes.push(node);
-            }
+        let mut nodes: Vec<Option<Node>> = std::mem::take(&mut self.nodes).into_iter().map(Some).collect();
+        for &old in order {
+            let mut node = nodes[old].take().expect("a node is kept once");
+            node.kind.rename_reads(&rename);
+            self.nodes.push(node);
         }
         self.outputs.iter_mut().for_each(rename);
     }

@@ -57,7 +57,9 @@ pub struct Lowering {
     /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
     /// Inline values read once into their consumer (`ir::fuse`), then
-    /// compute what is left only once (`ir::cse`).
+    /// compute what is left only once (`ir::cse`), read views where they
+    /// lie (`ir::views`) and place independent nodes together
+    /// (`ir::schedule`).
     pub fuse: bool,
 }
 
@@ -100,6 +102,7 @@ pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering:
         ir::fuse::fuse(&mut model);
         ir::cse::eliminate(&mut model);
         ir::views::read_through(&mut model);
+        ir::schedule::schedule(&mut model);
     }
     if let Err(problem) = ir::verify(&model) {
         panic!("{problem}");

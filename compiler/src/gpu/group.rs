@@ -1,0 +1,165 @@
+//! Launch groups (horizontal fusion): `Compute` nodes that sit together in
+//! an entry (`ir::schedule` places independent nodes so) and read nothing
+//! the group computes are one launch. A layer's projections of one normed
+//! input, or the small gates beside them, each a kernel of a few blocks,
+//! become one kernel of all their blocks: a decode step launches a third
+//! fewer kernels.
+//!
+//! The group's kernel is a dispatch: each member's units (its threads on
+//! the device, rounded up to a whole warp so that no warp spans two
+//! members; its items on the host) follow the previous member's, and a
+//! unit calls its member's body ([`Kernel::member`]) with its number
+//! within the member. Every member computes exactly what it computes
+//! alone. The executor still meets the members one at a time: the first
+//! launches the group, the others take what it wrote (the backends'
+//! `Ahead`).
+//!
+//! A member has one kernel and no scratch, is computed every call (not
+//! hoisted), reads only values computed before the group's first member
+//! (so that they are there when it launches), and its dims table is a
+//! prefix of the group's (they share one). At most one member can raise
+//! a fault: the call then fails at the node it would fail at alone.
+
+use super::emit::{stored, Emitter};
+use super::{Form, Kernel, FAULT_SLOTS, LANES};
+use crate::ir::{Entry, NodeKind, Value};
+use crate::sema::dim::Dim;
+use std::collections::HashMap;
+
+/// The most members a group takes.
+pub const MAX_MEMBERS: usize = 16;
+
+/// One launch of several nodes' kernels.
+pub struct Group {
+    /// `ENTRY_gNODE`, after its first member.
+    pub name: String,
+    /// The nodes it computes, in the entry's order.
+    pub members: Vec<usize>,
+    /// What it reads: every member's loads, each once.
+    pub loads: Vec<Value>,
+    /// Its dims table.
+    pub dims: Vec<Dim>,
+    /// Its units: on the device, threads (its launch's work); on the host,
+    /// items.
+    pub units: Dim,
+    /// Whether a member can raise a fault.
+    pub faults: bool,
+    /// The dispatch (the members' own functions are theirs).
+    pub text: String,
+}
+
+/// The launch groups of `entry`, whose nodes' kernels are `kernels` (in
+/// `form`) and whose hoisted nodes `hoisted` marks.
+pub fn groups(entry: &Entry, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Form) -> Vec<Group> {
+    let mut groups = Vec::new();
+    let mut members: Vec<usize> = Vec::new();
+    let mut table: Vec<Dim> = Vec::new();
+    let mut close = |members: &mut Vec<usize>, table: &mut Vec<Dim>| {
+        if members.len() > 1 {
+            groups.push(group(entry, kernels, members, std::mem::take(table), form));
+        }
+        members.clear();
+        table.clear();
+    };
+    for (at, node) in entry.nodes.iter().enumerate() {
+        match &node.kind {
+            NodeKind::Compute(_) if kernels[at].len() == 1 && kernels[at][0].scratch.is_none() && !hoisted[at] => {
+                let kernel = &kernels[at][0];
+                let joins = members.first().is_some_and(|&first| {
+                    let faults = members.iter().any(|&member| kernels[member][0].faults);
+                    members.len() < MAX_MEMBERS
+                        && kernel.loads.iter().all(|value| value.index() < first)
+                        && (kernel.dims.starts_with(&table) || table.starts_with(&kernel.dims))
+                        && !(faults && kernel.faults)
+                });
+                if !joins {
+                    close(&mut members, &mut table);
+                }
+                members.push(at);
+                if kernel.dims.len() > table.len() {
+                    table = kernel.dims.clone();
+                }
+            }
+            // Nodes that launch nothing leave the group open.
+            NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_) | NodeKind::WriteState(..) => {}
+            _ => close(&mut members, &mut table),
+        }
+    }
+    close(&mut members, &mut table);
+    groups
+}
+
+/// The group of `members` sharing dims table `table`: its dispatch.
+fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<Dim>, form: Form) -> Group {
+    let first = members[0];
+    let mut e = Emitter::new(entry, first, 0, form).with_dims(table);
+    let member_kernels: Vec<&Kernel> = members.iter().map(|&member| &kernels[member][0]).collect();
+    // Each member's loads, as the group's arguments.
+    let arguments: Vec<Vec<String>> = member_kernels.iter().map(|kernel| kernel.loads.iter().map(|&value| e.argument(value)).collect()).collect();
+    let warp = Dim::constant(i64::from(LANES));
+    let member_units: Vec<Dim> = member_kernels
+        .iter()
+        .map(|kernel| {
+            let items = kernel.work.iter().fold(Dim::constant(1), |count, dim| count.mul(dim));
+            match form {
+                Form::Host => items,
+                Form::Device => items.scale(i64::from(kernel.lanes)).add(&warp).sub(&Dim::constant(1)).div(&warp).mul(&warp),
+            }
+        })
+        .collect();
+    let units = member_units.iter().fold(Dim::constant(0), |total, units| total.add(units));
+    let total = e.dim_index(&units);
+    e.units(&total, |e, unit| {
+        let start = e.index_constant(0);
+        dispatch(e, &member_kernels, &arguments, &member_units, 0, unit, start);
+    });
+    let name = format!("{}_g{first}", entry.name);
+    let outputs: Vec<_> = members.iter().map(|&member| entry.nodes[member].dtype).collect();
+    let (text, loads, dims) = e.finish_group(&name, &outputs);
+    let faults = member_kernels.iter().any(|kernel| kernel.faults);
+    Group { name, members: members.to_vec(), loads, dims, units, faults, text }
+}
+
+/// Calls the member whose units hold `unit` (an index): member `k` of
+/// `kernels` (each with its `arguments` and `units`) begins at `start`,
+/// the next where it ends; the call is given the unit's number within it.
+fn dispatch(e: &mut Emitter<'_>, kernels: &[&Kernel], arguments: &[Vec<String>], units: &[Dim], k: usize, unit: &str, start: String) {
+    let Some(kernel) = kernels.get(k) else { return };
+    let count = e.dim_index(&units[k]);
+    let end = e.add(&start, &count);
+    let inside = e.op(format!("arith.cmpi ult, {unit}, {end} : index"));
+    e.when_else(
+        &inside,
+        |e| {
+            let within = e.op(format!("arith.subi {unit}, {start} : index"));
+            let mut values = vec![format!("%out{k}")];
+            values.extend(arguments[k].iter().cloned());
+            values.extend(["%dims".to_string(), "%error".to_string(), within]);
+            let mut types = vec![format!("memref<?x{}>", stored(e.entry.nodes[kernel.node].dtype))];
+            types.extend(kernel.loads.iter().map(|value| format!("memref<?x{}>", stored(e.entry.nodes[value.index()].dtype))));
+            types.extend(["memref<?xi64>".to_string(), format!("memref<{FAULT_SLOTS}xi64>"), "index".to_string()]);
+            e.line(format!("func.call @{}({}) : ({}) -> ()", kernel.member_name(), values.join(", "), types.join(", ")));
+        },
+        |e| dispatch(e, kernels, arguments, units, k + 1, unit, end),
+    );
+}
+
+/// A node's part in its entry's launch groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// It launches group `k` (the entry's `k`th), computing every member.
+    Leads(usize),
+    /// Its group's launch, which ran before it, computed it.
+    Follows,
+}
+
+/// The role of each grouped node, by node, of groups of `members`.
+pub fn roles<'g>(members: impl Iterator<Item = &'g [usize]>) -> HashMap<usize, Role> {
+    let mut roles = HashMap::new();
+    for (k, members) in members.enumerate() {
+        for (place, &member) in members.iter().enumerate() {
+            roles.insert(member, if place == 0 { Role::Leads(k) } else { Role::Follows });
+        }
+    }
+    roles
+}
