@@ -3,11 +3,14 @@
 //! loaded when the backend starts: a binary built with it runs on machines
 //! without CUDA and says so), and run on one stream. Parameters are
 //! uploaded once, in their dtype; states, caches and every value an entry
-//! computes stay in device memory; only inputs go in and outputs come
+//! computes stay in device memory (released values' memory kept for later
+//! values of the same size: `Pool`); only inputs go in and outputs come
 //! back. Each launch is a thread per work item (a warp's, where the
 //! launch splits items across lanes), as many to a block as the launch
 //! says, a node's kernels in order with one scratch buffer (kept, and
-//! grown when a node needs more), every buffer passed as its memref descriptor
+//! grown when a node needs more), or a launch group's kernel at its first
+//! member, the others' values kept until the executor reaches them; every
+//! buffer passed as its memref descriptor
 //! (`pipeline`), with the dims table of the call (uploaded once per dims)
 //! and one faults table, read back once when the call settles (if a kernel
 //! that can raise a fault ran): it names the node the call failed at, so a
@@ -78,6 +81,38 @@ pub struct Cuda {
     /// Values a launch group computed before the executor reached their
     /// nodes, by node.
     ahead: HashMap<usize, DeviceBuffer>,
+    /// Device memory of released values, for later values of its size.
+    pool: Pool,
+}
+
+/// Device memory the executor released, by its size in bytes, taken again
+/// for a value of the same size: a decode step's values are the last
+/// step's sizes, so a step after the first allocates nothing. The stream
+/// runs in order, so a buffer taken again is written only after its last
+/// reader ran. At most [`Pool::LIMIT`] bytes are kept; past that a
+/// released buffer is freed.
+#[derive(Default)]
+struct Pool {
+    free: HashMap<usize, Vec<CudaSlice<u8>>>,
+    bytes: usize,
+}
+
+impl Pool {
+    const LIMIT: usize = 4 << 30;
+
+    fn take(&mut self, bytes: usize) -> Option<CudaSlice<u8>> {
+        let slice = self.free.get_mut(&bytes)?.pop()?;
+        self.bytes -= bytes;
+        Some(slice)
+    }
+
+    fn keep(&mut self, slice: CudaSlice<u8>) {
+        let bytes = slice.len();
+        if self.bytes + bytes <= Self::LIMIT {
+            self.bytes += bytes;
+            self.free.entry(bytes).or_default().push(slice);
+        }
+    }
 }
 
 /// A driver error as text.
@@ -97,7 +132,7 @@ impl Cuda {
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
         let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
-        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None, ahead: HashMap::new() })
+        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None, ahead: HashMap::new(), pool: Pool::default() })
     }
 
     /// The device's architecture, `sm_90`: what its PTX is built for.
@@ -119,23 +154,29 @@ impl Cuda {
     }
 
     /// Device memory for a value of `dtype` and `shape`: zeroed, or left
-    /// as it is for a value that is written whole before it is read.
-    fn allocate(&self, dtype: Dtype, shape: &[usize], zeroed: bool) -> Result<DeviceBuffer, MemoryError> {
-        let bytes = shape.iter().product::<usize>() * dtype.bytes();
-        let failed = |e| MemoryError(driver(&format!("device memory for {bytes} bytes"), e));
+    /// as it is for a value that is written whole before it is read. A
+    /// released buffer of the same size is taken first ([`Pool`]).
+    fn allocate(&mut self, dtype: Dtype, shape: &[usize], zeroed: bool) -> Result<DeviceBuffer, MemoryError> {
         // At least one byte: a zero-sized value still has an address.
-        let slice = if zeroed {
-            self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(failed)?
-        } else {
+        let bytes = (shape.iter().product::<usize>() * dtype.bytes()).max(1);
+        let failed = |e| MemoryError(driver(&format!("device memory for {bytes} bytes"), e));
+        let slice = match self.pool.take(bytes) {
+            Some(mut slice) => {
+                if zeroed {
+                    self.stream.memset_zeros(&mut slice).map_err(failed)?;
+                }
+                slice
+            }
+            None if zeroed => self.stream.alloc_zeros::<u8>(bytes).map_err(failed)?,
             // SAFETY: bytes, which the caller writes whole before they are read.
-            unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(failed)?
+            None => unsafe { self.stream.alloc::<u8>(bytes) }.map_err(failed)?,
         };
         Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec() })
     }
 
     /// Device memory for node `site`'s value, which its kernel writes whole
     /// (each element is a work item's, or in a delta rule item's column).
-    fn output(&self, site: &Site<'_>) -> Result<DeviceBuffer, NodeError> {
+    fn output(&mut self, site: &Site<'_>) -> Result<DeviceBuffer, NodeError> {
         self.allocate(site.entry.nodes[site.at].dtype, site.shape, false).map_err(|e| NodeError::Check(e.0))
     }
 
@@ -314,6 +355,10 @@ impl Backend for Cuda {
 
     fn zeros(&mut self, dtype: Dtype, shape: &[usize]) -> Result<DeviceBuffer, MemoryError> {
         self.allocate(dtype, shape, true)
+    }
+
+    fn release(&mut self, buffer: DeviceBuffer) {
+        self.pool.keep(buffer.bytes);
     }
 
     fn copy(&mut self, buffer: &DeviceBuffer) -> Result<DeviceBuffer, MemoryError> {

@@ -55,18 +55,18 @@ pub struct Kernel {
     pub checks: Vec<Check>,
     /// The scratch its node's kernels share, if they need one.
     pub scratch: Option<Scratch>,
-    /// The same body as a function of one unit's number (its last
-    /// argument, after the kernel's own; a unit is an item on the host, a
-    /// thread on the device): `func.func private @NAME_unit`, what a
-    /// launch group calls ([`Kernel::member_name`]).
-    pub member: String,
+    /// The same body as the code of one unit (an item on the host, a
+    /// thread on the device) whose number is given: what a launch group
+    /// runs for its units of this kernel.
+    pub member: Member,
 }
 
-impl Kernel {
-    /// The name of [`Kernel::member`]'s function.
-    pub fn member_name(&self) -> String {
-        format!("{}_unit", self.name)
-    }
+/// A kernel's body as the code of one unit, whose number (an index) is
+/// `unit`, defined before it; the body names its arguments as the kernel
+/// does (`%out`, `%inK`, `%dims`, `%error`).
+pub struct Member {
+    pub unit: String,
+    pub body: String,
 }
 
 /// Device memory a node's kernels share while the node runs (given to
@@ -113,7 +113,8 @@ pub struct Warp {
 
 /// Where a kernel's body makes its unit's number (an `scf.parallel` on the
 /// host, the thread's number on the device), so that the same body can
-/// also be written as a function of that number ([`Kernel::member`]).
+/// also be written as the code of one unit whose number is given
+/// ([`Kernel::member`]).
 struct Opening {
     /// The unit's SSA name.
     unit: String,
@@ -126,7 +127,7 @@ struct Opening {
 }
 
 impl Opening {
-    /// `body` as a function of the unit: the loop (host) or the thread's
+    /// `body` as the code of one unit: the loop (host) or the thread's
     /// number (device) left out, and on the host a guard in its place.
     fn member_body(&self, body: &str) -> String {
         let guard = match self.reduce {
@@ -321,6 +322,11 @@ impl<'e> Emitter<'e> {
         self.body.push_str("    ");
         self.body.push_str(&text);
         self.body.push('\n');
+    }
+
+    /// Lines written elsewhere (indented, each ending its line), as they are.
+    pub fn lines(&mut self, text: &str) {
+        self.body.push_str(text);
     }
 
     /// `name = op`; returns the name.
@@ -893,7 +899,7 @@ impl<'e> Emitter<'e> {
         }
         write!(arguments, ", %dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>").expect("writing to a string");
         let opening = self.opening.as_ref().expect("every kernel opens its units");
-        let member = format!("func.func private @{name}_unit({arguments}, {}: index) {{\n{}    return\n}}\n", opening.unit, opening.member_body(&self.body));
+        let member = Member { unit: opening.unit.clone(), body: opening.member_body(&self.body) };
         let text = self.function(&name, &arguments);
         Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch, member }
     }

@@ -8,8 +8,8 @@
 //! The group's kernel is a dispatch: each member's units (its threads on
 //! the device, rounded up to a whole warp so that no warp spans two
 //! members; its items on the host) follow the previous member's, and a
-//! unit calls its member's body ([`Kernel::member`]) with its number
-//! within the member. Every member computes exactly what it computes
+//! unit runs its member's body ([`Kernel::member`], inlined, its values
+//! renamed apart) with its number within the member. Every member computes exactly what it computes
 //! alone. The executor still meets the members one at a time: the first
 //! launches the group, the others take what it wrote (the backends'
 //! `Ahead`).
@@ -20,11 +20,12 @@
 //! prefix of the group's (they share one). At most one member can raise
 //! a fault: the call then fails at the node it would fail at alone.
 
-use super::emit::{stored, Emitter};
-use super::{Form, Kernel, FAULT_SLOTS, LANES};
+use super::emit::{Emitter, Member};
+use super::{Form, Kernel, LANES};
 use crate::ir::{Entry, NodeKind, Value};
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
+use std::fmt::Write;
 
 /// The most members a group takes.
 pub const MAX_MEMBERS: usize = 16;
@@ -44,7 +45,7 @@ pub struct Group {
     pub units: Dim,
     /// Whether a member can raise a fault.
     pub faults: bool,
-    /// The dispatch (the members' own functions are theirs).
+    /// Its kernel: the dispatch, the members' bodies inlined.
     pub text: String,
 }
 
@@ -120,9 +121,9 @@ fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<D
     Group { name, members: members.to_vec(), loads, dims, units, faults, text }
 }
 
-/// Calls the member whose units hold `unit` (an index): member `k` of
+/// Runs the member whose units hold `unit` (an index): member `k` of
 /// `kernels` (each with its `arguments` and `units`) begins at `start`,
-/// the next where it ends; the call is given the unit's number within it.
+/// the next where it ends; its body runs with the unit's number within it.
 fn dispatch(e: &mut Emitter<'_>, kernels: &[&Kernel], arguments: &[Vec<String>], units: &[Dim], k: usize, unit: &str, start: String) {
     let Some(kernel) = kernels.get(k) else { return };
     let count = e.dim_index(&units[k]);
@@ -132,16 +133,36 @@ fn dispatch(e: &mut Emitter<'_>, kernels: &[&Kernel], arguments: &[Vec<String>],
         &inside,
         |e| {
             let within = e.op(format!("arith.subi {unit}, {start} : index"));
-            let mut values = vec![format!("%out{k}")];
-            values.extend(arguments[k].iter().cloned());
-            values.extend(["%dims".to_string(), "%error".to_string(), within]);
-            let mut types = vec![format!("memref<?x{}>", stored(e.entry.nodes[kernel.node].dtype))];
-            types.extend(kernel.loads.iter().map(|value| format!("memref<?x{}>", stored(e.entry.nodes[value.index()].dtype))));
-            types.extend(["memref<?xi64>".to_string(), format!("memref<{FAULT_SLOTS}xi64>"), "index".to_string()]);
-            e.line(format!("func.call @{}({}) : ({}) -> ()", kernel.member_name(), values.join(", "), types.join(", ")));
+            let body = inlined(&kernel.member, k, &arguments[k], &within);
+            e.lines(&body);
         },
         |e| dispatch(e, kernels, arguments, units, k + 1, unit, end),
     );
+}
+
+/// Member `k`'s body, inlined: its output is the group's `%outK`, its
+/// loads the group's `arguments` (in the order of its own), its unit
+/// `within`, and its own values renamed apart (`%mK_NAME`).
+fn inlined(member: &Member, k: usize, arguments: &[String], within: &str) -> String {
+    let mut text = String::with_capacity(member.body.len() * 5 / 4);
+    let mut rest = member.body.as_str();
+    while let Some(at) = rest.find('%') {
+        text.push_str(&rest[..at]);
+        let name_end = rest[at + 1..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(rest.len(), |end| at + 1 + end);
+        let name = &rest[at..name_end];
+        let load = name.strip_prefix("%in").and_then(|number| number.parse::<usize>().ok());
+        match (name, load) {
+            ("%out", _) => write!(text, "%out{k}"),
+            ("%dims" | "%error", _) => write!(text, "{name}"),
+            (_, Some(load)) => write!(text, "{}", arguments[load]),
+            _ if name == member.unit => write!(text, "{within}"),
+            _ => write!(text, "%m{k}_{}", &name[1..]),
+        }
+        .expect("writing to a string");
+        rest = &rest[name_end..];
+    }
+    text.push_str(rest);
+    text
 }
 
 /// A node's part in its entry's launch groups.
@@ -162,4 +183,79 @@ pub fn roles<'g>(members: impl Iterator<Item = &'g [usize]>) -> HashMap<usize, R
         }
     }
     roles
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{groups, Group};
+    use crate::gpu::{node_kernels, Form};
+    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, Value};
+    use crate::sema::dim::Dim;
+    use crate::sema::ty::Dtype;
+
+    fn node(kind: NodeKind, length: i64, dtype: Dtype) -> Node {
+        Node { kind, shape: vec![Dim::constant(length)], dtype, source: None }
+    }
+
+    fn index() -> Scalar {
+        Scalar::Index(0, Dtype::I64)
+    }
+
+    /// `2 * v[i]` over 4 elements.
+    fn double(value: u32) -> Node {
+        let load = Scalar::Load(Value(value), vec![index()], Dtype::F32);
+        node(NodeKind::Compute(Scalar::Binary(BinaryOp::Mul, Box::new(load), Box::new(Scalar::Float(2.0, Dtype::F32)), Dtype::F32)), 4, Dtype::F32)
+    }
+
+    /// `x[ids[i]]`: a gather whose positions come from an input, checked
+    /// (it can fault).
+    fn gather() -> Node {
+        let id = Scalar::Cast(Box::new(Scalar::Load(Value(1), vec![index()], Dtype::I32)), Dtype::I64);
+        node(NodeKind::Compute(Scalar::Load(Value(0), vec![id], Dtype::F32)), 4, Dtype::F32)
+    }
+
+    /// `x: [4]`, `ids: [4; i32]`, a parameter `w: [4]`, then `computed`.
+    fn entry(computed: Vec<Node>) -> Entry {
+        let mut nodes = vec![node(NodeKind::Input(0), 4, Dtype::F32), node(NodeKind::Input(1), 4, Dtype::I32), node(NodeKind::Param(0), 4, Dtype::F32)];
+        nodes.extend(computed);
+        Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(4)], dtype: Dtype::F32 }, Input { name: "ids".into(), shape: vec![Dim::constant(4)], dtype: Dtype::I32 }],
+            outputs: vec![Value(nodes.len() as u32 - 1)],
+            nodes,
+        }
+    }
+
+    fn grouped(entry: &Entry) -> Vec<Group> {
+        let kernels: Vec<_> = (0..entry.nodes.len()).map(|at| node_kernels(entry, at, Form::Device).map(|kernels| kernels.expect("a kernel")).unwrap_or_default()).collect();
+        let hoisted = crate::ir::plan::hoistable(entry);
+        groups(entry, &kernels, &hoisted, Form::Device)
+    }
+
+    /// A node that reads the one before it starts a launch, which the
+    /// next node, reading only the input, joins; a hoisted node (it reads
+    /// only a parameter) does not.
+    #[test]
+    fn independent_nodes_are_one_launch() {
+        let entry = entry(vec![double(0), double(3), double(0), double(2)]);
+        let found = grouped(&entry);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].members, [4, 5]);
+        assert_eq!(found[0].loads, [Value(3), Value(0)]);
+        // Four threads each, rounded up to a warp.
+        assert_eq!(found[0].units, Dim::constant(64));
+        assert!(found[0].text.contains("%out1") && found[0].text.contains("%m1_"), "{}", found[0].text);
+    }
+
+    /// Two nodes that can each fault are not one launch: the call fails
+    /// at the first, as alone.
+    #[test]
+    fn two_nodes_that_can_fault_are_not_one_launch() {
+        let entry = entry(vec![gather(), gather(), double(0)]);
+        let found = grouped(&entry);
+        assert_eq!(found.iter().map(|group| group.members.clone()).collect::<Vec<_>>(), [vec![4, 5]]);
+        assert!(found[0].faults);
+    }
 }

@@ -3,7 +3,8 @@
 //! execution engine, as a backend (`MlirHost`) the executor drives. It is
 //! how a wrong index or reduction in a GPU kernel shows without a GPU: its
 //! results are held to the interpreter by the contract's tolerances.
-//! Intrinsics run through their kernels too. A call's faults are read
+//! Intrinsics run through their kernels too, and launch groups as on the
+//! device (the group's kernel at its first member). A call's faults are read
 //! once, when it settles, as on a device: the same kernels report the
 //! same errors.
 

@@ -35,7 +35,7 @@ use crate::ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use crate::ir::Model;
 
-pub use emit::{Check, Fault, Form, Kernel, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use group::{roles, Group, Role};
@@ -83,17 +83,11 @@ fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec
 }
 
 /// The MLIR functions of an entry's `kernels` (per node) and launch
-/// `groups`: a grouped node's member function, any other kernel alone, and
-/// each group's dispatch.
+/// `groups`: each kernel no group runs, and each group's.
 #[cfg(feature = "nvptx")]
 fn functions<'k>(kernels: &'k [Vec<Kernel>], groups: &'k [Group]) -> Vec<&'k str> {
     let grouped: std::collections::HashSet<usize> = groups.iter().flat_map(|group| group.members.iter().copied()).collect();
-    kernels
-        .iter()
-        .flatten()
-        .map(|kernel| if grouped.contains(&kernel.node) { kernel.member.as_str() } else { kernel.text.as_str() })
-        .chain(groups.iter().map(|group| group.text.as_str()))
-        .collect()
+    kernels.iter().flatten().filter(|kernel| !grouped.contains(&kernel.node)).map(|kernel| kernel.text.as_str()).chain(groups.iter().map(|group| group.text.as_str())).collect()
 }
 
 /// One entry's kernels, its launch groups and the PTX MLIR made of them
