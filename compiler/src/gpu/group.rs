@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 /// The most members a group takes.
-pub const MAX_MEMBERS: usize = 16;
+const MAX_MEMBERS: usize = 16;
 
 /// One launch of several nodes' kernels.
 pub struct Group {

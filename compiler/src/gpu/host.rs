@@ -71,7 +71,7 @@ fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Co
     let entry = &model.entries[entry_number];
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
     let kernels = super::entry_kernels(entry, Form::Host, "mlir-host")?;
-    let groups = super::group::groups(entry, &kernels, &analysis.hoistable, Form::Host);
+    let groups = super::groups(entry, &kernels, &analysis.hoistable, Form::Host);
     let roles = super::roles(groups.iter().map(|group| group.members.as_slice()));
     let module = format!("module {{\n{}}}\n", super::functions(&kernels, &groups).join("\n"));
     // The engine holds the code it compiled; the module may go.

@@ -38,7 +38,7 @@ use crate::ir::Model;
 pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
-pub use group::{roles, Group, Role};
+pub use group::{groups, roles, Group, Role};
 pub use ptx_set::{GroupLaunch, Launch, PtxSet};
 
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
@@ -131,7 +131,7 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
             });
         }
         if kernels.iter().any(|node_kernels| !node_kernels.is_empty()) {
-            let groups = group::groups(entry, &kernels, &crate::ir::plan::hoistable(entry), Form::Device);
+            let groups = groups(entry, &kernels, &crate::ir::plan::hoistable(entry), Form::Device);
             modules.push((entry, kernels, groups));
         }
     }
