@@ -11,7 +11,8 @@
 #   3. prefill 512 and decode 32 of the full seed with random bf16 weights
 #      on the GPU at batch 1 and 8, and batch 1's decode as a fraction of
 #      the HBM roofline (bytes a step reads × steps/s ÷ HBM_BYTES_PER_S,
-#      default the H200's 4.8e12).
+#      default the H200's 4.8e12), with the kernels a decode step launches
+#      and the time a step takes per launch (launch-bound or not).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 gpu=.gpu-check
@@ -35,6 +36,10 @@ for batch in b1 b8; do
     out=$(timeout 240 "$linnet" bench "$gpu/artifacts/seed-$batch" --random-weights 1 --backend cuda -p 512 -n 32 -r 1 2>&1) || status=1
     echo "$out"
     steps=$(echo "$out" | sed -n 's/.*; \([0-9.]*\) decode steps\/s.*/\1/p')
+    launches=$(python3 -c "import json; e = json.load(open('$gpu/artifacts/seed-$batch/ptx/launches.json'))['entries']['decode']; print(len(e['launches']) - sum(len(g['members']) for g in e['groups']) + len(e['groups']))" 2>/dev/null)
+    if [ -n "$launches" ] && [ -n "$steps" ]; then
+        python3 -c "n, s = $launches, $steps; print(f'seed-$batch decode: {n} launches a step, {1e6 / s / n:.2f} us a step per launch')"
+    fi
     # The bytes were counted at batch 1 (more rows choose more experts).
     if [ "$batch" = b1 ] && [ -n "$counted" ] && [ -n "$steps" ]; then
         python3 -c "g, s, h = $counted, $steps, $hbm; print(f'seed-$batch decode: {s:.2f} steps/s x {g:.3f} GB = {g * s:.1f} GB/s, {g * 1e9 * s / h:.1%} of the HBM roofline ({h / 1e12:.1f} TB/s)')"
