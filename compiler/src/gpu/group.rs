@@ -2,17 +2,18 @@
 //! an entry (`ir::schedule` places independent nodes so) and read nothing
 //! the group computes are one launch. A layer's projections of one normed
 //! input, or the small gates beside them, each a kernel of a few blocks,
-//! become one kernel of all their blocks: a decode step launches a third
-//! fewer kernels.
+//! become one kernel of all their blocks: the seed's decode step launches
+//! 906 kernels instead of 1,657.
 //!
 //! The group's kernel is a dispatch: each member's units (its threads on
 //! the device, rounded up to a whole warp so that no warp spans two
 //! members; its items on the host) follow the previous member's, and a
 //! unit runs its member's body ([`Kernel::member`], inlined, its values
-//! renamed apart) with its number within the member. Every member computes exactly what it computes
-//! alone. The executor still meets the members one at a time: the first
-//! launches the group, the others take what it wrote (the backends'
-//! `Ahead`).
+//! renamed apart) with its number within the member. Every member
+//! computes exactly what it computes alone. The executor still meets the
+//! members one at a time: the first launches the group ([`Role::Leads`]),
+//! the others take what it wrote, which the backend keeps until then
+//! ([`Role::Follows`]).
 //!
 //! A member has one kernel and no scratch, is computed every call (not
 //! hoisted), reads only values computed before the group's first member
