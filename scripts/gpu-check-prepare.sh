@@ -6,7 +6,8 @@
 #   linnet      built with the cuda backend alone, stripped;
 #   artifacts/  the seed at the two oracle cards (f32, bf16-calm) and at
 #               full size (batch 1 and 8), each with its PTX for sm_90
-#               (their CPU code stays here: it is not run there);
+#               (their CPU code stays here: it is not run there), and
+#               what the PTX build said (ptx.txt: its launches per call);
 # all gzipped, to fit what travels (64 MiB with the working tree).
 # Then, where a device is lent: bash scripts/gpu-check.sh, carrying .gpu-check.
 set -euo pipefail
@@ -26,7 +27,7 @@ artifact() {
     local name=$1
     shift
     target/release/linnetc build models/qwen3.6-35b-a3b "$@" -o "$out/artifacts/$name"
-    target/release/linnetc build models/qwen3.6-35b-a3b "$@" --target nvptx --gpu-arch sm_90 -o "$out/artifacts/$name"
+    target/release/linnetc build models/qwen3.6-35b-a3b "$@" --target nvptx --gpu-arch sm_90 -o "$out/artifacts/$name" 2>&1 | tee "$out/artifacts/$name/ptx.txt"
     rm -f "$out/artifacts/$name/kernels.o"
     gzip -9 -r "$out/artifacts/$name"
 }

@@ -36,7 +36,8 @@ for batch in b1 b8; do
     out=$(timeout 240 "$linnet" bench "$gpu/artifacts/seed-$batch" --random-weights 1 --backend cuda -p 512 -n 32 -r 1 2>&1) || status=1
     echo "$out"
     steps=$(echo "$out" | sed -n 's/.*; \([0-9.]*\) decode steps\/s.*/\1/p')
-    launches=$(python3 -c "import json; e = json.load(open('$gpu/artifacts/seed-$batch/ptx/launches.json'))['entries']['decode']; print(len(e['launches']) - sum(len(g['members']) for g in e['groups']) + len(e['groups']))" 2>/dev/null)
+    # As linnetc counted them when it built the PTX.
+    launches=$(sed -n 's/.*launches per call: .*decode \([0-9]*\).*/\1/p' "$gpu/artifacts/seed-$batch/ptx.txt" 2>/dev/null)
     if [ -n "$launches" ] && [ -n "$steps" ]; then
         python3 -c "n, s = $launches, $steps; print(f'seed-$batch decode: {n} launches a step, {1e6 / s / n:.2f} us a step per launch')"
     fi

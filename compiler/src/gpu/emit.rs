@@ -29,7 +29,6 @@ use crate::ir::{Entry, Scalar, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 use std::collections::HashMap;
-use std::fmt::Write;
 
 /// A node's kernel: its MLIR function and what it is called with.
 pub struct Kernel {
@@ -890,18 +889,22 @@ impl<'e> Emitter<'e> {
     }
 
     fn finish_named(self, dtype: Dtype, name: String) -> Kernel {
-        let mut arguments = format!("%out: memref<?x{}>", stored(dtype));
-        for (at, value) in self.loads.iter().enumerate() {
-            write!(arguments, ", %in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)).expect("writing to a string");
-        }
-        if let Some(scratch) = &self.scratch {
-            write!(arguments, ", %scratch: memref<?x{}>", stored(scratch.dtype)).expect("writing to a string");
-        }
-        write!(arguments, ", %dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>").expect("writing to a string");
+        let arguments = self.arguments(&[("%out".to_string(), dtype)]);
         let opening = self.opening.as_ref().expect("every kernel opens its units");
         let member = Member { unit: opening.unit.clone(), body: opening.member_body(&self.body) };
         let text = self.function(&name, &arguments);
         Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch, member }
+    }
+
+    /// The calling convention's arguments of a function of this body
+    /// writing `outputs` (names and dtypes): them, the loads, the scratch
+    /// if it has one, the dims and faults tables.
+    fn arguments(&self, outputs: &[(String, Dtype)]) -> String {
+        let outputs = outputs.iter().map(|(name, dtype)| format!("{name}: memref<?x{}>", stored(*dtype)));
+        let loads = self.loads.iter().enumerate().map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)));
+        let scratch = self.scratch.iter().map(|scratch| format!("%scratch: memref<?x{}>", stored(scratch.dtype)));
+        let tables = [format!("%dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>")];
+        outputs.chain(loads).chain(scratch).chain(tables).collect::<Vec<_>>().join(", ")
     }
 
     /// The body emitted so far as function `name` of `arguments` (MLIR
@@ -923,10 +926,8 @@ impl<'e> Emitter<'e> {
     /// writes `outputs` (their dtypes: `%out0`, `%out1`, …) from the
     /// loads; with its loads and dims table.
     pub fn finish_group(self, name: &str, outputs: &[Dtype]) -> (String, Vec<Value>, Vec<Dim>) {
-        let mut arguments: Vec<String> = outputs.iter().enumerate().map(|(k, dtype)| format!("%out{k}: memref<?x{}>", stored(*dtype))).collect();
-        arguments.extend(self.loads.iter().enumerate().map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype))));
-        arguments.push(format!("%dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>"));
-        let text = self.function(name, &arguments.join(", "));
+        let outputs: Vec<(String, Dtype)> = outputs.iter().enumerate().map(|(k, dtype)| (format!("%out{k}"), *dtype)).collect();
+        let text = self.function(name, &self.arguments(&outputs));
         (text, self.loads, self.dims)
     }
 
@@ -935,9 +936,9 @@ impl<'e> Emitter<'e> {
     pub fn units(&mut self, count: &str, body: impl FnOnce(&mut Self, &str)) {
         let unit = self.open_units(count);
         body(self, &unit);
+        // The device has no guard of its own to close.
         if self.form == Form::Host {
-            self.line("scf.reduce".into());
-            self.line("}".into());
+            self.close_units();
         }
     }
 }

@@ -86,8 +86,8 @@ fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec
 /// `groups`: each kernel no group runs, and each group's.
 #[cfg(feature = "nvptx")]
 fn functions<'k>(kernels: &'k [Vec<Kernel>], groups: &'k [Group]) -> Vec<&'k str> {
-    let grouped: std::collections::HashSet<usize> = groups.iter().flat_map(|group| group.members.iter().copied()).collect();
-    kernels.iter().flatten().filter(|kernel| !grouped.contains(&kernel.node)).map(|kernel| kernel.text.as_str()).chain(groups.iter().map(|group| group.text.as_str())).collect()
+    let grouped = roles(groups.iter().map(|group| group.members.as_slice()));
+    kernels.iter().flatten().filter(|kernel| !grouped.contains_key(&kernel.node)).map(|kernel| kernel.text.as_str()).chain(groups.iter().map(|group| group.text.as_str())).collect()
 }
 
 /// One entry's kernels, its launch groups and the PTX MLIR made of them
