@@ -133,6 +133,9 @@ struct Store<'s> {
     flat: Variable,
     out: ClValue,
     invariants: &'s [Invariant<'s>],
+    /// A contraction's epilogue (`ir::contraction`): the variable its sum
+    /// is read from, the total the product left at the output's place.
+    total: Option<Variable>,
 }
 
 impl Lowerer<'_, '_> {
@@ -551,7 +554,7 @@ impl Lowerer<'_, '_> {
             self.close(continuation);
             return;
         }
-        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::in_lanes_float(store.dtype);
+        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::in_lanes_float(store.dtype) && store.total.is_none();
         if let Some((first, end)) = rows {
             // A node of one or two axes: rows `first..end` of the first.
             if in_lanes {
@@ -569,6 +572,14 @@ impl Lowerer<'_, '_> {
             }
             Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
             None => {
+                if let Some(total) = store.total {
+                    let at = self.builder.use_var(store.flat);
+                    let bytes = self.builder.ins().imul_imm_s(at, 4);
+                    let address = self.builder.ins().iadd(store.out, bytes);
+                    let narrow = self.builder.ins().load(types::F32, self.flags, address, 0);
+                    let wide = self.builder.ins().fpromote(types::F64, narrow);
+                    self.builder.def_var(total, wide);
+                }
                 let reg = self.scalar(store.scalar);
                 let at = self.builder.use_var(store.flat);
                 let (value, width) = match store.dtype {
@@ -663,7 +674,7 @@ impl Lowerer<'_, '_> {
         let outer = &output[..output.len() - 1];
         let in_order = contraction.input.rows.iter().enumerate().all(|(k, p)| matches!(p, Scalar::Index(i, _) if *i as usize == k));
         let input_shape = &self.loads.iter().find(|(v, ..)| *v == contraction.input.value).expect("loads are listed first").1;
-        if contraction.weight.rows.is_empty() && in_order && input_shape.len() == output.len() && input_shape[..outer.len()] == *outer {
+        if contraction.weight.rows.is_empty() && in_order && contraction.input.rows.len() == outer.len() && input_shape[..outer.len()] == *outer {
             let input = self.address(contraction.input.value, &[]);
             let weight = self.address(contraction.weight.value, &[]);
             let mut rows = self.builder.ins().iconst(types::I64, 1);
@@ -683,6 +694,15 @@ impl Lowerer<'_, '_> {
         self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
         let bf16 = self.builder.ins().iconst(types::I64, i64::from(kernel == Helper::MatMulBf16));
         self.call(Helper::BatchRun, &[columns, depth, bf16]);
+    }
+
+    /// The variable a contraction's epilogue reads its `sum` from: the
+    /// total the product left at the output's place (an f32: the node's
+    /// dtype is a float, stored as f32), loaded by [`Lowerer::nest`].
+    fn total_of(&mut self, sum: &Scalar) -> Variable {
+        let total = self.builder.declare_var(types::F64);
+        self.hoisted.insert(sum as *const Scalar, total);
+        total
     }
 
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
@@ -958,10 +978,19 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             // row (never so in the models) runs as generated loops.
             let contraction = if analysis.contraction[at] { contraction::of(entry, at) } else { None };
             match contraction.filter(|c| lowerer.stored(c.input.value) == Stored::F32) {
-                Some(contraction) => lowerer.contraction(&contraction, &node.shape, &axes, &shape, out),
+                Some(contraction) => {
+                    lowerer.contraction(&contraction, &node.shape, &axes, &shape, out);
+                    if let Some(epilogue) = contraction.epilogue {
+                        let invariants = invariant::invariants(epilogue, shape.len() as u32);
+                        let total = Some(lowerer.total_of(contraction.sum));
+                        let store = Store { scalar: epilogue, dtype: node.dtype, flat, out, invariants: &invariants, total };
+                        lowerer.builder.def_var(flat, zero);
+                        lowerer.nest(&store, &axes, &shape, 0);
+                    }
+                }
                 None => {
                     let invariants = invariant::invariants(scalar, shape.len() as u32);
-                    let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };
+                    let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants, total: None };
                     if !shape.is_empty() {
                         // Rows `first_row..end_row` (of the first two axes
                         // flattened when there are three or more): the

@@ -31,7 +31,7 @@
 
 use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, LANES};
 use crate::ir::contraction::{reads_index, Contraction};
-use crate::ir::{Entry, Value};
+use crate::ir::{Entry, Scalar, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
 use std::cell::Cell;
@@ -222,7 +222,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
             .collect();
         (column, rows)
     };
-    let mut failed = None;
+    let failed = Cell::new(None);
     e.parallel_in_lanes(
         &[blocks, layout.columns.clone()],
         &vec![Combine::Add; rows_per_item],
@@ -250,7 +250,7 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
                         previous_weight_row = Some(weight_row);
                     }
                     (Err(why), _) | (_, Err(why)) => {
-                        failed = Some(why);
+                        failed.set(Some(why));
                         let zero = e.index_constant(0);
                         starts.push(Row { input: zero.clone(), weight: zero, real, reuse: Reuse::Never });
                     }
@@ -272,15 +272,35 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
                 e.when(&storing, |e| {
                     let scaled = e.mul(&row, &columns);
                     let at = e.add(&scaled, &column);
-                    e.store_element(total.clone(), "%out", &at, node.dtype);
+                    let value = match contraction.epilogue {
+                        Some(epilogue) => {
+                            bind_row(e, layout, &sizes, &row, &column);
+                            from_total(e, contraction.sum, total, epilogue).unwrap_or_else(|why| {
+                                failed.set(Some(why));
+                                total.clone()
+                            })
+                        }
+                        None => total.clone(),
+                    };
+                    e.store_element(value, "%out", &at, node.dtype);
                 });
             }
         },
     );
-    match failed {
+    match failed.take() {
         Some(why) => Err(why),
         None => Ok(e.finish(node.dtype)),
     }
+}
+
+/// The node's `epilogue` at the bound row and column, its `sum` read as
+/// `total`.
+fn from_total(e: &mut Emitter<'_>, sum: &Scalar, total: &str, epilogue: &Scalar) -> Result<String, Unsupported> {
+    let key = sum as *const Scalar;
+    e.hoisted.insert(key, total.to_string());
+    let value = e.scalar(epilogue);
+    e.hoisted.remove(&key);
+    value
 }
 
 /// Row `first + r` of the item, or row 0 past the last (`rows`); and

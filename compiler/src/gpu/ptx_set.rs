@@ -35,6 +35,10 @@ pub struct Launch {
     pub threads: u32,
     pub faults: bool,
     pub checks: Vec<super::Check>,
+    /// Whether its node is hoisted (`ir::plan::hoistable`): launched once
+    /// per loaded model, not per call.
+    #[serde(default)]
+    pub hoisted: bool,
 }
 
 /// A launch of several nodes' kernels at once (`group`): the dispatch
@@ -64,11 +68,12 @@ pub struct EntryPtx {
 
 impl EntryPtx {
     /// The kernels a call of the entry launches: each group once, each
-    /// kernel no group launches once (a hoisted node's only on a first
-    /// call, counted all the same).
+    /// kernel no group launches once, but a hoisted node's, which only
+    /// the model's first call launches (groups hold none).
     pub fn launches_per_call(&self) -> usize {
         let grouped: usize = self.groups.iter().map(|group| group.members.len()).sum();
-        self.launches.len() - grouped + self.groups.len()
+        let hoisted = self.launches.iter().filter(|launch| launch.hoisted).count();
+        self.launches.len() - grouped - hoisted + self.groups.len()
     }
 }
 
@@ -112,6 +117,7 @@ impl PtxSet {
             .entries
             .into_iter()
             .map(|entry| {
+                let hoisted = model.entries.iter().find(|e| e.name == entry.entry).map(crate::ir::plan::hoistable).unwrap_or_default();
                 let launches = entry
                     .kernels
                     .iter()
@@ -127,6 +133,7 @@ impl PtxSet {
                         threads: super::THREADS,
                         faults: kernel.faults,
                         checks: kernel.checks.clone(),
+                        hoisted: hoisted.get(kernel.node).copied().unwrap_or(false),
                     })
                     .collect();
                 let groups = entry

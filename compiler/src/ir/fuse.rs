@@ -17,8 +17,12 @@
 //!   makes a norm one pass over a row;
 //! - the load is not in a branch of a lazy select (which would skip the
 //!   producer's own range checks);
-//! - the producer is not hoisted (computed once per loaded model), nor a
-//!   contraction (which runs on its own kernel, `ir::contraction`).
+//! - the producer is not hoisted (computed once per loaded model); a
+//!   contraction (which runs on its own kernel, `ir::contraction`) is
+//!   inlined only where the consumer becomes a contraction with an
+//!   epilogue: elementwise on the product's outputs, each from its own
+//!   total, in the product's kernel (the residual add after an output
+//!   projection).
 //!
 //! The inlined expression is cast to the producer's dtype where its own
 //! differs, which is exactly the rounding storing it did.
@@ -72,11 +76,13 @@ fn fuse_entry(entry: &mut Entry) {
         let value = Value(producer as u32);
         let Some(&at) = consumer.get(&value) else { continue };
         let NodeKind::Compute(body) = &entry.nodes[producer].kind else { continue };
-        if hoisted[producer] || super::contraction::of(entry, producer).is_some() {
+        if hoisted[producer] {
             continue;
         }
+        let contraction = super::contraction::of(entry, producer).is_some();
         let (body, dtype, shape) = (body.clone(), entry.nodes[producer].dtype, entry.nodes[producer].shape.clone());
         let consumer_shape = entry.nodes[at].shape.clone();
+        let before = contraction.then(|| entry.nodes[at].kind.clone());
         let NodeKind::Compute(target) = &mut entry.nodes[at].kind else { continue };
         let scope: Vec<(u32, Dim)> = consumer_shape.iter().enumerate().map(|(k, d)| (k as u32, d.clone())).collect();
         let reduces = super::invariant::reduces(&body);
@@ -84,6 +90,11 @@ fn fuse_entry(entry: &mut Entry) {
             Inliner { value, body: &body, dtype, shape: &shape, reduces, rank: scope.len(), next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
+        // A contraction goes only where it is the sum of an epilogue.
+        if let Some(before) = before.filter(|_| inliner.done && super::contraction::of(entry, at).and_then(|c| c.epilogue).is_none()) {
+            entry.nodes[at].kind = before;
+            fused[producer] = false;
+        }
     }
     entry.remove_nodes(&fused);
 }
@@ -209,7 +220,7 @@ fn renumber(scalar: &mut Scalar, axes: &[Axis], next: &mut u32, reductions: &mut
 #[cfg(test)]
 mod tests {
     use super::fuse_entry;
-    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, UnaryOp, Value};
+    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
     use crate::sema::dim::Dim;
     use crate::sema::ty::Dtype;
 
@@ -255,5 +266,38 @@ mod tests {
     #[test]
     fn a_read_at_zero_of_a_longer_axis_is_not_inlined() {
         assert_eq!(fused(3, Scalar::Int(0, Dtype::I64)).nodes.len(), 3);
+    }
+
+    /// `a: [2, 8]` and `w: [3, 8]` (inputs), `y[i0, i1] = sum[i2] a[i0,
+    /// i2] * w[i1, i2]` (`[2, 3]`), then `consumer` of y (`[columns]` or
+    /// `[2, columns]`, the output), fused.
+    fn after_product(consumer: Scalar, shape: &[i64]) -> Entry {
+        let dims = |sizes: &[i64]| sizes.iter().map(|&d| Dim::constant(d)).collect::<Vec<_>>();
+        let load = |value: u32, positions: Vec<Scalar>| Scalar::Load(Value(value), positions, Dtype::F32);
+        let product = Scalar::Binary(BinaryOp::Mul, Box::new(load(0, vec![index(0), index(2)])), Box::new(load(1, vec![index(1), index(2)])), Dtype::F32);
+        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(8), body: Box::new(product), dtype: Dtype::F32 };
+        let inputs = vec![Input { name: "a".into(), shape: dims(&[2, 8]), dtype: Dtype::F32 }, Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::F32 }];
+        let node = |kind, shape: &[i64]| Node { kind, shape: dims(shape), dtype: Dtype::F32, source: None };
+        let nodes = vec![node(NodeKind::Input(0), &[2, 8]), node(NodeKind::Input(1), &[3, 8]), node(NodeKind::Compute(sum), &[2, 3]), node(NodeKind::Compute(consumer), shape)];
+        let mut entry = Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs, nodes, outputs: vec![Value(3)] };
+        fuse_entry(&mut entry);
+        entry
+    }
+
+    /// A contraction read elementwise is inlined: its consumer is the
+    /// contraction, with an epilogue. Read otherwise (summed over its
+    /// columns), it stays on its own.
+    #[test]
+    fn a_contraction_is_inlined_only_as_an_epilogue() {
+        let read = Scalar::Load(Value(2), vec![index(0), index(1)], Dtype::F32);
+        let gated = Scalar::Unary(UnaryOp::Exp, Box::new(read.clone()), Dtype::F32);
+        let entry = after_product(gated, &[2, 3]);
+        assert_eq!(entry.nodes.len(), 3, "the product is inlined");
+        assert!(crate::ir::contraction::of(&entry, 2).and_then(|c| c.epilogue).is_some());
+
+        let summed = Scalar::Reduce { op: ReduceOp::Sum, index: 1, extent: Dim::constant(3), body: Box::new(read), dtype: Dtype::F32 };
+        let entry = after_product(summed, &[2]);
+        assert_eq!(entry.nodes.len(), 4, "the product stays");
+        assert!(crate::ir::contraction::of(&entry, 2).is_some_and(|c| c.epilogue.is_none()));
     }
 }

@@ -8,6 +8,11 @@
 //! states) first, then the rest, each part in the order it was written.
 //! No node of a wave reads another.
 //!
+//! Hoisted values (computed once per loaded model, `plan::hoistable`)
+//! are in no wave, for nothing launches them together: each is placed as
+//! soon as its reads are, in the order written, so that a value is done
+//! with (a rope table rounded) before its sibling is computed.
+//!
 //! The window keeps values from being computed long before they are
 //! read (which would hold their memory longer). An assertion stays a
 //! barrier: nothing written after it runs before it, so that a call with
@@ -35,6 +40,9 @@ fn waves(entry: &Entry) -> Vec<usize> {
     let reads: Vec<Vec<usize>> = entry.nodes.iter().map(|node| plan::reads(&node.kind).iter().map(|value| value.index()).collect()).collect();
     let is_move = |at: usize| matches!(entry.nodes[at].kind, NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_));
     let asserts: Vec<usize> = (0..count).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Assert(..))).collect();
+    let hoisted = plan::hoistable(entry);
+    let once = |at: usize| hoisted[at] && !is_move(at);
+    let once: Vec<bool> = (0..count).map(once).collect();
     let mut placed = vec![false; count];
     let mut order = Vec::with_capacity(count);
     // The earliest node not placed: its reads, all earlier, are.
@@ -43,7 +51,14 @@ fn waves(entry: &Entry) -> Vec<usize> {
         // Nothing written after the first unplaced assertion runs before it.
         let barrier = asserts.iter().copied().find(|&at| !placed[at]).unwrap_or(usize::MAX);
         let end = (earliest + WINDOW).min(count).min(barrier.saturating_add(1));
-        let wave: Vec<usize> = (earliest..end).filter(|&at| !placed[at] && reads[at].iter().all(|&read| placed[read])).collect();
+        let ready = |placed: &[bool], at: usize| !placed[at] && reads[at].iter().all(|&read| placed[read]);
+        // Hoisted values one at a time, each as soon as it can be, so that
+        // one feeding the next is done with before a sibling starts.
+        while let Some(at) = (earliest..end).find(|&at| once[at] && ready(&placed, at)) {
+            order.push(at);
+            placed[at] = true;
+        }
+        let wave: Vec<usize> = (earliest..end).filter(|&at| ready(&placed, at)).collect();
         for &at in wave.iter().filter(|&&at| is_move(at)).chain(wave.iter().filter(|&&at| !is_move(at))) {
             order.push(at);
         }
@@ -88,11 +103,11 @@ mod tests {
 
     /// Two nodes that read only the input run together, before what
     /// reads the first; a parameter read later runs with its wave, before
-    /// its computations.
+    /// its computations (hoisted: placed as soon as it can be).
     #[test]
     fn independent_nodes_run_together_after_their_moves() {
         let nodes = vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Param(0)), double(3), double(0)];
-        assert_eq!(waves(&entry(nodes)), [0, 3, 1, 4, 5, 2]);
+        assert_eq!(waves(&entry(nodes)), [0, 3, 4, 1, 5, 2]);
     }
 
     /// A chain stays in order, and the order renumbers its values.
@@ -112,6 +127,15 @@ mod tests {
     fn an_assertion_is_a_barrier() {
         let nodes = vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Assert(Value(2), "checked".into())), double(0)];
         assert_eq!(waves(&entry(nodes)), [0, 1, 2, 3, 4]);
+    }
+
+    /// Values hoisted from a parameter (a table and its rounding, twice)
+    /// are placed one by one as written, each as soon as it can be: the
+    /// first rounded before the second table, not with it in a wave.
+    #[test]
+    fn hoisted_values_are_placed_as_soon_as_they_can_be() {
+        let nodes = vec![node(NodeKind::Input(0)), node(NodeKind::Param(0)), double(1), double(2), double(1), double(4), double(0)];
+        assert_eq!(waves(&entry(nodes)), [0, 1, 2, 3, 4, 5, 6]);
     }
 
     /// A node past the window waits for a later wave.

@@ -15,8 +15,10 @@
 //!   nor the reader's can fail; in a select's branch, what its condition
 //!   says of an index counts (a concatenation's part at `i - c` where
 //!   `i >= c`);
-//! - the reader is no contraction or ranking, whose kernels are chosen by
-//!   the loads they read (`ir::contraction`, `ir::ranking`);
+//! - the reader is no ranking, whose kernel is chosen by the loads it
+//!   reads (`ir::ranking`); a contraction (`ir::contraction`) is one
+//!   still where the view is read through (a reshape of its input rows,
+//!   read as `k`'s digits), or keeps the view;
 //! - the view is not hoisted (computed once per loaded model).
 //!
 //! The view stays where something still reads it (an intrinsic, a state
@@ -45,8 +47,9 @@ fn read_through_entry(entry: &mut Entry) {
     for (at, node) in entry.nodes.iter().enumerate() {
         plan::reads(&node.kind).iter().for_each(|value| readers[value.index()].push(at));
     }
-    // Whether a reader's kernel is chosen by its loads, once per reader.
-    let mut recognized: Vec<Option<bool>> = vec![None; entry.nodes.len()];
+    // Whether a reader is a ranking, whose kernel is chosen by its loads,
+    // once per reader.
+    let mut ranking: Vec<Option<bool>> = vec![None; entry.nodes.len()];
     let mut read_through = vec![false; entry.nodes.len()];
     // In order, so that a view of a view is a view of the first's source
     // by the time its own readers are rewritten.
@@ -57,14 +60,21 @@ fn read_through_entry(entry: &mut Entry) {
         let Some(body) = view_body(entry, view) else { continue };
         let (value, dtype, shape) = (Value(view as u32), entry.nodes[view].dtype, entry.nodes[view].shape.clone());
         for &reader in &readers[view] {
-            let recognized = *recognized[reader].get_or_insert_with(|| super::contraction::of(entry, reader).is_some() || super::ranking::of(entry, reader).is_some());
-            if recognized {
+            if *ranking[reader].get_or_insert_with(|| super::ranking::of(entry, reader).is_some()) {
                 continue;
             }
+            // A contraction stays one (a reshape of its input rows is
+            // read as their digits), or keeps the view.
+            let contraction = super::contraction::of(entry, reader).map(|c| c.epilogue.is_some());
+            let before = contraction.is_some().then(|| entry.nodes[reader].kind.clone());
             let scope: HashMap<u32, Dim> = entry.nodes[reader].shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
             let NodeKind::Compute(scalar) = &mut entry.nodes[reader].kind else { continue };
             let through = Through { value, body: &body, dtype, shape: &shape };
-            read_through[view] |= through.rewrite(scalar, &scope, &Ranges::new());
+            let done = through.rewrite(scalar, &scope, &Ranges::new());
+            match before {
+                Some(before) if done && super::contraction::of(entry, reader).map(|c| c.epilogue.is_some()) != contraction => entry.nodes[reader].kind = before,
+                _ => read_through[view] |= done,
+            }
         }
     }
     let mut read = vec![false; entry.nodes.len()];
@@ -295,6 +305,46 @@ mod tests {
             read_through_entry(&mut entry);
             assert_eq!(entry.nodes.len(), 3);
         }
+    }
+
+    /// `x` (v0, `source` elements of bf16), its view `v1: [1, 8]`, `w:
+    /// [3, 8; bf16]` (v2), and the contraction `v3[i0, i1] = sum[i2]
+    /// v1[i0, i2] * w[i1, i2]` (`[1, 3]`), views read through.
+    fn product_of_view(source: &[i64], view: Scalar) -> Entry {
+        let dims = |sizes: &[i64]| sizes.iter().map(|&d| Dim::constant(d)).collect::<Vec<_>>();
+        let widened = |value: u32, positions: Vec<Scalar>| Scalar::Cast(Box::new(load(value, positions, Dtype::Bf16)), Dtype::F32);
+        let product = Scalar::Binary(BinaryOp::Mul, Box::new(widened(1, vec![index(0), index(2)])), Box::new(widened(2, vec![index(1), index(2)])), Dtype::F32);
+        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(8), body: Box::new(product), dtype: Dtype::F32 };
+        let inputs = vec![Input { name: "x".into(), shape: dims(source), dtype: Dtype::Bf16 }, Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::Bf16 }];
+        let node = |kind, shape: &[i64], dtype| Node { kind, shape: dims(shape), dtype, source: None };
+        let nodes = vec![
+            node(NodeKind::Input(0), source, Dtype::Bf16),
+            node(NodeKind::Compute(view), &[1, 8], Dtype::Bf16),
+            node(NodeKind::Input(1), &[3, 8], Dtype::Bf16),
+            node(NodeKind::Compute(sum), &[1, 3], Dtype::F32),
+        ];
+        let mut entry = Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs, nodes, outputs: vec![Value(3)] };
+        read_through_entry(&mut entry);
+        entry
+    }
+
+    /// A reshape of a contraction's input rows (`x: [1, 2, 4]` as `[1,
+    /// 8]`) is read through: the contraction reads x's rows as the digits
+    /// of its sum's index. A transpose (`x: [8, 1]` as `[1, 8]`) would make
+    /// it no contraction: the view stays.
+    #[test]
+    fn a_contraction_reads_a_reshape_through_but_not_a_transpose() {
+        let by = |op| Scalar::Binary(op, Box::new(index(1)), Box::new(int(4)), Dtype::I64);
+        let reshape = load(0, vec![index(0), by(BinaryOp::Div), by(BinaryOp::Rem)], Dtype::Bf16);
+        let entry = product_of_view(&[1, 2, 4], reshape);
+        assert_eq!(entry.nodes.len(), 3, "the reshape is gone");
+        let contraction = crate::ir::contraction::of(&entry, 2).expect("still a contraction");
+        assert_eq!(contraction.input.value, Value(0));
+
+        let transpose = load(0, vec![index(1), index(0)], Dtype::Bf16);
+        let entry = product_of_view(&[8, 1], transpose);
+        assert_eq!(entry.nodes.len(), 4, "the transpose stays");
+        assert_eq!(crate::ir::contraction::of(&entry, 3).expect("still a contraction").input.value, Value(1));
     }
 
     /// A view that is also an output is read through by its readers and
