@@ -2,10 +2,14 @@
 //! consumer, is inlined into that consumer and no longer stored. Chains of
 //! elementwise steps (a gate, a residual add, the rounding between them)
 //! become one pass over memory, and the memory plan loses their buffers.
+//! So is a *brief* value (its reductions take at most [`BRIEF`] steps in
+//! all: a short convolution) read by two loads at one position in one
+//! consumer (`x * sigmoid(x)`), computed twice there, from both loads or
+//! from neither.
 //!
 //! A value is inlined only where that computes each of its elements at
-//! most once per element it used to be computed for, and changes no
-//! result:
+//! most once per element it used to be computed for (twice, for a brief
+//! value read twice), and changes no result:
 //! - the load's positions are distinct indices, each running over exactly
 //!   the producer's extent on that axis (so the load is never out of
 //!   range), or a constant 0 on an axis of extent 1 (a batch of one row
@@ -27,7 +31,7 @@
 //! The inlined expression is cast to the producer's dtype where its own
 //! differs, which is exactly the rounding storing it did.
 
-use super::{Entry, Model, NodeKind, Scalar, Value};
+use super::{plan, Entry, Model, NodeKind, Scalar, Value};
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
 
@@ -50,7 +54,7 @@ fn load_counts(entry: &Entry) -> Vec<u32> {
                 scalar.loads(&mut loads);
                 loads.iter().for_each(|v| counts[v.index()] += 1);
             }
-            kind => super::plan::reads(kind).iter().for_each(|v| counts[v.index()] += 2),
+            kind => plan::reads(kind).iter().for_each(|v| counts[v.index()] += 2),
         }
     }
     entry.outputs.iter().for_each(|v| counts[v.index()] += 2);
@@ -59,15 +63,18 @@ fn load_counts(entry: &Entry) -> Vec<u32> {
 
 fn fuse_entry(entry: &mut Entry) {
     let counts = load_counts(entry);
-    let hoisted = super::plan::hoistable(entry);
-    // The consumer of each value loaded once.
+    let hoisted = plan::hoistable(entry);
+    // The consumer of each value loaded once, or twice at one position.
     let mut consumer: HashMap<Value, usize> = HashMap::new();
     for (at, node) in entry.nodes.iter().enumerate() {
         if let NodeKind::Compute(scalar) = &node.kind {
             let mut loads = Vec::new();
-            scalar.loads(&mut loads);
-            for value in loads.into_iter().filter(|v| counts[v.index()] == 1) {
-                consumer.insert(value, at);
+            positioned_loads(scalar, &mut loads);
+            for (value, positions) in &loads {
+                let twice = || loads.iter().filter(|(other, at)| other == value && format!("{at:?}") == format!("{positions:?}")).count() == 2;
+                if counts[value.index()] == 1 || (counts[value.index()] == 2 && twice() && brief(&entry.nodes[value.index()].kind)) {
+                    consumer.insert(*value, at);
+                }
             }
         }
     }
@@ -82,7 +89,7 @@ fn fuse_entry(entry: &mut Entry) {
         let contraction = super::contraction::of(entry, producer).is_some();
         let (body, dtype, shape) = (body.clone(), entry.nodes[producer].dtype, entry.nodes[producer].shape.clone());
         let consumer_shape = entry.nodes[at].shape.clone();
-        let before = contraction.then(|| entry.nodes[at].kind.clone());
+        let before = (contraction || counts[producer] > 1).then(|| entry.nodes[at].kind.clone());
         let NodeKind::Compute(target) = &mut entry.nodes[at].kind else { continue };
         let scope: Vec<(u32, Dim)> = consumer_shape.iter().enumerate().map(|(k, d)| (k as u32, d.clone())).collect();
         let reduces = super::invariant::reduces(&body);
@@ -90,13 +97,47 @@ fn fuse_entry(entry: &mut Entry) {
             Inliner { value, body: &body, dtype, shape: &shape, reduces, rank: scope.len(), next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
-        // A contraction goes only where it is the sum of an epilogue.
-        if let Some(before) = before.filter(|_| inliner.done && super::contraction::of(entry, at).and_then(|c| c.epilogue).is_none()) {
+        // A value read twice goes from both reads or from neither; a
+        // contraction only where it is the sum of an epilogue.
+        let left = plan::reads(&entry.nodes[at].kind).contains(&value);
+        let refused = left || (contraction && super::contraction::of(entry, at).and_then(|c| c.epilogue).is_none());
+        if let Some(before) = before.filter(|_| inliner.done && refused) {
             entry.nodes[at].kind = before;
             fused[producer] = false;
         }
     }
     entry.remove_nodes(&fused);
+}
+
+/// The most steps a value read twice by its consumer may reduce over in
+/// all, to be computed twice there (a short convolution's taps).
+const BRIEF: i64 = 16;
+
+/// Whether a node is cheap enough to compute twice per element: its
+/// reductions, if any, take at most [`BRIEF`] steps in all.
+fn brief(kind: &NodeKind) -> bool {
+    fn steps(scalar: &Scalar) -> Option<i64> {
+        let mut inner = 0i64;
+        let mut known = true;
+        scalar.for_each_child(&mut |child| match steps(child) {
+            Some(count) => inner = inner.saturating_add(count),
+            None => known = false,
+        });
+        match scalar {
+            _ if !known => None,
+            Scalar::Reduce { extent, .. } => extent.as_constant().map(|extent| extent.saturating_mul(inner.max(1))),
+            _ => Some(inner),
+        }
+    }
+    matches!(kind, NodeKind::Compute(scalar) if steps(scalar).is_some_and(|count| count <= BRIEF))
+}
+
+/// The loads in `scalar`, with their positions, in order.
+fn positioned_loads<'s>(scalar: &'s Scalar, loads: &mut Vec<(Value, &'s [Scalar])>) {
+    if let Scalar::Load(value, positions, _) = scalar {
+        loads.push((*value, positions));
+    }
+    scalar.for_each_child(&mut |child| positioned_loads(child, loads));
 }
 
 /// Where one of the producer's axes comes from in the consumer.
@@ -266,6 +307,47 @@ mod tests {
     #[test]
     fn a_read_at_zero_of_a_longer_axis_is_not_inlined() {
         assert_eq!(fused(3, Scalar::Int(0, Dtype::I64)).nodes.len(), 3);
+    }
+
+    /// `x: [1, 4]`, `y[i0, i1] = producer` (`[1, 4]`), `z = y[i0, i1] *
+    /// y[i0, second]` (in a select's branch where `lazy`), fused.
+    fn read_twice(producer: Scalar, second: Scalar, lazy: bool) -> Entry {
+        let node = |kind| Node { kind, shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32, source: None };
+        let load = |positions: Vec<Scalar>| Scalar::Load(Value(1), positions, Dtype::F32);
+        let mut other = load(vec![index(0), second]);
+        if lazy {
+            other = Scalar::Select(Box::new(Scalar::Bool(true)), Box::new(other), Box::new(Scalar::Float(0.0, Dtype::F32)), Dtype::F32);
+        }
+        let product = Scalar::Binary(BinaryOp::Mul, Box::new(load(vec![index(0), index(1)])), Box::new(other), Dtype::F32);
+        let mut entry = Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32 }],
+            nodes: vec![node(NodeKind::Input(0)), node(NodeKind::Compute(producer)), node(NodeKind::Compute(product))],
+            outputs: vec![Value(2)],
+        };
+        fuse_entry(&mut entry);
+        entry
+    }
+
+    /// A brief value read twice at one position is computed twice in its
+    /// reader: an exponential, a sum of 16 steps. Not a sum of 17, nor a
+    /// value read at two positions, nor one of whose reads is lazy (both
+    /// reads stay).
+    #[test]
+    fn a_brief_value_read_twice_at_one_position_is_inlined() {
+        let x = |k: u32| Scalar::Load(Value(0), vec![index(0), index(k)], Dtype::F32);
+        let sum = |steps: i64| Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(steps), body: Box::new(x(1)), dtype: Dtype::F32 };
+        let exp = Scalar::Unary(UnaryOp::Exp, Box::new(x(1)), Dtype::F32);
+        assert_eq!(read_twice(exp.clone(), index(1), false).nodes.len(), 2);
+        assert_eq!(read_twice(sum(16), index(1), false).nodes.len(), 2);
+        assert_eq!(read_twice(sum(17), index(1), false).nodes.len(), 3);
+        let reversed = Scalar::Binary(BinaryOp::Sub, Box::new(Scalar::Int(3, Dtype::I64)), Box::new(index(1)), Dtype::I64);
+        assert_eq!(read_twice(exp.clone(), reversed, false).nodes.len(), 3);
+        let lazy = read_twice(exp, index(1), true);
+        assert_eq!(lazy.nodes.len(), 3);
+        assert_eq!(crate::ir::plan::reads(&lazy.nodes[2].kind), [Value(1)], "both reads stay");
     }
 
     /// `a: [2, 8]` and `w: [3, 8]` (inputs), `y[i0, i1] = sum[i2] a[i0,

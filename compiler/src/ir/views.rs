@@ -1,11 +1,11 @@
 //! Views read through: a `Compute` node that reads one element of another
-//! value and at most changes its type (a slice, a reshape, a transpose, a
-//! cast) is a view of that value. The `Compute` nodes that load a view
+//! value and at most changes its type or its sign (a slice, a reshape, a
+//! transpose, a cast, a rotation's negated half) is a view of that value. The `Compute` nodes that load a view
 //! load its source instead, at the view's positions with theirs put in,
 //! so the view is no pass over memory of its own (a kernel fewer on the
 //! GPU, a loop fewer on the CPU) and holds no buffer. Fusion (`fuse`)
 //! inlines a value that is read once; a view may be read any number of
-//! times, since reading it through repeats nothing but its cast.
+//! times, since reading it through repeats nothing but its cast and sign.
 //!
 //! A view is read through only where that changes no result and no error:
 //! - its positions are index arithmetic (no load: a gather's index may
@@ -26,7 +26,7 @@
 //! nothing does.
 
 use super::bounds::{self, Ranges};
-use super::{plan, BinaryOp, Entry, Model, NodeKind, Scalar, Value};
+use super::{plan, BinaryOp, Entry, Model, NodeKind, Scalar, UnaryOp, Value};
 use crate::syntax::ast::CmpOp;
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
@@ -92,7 +92,7 @@ fn view_body(entry: &Entry, at: usize) -> Option<Scalar> {
     let node = &entry.nodes[at];
     let NodeKind::Compute(body) = &node.kind else { return None };
     let mut load = body;
-    while let Scalar::Cast(inner, _) = load {
+    while let Scalar::Cast(inner, _) | Scalar::Unary(UnaryOp::Neg, inner, _) = load {
         load = inner;
     }
     let Scalar::Load(source, positions, _) = load else { return None };
@@ -192,7 +192,7 @@ fn put_positions(scalar: &mut Scalar, positions: &[Scalar]) {
 #[cfg(test)]
 mod tests {
     use super::read_through_entry;
-    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
+    use crate::ir::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
     use crate::syntax::ast::CmpOp;
     use crate::sema::dim::Dim;
     use crate::sema::ty::Dtype;
@@ -263,6 +263,19 @@ mod tests {
         let mut entry = entry(upper_half(), Dtype::Bf16, vec![load(1, vec![index(0)], Dtype::Bf16)]);
         read_through_entry(&mut entry);
         same(&entry.nodes[1].kind, &NodeKind::Compute(Scalar::Cast(Box::new(upper_half()), Dtype::Bf16)));
+    }
+
+    /// A negated half (a rotation's) is a view; an exponential is not.
+    #[test]
+    fn a_view_may_negate_but_not_compute() {
+        let unary = |op| Scalar::Unary(op, Box::new(upper_half()), Dtype::F32);
+        let mut negated = entry(unary(UnaryOp::Neg), Dtype::F32, vec![load(1, vec![index(0)], Dtype::F32)]);
+        read_through_entry(&mut negated);
+        assert_eq!(negated.nodes.len(), 2, "the negated half is gone");
+        same(&negated.nodes[1].kind, &NodeKind::Compute(unary(UnaryOp::Neg)));
+        let mut exponential = entry(unary(UnaryOp::Exp), Dtype::F32, vec![load(1, vec![index(0)], Dtype::F32)]);
+        read_through_entry(&mut exponential);
+        assert_eq!(exponential.nodes.len(), 3, "the exponential stays");
     }
 
     /// A reader whose position may fall outside the view (`i0 + 1` over
