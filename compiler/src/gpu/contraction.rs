@@ -23,6 +23,11 @@
 //! order or share: an item per row and column, for more warps. A row past
 //! the last is skipped by the whole warp.
 //!
+//! A node with an epilogue (`ir::contraction`: the residual add after an
+//! output projection) computes it where a total is stored: lane `r`
+//! binds the node's indices to row `r` and the column and evaluates the
+//! node's expression, its sum read as the total.
+//!
 //! Each lane sums its share in f32 with fused multiply-adds (in
 //! [`RUN`]-wide vectors, their elements added in order at the end), the
 //! lanes' sums in a fixed tree: the contract's reordered f32 sum. The runs

@@ -25,6 +25,7 @@
 //! fixed tree, by shuffles on the device and by the same operations in
 //! order on the host, so both forms compute the same bits.
 
+use crate::ir::bounds::Ranges;
 use crate::ir::{Entry, Scalar, Value};
 use crate::sema::dim::Dim;
 use crate::sema::ty::Dtype;
@@ -258,6 +259,10 @@ pub struct Emitter<'e> {
     pub indices: HashMap<u32, String>,
     /// The dim each of those indices runs over.
     pub extents: HashMap<u32, Dim>,
+    /// Narrower ranges some indices lie in where the code being written
+    /// is in a select's branch (`ir::bounds::branch_ranges`): an `scf.if`
+    /// runs only the branch its condition picks.
+    pub ranges: Ranges,
     /// Subexpressions already computed (a row's shared reductions and
     /// invariant parts), by address in the node's expression: their SSA
     /// names.
@@ -286,6 +291,7 @@ impl<'e> Emitter<'e> {
             dims: Vec::new(),
             indices: HashMap::new(),
             extents: HashMap::new(),
+            ranges: Ranges::new(),
             hoisted: HashMap::new(),
             faults: false,
             checks: Vec::new(),

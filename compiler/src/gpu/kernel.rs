@@ -48,15 +48,19 @@ impl Emitter<'_> {
                 self.binary(*op, a, b, operands, *dtype)
             }
             Scalar::Select(condition, a, b, dtype) => {
+                let (then, otherwise) = crate::ir::bounds::branch_ranges(condition, &self.extents, &self.ranges);
                 let condition = self.scalar(condition)?;
                 let name = self.fresh();
                 let ty = register(*dtype);
                 self.line(format!("{name} = scf.if {condition} -> ({ty}) {{"));
-                let a = self.scalar(a)?;
-                self.line(format!("  scf.yield {a} : {ty}"));
+                let outside = std::mem::replace(&mut self.ranges, then);
+                let a = self.scalar(a);
+                self.ranges = otherwise;
+                self.line(format!("  scf.yield {} : {ty}", a?));
                 self.line("} else {".into());
-                let b = self.scalar(b)?;
-                self.line(format!("  scf.yield {b} : {ty}"));
+                let b = self.scalar(b);
+                self.ranges = outside;
+                self.line(format!("  scf.yield {} : {ty}", b?));
                 self.line("}".into());
                 name
             }
@@ -213,7 +217,7 @@ impl Emitter<'_> {
         for (axis, (scalar, size)) in positions.iter().zip(&shape).enumerate() {
             // A position inside the axis whatever the indices are needs no
             // check.
-            let proven = crate::ir::bounds::inside(scalar, size, &self.extents);
+            let proven = crate::ir::bounds::inside_within(scalar, size, &self.extents, &self.ranges);
             let position = self.scalar(scalar)?;
             let size = self.dim(size);
             if !proven {

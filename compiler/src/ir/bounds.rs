@@ -3,6 +3,7 @@
 //! every backend that compiles loads uses (the CPU's, the GPU's).
 
 use super::{BinaryOp, Scalar};
+use crate::syntax::ast::CmpOp;
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
 
@@ -31,6 +32,25 @@ pub fn inside_within(position: &Scalar, size: &Dim, extents: &HashMap<u32, Dim>,
         (Some((least, most)), Some(size)) => least >= 0 && most < size,
         _ => false,
     }
+}
+
+/// What a select's branches know of an index its condition compares with
+/// a constant (`i < c`: below `c` in the first, from `c` in the second),
+/// added to `ranges`: a concatenation's parts read their source at `i`
+/// and at `i - c`. Only for a select that evaluates one branch.
+pub fn branch_ranges(condition: &Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> (Ranges, Ranges) {
+    let (mut then, mut otherwise) = (ranges.clone(), ranges.clone());
+    let Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), index, limit, _) = condition else { return (then, otherwise) };
+    let (Scalar::Index(k, _), Some((limit, _))) = (index.as_ref(), bounds(limit, scope, ranges).filter(|(least, most)| least == most)) else {
+        return (then, otherwise);
+    };
+    let known = bounds(index, scope, ranges);
+    let (least, most) = known.unwrap_or((0, i64::MAX));
+    then.insert(*k, (least, most.min(limit.saturating_sub(1))));
+    if known.is_some() {
+        otherwise.insert(*k, (least.max(limit), most));
+    }
+    (then, otherwise)
 }
 
 /// The least and the most an integer position can be, when the indices

@@ -5,8 +5,9 @@
 //! interleaved with what each feeds. Here nodes are placed in waves: each
 //! wave is every node, among the [`WINDOW`] after the earliest not yet
 //! placed, whose reads are placed; its moves (inputs, parameters,
-//! states) first, then the rest, each part in the order it was written.
-//! No node of a wave reads another.
+//! states) first, then its computations, then the rest (intrinsics,
+//! effects), each part in the order it was written. No node of a wave
+//! reads another.
 //!
 //! Hoisted values (computed once per loaded model, `plan::hoistable`)
 //! are in no wave, for nothing launches them together: each is placed as
@@ -59,9 +60,16 @@ fn waves(entry: &Entry) -> Vec<usize> {
             placed[at] = true;
         }
         let wave: Vec<usize> = (earliest..end).filter(|&at| ready(&placed, at)).collect();
-        for &at in wave.iter().filter(|&&at| is_move(at)).chain(wave.iter().filter(|&&at| !is_move(at))) {
-            order.push(at);
-        }
+        // Moves, then computations (next to each other, for a backend to
+        // launch together), then the rest (intrinsics, effects).
+        let rank = |at: usize| match entry.nodes[at].kind {
+            _ if is_move(at) => 0,
+            NodeKind::Compute(_) => 1,
+            _ => 2,
+        };
+        let mut ranked = wave.clone();
+        ranked.sort_by_key(|&at| rank(at));
+        order.extend(ranked);
         for &at in &wave {
             placed[at] = true;
         }
@@ -108,6 +116,14 @@ mod tests {
     fn independent_nodes_run_together_after_their_moves() {
         let nodes = vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Param(0)), double(3), double(0)];
         assert_eq!(waves(&entry(nodes)), [0, 3, 4, 1, 5, 2]);
+    }
+
+    /// A wave's computations are next to each other: an effect written
+    /// between two of them comes after both.
+    #[test]
+    fn computations_come_before_effects() {
+        let nodes = vec![node(NodeKind::Input(0)), double(0), node(NodeKind::WriteState(0, Value(0))), double(0)];
+        assert_eq!(waves(&entry(nodes)), [0, 1, 3, 2]);
     }
 
     /// A chain stays in order, and the order renumbers its values.

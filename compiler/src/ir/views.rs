@@ -26,8 +26,7 @@
 //! nothing does.
 
 use super::bounds::{self, Ranges};
-use super::{plan, BinaryOp, Entry, Model, NodeKind, Scalar, UnaryOp, Value};
-use crate::syntax::ast::CmpOp;
+use super::{plan, Entry, Model, NodeKind, Scalar, UnaryOp, Value};
 use crate::sema::dim::Dim;
 use std::collections::HashMap;
 
@@ -146,7 +145,7 @@ impl Through<'_> {
                 self.rewrite(body, &inner, ranges)
             }
             Scalar::Select(condition, then, otherwise, _) => {
-                let (then_ranges, otherwise_ranges) = branch_ranges(condition, scope, ranges);
+                let (then_ranges, otherwise_ranges) = bounds::branch_ranges(condition, scope, ranges);
                 let done = self.rewrite(condition, scope, ranges);
                 let done = self.rewrite(then, scope, &then_ranges) | done;
                 self.rewrite(otherwise, scope, &otherwise_ranges) | done
@@ -158,25 +157,6 @@ impl Through<'_> {
             }
         }
     }
-}
-
-/// What a select's branches know of an index its condition compares with
-/// a constant (`i < c`: below `c` in the first, from `c` in the second),
-/// added to `ranges`: a concatenation's parts read their source at `i`
-/// and at `i - c`.
-fn branch_ranges(condition: &Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> (Ranges, Ranges) {
-    let (mut then, mut otherwise) = (ranges.clone(), ranges.clone());
-    let Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), index, limit, _) = condition else { return (then, otherwise) };
-    let (Scalar::Index(k, _), Some((limit, _))) = (index.as_ref(), bounds::bounds(limit, scope, ranges).filter(|(least, most)| least == most)) else {
-        return (then, otherwise);
-    };
-    let known = bounds::bounds(index, scope, ranges);
-    let (least, most) = known.unwrap_or((0, i64::MAX));
-    then.insert(*k, (least, most.min(limit.saturating_sub(1))));
-    if known.is_some() {
-        otherwise.insert(*k, (least.max(limit), most));
-    }
-    (then, otherwise)
 }
 
 /// The view's axes (its indices) become the reader's `positions`.
