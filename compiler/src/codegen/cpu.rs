@@ -124,6 +124,10 @@ struct Lowerer<'b, 'f> {
     /// to the scalar code for those positions, not to the error.
     bounds_failure: Option<Block>,
     elementwise: Elementwise,
+    /// A contraction's epilogue (`ir::contraction`): its sum (by address
+    /// in the expression), read from the totals the product left in the
+    /// output (`out`, of the node's `rank`).
+    epilogue: Option<(*const Scalar, ClValue, u32)>,
 }
 
 /// What the element loop of a node computes and where it stores it.
@@ -133,9 +137,6 @@ struct Store<'s> {
     flat: Variable,
     out: ClValue,
     invariants: &'s [Invariant<'s>],
-    /// A contraction's epilogue (`ir::contraction`): the variable its sum
-    /// is read from, the total the product left at the output's place.
-    total: Option<Variable>,
 }
 
 impl Lowerer<'_, '_> {
@@ -287,6 +288,10 @@ impl Lowerer<'_, '_> {
     }
 
     fn scalar(&mut self, scalar: &Scalar) -> Reg {
+        if let Some(address) = self.total_at(scalar) {
+            let total = self.builder.ins().load(types::F32, self.flags, address, 0);
+            return Reg::F(self.builder.ins().fpromote(types::F64, total));
+        }
         if let Some(variable) = self.hoisted.get(&(scalar as *const Scalar)) {
             let value = self.builder.use_var(*variable);
             return match scalar.dtype() {
@@ -554,7 +559,7 @@ impl Lowerer<'_, '_> {
             self.close(continuation);
             return;
         }
-        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::in_lanes_float(store.dtype) && store.total.is_none();
+        let in_lanes = self.elementwise == Elementwise::Lanes && axes.len() == 1 && lanes::in_lanes_float(store.dtype);
         if let Some((first, end)) = rows {
             // A node of one or two axes: rows `first..end` of the first.
             if in_lanes {
@@ -572,14 +577,6 @@ impl Lowerer<'_, '_> {
             }
             Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
             None => {
-                if let Some(total) = store.total {
-                    let at = self.builder.use_var(store.flat);
-                    let bytes = self.builder.ins().imul_imm_s(at, 4);
-                    let address = self.builder.ins().iadd(store.out, bytes);
-                    let narrow = self.builder.ins().load(types::F32, self.flags, address, 0);
-                    let wide = self.builder.ins().fpromote(types::F64, narrow);
-                    self.builder.def_var(total, wide);
-                }
                 let reg = self.scalar(store.scalar);
                 let at = self.builder.use_var(store.flat);
                 let (value, width) = match store.dtype {
@@ -696,13 +693,21 @@ impl Lowerer<'_, '_> {
         self.call(Helper::BatchRun, &[columns, depth, bf16]);
     }
 
-    /// The variable a contraction's epilogue reads its `sum` from: the
-    /// total the product left at the output's place (an f32: the node's
-    /// dtype is a float, stored as f32), loaded by [`Lowerer::nest`].
-    fn total_of(&mut self, sum: &Scalar) -> Variable {
-        let total = self.builder.declare_var(types::F64);
-        self.hoisted.insert(sum as *const Scalar, total);
-        total
+    /// Where the total a contraction's product left for the output at
+    /// the current position of the node's axes is (an f32: an epilogue's
+    /// node is a float, stored as f32), if `scalar` is the epilogue's sum.
+    fn total_at(&mut self, scalar: &Scalar) -> Option<ClValue> {
+        let (_, out, rank) = self.epilogue.filter(|(sum, ..)| std::ptr::eq(*sum, scalar))?;
+        let mut flat = self.builder.ins().iconst(types::I64, 0);
+        for axis in 0..rank {
+            let size = self.extents[&axis].clone();
+            let size = self.dim(&size);
+            let at = self.builder.use_var(self.indices[&axis]);
+            let scaled = self.builder.ins().imul(flat, size);
+            flat = self.builder.ins().iadd(scaled, at);
+        }
+        let bytes = self.builder.ins().imul_imm_s(flat, 4);
+        Some(self.builder.ins().iadd(out, bytes))
     }
 
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
@@ -963,7 +968,7 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 .collect();
             let error_block = builder.create_block();
             let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new(), bounds_failure: None, elementwise };
+                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new(), bounds_failure: None, elementwise, epilogue: None };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -981,16 +986,18 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
                 Some(contraction) => {
                     lowerer.contraction(&contraction, &node.shape, &axes, &shape, out);
                     if let Some(epilogue) = contraction.epilogue {
+                        // Each output from the total the product left in
+                        // its place, in place.
                         let invariants = invariant::invariants(epilogue, shape.len() as u32);
-                        let total = Some(lowerer.total_of(contraction.sum));
-                        let store = Store { scalar: epilogue, dtype: node.dtype, flat, out, invariants: &invariants, total };
+                        lowerer.epilogue = Some((contraction.sum as *const Scalar, out, shape.len() as u32));
+                        let store = Store { scalar: epilogue, dtype: node.dtype, flat, out, invariants: &invariants };
                         lowerer.builder.def_var(flat, zero);
                         lowerer.nest(&store, &axes, &shape, 0);
                     }
                 }
                 None => {
                     let invariants = invariant::invariants(scalar, shape.len() as u32);
-                    let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants, total: None };
+                    let store = Store { scalar, dtype: node.dtype, flat, out, invariants: &invariants };
                     if !shape.is_empty() {
                         // Rows `first_row..end_row` (of the first two axes
                         // flattened when there are three or more): the

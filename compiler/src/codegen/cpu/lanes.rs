@@ -163,6 +163,10 @@ impl Lowerer<'_, '_> {
 
     /// `scalar` in lanes.
     fn lanes(&mut self, scalar: &Scalar, varying: &Varying) -> Lanes {
+        if let Some(address) = self.total_at(scalar) {
+            // An epilogue's sum: four totals the product left in place.
+            return Lanes::F(self.builder.ins().load(F32X4, vector_flags(), address, 0));
+        }
         if !varying.has(scalar) {
             return self.splat(scalar);
         }
