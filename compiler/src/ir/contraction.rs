@@ -20,7 +20,8 @@
 //! A node may also compute a float from the sum, elementwise: an
 //! *epilogue* (the residual add after an output projection, a gate's bias), which
 //! fusion inlines the sum into (`ir::fuse`). The sum is read once in the
-//! node's expression, outside any reduction, lazy branch or position;
+//! node's expression, outside any reduction, lazy branch or position, and
+//! the expression holds no other such sum;
 //! backends compute the sum's totals as above and the expression from
 //! them, each output from its own total, in the same kernel.
 
@@ -64,9 +65,17 @@ pub fn of(entry: &Entry, at: usize) -> Option<Contraction<'_>> {
     let mut sums = Vec::new();
     epilogue_sums(entry, at, expression, &mut sums);
     match sums.as_slice() {
-        [contraction] => Some(Contraction { epilogue: Some(expression), ..contraction.clone() }),
+        [contraction] if products(entry, at, expression) == 1 => Some(Contraction { epilogue: Some(expression), ..contraction.clone() }),
         _ => None,
     }
+}
+
+/// How many sums of a contraction over node `at`'s axes `scalar` holds,
+/// wherever they are: an epilogue computes no other product.
+fn products(entry: &Entry, at: usize, scalar: &Scalar) -> usize {
+    let mut count = usize::from(matches!(scalar, Scalar::Reduce { .. }) && sum_of(entry, at, scalar).is_some());
+    scalar.for_each_child(&mut |child| count += products(entry, at, child));
+    count
 }
 
 /// The sums of a contraction over node `at`'s axes in `scalar`, where an
@@ -231,8 +240,8 @@ mod tests {
     }
 
     /// A float computed from the sum (rounded, plus another value) is the
-    /// sum's epilogue; the sum in a lazy branch, two sums, or a bool
-    /// computed from it are not.
+    /// sum's epilogue; the sum in a lazy branch, two sums (one in another
+    /// reduction, too), or a bool computed from it are not.
     #[test]
     fn an_epilogue_reads_the_sum_once_outside_branches() {
         let rounded = |sum: Scalar| Scalar::Cast(Box::new(sum), Dtype::Bf16);
@@ -250,7 +259,9 @@ mod tests {
         let above = binary(BinaryOp::Cmp(CmpOp::Gt), residual.clone(), Scalar::Float(0.0, Dtype::Bf16), Dtype::Bool);
         let lazy = Scalar::Select(Box::new(above), Box::new(rounded(product(digits()))), Box::new(residual.clone()), Dtype::Bf16);
         let twice = binary(BinaryOp::Add, rounded(product(digits())), rounded(product(digits())), Dtype::Bf16);
-        for (expression, dtype) in [(lazy, Dtype::Bf16), (twice, Dtype::Bf16), (positive, Dtype::Bool)] {
+        let summed = Scalar::Reduce { op: ReduceOp::Sum, index: 3, extent: Dim::constant(2), body: Box::new(product(digits())), dtype: Dtype::F32 };
+        let nested = binary(BinaryOp::Add, rounded(product(digits())), rounded(summed), Dtype::Bf16);
+        for (expression, dtype) in [(lazy, Dtype::Bf16), (twice, Dtype::Bf16), (nested, Dtype::Bf16), (positive, Dtype::Bool)] {
             assert!(of(&entry(expression.clone(), dtype), 2).is_none(), "{expression:?}");
         }
     }

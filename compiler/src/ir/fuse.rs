@@ -23,10 +23,10 @@
 //!   producer's own range checks);
 //! - the producer is not hoisted (computed once per loaded model); a
 //!   contraction (which runs on its own kernel, `ir::contraction`) is
-//!   inlined only where the consumer becomes a contraction with an
-//!   epilogue: elementwise on the product's outputs, each from its own
-//!   total, in the product's kernel (the residual add after an output
-//!   projection).
+//!   inlined only where the consumer becomes a contraction: a copy of it,
+//!   or one with an epilogue, elementwise on the product's outputs, each
+//!   from its own total, in the product's kernel (the residual add after
+//!   an output projection).
 //!
 //! The inlined expression is cast to the producer's dtype where its own
 //! differs, which is exactly the rounding storing it did.
@@ -98,9 +98,10 @@ fn fuse_entry(entry: &mut Entry) {
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
         // A value read twice goes from both reads or from neither; a
-        // contraction only where it is the sum of an epilogue.
+        // contraction only where the consumer is one (its sum, copied or
+        // with an epilogue).
         let left = plan::reads(&entry.nodes[at].kind).contains(&value);
-        let refused = left || (contraction && super::contraction::of(entry, at).and_then(|c| c.epilogue).is_none());
+        let refused = left || (contraction && super::contraction::of(entry, at).is_none());
         if let Some(before) = before.filter(|_| inliner.done && refused) {
             entry.nodes[at].kind = before;
             fused[producer] = false;
@@ -367,8 +368,8 @@ mod tests {
     }
 
     /// A contraction read elementwise is inlined: its consumer is the
-    /// contraction, with an epilogue. Read otherwise (summed over its
-    /// columns), it stays on its own.
+    /// contraction, with an epilogue (or none, where it copies it). Read
+    /// otherwise (summed over its columns), it stays on its own.
     #[test]
     fn a_contraction_is_inlined_only_as_an_epilogue() {
         let read = Scalar::Load(Value(2), vec![index(0), index(1)], Dtype::F32);
@@ -376,6 +377,10 @@ mod tests {
         let entry = after_product(gated, &[2, 3]);
         assert_eq!(entry.nodes.len(), 3, "the product is inlined");
         assert!(crate::ir::contraction::of(&entry, 2).and_then(|c| c.epilogue).is_some());
+
+        let copied = after_product(read.clone(), &[2, 3]);
+        assert_eq!(copied.nodes.len(), 3, "a copy of the product is the product");
+        assert!(crate::ir::contraction::of(&copied, 2).is_some_and(|c| c.epilogue.is_none()));
 
         let summed = Scalar::Reduce { op: ReduceOp::Sum, index: 1, extent: Dim::constant(3), body: Box::new(read), dtype: Dtype::F32 };
         let entry = after_product(summed, &[2]);
