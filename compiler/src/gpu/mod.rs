@@ -97,6 +97,8 @@ pub struct BuiltEntry {
     pub entry: String,
     pub kernels: Vec<Kernel>,
     pub groups: Vec<Group>,
+    /// Per node: whether it is hoisted (`ir::plan::hoistable`).
+    pub hoisted: Vec<bool>,
     pub ptx: String,
 }
 
@@ -131,26 +133,27 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
             });
         }
         if kernels.iter().any(|node_kernels| !node_kernels.is_empty()) {
-            let groups = groups(entry, &kernels, &crate::ir::plan::hoistable(entry), Form::Device);
-            modules.push((entry, kernels, groups));
+            let hoisted = crate::ir::plan::hoistable(entry);
+            let groups = groups(entry, &kernels, &hoisted, Form::Device);
+            modules.push((entry, kernels, groups, hoisted));
         }
     }
     // Kernels hold dims, which stay on this thread: only the texts go.
     let texts: Vec<String> = modules
         .iter()
-        .map(|(entry, kernels, groups)| {
+        .map(|(entry, kernels, groups, _)| {
             let module = functions(kernels, groups).join("\n");
             format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name)
         })
         .collect();
     let lowered: Vec<Result<Vec<String>, String>> = texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
     let mut entries = Vec::with_capacity(modules.len());
-    for ((entry, kernels, groups), ptx) in modules.into_iter().zip(lowered) {
+    for ((entry, kernels, groups, hoisted), ptx) in modules.into_iter().zip(lowered) {
         let mut ptx = ptx.map_err(|message| BuildError::new("nvptx", entry, None, message))?;
         if ptx.len() != 1 {
             return Err(BuildError::new("nvptx", entry, None, format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len())));
         }
-        entries.push(BuiltEntry { entry: entry.name.clone(), kernels: kernels.into_iter().flatten().collect(), groups, ptx: ptx.remove(0) });
+        entries.push(BuiltEntry { entry: entry.name.clone(), kernels: kernels.into_iter().flatten().collect(), groups, hoisted, ptx: ptx.remove(0) });
     }
     Ok(Built { entries, missing })
 }

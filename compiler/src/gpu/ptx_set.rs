@@ -117,7 +117,6 @@ impl PtxSet {
             .entries
             .into_iter()
             .map(|entry| {
-                let hoisted = model.entries.iter().find(|e| e.name == entry.entry).map(crate::ir::plan::hoistable).unwrap_or_default();
                 let launches = entry
                     .kernels
                     .iter()
@@ -133,7 +132,7 @@ impl PtxSet {
                         threads: super::THREADS,
                         faults: kernel.faults,
                         checks: kernel.checks.clone(),
-                        hoisted: hoisted.get(kernel.node).copied().unwrap_or(false),
+                        hoisted: entry.hoisted[kernel.node],
                     })
                     .collect();
                 let groups = entry

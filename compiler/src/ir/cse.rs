@@ -65,6 +65,17 @@ enum Token {
     Dtype(Dtype),
 }
 
+/// Whether two lists of expressions are the same, index for index (floats
+/// by their bits): two loads at one position.
+pub(super) fn same(a: &[Scalar], b: &[Scalar]) -> bool {
+    let tokens = |scalars: &[Scalar]| {
+        let mut out = Vec::new();
+        scalars.iter().for_each(|scalar| canonical(scalar, &mut Vec::new(), &mut out));
+        out
+    };
+    a.len() == b.len() && tokens(a) == tokens(b)
+}
+
 /// `scalar` in prefix order, its reductions' indices numbered by nesting
 /// (`bound` holds the enclosing ones, innermost last), so that two nodes
 /// lowered from the same code get the same tokens.

@@ -71,7 +71,7 @@ fn fuse_entry(entry: &mut Entry) {
             let mut loads = Vec::new();
             positioned_loads(scalar, &mut loads);
             for (value, positions) in &loads {
-                let twice = || loads.iter().filter(|(other, at)| other == value && format!("{at:?}") == format!("{positions:?}")).count() == 2;
+                let twice = || loads.iter().filter(|(other, read_at)| other == value && super::cse::same(read_at, positions)).count() == 2;
                 if counts[value.index()] == 1 || (counts[value.index()] == 2 && twice() && brief(&entry.nodes[value.index()].kind)) {
                     consumer.insert(*value, at);
                 }
