@@ -5,8 +5,8 @@
 
 pub mod fuzz;
 
-use linnet_compiler::diagnostic::{self, Severity};
-use linnet_compiler::driver::Checked;
+use linnet_frontend::diagnostic::{self, Severity};
+use linnet_frontend::driver::Checked;
 use std::path::{Path, PathBuf};
 
 /// The repository root, as a path relative to the test's working

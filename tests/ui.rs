@@ -4,8 +4,8 @@
 //! code at the right line, and renders as its snapshot; no source, however
 //! broken, makes the checker panic.
 
-use linnet_compiler::driver::{check_package, lower_package, Checked};
-use linnet_compiler::package::LoadOptions;
+use linnet_frontend::driver::{check_package, lower_package, Checked};
+use linnet_frontend::package::LoadOptions;
 use linnet_tests::{annotations, difference, render, reported, root, snapshot};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -124,7 +124,7 @@ struct Edit {
 fn apply(case: &Case, dir: &Path) -> Result<HashMap<PathBuf, String>, String> {
     let mut overlay: HashMap<PathBuf, String> = HashMap::new();
     for edit in &case.edit {
-        let path = linnet_compiler::package::join_normalized(dir, Path::new(&edit.file));
+        let path = linnet_frontend::package::join_normalized(dir, Path::new(&edit.file));
         let text = match overlay.get(&path) {
             Some(text) => text.clone(),
             None => std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -279,7 +279,7 @@ fn linnet_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn tokens(text: &str) -> Vec<String> {
     let mut diagnostics = Vec::new();
-    let lexed = linnet_compiler::syntax::lexer::lex(linnet_compiler::source::FileId(0), text, &mut diagnostics);
+    let lexed = linnet_frontend::syntax::lexer::lex(linnet_frontend::source::FileId(0), text, &mut diagnostics);
     let mut pieces: Vec<(u32, String)> = lexed.tokens.iter().map(|(t, s)| (s.start, format!("{t:?}"))).collect();
     pieces.extend(lexed.comments.iter().map(|c| (c.span.start, c.text.trim_end().to_string())));
     pieces.sort();
@@ -298,9 +298,9 @@ fn formatting_keeps_every_token_and_is_idempotent() {
     assert!(files.len() > 15);
     for file in files {
         let text = std::fs::read_to_string(&file).expect("readable");
-        let Some(formatted) = linnet_compiler::syntax::format::format(&text) else { continue };
+        let Some(formatted) = linnet_frontend::syntax::format::format(&text) else { continue };
         assert_eq!(tokens(&text), tokens(&formatted), "{}: formatting changed the tokens", file.display());
-        assert_eq!(linnet_compiler::syntax::format::format(&formatted).as_deref(), Some(formatted.as_str()), "{}: not idempotent", file.display());
+        assert_eq!(linnet_frontend::syntax::format::format(&formatted).as_deref(), Some(formatted.as_str()), "{}: not idempotent", file.display());
         if !file.starts_with(root().join("tests")) {
             assert_eq!(text, formatted, "{} is not formatted: run `linnetc fmt`", file.display());
         }

@@ -4,10 +4,10 @@
 //! matrix kernel) and the bandwidth that achieves.
 
 use crate::generate::batch_rows;
-use linnet_compiler::codegen::matmul;
-use linnet_compiler::exec::{Machine, Profile};
-use linnet_compiler::tensor::Tensor;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_cpu::matmul;
+use linnet_exec::{Machine, Profile};
+use linnet_exec::tensor::Tensor;
+use linnet_ir::Dtype;
 use std::time::Instant;
 
 pub struct Report {

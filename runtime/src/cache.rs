@@ -4,9 +4,8 @@
 //! again. The cache is `$LINNET_CACHE_DIR`, else `$XDG_CACHE_HOME/linnet`,
 //! else `~/.cache/linnet`.
 
-use linnet_compiler::artifact;
-use linnet_compiler::driver;
-use linnet_compiler::package::LoadOptions;
+use linnet_frontend::driver;
+use linnet_frontend::package::LoadOptions;
 use std::path::{Path, PathBuf};
 
 pub fn cache_dir() -> Result<PathBuf, String> {
@@ -30,23 +29,23 @@ pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, Strin
 
 /// As [`artifact_for`], with the cache in `cache` rather than [`cache_dir`].
 pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> Result<PathBuf, String> {
-    if artifact::is_artifact(path) {
+    if linnet_artifact::is_artifact(path) {
         if options.nest.is_some() || !options.overrides.is_empty() {
             return Err(format!("{} is a built artifact: `--nest` and `--set` apply when building a package", path.display()));
         }
         return Ok(path.to_path_buf());
     }
     let checked = driver::check_package(path, options);
-    let key = artifact::content_key(&checked.sources)?;
+    let key = linnet_artifact::content_key(&checked.sources)?;
     let dir = match cache {
         Some(cache) => cache.join(&key),
         None => cache_dir()?.join(&key),
     };
-    if artifact::is_artifact(&dir) {
+    if linnet_artifact::is_artifact(&dir) {
         tracing::info!(artifact = %dir.display(), "cached build");
         return Ok(dir);
     }
-    let (model, checked) = driver::lower_checked(checked, linnet_compiler::lower::Lowering::default()).map_err(|checked| crate::render(&checked))?;
+    let (model, checked) = driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()).map_err(|checked| crate::render(&checked))?;
     let package = checked.package.as_ref().expect("a lowered package was loaded");
     // Built aside and renamed into place, so a reader never sees half an
     // artifact; when another process got there first, its copy is kept.
@@ -55,10 +54,10 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
     let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let partial = dir.with_extension(format!("partial-{}-{build}", std::process::id()));
     let started = std::time::Instant::now();
-    artifact::write(&model, package, key, &partial)?;
+    linnet_artifact::write(&model, package, key, &partial)?;
     if std::fs::rename(&partial, &dir).is_err() {
         let _ = std::fs::remove_dir_all(&partial);
-        if !artifact::is_artifact(&dir) {
+        if !linnet_artifact::is_artifact(&dir) {
             return Err(format!("cannot move the built artifact to {}", dir.display()));
         }
     }

@@ -3,10 +3,10 @@
 //! same prompt; each token chosen by the sampling settings.
 
 use crate::sampling::{Rng, Sampling};
-use linnet_compiler::exec::{Machine, RunError};
-use linnet_compiler::ir::{Intrinsic, Model, NodeKind};
-use linnet_compiler::tensor::Tensor;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::{Machine, RunError};
+use linnet_ir::{Intrinsic, Model, NodeKind};
+use linnet_exec::tensor::Tensor;
+use linnet_ir::Dtype;
 
 /// The index of the largest value of each row of a `[rows, n]` tensor;
 /// ties go to the lower index.

@@ -4,8 +4,8 @@
 //! with the `nvptx` feature (MLIR), or refused with the command that
 //! builds it.
 
-use linnet_compiler::gpu::PtxSet;
-use linnet_compiler::ir::Model;
+use linnet_gpu::PtxSet;
+use linnet_ir::Model;
 use std::path::Path;
 
 /// The PTX set of the artifact in `artifact` for `model` on `arch`.
@@ -24,12 +24,12 @@ pub fn for_artifact(model: &Model, artifact: &Path, arch: &str) -> Result<PtxSet
 
 #[cfg(feature = "nvptx")]
 fn build(model: &Model, artifact: &Path, arch: &str) -> Result<PtxSet, String> {
-    let libdevice = linnet_compiler::gpu::default_libdevice();
+    let libdevice = linnet_gpu::default_libdevice();
     if !libdevice.is_file() {
         return Err(format!("libdevice is not at {} (the math functions link it): run scripts/install-gpu-tools.sh, or set LINNET_LIBDEVICE", libdevice.display()));
     }
     let started = std::time::Instant::now();
-    let built = linnet_compiler::gpu::build(model, arch, Some(&libdevice)).map_err(|e| e.to_string())?;
+    let built = linnet_gpu::build(model, arch, Some(&libdevice)).map_err(|e| e.to_string())?;
     if !built.missing.is_empty() {
         let missing: Vec<String> = built.missing.iter().map(ToString::to_string).collect();
         return Err(format!("`{}` has nodes without a GPU kernel:\n  {}", model.name, missing.join("\n  ")));

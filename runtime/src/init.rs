@@ -3,8 +3,8 @@
 //! can be tried without downloading it.
 
 use crate::random;
-use linnet_compiler::ir::Model;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_ir::Model;
+use linnet_ir::Dtype;
 use safetensors::tensor::TensorView;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

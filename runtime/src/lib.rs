@@ -18,14 +18,13 @@ pub mod stops;
 pub mod text;
 pub mod weights;
 
-use linnet_compiler::diagnostic;
-use linnet_compiler::driver;
-use linnet_compiler::artifact::{self, Artifact};
-use linnet_compiler::exec::Machine;
-use linnet_compiler::tensor::Tensor;
-use linnet_compiler::{codegen, interp};
-use linnet_compiler::ir::Model;
-use linnet_compiler::package::{LoadOptions, Package};
+use linnet_frontend::diagnostic;
+use linnet_frontend::driver;
+use linnet_artifact::{self as artifact, Artifact};
+use linnet_exec::Machine;
+use linnet_exec::tensor::Tensor;
+use linnet_ir::Model;
+use linnet_frontend::package::{LoadOptions, Package};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -123,15 +122,15 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
 /// The loaded model on `backend`; `device` is the CUDA device it opened.
 fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend, device: Option<CudaDevice>) -> Result<Machine, String> {
     match backend {
-        Backend::Interp => Ok(interp::machine(built.model.clone(), params)),
-        Backend::Cpu => codegen::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
+        Backend::Interp => Ok(linnet_exec::interp::machine(built.model.clone(), params)),
+        Backend::Cpu => linnet_cpu::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
         Backend::MlirHost => mlir_host(built.model.clone(), params),
         Backend::Cuda => cuda(built, dir, params, device),
     }
 }
 
 #[cfg(feature = "cuda")]
-type CudaDevice = linnet_compiler::gpu::cuda::Cuda;
+type CudaDevice = linnet_gpu::cuda::Cuda;
 
 /// No device: a linnet without the cuda backend opens none.
 #[cfg(not(feature = "cuda"))]
@@ -140,7 +139,7 @@ type CudaDevice = std::convert::Infallible;
 /// The first CUDA device, or why there is none.
 #[cfg(feature = "cuda")]
 fn open_cuda() -> Result<CudaDevice, String> {
-    let device = linnet_compiler::gpu::cuda::Cuda::open()?;
+    let device = linnet_gpu::cuda::Cuda::open()?;
     tracing::info!("the cuda backend on {}", device.device());
     Ok(device)
 }
@@ -170,7 +169,7 @@ fn cuda(_: &Artifact, _: &Path, _: Vec<Tensor>, _: Option<CudaDevice>) -> Result
 
 #[cfg(feature = "nvptx")]
 fn mlir_host(model: Model, params: Vec<Tensor>) -> Result<Machine, String> {
-    Machine::new(model, params, linnet_compiler::gpu::host::MlirHost::default()).map_err(|e| e.to_string())
+    Machine::new(model, params, linnet_gpu::host::MlirHost::default()).map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "nvptx"))]

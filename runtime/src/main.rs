@@ -4,9 +4,9 @@
 //! interpreter.
 
 use clap::{Args, Parser, Subcommand};
-use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::tensor::{Data, Tensor};
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{bench, generate, npy, Loaded, Weights};
@@ -172,7 +172,7 @@ fn use_threads(threads: Option<usize>) -> Result<(), String> {
     match threads {
         Some(0) => Err("`--threads` must be at least 1".into()),
         Some(count) => {
-            linnet_compiler::codegen::threads::set_threads(count)?;
+            linnet_cpu::threads::set_threads(count)?;
             rayon::ThreadPoolBuilder::new().num_threads(count).build_global().map_err(|e| format!("cannot start {count} threads: {e}"))
         }
         None => Ok(()),
@@ -272,7 +272,7 @@ fn summary(tensor: &Tensor) -> String {
     let shape: Vec<String> = tensor.shape.iter().map(ToString::to_string).collect();
     let values: Vec<f64> = match &tensor.data {
         Data::F32(v) => v.iter().map(|x| *x as f64).collect(),
-        Data::Bf16(v) => v.iter().map(|x| linnet_compiler::numerics::bf16_value(*x) as f64).collect(),
+        Data::Bf16(v) => v.iter().map(|x| linnet_ir::numerics::bf16_value(*x) as f64).collect(),
         Data::I64(v) => v.iter().map(|x| *x as f64).collect(),
         Data::Bool(v) => v.iter().map(|x| f64::from(u8::from(*x))).collect(),
     };

@@ -1,8 +1,8 @@
 //! NumPy's `.npy` format, version 1 and 2: little-endian `f4`, `f2`, `i4`,
 //! `i8` and `b1` arrays in C order, read into and written from tensors.
 
-use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::Dtype;
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 
@@ -79,7 +79,7 @@ pub fn write(tensor: &Tensor) -> Vec<u8> {
     out.extend(header.as_bytes());
     match &tensor.data {
         Data::F32(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        Data::Bf16(bits) => bits.iter().for_each(|b| out.extend(linnet_compiler::numerics::bf16_value(*b).to_le_bytes())),
+        Data::Bf16(bits) => bits.iter().for_each(|b| out.extend(linnet_ir::numerics::bf16_value(*b).to_le_bytes())),
         Data::I64(values) if tensor.dtype == Dtype::I32 => values.iter().for_each(|v| out.extend((*v as i32).to_le_bytes())),
         Data::I64(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
         Data::Bool(values) => values.iter().for_each(|v| out.push(u8::from(*v))),

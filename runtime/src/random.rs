@@ -5,10 +5,10 @@
 //! near zero.
 
 use crate::sampling::Rng;
-use linnet_compiler::ir::{Model, Param};
-use linnet_compiler::numerics::bf16_bits;
-use linnet_compiler::sema::ty::Dtype;
-use linnet_compiler::tensor::{Data, Tensor};
+use linnet_ir::{Model, Param};
+use linnet_ir::numerics::bf16_bits;
+use linnet_ir::Dtype;
+use linnet_exec::tensor::{Data, Tensor};
 use rayon::prelude::*;
 
 /// One parameter's values, from its own stream of the seed.

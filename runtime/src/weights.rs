@@ -5,9 +5,9 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
-use linnet_compiler::tensor::{Data, Elements, Floats, Tensor};
-use linnet_compiler::ir::Model;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
+use linnet_ir::Model;
+use linnet_ir::Dtype;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::{BTreeSet, HashMap};
@@ -263,7 +263,7 @@ pub fn load(
 }
 
 /// `want` matches the parameter's shape and dtype, or the problem.
-fn check_fits(param: &linnet_compiler::ir::Param, tensor: &Stored, shape: &[usize], want: &[usize]) -> Result<(), String> {
+fn check_fits(param: &linnet_ir::Param, tensor: &Stored, shape: &[usize], want: &[usize]) -> Result<(), String> {
     let mut wrong = Vec::new();
     if shape != want {
         wrong.push(format!("shape {shape:?}, expected {want:?}"));
@@ -276,7 +276,7 @@ fn check_fits(param: &linnet_compiler::ir::Param, tensor: &Stored, shape: &[usiz
 
 /// A parameter stored as one tensor: used where it lies in the mapped file
 /// when its type allows (then `true`), else widened.
-fn bind(param: &linnet_compiler::ir::Param, tensor: &Stored) -> Result<(Tensor, bool), String> {
+fn bind(param: &linnet_ir::Param, tensor: &Stored) -> Result<(Tensor, bool), String> {
     let shape = tensor.view.shape().to_vec();
     check_fits(param, tensor, &shape, &param.shape)?;
     let map = tensor.map;
@@ -295,7 +295,7 @@ fn bind(param: &linnet_compiler::ir::Param, tensor: &Stored) -> Result<(Tensor, 
 
 /// A fused expert parameter from its per-expert parts: each expert's
 /// parts, their rows in order, make that expert's slice.
-fn stack(param: &linnet_compiler::ir::Param, fused: &str, experts: &[Vec<Stored>]) -> Result<(Tensor, bool), String> {
+fn stack(param: &linnet_ir::Param, fused: &str, experts: &[Vec<Stored>]) -> Result<(Tensor, bool), String> {
     let slice = &param.shape[1..];
     let mut values = Vec::with_capacity(param.shape.iter().product());
     for parts in experts {
@@ -324,7 +324,7 @@ fn stack(param: &linnet_compiler::ir::Param, fused: &str, experts: &[Vec<Stored>
 #[cfg(test)]
 mod tests {
     use super::non_finite;
-    use linnet_compiler::sema::ty::Dtype;
+    use linnet_ir::Dtype;
 
     /// The same count and first index whether the bytes are aligned for
     /// whole words or not, for each float type.

@@ -4,12 +4,11 @@
 //! artifact for another host or ABI is refused, never run; f32 and bf16
 //! weights are used in place in the mapped checkpoint.
 
-use linnet_compiler::artifact;
-use linnet_compiler::exec::Machine;
-use linnet_compiler::tensor::{Data, Tensor};
+use linnet_exec::Machine;
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_runtime::Backend;
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use linnet_runtime::Weights;
 use std::path::PathBuf;
 
@@ -32,10 +31,10 @@ fn logits(machine: &mut Machine) -> Tensor {
 fn a_built_artifact_runs_like_the_package() {
     let out = scratch("build");
     // Built through the library, as `linnetc build` does.
-    let checked = linnet_compiler::driver::check_package(&root().join("models/qwen3.6-35b-a3b"), &options());
-    let key = artifact::content_key(&checked.sources).unwrap();
-    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    let manifest = artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    let checked = linnet_frontend::driver::check_package(&root().join("models/qwen3.6-35b-a3b"), &options());
+    let key = linnet_artifact::content_key(&checked.sources).unwrap();
+    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    let manifest = linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
     assert!(manifest.kernels.values().map(Vec::len).sum::<usize>() > 100);
     assert!(manifest.params.iter().all(|p| p.tensor.is_some()), "every parameter names its checkpoint tensor");
     assert_eq!(manifest.plan.weight_bytes, model.param_bytes());
@@ -44,7 +43,7 @@ fn a_built_artifact_runs_like_the_package() {
     let mut from_artifact = linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
     let mut in_process = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp).unwrap().machine;
     let (native, reference) = (logits(&mut from_artifact), logits(&mut in_process));
-    linnet_compiler::tolerance::compare(&reference, &native).unwrap_or_else(|m| panic!("the artifact's kernels break the contract: {m}"));
+    linnet_exec::tolerance::compare(&reference, &native).unwrap_or_else(|m| panic!("the artifact's kernels break the contract: {m}"));
 
     let refused = linnet_runtime::load_on(&out, &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() }, &weights, Backend::Cpu);
     assert!(refused.err().unwrap().contains("`--set` apply when building"));
@@ -54,9 +53,9 @@ fn a_built_artifact_runs_like_the_package() {
 /// The tiny MLP example built into a fresh scratch folder, with key `key`.
 fn tiny_mlp_artifact(name: &str) -> PathBuf {
     let out = scratch(name);
-    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
-    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
+    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    linnet_artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
     out
 }
 
@@ -65,19 +64,19 @@ fn tiny_mlp_artifact(name: &str) -> PathBuf {
 #[test]
 fn an_artifact_for_another_host_or_abi_is_refused() {
     let out = tiny_mlp_artifact("foreign");
-    assert!(artifact::read(&out).is_ok());
+    assert!(linnet_artifact::read(&out).is_ok());
     let manifest_path = out.join("artifact.json");
-    let written: artifact::Manifest = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let written: linnet_artifact::Manifest = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     // As another host or compiler would have written them: sealed.
-    let write_sealed = |manifest: artifact::Manifest| {
+    let write_sealed = |manifest: linnet_artifact::Manifest| {
         std::fs::write(&manifest_path, serde_json::to_string(&manifest.sealed().unwrap()).unwrap()).unwrap();
     };
-    write_sealed(artifact::Manifest { target: "riscv64gc-unknown-linux-gnu []".into(), ..written.clone() });
-    let foreign = artifact::read(&out).unwrap();
+    write_sealed(linnet_artifact::Manifest { target: "riscv64gc-unknown-linux-gnu []".into(), ..written.clone() });
+    let foreign = linnet_artifact::read(&out).unwrap();
     let error = foreign.kernels(&out).err().unwrap();
     assert!(error.contains("compiled for riscv64gc") && error.contains("rebuild it"), "{error}");
-    write_sealed(artifact::Manifest { abi: 999, ..written });
-    let error = artifact::read(&out).err().unwrap();
+    write_sealed(linnet_artifact::Manifest { abi: 999, ..written });
+    let error = linnet_artifact::read(&out).err().unwrap();
     assert!(error.contains("kernel ABI 999"), "{error}");
     std::fs::remove_dir_all(&out).unwrap();
 }
@@ -87,13 +86,13 @@ fn an_artifact_for_another_host_or_abi_is_refused() {
 #[test]
 fn an_altered_artifact_is_refused() {
     let out = tiny_mlp_artifact("altered");
-    let built = artifact::read(&out).unwrap();
+    let built = linnet_artifact::read(&out).unwrap();
     assert!(built.kernels(&out).is_ok());
 
     let manifest_path = out.join("artifact.json");
     let text = std::fs::read_to_string(&manifest_path).unwrap();
     std::fs::write(&manifest_path, text.replace("\"key\": \"key\"", "\"key\": \"another\"")).unwrap();
-    let error = artifact::read(&out).err().unwrap();
+    let error = linnet_artifact::read(&out).err().unwrap();
     assert!(error.contains("artifact.json was edited"), "{error}");
     std::fs::write(&manifest_path, &text).unwrap();
 
@@ -104,7 +103,7 @@ fn an_altered_artifact_is_refused() {
         let middle = flipped.len() / 2;
         flipped[middle] ^= 0x10;
         std::fs::write(&path, &flipped).unwrap();
-        let error = artifact::read(&out).and_then(|built| built.kernels(&out).map(|_| ())).err().unwrap();
+        let error = linnet_artifact::read(&out).and_then(|built| built.kernels(&out).map(|_| ())).err().unwrap();
         assert!(error.contains(file) && error.contains("SHA-256 differs"), "{error}");
         std::fs::write(&path, &bytes).unwrap();
     }
@@ -129,7 +128,7 @@ fn packages_are_built_once_per_content() {
     });
     assert_eq!(built[0], built[1]);
     let first = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
-    assert!(first.starts_with(&cache) && artifact::is_artifact(&first));
+    assert!(first.starts_with(&cache) && linnet_artifact::is_artifact(&first));
     let modified = std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap();
     assert_eq!(linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap(), first, "unchanged sources reuse the artifact");
     assert_eq!(std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap(), modified, "and do not rebuild it");

@@ -30,7 +30,7 @@ fn generate_prints_the_greedy_ids() {
     // The same as the library's greedy decoding (which the oracle test
     // holds to the reference's tokens).
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
-    let options = linnet_compiler::package::LoadOptions {
+    let options = linnet_frontend::package::LoadOptions {
         nest: Some(oracle.join("package/nest-f32.toml")),
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
@@ -45,7 +45,7 @@ fn run_writes_npy_and_reports_bad_arguments() {
     let dir = std::env::temp_dir().join(format!("linnet-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor = linnet_compiler::tensor::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, 4], vec![5, 17, 3, 9]);
+    let tensor = linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, 4], vec![5, 17, 3, 9]);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
     let input = format!("tokens={}", tokens.display());
@@ -140,11 +140,11 @@ fn the_profile_gives_each_contraction_its_weight_bandwidth() {
 #[test]
 fn generate_runs_a_built_artifact() {
     let out = std::env::temp_dir().join(format!("linnet-cli-artifact-{}", std::process::id()));
-    let options = linnet_compiler::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
-    let checked = linnet_compiler::driver::check_package(&root().join("examples/tiny-qwen"), &options);
-    let key = linnet_compiler::artifact::content_key(&checked.sources).unwrap();
-    let (model, checked) = linnet_compiler::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    linnet_compiler::artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    let options = linnet_frontend::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
+    let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-qwen"), &options);
+    let key = linnet_artifact::content_key(&checked.sources).unwrap();
+    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
     let args = ["--random-weights", "1", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--print-ids"];
     let from_artifact = linnet_plain(&[&["generate", out.to_str().unwrap()], &args[..]].concat());
     let from_package = linnet_plain(&[&["generate", "examples/tiny-qwen"], &args[..]].concat());
@@ -182,7 +182,7 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     let dir = std::env::temp_dir().join(format!("linnet-cli-dense-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor = linnet_compiler::tensor::Tensor::from_i64(linnet_compiler::sema::ty::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
+    let tensor = linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
     dense(&["run", "--entry", "forward", "--input", &format!("tokens={}", tokens.display()), "--output", logits.to_str().unwrap()]);

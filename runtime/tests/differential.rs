@@ -8,15 +8,14 @@
 //! reports the same errors; its bf16 rounding and `exp` are held to the
 //! reference element by element.
 
-use linnet_compiler::codegen::cpu::Elementwise;
-use linnet_compiler::exec::Machine;
-use linnet_compiler::tolerance;
-use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::{codegen, interp};
-use linnet_compiler::ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_compiler::sema::dim::Dim;
-use linnet_compiler::sema::ty::Dtype;
-use linnet_compiler::syntax::ast::CmpOp;
+use linnet_cpu::lowering::Elementwise;
+use linnet_exec::Machine;
+use linnet_exec::tolerance;
+use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_ir::dim::Dim;
+use linnet_ir::Dtype;
+use linnet_ir::CmpOp;
 use linnet_runtime::sampling::Rng;
 
 const SIDE: i64 = 6;
@@ -128,11 +127,11 @@ fn model(scalar: Scalar, dtype: Dtype) -> Model {
 }
 
 fn reference(program: &Model) -> Machine {
-    interp::machine(program.clone(), Vec::new())
+    linnet_exec::interp::machine(program.clone(), Vec::new())
 }
 
 fn native(program: &Model, elementwise: Elementwise) -> Machine {
-    codegen::backend::jit_machine(program.clone(), Vec::new(), elementwise).unwrap_or_else(|e| panic!("{e}"))
+    linnet_cpu::backend::jit_machine(program.clone(), Vec::new(), elementwise).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The scalar code agrees with the interpreter bit for bit, the lanes
@@ -189,7 +188,7 @@ fn random_programs_agree_on_both_backends() {
         let dtype = generator.dtype();
         let scalar = generator.expr(dtype, 4, &mut vec![0, 1]);
         let program = model(scalar, dtype);
-        linnet_compiler::ir::verify(&program).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        linnet_ir::verify(&program).unwrap_or_else(|e| panic!("case {case}: {e}"));
         let given = inputs(&mut data_rng);
         agree(&program, given, &format!("case {case}"));
     }
@@ -268,7 +267,7 @@ fn rows_shared_among_threads_agree_with_the_interpreter() {
             outputs: vec![Value(2)],
         };
         let program = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-        linnet_compiler::ir::verify(&program).unwrap();
+        linnet_ir::verify(&program).unwrap();
         let mut rng = Rng::new(5);
         let count = shape.iter().product::<i64>() as usize;
         let floats = Tensor::from_f32(Dtype::F32, shape.iter().map(|d| *d as usize).collect(), (0..count).map(|_| (rng.next_f64() - 0.5) as f32).collect());

@@ -3,9 +3,9 @@
 //! wrong shape or dtype; tokens outside the vocabulary; positions past the
 //! caches; and weights that are nowhere to be found.
 
-use linnet_compiler::exec::Machine;
-use linnet_compiler::tensor::Tensor;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::Machine;
+use linnet_exec::tensor::Tensor;
+use linnet_ir::Dtype;
 use linnet_runtime::weights::{self, NonFinite};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;

@@ -3,21 +3,20 @@
 //! compute, and fusion changes no result, on the interpreter: every entry
 //! path gives bit-identical results with and without them, f32 and bf16.
 //! The CPU backend meets the numerics contract against the interpreter
-//! (`linnet_compiler::tolerance`) on every path, runs every node as native
+//! (`linnet_exec::tolerance`) on every path, runs every node as native
 //! code (nothing falls back), and a deliberately wrong kernel fails the
 //! contract.
 
-use linnet_compiler::driver::lower_package_with;
-use linnet_compiler::codegen::backend::Cpu;
-use linnet_compiler::codegen::cpu::Elementwise;
-use linnet_compiler::exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
-use linnet_compiler::ir::analysis::Analysis;
-use linnet_compiler::ir::{Intrinsic, Model};
-use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::{codegen, interp, tolerance};
-use linnet_compiler::lower::Lowering;
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_frontend::driver::lower_package_with;
+use linnet_cpu::backend::Cpu;
+use linnet_cpu::lowering::Elementwise;
+use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
+use linnet_ir::analysis::Analysis;
+use linnet_ir::{Intrinsic, Model};
+use linnet_exec::tensor::{Data, Tensor};
+use linnet_frontend::lower::Lowering;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -37,8 +36,8 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
 fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::Backend) -> Machine {
     let (model, params) = model(config, dtype, lowering);
     match backend {
-        linnet_runtime::Backend::Interp => interp::machine(model, params),
-        linnet_runtime::Backend::Cpu => codegen::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}")),
+        linnet_runtime::Backend::Interp => linnet_exec::interp::machine(model, params),
+        linnet_runtime::Backend::Cpu => linnet_cpu::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}")),
         other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
     }
 }
@@ -48,7 +47,7 @@ fn within_contract(reference: &[Tensor], outputs: &[Tensor]) -> Result<f64, Stri
     assert_eq!(reference.len(), outputs.len());
     let mut worst = 0f64;
     for (at, (a, b)) in reference.iter().zip(outputs).enumerate() {
-        worst = worst.max(tolerance::compare(a, b).map_err(|mismatch| format!("output {at}: {mismatch}"))?);
+        worst = worst.max(linnet_exec::tolerance::compare(a, b).map_err(|mismatch| format!("output {at}: {mismatch}"))?);
     }
     Ok(worst)
 }
@@ -113,7 +112,7 @@ fn the_routers_ranks_are_recognized() {
     let layers = model.params.iter().filter(|p| p.path.ends_with("mlp.gate_up_proj")).count();
     assert!(layers > 0);
     for entry in &model.entries {
-        let analysis = linnet_compiler::ir::analysis::Analysis::of(entry);
+        let analysis = linnet_ir::analysis::Analysis::of(entry);
         let rankings = analysis.ranking.iter().flatten().count();
         assert_eq!(rankings, layers, "entry `{}`", entry.name);
     }
@@ -196,7 +195,7 @@ fn a_deliberately_wrong_kernel_fails_the_contract() {
     let entry = model.entries.iter().position(|e| e.name == "forward").unwrap();
     let node = model.entries[entry].outputs[0].index();
     let tokens = vec![Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])];
-    let reference = interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
+    let reference = linnet_exec::interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
     for (skew, passes) in [(1e-3, false), (1e-6, true)] {
         let skewed = Skewed { cpu: Cpu::jit(Elementwise::default()), entry, node, skew };
         let outputs = Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
@@ -214,15 +213,15 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let mut compiled = std::collections::HashMap::new();
     for entry in &model.entries {
         let analysis = Analysis::of(entry);
-        let code = codegen::native::jit(entry, &analysis, Elementwise::default()).unwrap();
-        let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_compiler::ir::NodeKind::Compute(_))).count();
+        let code = linnet_cpu::native::jit(entry, &analysis, Elementwise::default()).unwrap();
+        let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).count();
         assert_eq!(code.kernels.iter().flatten().count(), computes, "entry `{}`: a kernel per `Compute` node", entry.name);
         compiled.insert(entry.name.clone(), code);
     }
     let decode = &model.entries.iter().find(|e| e.name == "decode").unwrap();
-    let missing = decode.nodes.iter().position(|n| matches!(n.kind, linnet_compiler::ir::NodeKind::Compute(_))).unwrap();
+    let missing = decode.nodes.iter().position(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).unwrap();
     compiled.get_mut("decode").unwrap().kernels[missing] = None;
-    let error = codegen::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
+    let error = linnet_cpu::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
     assert_eq!((error.entry.as_str(), error.node), ("decode", Some(missing)));
     let text = error.to_string();
     assert!(text.contains(&format!("cannot run v{missing} of entry `decode` (lowered from ")) && text.contains(".linnet:"), "{text}");

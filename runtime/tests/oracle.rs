@@ -14,10 +14,10 @@
 //! the positions those two runs agree on; greedy tokens as
 //! `greedy_generation` says.
 
-use linnet_compiler::exec::Machine;
-use linnet_compiler::tensor::Tensor;
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::Machine;
+use linnet_exec::tensor::Tensor;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use linnet_runtime::generate::{argmax_rows, greedy};
 
 mod common;

@@ -7,11 +7,10 @@
 //! with it, and as native code. The interpreter's two runs agree bit for
 //! bit; native code meets the numerics contract (`tolerance`).
 
-use linnet_compiler::tensor::{Data, Tensor};
-use linnet_compiler::{codegen, interp, tolerance};
-use linnet_compiler::lower::Lowering;
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
+use linnet_exec::tensor::{Data, Tensor};
+use linnet_frontend::lower::Lowering;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use linnet_runtime::sampling::Rng;
 use std::path::PathBuf;
 
@@ -141,9 +140,9 @@ fn random_linnet_programs_agree_everywhere() {
         let source = Program::source(seed);
         let dir = package(seed, &source);
         let model = |lowering: Lowering| {
-            let (model, _) = linnet_compiler::driver::lower_package_with(&dir, &options, lowering).unwrap_or_else(|checked| {
+            let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, lowering).unwrap_or_else(|checked| {
                 let mut out = Vec::new();
-                linnet_compiler::diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out).unwrap();
+                linnet_frontend::diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out).unwrap();
                 panic!("program {seed} does not build:\n{source}\n{}", String::from_utf8_lossy(&out))
             });
             let params = linnet_runtime::random::params(&model, seed);
@@ -151,7 +150,7 @@ fn random_linnet_programs_agree_everywhere() {
         };
         let reference_machine = |lowering| {
             let (model, params) = model(lowering);
-            interp::machine(model, params)
+            linnet_exec::interp::machine(model, params)
         };
         let mut rng = Rng::new(seed ^ 0xfeed);
         let rows = 1 + (rng.next_u64() % 5) as usize;
@@ -161,10 +160,10 @@ fn random_linnet_programs_agree_everywhere() {
         let reference = reference_machine(Lowering { fuse: false, ..Lowering::default() }).call("run", inputs.clone()).unwrap().remove(0);
         let fused = reference_machine(Lowering::default()).call("run", inputs.clone()).unwrap().remove(0);
         let (fused_model, params) = model(Lowering::default());
-        let mut cpu = codegen::backend::machine(fused_model, params, None).unwrap_or_else(|e| panic!("program {seed}: {e}"));
+        let mut cpu = linnet_cpu::backend::machine(fused_model, params, None).unwrap_or_else(|e| panic!("program {seed}: {e}"));
         let native = cpu.call("run", inputs).unwrap().remove(0);
         assert!(same(&fused, &reference), "program {seed}: fusion changed the result\n{source}");
-        if let Err(mismatch) = tolerance::compare(&reference, &native) {
+        if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &native) {
             panic!("program {seed}: native code breaks the contract: {mismatch}\n{source}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
@@ -181,14 +180,14 @@ fn integer_literals_fold_as_the_runtime_divides() {
                   let folded[n] = idx[n] * (7 / 2) + (0 - 7) / 2 + 5 / 0 + (0 - 7) % 3 + 9 % 0\n        return folded\n    }\n}\n";
     let dir = package(9_000, source);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, _) = linnet_compiler::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
     let params = linnet_runtime::random::params(&model, 1);
     let x = Tensor::from_f32(Dtype::F32, vec![3, 8], vec![0.0; 24]);
     let idx = Tensor::from_i64(Dtype::I32, vec![3], vec![0, 1, -2]);
     // 3·idx − 4 + 0 + 2 + 0
     let expected = Tensor::from_i64(Dtype::I32, vec![3], vec![-2, 1, -8]);
-    let interpreted = interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
-    let native = codegen::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
+    let native = linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -207,7 +206,7 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
                   let t[n, h] = x[n, h] * (if h < 7 { a[n, (h - 0) + 1] } else { x[n, 0] })\n        return t\n    }\n}\n";
     let dir = package(9_001, source);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, _) = linnet_compiler::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
     let params = linnet_runtime::random::params(&model, 1);
     let row: Vec<f32> = (1..=8).map(|h| h as f32).collect();
     let x = Tensor::from_f32(Dtype::F32, vec![2, 8], [row.clone(), row].concat());
@@ -215,8 +214,8 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
     // x[h] · 2·x[h + 1], and x[7] · x[0] in the last column.
     let expected_row: Vec<f32> = (1..=8).map(|h| if h < 8 { h as f32 * 2.0 * (h + 1) as f32 } else { 8.0 }).collect();
     let expected = Tensor::from_f32(Dtype::F32, vec![2, 8], [expected_row.clone(), expected_row].concat());
-    let interpreted = interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
-    let native = codegen::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
+    let native = linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }

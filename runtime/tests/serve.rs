@@ -95,7 +95,7 @@ fn a_server_session() {
     });
     assert_eq!(alone, together);
     // And the same as `generate` through prefill/decode.
-    let options = linnet_compiler::package::LoadOptions {
+    let options = linnet_frontend::package::LoadOptions {
         nest: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml")),
         stdlib: Some(root().join("stdlib")),
         ..Default::default()

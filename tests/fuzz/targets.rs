@@ -2,12 +2,12 @@
 //! its corpus starts from.
 
 use super::Target;
-use linnet_compiler::driver::{check_package, lower_checked, lower_package};
-use linnet_compiler::ir::Model;
-use linnet_compiler::package::LoadOptions;
-use linnet_compiler::sema::ty::Dtype;
-use linnet_compiler::source::FileId;
-use linnet_compiler::tensor::Tensor;
+use linnet_frontend::driver::{check_package, lower_checked, lower_package};
+use linnet_ir::Model;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
+use linnet_frontend::source::FileId;
+use linnet_exec::tensor::Tensor;
 use linnet_runtime::server::{Limits, Served};
 use linnet_runtime::weights::NonFinite;
 use std::collections::HashMap;
@@ -81,8 +81,8 @@ fn module_texts() -> Vec<Vec<u8>> {
 fn syntax(input: &[u8]) {
     let text = String::from_utf8_lossy(input);
     let mut diagnostics = Vec::new();
-    linnet_compiler::syntax::parse_module(FileId(0), &text, &mut diagnostics);
-    linnet_compiler::syntax::format::format(&text);
+    linnet_frontend::syntax::parse_module(FileId(0), &text, &mut diagnostics);
+    linnet_frontend::syntax::format::format(&text);
 }
 
 /// Each module with its index in [`modules`] as the first byte.
@@ -101,7 +101,7 @@ fn package(input: &[u8]) {
 
 fn checked_and_lowered(overlay: HashMap<PathBuf, String>) {
     let checked = check_package(&model_dir(), &options(overlay));
-    if checked.diagnostics.iter().all(|d| d.severity != linnet_compiler::diagnostic::Severity::Error) {
+    if checked.diagnostics.iter().all(|d| d.severity != linnet_frontend::diagnostic::Severity::Error) {
         let _ = lower_checked(checked, Default::default());
     }
 }

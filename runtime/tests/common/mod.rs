@@ -3,7 +3,7 @@
 //! dense oracle checkpoint's generics. Each test file uses a part of it.
 #![allow(dead_code)]
 
-use linnet_compiler::package::LoadOptions;
+use linnet_frontend::package::LoadOptions;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,23 @@
+//! The CPU backend. `lowering` turns each `Compute` node of an entry into a
+//! Cranelift function that reads the entry's dims at run time; `native`
+//! puts those functions in memory (JIT) or in an artifact's object file and
+//! loads them back; `helpers` is the table of functions they call,
+//! `matmul` the hand-tuned kernel contractions run on, `kernels` the
+//! kernels of attention and the delta rule, `simd` the vectors both are
+//! written in, `threads` the pool they share their work on; `backend` is
+//! what the executor drives. Numerics follow `linnet_ir::numerics`, the
+//! same as the reference interpreter's, within the tolerances of
+//! `docs/language.md`.
+//!
+//! Depends on the IR and the executor's interface only: the only crate
+//! that links Cranelift.
+
+pub mod backend;
+pub mod expf;
+pub mod helpers;
+pub mod kernels;
+pub mod lowering;
+pub mod matmul;
+pub mod native;
+pub(crate) mod simd;
+pub mod threads;

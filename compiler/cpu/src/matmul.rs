@@ -1,0 +1,572 @@
+//! The kernel contractions run on: `out[m, n] = Σₖ input[m, k] ·
+//! weight[n, k]`, with the numerics a compiled backend may use (`docs/
+//! language.md`): products and sums in f32 with fused multiply-adds, the
+//! sum split across vector lanes. The instruction set is chosen at run
+//! time ([`Isa`]): AVX-512 (sixteen lanes), AVX2 with FMA (eight), and on
+//! CPUs with AVX-512 BF16, bf16 dot products when the weights are bf16, the
+//! inputs exactly bf16 values (each product is then exact, as it is in
+//! f32) and at least four rows share the weights. Weights are f32 or bf16 bits ([`Weight`]), widened in
+//! registers as they are read, never copied.
+//!
+//! Work is tiled for the caches: input rows in blocks that stay in L2,
+//! four weight rows at a time against six input rows (twenty-four sums in
+//! flight), so that a prefill reads each weight row once per block of
+//! rows; large products split the weight rows among the kernels' threads
+//! (`codegen::threads`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use super::simd::{Lanes, Scalar};
+use super::threads;
+
+/// Weight bytes the kernel was given, over the process's life.
+static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The bytes of weights the kernel has read since the process started:
+/// every weight matrix (or expert) once per call, which is what a decode
+/// step streams from memory.
+pub fn weight_bytes_read() -> u64 {
+    WEIGHT_BYTES.load(Ordering::Relaxed)
+}
+
+/// A weight element: f32, or bf16 held as its bits.
+pub trait Weight: Copy + Sync {
+    /// Whether the elements are bf16 bits.
+    const BF16: bool;
+    fn value(self) -> f32;
+}
+
+impl Weight for f32 {
+    const BF16: bool = false;
+    fn value(self) -> f32 {
+        self
+    }
+}
+
+impl Weight for u16 {
+    const BF16: bool = true;
+    fn value(self) -> f32 {
+        linnet_ir::numerics::bf16_value(self)
+    }
+}
+
+/// The instruction sets the kernel runs on, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 with bf16 dot products (`vdpbf16ps`).
+    Avx512Bf16,
+    /// AVX-512 F and BW: sixteen f32 lanes with FMA.
+    Avx512,
+    /// AVX2 with FMA: eight f32 lanes.
+    Avx2,
+    /// Scalar code, for any CPU.
+    Portable,
+}
+
+impl Isa {
+    /// The best this CPU has, detected once.
+    pub fn host() -> Isa {
+        static HOST: OnceLock<Isa> = OnceLock::new();
+        *HOST.get_or_init(|| Isa::available().into_iter().next().unwrap_or(Isa::Portable))
+    }
+
+    /// Every instruction set this CPU can run, best first.
+    pub fn available() -> Vec<Isa> {
+        let mut found = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            // The AVX-512 kernels use BW's 16-bit widening as well as F.
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
+            if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
+                found.push(Isa::Avx512Bf16);
+            }
+            if avx512 {
+                found.push(Isa::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                found.push(Isa::Avx2);
+            }
+        }
+        found.push(Isa::Portable);
+        found
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+/// Products at or above which the weight rows are shared among threads.
+const PARALLEL_PRODUCTS: usize = 1 << 18;
+
+/// Input rows per block: a block's rows stay in L2 while every weight row
+/// of a thread's share passes over them.
+const ROW_BLOCK: usize = 64;
+
+/// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
+/// (`out` is `rows × columns`, `weight` `columns × depth`).
+pub fn matmul<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+    matmul_on(Isa::host(), input, weight, out, rows)
+}
+
+/// [`matmul`] on a given instruction set, which the CPU must have.
+pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+    if rows == 0 {
+        return;
+    }
+    let (depth, columns) = (input.len() / rows, out.len() / rows);
+    assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
+    assert!(Isa::available().contains(&isa), "this CPU cannot run {}", isa.name());
+    let (input_base, out_base) = (input.as_ptr(), out.as_mut_ptr());
+    let rows = Rows {
+        // SAFETY: row `m` of each is inside its slice.
+        inputs: (0..rows).map(|m| unsafe { input_base.add(m * depth) }).collect(),
+        outs: (0..rows).map(|m| unsafe { out_base.add(m * columns) }).collect(),
+    };
+    count_weight_bytes(&[(&rows, weight)]);
+    // SAFETY: the rows point into `input` and `out`, which outlive this
+    // call, with `depth` and `columns` elements each.
+    unsafe { run(isa, &[(&rows, weight)], columns, depth) }
+}
+
+/// Input rows and the output rows they produce, wherever they are.
+pub struct Rows {
+    pub inputs: Vec<*const f32>,
+    pub outs: Vec<*mut f32>,
+}
+
+// SAFETY: the threads of `matmul_groups` read the inputs and write disjoint
+// columns of the outputs.
+unsafe impl Sync for Rows {}
+
+/// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of each
+/// group's `Rows`, with the group's weight matrix; the matrices are of one
+/// size (the experts a batch of tokens chose). The threads share out the
+/// columns of every matrix in one pass, so none waits at the end of each.
+///
+/// # Safety
+/// Each input row has `depth` readable values and each output row room
+/// for `columns`; no output row overlaps another or an input.
+pub unsafe fn matmul_groups<W: Weight>(groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
+    count_weight_bytes(groups);
+    // SAFETY: as the caller promises.
+    unsafe { run(Isa::host(), groups, columns, depth) }
+}
+
+/// `out[m][n] = Σₖ input[m][k] · other[n, k]` for activations against
+/// activations (attention's queries against its keys): [`matmul_groups`]
+/// for one matrix, not counted as weights read.
+///
+/// # Safety
+/// As [`matmul_groups`].
+pub unsafe fn products(rows: &Rows, other: &[f32], columns: usize, depth: usize) {
+    // SAFETY: as the caller promises.
+    unsafe { run(Isa::host(), &[(rows, other)], columns, depth) }
+}
+
+/// Every matrix of `groups` read once: what a decode step streams.
+fn count_weight_bytes<W: Weight>(groups: &[(&Rows, &[W])]) {
+    let bytes: usize = groups.iter().map(|(_, weight)| std::mem::size_of_val(*weight)).sum();
+    WEIGHT_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// The input rows as bf16 bits, when every value is exactly a bf16 (then
+/// a bf16 dot product computes exact products, as f32 does); asked for
+/// only on `Avx512Bf16`.
+fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
+    // SAFETY: the CPU has AVX-512 (the only caller runs on `Avx512Bf16`),
+    // and each input row has `depth` readable values.
+    #[cfg(target_arch = "x86_64")]
+    return unsafe { x86::as_bf16(rows, depth) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("bf16 dot products are x86's ({} rows of {depth})", rows.inputs.len())
+}
+
+/// # Safety
+/// As [`matmul_groups`]; the CPU has `isa`.
+unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
+    // Per group: bf16 dot products pay off where tiles of four rows reuse
+    // each weight load; a matrix–vector product streams faster widening
+    // the weights. The inputs are converted on every thread (a prefill's
+    // experts have thousands of rows between them).
+    let converts = |rows: &Rows| isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4;
+    let plan = |group: usize| {
+        let (rows, weight) = groups[group];
+        assert_eq!(weight.len(), columns * depth, "a weight row per column");
+        let bf16_inputs = if converts(rows) { as_bf16(rows, depth) } else { None };
+        (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
+    };
+    let plans: Vec<(Isa, Option<Vec<u16>>)> =
+        if groups.iter().any(|(rows, _)| converts(rows)) { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
+    let share = |group: usize, range: std::ops::Range<usize>| {
+        let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
+        // SAFETY: the caller's promises, on `isa`, which the CPU has; the
+        // bf16 inputs, when given, are `rows` converted.
+        unsafe { columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
+    };
+    let threads = threads::threads();
+    let products: usize = groups.iter().map(|(rows, _)| rows.inputs.len() * columns * depth).sum();
+    if threads == 1 || products < PARALLEL_PRODUCTS {
+        return (0..groups.len()).for_each(|group| share(group, 0..columns));
+    }
+    // About four shares a thread over all groups, none under a tile's worth.
+    let chunk = (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
+    let parts = columns.div_ceil(chunk);
+    threads::for_each(groups.len() * parts, &|job| {
+        let (group, part) = (job / parts, job % parts);
+        share(group, part * chunk..((part + 1) * chunk).min(columns));
+    });
+}
+
+/// Columns `range` of every output row, on `isa`.
+///
+/// # Safety
+/// As [`matmul_groups`], the CPU has `isa`, and no other thread writes
+/// these columns; `bf16_inputs` is given only on `Avx512Bf16`.
+unsafe fn columns_on<W: Weight>(isa: Isa, rows: &Rows, bf16_inputs: Option<&[u16]>, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    // SAFETY: the caller's promises.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::columns_avx512(rows, weight, depth, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::columns_avx2(rows, weight, depth, range),
+            _ => widened_columns::<Scalar, W>(rows, weight, depth, range),
+        }
+    }
+}
+
+/// `R` input rows against `N` weight rows over the whole depth: `R · N`
+/// sums, one accumulator each, the tail past the last full vector added
+/// in order.
+#[inline(always)]
+unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*const f32; R], weights: [*const W; N], depth: usize) -> [[f32; N]; R] {
+    unsafe {
+        let mut sums = [[L::zero(); N]; R];
+        let mut w = [L::zero(); N];
+        let mut k = 0;
+        while k + L::WIDTH <= depth {
+            for j in 0..N {
+                // The next tile's weight rows (which follow these) asked
+                // for one tile ahead, so that their reading from memory
+                // overlaps this tile's arithmetic: the hardware's
+                // prefetcher alone left an expert's products waiting on
+                // memory (205 → 305 GFLOP/s with it).
+                L::prefetch(weights[j].wrapping_add(k + N * depth));
+                w[j] = L::load_weight(weights[j].add(k));
+            }
+            for (r, row) in sums.iter_mut().enumerate() {
+                let a = L::load(inputs[r].add(k));
+                for (sum, w) in row.iter_mut().zip(&w) {
+                    *sum = L::fma(a, *w, *sum);
+                }
+            }
+            k += L::WIDTH;
+        }
+        let mut out = [[0f32; N]; R];
+        for r in 0..R {
+            out[r] = L::sums(&sums[r]);
+            for (j, total) in out[r].iter_mut().enumerate() {
+                for t in k..depth {
+                    *total += *inputs[r].add(t) * (*weights[j].add(t)).value();
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The tiles of one kind of operands: `R` input rows from `m` against `N`
+/// weight rows from `n`, over the whole depth.
+trait Tiles {
+    /// # Safety
+    /// Rows `m..m + R` and weight rows `n..n + N` exist.
+    unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R];
+}
+
+/// f32 inputs against weights of type `W`, in lanes `L`.
+struct Widened<'a, L, W> {
+    rows: &'a Rows,
+    weight: *const W,
+    depth: usize,
+    lanes: std::marker::PhantomData<L>,
+}
+
+impl<L: Lanes, W: Weight> Tiles for Widened<'_, L, W> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
+        let mut inputs = [std::ptr::null(); R];
+        let mut weights = [std::ptr::null(); N];
+        // SAFETY: as the caller promises.
+        unsafe {
+            for (r, input) in inputs.iter_mut().enumerate() {
+                *input = self.rows.inputs[m + r];
+            }
+            for (j, weight) in weights.iter_mut().enumerate() {
+                *weight = self.weight.add((n + j) * self.depth);
+            }
+            tile::<L, W, R, N>(inputs, weights, self.depth)
+        }
+    }
+}
+
+/// Columns `range` of every output row: input rows in blocks, weight rows
+/// four at a time against six input rows at a time (twenty-four sums in
+/// registers, ten loads for each twenty-four products).
+///
+/// # Safety
+/// As [`columns_on`], with `tiles` over `rows`' inputs.
+#[inline(always)]
+unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize>) {
+    let count = rows.inputs.len();
+    for block in (0..count).step_by(ROW_BLOCK) {
+        let block_end = (block + ROW_BLOCK).min(count);
+        let mut n = range.start;
+        while n < range.end {
+            // A lone row streams eight weight rows at once.
+            let wide = if block_end - block == 1 { 8 } else { 4 };
+            let width = if n + wide <= range.end { wide } else if n + 4 <= range.end { 4 } else { 1 };
+            let mut m = block;
+            while m < block_end {
+                // Up to six rows share each weight load, the last rows of a
+                // block too (an expert's tokens rarely come in sixes).
+                let height = if width == 4 { (block_end - m).min(6) } else if m + 4 <= block_end { 4 } else { 1 };
+                // SAFETY: rows `m..m + height` and columns `n..n + width`
+                // are inside the block and the range.
+                unsafe {
+                    match (height, width) {
+                        (1, 8) => store(rows, m, n, tiles.tile::<1, 8>(m, n)),
+                        (6, 4) => store(rows, m, n, tiles.tile::<6, 4>(m, n)),
+                        (5, 4) => store(rows, m, n, tiles.tile::<5, 4>(m, n)),
+                        (4, 4) => store(rows, m, n, tiles.tile::<4, 4>(m, n)),
+                        (3, 4) => store(rows, m, n, tiles.tile::<3, 4>(m, n)),
+                        (2, 4) => store(rows, m, n, tiles.tile::<2, 4>(m, n)),
+                        (1, 4) => store(rows, m, n, tiles.tile::<1, 4>(m, n)),
+                        (4, _) => store(rows, m, n, tiles.tile::<4, 1>(m, n)),
+                        _ => store(rows, m, n, tiles.tile::<1, 1>(m, n)),
+                    }
+                }
+                m += height;
+            }
+            n += width;
+        }
+    }
+}
+
+/// [`columns`] of f32 inputs in lanes `L`.
+///
+/// # Safety
+/// As [`columns_on`]; the CPU runs `L`.
+#[inline(always)]
+unsafe fn widened_columns<L: Lanes, W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    let tiles = Widened::<L, W> { rows, weight: weight.as_ptr(), depth, lanes: std::marker::PhantomData };
+    unsafe { columns(&tiles, rows, range) }
+}
+
+/// A tile's sums into output rows `m..m + R`, columns `n..n + N`.
+///
+/// # Safety
+/// Those rows exist and have room for those columns.
+#[inline(always)]
+unsafe fn store<const R: usize, const N: usize>(rows: &Rows, m: usize, n: usize, sums: [[f32; N]; R]) {
+    for (r, row) in sums.iter().enumerate() {
+        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), rows.outs[m + r].add(n), N) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{columns, widened_columns, Rows, Tiles, Weight};
+    use crate::simd::{Avx2, Avx512, Lanes};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub unsafe fn columns_avx512<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        unsafe { widened_columns::<Avx512, W>(rows, weight, depth, range) }
+    }
+
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn columns_avx2<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        unsafe { widened_columns::<Avx2, W>(rows, weight, depth, range) }
+    }
+
+    /// bf16 input rows (converted) against bf16 weight rows: thirty-two
+    /// products per instruction per sum (`vdpbf16ps`); `depth` is even.
+    struct Bf16<'a> {
+        inputs: *const u16,
+        weight: *const u16,
+        depth: usize,
+        rows: std::marker::PhantomData<&'a [u16]>,
+    }
+
+    impl Tiles for Bf16<'_> {
+        #[inline(always)]
+        unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
+            let depth = self.depth;
+            unsafe {
+                let mut inputs = [std::ptr::null::<u16>(); R];
+                let mut weights = [std::ptr::null::<u16>(); N];
+                for (r, input) in inputs.iter_mut().enumerate() {
+                    *input = self.inputs.add((m + r) * depth);
+                }
+                for (j, weight) in weights.iter_mut().enumerate() {
+                    *weight = self.weight.add((n + j) * depth);
+                }
+                let load = |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
+                let mut sums = [[_mm512_setzero_ps(); N]; R];
+                let mut w = [load(weights[0]); N];
+                let mut k = 0;
+                while k + 32 <= depth {
+                    for j in 0..N {
+                        // The next tile's rows, one tile ahead (as `tile`).
+                        Avx512::prefetch(weights[j].wrapping_add(k + N * depth));
+                        w[j] = load(weights[j].add(k));
+                    }
+                    for (r, row) in sums.iter_mut().enumerate() {
+                        let a = load(inputs[r].add(k));
+                        for (sum, w) in row.iter_mut().zip(&w) {
+                            *sum = _mm512_dpbf16_ps(*sum, a, *w);
+                        }
+                    }
+                    k += 32;
+                }
+                let value = linnet_ir::numerics::bf16_value;
+                let mut out = [[0f32; N]; R];
+                for r in 0..R {
+                    out[r] = Avx512::sums(&sums[r]);
+                    for (j, total) in out[r].iter_mut().enumerate() {
+                        for t in k..depth {
+                            *total += value(*inputs[r].add(t)) * value(*weights[j].add(t));
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// `super::as_bf16` in AVX-512 lanes: a row's values are converted
+    /// whole, with the bits that bf16 drops or-ed together on the way,
+    /// instead of one branch per value.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BW; each input row has `depth` readable values.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
+        let total = rows.inputs.len() * depth;
+        // Written before it is read: no pass to zero it first.
+        let mut bits = Vec::with_capacity(total);
+        let spare = &mut bits.spare_capacity_mut()[..total];
+        for (&row, out) in rows.inputs.iter().zip(spare.chunks_exact_mut(depth.max(1))) {
+            // SAFETY: as the caller promises.
+            let values = unsafe { std::slice::from_raw_parts(row, depth) };
+            let mut dropped = 0u32;
+            for (bits, value) in out.iter_mut().zip(values) {
+                dropped |= value.to_bits() & 0xffff;
+                bits.write((value.to_bits() >> 16) as u16);
+            }
+            if dropped != 0 {
+                return None;
+            }
+        }
+        // SAFETY: every row's `depth` elements were written above.
+        unsafe { bits.set_len(total) };
+        Some(bits)
+    }
+
+    /// Columns `range` of every output row from bf16 inputs (`inputs`:
+    /// the rows of `rows`, converted) and bf16 weights.
+    ///
+    /// # Safety
+    /// As `super::columns_on`; the CPU has AVX-512 BF16; `W` is bf16 bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn columns_bf16<W: Weight>(rows: &Rows, inputs: &[u16], weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+        debug_assert!(W::BF16);
+        let tiles = Bf16 { inputs: inputs.as_ptr(), weight: weight.as_ptr() as *const u16, depth, rows: std::marker::PhantomData };
+        unsafe { columns(&tiles, rows, range) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{matmul, matmul_groups, matmul_on, Isa, Rows};
+
+    /// Every output within the bound on f32 dot products of its length
+    /// (`depth · 2⁻²³ · Σ|aₖ·wₖ|`) of the exact sum, on every instruction
+    /// set this CPU has, f32 and bf16 weights, with shapes that exercise
+    /// every tile and tail and the threads.
+    #[test]
+    fn every_output_is_the_dot_product_within_f32_rounding() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut draw = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Wide exponents, so that order and rounding matter.
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(((seed >> 8) % 24) as i32 - 12)
+        };
+        let shapes = [0, 1, 2, 3, 8, 9, 31, 32, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 17, 33].map(|columns| (depth, columns, 1 + depth % 6)));
+        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (512, 70, 9), (256, 300, 70)]) {
+            let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
+            let bits: Vec<u16> = weight.iter().map(|w| linnet_ir::numerics::bf16_bits(*w)).collect();
+            let widened: Vec<f32> = bits.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
+            let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
+            // bf16-valued inputs take the bf16 dot product where the CPU has it.
+            let bf16_input: Vec<f32> = input.iter().map(|x| linnet_ir::numerics::bf16_value(linnet_ir::numerics::bf16_bits(*x))).collect();
+            for isa in Isa::available() {
+                for (input, bf16) in [(&input, false), (&input, true), (&bf16_input, true)] {
+                    let mut out = vec![f32::NAN; rows * columns];
+                    let reference = if bf16 { &widened } else { &weight };
+                    if bf16 {
+                        matmul_on(isa, input, &bits, &mut out, rows);
+                    } else {
+                        matmul_on(isa, input, &weight, &mut out, rows);
+                    }
+                    for (at, value) in out.iter().enumerate() {
+                        let (m, n) = (at / columns, at % columns);
+                        let pairs = input[m * depth..(m + 1) * depth].iter().zip(&reference[n * depth..(n + 1) * depth]);
+                        let (exact, magnitude) = pairs.fold((0f64, 0f64), |(s, a), (x, w)| (s + f64::from(*x) * f64::from(*w), a + (f64::from(*x) * f64::from(*w)).abs()));
+                        let bound = depth as f64 * 2f64.powi(-23) * magnitude;
+                        assert!((f64::from(*value) - exact).abs() <= bound, "{isa:?} bf16 {bf16}, depth {depth}, columns {columns}, output {m}, {n}: {value} vs {exact}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Several matrices at once, each with its own rows (one, four, none,
+    /// many), give what each gives alone, large enough to share threads.
+    #[test]
+    fn groups_give_what_each_matrix_gives_alone() {
+        let (columns, depth) = (1024, 256);
+        let value = |seed: usize| ((seed * 2654435761) % 1000) as f32 / 1000.0 - 0.5;
+        let rows_per_group = [1usize, 4, 0, 37];
+        let weights: Vec<Vec<f32>> = (0..rows_per_group.len()).map(|g| (0..columns * depth).map(|at| value(at + g * 7)).collect()).collect();
+        let inputs: Vec<Vec<f32>> = rows_per_group.iter().enumerate().map(|(g, rows)| (0..rows * depth).map(|at| value(at * 3 + g)).collect()).collect();
+        let mut grouped: Vec<Vec<f32>> = rows_per_group.iter().map(|rows| vec![f32::NAN; rows * columns]).collect();
+        let batches: Vec<Rows> = (0..rows_per_group.len())
+            .map(|g| Rows {
+                inputs: (0..rows_per_group[g]).map(|m| inputs[g][m * depth..].as_ptr()).collect(),
+                outs: (0..rows_per_group[g]).map(|m| grouped[g][m * columns..].as_mut_ptr()).collect(),
+            })
+            .collect();
+        let groups: Vec<(&Rows, &[f32])> = batches.iter().zip(&weights).map(|(rows, weight)| (rows, weight.as_slice())).collect();
+        // SAFETY: every row points into a live vector of the right length.
+        unsafe { matmul_groups(&groups, columns, depth) };
+        for g in 0..rows_per_group.len() {
+            let mut alone = vec![f32::NAN; rows_per_group[g] * columns];
+            matmul(&inputs[g], &weights[g], &mut alone, rows_per_group[g]);
+            assert_eq!(grouped[g], alone, "group {g}");
+        }
+    }
+}

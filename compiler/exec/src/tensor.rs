@@ -1,0 +1,217 @@
+//! Host tensors, the values of the backends that compute in host memory
+//! (the interpreter and the CPU) and what crosses the executor's boundary
+//! (inputs, outputs, parameters at load): a dtype, a row-major shape, and
+//! the elements. Floats of every width are held as f32 (a bf16 or f16
+//! value is exact in f32), and integers as i64, so that one evaluator
+//! serves every dtype; the one
+//! exception is a bf16 parameter, held as its bf16 bits ([`holds_bits`]),
+//! which halves the memory weights take. Elements may be read where they
+//! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
+
+use linnet_ir::{Node, NodeKind};
+pub use linnet_ir::numerics::{bf16_bits, bf16_value};
+use linnet_ir::numerics::round;
+use linnet_ir::Dtype;
+use std::ops::{Deref, DerefMut};
+use std::rc::Rc;
+
+/// Element types every bit pattern of which is a value, so that mapped
+/// bytes can be read as them.
+pub trait Plain: Copy + PartialEq + std::fmt::Debug + 'static {}
+impl Plain for f32 {}
+impl Plain for u16 {}
+
+/// Elements: owned, or in place in mapped bytes (a checkpoint's tensor of
+/// the right dtype is not copied). Writing to mapped elements copies them
+/// first.
+pub enum Elements<T: Plain> {
+    Owned(Vec<T>),
+    Mapped { bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize },
+}
+
+/// f32 elements, the storage of every float value but bf16 parameters.
+pub type Floats = Elements<f32>;
+
+impl<T: Plain> Elements<T> {
+    /// `len` values at `offset` in `bytes`, in place; `None` when they are
+    /// not aligned for `T`, out of bounds, or the host is big-endian.
+    pub fn mapped(bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Elements<T>> {
+        let all = (*bytes).as_ref();
+        let fits = offset.checked_add(len.checked_mul(std::mem::size_of::<T>())?).is_some_and(|end| end <= all.len());
+        let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<T>());
+        (fits && aligned && cfg!(target_endian = "little")).then_some(Elements::Mapped { bytes, offset, len })
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, Elements::Mapped { .. })
+    }
+}
+
+impl<T: Plain> Deref for Elements<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Elements::Owned(values) => values,
+            Elements::Mapped { bytes, offset, len } => {
+                let all = (**bytes).as_ref();
+                // SAFETY: `mapped` checked that the range is inside the
+                // bytes and aligned for `T`; every bit pattern is a `T`
+                // (`Plain`), and the bytes live as long as the `Rc`.
+                unsafe { std::slice::from_raw_parts(all.as_ptr().add(*offset) as *const T, *len) }
+            }
+        }
+    }
+}
+
+impl<T: Plain> DerefMut for Elements<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        if self.is_mapped() {
+            *self = Elements::Owned(self.to_vec());
+        }
+        match self {
+            Elements::Owned(values) => values,
+            Elements::Mapped { .. } => unreachable!("copied above"),
+        }
+    }
+}
+
+impl<T: Plain> From<Vec<T>> for Elements<T> {
+    fn from(values: Vec<T>) -> Elements<T> {
+        Elements::Owned(values)
+    }
+}
+
+impl<T: Plain> Clone for Elements<T> {
+    fn clone(&self) -> Elements<T> {
+        match self {
+            Elements::Owned(values) => Elements::Owned(values.clone()),
+            Elements::Mapped { bytes, offset, len } => Elements::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len },
+        }
+    }
+}
+
+impl<T: Plain> std::fmt::Debug for Elements<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.deref().fmt(f)
+    }
+}
+
+impl<T: Plain> PartialEq for Elements<T> {
+    fn eq(&self, other: &Elements<T>) -> bool {
+        self.deref() == other.deref()
+    }
+}
+
+/// Whether a node's value is held as bf16 bits: bf16 parameters are.
+/// Backends address and widen such values themselves.
+pub fn holds_bits(node: &Node) -> bool {
+    matches!(node.kind, NodeKind::Param(_)) && node.dtype == Dtype::Bf16
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Floats),
+    /// bf16 values as their bits (bf16 parameters only).
+    Bf16(Elements<u16>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+impl Tensor {
+    pub fn zeros(dtype: Dtype, shape: Vec<usize>) -> Tensor {
+        let count = shape.iter().product();
+        let data = match dtype {
+            Dtype::Bool => Data::Bool(vec![false; count]),
+            Dtype::I32 | Dtype::I64 => Data::I64(vec![0; count]),
+            _ => Data::F32(vec![0.0; count].into()),
+        };
+        Tensor { dtype, shape, data }
+    }
+
+    pub fn from_f32(dtype: Dtype, shape: Vec<usize>, values: Vec<f32>) -> Tensor {
+        debug_assert!(dtype.is_float());
+        Tensor { dtype, shape, data: Data::F32(values.into_iter().map(|v| round(v as f64, dtype) as f32).collect::<Vec<f32>>().into()) }
+    }
+
+    pub fn from_i64(dtype: Dtype, shape: Vec<usize>, values: Vec<i64>) -> Tensor {
+        Tensor { dtype, shape, data: Data::I64(values) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(values) => Some(values),
+            _ => None,
+        }
+    }
+
+    /// A bf16 tensor held as its bits (as bf16 parameters are).
+    pub fn into_bits(self) -> Tensor {
+        match self.data {
+            Data::F32(values) if self.dtype == Dtype::Bf16 => {
+                let bits = values.iter().map(|v| bf16_bits(*v)).collect::<Vec<u16>>();
+                Tensor { data: Data::Bf16(bits.into()), ..self }
+            }
+            _ => self,
+        }
+    }
+
+    /// The tensor with floats held as f32, widened if it is held as bits.
+    pub fn widened(&self) -> std::borrow::Cow<'_, Tensor> {
+        match &self.data {
+            Data::Bf16(bits) => {
+                let values: Vec<f32> = bits.iter().map(|b| bf16_value(*b)).collect();
+                std::borrow::Cow::Owned(Tensor { dtype: self.dtype, shape: self.shape.clone(), data: Data::F32(values.into()) })
+            }
+            _ => std::borrow::Cow::Borrowed(self),
+        }
+    }
+
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            Data::I64(values) => Some(values),
+            _ => None,
+        }
+    }
+}
+
+/// The memory half of `exec::Backend` for the backends that compute on
+/// host tensors (the interpreter, the CPU): inputs and parameters are used
+/// where they are, values come back with floats as f32, copies too.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __host_memory {
+    () => {
+        fn upload(&mut self, tensor: $crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            Ok(tensor)
+        }
+
+        fn download(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            Ok(buffer.widened().into_owned())
+        }
+
+        fn zeros(&mut self, dtype: ::linnet_ir::Dtype, shape: &[usize]) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            Ok($crate::tensor::Tensor::zeros(dtype, shape.to_vec()))
+        }
+
+        fn copy(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            Ok(buffer.widened().into_owned())
+        }
+    };
+}
+pub use crate::__host_memory as host_memory;

@@ -1,0 +1,328 @@
+//! Lowering a checked package to the tensor IR: the root block is
+//! instantiated with the model card's generics, every `sub`, `param` and
+//! `state` gets its path, `static for` is unrolled, functions are inlined,
+//! and index definitions and tensor operations become `Compute` nodes.
+//! Entry generics stay symbolic in shapes and are bound at call time.
+//! Lowering runs only on a package that checked clean; what it still
+//! cannot express is an error with a span, never a silent fallback.
+
+mod env;
+mod expr;
+
+use crate::diagnostic::Diagnostic;
+use linnet_ir::{self as ir, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
+use linnet_ir::dim::{Dim, Symbol};
+use crate::sema::program::{ItemRef, Program};
+use linnet_ir::Dtype;
+use crate::sema::ty::Ty;
+use crate::source::{FileId, SourceMap, Span};
+pub use env::Env;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Lowering stops at the first construct it cannot express.
+pub type Result<T> = std::result::Result<T, Box<Diagnostic>>;
+
+pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Box<Diagnostic> {
+    Box::new(Diagnostic::error("unsupported", span, what.into()).with_label("the IR cannot express this yet"))
+}
+
+/// A block as instantiated: which block, its generics' values, and the
+/// path prefix of its members (`groups.3.linear.1.`).
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub block: usize,
+    pub env: Env,
+    pub path: String,
+}
+
+/// A value during lowering.
+#[derive(Clone, Debug)]
+pub enum Val {
+    Tensor(Value),
+    /// A literal not yet given a type: `0.0`, `1`.
+    Literal(f64, bool),
+    Dim(Dim),
+    Tuple(Vec<Val>),
+    Option(Option<Box<Val>>),
+    Sub(Instance),
+    /// The elements' block instance (without index) and the array's path.
+    SubArray(Instance, usize),
+    Unit,
+}
+
+/// Choices that change how, not what, the model computes.
+#[derive(Clone, Copy, Debug)]
+pub struct Lowering {
+    /// Run the standard library's attention and cache writes as kernels
+    /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
+    pub library_kernels: bool,
+    /// Inline values read once into their consumer (`ir::fuse`), then
+    /// compute what is left only once (`ir::cse`), read views where they
+    /// lie (`ir::views`) and place independent nodes together
+    /// (`ir::schedule`).
+    pub fuse: bool,
+}
+
+impl Default for Lowering {
+    fn default() -> Lowering {
+        Lowering { library_kernels: true, fuse: true }
+    }
+}
+
+/// Lowers the root block named by the model card.
+pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering: Lowering) -> std::result::Result<Model, Vec<Diagnostic>> {
+    let mut diagnostics = Vec::new();
+    let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
+        return Err(diagnostics);
+    };
+    let mut env = Env::default();
+    for (name, value) in &values.dims {
+        env.dims.insert(name.clone(), Dim::constant(*value));
+    }
+    env.elems = values.elems.clone();
+    let instance = Instance { block: root, env, path: String::new() };
+    let mut lowerer = Lowerer {
+        program,
+        sources,
+        files: HashMap::new(),
+        model: Model { name: model_name.to_string(), params: Vec::new(), states: Vec::new(), entries: Vec::new() },
+        params: HashMap::new(),
+        states: HashMap::new(),
+        lowering,
+    };
+    lowerer.collect(&instance).map_err(|d| vec![*d])?;
+    let mut ids: Vec<usize> = program.blocks[root].fns.values().copied().collect();
+    ids.sort_unstable();
+    for fn_id in ids.into_iter().filter(|id| program.fns[*id].is_entry()) {
+        let entry = lowerer.entry(&instance, fn_id).map_err(|d| vec![*d])?;
+        lowerer.model.entries.push(entry);
+    }
+    let mut model = lowerer.model;
+    if lowering.fuse {
+        ir::fuse::fuse(&mut model);
+        ir::cse::eliminate(&mut model);
+        ir::views::read_through(&mut model);
+        ir::schedule::schedule(&mut model);
+    }
+    if let Err(problem) = ir::verify(&model) {
+        panic!("{problem}");
+    }
+    Ok(model)
+}
+
+pub(crate) struct Lowerer<'p, 'a> {
+    pub program: &'p Program<'a>,
+    pub sources: &'p SourceMap,
+    /// Each source file's path, once.
+    files: HashMap<FileId, Rc<str>>,
+    pub model: Model,
+    pub params: HashMap<String, usize>,
+    pub states: HashMap<String, usize>,
+    pub lowering: Lowering,
+}
+
+impl Lowerer<'_, '_> {
+    /// The instance of `sub` inside `parent`.
+    pub fn sub_instance(&self, parent: &Instance, sub: usize, path: String) -> Option<Instance> {
+        let sig = &self.program.blocks[parent.block].subs[sub];
+        let (block, args) = sig.target.as_ref()?;
+        let mut env = Env::default();
+        for (name, dim) in &args.dims {
+            env.dims.insert(name.clone(), parent.env.dim(dim));
+        }
+        for (name, elem) in &args.elems {
+            env.elems.insert(name.clone(), parent.env.elem(elem)?);
+        }
+        Some(Instance { block: *block, env, path })
+    }
+
+    fn concrete(dims: &[Dim], span: Span) -> Result<Vec<usize>> {
+        dims.iter()
+            .map(|dim| dim.as_constant().and_then(|c| usize::try_from(c).ok()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| unsupported(span, "a parameter or state shape depends on an entry's generics"))
+    }
+
+    /// Every parameter and state under `instance`, in declaration order.
+    fn collect(&mut self, instance: &Instance) -> Result<()> {
+        let block = &self.program.blocks[instance.block];
+        for (name, ty, span) in &block.params {
+            let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;
+            let path = format!("{}{name}", instance.path);
+            self.params.insert(path.clone(), self.model.params.len());
+            self.model.params.push(ir::Param { path, shape: Self::concrete(&shape, *span)?, dtype });
+        }
+        for (name, ty, span) in &block.states {
+            let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;
+            let path = format!("{}{name}", instance.path);
+            self.states.insert(path.clone(), self.model.states.len());
+            self.model.states.push(ir::State { path, shape: Self::concrete(&shape, *span)?, dtype });
+        }
+        for (at, sub) in block.subs.iter().enumerate() {
+            match &sub.ty {
+                Ty::SubArray(_, count) => {
+                    let count = instance.env.dim(count).as_constant().unwrap_or(0);
+                    for index in 0..count {
+                        let path = format!("{}{}.{index}.", instance.path, sub.name);
+                        let child = self.sub_instance(instance, at, path).ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
+                        self.collect(&child)?;
+                    }
+                }
+                _ => {
+                    let path = format!("{}{}.", instance.path, sub.name);
+                    let child = self.sub_instance(instance, at, path).ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
+                    self.collect(&child)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tensor_type(&self, ty: &Ty, env: &Env, span: Span) -> Result<(Vec<Dim>, Dtype)> {
+        match ty {
+            Ty::Tensor(tensor) => {
+                let shape = env.shape(tensor).ok_or_else(|| unsupported(span, format!("the shape of `{ty}` is not known here")))?;
+                let dtype = env.elem(&tensor.elem).ok_or_else(|| unsupported(span, format!("the element type of `{ty}` is not known here")))?;
+                Ok((shape, dtype))
+            }
+            other => Err(unsupported(span, format!("`{other}` is not a tensor"))),
+        }
+    }
+
+    fn entry(&mut self, root: &Instance, fn_id: usize) -> Result<Entry> {
+        let function = &self.program.fns[fn_id];
+        let mut env = root.env.clone();
+        let dims: Vec<Symbol> = function.generics.iter().map(|g| g.name.clone()).collect();
+        for name in &dims {
+            env.dims.insert(name.clone(), Dim::atom(linnet_ir::dim::Atom::Generic(Rc::clone(name))));
+        }
+        let mut inputs = Vec::new();
+        let mut builder = Builder::default();
+        let mut locals = HashMap::new();
+        for (at, (name, ty, span)) in function.params.iter().enumerate() {
+            let (shape, dtype) = self.tensor_type(ty, &env, *span)?;
+            let value = builder.push(Node { kind: NodeKind::Input(at), shape: shape.clone(), dtype, source: None });
+            inputs.push(Input { name: name.clone(), shape, dtype });
+            locals.insert(name.clone(), Val::Tensor(value));
+        }
+        let requires = function
+            .clauses
+            .iter()
+            .map(|clause| Requirement { lhs: env.dim(&clause.lhs), op: clause.op, rhs: env.dim(&clause.rhs), text: clause.text.clone() })
+            .collect();
+        let instance = Instance { env: env.clone(), ..root.clone() };
+        let result = {
+            let mut frame = expr::Frame::new(self, &mut builder, Some(instance), function.module, env, locals);
+            frame.body(function.decl.body.as_deref().unwrap_or_default())?
+        };
+        let mut outputs = Vec::new();
+        flatten(result, &mut builder, &mut outputs, function.decl.name.span)?;
+        builder.finish_states();
+        for (node, span) in builder.nodes.iter_mut().zip(&builder.spans) {
+            node.source = span.map(|span| self.locate(span));
+        }
+        Ok(Entry { name: function.name.clone(), dims, requires, inputs, nodes: builder.nodes, outputs })
+    }
+
+    /// A span as a place in the sources, with the file's path shared.
+    fn locate(&mut self, span: Span) -> SourceAt {
+        let file = self.sources.get(span.file);
+        let (line, column) = file.line_column(span.start as usize);
+        let path = self.files.entry(span.file).or_insert_with(|| Rc::from(self.sources.path(span.file).display().to_string()));
+        SourceAt { file: Rc::clone(path), line: line as u32, column: column as u32 }
+    }
+
+    pub fn scope_item(&self, module: usize, name: &str) -> Option<ItemRef> {
+        self.program.scopes[module].get(name).copied()
+    }
+}
+
+fn flatten(value: Val, builder: &mut Builder, out: &mut Vec<Value>, span: Span) -> Result<()> {
+    match value {
+        Val::Tensor(value) => out.push(value),
+        Val::Tuple(items) => {
+            for item in items {
+                flatten(item, builder, out, span)?;
+            }
+        }
+        Val::Literal(value, is_float) => {
+            let scalar = if is_float { Scalar::Float(value, Dtype::F32) } else { Scalar::Int(value as i64, Dtype::I64) };
+            out.push(builder.compute(Vec::new(), scalar));
+        }
+        other => return Err(unsupported(span, format!("an entry cannot return {other:?}"))),
+    }
+    Ok(())
+}
+
+/// The nodes of one entry as they are built, and the states' current values.
+#[derive(Default)]
+pub(crate) struct Builder {
+    pub nodes: Vec<Node>,
+    pub param_nodes: HashMap<usize, Value>,
+    /// Each state's value now, once read or written.
+    pub state_values: HashMap<usize, Value>,
+    pub written: Vec<usize>,
+    /// Index numbers handed out for index definitions and reductions;
+    /// they start high so as not to meet a node's own axes.
+    pub next_index: u32,
+    /// The expression being lowered, and each node's.
+    pub span: Option<Span>,
+    spans: Vec<Option<Span>>,
+}
+
+pub(crate) const FIRST_FREE_INDEX: u32 = 1 << 16;
+
+impl Builder {
+    pub fn push(&mut self, node: Node) -> Value {
+        self.nodes.push(node);
+        self.spans.push(self.span);
+        Value(self.nodes.len() as u32 - 1)
+    }
+
+    pub fn compute(&mut self, shape: Vec<Dim>, scalar: Scalar) -> Value {
+        let dtype = scalar.dtype();
+        self.push(Node { kind: NodeKind::Compute(scalar), shape, dtype, source: None })
+    }
+
+    /// The node reading a parameter or a state: one per entry for a
+    /// parameter; for a state, its current value (written ones included).
+    pub fn member(&mut self, kind: NodeKind, shape: &[usize], dtype: Dtype) -> Value {
+        let (slot, is_param) = match kind {
+            NodeKind::Param(k) => (k, true),
+            NodeKind::State(k) => (k, false),
+            _ => unreachable!("only parameters and states are members"),
+        };
+        let cache = if is_param { &mut self.param_nodes } else { &mut self.state_values };
+        if let Some(value) = cache.get(&slot) {
+            return *value;
+        }
+        let shape = shape.iter().map(|d| Dim::constant(*d as i64)).collect();
+        let value = self.push(Node { kind, shape, dtype, source: None });
+        let cache = if is_param { &mut self.param_nodes } else { &mut self.state_values };
+        cache.insert(slot, value);
+        value
+    }
+
+    pub fn fresh_index(&mut self) -> u32 {
+        self.next_index += 1;
+        FIRST_FREE_INDEX + self.next_index
+    }
+
+    pub fn shape(&self, value: Value) -> &[Dim] {
+        &self.nodes[value.index()].shape
+    }
+
+    pub fn dtype(&self, value: Value) -> Dtype {
+        self.nodes[value.index()].dtype
+    }
+
+    /// Writes every assigned state's final value back.
+    fn finish_states(&mut self) {
+        for state in std::mem::take(&mut self.written) {
+            let value = self.state_values[&state];
+            let node = Node { kind: NodeKind::WriteState(state, value), shape: Vec::new(), dtype: Dtype::Bool, source: None };
+            self.push(node);
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The instantiation check: with `nest.toml`'s `[generics]` (and `--set`
+//! overrides) every `where` clause of the root block evaluates to true, and
+//! with `[check]` dims so do the entries' clauses; a violation points at the
+//! value that breaks it. The symbolic check has already shown that every
+//! other block's clauses follow from the root's. Then `bindings.json` must
+//! name a checkpoint tensor for every parameter of this instantiation.
+
+use linnet_ir::dim::{Atom, Dim, Symbol};
+use super::program::{Clause, ItemRef, Program};
+use super::suggest;
+use linnet_ir::Dtype;
+use super::ty::{Elem, Subst, Ty};
+use crate::diagnostic::Diagnostic;
+use crate::package::{Nest, NestValue};
+use crate::source::Span;
+use crate::syntax::ast::GenericKind;
+use std::collections::{BTreeSet, HashMap};
+
+/// Concrete generics: sizes and element types, with where each was given.
+#[derive(Default, Clone)]
+pub struct Values {
+    pub dims: HashMap<Symbol, i64>,
+    pub elems: HashMap<Symbol, Dtype>,
+    pub spans: HashMap<Symbol, Span>,
+}
+
+impl Values {
+    /// The values a sub-block's generics take: its arguments evaluated
+    /// with these (those that cannot be are left out).
+    pub fn of_arguments(&self, args: &Subst) -> Values {
+        let mut inner = Values::default();
+        for (name, dim) in &args.dims {
+            if let Some(value) = self.eval(dim) {
+                inner.dims.insert(name.clone(), value);
+            }
+        }
+        for (name, elem) in &args.elems {
+            let dtype = match elem {
+                Elem::Known(dtype) => Some(*dtype),
+                Elem::Generic(outer) => self.elems.get(outer).copied(),
+                Elem::IntLiteral | Elem::FloatLiteral => None,
+            };
+            if let Some(dtype) = dtype {
+                inner.elems.insert(name.clone(), dtype);
+            }
+        }
+        inner
+    }
+
+    pub fn eval(&self, dim: &Dim) -> Option<i64> {
+        dim.evaluate(&|atom| match atom {
+            Atom::Generic(name) => self.dims.get(name).copied(),
+            _ => None,
+        })
+        .ok()
+    }
+}
+
+/// `source_is_sound`: the modules checked without errors, so the parameter
+/// tree is complete and the bindings can be checked against it.
+pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Diagnostic>) {
+    let Some(nest) = &program.package.nest else { return };
+    let Some((root, values)) = root_instance(program, diagnostics) else { return };
+    check_clauses(&program.blocks[root].clauses, &values, diagnostics);
+    check_entries(program, root, nest, &values, diagnostics);
+    let within_limits = source_is_sound && super::footprint::check(program, root, &values, diagnostics);
+    if let (Some(bindings), true) = (&program.package.bindings, within_limits) {
+        check_bindings(program, root, &values, bindings, diagnostics);
+    }
+}
+
+/// The root block named by the model card and the values of its generics.
+pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(usize, Values)> {
+    let Some(nest) = &program.package.nest else {
+        diagnostics.push(
+            Diagnostic::error("package-error", Span::new(program.package.modules.first()?.file, 0..0), "the package has no nest.toml")
+                .with_label("a model card names the root block and its generics"),
+        );
+        return None;
+    };
+    let Some((root_name, root_span)) = &nest.root else {
+        diagnostics.push(
+            Diagnostic::error("unknown-root", nest.source_span, "nest.toml names no root block")
+                .with_label("add `root = \"Model\"` to `[source]`"),
+        );
+        return None;
+    };
+    let root = match program.scopes.first().and_then(|scope| scope.get(root_name)) {
+        Some(ItemRef::Block(id)) => *id,
+        _ => {
+            let blocks: Vec<&str> = program.blocks.iter().filter(|b| b.module == 0).map(|b| b.name.as_str()).collect();
+            diagnostics.push(
+                Diagnostic::error(
+                    "unknown-root",
+                    *root_span,
+                    format!("no block `{root_name}` in the root module{}", suggest::hint(root_name, blocks)),
+                )
+                .with_label("the root block is defined in the source file"),
+            );
+            return None;
+        }
+    };
+    root_values(program, root, nest, diagnostics).map(|values| (root, values))
+}
+
+fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Vec<Diagnostic>) -> Option<Values> {
+    let block = &program.blocks[root];
+    let mut values = Values::default();
+    let mut ok = true;
+    for entry in &nest.generics {
+        let Some(generic) = block.generics.iter().find(|g| *g.name == entry.name) else {
+            let names = block.generics.iter().map(|g| &*g.name);
+            diagnostics.push(
+                Diagnostic::error(
+                    "unknown-generic",
+                    entry.name_span,
+                    format!("`{}` has no generic `{}`{}", block.name, entry.name, suggest::hint(&entry.name, names)),
+                )
+                .with_label("not a generic of the root block")
+                .with_secondary(block.decl.name.span, "root block"),
+            );
+            ok = false;
+            continue;
+        };
+        let bad = |expected: &str| {
+            Diagnostic::error("bad-generic-value", entry.value_span, format!("`{}` is a {:?}: {expected}, found {}", entry.name, generic.kind, entry.value))
+                .with_label(expected.to_string())
+                .with_secondary(generic.span, "declared here")
+        };
+        match (generic.kind, &entry.value) {
+            (GenericKind::Dim, NestValue::Int(size)) if *size >= 0 => {
+                values.dims.insert(generic.name.clone(), *size);
+            }
+            (GenericKind::Dim, _) => {
+                diagnostics.push(bad("expected a non-negative integer"));
+                ok = false;
+            }
+            (GenericKind::Float, NestValue::Text(name)) if Dtype::parse(name).is_some_and(Dtype::is_float) => {
+                values.elems.insert(generic.name.clone(), Dtype::parse(name).expect("checked"));
+            }
+            (GenericKind::Float, _) => {
+                diagnostics.push(bad("expected \"bf16\", \"f16\" or \"f32\""));
+                ok = false;
+            }
+            (GenericKind::Shape, _) => {
+                diagnostics.push(bad("a variadic shape cannot be set"));
+                ok = false;
+            }
+        }
+        values.spans.insert(generic.name.clone(), entry.value_span);
+    }
+    for generic in &block.generics {
+        // A value given but refused above is not missing as well.
+        let given = values.spans.contains_key(&generic.name);
+        match (&generic.default, given) {
+            (_, true) => {}
+            (Some(super::ty::Elem::Known(dtype)), false) => {
+                values.elems.insert(generic.name.clone(), *dtype);
+            }
+            _ => {
+                diagnostics.push(
+                    Diagnostic::error("missing-generic", nest.generics_span, format!("[generics] gives no value for `{}`", generic.name))
+                        .with_label(format!("add `{} = ...`", generic.name))
+                        .with_secondary(generic.span, "declared here"),
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(values)
+}
+
+
+fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diagnostic>) {
+    for clause in clauses {
+        let (Some(lhs), Some(rhs)) = (values.eval(&clause.lhs), values.eval(&clause.rhs)) else {
+            continue;
+        };
+        if clause.op.holds_between(lhs, rhs) {
+            continue;
+        }
+        // The divisor of `a % b == 0` is the likelier culprit; otherwise
+        // the clause's first generic.
+        let mut names = Vec::new();
+        if let Some(Atom::Rem(_, divisor)) = clause.lhs.as_atom() {
+            divisor.generics(&mut names);
+        }
+        clause.lhs.generics(&mut names);
+        clause.rhs.generics(&mut names);
+        let mut seen = BTreeSet::new();
+        names.retain(|name| seen.insert(name.clone()));
+        let given: Vec<String> = names
+            .iter()
+            .filter_map(|name| values.dims.get(name).map(|value| format!("{name} = {value}")))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let primary = names.iter().find_map(|name| values.spans.get(name)).copied().unwrap_or(clause.span);
+        let mut diagnostic = Diagnostic::error(
+            "unsatisfied-where",
+            primary,
+            format!("{} breaks `{}`: {lhs} {} {rhs} is false", given.join(", "), clause.text, clause.op.symbol()),
+        )
+        .with_label("this value")
+        .with_secondary(clause.span, "the clause it breaks");
+        for name in names.iter().skip(1) {
+            if let Some(span) = values.spans.get(name).filter(|span| **span != primary) {
+                diagnostic = diagnostic.with_secondary(*span, format!("{name} is set here"));
+            }
+        }
+        diagnostics.push(diagnostic);
+    }
+}
+
+fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, diagnostics: &mut Vec<Diagnostic>) {
+    let block = &program.blocks[root];
+    let mut ids: Vec<usize> = block.fns.values().copied().collect();
+    ids.sort_unstable();
+    let entries: Vec<_> = ids.into_iter().map(|id| &program.fns[id]).filter(|f| f.is_entry()).collect();
+    for entry in &nest.check {
+        let known = entries.iter().any(|f| f.generics.iter().any(|g| *g.name == entry.name));
+        if !known {
+            diagnostics.push(
+                Diagnostic::warning("unknown-check-dim", entry.name_span, format!("no entry of `{}` has a generic `{}`", block.name, entry.name))
+                    .with_label("not used"),
+            );
+        }
+    }
+    if let Some((name, span)) = &nest.entry {
+        if !entries.iter().any(|f| &f.name == name) {
+            let names = entries.iter().map(|f| f.name.as_str());
+            diagnostics.push(
+                Diagnostic::error("unknown-entry", *span, format!("`{}` has no entry `{name}`{}", block.name, suggest::hint(name, names)))
+                    .with_label("not an entry of the root block"),
+            );
+        }
+    }
+    for function in entries {
+        let mut with_dims = values.clone();
+        for generic in &function.generics {
+            let Some(entry) = nest.check.iter().find(|e| *e.name == *generic.name) else { continue };
+            match entry.value {
+                NestValue::Int(size) if size >= 0 => {
+                    with_dims.dims.insert(generic.name.clone(), size);
+                    with_dims.spans.insert(generic.name.clone(), entry.value_span);
+                }
+                _ => diagnostics.push(
+                    Diagnostic::error("bad-generic-value", entry.value_span, format!("`{}` is a dim: expected a non-negative integer", entry.name))
+                        .with_label("not a size"),
+                ),
+            }
+        }
+        check_clauses(&function.clauses, &with_dims, diagnostics);
+    }
+}
+
+/// Every parameter's path under the root, by walking the subs with
+/// concrete counts; with `structural`, array positions are written `#`.
+fn parameter_paths(program: &Program, block: usize, values: &Values, prefix: &str, structural: bool, out: &mut Vec<String>) {
+    let sig = &program.blocks[block];
+    for (name, _, _) in &sig.params {
+        out.push(format!("{prefix}{name}"));
+    }
+    for sub in &sig.subs {
+        let Some((target, args)) = &sub.target else { continue };
+        let inner = values.of_arguments(args);
+        match &sub.ty {
+            Ty::SubArray(_, count) if structural => {
+                parameter_paths(program, *target, &inner, &format!("{prefix}{}.#.", sub.name), structural, out)
+            }
+            Ty::SubArray(_, count) => {
+                for index in 0..values.eval(count).unwrap_or(0) {
+                    parameter_paths(program, *target, &inner, &format!("{prefix}{}.{index}.", sub.name), structural, out);
+                }
+            }
+            _ => parameter_paths(program, *target, &inner, &format!("{prefix}{}.", sub.name), structural, out),
+        }
+    }
+}
+
+fn check_bindings(program: &Program, root: usize, values: &Values, bindings: &crate::package::Bindings, diagnostics: &mut Vec<Diagnostic>) {
+    let mut paths = Vec::new();
+    parameter_paths(program, root, values, "", false, &mut paths);
+    let mut shapes = Vec::new();
+    parameter_paths(program, root, values, "", true, &mut shapes);
+    let shapes: BTreeSet<String> = shapes.into_iter().collect();
+    let bound: HashMap<&str, Span> = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
+    let missing: Vec<&String> = paths.iter().filter(|path| !bound.contains_key(path.as_str())).collect();
+    if !missing.is_empty() {
+        let shown: Vec<&str> = missing.iter().take(8).map(|p| p.as_str()).collect();
+        let more = if missing.len() > shown.len() { format!(" and {} more", missing.len() - shown.len()) } else { String::new() };
+        diagnostics.push(
+            Diagnostic::error(
+                "missing-binding",
+                Span::new(bindings.file, 0..1),
+                format!("{} parameter(s) have no binding: {}{more}", missing.len(), shown.join(", ")),
+            )
+            .with_label("bindings.json maps every parameter path to a checkpoint tensor"),
+        );
+    }
+    for (path, _, span) in &bindings.entries {
+        let structural: Vec<&str> = path.split('.').map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part }).collect();
+        if !shapes.contains(&structural.join(".")) {
+            let hint = suggest::hint(path, paths.iter().map(String::as_str));
+            diagnostics.push(
+                Diagnostic::warning("unknown-binding", *span, format!("`{path}` is not a parameter of this model{hint}"))
+                    .with_label("binds nothing"),
+            );
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Semantic analysis: from a loaded [`Package`] to diagnostics. The
+//! [`program`] collects items and resolves signatures; [`body`] and
+//! [`builtins`] check function bodies under the `where` facts ([`facts`])
+//! over canonical dims ([`dim`]); [`instantiate`] evaluates the clauses with
+//! the model card's generics and checks the bindings.
+
+pub mod body;
+mod builtins;
+pub mod facts;
+pub mod footprint;
+pub mod instantiate;
+pub mod program;
+mod suggest;
+pub mod ty;
+
+use crate::diagnostic::Diagnostic;
+use crate::package::Package;
+use crate::source::Span;
+use linnet_ir::dim::Dim;
+use crate::syntax::ast::{self, FnKind, GenericKind};
+use body::BodyChecker;
+use facts::Facts;
+use program::{Clause, Program};
+use ty::{compare, Ty};
+
+/// The dim an expression stands for, if it is made only of integer
+/// literals and names that `name` resolves to dims.
+pub fn static_dim(expr: &ast::Expr, name: &dyn Fn(&ast::Ident) -> Option<Dim>) -> Option<Dim> {
+    match &expr.kind {
+        ast::ExprKind::Int(value) => i64::try_from(*value).ok().map(Dim::constant),
+        ast::ExprKind::Name(ident) => name(ident),
+        ast::ExprKind::Binary(op, left, right) => {
+            let (left, right) = (static_dim(left, name)?, static_dim(right, name)?);
+            Some(match op {
+                ast::BinOp::Add => left.add(&right),
+                ast::BinOp::Sub => left.sub(&right),
+                ast::BinOp::Mul => left.mul(&right),
+                // A zero divisor is no dim: the expression is integer
+                // arithmetic, where it gives 0 as at run time.
+                ast::BinOp::Div | ast::BinOp::Rem if right.as_constant() == Some(0) => return None,
+                ast::BinOp::Div => left.div(&right),
+                ast::BinOp::Rem => left.rem(&right),
+                _ => return None,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The names of the built-in functions.
+pub fn builtin_names() -> &'static [&'static str] {
+    builtins::NAMES
+}
+
+fn assume_all(facts: &mut Facts, clauses: &[Clause]) {
+    for clause in clauses {
+        facts.assume(&clause.lhs, clause.op, &clause.rhs);
+    }
+}
+
+/// What the checker learned about the source, for editors: the type of
+/// every expression and binding, and where each name is declared.
+#[derive(Default)]
+pub struct Analysis {
+    /// An expression, a binding or an index variable, and its type (an
+    /// index variable's is `Ty::DimValue` of its range).
+    pub types: Vec<(Span, Ty)>,
+    /// A use of a name, and the name in its declaration.
+    pub definitions: Vec<(Span, Span)>,
+}
+
+/// Checks every module of the package, then its instantiation.
+pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
+    let program = Program::build(package, diagnostics);
+    let mut analysis = Analysis { types: Vec::new(), definitions: program.definitions.clone() };
+    for block in &program.blocks {
+        for (_, ty, span) in block.params.iter().chain(&block.states) {
+            analysis.types.push((*span, ty.clone()));
+        }
+    }
+    for block_id in 0..program.blocks.len() {
+        check_block(&program, block_id, diagnostics);
+    }
+    for fn_id in 0..program.fns.len() {
+        check_fn(&program, fn_id, diagnostics, &mut analysis);
+    }
+    check_consts(&program, diagnostics, &mut analysis);
+    let source_is_sound = !diagnostics.iter().any(Diagnostic::is_error);
+    instantiate::check(&program, source_is_sound, diagnostics);
+    analysis
+}
+
+/// Each `sub`'s block must accept its arguments: its `where` clauses must
+/// follow from this block's.
+fn check_block(program: &Program, block_id: usize, diagnostics: &mut Vec<Diagnostic>) {
+    let block = &program.blocks[block_id];
+    let mut facts = Facts::default();
+    assume_all(&mut facts, &block.clauses);
+    for sub in &block.subs {
+        let Some((target, args)) = &sub.target else { continue };
+        let target = &program.blocks[*target];
+        for clause in &target.clauses {
+            let (lhs, rhs) = (args.dim(&clause.lhs), args.dim(&clause.rhs));
+            if !facts.proves(&lhs, clause.op, &rhs) {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "unsatisfied-where",
+                        sub.span,
+                        format!(
+                            "`{}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses of `{}`",
+                            target.name,
+                            clause.text,
+                            clause.op.symbol(),
+                            block.name
+                        ),
+                    )
+                    .with_label(format!("`{}` declared here", sub.name))
+                    .with_secondary(clause.span, "required by this clause"),
+                );
+            }
+        }
+    }
+}
+
+fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
+    let function = &program.fns[fn_id];
+    let decl = function.decl;
+    match (decl.kind, function.block, &decl.body) {
+        (FnKind::Entry, None, _) => diagnostics.push(
+            Diagnostic::error("misplaced-entry", decl.name.span, "an `entry` belongs to a block").with_label("move it into the model's root block"),
+        ),
+        (FnKind::Intrinsic, Some(_), _) => diagnostics.push(
+            Diagnostic::error("misplaced-intrinsic", decl.name.span, "an `intrinsic fn` is a free function").with_label("declare it outside any block"),
+        ),
+        (FnKind::Intrinsic, None, Some(_)) => diagnostics.push(
+            Diagnostic::error("intrinsic-body", decl.name.span, "an `intrinsic fn` has no body: the compiler provides it").with_label("remove the body"),
+        ),
+        (FnKind::Fn | FnKind::Entry, _, None) => diagnostics.push(
+            Diagnostic::error("missing-body", decl.name.span, format!("`{}` has no body", decl.name.name))
+                .with_label("only an `intrinsic fn` is declared without one"),
+        ),
+        _ => {}
+    }
+    if decl.kind == FnKind::Entry {
+        for generic in decl.generics.iter().filter(|g| g.kind != GenericKind::Dim) {
+            diagnostics.push(
+                Diagnostic::error("entry-generic", generic.span, "an entry's generics are dims, bound from its inputs when it is called")
+                    .with_label("not a Dim"),
+            );
+        }
+    }
+    let Some(body) = &decl.body else { return };
+    let mut facts = Facts::default();
+    let mut generics = Vec::new();
+    if let Some(block) = function.block {
+        assume_all(&mut facts, &program.blocks[block].clauses);
+        generics.extend(program.blocks[block].generics.iter().cloned());
+    }
+    assume_all(&mut facts, &function.clauses);
+    generics.extend(function.generics.iter().cloned());
+    let mut checker = BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, analysis);
+    for (name, ty, span) in &function.params {
+        checker.bind_param(name, ty.clone(), *span);
+    }
+    checker.check_body(body, &function.ret, &decl.name);
+}
+
+fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
+    for (module_index, module) in program.package.modules.iter().enumerate() {
+        for item in &module.ast.items {
+            let ast::Item::Const(constant) = item else { continue };
+            let Some(program::ItemRef::Const(id)) = program.scopes[module_index].get(&constant.name.name) else { continue };
+            let expected = program.consts[*id].ty.clone();
+            let mut checker = BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, analysis);
+            let found = checker.check_expr(&constant.value);
+            let scalar = matches!(&expected, Ty::Tensor(t) if t.axes.is_empty());
+            if !scalar && !expected.is_error() {
+                diagnostics.push(Diagnostic::error("type-error", constant.ty.span(), "a constant is a scalar").with_label("not a scalar type"));
+            } else if let Err(mismatch) = compare(&expected, &found, &Facts::default()) {
+                diagnostics.push(
+                    Diagnostic::error(mismatch.code(), constant.value.span, format!("`{}` is `{expected}`, but its value is `{found}`", constant.name.name))
+                        .with_label(format!("this is `{found}`")),
+                );
+            }
+        }
+    }
+}

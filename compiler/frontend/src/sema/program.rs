@@ -1,0 +1,750 @@
+//! The package's items and their signatures: every block, function and
+//! constant gets an id, every module a scope (its items and its `use`
+//! imports), and every signature is resolved once, with dims normalized
+//! and generics known by kind. Bodies are checked later against this.
+
+use linnet_ir::dim::{Dim, Symbol};
+use super::suggest;
+use linnet_ir::Dtype;
+use super::ty::{Axis, Elem, Subst, SubTy, TensorTy, Ty};
+use crate::diagnostic::Diagnostic;
+use crate::package::Package;
+use crate::source::Span;
+use crate::syntax::ast::{self, CmpOp, FnKind, GenericKind};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+#[derive(Clone, Debug)]
+pub struct GenericSig {
+    pub name: Symbol,
+    pub kind: GenericKind,
+    pub default: Option<Elem>,
+    pub span: Span,
+}
+
+/// A `where` clause over resolved dims.
+#[derive(Clone, Debug)]
+pub struct Clause {
+    pub lhs: Dim,
+    pub op: CmpOp,
+    pub rhs: Dim,
+    pub span: Span,
+    /// As written, for messages.
+    pub text: String,
+}
+
+pub struct FnSig<'a> {
+    pub name: String,
+    pub module: usize,
+    pub block: Option<usize>,
+    pub decl: &'a ast::FnDecl,
+    pub generics: Vec<GenericSig>,
+    pub params: Vec<(String, Ty, Span)>,
+    pub ret: Ty,
+    pub clauses: Vec<Clause>,
+}
+
+pub struct SubSig {
+    pub name: String,
+    pub name_span: Span,
+    pub ty: Ty,
+    pub span: Span,
+    /// The block's generic arguments, for checking its `where` clauses.
+    pub target: Option<(usize, Subst)>,
+}
+
+pub struct BlockSig<'a> {
+    pub name: String,
+    pub module: usize,
+    pub decl: &'a ast::BlockDecl,
+    pub generics: Vec<GenericSig>,
+    pub clauses: Vec<Clause>,
+    pub subs: Vec<SubSig>,
+    pub params: Vec<(String, Ty, Span)>,
+    pub states: Vec<(String, Ty, Span)>,
+    pub fns: HashMap<String, usize>,
+}
+
+pub struct ConstSig {
+    pub ty: Ty,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemRef {
+    Block(usize),
+    Fn(usize),
+    Const(usize),
+    /// An import that failed, already reported: its uses stay quiet.
+    Unresolved,
+}
+
+pub struct Program<'a> {
+    pub package: &'a Package,
+    pub blocks: Vec<BlockSig<'a>>,
+    pub fns: Vec<FnSig<'a>>,
+    pub consts: Vec<ConstSig>,
+    /// Per module: the names it can use, with where each was defined.
+    pub scopes: Vec<HashMap<String, ItemRef>>,
+    /// Per module: its own items only.
+    items: Vec<HashMap<String, (ItemRef, bool)>>,
+    /// Uses resolved while building (imports, sub blocks) and the names
+    /// they refer to.
+    pub definitions: Vec<(Span, Span)>,
+}
+
+/// The generics in force while resolving a signature.
+pub struct GenericScope<'s> {
+    pub layers: Vec<&'s [GenericSig]>,
+}
+
+impl GenericScope<'_> {
+    pub fn find(&self, name: &str) -> Option<&GenericSig> {
+        self.layers.iter().rev().flat_map(|layer| layer.iter()).find(|g| &*g.name == name)
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.layers.iter().flat_map(|layer| layer.iter()).map(|g| &*g.name)
+    }
+}
+
+pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut Vec<Diagnostic>) -> Option<Dim> {
+    match expr {
+        ast::DimExpr::Int(value, span) => match i64::try_from(*value) {
+            Ok(value) => Some(Dim::constant(value)),
+            Err(_) => {
+                diagnostics.push(Diagnostic::error("dim-overflow", *span, "this dim is too large"));
+                None
+            }
+        },
+        ast::DimExpr::Name(ident) => match scope.find(&ident.name) {
+            Some(generic) if generic.kind == GenericKind::Dim => Some(Dim::generic(&ident.name)),
+            Some(generic) => {
+                let kind = if generic.kind == GenericKind::Shape { "a Shape" } else { "a Float" };
+                diagnostics.push(
+                    Diagnostic::error("kind-mismatch", ident.span, format!("`{}` is {kind}, not a Dim", ident.name))
+                        .with_label("a dim is expected here")
+                        .with_secondary(generic.span, "declared here"),
+                );
+                None
+            }
+            None => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "unknown-name",
+                        ident.span,
+                        format!("no generic `{}` in scope{}", ident.name, suggest::hint(&ident.name, scope.names())),
+                    )
+                    .with_label("not a generic of this block or function"),
+                );
+                None
+            }
+        },
+        ast::DimExpr::Binary(op, left, right, _) => {
+            let left = resolve_dim(left, scope, diagnostics);
+            let right = resolve_dim(right, scope, diagnostics);
+            let (left, right) = (left?, right?);
+            Some(match op {
+                ast::DimOp::Add => left.add(&right),
+                ast::DimOp::Sub => left.sub(&right),
+                ast::DimOp::Mul => left.mul(&right),
+                ast::DimOp::Div => left.div(&right),
+                ast::DimOp::Rem => left.rem(&right),
+            })
+        }
+        ast::DimExpr::Error(_) => None,
+    }
+}
+
+/// A dtype name or a `Float` generic, as in `Tensor[...; T]` or `cast<f32>`.
+pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut Vec<Diagnostic>) -> Option<Elem> {
+    if let Some(dtype) = Dtype::parse(&ident.name) {
+        return Some(Elem::Known(dtype));
+    }
+    match scope.find(&ident.name) {
+        Some(generic) if generic.kind == GenericKind::Float => Some(Elem::Generic(generic.name.clone())),
+        Some(generic) => {
+            diagnostics.push(
+                Diagnostic::error("kind-mismatch", ident.span, format!("`{}` is a dim, not an element type", ident.name))
+                    .with_label("an element type (bf16, f16, f32, i32, i64, bool or a Float generic) is expected here")
+                    .with_secondary(generic.span, "declared here"),
+            );
+            None
+        }
+        None => {
+            let candidates = ["bf16", "f16", "f32", "i32", "i64", "bool"].into_iter().chain(scope.names());
+            diagnostics.push(
+                Diagnostic::error(
+                    "unknown-name",
+                    ident.span,
+                    format!("no element type `{}`{}", ident.name, suggest::hint(&ident.name, candidates)),
+                )
+                .with_label("not a dtype or a Float generic"),
+            );
+            None
+        }
+    }
+}
+
+pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut Vec<Diagnostic>) -> Ty {
+    match ty {
+        ast::TypeExpr::Tensor { dims, elem, .. } => {
+            let mut axes = Vec::with_capacity(dims.len());
+            let mut failed = false;
+            for item in dims {
+                match item {
+                    ast::DimItem::Dim(expr) => match resolve_dim(expr, scope, diagnostics) {
+                        Some(dim) => axes.push(Axis::Dim(dim)),
+                        None => failed = true,
+                    },
+                    ast::DimItem::Shape(ident) => match scope.find(&ident.name) {
+                        Some(generic) if generic.kind == GenericKind::Shape => {
+                            axes.push(Axis::Shape(generic.name.clone()))
+                        }
+                        _ => {
+                            diagnostics.push(
+                                Diagnostic::error(
+                                    "unknown-name",
+                                    ident.span,
+                                    format!("no variadic shape `*{}` in scope", ident.name),
+                                )
+                                .with_label("declare it as `*Name: Shape`"),
+                            );
+                            failed = true;
+                        }
+                    },
+                }
+            }
+            if axes.iter().filter(|axis| matches!(axis, Axis::Shape(_))).count() > 1 {
+                diagnostics.push(
+                    Diagnostic::error("type-error", ty.span(), "a tensor type has at most one variadic shape")
+                        .with_label("two `*` shapes here"),
+                );
+                failed = true;
+            }
+            let elem = resolve_elem(elem, scope, diagnostics);
+            match (elem, failed) {
+                (Some(elem), false) => Ty::Tensor(TensorTy { axes, elem }),
+                _ => Ty::Error,
+            }
+        }
+        ast::TypeExpr::Named { name, args, span } => {
+            if name.name == "Option" {
+                return match args.as_slice() {
+                    [ast::GenericArg::Type(inner)] => Ty::Option(Some(Box::new(resolve_type(inner, scope, diagnostics)))),
+                    _ => {
+                        diagnostics.push(
+                            Diagnostic::error("type-error", *span, "`Option` takes one tensor type: `Option<Tensor[...]>`")
+                                .with_label("expected one type argument"),
+                        );
+                        Ty::Error
+                    }
+                };
+            }
+            if !args.is_empty() {
+                diagnostics.push(
+                    Diagnostic::error("type-error", *span, format!("`{}` is not a value type", name.name))
+                        .with_label("blocks are used as `sub` members, not as values"),
+                );
+                return Ty::Error;
+            }
+            match resolve_elem(name, scope, diagnostics) {
+                Some(elem) => Ty::Tensor(TensorTy::scalar(elem)),
+                None => Ty::Error,
+            }
+        }
+        ast::TypeExpr::Tuple(items, _) => Ty::Tuple(items.iter().map(|item| resolve_type(item, scope, diagnostics)).collect()),
+        ast::TypeExpr::Error(_) => Ty::Error,
+    }
+}
+
+fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>) -> Vec<GenericSig> {
+    let mut resolved: Vec<GenericSig> = Vec::new();
+    for generic in generics {
+        if let Some(previous) = resolved.iter().find(|g| *g.name == generic.name.name) {
+            diagnostics.push(
+                Diagnostic::error("duplicate-definition", generic.name.span, format!("generic `{}` is declared twice", generic.name.name))
+                    .with_label("declared again here")
+                    .with_secondary(previous.span, "first declared here"),
+            );
+            continue;
+        }
+        let default = generic.default.as_ref().and_then(|default| {
+            match (generic.kind, Dtype::parse(&default.name)) {
+                (GenericKind::Float, Some(dtype)) if dtype.is_float() => Some(Elem::Known(dtype)),
+                _ => {
+                    diagnostics.push(
+                        Diagnostic::error("type-error", default.span, format!("`{}` is not a default for a {:?}", default.name, generic.kind))
+                            .with_label("a Float generic defaults to bf16, f16 or f32"),
+                    );
+                    None
+                }
+            }
+        });
+        resolved.push(GenericSig { name: Rc::from(generic.name.name.as_str()), kind: generic.kind, default, span: generic.name.span });
+    }
+    resolved
+}
+
+fn resolve_clauses(clauses: &[ast::WhereClause], scope: &GenericScope, diagnostics: &mut Vec<Diagnostic>) -> Vec<Clause> {
+    clauses
+        .iter()
+        .filter_map(|clause| {
+            let lhs = resolve_dim(&clause.lhs, scope, diagnostics);
+            let rhs = resolve_dim(&clause.rhs, scope, diagnostics);
+            let text = format!("{} {} {}", clause.lhs, clause.op.symbol(), clause.rhs);
+            Some(Clause { lhs: lhs?, op: clause.op, rhs: rhs?, span: clause.span, text })
+        })
+        .collect()
+}
+
+impl<'a> Program<'a> {
+    pub fn build(package: &'a Package, diagnostics: &mut Vec<Diagnostic>) -> Program<'a> {
+        let mut program = Program {
+            package,
+            blocks: Vec::new(),
+            fns: Vec::new(),
+            consts: Vec::new(),
+            scopes: Vec::new(),
+            items: Vec::new(),
+            definitions: Vec::new(),
+        };
+        program.collect(diagnostics);
+        program.import(diagnostics);
+        program.resolve_signatures(diagnostics);
+        program.record_generic_uses();
+        program
+    }
+
+    /// Records each generic named in a signature (types, clauses, sub
+    /// arguments) as a use of its declaration.
+    fn record_generic_uses(&mut self) {
+        let mut uses = Vec::new();
+        for block in &self.blocks {
+            let decl = block.decl;
+            let scope = GenericScope { layers: vec![&block.generics] };
+            decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
+            for member in &decl.members {
+                match member {
+                    ast::Member::Sub { args, count, .. } => {
+                        args.iter().for_each(|arg| garg_uses(arg, &scope, &mut uses));
+                        if let Some(count) = count {
+                            dim_uses(count, &scope, &mut uses);
+                        }
+                    }
+                    ast::Member::Param { ty, .. } | ast::Member::State { ty, .. } => type_uses(ty, &scope, &mut uses),
+                    ast::Member::Fn(_) => {}
+                }
+            }
+        }
+        for function in &self.fns {
+            let block_generics: &[GenericSig] = function.block.map_or(&[], |b| &self.blocks[b].generics);
+            let scope = GenericScope { layers: vec![block_generics, &function.generics] };
+            let decl = function.decl;
+            decl.params.iter().for_each(|p| type_uses(&p.ty, &scope, &mut uses));
+            if let Some(ret) = &decl.ret {
+                type_uses(ret, &scope, &mut uses);
+            }
+            decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
+        }
+        self.definitions.extend(uses);
+    }
+
+    /// Where an item's name is declared.
+    pub fn item_span(&self, item: ItemRef) -> Option<Span> {
+        match item {
+            ItemRef::Block(id) => Some(self.blocks[id].decl.name.span),
+            ItemRef::Fn(id) => Some(self.fns[id].decl.name.span),
+            ItemRef::Const(id) => Some(self.consts[id].span),
+            ItemRef::Unresolved => None,
+        }
+    }
+
+    pub fn module_name(&self, module: usize) -> &str {
+        &self.package.modules[module].name
+    }
+
+    /// Gives every item an id and fills each module's own table.
+    fn collect(&mut self, diagnostics: &mut Vec<Diagnostic>) {
+        for (module_index, module) in self.package.modules.iter().enumerate() {
+            let mut items: HashMap<String, (ItemRef, bool)> = HashMap::new();
+            let mut spans: HashMap<String, Span> = HashMap::new();
+            for item in &module.ast.items {
+                let (item_ref, is_pub) = match item {
+                    ast::Item::Block(decl) => {
+                        let id = self.blocks.len();
+                        let mut fns = HashMap::new();
+                        for member in &decl.members {
+                            if let ast::Member::Fn(function) = member {
+                                let fn_id = self.add_fn(module_index, Some(id), function);
+                                if fns.insert(function.name.name.clone(), fn_id).is_some() {
+                                    diagnostics.push(duplicate(&function.name, None));
+                                }
+                            }
+                        }
+                        self.blocks.push(BlockSig {
+                            name: decl.name.name.clone(),
+                            module: module_index,
+                            decl,
+                            generics: Vec::new(),
+                            clauses: Vec::new(),
+                            subs: Vec::new(),
+                            params: Vec::new(),
+                            states: Vec::new(),
+                            fns,
+                        });
+                        (ItemRef::Block(id), decl.is_pub)
+                    }
+                    ast::Item::Fn(function) => (ItemRef::Fn(self.add_fn(module_index, None, function)), function.is_pub),
+                    ast::Item::Const(constant) => {
+                        self.consts.push(ConstSig { ty: Ty::Error, span: constant.name.span });
+                        (ItemRef::Const(self.consts.len() - 1), constant.is_pub)
+                    }
+                };
+                let name = item.name();
+                if let Some(first) = spans.get(&name.name) {
+                    diagnostics.push(duplicate(name, Some(*first)));
+                    continue;
+                }
+                spans.insert(name.name.clone(), name.span);
+                items.insert(name.name.clone(), (item_ref, is_pub));
+            }
+            self.scopes.push(items.iter().map(|(name, (item, _))| (name.clone(), *item)).collect());
+            self.items.push(items);
+        }
+    }
+
+    fn add_fn(&mut self, module: usize, block: Option<usize>, decl: &'a ast::FnDecl) -> usize {
+        self.fns.push(FnSig {
+            name: decl.name.name.clone(),
+            module,
+            block,
+            decl,
+            generics: Vec::new(),
+            params: Vec::new(),
+            ret: Ty::Unit,
+            clauses: Vec::new(),
+        });
+        self.fns.len() - 1
+    }
+
+    /// Adds each module's `use` imports to its scope.
+    fn import(&mut self, diagnostics: &mut Vec<Diagnostic>) {
+        let names: HashMap<&str, usize> =
+            self.package.modules.iter().enumerate().map(|(at, m)| (m.name.as_str(), at)).collect();
+        for (module_index, module) in self.package.modules.iter().enumerate() {
+            for (item, import) in module.ast.uses.iter().zip(&module.imports) {
+                // A module that cannot be used from here, or failed to
+                // load, was reported by the loader.
+                let Some((qualified, &target)) = import.as_deref().and_then(|q| Some((q, names.get(q)?))) else {
+                    for name in &item.names {
+                        self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
+                    }
+                    continue;
+                };
+                for name in &item.names {
+                    let found = self.items[target].get(&name.name).copied();
+                    match found {
+                        Some((item_ref, true)) => {
+                            if let Some(declared) = self.item_span(item_ref) {
+                                self.definitions.push((name.span, declared));
+                            }
+                            if let Some(previous) = self.scopes[module_index].insert(name.name.clone(), item_ref) {
+                                if previous != item_ref {
+                                    diagnostics.push(duplicate(name, None));
+                                }
+                            }
+                        }
+                        Some((_, false)) => {
+                            self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
+                            diagnostics.push(
+                                Diagnostic::error("private-item", name.span, format!("`{}` is private to `{qualified}`", name.name))
+                                    .with_label("declare it `pub` to use it from another module"),
+                            )
+                        }
+                        None => {
+                            self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
+                            let public = self.items[target].iter().filter(|(_, (_, p))| *p).map(|(n, _)| n.as_str());
+                            diagnostics.push(
+                                Diagnostic::error(
+                                    "unknown-import",
+                                    name.span,
+                                    format!("`{qualified}` has no item `{}`{}", name.name, suggest::hint(&name.name, public)),
+                                )
+                                .with_label("not found in that module"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn resolve_signatures(&mut self, diagnostics: &mut Vec<Diagnostic>) {
+        for block in &mut self.blocks {
+            block.generics = resolve_generics(&block.decl.generics, diagnostics);
+        }
+        for block_id in 0..self.blocks.len() {
+            let decl = self.blocks[block_id].decl;
+            let generics = self.blocks[block_id].generics.clone();
+            let scope = GenericScope { layers: vec![&generics] };
+            let clauses = resolve_clauses(&decl.where_clauses, &scope, diagnostics);
+            let mut subs = Vec::new();
+            let mut params = Vec::new();
+            let mut states = Vec::new();
+            let mut seen: HashMap<&str, Span> = HashMap::new();
+            for member in &decl.members {
+                let name = match member {
+                    ast::Member::Sub { name, .. } | ast::Member::Param { name, .. } | ast::Member::State { name, .. } => name,
+                    ast::Member::Fn(function) => &function.name,
+                };
+                if let Some(first) = seen.insert(&name.name, name.span) {
+                    if !matches!(member, ast::Member::Fn(_)) {
+                        diagnostics.push(duplicate(name, Some(first)));
+                    }
+                }
+                match member {
+                    ast::Member::Sub { name, block, args, count, span, .. } => {
+                        let target = self.resolve_sub(self.blocks[block_id].module, block, args, &scope, *span, diagnostics);
+                        let count = count.as_ref().map(|count| resolve_dim(count, &scope, diagnostics));
+                        let ty = match (&target, count) {
+                            (Some((block, args)), None) => Ty::Sub(SubTy { block: *block, args: args.clone() }),
+                            (Some((block, args)), Some(Some(count))) => Ty::SubArray(SubTy { block: *block, args: args.clone() }, count),
+                            _ => Ty::Error,
+                        };
+                        if let Some((block_id, _)) = &target {
+                            self.definitions.push((block.span, self.blocks[*block_id].decl.name.span));
+                        }
+                        subs.push(SubSig { name: name.name.clone(), name_span: name.span, ty, span: *span, target });
+                    }
+                    ast::Member::Param { name, ty, .. } => {
+                        params.push((name.name.clone(), resolve_type(ty, &scope, diagnostics), name.span))
+                    }
+                    ast::Member::State { name, ty, .. } => {
+                        states.push((name.name.clone(), resolve_type(ty, &scope, diagnostics), name.span))
+                    }
+                    ast::Member::Fn(_) => {}
+                }
+            }
+            let block = &mut self.blocks[block_id];
+            block.clauses = clauses;
+            block.subs = subs;
+            block.params = params;
+            block.states = states;
+        }
+        for fn_id in 0..self.fns.len() {
+            let decl = self.fns[fn_id].decl;
+            let generics = resolve_generics(&decl.generics, diagnostics);
+            let block_generics: &[GenericSig] = match self.fns[fn_id].block {
+                Some(block) => &self.blocks[block].generics,
+                None => &[],
+            };
+            let scope = GenericScope { layers: vec![block_generics, &generics] };
+            let params = decl
+                .params
+                .iter()
+                .map(|param| (param.name.name.clone(), resolve_type(&param.ty, &scope, diagnostics), param.name.span))
+                .collect();
+            let ret = decl.ret.as_ref().map_or(Ty::Unit, |ret| resolve_type(ret, &scope, diagnostics));
+            let clauses = resolve_clauses(&decl.where_clauses, &scope, diagnostics);
+            let function = &mut self.fns[fn_id];
+            function.params = params;
+            function.ret = ret;
+            function.clauses = clauses;
+            function.generics = generics;
+        }
+        for (module_index, module) in self.package.modules.iter().enumerate() {
+            for item in &module.ast.items {
+                if let ast::Item::Const(constant) = item {
+                    let Some((ItemRef::Const(id), _)) = self.items[module_index].get(&constant.name.name) else { continue };
+                    let scope = GenericScope { layers: Vec::new() };
+                    self.consts[*id].ty = resolve_type(&constant.ty, &scope, diagnostics);
+                }
+            }
+        }
+    }
+
+    /// A `sub`'s block and its generic arguments, by kind.
+    fn resolve_sub(
+        &self,
+        module: usize,
+        block: &ast::Ident,
+        args: &[ast::GenericArg],
+        scope: &GenericScope,
+        span: Span,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<(usize, Subst)> {
+        let target = match self.scopes[module].get(&block.name) {
+            Some(ItemRef::Block(id)) => *id,
+            Some(ItemRef::Unresolved) => return None,
+            Some(_) => {
+                diagnostics.push(
+                    Diagnostic::error("not-a-block", block.span, format!("`{}` is not a block", block.name))
+                        .with_label("a `sub` holds a block"),
+                );
+                return None;
+            }
+            None => {
+                let blocks = self.scopes[module]
+                    .iter()
+                    .filter(|(_, item)| matches!(item, ItemRef::Block(_)))
+                    .map(|(name, _)| name.as_str());
+                diagnostics.push(
+                    Diagnostic::error(
+                        "unknown-name",
+                        block.span,
+                        format!("no block `{}` in scope{}", block.name, suggest::hint(&block.name, blocks)),
+                    )
+                    .with_label("not defined or imported in this module"),
+                );
+                return None;
+            }
+        };
+        bind_generic_args(&self.blocks[target].generics, args, scope, span, &self.blocks[target].name, true, diagnostics).map(|subst| (target, subst))
+    }
+}
+
+/// Binds explicit generic arguments to a callee's generics, by kind;
+/// missing `Float`s take their defaults, and the rest are left to
+/// inference unless `require_all`. `None` after reporting a problem.
+pub fn bind_generic_args(
+    generics: &[GenericSig],
+    args: &[ast::GenericArg],
+    scope: &GenericScope,
+    span: Span,
+    callee: &str,
+    require_all: bool,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<Subst> {
+    let mut subst = Subst::default();
+    if args.len() > generics.len() {
+        diagnostics.push(
+            Diagnostic::error(
+                "generic-count",
+                args[generics.len()].span(),
+                format!("`{callee}` takes {} generic argument(s), {} given", generics.len(), args.len()),
+            )
+            .with_label("unexpected generic argument"),
+        );
+        return None;
+    }
+    let mut ok = true;
+    for (generic, arg) in generics.iter().zip(args) {
+        match (generic.kind, arg) {
+            (GenericKind::Dim, ast::GenericArg::Dim(expr)) => match resolve_dim(expr, scope, diagnostics) {
+                Some(dim) => {
+                    subst.dims.insert(generic.name.clone(), dim);
+                }
+                None => ok = false,
+            },
+            (GenericKind::Float, ast::GenericArg::Dim(ast::DimExpr::Name(ident))) => {
+                match resolve_elem(ident, scope, diagnostics) {
+                    Some(elem) if elem.is_float() => {
+                        subst.elems.insert(generic.name.clone(), elem);
+                    }
+                    Some(elem) => {
+                        diagnostics.push(
+                            Diagnostic::error("kind-mismatch", ident.span, format!("`{}` of `{callee}` is a Float, not {elem}", generic.name))
+                                .with_label("expected bf16, f16, f32 or a Float generic"),
+                        );
+                        ok = false;
+                    }
+                    None => ok = false,
+                }
+            }
+            (kind, arg) => {
+                diagnostics.push(
+                    Diagnostic::error("kind-mismatch", arg.span(), format!("generic `{}` of `{callee}` is a {kind:?}", generic.name))
+                        .with_label(format!("expected a {kind:?} here"))
+                        .with_secondary(generic.span, "declared here"),
+                );
+                ok = false;
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for generic in &generics[args.len()..] {
+        match &generic.default {
+            Some(default) => {
+                subst.elems.insert(generic.name.clone(), default.clone());
+            }
+            None => missing.push(&*generic.name),
+        }
+    }
+    if require_all && !missing.is_empty() {
+        diagnostics.push(
+            Diagnostic::error(
+                "generic-count",
+                span,
+                format!("`{callee}` needs {} more generic argument(s): {}", missing.len(), missing.join(", ")),
+            )
+            .with_label("a `sub` names every generic of its block"),
+        );
+        return None;
+    }
+    ok.then_some(subst)
+}
+
+fn duplicate(name: &ast::Ident, first: Option<Span>) -> Diagnostic {
+    let diagnostic = Diagnostic::error("duplicate-definition", name.span, format!("`{}` is defined twice", name.name))
+        .with_label("defined again here");
+    match first {
+        Some(first) => diagnostic.with_secondary(first, "first defined here"),
+        None => diagnostic,
+    }
+}
+
+impl FnSig<'_> {
+    pub fn is_entry(&self) -> bool {
+        self.decl.kind == FnKind::Entry
+    }
+}
+
+fn name_use(name: &ast::Ident, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    if let Some(generic) = scope.find(&name.name) {
+        uses.push((name.span, generic.span));
+    }
+}
+
+fn dim_uses(dim: &ast::DimExpr, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match dim {
+        ast::DimExpr::Name(name) => name_use(name, scope, uses),
+        ast::DimExpr::Binary(_, a, b, _) => {
+            dim_uses(a, scope, uses);
+            dim_uses(b, scope, uses);
+        }
+        ast::DimExpr::Int(..) | ast::DimExpr::Error(_) => {}
+    }
+}
+
+pub(super) fn garg_uses(arg: &ast::GenericArg, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match arg {
+        ast::GenericArg::Dim(dim) => dim_uses(dim, scope, uses),
+        ast::GenericArg::Type(ty) => type_uses(ty, scope, uses),
+    }
+}
+
+fn clause_uses(clause: &ast::WhereClause, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    dim_uses(&clause.lhs, scope, uses);
+    dim_uses(&clause.rhs, scope, uses);
+}
+
+fn type_uses(ty: &ast::TypeExpr, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    match ty {
+        ast::TypeExpr::Tensor { dims, elem, .. } => {
+            for item in dims {
+                match item {
+                    ast::DimItem::Dim(dim) => dim_uses(dim, scope, uses),
+                    ast::DimItem::Shape(name) => name_use(name, scope, uses),
+                }
+            }
+            name_use(elem, scope, uses);
+        }
+        ast::TypeExpr::Named { name, args, .. } => {
+            name_use(name, scope, uses);
+            args.iter().for_each(|arg| garg_uses(arg, scope, uses));
+        }
+        ast::TypeExpr::Tuple(items, _) => items.iter().for_each(|item| type_uses(item, scope, uses)),
+        ast::TypeExpr::Error(_) => {}
+    }
+}

@@ -1,0 +1,377 @@
+//! The syntax tree of one Linnet module, as written: names are strings,
+//! dims are expressions, and every node keeps its span. Error nodes
+//! (`Expr::Error`, `DimExpr::Error`, `TypeExpr::Error`) stand where the
+//! parser recovered, so later phases stay quiet about them.
+
+use crate::source::Span;
+/// The surface comparisons are the IR's: a clause's or an expression's
+/// operator is lowered as it is.
+pub use linnet_ir::CmpOp;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ident {
+    pub name: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Module {
+    /// `module a.b.c`, absent when the file has no header.
+    pub name: Option<Path>,
+    pub uses: Vec<Use>,
+    pub items: Vec<Item>,
+}
+
+/// A dotted module path such as `crate.attention` or `std.nn.linear`.
+#[derive(Clone, Debug)]
+pub struct Path {
+    pub segments: Vec<Ident>,
+    pub span: Span,
+}
+
+impl Path {
+    pub fn text(&self) -> String {
+        self.segments.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(".")
+    }
+}
+
+/// `use crate.attention::{GatedAttention, other}`
+#[derive(Clone, Debug)]
+pub struct Use {
+    pub path: Path,
+    pub names: Vec<Ident>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum Item {
+    Block(BlockDecl),
+    Fn(FnDecl),
+    Const(ConstDecl),
+}
+
+impl Item {
+    pub fn name(&self) -> &Ident {
+        match self {
+            Item::Block(block) => &block.name,
+            Item::Fn(function) => &function.name,
+            Item::Const(constant) => &constant.name,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenericKind {
+    Dim,
+    Shape,
+    Float,
+}
+
+/// `B: Dim`, `*S: Shape`, `T: Float = bf16`.
+#[derive(Clone, Debug)]
+pub struct Generic {
+    pub name: Ident,
+    pub kind: GenericKind,
+    pub kind_span: Span,
+    pub default: Option<Ident>,
+    pub span: Span,
+}
+
+/// A `where` clause: a comparison of two dim expressions.
+#[derive(Clone, Debug)]
+pub struct WhereClause {
+    pub lhs: DimExpr,
+    pub op: CmpOp,
+    pub rhs: DimExpr,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DimOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+}
+
+impl DimOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            DimOp::Add => "+",
+            DimOp::Sub => "-",
+            DimOp::Mul => "*",
+            DimOp::Div => "/",
+            DimOp::Rem => "%",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum DimExpr {
+    Int(u64, Span),
+    Name(Ident),
+    Binary(DimOp, Box<DimExpr>, Box<DimExpr>, Span),
+    Error(Span),
+}
+
+/// Prints a dim as written, with the parentheses its precedence needs.
+impl std::fmt::Display for DimExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn precedence(op: DimOp) -> u8 {
+            if matches!(op, DimOp::Add | DimOp::Sub) { 1 } else { 2 }
+        }
+        match self {
+            DimExpr::Int(value, _) => write!(f, "{value}"),
+            DimExpr::Name(ident) => f.write_str(&ident.name),
+            DimExpr::Error(_) => f.write_str("?"),
+            DimExpr::Binary(op, left, right, _) => {
+                let wrap = |f: &mut std::fmt::Formatter<'_>, side: &DimExpr, strict: bool| match side {
+                    DimExpr::Binary(inner, ..)
+                        if precedence(*inner) < precedence(*op) || strict && precedence(*inner) == precedence(*op) =>
+                    {
+                        write!(f, "({side})")
+                    }
+                    _ => write!(f, "{side}"),
+                };
+                wrap(f, left, false)?;
+                write!(f, " {} ", op.symbol())?;
+                wrap(f, right, true)
+            }
+        }
+    }
+}
+
+impl DimExpr {
+    pub fn span(&self) -> Span {
+        match self {
+            DimExpr::Int(_, span) | DimExpr::Binary(_, _, _, span) | DimExpr::Error(span) => *span,
+            DimExpr::Name(ident) => ident.span,
+        }
+    }
+}
+
+/// One axis of a tensor type: a dim, or a variadic shape `*S`.
+#[derive(Clone, Debug)]
+pub enum DimItem {
+    Dim(DimExpr),
+    Shape(Ident),
+}
+
+/// A generic argument as written: `H`, `HeadDim / 4`, `bf16`, `Tensor[...]`.
+/// Whether it is a dim, a dtype or a type is decided by the parameter's kind.
+#[derive(Clone, Debug)]
+pub enum GenericArg {
+    Dim(DimExpr),
+    Type(TypeExpr),
+}
+
+impl GenericArg {
+    pub fn span(&self) -> Span {
+        match self {
+            GenericArg::Dim(dim) => dim.span(),
+            GenericArg::Type(ty) => ty.span(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum TypeExpr {
+    /// `Tensor[D0, D1, *S; dtype]`
+    Tensor { dims: Vec<DimItem>, elem: Ident, span: Span },
+    /// `i32`, `f32`, `T`, `Option<...>`, `Linear<H, Out, T>`
+    Named { name: Ident, args: Vec<GenericArg>, span: Span },
+    Tuple(Vec<TypeExpr>, Span),
+    Error(Span),
+}
+
+impl TypeExpr {
+    pub fn span(&self) -> Span {
+        match self {
+            TypeExpr::Tensor { span, .. } | TypeExpr::Named { span, .. } => *span,
+            TypeExpr::Tuple(_, span) | TypeExpr::Error(span) => *span,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BlockDecl {
+    pub doc: Option<String>,
+    pub is_pub: bool,
+    pub name: Ident,
+    pub generics: Vec<Generic>,
+    pub where_clauses: Vec<WhereClause>,
+    pub members: Vec<Member>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum Member {
+    /// `sub name: Block<...>` or `sub name: [Block<...>; N]`
+    Sub { doc: Option<String>, name: Ident, block: Ident, args: Vec<GenericArg>, count: Option<DimExpr>, span: Span },
+    Param { doc: Option<String>, name: Ident, ty: TypeExpr, span: Span },
+    State { doc: Option<String>, name: Ident, ty: TypeExpr, span: Span },
+    Fn(FnDecl),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FnKind {
+    Fn,
+    Entry,
+    /// Declared with a signature only; the compiler provides the body.
+    Intrinsic,
+}
+
+#[derive(Clone, Debug)]
+pub struct FnParam {
+    pub name: Ident,
+    pub ty: TypeExpr,
+}
+
+#[derive(Clone, Debug)]
+pub struct FnDecl {
+    pub doc: Option<String>,
+    pub is_pub: bool,
+    pub kind: FnKind,
+    pub name: Ident,
+    pub generics: Vec<Generic>,
+    pub params: Vec<FnParam>,
+    pub ret: Option<TypeExpr>,
+    pub where_clauses: Vec<WhereClause>,
+    /// Absent for intrinsics.
+    pub body: Option<Vec<Stmt>>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConstDecl {
+    pub doc: Option<String>,
+    pub is_pub: bool,
+    pub name: Ident,
+    pub ty: TypeExpr,
+    pub value: Expr,
+    pub span: Span,
+}
+
+/// An index variable on the left of an index definition or after `sum`:
+/// `b` or the variadic `*s`.
+#[derive(Clone, Debug)]
+pub struct IndexVar {
+    pub name: Ident,
+    pub variadic: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum Pattern {
+    Name(Ident),
+    /// `let y[b, s, h] = ...`: an index definition.
+    Indexed(Ident, Vec<IndexVar>),
+    /// `let (a, _, c) = ...`; `None` for `_`.
+    Tuple(Vec<Option<Ident>>, Span),
+}
+
+#[derive(Clone, Debug)]
+pub enum Stmt {
+    Let { pattern: Pattern, value: Expr, span: Span },
+    Var { name: Ident, value: Expr, span: Span },
+    Assign { target: Ident, value: Expr, span: Span },
+    Return { value: Expr, span: Span },
+    StaticFor { var: Ident, over: Ident, body: Vec<Stmt>, span: Span },
+    Expr(Expr),
+    Error(Span),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Cmp(CmpOp),
+    And,
+    Or,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Rem => "%",
+            BinOp::Cmp(op) => op.symbol(),
+            BinOp::And => "&&",
+            BinOp::Or => "||",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnOp {
+    Neg,
+    Not,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    Sum,
+    Max,
+    Min,
+}
+
+impl Reduction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum => "sum",
+            Reduction::Max => "max",
+            Reduction::Min => "min",
+        }
+    }
+}
+
+/// A call argument, positional or `name = value`.
+#[derive(Clone, Debug)]
+pub struct Arg {
+    pub name: Option<Ident>,
+    pub value: Expr,
+}
+
+/// One position inside `x[...]`.
+#[derive(Clone, Debug)]
+pub enum IndexItem {
+    /// `:`
+    Full(Span),
+    /// `lo:hi`, either bound optional.
+    Range(Option<Expr>, Option<Expr>, Span),
+    /// `*s`
+    Variadic(Ident),
+    /// A single position: an index variable, a dim, or a computed index.
+    At(Expr),
+}
+
+#[derive(Clone, Debug)]
+pub enum ExprKind {
+    Int(u64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Name(Ident),
+    Call { callee: Ident, generics: Vec<GenericArg>, args: Vec<Arg> },
+    Method { receiver: Box<Expr>, method: Ident, generics: Vec<GenericArg>, args: Vec<Arg> },
+    Index { base: Box<Expr>, items: Vec<IndexItem> },
+    Unary(UnOp, Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    Reduce { op: Reduction, acc: Option<Ident>, index: IndexVar, body: Box<Expr> },
+    If { cond: Box<Expr>, then: Box<Expr>, otherwise: Box<Expr> },
+    Tuple(Vec<Expr>),
+    List(Vec<Expr>),
+    Error,
+}
+
+#[derive(Clone, Debug)]
+pub struct Expr {
+    pub kind: ExprKind,
+    pub span: Span,
+}

@@ -1,0 +1,327 @@
+//! `linnetc`, the Linnet compiler's command line.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use linnet_frontend::diagnostic;
+use linnet_frontend::driver;
+use linnet_frontend::package::{self, LoadOptions};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "linnetc", version, about = "The Linnet compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and shape-check a package: exit 0 when clean, 1 with errors.
+    Check {
+        /// The package: its directory (with `linnet.toml`), or a file or
+        /// folder inside it.
+        #[arg(default_value = ".")]
+        package: PathBuf,
+        /// How to print diagnostics.
+        #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+        message_format: MessageFormat,
+        /// A model card other than `PACKAGE/nest.toml`.
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        /// Override a generic or a `[check]` dim: `--set Groups=2`, `--set T=f32`.
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+        overrides: Vec<(String, String)>,
+        /// Colour in human output.
+        #[arg(long, value_enum, default_value_t = Colour::Auto)]
+        color: Colour,
+    },
+    /// A language server over stdio, for editors.
+    Lsp,
+    /// Format Linnet files in the canonical layout.
+    Fmt {
+        /// Files or folders (every `.linnet` file below); default `.`.
+        paths: Vec<PathBuf>,
+        /// Change nothing; exit 1 if a file is not formatted.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Check a package, lower it and compile it into an artifact that
+    /// `linnet` runs; the memory plan is printed at the end.
+    Build {
+        #[arg(default_value = ".")]
+        package: PathBuf,
+        /// The artifact's folder; default `target/linnet/MODEL`.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Print the IR's text form instead of writing an artifact.
+        #[arg(long, value_enum)]
+        emit: Option<Emit>,
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+        overrides: Vec<(String, String)>,
+        /// What to compile for: the host's CPU (an artifact `linnet`
+        /// runs), or NVIDIA GPUs (PTX, with a build that has the `nvptx`
+        /// feature).
+        #[arg(long, value_enum, default_value_t = Target::Cpu)]
+        target: Target,
+        /// The GPU architecture PTX is compiled for.
+        #[arg(long, default_value = "sm_90")]
+        gpu_arch: String,
+        /// libdevice (`libdevice.10.bc`), linked for the math functions;
+        /// default `$LINNET_LIBDEVICE`, else where
+        /// `scripts/install-gpu-tools.sh` puts it.
+        #[arg(long)]
+        libdevice: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Emit {
+    Ir,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Target {
+    Cpu,
+    Nvptx,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MessageFormat {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Colour {
+    Auto,
+    Always,
+    Never,
+}
+
+fn parse_assignment(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.trim().to_string())),
+        _ => Err(format!("expected NAME=VALUE, found `{text}`")),
+    }
+}
+
+fn linnet_files(path: &std::path::Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    if path.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        entries.sort();
+        for entry in entries {
+            if entry.file_name().is_some_and(|n| n != "target" && !n.to_string_lossy().starts_with('.')) {
+                linnet_files(&entry, out)?;
+            }
+        }
+    } else if path.extension().is_some_and(|e| e == "linnet") {
+        out.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
+    let mut files = Vec::new();
+    for path in &paths {
+        if let Err(error) = linnet_files(path, &mut files) {
+            eprintln!("linnetc fmt: {}: {error}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    let mut unformatted = 0;
+    for file in &files {
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("linnetc fmt: {}: {error}", file.display());
+                return ExitCode::from(2);
+            }
+        };
+        let Some(formatted) = linnet_frontend::syntax::format::format(&text) else {
+            eprintln!("linnetc fmt: {}: has syntax errors, so it is left as it is; run `linnetc check` to see them", file.display());
+            unformatted += 1;
+            continue;
+        };
+        if formatted == text {
+            continue;
+        }
+        unformatted += 1;
+        if check {
+            println!("{}", file.display());
+        } else if let Err(error) = std::fs::write(file, formatted) {
+            eprintln!("linnetc fmt: {}: {error}", file.display());
+            return ExitCode::from(2);
+        }
+    }
+    if check && unformatted > 0 {
+        eprintln!("{unformatted} of {} file(s) are not formatted", files.len());
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Lsp => match linnet_lsp::serve() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("linnetc lsp: {error}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
+        Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice } => {
+            let package = package::enclosing(&package).unwrap_or(package);
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            match target {
+                Target::Cpu => build(&package, output, emit, &options),
+                Target::Nvptx => build_nvptx(&package, output, &gpu_arch, libdevice, &options),
+            }
+        }
+        Command::Check { package, message_format, nest, overrides, color } => {
+            let package = package::enclosing(&package).unwrap_or(package);
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            let checked = driver::check_package(&package, &options);
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            let written = match message_format {
+                MessageFormat::Json => checked.diagnostics.iter().try_for_each(|d| {
+                    writeln!(out, "{}", diagnostic::to_json(d, &checked.sources))
+                }),
+                MessageFormat::Human => {
+                    let colour = match color {
+                        Colour::Always => true,
+                        Colour::Never => false,
+                        Colour::Auto => std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+                    };
+                    let mut err = std::io::stderr().lock();
+                    let errors = checked.diagnostics.iter().filter(|d| d.is_error()).count();
+                    let warnings = checked.diagnostics.len() - errors;
+                    diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut err).and_then(|()| {
+                        if errors == 0 {
+                            writeln!(err, "checked `{}`: no errors, {warnings} warning(s)", package.display())
+                        } else {
+                            writeln!(err, "checking `{}` failed: {errors} error(s), {warnings} warning(s)", package.display())
+                        }
+                    })
+                }
+            };
+            if let Err(error) = written {
+                eprintln!("linnetc: cannot write diagnostics: {error}");
+                return ExitCode::from(2);
+            }
+            if checked.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+    }
+}
+
+/// The model lowered, or its diagnostics printed.
+#[cfg(feature = "nvptx")]
+fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_ir::Model> {
+    let checked = driver::check_package(package, options);
+    match driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()) {
+        Ok((model, _)) => Some(model),
+        Err(checked) => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            None
+        }
+    }
+}
+
+/// `linnetc build --target nvptx`: each entry's kernels as PTX files in
+/// `DIR/ptx/` (default `target/linnet/MODEL-nvptx`).
+#[cfg(feature = "nvptx")]
+fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, libdevice: Option<PathBuf>, options: &LoadOptions) -> ExitCode {
+    let started = std::time::Instant::now();
+    let libdevice = libdevice.unwrap_or_else(linnet_gpu::default_libdevice);
+    if !libdevice.is_file() {
+        eprintln!("linnetc build: libdevice is not at {} (the math functions link it): run scripts/install-gpu-tools.sh, or name it with --libdevice", libdevice.display());
+        return ExitCode::from(1);
+    }
+    let Some(model) = lowered(package, options) else { return ExitCode::from(1) };
+    let built = match linnet_gpu::build(&model, arch, Some(&libdevice)) {
+        Ok(built) if built.missing.is_empty() => built,
+        Ok(built) => {
+            for error in &built.missing {
+                eprintln!("linnetc build: {error}");
+            }
+            eprintln!("linnetc build: `{}` cannot be compiled for nvptx yet: {} node(s) without a GPU kernel", model.name, built.missing.len());
+            return ExitCode::from(1);
+        }
+        Err(error) => {
+            eprintln!("linnetc build: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
+    let set = linnet_gpu::PtxSet::of(&model, arch, built);
+    let written = match set.write(&dir) {
+        Ok(written) => written,
+        Err(error) => {
+            eprintln!("linnetc build: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let kernels: usize = set.entries.values().map(|entry| entry.launches.len()).sum();
+    let calls: Vec<String> = set.entries.iter().map(|(name, entry)| format!("{name} {}", entry.launches_per_call())).collect();
+    eprintln!(
+        "built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX; launches per call: {}",
+        model.name,
+        dir.display(),
+        started.elapsed().as_secs_f64(),
+        set.entries.len(),
+        calls.join(", ")
+    );
+    ExitCode::SUCCESS
+}
+
+#[cfg(not(feature = "nvptx"))]
+fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<PathBuf>, _: &LoadOptions) -> ExitCode {
+    eprintln!("linnetc build: this linnetc was built without the nvptx target; run scripts/install-gpu-tools.sh, then build with `cargo build --release --features nvptx`");
+    ExitCode::from(2)
+}
+
+fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {
+    let started = std::time::Instant::now();
+    let checked = driver::check_package(package, options);
+    let key = linnet_artifact::content_key(&checked.sources);
+    let (model, checked) = match driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()) {
+        Ok(lowered) => lowered,
+        Err(checked) => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            return ExitCode::from(1);
+        }
+    };
+    let package = checked.package.as_ref().expect("a lowered package was loaded");
+    if let Some(Emit::Ir) = emit {
+        print!("{model}");
+        let dims = driver::check_dims(package);
+        eprintln!("lowered `{}`: {} entries\n{}", model.name, model.entries.len(), linnet_ir::plan::describe(&model, &dims));
+        return ExitCode::SUCCESS;
+    }
+    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(&model.name));
+    match key.and_then(|key| linnet_artifact::write(&model, package, key, &dir)) {
+        Ok(manifest) => {
+            let kernels: usize = manifest.kernels.values().map(Vec::len).sum();
+            eprintln!(
+                "built `{}` into {} in {:.2} s: {} entries, {kernels} kernels\n{}",
+                model.name,
+                dir.display(),
+                started.elapsed().as_secs_f64(),
+                model.entries.len(),
+                manifest.plan.describe()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("linnetc build: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `linnetc check` as editors and scripts run it: exit codes, the JSON
+//! message format, model cards and overrides from the command line.
+
+use std::process::{Command, Output};
+
+fn linnetc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_linnetc"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .env("LINNET_STDLIB", concat!(env!("CARGO_MANIFEST_DIR"), "/../../stdlib"))
+        .output()
+        .expect("linnetc runs")
+}
+
+#[test]
+fn the_model_packages_check_clean() {
+    for package in ["models/qwen3.6-35b-a3b", "models/qwen3.8-27b"] {
+        let output = linnetc(&["check", package]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(String::from_utf8_lossy(&output.stderr).contains("no errors"));
+    }
+}
+
+/// A file or folder inside a package checks the package, found upward.
+#[test]
+fn a_file_or_folder_inside_the_package_checks_it() {
+    for inside in ["models/qwen3.6-35b-a3b/src", "models/qwen3.6-35b-a3b/src/moe.linnet"] {
+        let output = linnetc(&["check", inside]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && stderr.contains("checked `models/qwen3.6-35b-a3b`: no errors"), "{inside}: {stderr}");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_linnetc"))
+        .arg("check")
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/qwen3.6-35b-a3b/src"))
+        .env("LINNET_STDLIB", concat!(env!("CARGO_MANIFEST_DIR"), "/../../stdlib"))
+        .output()
+        .expect("linnetc runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn json_diagnostics_have_positions_and_codes() {
+    let output = linnetc(&["check", "tests/ui/packages/misuse", "--message-format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|line| serde_json::from_str(line).expect("one JSON object per line")).collect();
+    assert!(lines.len() >= 10, "{stdout}");
+    for diagnostic in &lines {
+        for field in ["severity", "code", "message", "file", "line", "column", "end_line", "end_column", "secondary"] {
+            assert!(diagnostic.get(field).is_some(), "`{field}` missing in {diagnostic}");
+        }
+    }
+    let exp = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`exp` takes a float"))).expect("the exp misuse");
+    assert_eq!(exp["code"], "dtype-mismatch");
+    assert_eq!(exp["severity"], "error");
+    assert_eq!((exp["line"].as_u64(), exp["column"].as_u64()), (Some(9), Some(17)));
+    assert_eq!((exp["end_line"].as_u64(), exp["end_column"].as_u64()), (Some(9), Some(18)));
+    assert!(exp["file"].as_str().is_some_and(|f| f.ends_with("misuse/src/lib.linnet")));
+    let softmax = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`softmax`"))).expect("the softmax misuse");
+    let secondary = softmax["secondary"].as_array().expect("a list");
+    assert!(secondary.iter().any(|label| label["file"].as_str().is_some_and(|f| f.ends_with("stdlib/nn/softmax.linnet"))));
+}
+
+#[test]
+fn another_model_card_and_overrides() {
+    let nest = "tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml";
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b", "--nest", nest]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b", "--set", "HeadDim=36", "--message-format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(stdout.contains("\"code\":\"unsatisfied-where\"") && stdout.contains("<command line>"), "{stdout}");
+}
+
+#[test]
+fn a_folder_that_is_not_a_package() {
+    let output = linnetc(&["check", "docs"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is not a Linnet package"));
+}
+
+#[test]
+fn human_output_is_plain_off_a_terminal() {
+    let output = linnetc(&["check", "tests/ui/packages/misuse"]);
+    let stderr = String::from_utf8(output.stderr).expect("UTF-8");
+    assert!(!stderr.contains('\u{1b}'), "no colour codes when not on a terminal");
+    assert!(stderr.contains("[dtype-mismatch] Error"));
+    let coloured = linnetc(&["check", "tests/ui/packages/misuse", "--color", "always"]);
+    assert!(String::from_utf8_lossy(&coloured.stderr).contains('\u{1b}'));
+}
+
+#[test]
+fn the_examples_check_clean() {
+    for example in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples")).expect("examples") {
+        let path = example.expect("entry").path();
+        if path.join("linnet.toml").exists() {
+            let output = linnetc(&["check", path.to_str().expect("UTF-8 path")]);
+            assert!(output.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&output.stderr));
+        }
+    }
+}
+
+#[test]
+fn build_writes_an_artifact_and_reports_its_memory_plan() {
+    let out = std::env::temp_dir().join(format!("linnetc-build-{}", std::process::id()));
+    let output = linnetc(&["build", "examples/tiny-qwen", "-o", out.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stderr);
+    assert!(report.contains("built `tiny-qwen` into") && report.contains("kernels") && report.contains("weights: ") && report.contains("scratch: decode at"), "{report}");
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("artifact.json")).unwrap()).unwrap();
+    let entries: Vec<&str> = manifest["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(entries, ["forward", "next_token", "decode", "prefill", "decode_rows", "prefill_slots"]);
+    assert_eq!(manifest["params"][0]["tensor"], "model.language_model.embed_tokens.weight");
+    assert!(std::fs::metadata(out.join("kernels.o")).unwrap().len() > 1000 && out.join("model.ir.json").is_file());
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn build_prints_the_ir_and_the_memory_plan() {
+    let output = linnetc(&["build", "models/qwen3.6-35b-a3b", "--emit", "ir", "--set", "Groups=1"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let ir = String::from_utf8_lossy(&output.stdout);
+    assert!(ir.contains("entry decode<>(token: [1, 1; i32], pos: [; i32])") && ir.contains("grouped_attention("), "{}", &ir[..400.min(ir.len())]);
+    let plan = String::from_utf8_lossy(&output.stderr);
+    assert!(plan.contains("weights: ") && plan.contains("entry decode<>: peak scratch") && plan.contains("entry forward<B=1, S=8>: peak scratch"), "{plan}");
+}
