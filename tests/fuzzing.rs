@@ -11,7 +11,13 @@ fn fuzz(name: &str) {
     let dir = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/fuzz"));
     let report = run(target(name).expect("a target"), Duration::from_secs(seconds), u64::MAX, 0x5eed, &dir);
     assert!(report.inputs > 0, "{name}: no input ran");
-    assert!(report.failures.is_empty(), "{name}: {} of {} inputs failed: {:#?}", report.failures.len(), report.inputs, report.failures);
+    assert!(
+        report.failures.is_empty(),
+        "{name}: {} of {} inputs failed: {:#?}",
+        report.failures.len(),
+        report.inputs,
+        report.failures
+    );
 }
 
 #[test]

@@ -37,7 +37,12 @@ pub fn annotations(path: &Path, text: &str) -> Vec<Expected> {
             _ => panic!("{}:{}: malformed annotation `{marker}`", path.display(), index + 1),
         };
         for code in codes.split(',') {
-            expected.push(Expected { file: path.to_path_buf(), line: index + 1, severity, code: code.trim().to_string() });
+            expected.push(Expected {
+                file: path.to_path_buf(),
+                line: index + 1,
+                severity,
+                code: code.trim().to_string(),
+            });
         }
     }
     expected
@@ -65,7 +70,11 @@ pub fn difference(mut expected: Vec<Expected>, mut reported: Vec<Expected>) -> O
         return None;
     }
     let show = |items: &[Expected]| {
-        items.iter().map(|e| format!("    {}:{} {} {}", e.file.display(), e.line, e.severity, e.code)).collect::<Vec<_>>().join("\n")
+        items
+            .iter()
+            .map(|e| format!("    {}:{} {} {}", e.file.display(), e.line, e.severity, e.code))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     let mut missing = expected.clone();
     let mut extra = Vec::new();

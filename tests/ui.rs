@@ -48,10 +48,27 @@ fn seed_package_is_clean_with_the_oracle_generics() {
 #[test]
 fn seed_package_is_clean_with_other_consistent_generics() {
     let sizes = [
-        ("Vocab", "1000"), ("H", "96"), ("Heads", "6"), ("KvHeads", "3"), ("HeadDim", "40"),
-        ("KeyHeads", "3"), ("ValueHeads", "9"), ("KeyDim", "8"), ("ValueDim", "12"), ("Conv", "156"),
-        ("Width", "3"), ("Experts", "5"), ("TopK", "3"), ("ExpertInner", "7"), ("SharedInner", "11"),
-        ("Groups", "1"), ("Batch", "3"), ("MaxSeq", "17"), ("T", "f32"), ("S", "1"), ("B", "4"),
+        ("Vocab", "1000"),
+        ("H", "96"),
+        ("Heads", "6"),
+        ("KvHeads", "3"),
+        ("HeadDim", "40"),
+        ("KeyHeads", "3"),
+        ("ValueHeads", "9"),
+        ("KeyDim", "8"),
+        ("ValueDim", "12"),
+        ("Conv", "156"),
+        ("Width", "3"),
+        ("Experts", "5"),
+        ("TopK", "3"),
+        ("ExpertInner", "7"),
+        ("SharedInner", "11"),
+        ("Groups", "1"),
+        ("Batch", "3"),
+        ("MaxSeq", "17"),
+        ("T", "f32"),
+        ("S", "1"),
+        ("B", "4"),
     ];
     let overrides = sizes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     assert_clean(&check_package(&model_dir(), &LoadOptions { overrides, ..options() }));
@@ -64,14 +81,39 @@ fn dense_package_is_clean_with_its_card_and_other_generics() {
     let dense = root().join("models/qwen3.8-27b");
     assert_clean(&check_package(&dense, &options()));
     let oracle = [
-        ("Vocab", "512"), ("H", "64"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32"), ("KeyHeads", "2"),
-        ("ValueHeads", "4"), ("KeyDim", "16"), ("ValueDim", "16"), ("Conv", "128"), ("Inner", "96"), ("Groups", "2"),
-        ("Batch", "2"), ("MaxSeq", "64"), ("T", "f32"),
+        ("Vocab", "512"),
+        ("H", "64"),
+        ("Heads", "4"),
+        ("KvHeads", "2"),
+        ("HeadDim", "32"),
+        ("KeyHeads", "2"),
+        ("ValueHeads", "4"),
+        ("KeyDim", "16"),
+        ("ValueDim", "16"),
+        ("Conv", "128"),
+        ("Inner", "96"),
+        ("Groups", "2"),
+        ("Batch", "2"),
+        ("MaxSeq", "64"),
+        ("T", "f32"),
     ];
     let other = [
-        ("H", "96"), ("Heads", "6"), ("KvHeads", "3"), ("HeadDim", "40"), ("KeyHeads", "3"), ("ValueHeads", "9"),
-        ("KeyDim", "8"), ("ValueDim", "12"), ("Conv", "156"), ("Width", "3"), ("Inner", "7"), ("Groups", "1"),
-        ("Batch", "3"), ("MaxSeq", "17"), ("S", "1"), ("B", "4"),
+        ("H", "96"),
+        ("Heads", "6"),
+        ("KvHeads", "3"),
+        ("HeadDim", "40"),
+        ("KeyHeads", "3"),
+        ("ValueHeads", "9"),
+        ("KeyDim", "8"),
+        ("ValueDim", "12"),
+        ("Conv", "156"),
+        ("Width", "3"),
+        ("Inner", "7"),
+        ("Groups", "1"),
+        ("Batch", "3"),
+        ("MaxSeq", "17"),
+        ("S", "1"),
+        ("B", "4"),
     ];
     for sizes in [&oracle[..], &other[..]] {
         let overrides = sizes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -87,7 +129,8 @@ fn dense_package_is_clean_with_its_card_and_other_generics() {
 #[test]
 fn an_overlay_applies_to_a_dependency_through_any_path() {
     let path = model_dir().join("../qwen3.8-27b/src/norm.linnet");
-    let text = std::fs::read_to_string(&path).expect("readable").replacen("module qwen3_5.norm", "module qwen3_5.norms", 1);
+    let text =
+        std::fs::read_to_string(&path).expect("readable").replacen("module qwen3_5.norm", "module qwen3_5.norms", 1);
     let checked = check_package(&model_dir(), &LoadOptions { overlay: HashMap::from([(path, text)]), ..options() });
     let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
     assert_eq!(codes, ["module-name-mismatch"], "{}", render(&checked));
@@ -164,14 +207,21 @@ fn model_mistakes_are_reported_where_they_are() {
             failures.push(format!("{}: {problem}", case.name));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n\n{}", failures.len(), corpus.case.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n\n{}",
+        failures.len(),
+        corpus.case.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
 fn package_cases_are_reported_where_they_are() {
     let packages = root().join("tests/ui/packages");
     let mut failures = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(&packages).expect("packages").map(|e| e.expect("entry").path()).collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(&packages).expect("packages").map(|e| e.expect("entry").path()).collect();
     entries.sort();
     assert!(!entries.is_empty());
     for dir in entries {
@@ -191,7 +241,9 @@ fn package_cases_are_reported_where_they_are() {
         let name = dir.file_name().expect("named").to_string_lossy().to_string();
         if let Some(difference) = difference(expected, reported(&checked)) {
             failures.push(format!("{name}:\n{difference}\n{}", render(&checked)));
-        } else if let Err(problem) = snapshot(&root().join("tests/ui/snapshots"), &format!("package-{name}"), &render(&checked)) {
+        } else if let Err(problem) =
+            snapshot(&root().join("tests/ui/snapshots"), &format!("package-{name}"), &render(&checked))
+        {
             failures.push(format!("{name}: {problem}"));
         }
     }
@@ -300,7 +352,12 @@ fn formatting_keeps_every_token_and_is_idempotent() {
         let text = std::fs::read_to_string(&file).expect("readable");
         let Some(formatted) = linnet_frontend::syntax::format::format(&text) else { continue };
         assert_eq!(tokens(&text), tokens(&formatted), "{}: formatting changed the tokens", file.display());
-        assert_eq!(linnet_frontend::syntax::format::format(&formatted).as_deref(), Some(formatted.as_str()), "{}: not idempotent", file.display());
+        assert_eq!(
+            linnet_frontend::syntax::format::format(&formatted).as_deref(),
+            Some(formatted.as_str()),
+            "{}: not idempotent",
+            file.display()
+        );
         if !file.starts_with(root().join("tests")) {
             assert_eq!(text, formatted, "{} is not formatted: run `linnetc fmt`", file.display());
         }

@@ -5,8 +5,8 @@
 
 use crate::generate::batch_rows;
 use linnet_cpu::matmul;
-use linnet_exec::{Machine, Profile};
 use linnet_exec::tensor::Tensor;
+use linnet_exec::{Machine, Profile};
 use linnet_ir::Dtype;
 use std::time::Instant;
 
@@ -30,7 +30,11 @@ pub struct Report {
 
 fn mean_sd(values: &[f64]) -> (f64, f64) {
     let mean = values.iter().sum::<f64>() / values.len() as f64;
-    let variance = if values.len() > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64 } else { 0.0 };
+    let variance = if values.len() > 1 {
+        values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64
+    } else {
+        0.0
+    };
     (mean, variance.sqrt())
 }
 
@@ -38,9 +42,19 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 /// (either may be 0: then that phase is skipped and not reported, and
 /// decode starts from empty states at position 0, as `llama-bench -p 0`).
 /// With `profile`, the report says where the measured calls' time went.
-pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: usize, profile: bool) -> Result<Report, String> {
+pub fn run(
+    machine: &mut Machine,
+    prompt: usize,
+    generate: usize,
+    repetitions: usize,
+    profile: bool,
+) -> Result<Report, String> {
     let rows = batch_rows(machine)?;
-    let vocab = machine.model().entry("decode").and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant())).ok_or("`decode` has no vocabulary-sized output")?;
+    let vocab = machine
+        .model()
+        .entry("decode")
+        .and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant()))
+        .ok_or("`decode` has no vocabulary-sized output")?;
     let tokens: Vec<i64> = (0..rows * prompt).map(|i| (i as i64 * 7919 + 13) % vocab).collect();
     let mut report = Report {
         model: machine.model().name.clone(),
@@ -64,7 +78,10 @@ pub fn run(machine: &mut Machine, prompt: usize, generate: usize, repetitions: u
         if prompt > 0 {
             machine.set_profiling(profile && measured);
             let start = Instant::now();
-            let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
+            let inputs = vec![
+                Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()),
+                Tensor::from_i64(Dtype::I32, Vec::new(), vec![0]),
+            ];
             machine.call("prefill", inputs).map_err(|e| e.to_string())?;
             if measured {
                 report.prefill.push((rows * prompt) as f64 / start.elapsed().as_secs_f64());
@@ -101,7 +118,11 @@ impl std::fmt::Display for Report {
         for (test, size, rates) in [("pp", self.prompt, &self.prefill), ("tg", self.generate, &self.decode)] {
             if size > 0 {
                 let (mean, sd) = mean_sd(rates);
-                writeln!(f, "| {} | {gib:.3} GiB | {} | {test}{size} | {mean:.2} ± {sd:.2} |", self.model, self.backend)?;
+                writeln!(
+                    f,
+                    "| {} | {gib:.3} GiB | {} | {test}{size} | {mean:.2} ± {sd:.2} |",
+                    self.model, self.backend
+                )?;
             }
         }
         if self.generate > 0 {
@@ -112,7 +133,11 @@ impl std::fmt::Display for Report {
                     let gb = bytes / 1e9;
                     write!(f, "; a step's contractions read {gb:.4} GB of weights (counted as read: of experts, the chosen ones), {:.2} GB/s", gb * steps)?
                 }
-                None => write!(f, "; a step reads at most {:.4} GB of weights (every parameter)", self.weight_bytes as f64 / 1e9)?,
+                None => write!(
+                    f,
+                    "; a step reads at most {:.4} GB of weights (every parameter)",
+                    self.weight_bytes as f64 / 1e9
+                )?,
             }
         }
         for (what, profile) in [("prefill", &self.prefill_profile), ("decode", &self.decode_profile)] {
@@ -126,13 +151,20 @@ impl std::fmt::Display for Report {
 
 /// Milliseconds per `decode` step at each of `positions` (mean ± sd over
 /// `repetitions`): the cost of a token as the context grows.
-pub fn decode_at(machine: &mut Machine, positions: &[usize], repetitions: usize) -> Result<Vec<(usize, f64, f64)>, String> {
+pub fn decode_at(
+    machine: &mut Machine,
+    positions: &[usize],
+    repetitions: usize,
+) -> Result<Vec<(usize, f64, f64)>, String> {
     let rows = batch_rows(machine)?;
     let mut results = Vec::new();
     for &position in positions {
         let mut millis = Vec::new();
         for _ in 0..repetitions {
-            let inputs = vec![Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![1; rows]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64])];
+            let inputs = vec![
+                Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![1; rows]),
+                Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
+            ];
             let start = Instant::now();
             machine.call("decode", inputs).map_err(|e| e.to_string())?;
             millis.push(start.elapsed().as_secs_f64() * 1e3);

@@ -31,7 +31,10 @@ pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, Strin
 pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> Result<PathBuf, String> {
     if linnet_artifact::is_artifact(path) {
         if options.nest.is_some() || !options.overrides.is_empty() {
-            return Err(format!("{} is a built artifact: `--nest` and `--set` apply when building a package", path.display()));
+            return Err(format!(
+                "{} is a built artifact: `--nest` and `--set` apply when building a package",
+                path.display()
+            ));
         }
         return Ok(path.to_path_buf());
     }
@@ -45,7 +48,8 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
         tracing::info!(artifact = %dir.display(), "cached build");
         return Ok(dir);
     }
-    let (model, checked) = driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()).map_err(|checked| crate::render(&checked))?;
+    let (model, checked) = driver::lower_checked(checked, linnet_frontend::lower::Lowering::default())
+        .map_err(|checked| crate::render(&checked))?;
     let package = checked.package.as_ref().expect("a lowered package was loaded");
     // Built aside and renamed into place, so a reader never sees half an
     // artifact; when another process got there first, its copy is kept.

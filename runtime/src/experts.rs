@@ -16,7 +16,11 @@ pub fn per_expert_parts(fused: &str, experts: usize) -> Option<Vec<Vec<String>>>
         "down_proj" => &["down_proj"],
         _ => return None,
     };
-    Some((0..experts).map(|expert| parts.iter().map(|part| format!("{prefix}.experts.{expert}.{part}.weight")).collect()).collect())
+    Some(
+        (0..experts)
+            .map(|expert| parts.iter().map(|part| format!("{prefix}.experts.{expert}.{part}.weight")).collect())
+            .collect(),
+    )
 }
 
 #[cfg(test)]

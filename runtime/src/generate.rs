@@ -3,10 +3,10 @@
 //! same prompt; each token chosen by the sampling settings.
 
 use crate::sampling::{Rng, Sampling};
-use linnet_exec::{Machine, RunError};
-use linnet_ir::{Intrinsic, Model, NodeKind};
 use linnet_exec::tensor::Tensor;
+use linnet_exec::{Machine, RunError};
 use linnet_ir::Dtype;
+use linnet_ir::{Intrinsic, Model, NodeKind};
 
 /// The index of the largest value of each row of a `[rows, n]` tensor;
 /// ties go to the lower index.
@@ -15,14 +15,22 @@ pub fn argmax_rows(logits: &Tensor) -> Vec<i64> {
     let width = *logits.shape.last().expect("a rank-2 tensor");
     values
         .chunks(width)
-        .map(|row| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (at, &v)| if v > best.1 { (at, v) } else { best }).0 as i64)
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |best, (at, &v)| if v > best.1 { (at, v) } else { best })
+                .0 as i64
+        })
         .collect()
 }
 
 /// The model's batch size: the rows its `decode` entry takes.
 pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
     let entry = machine.model().entry("decode").ok_or("the model has no `decode` entry")?;
-    entry.inputs[0].shape[0].as_constant().map(|rows| rows as usize).ok_or_else(|| "`decode` takes a batch of unknown size".to_string())
+    entry.inputs[0].shape[0]
+        .as_constant()
+        .map(|rows| rows as usize)
+        .ok_or_else(|| "`decode` takes a batch of unknown size".to_string())
 }
 
 /// How many positions the model's caches hold: the length axis of every
@@ -32,10 +40,12 @@ pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
 pub fn cache_positions(model: &Model) -> Option<usize> {
     let written = model.entries.iter().flat_map(|entry| {
         entry.nodes.iter().filter_map(move |node| match &node.kind {
-            NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) => match entry.nodes[args.first()?.index()].kind {
-                NodeKind::State(state) => Some(state),
-                _ => None,
-            },
+            NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) => {
+                match entry.nodes[args.first()?.index()].kind {
+                    NodeKind::State(state) => Some(state),
+                    _ => None,
+                }
+            }
             _ => None,
         })
     });
@@ -70,7 +80,10 @@ pub fn generate(
     }
     machine.reset()?;
     let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
-    let prefill = vec![Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])];
+    let prefill = vec![
+        Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens),
+        Tensor::from_i64(Dtype::I32, Vec::new(), vec![0]),
+    ];
     let mut logits = machine.call("prefill", prefill)?.remove(0);
     let mut generated = Vec::with_capacity(max_tokens);
     let mut history = prompt.to_vec();
@@ -87,7 +100,10 @@ pub fn generate(
             break;
         }
         let position = (prompt.len() + step) as i64;
-        let decode = vec![Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![next; rows]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![position])];
+        let decode = vec![
+            Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![next; rows]),
+            Tensor::from_i64(Dtype::I32, Vec::new(), vec![position]),
+        ];
         logits = machine.call("decode", decode)?.remove(0);
     }
     Ok(generated)

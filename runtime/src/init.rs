@@ -3,8 +3,8 @@
 //! can be tried without downloading it.
 
 use crate::random;
-use linnet_ir::Model;
 use linnet_ir::Dtype;
+use linnet_ir::Model;
 use safetensors::tensor::TensorView;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -26,7 +26,8 @@ fn file_dtype(dtype: Dtype) -> safetensors::Dtype {
 }
 
 /// The text side a package may ship, copied beside the weights.
-pub const TEXT_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"];
+pub const TEXT_FILES: [&str; 4] =
+    ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"];
 
 /// Copies the package's tokenizer files (those it has) into `dir`.
 pub fn copy_text_files(package: &Path, dir: &Path) -> Result<(), String> {
@@ -41,9 +42,16 @@ pub fn copy_text_files(package: &Path, dir: &Path) -> Result<(), String> {
 
 /// Writes `shards` files and `model.safetensors.index.json` into `dir`;
 /// returns the bytes written.
-pub fn write(model: &Model, bindings: &HashMap<String, String>, seed: u64, shards: usize, dir: &Path) -> Result<usize, String> {
+pub fn write(
+    model: &Model,
+    bindings: &HashMap<String, String>,
+    seed: u64,
+    shards: usize,
+    dir: &Path,
+) -> Result<usize, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let missing: Vec<&str> = model.params.iter().filter(|p| !bindings.contains_key(&p.path)).map(|p| p.path.as_str()).collect();
+    let missing: Vec<&str> =
+        model.params.iter().filter(|p| !bindings.contains_key(&p.path)).map(|p| p.path.as_str()).collect();
     if !missing.is_empty() {
         return Err(format!("bindings.json names no tensor for: {}", missing.join(", ")));
     }
@@ -66,7 +74,9 @@ pub fn write(model: &Model, bindings: &HashMap<String, String>, seed: u64, shard
             .collect();
         let views = data
             .iter()
-            .map(|(tensor, dtype, shape, raw)| TensorView::new(file_dtype(*dtype), shape.clone(), raw).map(|view| (tensor.clone(), view)))
+            .map(|(tensor, dtype, shape, raw)| {
+                TensorView::new(file_dtype(*dtype), shape.clone(), raw).map(|view| (tensor.clone(), view))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
         let serialized = safetensors::serialize(views, None).map_err(|e| e.to_string())?;
@@ -78,6 +88,7 @@ pub fn write(model: &Model, bindings: &HashMap<String, String>, seed: u64, shard
     }
     progress.finish_and_clear();
     let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("JSON")).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("JSON"))
+        .map_err(|e| e.to_string())?;
     Ok(total)
 }

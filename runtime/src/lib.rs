@@ -6,9 +6,9 @@
 pub mod bench;
 pub mod cache;
 pub mod experts;
+pub mod generate;
 #[cfg(feature = "cuda")]
 mod gpu_ptx;
-pub mod generate;
 pub mod init;
 pub mod npy;
 pub mod random;
@@ -18,13 +18,13 @@ pub mod stops;
 pub mod text;
 pub mod weights;
 
+use linnet_artifact::{self as artifact, Artifact};
+use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_frontend::diagnostic;
 use linnet_frontend::driver;
-use linnet_artifact::{self as artifact, Artifact};
-use linnet_exec::Machine;
-use linnet_exec::tensor::Tensor;
-use linnet_ir::Model;
 use linnet_frontend::package::{LoadOptions, Package};
+use linnet_ir::Model;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -108,9 +108,15 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
         Weights::Checkpoint { dir: given, non_finite } => {
             let source = &manifest.weights;
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
-            let params = weights::load(model, &built.bindings(), &found, &source.files, *non_finite).map_err(|problems| {
-                format!("the weights in {} do not fit `{}`:\n  {}", found.display(), model.name, problems.join("\n  "))
-            })?;
+            let params =
+                weights::load(model, &built.bindings(), &found, &source.files, *non_finite).map_err(|problems| {
+                    format!(
+                        "the weights in {} do not fit `{}`:\n  {}",
+                        found.display(),
+                        model.name,
+                        problems.join("\n  ")
+                    )
+                })?;
             let text = text::TextModel::load(&found)?;
             let machine = machine(&built, &dir, params, backend, device)?;
             return Ok(Loaded { machine, weights_dir: Some(found), text });
@@ -120,10 +126,17 @@ pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend
 }
 
 /// The loaded model on `backend`; `device` is the CUDA device it opened.
-fn machine(built: &Artifact, dir: &Path, params: Vec<Tensor>, backend: Backend, device: Option<CudaDevice>) -> Result<Machine, String> {
+fn machine(
+    built: &Artifact,
+    dir: &Path,
+    params: Vec<Tensor>,
+    backend: Backend,
+    device: Option<CudaDevice>,
+) -> Result<Machine, String> {
     match backend {
         Backend::Interp => Ok(linnet_exec::interp::machine(built.model.clone(), params)),
-        Backend::Cpu => linnet_cpu::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?)).map_err(|e| e.to_string()),
+        Backend::Cpu => linnet_cpu::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?))
+            .map_err(|e| e.to_string()),
         Backend::MlirHost => mlir_host(built.model.clone(), params),
         Backend::Cuda => cuda(built, dir, params, device),
     }

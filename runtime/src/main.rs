@@ -173,7 +173,10 @@ fn use_threads(threads: Option<usize>) -> Result<(), String> {
         Some(0) => Err("`--threads` must be at least 1".into()),
         Some(count) => {
             linnet_cpu::threads::set_threads(count)?;
-            rayon::ThreadPoolBuilder::new().num_threads(count).build_global().map_err(|e| format!("cannot start {count} threads: {e}"))
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(count)
+                .build_global()
+                .map_err(|e| format!("cannot start {count} threads: {e}"))
         }
         None => Ok(()),
     }
@@ -225,7 +228,13 @@ fn fit_input(mut tensor: Tensor, dtype: Dtype, name: &str) -> Result<Tensor, Str
     }
 }
 
-fn run(model: &Model, entry_name: &str, inputs: &[(String, String)], args: &[(String, String)], output: Option<&PathBuf>) -> Result<(), String> {
+fn run(
+    model: &Model,
+    entry_name: &str,
+    inputs: &[(String, String)],
+    args: &[(String, String)],
+    output: Option<&PathBuf>,
+) -> Result<(), String> {
     let mut machine = load(model)?.machine;
     let entry = machine.model().entry(entry_name).ok_or_else(|| {
         let names: Vec<&str> = machine.model().entries.iter().map(|e| e.name.as_str()).collect();
@@ -244,13 +253,17 @@ fn run(model: &Model, entry_name: &str, inputs: &[(String, String)], args: &[(St
             npy::read(&bytes).map_err(|e| format!("input `{}`: {file}: {e}", input.name))?
         } else if let Some((_, text)) = args.iter().find(|(n, _)| *n == input.name) {
             if !input.shape.is_empty() {
-                return Err(format!("input `{}` is a tensor: pass it with --input {}=FILE.npy", input.name, input.name));
+                return Err(format!(
+                    "input `{}` is a tensor: pass it with --input {}=FILE.npy",
+                    input.name, input.name
+                ));
             }
             if input.dtype.is_float() {
                 let value: f32 = text.parse().map_err(|_| format!("--arg {}: `{text}` is not a number", input.name))?;
                 Tensor::from_f32(input.dtype, Vec::new(), vec![value])
             } else {
-                let value: i64 = text.parse().map_err(|_| format!("--arg {}: `{text}` is not an integer", input.name))?;
+                let value: i64 =
+                    text.parse().map_err(|_| format!("--arg {}: `{text}` is not an integer", input.name))?;
                 Tensor::from_i64(Dtype::I64, Vec::new(), vec![value])
             }
         } else {
@@ -280,11 +293,24 @@ fn summary(tensor: &Tensor) -> String {
     let max = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
     let head: Vec<String> = values.iter().take(6).map(|v| format!("{v:.5}")).collect();
-    format!("[{}] {}: min {min:.5}, max {max:.5}, mean {mean:.5}; first {}", shape.join(", "), tensor.dtype.name(), head.join(" "))
+    format!(
+        "[{}] {}: min {min:.5}, max {max:.5}, mean {mean:.5}; first {}",
+        shape.join(", "),
+        tensor.dtype.name(),
+        head.join(" ")
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn generate_text(model: &Model, prompt_ids: Vec<i64>, prompt: Option<String>, chat: bool, max_tokens: usize, sampling: &SamplingArgs, print_ids: bool) -> Result<(), String> {
+fn generate_text(
+    model: &Model,
+    prompt_ids: Vec<i64>,
+    prompt: Option<String>,
+    chat: bool,
+    max_tokens: usize,
+    sampling: &SamplingArgs,
+    print_ids: bool,
+) -> Result<(), String> {
     let settings = Sampling {
         temperature: sampling.temperature,
         top_k: sampling.top_k,
@@ -307,13 +333,21 @@ fn generate_text(model: &Model, prompt_ids: Vec<i64>, prompt: Option<String>, ch
     let stop = text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let mut stream = text.as_ref().filter(|_| !print_ids).map(linnet_runtime::text::Stream::new);
     let mut stdout = std::io::stdout();
-    let generated = generate::generate(&mut machine, &prompt_ids, max_tokens, &settings, &mut Rng::new(sampling.seed), &stop, |token| {
-        if let Some(stream) = stream.as_mut() {
-            let _ = write!(stdout, "{}", stream.push(token));
-            let _ = stdout.flush();
-        }
-        true
-    })
+    let generated = generate::generate(
+        &mut machine,
+        &prompt_ids,
+        max_tokens,
+        &settings,
+        &mut Rng::new(sampling.seed),
+        &stop,
+        |token| {
+            if let Some(stream) = stream.as_mut() {
+                let _ = write!(stdout, "{}", stream.push(token));
+                let _ = stdout.flush();
+            }
+            true
+        },
+    )
     .map_err(|e| e.to_string())?;
     let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
     if print_ids {
@@ -327,7 +361,10 @@ fn generate_text(model: &Model, prompt_ids: Vec<i64>, prompt: Option<String>, ch
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { model, entry, inputs, args, output } => run(&model, &entry, &inputs, &args, output.as_ref()),
@@ -341,26 +378,34 @@ fn main() -> ExitCode {
         Command::InitWeights { package, nest, overrides, seed, shards, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
-                let written = linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
+                let written =
+                    linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
                 linnet_runtime::init::copy_text_files(package.dir(), &output)?;
-                println!("wrote {} parameters ({written} bytes) of `{}` to {}", model.params.len(), model.name, output.display());
+                println!(
+                    "wrote {} parameters ({written} bytes) of `{}` to {}",
+                    model.params.len(),
+                    model.name,
+                    output.display()
+                );
                 Ok(())
             })
         }
-        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile } => use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {
-            let mut machine = loaded.machine;
-            if !decode_at.is_empty() {
-                // A first call computes what is hoisted (the rotary tables).
-                bench::decode_at(&mut machine, &decode_at[..1], 1)?;
-                for (position, mean, sd) in bench::decode_at(&mut machine, &decode_at, repetitions.max(1))? {
-                    println!("decode at position {position}: {mean:.1} ms ± {sd:.1} ms per step");
+        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile } => {
+            use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {
+                let mut machine = loaded.machine;
+                if !decode_at.is_empty() {
+                    // A first call computes what is hoisted (the rotary tables).
+                    bench::decode_at(&mut machine, &decode_at[..1], 1)?;
+                    for (position, mean, sd) in bench::decode_at(&mut machine, &decode_at, repetitions.max(1))? {
+                        println!("decode at position {position}: {mean:.1} ms ± {sd:.1} ms per step");
+                    }
+                    return Ok(());
                 }
-                return Ok(());
-            }
-            let report = bench::run(&mut machine, prompt, generate, repetitions.max(1), profile)?;
-            println!("{report}");
-            Ok(())
-        }),
+                let report = bench::run(&mut machine, prompt, generate, repetitions.max(1), profile)?;
+                println!("{report}");
+                Ok(())
+            })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,7 +15,8 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
         2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
         version => return Err(format!("unsupported .npy version {version}")),
     };
-    let header = std::str::from_utf8(bytes.get(start..start + header_len).ok_or("truncated header")?).map_err(|_| "header is not text")?;
+    let header = std::str::from_utf8(bytes.get(start..start + header_len).ok_or("truncated header")?)
+        .map_err(|_| "header is not text")?;
     let field = |key: &str| -> Option<&str> {
         let at = header.find(&format!("'{key}'"))? + key.len() + 2;
         Some(header[at..].trim_start().trim_start_matches(':').trim_start())
@@ -24,7 +25,10 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
     if field("fortran_order").is_some_and(|rest| rest.starts_with("True")) {
         return Err("Fortran-ordered arrays are not supported; save with C order".into());
     }
-    let shape_text = field("shape").and_then(|rest| rest.strip_prefix('(')).and_then(|rest| rest.split(')').next()).ok_or("no shape")?;
+    let shape_text = field("shape")
+        .and_then(|rest| rest.strip_prefix('('))
+        .and_then(|rest| rest.split(')').next())
+        .ok_or("no shape")?;
     let shape: Vec<usize> = shape_text
         .split(',')
         .map(str::trim)
@@ -41,14 +45,23 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
         "|b1" => (Dtype::Bool, 1),
         other => return Err(format!("unsupported dtype `{other}` (use float32, float16, int32, int64 or bool)")),
     };
-    let count = count.filter(|count| count.checked_mul(width).is_some()).ok_or_else(|| format!("shape `({shape_text})` has more elements than memory can hold"))?;
+    let count = count
+        .filter(|count| count.checked_mul(width).is_some())
+        .ok_or_else(|| format!("shape `({shape_text})` has more elements than memory can hold"))?;
     if body.len() / width < count {
         return Err(format!("truncated: {} bytes of data for {count} elements of {width} bytes", body.len()));
     }
     let chunks = body.chunks_exact(width).take(count);
     let data = match dtype {
-        Dtype::F32 => Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect::<Vec<f32>>().into()),
-        Dtype::F16 => Data::F32(chunks.map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f32()).collect::<Vec<f32>>().into()),
+        Dtype::F32 => {
+            Data::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect::<Vec<f32>>().into())
+        }
+        Dtype::F16 => Data::F32(
+            chunks
+                .map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f32())
+                .collect::<Vec<f32>>()
+                .into(),
+        ),
         Dtype::I32 => Data::I64(chunks.map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64).collect()),
         Dtype::I64 => Data::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
         _ => Data::Bool(chunks.map(|c| c[0] != 0).collect()),
@@ -80,7 +93,9 @@ pub fn write(tensor: &Tensor) -> Vec<u8> {
     match &tensor.data {
         Data::F32(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
         Data::Bf16(bits) => bits.iter().for_each(|b| out.extend(linnet_ir::numerics::bf16_value(*b).to_le_bytes())),
-        Data::I64(values) if tensor.dtype == Dtype::I32 => values.iter().for_each(|v| out.extend((*v as i32).to_le_bytes())),
+        Data::I64(values) if tensor.dtype == Dtype::I32 => {
+            values.iter().for_each(|v| out.extend((*v as i32).to_le_bytes()))
+        }
         Data::I64(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
         Data::Bool(values) => values.iter().for_each(|v| out.push(u8::from(*v))),
     }
@@ -112,8 +127,13 @@ mod tests {
     fn rejects_a_shape_that_overflows() {
         let bytes = write(&Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4]));
         let mut fixed = bytes.clone();
-        let header = String::from_utf8_lossy(&bytes[10..10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize]).to_string();
-        let padded = format!("{:<width$}", header.trim_end().replace("(4,)", "(4294967296, 4294967296, 16)"), width = header.len() - 1) + "\n";
+        let header =
+            String::from_utf8_lossy(&bytes[10..10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize]).to_string();
+        let padded = format!(
+            "{:<width$}",
+            header.trim_end().replace("(4,)", "(4294967296, 4294967296, 16)"),
+            width = header.len() - 1
+        ) + "\n";
         assert_eq!(padded.len(), header.len());
         fixed[10..10 + header.len()].copy_from_slice(padded.as_bytes());
         assert!(read(&fixed).unwrap_err().contains("more elements than memory"), "{:?}", read(&fixed));

@@ -5,10 +5,10 @@
 //! near zero.
 
 use crate::sampling::Rng;
-use linnet_ir::{Model, Param};
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::numerics::bf16_bits;
 use linnet_ir::Dtype;
-use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::{Model, Param};
 use rayon::prelude::*;
 
 /// One parameter's values, from its own stream of the seed.
@@ -37,7 +37,11 @@ pub fn params(model: &Model, seed: u64) -> Vec<Tensor> {
         .enumerate()
         .map(|(index, param)| {
             let values = values(param, seed, index);
-            if param.dtype == Dtype::Bf16 { Drawn::Bits(values.iter().map(|v| bf16_bits(*v)).collect()) } else { Drawn::Floats(values) }
+            if param.dtype == Dtype::Bf16 {
+                Drawn::Bits(values.iter().map(|v| bf16_bits(*v)).collect())
+            } else {
+                Drawn::Floats(values)
+            }
         })
         .collect();
     model
@@ -46,7 +50,9 @@ pub fn params(model: &Model, seed: u64) -> Vec<Tensor> {
         .zip(drawn)
         .map(|(param, drawn)| match drawn {
             Drawn::Floats(values) => Tensor::from_f32(param.dtype, param.shape.clone(), values),
-            Drawn::Bits(bits) => Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) },
+            Drawn::Bits(bits) => {
+                Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) }
+            }
         })
         .collect()
 }

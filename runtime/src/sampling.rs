@@ -72,12 +72,17 @@ impl Sampling {
             for &token in history {
                 if let Some(score) = scores.get_mut(token as usize) {
                     // As transformers does: shrink positive logits, grow negative ones.
-                    *score = if *score > 0.0 { *score / self.repetition_penalty } else { *score * self.repetition_penalty };
+                    *score =
+                        if *score > 0.0 { *score / self.repetition_penalty } else { *score * self.repetition_penalty };
                 }
             }
         }
         if self.temperature == 0.0 {
-            return scores.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (at, &s)| if s > best.1 { (at, s) } else { best }).0 as i64;
+            return scores
+                .iter()
+                .enumerate()
+                .fold((0, f64::NEG_INFINITY), |best, (at, &s)| if s > best.1 { (at, s) } else { best })
+                .0 as i64;
         }
         let mut order: Vec<usize> = (0..scores.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
@@ -134,9 +139,14 @@ mod tests {
     fn top_k_one_is_greedy_and_seeds_repeat() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 / 3.0).collect();
         let one = Sampling { temperature: 1.0, top_k: 1, ..Sampling::default() };
-        assert_eq!(one.choose(&logits, &[], &mut Rng::new(7)), Sampling::default().choose(&logits, &[], &mut Rng::new(0)));
+        assert_eq!(
+            one.choose(&logits, &[], &mut Rng::new(7)),
+            Sampling::default().choose(&logits, &[], &mut Rng::new(0))
+        );
         let warm = Sampling { temperature: 0.8, top_p: 0.9, ..Sampling::default() };
-        let draw = |seed| (0..20).map(|_| 0).scan(Rng::new(seed), |rng, _| Some(warm.choose(&logits, &[], rng))).collect::<Vec<_>>();
+        let draw = |seed| {
+            (0..20).map(|_| 0).scan(Rng::new(seed), |rng, _| Some(warm.choose(&logits, &[], rng))).collect::<Vec<_>>()
+        };
         assert_eq!(draw(3), draw(3));
         assert_ne!(draw(3), draw(4));
     }

@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::sampling::{Rng, Sampling};
+use crate::stops::Detokenizer;
 use crate::text::TextModel;
 use crate::Loaded;
 use axum::extract::rejection::JsonRejection;
@@ -20,12 +21,11 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use linnet_exec::Machine;
 use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_ir::Dtype;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use crate::stops::Detokenizer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -72,7 +72,9 @@ pub fn limits(machine: &Machine) -> Result<Limits, String> {
     let entry = machine.model().entry("decode_rows").ok_or("the model has no `decode_rows` entry: it cannot serve")?;
     machine.model().entry("prefill_slots").ok_or("the model has no `prefill_slots` entry: it cannot serve")?;
     let rows = entry.inputs[0].shape[0].as_constant().ok_or("`decode_rows` takes a batch of unknown size")? as usize;
-    let vocab = entry.nodes[entry.outputs[0].index()].shape.last().and_then(|d| d.as_constant()).ok_or("no vocabulary size")? as usize;
+    let vocab =
+        entry.nodes[entry.outputs[0].index()].shape.last().and_then(|d| d.as_constant()).ok_or("no vocabulary size")?
+            as usize;
     let max_seq = crate::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
     Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
 }
@@ -143,8 +145,16 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>)
             }
             let inputs = vec![
                 Tensor::from_i64(Dtype::I32, vec![admitted.len(), width], tokens),
-                Tensor::from_i64(Dtype::I32, vec![admitted.len()], admitted.iter().map(|(slot, _)| *slot as i64).collect()),
-                Tensor::from_i64(Dtype::I32, vec![admitted.len()], admitted.iter().map(|(_, job)| job.prompt.len() as i64).collect()),
+                Tensor::from_i64(
+                    Dtype::I32,
+                    vec![admitted.len()],
+                    admitted.iter().map(|(slot, _)| *slot as i64).collect(),
+                ),
+                Tensor::from_i64(
+                    Dtype::I32,
+                    vec![admitted.len()],
+                    admitted.iter().map(|(_, job)| job.prompt.len() as i64).collect(),
+                ),
             ];
             match machine.call("prefill_slots", inputs) {
                 Ok(outputs) => {
@@ -173,9 +183,13 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>)
             continue;
         }
         // One step for every row; a free row computes along and is ignored.
-        let tokens: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
+        let tokens: Vec<i64> =
+            rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
         let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
-        let inputs = vec![Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens), Tensor::from_i64(Dtype::I32, vec![limits.rows], positions)];
+        let inputs = vec![
+            Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens),
+            Tensor::from_i64(Dtype::I32, vec![limits.rows], positions),
+        ];
         match machine.call("decode_rows", inputs) {
             Ok(outputs) => {
                 let logits = &outputs[0];
@@ -213,7 +227,10 @@ impl Served {
     pub fn read(&self, body: &[u8], chat: bool) -> Result<Vec<i64>, u16> {
         let body: Value = serde_json::from_slice(body).map_err(|_| StatusCode::BAD_REQUEST.as_u16())?;
         let prompt = if chat { chat_prompt(self, &body) } else { prompt_of(self, &body) };
-        prompt.and_then(|prompt| parse_request(self, &body, prompt)).map(|request| request.prompt).map_err(|refusal| refusal.status().as_u16())
+        prompt
+            .and_then(|prompt| parse_request(self, &body, prompt))
+            .map(|request| request.prompt)
+            .map_err(|refusal| refusal.status().as_u16())
     }
 }
 
@@ -228,7 +245,8 @@ struct App {
 
 fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
     let kind = if status.is_client_error() { "invalid_request_error" } else { "server_error" };
-    (status, Json(json!({ "error": { "message": message.into(), "type": kind, "param": param, "code": Value::Null } }))).into_response()
+    (status, Json(json!({ "error": { "message": message.into(), "type": kind, "param": param, "code": Value::Null } })))
+        .into_response()
 }
 
 fn bad(message: impl Into<String>, param: &str) -> Response {
@@ -277,7 +295,13 @@ fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>) -> Result<Requ
     match body.get("model") {
         None | Some(Value::Null) => {}
         Some(Value::String(name)) if *name == limits.model => {}
-        Some(other) => return Err(error(StatusCode::NOT_FOUND, format!("this server runs `{}`, not {other}", limits.model), Some("model"))),
+        Some(other) => {
+            return Err(error(
+                StatusCode::NOT_FOUND,
+                format!("this server runs `{}`, not {other}", limits.model),
+                Some("model"),
+            ))
+        }
     }
     for (field, unasked) in NOT_YET {
         match body.get(field) {
@@ -293,14 +317,24 @@ fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>) -> Result<Requ
         return Err(bad(format!("token {token} is outside the vocabulary (0..{})", limits.vocab), "prompt"));
     }
     if prompt.len() >= limits.max_seq {
-        return Err(bad(format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq), "prompt"));
+        return Err(bad(
+            format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq),
+            "prompt",
+        ));
     }
     let room = limits.max_seq - prompt.len();
     // `max_completion_tokens` is the chat API's newer name for it.
-    let limit_field = if body.get("max_completion_tokens").is_some_and(|v| !v.is_null()) { "max_completion_tokens" } else { "max_tokens" };
+    let limit_field = if body.get("max_completion_tokens").is_some_and(|v| !v.is_null()) {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
     let max_tokens = number(body, limit_field, 16f64.min(room as f64), 1.0..=f64::MAX)? as usize;
     if max_tokens > room {
-        return Err(bad(format!("max_tokens {max_tokens} does not fit: the prompt leaves {room} of {} positions", limits.max_seq), "max_tokens"));
+        return Err(bad(
+            format!("max_tokens {max_tokens} does not fit: the prompt leaves {room} of {} positions", limits.max_seq),
+            "max_tokens",
+        ));
     }
     let sampling = Sampling {
         temperature: number(body, "temperature", 1.0, 0.0..=100.0)?,
@@ -332,7 +366,11 @@ fn stop_strings(body: &Value) -> Result<Vec<String>, Response> {
     let stops = match body.get("stop") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::String(stop)) => vec![stop.clone()],
-        Some(Value::Array(items)) if items.len() <= 4 => items.iter().map(|item| item.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(refused)?,
+        Some(Value::Array(items)) if items.len() <= 4 => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(refused)?,
         Some(_) => return Err(refused()),
     };
     if stops.iter().any(String::is_empty) {
@@ -347,7 +385,9 @@ fn prompt_of(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
             Some(text_model) => text_model.encode(text).map_err(|e| bad(e, "prompt")),
             None => Err(bad("this model has no tokenizer: send the prompt as token ids", "prompt")),
         },
-        Some(Value::Array(items)) if items.iter().all(Value::is_i64) => Ok(items.iter().filter_map(Value::as_i64).collect()),
+        Some(Value::Array(items)) if items.iter().all(Value::is_i64) => {
+            Ok(items.iter().filter_map(Value::as_i64).collect())
+        }
         Some(other) => Err(bad(format!("`prompt` must be a string or an array of token ids, got {other}"), "prompt")),
         None => Err(bad("`prompt` is required", "prompt")),
     }
@@ -360,7 +400,11 @@ fn text_of(content: &Value) -> Option<String> {
         Value::String(text) => Some(text.clone()),
         Value::Array(parts) => parts
             .iter()
-            .map(|part| (part.get("type")?.as_str()? == "text").then(|| part.get("text")?.as_str().map(str::to_string)).flatten())
+            .map(|part| {
+                (part.get("type")?.as_str()? == "text")
+                    .then(|| part.get("text")?.as_str().map(str::to_string))
+                    .flatten()
+            })
             .collect(),
         _ => None,
     }
@@ -374,10 +418,14 @@ fn chat_prompt(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
     for message in messages {
         match (message.get("role").and_then(Value::as_str), message.get("content").and_then(text_of)) {
             (Some(role), Some(content)) => turns.push((role.to_string(), content)),
-            _ => return Err(bad(format!("each message needs a string `role` and `content`, got {message}"), "messages")),
+            _ => {
+                return Err(bad(format!("each message needs a string `role` and `content`, got {message}"), "messages"))
+            }
         }
     }
-    let Some(text) = &served.text else { return Err(bad("this model has no tokenizer, so it cannot chat", "messages")) };
+    let Some(text) = &served.text else {
+        return Err(bad("this model has no tokenizer, so it cannot chat", "messages"));
+    };
     let prompt = if text.has_chat_template() {
         text.chat(&turns).map_err(|e| bad(e, "messages"))?
     } else {
@@ -470,7 +518,8 @@ async fn respond(app: Arc<App>, request: Request, chat: bool) -> Response {
         json!({ "index": 0, "text": answer, "finish_reason": finish, "token_ids": ids })
     };
     let usage = json!({ "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() });
-    Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage })).into_response()
+    Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage }))
+        .into_response()
 }
 
 /// One request counted against the server's capacity while it is held.
@@ -503,7 +552,9 @@ async fn complete(
         Ok(Json(body)) => body,
         // 400 for bad JSON, 413 for a body over the limit, 415 without a
         // JSON content type: the status the rejection carries.
-        Err(rejection) => return error(rejection.status(), format!("malformed request: {}", rejection.body_text()), Some("body")),
+        Err(rejection) => {
+            return error(rejection.status(), format!("malformed request: {}", rejection.body_text()), Some("body"))
+        }
     };
     match prompt(&app.served, &body).and_then(|prompt| parse_request(&app.served, &body, prompt)) {
         Ok(request) => respond(app, request, chat).await,
@@ -520,7 +571,9 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Result<Json<Value>,
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({ "object": "list", "data": [{ "id": app.served.limits.model, "object": "model", "created": 0, "owned_by": "linnet" }] }))
+    Json(
+        json!({ "object": "list", "data": [{ "id": app.served.limits.model, "object": "model", "created": 0, "owned_by": "linnet" }] }),
+    )
 }
 
 async fn health() -> Json<Value> {
@@ -530,7 +583,12 @@ async fn health() -> Json<Value> {
 /// Serves until Ctrl-C: `queue` requests may wait for a row beyond the
 /// model's rows; more are answered 429 with `Retry-After`. The model is
 /// loaded by `load` on the scheduler thread.
-pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, host: &str, port: u16, queue: usize) -> Result<(), String> {
+pub fn serve(
+    load: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
+    host: &str,
+    port: u16,
+    queue: usize,
+) -> Result<(), String> {
     let (jobs, receiver) = mpsc::channel::<Job>();
     let (ready, started) = mpsc::channel::<Result<(Limits, Option<TextModel>), String>>();
     let scheduler = std::thread::spawn(move || {
@@ -547,7 +605,12 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, hos
     });
     let (limits, text) = started.recv().map_err(|_| "the model thread stopped".to_string())??;
     let capacity = limits.rows + queue;
-    let app = Arc::new(App { jobs: std::sync::Mutex::new(jobs), served: Served { limits, text }, held: Arc::new(AtomicUsize::new(0)), capacity });
+    let app = Arc::new(App {
+        jobs: std::sync::Mutex::new(jobs),
+        served: Served { limits, text },
+        held: Arc::new(AtomicUsize::new(0)),
+        capacity,
+    });
     let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -556,9 +619,14 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, hos
         .with_state(app.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let listener = tokio::net::TcpListener::bind((host, port))
+            .await
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
         let address = listener.local_addr().map_err(|e| e.to_string())?;
-        eprintln!("linnet: serving `{}` on http://{address} ({} rows)", app.served.limits.model, app.served.limits.rows);
+        eprintln!(
+            "linnet: serving `{}` on http://{address} ({} rows)",
+            app.served.limits.model, app.served.limits.rows
+        );
         tracing::info!(%address, "serving");
         axum::serve(listener, router)
             .with_graceful_shutdown(async {

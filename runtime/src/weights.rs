@@ -6,8 +6,8 @@
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
 use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
-use linnet_ir::Model;
 use linnet_ir::Dtype;
+use linnet_ir::Model;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::{BTreeSet, HashMap};
@@ -34,7 +34,11 @@ fn hub_caches() -> Vec<PathBuf> {
 /// the Hugging Face cache; otherwise an error saying where it looked.
 pub fn locate(explicit: Option<&Path>, repo: Option<&str>, revision: Option<&str>) -> Result<PathBuf, String> {
     if let Some(dir) = explicit {
-        return if dir.is_dir() { Ok(dir.to_path_buf()) } else { Err(format!("--weights {}: no such folder", dir.display())) };
+        return if dir.is_dir() {
+            Ok(dir.to_path_buf())
+        } else {
+            Err(format!("--weights {}: no such folder", dir.display()))
+        };
     }
     let Some(repo) = repo else {
         return Err("no weights: pass --weights DIR (the model card names no `[weights] repo`)".into());
@@ -67,8 +71,12 @@ fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Shards, String> {
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| format!("{}: {e}", index.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", index.display()))?;
-        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| format!("{}: no `weight_map`", index.display()))?;
-        let named: HashMap<String, PathBuf> = map.iter().filter_map(|(tensor, file)| Some((tensor.clone(), dir.join(file.as_str()?)))).collect();
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| format!("{}: no `weight_map`", index.display()))?;
+        let named: HashMap<String, PathBuf> =
+            map.iter().filter_map(|(tensor, file)| Some((tensor.clone(), dir.join(file.as_str()?)))).collect();
         let files: BTreeSet<&PathBuf> = named.values().collect();
         return Ok((files.into_iter().cloned().collect(), Some(named)));
     }
@@ -121,7 +129,13 @@ fn non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, usize)> {
         _ => (4, 0x7f80_0000),
     };
     let bad = move |bits: u32| bits & exponent == exponent;
-    let element = move |c: &[u8]| bad(if width == 2 { u32::from(u16::from_le_bytes([c[0], c[1]])) } else { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) });
+    let element = move |c: &[u8]| {
+        bad(if width == 2 {
+            u32::from(u16::from_le_bytes([c[0], c[1]]))
+        } else {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+        })
+    };
     let count_block = |block: &[u8]| -> usize {
         // SAFETY: every bit pattern is a valid u16 and u32.
         match (width, unsafe { block.align_to::<u16>() }, unsafe { block.align_to::<u32>() }) {
@@ -206,9 +220,11 @@ pub fn load(
             let indexed = index.as_ref().and_then(|index| index.get(name));
             match (holder.get(name), indexed) {
                 (_, Some(file)) if file != **path => {}
-                (Some(&earlier), None) => {
-                    problems.push(format!("tensor `{name}` is in both {} and {}, and no index says which", parsed[earlier].0.display(), path.display()))
-                }
+                (Some(&earlier), None) => problems.push(format!(
+                    "tensor `{name}` is in both {} and {}, and no index says which",
+                    parsed[earlier].0.display(),
+                    path.display()
+                )),
                 _ => {
                     holder.insert(name.to_string(), at);
                 }
@@ -232,7 +248,10 @@ pub fn load(
         };
         let parts = stored(name).map(|tensor| vec![vec![tensor]]).or_else(|| {
             let experts = crate::experts::per_expert_parts(name, *param.shape.first()?)?;
-            experts.iter().map(|parts| parts.iter().map(|part| stored(part)).collect::<Option<Vec<_>>>()).collect::<Option<Vec<_>>>()
+            experts
+                .iter()
+                .map(|parts| parts.iter().map(|part| stored(part)).collect::<Option<Vec<_>>>())
+                .collect::<Option<Vec<_>>>()
         });
         let Some(parts) = parts else {
             if problems.iter().all(|p| !p.contains("corrupt")) {
@@ -240,7 +259,12 @@ pub fn load(
             }
             continue;
         };
-        unfinite.extend(parts.iter().flatten().filter_map(|part| part.non_finite().map(|found| format!("parameter `{}`: {found}", param.path))));
+        unfinite.extend(
+            parts
+                .iter()
+                .flatten()
+                .filter_map(|part| part.non_finite().map(|found| format!("parameter `{}`: {found}", param.path))),
+        );
         let bound = match parts.as_slice() {
             [one] if one.len() == 1 => bind(param, &one[0]),
             experts => stack(param, name, experts),
@@ -254,12 +278,24 @@ pub fn load(
         }
     }
     match non_finite {
-        NonFinite::Warn => unfinite.iter().for_each(|found| eprintln!("warning: {found} (--strict refuses such a checkpoint)")),
-        NonFinite::Refuse => problems.extend(unfinite.into_iter().map(|found| format!("{found} (refused under --strict)"))),
+        NonFinite::Warn => {
+            unfinite.iter().for_each(|found| eprintln!("warning: {found} (--strict refuses such a checkpoint)"))
+        }
+        NonFinite::Refuse => {
+            problems.extend(unfinite.into_iter().map(|found| format!("{found} (refused under --strict)")))
+        }
     }
     progress.finish_and_clear();
-    tracing::info!(mapped, copied = params.len() - mapped, "weights bound: f32 and bf16 tensors in place where aligned, the others copied");
-    if problems.is_empty() { Ok(params) } else { Err(problems) }
+    tracing::info!(
+        mapped,
+        copied = params.len() - mapped,
+        "weights bound: f32 and bf16 tensors in place where aligned, the others copied"
+    );
+    if problems.is_empty() {
+        Ok(params)
+    } else {
+        Err(problems)
+    }
 }
 
 /// `want` matches the parameter's shape and dtype, or the problem.
@@ -271,7 +307,11 @@ fn check_fits(param: &linnet_ir::Param, tensor: &Stored, shape: &[usize], want: 
     if dtype_of(tensor.view.dtype()) != Some(param.dtype) {
         wrong.push(format!("dtype {:?}, expected {}", tensor.view.dtype(), param.dtype.name()));
     }
-    if wrong.is_empty() { Ok(()) } else { Err(format!("parameter `{}`: {} has {}", param.path, tensor.describe(), wrong.join(" and "))) }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("parameter `{}`: {} has {}", param.path, tensor.describe(), wrong.join(" and ")))
+    }
 }
 
 /// A parameter stored as one tensor: used where it lies in the mapped file
@@ -331,16 +371,29 @@ mod tests {
     #[test]
     fn non_finite_values_are_found_aligned_or_not() {
         let cases: [(Dtype, Vec<u8>); 3] = [
-            (Dtype::Bf16, [1.0f32, f32::NAN, 2.0, f32::INFINITY].iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect()),
+            (
+                Dtype::Bf16,
+                [1.0f32, f32::NAN, 2.0, f32::INFINITY]
+                    .iter()
+                    .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                    .collect(),
+            ),
             (Dtype::F16, [0x3c00u16, 0x7c00, 0x7e00, 0x0001].iter().flat_map(|v| v.to_le_bytes()).collect()),
-            (Dtype::F32, [f32::NEG_INFINITY, 0.5, 3.0, f32::NAN].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()),
+            (
+                Dtype::F32,
+                [f32::NEG_INFINITY, 0.5, 3.0, f32::NAN].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            ),
         ];
         let expected = [(2, 1), (2, 1), (2, 0)];
         for ((dtype, bytes), want) in cases.iter().zip(expected) {
             let mut buffer = vec![0u8; bytes.len() + 1];
             for shift in [0, 1] {
                 buffer[shift..shift + bytes.len()].copy_from_slice(bytes);
-                assert_eq!(non_finite(*dtype, &buffer[shift..shift + bytes.len()]), Some(want), "{dtype:?}, shifted by {shift}");
+                assert_eq!(
+                    non_finite(*dtype, &buffer[shift..shift + bytes.len()]),
+                    Some(want),
+                    "{dtype:?}, shifted by {shift}"
+                );
             }
             let finite = vec![0u8; 4096];
             assert_eq!(non_finite(*dtype, &finite), None);

@@ -4,11 +4,11 @@
 //! artifact for another host or ABI is refused, never run; f32 and bf16
 //! weights are used in place in the mapped checkpoint.
 
-use linnet_exec::Machine;
 use linnet_exec::tensor::{Data, Tensor};
-use linnet_runtime::Backend;
+use linnet_exec::Machine;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
+use linnet_runtime::Backend;
 use linnet_runtime::Weights;
 use std::path::PathBuf;
 
@@ -33,19 +33,33 @@ fn a_built_artifact_runs_like_the_package() {
     // Built through the library, as `linnetc build` does.
     let checked = linnet_frontend::driver::check_package(&root().join("models/qwen3.6-35b-a3b"), &options());
     let key = linnet_artifact::content_key(&checked.sources).unwrap();
-    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, checked) =
+        linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
     let manifest = linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
     assert!(manifest.kernels.values().map(Vec::len).sum::<usize>() > 100);
     assert!(manifest.params.iter().all(|p| p.tensor.is_some()), "every parameter names its checkpoint tensor");
     assert_eq!(manifest.plan.weight_bytes, model.param_bytes());
 
-    let weights = Weights::Checkpoint { dir: Some(oracle().join("weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
-    let mut from_artifact = linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
-    let mut in_process = linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp).unwrap().machine;
+    let weights = Weights::Checkpoint {
+        dir: Some(oracle().join("weights-f32")),
+        non_finite: linnet_runtime::weights::NonFinite::Refuse,
+    };
+    let mut from_artifact =
+        linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
+    let mut in_process =
+        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp)
+            .unwrap()
+            .machine;
     let (native, reference) = (logits(&mut from_artifact), logits(&mut in_process));
-    linnet_exec::tolerance::compare(&reference, &native).unwrap_or_else(|m| panic!("the artifact's kernels break the contract: {m}"));
+    linnet_exec::tolerance::compare(&reference, &native)
+        .unwrap_or_else(|m| panic!("the artifact's kernels break the contract: {m}"));
 
-    let refused = linnet_runtime::load_on(&out, &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() }, &weights, Backend::Cpu);
+    let refused = linnet_runtime::load_on(
+        &out,
+        &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() },
+        &weights,
+        Backend::Cpu,
+    );
     assert!(refused.err().unwrap().contains("`--set` apply when building"));
     std::fs::remove_dir_all(&out).unwrap();
 }
@@ -54,7 +68,8 @@ fn a_built_artifact_runs_like_the_package() {
 fn tiny_mlp_artifact(name: &str) -> PathBuf {
     let out = scratch(name);
     let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
-    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, checked) =
+        linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
     linnet_artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
     out
 }
@@ -66,7 +81,8 @@ fn an_artifact_for_another_host_or_abi_is_refused() {
     let out = tiny_mlp_artifact("foreign");
     assert!(linnet_artifact::read(&out).is_ok());
     let manifest_path = out.join("artifact.json");
-    let written: linnet_artifact::Manifest = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let written: linnet_artifact::Manifest =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     // As another host or compiler would have written them: sealed.
     let write_sealed = |manifest: linnet_artifact::Manifest| {
         std::fs::write(&manifest_path, serde_json::to_string(&manifest.sealed().unwrap()).unwrap()).unwrap();
@@ -122,7 +138,15 @@ fn packages_are_built_once_per_content() {
     // Two threads building the same package at once both get the artifact.
     let built: Vec<PathBuf> = std::thread::scope(|scope| {
         let builds: Vec<_> = (0..2)
-            .map(|_| scope.spawn(|| linnet_runtime::cache::artifact_in(Some(&cache), &package, &LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() })))
+            .map(|_| {
+                scope.spawn(|| {
+                    linnet_runtime::cache::artifact_in(
+                        Some(&cache),
+                        &package,
+                        &LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() },
+                    )
+                })
+            })
             .collect();
         builds.into_iter().map(|build| build.join().unwrap().unwrap()).collect()
     });
@@ -130,8 +154,16 @@ fn packages_are_built_once_per_content() {
     let first = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
     assert!(first.starts_with(&cache) && linnet_artifact::is_artifact(&first));
     let modified = std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap();
-    assert_eq!(linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap(), first, "unchanged sources reuse the artifact");
-    assert_eq!(std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap(), modified, "and do not rebuild it");
+    assert_eq!(
+        linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap(),
+        first,
+        "unchanged sources reuse the artifact"
+    );
+    assert_eq!(
+        std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap(),
+        modified,
+        "and do not rebuild it"
+    );
     let source = std::fs::read_to_string(package.join("src/lib.linnet")).unwrap();
     std::fs::write(package.join("src/lib.linnet"), format!("{source}\n// changed\n")).unwrap();
     let second = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
@@ -143,14 +175,32 @@ fn packages_are_built_once_per_content() {
 #[test]
 fn weights_are_used_in_place() {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &oracle().join("weights-f32"), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
+    let params = linnet_runtime::weights::load(
+        &model,
+        &linnet_runtime::bindings(&package),
+        &oracle().join("weights-f32"),
+        &[],
+        linnet_runtime::weights::NonFinite::Refuse,
+    )
+    .unwrap();
     let mapped = params.iter().filter(|p| matches!(&p.data, Data::F32(floats) if floats.is_mapped())).count();
     assert_eq!(mapped, params.len(), "every f32 tensor of an aligned checkpoint is mapped, not copied");
 
     let calm = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe-calm");
-    let options = LoadOptions { nest: Some(calm.join("package/nest-bf16.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let options = LoadOptions {
+        nest: Some(calm.join("package/nest-bf16.toml")),
+        stdlib: Some(root().join("stdlib")),
+        ..LoadOptions::default()
+    };
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &calm.join("weights-bf16"), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
+    let params = linnet_runtime::weights::load(
+        &model,
+        &linnet_runtime::bindings(&package),
+        &calm.join("weights-bf16"),
+        &[],
+        linnet_runtime::weights::NonFinite::Refuse,
+    )
+    .unwrap();
     let bf16 = model.params.iter().filter(|p| p.dtype == Dtype::Bf16).count();
     let bits = params.iter().filter(|p| matches!(&p.data, Data::Bf16(bits) if bits.is_mapped())).count();
     assert!(bf16 > 0 && bits == bf16, "every bf16 parameter is held as bits in the mapped file: {bits} of {bf16}");

@@ -24,9 +24,19 @@ fn cache() -> PathBuf {
 #[test]
 fn generate_prints_the_greedy_ids() {
     let prompt = [393, 201, 20, 376, 357];
-    let output = linnet(&["generate", "--prompt-ids", "393,201,20,376,357", "--max-tokens", "12", "--temperature", "0", "--print-ids"]);
+    let output = linnet(&[
+        "generate",
+        "--prompt-ids",
+        "393,201,20,376,357",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--print-ids",
+    ]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let ids: Vec<i64> = String::from_utf8(output.stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
+    let ids: Vec<i64> =
+        String::from_utf8(output.stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
     // The same as the library's greedy decoding (which the oracle test
     // holds to the reference's tokens).
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
@@ -35,7 +45,10 @@ fn generate_prints_the_greedy_ids() {
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
     };
-    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(oracle.join("weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
+    let weights = linnet_runtime::Weights::Checkpoint {
+        dir: Some(oracle.join("weights-f32")),
+        non_finite: linnet_runtime::weights::NonFinite::Refuse,
+    };
     let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
 }
@@ -102,7 +115,8 @@ fn the_example_from_random_weights_to_text() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(dir.join("model.safetensors.index.json").exists() && dir.join("tokenizer.json").exists());
     let generate = |extra: &[&str]| {
-        let mut args = vec!["generate", "examples/tiny-qwen", "--weights", weights, "--prompt", "t5 t17 t42", "--max-tokens", "6"];
+        let mut args =
+            vec!["generate", "examples/tiny-qwen", "--weights", weights, "--prompt", "t5 t17 t42", "--max-tokens", "6"];
         args.extend_from_slice(extra);
         let output = linnet_plain(&args);
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -115,11 +129,13 @@ fn the_example_from_random_weights_to_text() {
     assert_eq!(sampled, generate(&["--temperature", "0.9", "--top-k", "40", "--seed", "7"]));
     let chat = generate(&["--chat"]);
     assert_eq!(chat.split_whitespace().count(), 6, "{chat}");
-    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "4", "-r", "2"]);
+    let output =
+        linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "4", "-r", "2"]);
     let report = String::from_utf8(output.stdout).unwrap();
     assert!(report.contains("| pp8 |") && report.contains("| tg4 |") && report.contains("GB/s"), "{report}");
     // `-p 0` measures decode alone, from empty states, as `llama-bench -p 0`.
-    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "0", "-n", "4", "-r", "1"]);
+    let output =
+        linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "0", "-n", "4", "-r", "1"]);
     let report = String::from_utf8(output.stdout).unwrap();
     assert!(output.status.success() && !report.contains("| pp") && report.contains("| tg4 |"), "{report}");
 }
@@ -128,12 +144,36 @@ fn the_example_from_random_weights_to_text() {
 /// place's contractions read of the weights (nothing for other nodes).
 #[test]
 fn the_profile_gives_each_contraction_its_weight_bandwidth() {
-    let output = linnet_plain(&["bench", "examples/tiny-qwen", "--random-weights", "3", "-p", "8", "-n", "2", "-r", "1", "--profile"]);
+    let output = linnet_plain(&[
+        "bench",
+        "examples/tiny-qwen",
+        "--random-weights",
+        "3",
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--profile",
+    ]);
     let report = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success() && report.contains("prefill, by kind of node") && report.contains("decode, by kind of node"), "{report}");
-    let places: Vec<&str> = report.lines().filter(|line| line.contains(" nodes") && line.contains(".linnet:")).collect();
-    assert!(places.iter().any(|line| line.contains("contraction nodes, ") && line.contains("GB/s of weights")), "{report}");
-    assert!(places.iter().filter(|line| !line.contains("contraction nodes")).all(|line| !line.contains("GB/s")), "{report}");
+    assert!(
+        output.status.success()
+            && report.contains("prefill, by kind of node")
+            && report.contains("decode, by kind of node"),
+        "{report}"
+    );
+    let places: Vec<&str> =
+        report.lines().filter(|line| line.contains(" nodes") && line.contains(".linnet:")).collect();
+    assert!(
+        places.iter().any(|line| line.contains("contraction nodes, ") && line.contains("GB/s of weights")),
+        "{report}"
+    );
+    assert!(
+        places.iter().filter(|line| !line.contains("contraction nodes")).all(|line| !line.contains("GB/s")),
+        "{report}"
+    );
 }
 
 /// A built artifact runs from the CLI as its package does.
@@ -143,7 +183,8 @@ fn generate_runs_a_built_artifact() {
     let options = linnet_frontend::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
     let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-qwen"), &options);
     let key = linnet_artifact::content_key(&checked.sources).unwrap();
-    let (model, checked) = linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, checked) =
+        linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
     linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
     let args = ["--random-weights", "1", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--print-ids"];
     let from_artifact = linnet_plain(&[&["generate", out.to_str().unwrap()], &args[..]].concat());
@@ -151,7 +192,11 @@ fn generate_runs_a_built_artifact() {
     assert!(from_artifact.status.success(), "{}", String::from_utf8_lossy(&from_artifact.stderr));
     assert_eq!(from_artifact.stdout, from_package.stdout);
     let refused = linnet_plain(&[&["generate", out.to_str().unwrap(), "--set", "Layers=1"], &args[..]].concat());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("is a built artifact"), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is a built artifact"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     std::fs::remove_dir_all(&out).unwrap();
 }
 
@@ -169,7 +214,12 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
         for (name, value) in DENSE_GENERICS.iter().chain(&[("T", "f32")]) {
             command.arg("--set").arg(format!("{name}={value}"));
         }
-        let output = command.args(&args[1..]).env("LINNET_STDLIB", root().join("stdlib")).env("LINNET_CACHE_DIR", cache()).output().unwrap();
+        let output = command
+            .args(&args[1..])
+            .env("LINNET_STDLIB", root().join("stdlib"))
+            .env("LINNET_CACHE_DIR", cache())
+            .output()
+            .unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         output.stdout
     };
@@ -182,10 +232,19 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     let dir = std::env::temp_dir().join(format!("linnet-cli-dense-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor = linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
+    let tensor =
+        linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
-    dense(&["run", "--entry", "forward", "--input", &format!("tokens={}", tokens.display()), "--output", logits.to_str().unwrap()]);
+    dense(&[
+        "run",
+        "--entry",
+        "forward",
+        "--input",
+        &format!("tokens={}", tokens.display()),
+        "--output",
+        logits.to_str().unwrap(),
+    ]);
     let ours = linnet_runtime::npy::read(&std::fs::read(&logits).unwrap()).unwrap();
     let reference = sequence.logits.concat();
     let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -9,13 +9,13 @@
 //! reference element by element.
 
 use linnet_cpu::lowering::Elementwise;
-use linnet_exec::Machine;
-use linnet_exec::tolerance;
 use linnet_exec::tensor::{Data, Tensor};
-use linnet_ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_exec::tolerance;
+use linnet_exec::Machine;
 use linnet_ir::dim::Dim;
-use linnet_ir::Dtype;
 use linnet_ir::CmpOp;
+use linnet_ir::Dtype;
+use linnet_ir::{BinaryOp, Entry, Input, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use linnet_runtime::sampling::Rng;
 
 const SIDE: i64 = 6;
@@ -39,7 +39,17 @@ impl Generator {
         let index = Scalar::Index(indices[self.pick(indices.len() as u64) as usize], Dtype::I64);
         match self.pick(3) {
             0 => index,
-            1 => Scalar::Binary(BinaryOp::Rem, Box::new(Scalar::Binary(BinaryOp::Add, Box::new(index), Box::new(Scalar::Int(self.pick(9) as i64, Dtype::I64)), Dtype::I64)), Box::new(Scalar::Int(SIDE, Dtype::I64)), Dtype::I64),
+            1 => Scalar::Binary(
+                BinaryOp::Rem,
+                Box::new(Scalar::Binary(
+                    BinaryOp::Add,
+                    Box::new(index),
+                    Box::new(Scalar::Int(self.pick(9) as i64, Dtype::I64)),
+                    Dtype::I64,
+                )),
+                Box::new(Scalar::Int(SIDE, Dtype::I64)),
+                Dtype::I64,
+            ),
             _ => Scalar::Int(self.pick(SIDE as u64) as i64, Dtype::I64),
         }
     }
@@ -58,8 +68,16 @@ impl Generator {
                         _ => 2,
                     };
                     let source_dtype = [Dtype::F32, Dtype::I64, Dtype::Bool][input];
-                    let load = Scalar::Load(Value(input as u32), vec![self.position(indices), self.position(indices)], source_dtype);
-                    if source_dtype == dtype { load } else { Scalar::Cast(Box::new(load), dtype) }
+                    let load = Scalar::Load(
+                        Value(input as u32),
+                        vec![self.position(indices), self.position(indices)],
+                        source_dtype,
+                    );
+                    if source_dtype == dtype {
+                        load
+                    } else {
+                        Scalar::Cast(Box::new(load), dtype)
+                    }
                 }
             };
         }
@@ -76,7 +94,15 @@ impl Generator {
                 Scalar::Binary(BinaryOp::Cmp(op), Box::new(a), Box::new(b), Dtype::Bool)
             }
             1 | 2 if dtype != Dtype::Bool => {
-                let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Rem, BinaryOp::Max, BinaryOp::Min];
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Div,
+                    BinaryOp::Rem,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                ];
                 let op = ops[self.pick(ops.len() as u64) as usize];
                 let a = self.expr(dtype, depth - 1, indices);
                 let b = self.expr(dtype, depth - 1, indices);
@@ -89,7 +115,17 @@ impl Generator {
                 Scalar::Select(Box::new(cond), Box::new(a), Box::new(b), dtype)
             }
             4 if dtype.is_float() => {
-                let ops = [UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Rsqrt, UnaryOp::Sqrt, UnaryOp::Cos, UnaryOp::Sin, UnaryOp::Tanh, UnaryOp::Abs];
+                let ops = [
+                    UnaryOp::Neg,
+                    UnaryOp::Exp,
+                    UnaryOp::Log,
+                    UnaryOp::Rsqrt,
+                    UnaryOp::Sqrt,
+                    UnaryOp::Cos,
+                    UnaryOp::Sin,
+                    UnaryOp::Tanh,
+                    UnaryOp::Abs,
+                ];
                 let op = ops[self.pick(ops.len() as u64) as usize];
                 Scalar::Unary(op, Box::new(self.expr(dtype, depth - 1, indices)), dtype)
             }
@@ -100,11 +136,21 @@ impl Generator {
                 let body = self.expr(dtype, depth - 1, indices);
                 indices.pop();
                 let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min][self.pick(3) as usize];
-                Scalar::Reduce { op, index, extent: Dim::constant(self.pick(SIDE as u64 + 1) as i64), body: Box::new(body), dtype }
+                Scalar::Reduce {
+                    op,
+                    index,
+                    extent: Dim::constant(self.pick(SIDE as u64 + 1) as i64),
+                    body: Box::new(body),
+                    dtype,
+                }
             }
             _ => {
                 let inner = if dtype == Dtype::Bool { Dtype::Bool } else { dtype };
-                Scalar::Unary(if inner == Dtype::Bool { UnaryOp::Not } else { UnaryOp::Neg }, Box::new(self.expr(inner, depth - 1, indices)), inner)
+                Scalar::Unary(
+                    if inner == Dtype::Bool { UnaryOp::Not } else { UnaryOp::Neg },
+                    Box::new(self.expr(inner, depth - 1, indices)),
+                    inner,
+                )
             }
         }
     }
@@ -113,7 +159,11 @@ impl Generator {
 fn model(scalar: Scalar, dtype: Dtype) -> Model {
     let square = || vec![Dim::constant(SIDE), Dim::constant(SIDE)];
     let inputs = [("floats", Dtype::F32), ("ints", Dtype::I64), ("flags", Dtype::Bool)];
-    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, d))| Node { kind: NodeKind::Input(at), shape: square(), dtype: *d, source: None }).collect();
+    let mut nodes: Vec<Node> = inputs
+        .iter()
+        .enumerate()
+        .map(|(at, (_, d))| Node { kind: NodeKind::Input(at), shape: square(), dtype: *d, source: None })
+        .collect();
     nodes.push(Node { kind: NodeKind::Compute(scalar), shape: square(), dtype, source: None });
     let entry = Entry {
         name: "program".into(),
@@ -147,7 +197,10 @@ fn agree(program: &Model, given: Vec<Tensor>, context: &str) {
         match (&interpreted, compiled) {
             (Ok(a), Ok(b)) => {
                 if let Err(why) = verdict(a, &b) {
-                    panic!("{context} ({elementwise:?}) differs: {why}\n{program}\ninterp {:?}\ncpu    {:?}", a[0].data, b[0].data)
+                    panic!(
+                        "{context} ({elementwise:?}) differs: {why}\n{program}\ninterp {:?}\ncpu    {:?}",
+                        a[0].data, b[0].data
+                    )
                 }
             }
             (Err(a), Err(b)) => assert_eq!(*a, b, "{context} ({elementwise:?})"),
@@ -167,7 +220,9 @@ fn floats(shape: Vec<usize>, values: Vec<f32>) -> Vec<Tensor> {
 
 fn same(a: &Tensor, b: &Tensor) -> bool {
     match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
+        (Data::F32(x), Data::F32(y)) => {
+            x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+        }
         _ => a == b,
     }
 }
@@ -178,9 +233,17 @@ fn random_programs_agree_on_both_backends() {
     let count = (SIDE * SIDE) as usize;
     let inputs = |rng: &mut Rng| {
         vec![
-            Tensor::from_f32(Dtype::F32, vec![6, 6], (0..count).map(|_| ((rng.next_f64() - 0.5) * 8.0) as f32).collect()),
+            Tensor::from_f32(
+                Dtype::F32,
+                vec![6, 6],
+                (0..count).map(|_| ((rng.next_f64() - 0.5) * 8.0) as f32).collect(),
+            ),
             Tensor::from_i64(Dtype::I64, vec![6, 6], (0..count).map(|_| (rng.next_u64() % 17) as i64 - 8).collect()),
-            Tensor { dtype: Dtype::Bool, shape: vec![6, 6], data: Data::Bool((0..count).map(|_| rng.next_u64().is_multiple_of(2)).collect()) },
+            Tensor {
+                dtype: Dtype::Bool,
+                shape: vec![6, 6],
+                data: Data::Bool((0..count).map(|_| rng.next_u64().is_multiple_of(2)).collect()),
+            },
         ]
     };
     let mut data_rng = Rng::new(7);
@@ -202,10 +265,25 @@ fn random_programs_agree_on_both_backends() {
 fn bf16_rounding_agrees_at_every_exponent() {
     let mut rng = Rng::new(16);
     let count = (SIDE * SIDE) as usize;
-    let load = |k: u32| Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(k, Dtype::I64)], Dtype::F32);
+    let load =
+        |k: u32| Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(k, Dtype::I64)], Dtype::F32);
     // A sum of a row's six values, rounded once from f64 to bf16.
-    let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(SIDE), body: Box::new(load(2)), dtype: Dtype::Bf16 };
-    let program = model(Scalar::Binary(BinaryOp::Add, Box::new(sum), Box::new(Scalar::Cast(Box::new(load(1)), Dtype::Bf16)), Dtype::Bf16), Dtype::Bf16);
+    let sum = Scalar::Reduce {
+        op: ReduceOp::Sum,
+        index: 2,
+        extent: Dim::constant(SIDE),
+        body: Box::new(load(2)),
+        dtype: Dtype::Bf16,
+    };
+    let program = model(
+        Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(sum),
+            Box::new(Scalar::Cast(Box::new(load(1)), Dtype::Bf16)),
+            Dtype::Bf16,
+        ),
+        Dtype::Bf16,
+    );
     for round in 0..200 {
         let values: Vec<f32> = (0..count)
             .map(|_| match rng.next_u64() % 16 {
@@ -218,7 +296,12 @@ fn bf16_rounding_agrees_at_every_exponent() {
         let given = floats(vec![6, 6], values);
         let interpreted = reference(&program).call("program", given.clone()).unwrap();
         let compiled = native(&program, Elementwise::Scalar).call("program", given).unwrap();
-        assert!(same(&interpreted[0], &compiled[0]), "round {round}:\ninterp {:?}\ncpu    {:?}", interpreted[0].data, compiled[0].data);
+        assert!(
+            same(&interpreted[0], &compiled[0]),
+            "round {round}:\ninterp {:?}\ncpu    {:?}",
+            interpreted[0].data,
+            compiled[0].data
+        );
     }
 }
 
@@ -247,11 +330,25 @@ fn rows_shared_among_threads_agree_with_the_interpreter() {
         if rank == 3 {
             plane_positions[1] = Scalar::Int(0, Dtype::I64);
         }
-        let plane = Scalar::Reduce { op: ReduceOp::Sum, index: 10, extent: Dim::constant(last), body: Box::new(x(plane_positions)), dtype: Dtype::F32 };
-        let row = Scalar::Reduce { op: ReduceOp::Sum, index: 11, extent: Dim::constant(last), body: Box::new(x(at(index(0), index(11)))), dtype: Dtype::F32 };
-        let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(x(at(index(0), index(rank - 1)))), Box::new(plane), Dtype::F32);
+        let plane = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 10,
+            extent: Dim::constant(last),
+            body: Box::new(x(plane_positions)),
+            dtype: Dtype::F32,
+        };
+        let row = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 11,
+            extent: Dim::constant(last),
+            body: Box::new(x(at(index(0), index(11)))),
+            dtype: Dtype::F32,
+        };
+        let scaled =
+            Scalar::Binary(BinaryOp::Mul, Box::new(x(at(index(0), index(rank - 1)))), Box::new(plane), Dtype::F32);
         let summed = Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(row), Dtype::F32);
-        let scalar = Scalar::Binary(BinaryOp::Add, Box::new(summed), Box::new(x(at(gather, index(rank - 1)))), Dtype::F32);
+        let scalar =
+            Scalar::Binary(BinaryOp::Add, Box::new(summed), Box::new(x(at(gather, index(rank - 1)))), Dtype::F32);
         let dims = || shape.iter().map(|d| Dim::constant(*d)).collect::<Vec<_>>();
         let nodes = vec![
             Node { kind: NodeKind::Input(0), shape: dims(), dtype: Dtype::F32, source: None },
@@ -262,7 +359,10 @@ fn rows_shared_among_threads_agree_with_the_interpreter() {
             name: "program".into(),
             dims: Vec::new(),
             requires: Vec::new(),
-            inputs: vec![Input { name: "x".into(), shape: dims(), dtype: Dtype::F32 }, Input { name: "idx".into(), shape: vec![Dim::constant(first)], dtype: Dtype::I64 }],
+            inputs: vec![
+                Input { name: "x".into(), shape: dims(), dtype: Dtype::F32 },
+                Input { name: "idx".into(), shape: vec![Dim::constant(first)], dtype: Dtype::I64 },
+            ],
             nodes,
             outputs: vec![Value(2)],
         };
@@ -270,8 +370,14 @@ fn rows_shared_among_threads_agree_with_the_interpreter() {
         linnet_ir::verify(&program).unwrap();
         let mut rng = Rng::new(5);
         let count = shape.iter().product::<i64>() as usize;
-        let floats = Tensor::from_f32(Dtype::F32, shape.iter().map(|d| *d as usize).collect(), (0..count).map(|_| (rng.next_f64() - 0.5) as f32).collect());
-        let indices = |bad: bool| (0..first).map(|i| if bad && i == first - 1 { first + 4 } else { (i * 7) % first }).collect::<Vec<i64>>();
+        let floats = Tensor::from_f32(
+            Dtype::F32,
+            shape.iter().map(|d| *d as usize).collect(),
+            (0..count).map(|_| (rng.next_f64() - 0.5) as f32).collect(),
+        );
+        let indices = |bad: bool| {
+            (0..first).map(|i| if bad && i == first - 1 { first + 4 } else { (i * 7) % first }).collect::<Vec<i64>>()
+        };
         for bad in [false, true] {
             let given = vec![floats.clone(), Tensor::from_i64(Dtype::I64, vec![first as usize], indices(bad))];
             let interpreted = reference(&program).call("program", given.clone());
@@ -296,7 +402,10 @@ fn every_exponent(rng: &mut Rng, count: usize) -> Vec<f32> {
 
 /// A row of `width` f32 inputs through `op` into a value of `dtype`.
 fn elementwise(width: usize, op: impl Fn(Scalar) -> Scalar, dtype: Dtype) -> Model {
-    let mut program = model(op(Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64)], Dtype::F32)), dtype);
+    let mut program = model(
+        op(Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64)], Dtype::F32)),
+        dtype,
+    );
     let entry = &mut program.entries[0];
     let row = vec![Dim::constant(1), Dim::constant(width as i64)];
     for node in &mut entry.nodes {
@@ -328,7 +437,12 @@ fn lanes_round_to_bf16_as_the_reference() {
         let given = floats(vec![1, width], values);
         let interpreted = reference(&program).call("program", given.clone()).unwrap();
         let lanes = native(&program, Elementwise::Lanes).call("program", given).unwrap();
-        assert!(same(&interpreted[0], &lanes[0]), "round {round}:\ninterp {:?}\nlanes  {:?}", interpreted[0].data, lanes[0].data);
+        assert!(
+            same(&interpreted[0], &lanes[0]),
+            "round {round}:\ninterp {:?}\nlanes  {:?}",
+            interpreted[0].data,
+            lanes[0].data
+        );
     }
 }
 
@@ -349,8 +463,20 @@ fn lanes_exp_is_within_two_ulps() {
             *value = ((rng.next_f64() - 0.5) * 2.0 * 105.0) as f32;
         }
         let given = floats(vec![1, width], values.clone());
-        let interpreted = reference(&program).call("program", given.clone()).unwrap().remove(0).as_f32().expect("f32 results").to_vec();
-        let lanes = native(&program, Elementwise::Lanes).call("program", given).unwrap().remove(0).as_f32().expect("f32 results").to_vec();
+        let interpreted = reference(&program)
+            .call("program", given.clone())
+            .unwrap()
+            .remove(0)
+            .as_f32()
+            .expect("f32 results")
+            .to_vec();
+        let lanes = native(&program, Elementwise::Lanes)
+            .call("program", given)
+            .unwrap()
+            .remove(0)
+            .as_f32()
+            .expect("f32 results")
+            .to_vec();
         for ((x, want), got) in values.iter().zip(&interpreted).zip(&lanes) {
             let close = if want.is_nan() {
                 got.is_nan()
@@ -379,13 +505,38 @@ fn lanes_exp_is_within_two_ulps() {
 fn row_sums_in_lanes_meet_the_contract() {
     let mut rng = Rng::new(18);
     let row_sum = |width: usize, extent: i64, offset: i64| {
-        let at = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(2, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
+        let at = Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(Scalar::Index(2, Dtype::I64)),
+            Box::new(Scalar::Int(offset, Dtype::I64)),
+            Dtype::I64,
+        );
         let load = Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), at], Dtype::F32);
         let square = Scalar::Binary(BinaryOp::Mul, Box::new(load.clone()), Box::new(load), Dtype::F32);
-        elementwise(width, |x| {
-            let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(extent), body: Box::new(square.clone()), dtype: Dtype::F32 };
-            Scalar::Binary(BinaryOp::Add, Box::new(sum), Box::new(Scalar::Binary(BinaryOp::Mul, Box::new(x), Box::new(Scalar::Float(0.0, Dtype::F32)), Dtype::F32)), Dtype::F32)
-        }, Dtype::F32)
+        elementwise(
+            width,
+            |x| {
+                let sum = Scalar::Reduce {
+                    op: ReduceOp::Sum,
+                    index: 2,
+                    extent: Dim::constant(extent),
+                    body: Box::new(square.clone()),
+                    dtype: Dtype::F32,
+                };
+                Scalar::Binary(
+                    BinaryOp::Add,
+                    Box::new(sum),
+                    Box::new(Scalar::Binary(
+                        BinaryOp::Mul,
+                        Box::new(x),
+                        Box::new(Scalar::Float(0.0, Dtype::F32)),
+                        Dtype::F32,
+                    )),
+                    Dtype::F32,
+                )
+            },
+            Dtype::F32,
+        )
     };
     for (width, extent, offset) in [(4099, 4099, 0), (4099, 4096, 3), (7, 7, 0), (3, 3, 0), (10, 10, 1), (9, 6, 4)] {
         let program = row_sum(width, extent, offset);
@@ -395,7 +546,17 @@ fn row_sums_in_lanes_meet_the_contract() {
     // Squares of -0.0 are +0.0: sum the row itself for the signs.
     let signed = |width: usize, extent: i64| {
         let load = Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(2, Dtype::I64)], Dtype::F32);
-        elementwise(width, |_| Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(extent), body: Box::new(load.clone()), dtype: Dtype::F32 }, Dtype::F32)
+        elementwise(
+            width,
+            |_| Scalar::Reduce {
+                op: ReduceOp::Sum,
+                index: 2,
+                extent: Dim::constant(extent),
+                body: Box::new(load.clone()),
+                dtype: Dtype::F32,
+            },
+            Dtype::F32,
+        )
     };
     for (width, extent, expected) in [(9, 9, -0.0f32), (9, 0, 0.0)] {
         let given = floats(vec![1, width], vec![-0.0; width]);

@@ -3,8 +3,8 @@
 //! wrong shape or dtype; tokens outside the vocabulary; positions past the
 //! caches; and weights that are nowhere to be found.
 
-use linnet_exec::Machine;
 use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_ir::Dtype;
 use linnet_runtime::weights::{self, NonFinite};
 use safetensors::tensor::TensorView;
@@ -49,14 +49,19 @@ fn rewritten(case: &str, mut change: impl FnMut(&mut Vec<Stored>)) -> PathBuf {
             continue;
         }
         let file = SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<Stored> =
-            file.tensors().into_iter().map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec())).collect();
+        let mut tensors: Vec<Stored> = file
+            .tensors()
+            .into_iter()
+            .map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec()))
+            .collect();
         change(&mut tensors);
         for (tensor, ..) in &tensors {
             weight_map.insert(tensor.clone(), serde_json::Value::String(name.clone()));
         }
-        let views: Vec<(String, TensorView)> =
-            tensors.iter().map(|(n, dtype, shape, data)| (n.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap())).collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, dtype, shape, data)| (n.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap()))
+            .collect();
         std::fs::write(target.join(name), safetensors::serialize(views, None).unwrap()).unwrap();
     }
     if let Some(mut index) = index {
@@ -101,8 +106,14 @@ fn a_wrong_shape_and_a_wrong_dtype_are_both_reported() {
         }
     });
     let error = load(&dir).err().expect("an error");
-    assert!(error.contains("groups.0.linear.1.mlp.gate.weight") && error.contains("shape [64, 8], expected [8, 64]"), "{error}");
-    assert!(error.contains("groups.0.linear.1.input_layernorm.weight") && error.contains("dtype BF16, expected f32"), "{error}");
+    assert!(
+        error.contains("groups.0.linear.1.mlp.gate.weight") && error.contains("shape [64, 8], expected [8, 64]"),
+        "{error}"
+    );
+    assert!(
+        error.contains("groups.0.linear.1.input_layernorm.weight") && error.contains("dtype BF16, expected f32"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -153,7 +164,9 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");
     assert_eq!(linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 62).unwrap().len(), 62);
     let bindings: HashMap<String, String> = HashMap::new();
-    let problems = weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse).unwrap_err();
+    let problems =
+        weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse)
+            .unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
 }
 
@@ -171,7 +184,12 @@ fn a_nan_in_the_weights_is_refused_or_reported_not_sampled() {
         }
     });
     let error = load(&dir).err().expect("refused under --strict");
-    assert!(error.contains("parameter `norm.weight`") && error.contains(NORM) && error.contains("2 NaN or infinite value(s), the first at flat index 1"), "{error}");
+    assert!(
+        error.contains("parameter `norm.weight`")
+            && error.contains(NORM)
+            && error.contains("2 NaN or infinite value(s), the first at flat index 1"),
+        "{error}"
+    );
     let mut machine = load_with(&dir, NonFinite::Warn).unwrap();
     let error = linnet_runtime::generate::greedy(&mut machine, &[5, 17, 42], 4).unwrap_err().to_string();
     assert!(error.contains("entry `prefill`") && error.contains("NaN"), "{error}");
@@ -198,7 +216,12 @@ fn experts_stored_one_tensor_per_expert_are_stacked() {
                 for (at, part) in parts.iter().enumerate() {
                     let start = (expert * shape[1] + at * rows) * row_bytes;
                     let bytes = data[start..start + rows * row_bytes].to_vec();
-                    split.push((format!("{prefix}.experts.{expert}.{part}.weight"), *dtype, vec![rows, shape[2]], bytes));
+                    split.push((
+                        format!("{prefix}.experts.{expert}.{part}.weight"),
+                        *dtype,
+                        vec![rows, shape[2]],
+                        bytes,
+                    ));
                 }
             }
             false
@@ -233,11 +256,15 @@ fn a_tensor_in_two_shards_takes_the_index_file_or_is_reported() {
         }
         // A second `norm.weight`, all zeros, in a shard the index does not name for it.
         let file = SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> =
-            file.tensors().into_iter().map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+        let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+            .collect();
         let width = machine_width();
         tensors.push((NORM.to_string(), safetensors::Dtype::F32, vec![width], vec![0u8; width * 4]));
-        let views: Vec<(String, TensorView)> = tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        let views: Vec<(String, TensorView)> =
+            tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
         std::fs::write(target, safetensors::serialize(views, None).unwrap()).unwrap();
         planted = true;
     }

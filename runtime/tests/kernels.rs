@@ -7,16 +7,16 @@
 //! code (nothing falls back), and a deliberately wrong kernel fails the
 //! contract.
 
-use linnet_frontend::driver::lower_package_with;
 use linnet_cpu::backend::Cpu;
 use linnet_cpu::lowering::Elementwise;
-use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
-use linnet_ir::analysis::Analysis;
-use linnet_ir::{Intrinsic, Model};
 use linnet_exec::tensor::{Data, Tensor};
+use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
+use linnet_frontend::driver::lower_package_with;
 use linnet_frontend::lower::Lowering;
 use linnet_frontend::package::LoadOptions;
+use linnet_ir::analysis::Analysis;
 use linnet_ir::Dtype;
+use linnet_ir::{Intrinsic, Model};
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -26,10 +26,22 @@ fn root() -> PathBuf {
 /// The oracle model of `config` lowered with `lowering`, and its weights.
 fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) {
     let dir = root().join("tests/fixtures/oracle").join(config);
-    let options = LoadOptions { nest: Some(dir.join(format!("package/nest-{dtype}.toml"))), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering).unwrap_or_else(|_| panic!("lowers"));
+    let options = LoadOptions {
+        nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
+        stdlib: Some(root().join("stdlib")),
+        ..LoadOptions::default()
+    };
+    let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering)
+        .unwrap_or_else(|_| panic!("lowers"));
     let package = checked.package.unwrap();
-    let params = linnet_runtime::weights::load(&model, &linnet_runtime::bindings(&package), &dir.join(format!("weights-{dtype}")), &[], linnet_runtime::weights::NonFinite::Refuse).unwrap();
+    let params = linnet_runtime::weights::load(
+        &model,
+        &linnet_runtime::bindings(&package),
+        &dir.join(format!("weights-{dtype}")),
+        &[],
+        linnet_runtime::weights::NonFinite::Refuse,
+    )
+    .unwrap();
     (model, params)
 }
 
@@ -37,7 +49,9 @@ fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtim
     let (model, params) = model(config, dtype, lowering);
     match backend {
         linnet_runtime::Backend::Interp => linnet_exec::interp::machine(model, params),
-        linnet_runtime::Backend::Cpu => linnet_cpu::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}")),
+        linnet_runtime::Backend::Cpu => {
+            linnet_cpu::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}"))
+        }
         other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
     }
 }
@@ -47,7 +61,8 @@ fn within_contract(reference: &[Tensor], outputs: &[Tensor]) -> Result<f64, Stri
     assert_eq!(reference.len(), outputs.len());
     let mut worst = 0f64;
     for (at, (a, b)) in reference.iter().zip(outputs).enumerate() {
-        worst = worst.max(linnet_exec::tolerance::compare(a, b).map_err(|mismatch| format!("output {at}: {mismatch}"))?);
+        worst =
+            worst.max(linnet_exec::tolerance::compare(a, b).map_err(|mismatch| format!("output {at}: {mismatch}"))?);
     }
     Ok(worst)
 }
@@ -59,16 +74,25 @@ fn ints(shape: Vec<usize>, values: Vec<i64>) -> Tensor {
 /// The outputs of a fixed script of calls through every entry.
 fn script(machine: &mut Machine) -> Vec<Tensor> {
     let mut out = Vec::new();
-    let mut call = |machine: &mut Machine, entry: &str, inputs: Vec<Tensor>| out.extend(machine.call(entry, inputs).unwrap());
+    let mut call =
+        |machine: &mut Machine, entry: &str, inputs: Vec<Tensor>| out.extend(machine.call(entry, inputs).unwrap());
     call(machine, "forward", vec![ints(vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])]);
     call(machine, "next_token", vec![ints(vec![1, 4], vec![7, 8, 9, 10])]);
     call(machine, "prefill", vec![ints(vec![2, 4], vec![5, 17, 42, 9, 1, 2, 3, 4]), ints(vec![], vec![0])]);
     for position in 4..8 {
         call(machine, "decode", vec![ints(vec![2, 1], vec![position * 3, position * 5]), ints(vec![], vec![position])]);
     }
-    call(machine, "prefill_slots", vec![ints(vec![2, 3], vec![11, 12, 13, 21, 22, 0]), ints(vec![2], vec![1, 0]), ints(vec![2], vec![3, 2])]);
+    call(
+        machine,
+        "prefill_slots",
+        vec![ints(vec![2, 3], vec![11, 12, 13, 21, 22, 0]), ints(vec![2], vec![1, 0]), ints(vec![2], vec![3, 2])],
+    );
     for step in 0..3 {
-        call(machine, "decode_rows", vec![ints(vec![2, 1], vec![30 + step, 40 + step]), ints(vec![2], vec![2 + step, 3 + step])]);
+        call(
+            machine,
+            "decode_rows",
+            vec![ints(vec![2, 1], vec![30 + step, 40 + step]), ints(vec![2], vec![2 + step, 3 + step])],
+        );
     }
     out
 }
@@ -77,7 +101,8 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
 fn kernels_equal_the_bodies_they_replace() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let with_kernels = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        let inlined = script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
+        let inlined =
+            script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
         assert_eq!(with_kernels.len(), inlined.len());
         for (at, (a, b)) in with_kernels.iter().zip(&inlined).enumerate() {
             assert_eq!(a, b, "{config} {dtype}: output {at} differs");
@@ -98,7 +123,10 @@ fn the_cpu_backend_meets_the_contract() {
         let started = std::time::Instant::now();
         let reference = script(&mut machine(config, dtype, Lowering::default(), Interp));
         let worst = within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype}: {e}"));
-        eprintln!("{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale", started.elapsed());
+        eprintln!(
+            "{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale",
+            started.elapsed()
+        );
     }
 }
 
@@ -125,8 +153,14 @@ fn the_routers_ranks_are_recognized() {
 fn fusion_changes_no_result() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let unfused = Lowering { fuse: false, ..Lowering::default() };
-        let (fused_nodes, unfused_nodes) = (nodes(&machine(config, dtype, Lowering::default(), Interp)), nodes(&machine(config, dtype, unfused, Interp)));
-        assert!(fused_nodes * 10 < unfused_nodes * 8, "fusion removes over a fifth of the nodes: {fused_nodes} of {unfused_nodes} left");
+        let (fused_nodes, unfused_nodes) = (
+            nodes(&machine(config, dtype, Lowering::default(), Interp)),
+            nodes(&machine(config, dtype, unfused, Interp)),
+        );
+        assert!(
+            fused_nodes * 10 < unfused_nodes * 8,
+            "fusion removes over a fifth of the nodes: {fused_nodes} of {unfused_nodes} left"
+        );
         let reference = script(&mut machine(config, dtype, unfused, Interp));
         let fused = script(&mut machine(config, dtype, Lowering::default(), Interp));
         for (at, (a, b)) in fused.iter().zip(&reference).enumerate() {
@@ -181,7 +215,13 @@ impl Backend for Skewed {
     fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Tensor]) -> Result<Tensor, NodeError> {
         self.cpu.intrinsic(site, intrinsic, args)
     }
-    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+    fn write_cache(
+        &mut self,
+        site: Site<'_>,
+        intrinsic: Intrinsic,
+        cache: &mut Tensor,
+        args: &[&Tensor],
+    ) -> Result<(), NodeError> {
         self.cpu.write_cache(site, intrinsic, cache, args)
     }
 }
@@ -195,10 +235,12 @@ fn a_deliberately_wrong_kernel_fails_the_contract() {
     let entry = model.entries.iter().position(|e| e.name == "forward").unwrap();
     let node = model.entries[entry].outputs[0].index();
     let tokens = vec![Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])];
-    let reference = linnet_exec::interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
+    let reference =
+        linnet_exec::interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
     for (skew, passes) in [(1e-3, false), (1e-6, true)] {
         let skewed = Skewed { cpu: Cpu::jit(Elementwise::default()), entry, node, skew };
-        let outputs = Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
+        let outputs =
+            Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
         let verdict = within_contract(&reference, &outputs);
         assert_eq!(verdict.is_ok(), passes, "skew {skew}: {verdict:?}");
     }
@@ -215,7 +257,12 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
         let analysis = Analysis::of(entry);
         let code = linnet_cpu::native::jit(entry, &analysis, Elementwise::default()).unwrap();
         let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).count();
-        assert_eq!(code.kernels.iter().flatten().count(), computes, "entry `{}`: a kernel per `Compute` node", entry.name);
+        assert_eq!(
+            code.kernels.iter().flatten().count(),
+            computes,
+            "entry `{}`: a kernel per `Compute` node",
+            entry.name
+        );
         compiled.insert(entry.name.clone(), code);
     }
     let decode = &model.entries.iter().find(|e| e.name == "decode").unwrap();
@@ -224,5 +271,8 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let error = linnet_cpu::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
     assert_eq!((error.entry.as_str(), error.node), ("decode", Some(missing)));
     let text = error.to_string();
-    assert!(text.contains(&format!("cannot run v{missing} of entry `decode` (lowered from ")) && text.contains(".linnet:"), "{text}");
+    assert!(
+        text.contains(&format!("cannot run v{missing} of entry `decode` (lowered from ")) && text.contains(".linnet:"),
+        "{text}"
+    );
 }

@@ -14,8 +14,8 @@
 //! the positions those two runs agree on; greedy tokens as
 //! `greedy_generation` says.
 
-use linnet_exec::Machine;
 use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
 use linnet_runtime::generate::{argmax_rows, greedy};
@@ -76,11 +76,15 @@ fn try_load(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) -> 
     let options = if card.is_file() {
         LoadOptions { nest: Some(card), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     } else {
-        let mut overrides: Vec<(String, String)> = DENSE_GENERICS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut overrides: Vec<(String, String)> =
+            DENSE_GENERICS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         overrides.push(("T".into(), dtype.into()));
         LoadOptions { overrides, stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     };
-    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(dir.join(format!("weights-{dtype}"))), non_finite: linnet_runtime::weights::NonFinite::Refuse };
+    let weights = linnet_runtime::Weights::Checkpoint {
+        dir: Some(dir.join(format!("weights-{dtype}"))),
+        non_finite: linnet_runtime::weights::NonFinite::Refuse,
+    };
     let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend)?.machine;
     let mut golden = read_golden(&dir, dtype);
     if dtype == "f32" {
@@ -174,8 +178,16 @@ impl Score {
         let agreement = self.agree as f32 / self.decided as f32;
         let (worst, median) = (self.worst(), self.median());
         assert!(worst <= oracle.tolerance, "{what}: max|diff|/max|ref| = {worst:.2e} > {:.2e}", oracle.tolerance);
-        assert!(median <= oracle.typical, "{what}: median row's max|diff|/max|ref| = {median:.2e} > {:.0e}", oracle.typical);
-        assert!(agreement >= oracle.min_agreement, "{what}: argmax agreement {agreement:.3} < {}", oracle.min_agreement);
+        assert!(
+            median <= oracle.typical,
+            "{what}: median row's max|diff|/max|ref| = {median:.2e} > {:.0e}",
+            oracle.typical
+        );
+        assert!(
+            agreement >= oracle.min_agreement,
+            "{what}: argmax agreement {agreement:.3} < {}",
+            oracle.min_agreement
+        );
         eprintln!(
             "{what}: max|diff|/max|ref| = {worst:.2e} (median row {median:.2e}) over {} rows, argmax agreement {agreement:.3} over {} decided",
             self.distances.len(),
@@ -302,7 +314,10 @@ fn greedy_generation(oracle: &mut Oracle, what: &str, exact: bool) {
     }
     eprintln!("{what} greedy: {equal} of {total} tokens equal before the first difference");
     let least = oracle.greedy_prefix;
-    assert!(exact || equal >= least, "{what}: {equal} of {total} greedy tokens equal before the first difference, under {least}");
+    assert!(
+        exact || equal >= least,
+        "{what}: {equal} of {total} greedy tokens equal before the first difference, under {least}"
+    );
 }
 
 fn every_path(fixture: Fixture, dtype: &str, backend: linnet_runtime::Backend) {
@@ -381,7 +396,11 @@ fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
 fn the_gpu_kernels_refuse_bad_positions_and_slots_as_the_cpu_does() {
     let bad_calls = || {
         let position = |pos: i64| Tensor::from_i64(Dtype::I32, Vec::new(), vec![pos]);
-        let duplicate = (tokens(&[&[1, 2, 3], &[4, 5, 6]]), Tensor::from_i64(Dtype::I32, vec![2], vec![1, 1]), Tensor::from_i64(Dtype::I32, vec![2], vec![3, 3]));
+        let duplicate = (
+            tokens(&[&[1, 2, 3], &[4, 5, 6]]),
+            Tensor::from_i64(Dtype::I32, vec![2], vec![1, 1]),
+            Tensor::from_i64(Dtype::I32, vec![2], vec![3, 3]),
+        );
         vec![
             ("decode", vec![tokens(&[&[1], &[2]]), position(64)]),
             ("decode", vec![tokens(&[&[1], &[2]]), position(-1)]),
@@ -398,7 +417,10 @@ fn the_gpu_kernels_refuse_bad_positions_and_slots_as_the_cpu_does() {
                 let error = oracle.machine.call(entry, inputs).expect_err("a bad call is refused").to_string();
                 // The machine still runs.
                 oracle.machine.reset().unwrap();
-                oracle.machine.call("decode", vec![tokens(&[&[1], &[2]]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])]).expect("a good call after a bad one runs");
+                oracle
+                    .machine
+                    .call("decode", vec![tokens(&[&[1], &[2]]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![0])])
+                    .expect("a good call after a bad one runs");
                 error
             })
             .collect::<Vec<String>>()

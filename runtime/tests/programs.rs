@@ -79,7 +79,9 @@ impl Program {
             8 => {
                 self.lines.push(format!("let {name}_q = reshape({a}, [1, 1, N, H])"));
                 self.lines.push(format!("let {name}_k = reshape({b}, [1, 1, N, H])"));
-                self.lines.push(format!("let {name}_a = grouped_attention({name}_q, {name}_k, {name}_k, 0.25, some(causal_mask<N, N>()))"));
+                self.lines.push(format!(
+                    "let {name}_a = grouped_attention({name}_q, {name}_k, {name}_k, 0.25, some(causal_mask<N, N>()))"
+                ));
                 format!("let {name} = reshape({name}_a, [N, H])")
             }
             9 => {
@@ -118,7 +120,8 @@ fn package(seed: u64, source: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("linnet-programs-{}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("src")).unwrap();
-    std::fs::write(dir.join("linnet.toml"), "[package]\nname = \"fuzz\"\nversion = \"0.1.0\"\nlanguage = \"0.1\"\n").unwrap();
+    std::fs::write(dir.join("linnet.toml"), "[package]\nname = \"fuzz\"\nversion = \"0.1.0\"\nlanguage = \"0.1\"\n")
+        .unwrap();
     let dtype = if seed.is_multiple_of(2) { "f32" } else { "bf16" };
     let nest = format!("[model]\nname = \"fuzz\"\n\n[source]\npath = \"src/lib.linnet\"\nroot = \"Prog\"\nentry = \"run\"\n\n[generics]\nH = 8\nT = \"{dtype}\"\n");
     std::fs::write(dir.join("nest.toml"), nest).unwrap();
@@ -128,7 +131,10 @@ fn package(seed: u64, source: &str) -> PathBuf {
 
 fn same(a: &Tensor, b: &Tensor) -> bool {
     match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan())),
+        (Data::F32(x), Data::F32(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+        }
         _ => a == b,
     }
 }
@@ -140,11 +146,13 @@ fn random_linnet_programs_agree_everywhere() {
         let source = Program::source(seed);
         let dir = package(seed, &source);
         let model = |lowering: Lowering| {
-            let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, lowering).unwrap_or_else(|checked| {
-                let mut out = Vec::new();
-                linnet_frontend::diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out).unwrap();
-                panic!("program {seed} does not build:\n{source}\n{}", String::from_utf8_lossy(&out))
-            });
+            let (model, _) =
+                linnet_frontend::driver::lower_package_with(&dir, &options, lowering).unwrap_or_else(|checked| {
+                    let mut out = Vec::new();
+                    linnet_frontend::diagnostic::render_human(&checked.diagnostics, &checked.sources, false, &mut out)
+                        .unwrap();
+                    panic!("program {seed} does not build:\n{source}\n{}", String::from_utf8_lossy(&out))
+                });
             let params = linnet_runtime::random::params(&model, seed);
             (model, params)
         };
@@ -154,13 +162,25 @@ fn random_linnet_programs_agree_everywhere() {
         };
         let mut rng = Rng::new(seed ^ 0xfeed);
         let rows = 1 + (rng.next_u64() % 5) as usize;
-        let x = Tensor::from_f32(Dtype::F32, vec![rows, 8], (0..rows * 8).map(|_| (rng.next_f64() * 4.0 - 2.0) as f32).collect());
-        let idx = Tensor::from_i64(Dtype::I32, vec![rows], (0..rows).map(|_| (rng.next_u64() % rows as u64) as i64).collect());
+        let x = Tensor::from_f32(
+            Dtype::F32,
+            vec![rows, 8],
+            (0..rows * 8).map(|_| (rng.next_f64() * 4.0 - 2.0) as f32).collect(),
+        );
+        let idx = Tensor::from_i64(
+            Dtype::I32,
+            vec![rows],
+            (0..rows).map(|_| (rng.next_u64() % rows as u64) as i64).collect(),
+        );
         let inputs = vec![x, idx];
-        let reference = reference_machine(Lowering { fuse: false, ..Lowering::default() }).call("run", inputs.clone()).unwrap().remove(0);
+        let reference = reference_machine(Lowering { fuse: false, ..Lowering::default() })
+            .call("run", inputs.clone())
+            .unwrap()
+            .remove(0);
         let fused = reference_machine(Lowering::default()).call("run", inputs.clone()).unwrap().remove(0);
         let (fused_model, params) = model(Lowering::default());
-        let mut cpu = linnet_cpu::backend::machine(fused_model, params, None).unwrap_or_else(|e| panic!("program {seed}: {e}"));
+        let mut cpu =
+            linnet_cpu::backend::machine(fused_model, params, None).unwrap_or_else(|e| panic!("program {seed}: {e}"));
         let native = cpu.call("run", inputs).unwrap().remove(0);
         assert!(same(&fused, &reference), "program {seed}: fusion changed the result\n{source}");
         if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &native) {
@@ -180,14 +200,19 @@ fn integer_literals_fold_as_the_runtime_divides() {
                   let folded[n] = idx[n] * (7 / 2) + (0 - 7) / 2 + 5 / 0 + (0 - 7) % 3 + 9 % 0\n        return folded\n    }\n}\n";
     let dir = package(9_000, source);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
+        .unwrap_or_else(|_| panic!("lowers"));
     let params = linnet_runtime::random::params(&model, 1);
     let x = Tensor::from_f32(Dtype::F32, vec![3, 8], vec![0.0; 24]);
     let idx = Tensor::from_i64(Dtype::I32, vec![3], vec![0, 1, -2]);
     // 3·idx − 4 + 0 + 2 + 0
     let expected = Tensor::from_i64(Dtype::I32, vec![3], vec![-2, 1, -8]);
-    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
-    let native = linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone())
+        .call("run", vec![x.clone(), idx.clone()])
+        .unwrap()
+        .remove(0);
+    let native =
+        linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -206,7 +231,8 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
                   let t[n, h] = x[n, h] * (if h < 7 { a[n, (h - 0) + 1] } else { x[n, 0] })\n        return t\n    }\n}\n";
     let dir = package(9_001, source);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
-    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default()).unwrap_or_else(|_| panic!("lowers"));
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
+        .unwrap_or_else(|_| panic!("lowers"));
     let params = linnet_runtime::random::params(&model, 1);
     let row: Vec<f32> = (1..=8).map(|h| h as f32).collect();
     let x = Tensor::from_f32(Dtype::F32, vec![2, 8], [row.clone(), row].concat());
@@ -214,8 +240,12 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
     // x[h] · 2·x[h + 1], and x[7] · x[0] in the last column.
     let expected_row: Vec<f32> = (1..=8).map(|h| if h < 8 { h as f32 * 2.0 * (h + 1) as f32 } else { 8.0 }).collect();
     let expected = Tensor::from_f32(Dtype::F32, vec![2, 8], [expected_row.clone(), expected_row].concat());
-    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone()).call("run", vec![x.clone(), idx.clone()]).unwrap().remove(0);
-    let native = linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let interpreted = linnet_exec::interp::machine(model.clone(), params.clone())
+        .call("run", vec![x.clone(), idx.clone()])
+        .unwrap()
+        .remove(0);
+    let native =
+        linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -66,7 +66,11 @@ impl Server {
     }
 
     fn complete(&self, prompt: &[i64], max_tokens: usize) -> Vec<i64> {
-        let (status, body) = self.call("POST", "/v1/completions", &json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string());
+        let (status, body) = self.call(
+            "POST",
+            "/v1/completions",
+            &json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string(),
+        );
         assert_eq!(status, 200, "{body}");
         let value: Value = serde_json::from_str(&body).unwrap();
         value["choices"][0]["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
@@ -100,16 +104,24 @@ fn a_server_session() {
         stdlib: Some(root().join("stdlib")),
         ..Default::default()
     };
-    let weights = linnet_runtime::Weights::Checkpoint { dir: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")), non_finite: linnet_runtime::weights::NonFinite::Refuse };
+    let weights = linnet_runtime::Weights::Checkpoint {
+        dir: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")),
+        non_finite: linnet_runtime::weights::NonFinite::Refuse,
+    };
     let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(alone[0], linnet_runtime::generate::greedy(&mut machine, prompts[0], 10).unwrap());
 
     // Text in, text out, and the chat endpoint, streaming.
-    let (status, body) = server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 3, "temperature": 0}"#);
+    let (status, body) =
+        server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 3, "temperature": 0}"#);
     assert_eq!(status, 200);
     let expected: Vec<String> = alone[0][..3].iter().map(|id| format!("t{id}")).collect();
     assert!(body.contains(&format!(r#""text":"{}""#, expected.join(" "))), "{body}");
-    let (status, body) = server.call("POST", "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 3, "stream": true}"#);
+    let (status, body) = server.call(
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 3, "stream": true}"#,
+    );
     assert_eq!(status, 200);
     assert!(body.contains("chat.completion.chunk") && body.contains("data: [DONE]"), "{body}");
 
@@ -134,7 +146,12 @@ fn a_server_session() {
     assert_eq!(status, 400);
     // Fields that would change the answer and are not done yet are refused
     // by name, not ignored; their "not asked for" values are accepted.
-    for (field, value) in [("n", json!(2)), ("logprobs", json!(true)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))] {
+    for (field, value) in [
+        ("n", json!(2)),
+        ("logprobs", json!(true)),
+        ("echo", json!(true)),
+        ("stream_options", json!({ "include_usage": true })),
+    ] {
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
         body[field] = value;
         let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
@@ -144,24 +161,35 @@ fn a_server_session() {
     let (status, response) = server.call("POST", "/v1/completions", &accepted.to_string());
     assert_eq!(status, 200, "{response}");
     // Another model's name is a 404; the model's own name is fine.
-    let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "model": "gpt-4" }).to_string());
+    let (status, response) =
+        server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "model": "gpt-4" }).to_string());
     assert!(status == 404 && response.contains("gpt-4"), "{status} {response}");
     let (_, models) = server.call("GET", "/v1/models", "");
     let name = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].clone();
-    let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "max_tokens": 1, "model": name }).to_string());
+    let (status, response) = server.call(
+        "POST",
+        "/v1/completions",
+        &json!({ "prompt": [1, 2], "max_tokens": 1, "model": name }).to_string(),
+    );
     assert_eq!(status, 200, "{response}");
     // Stop strings: the text ends before the first, in full answers and
     // in streams; without a tokenizer's text they are refused.
-    let (_, full) = server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0}"#);
+    let (_, full) =
+        server.call("POST", "/v1/completions", r#"{"prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0}"#);
     let full: Value = serde_json::from_str(&full).unwrap();
     let full_text = full["choices"][0]["text"].as_str().unwrap().to_string();
     let stop = format!("t{}", alone[0][4]);
     let expected = &full_text[..full_text.find(&stop).unwrap()];
-    let body = json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": [stop, "never"] }).to_string();
+    let body =
+        json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": [stop, "never"] }).to_string();
     let (status, response) = server.call("POST", "/v1/completions", &body);
     let answer: Value = serde_json::from_str(&response).unwrap();
-    assert!(status == 200 && answer["choices"][0]["text"] == expected && answer["choices"][0]["finish_reason"] == "stop", "{response}");
-    let streamed = json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": stop, "stream": true }).to_string();
+    assert!(
+        status == 200 && answer["choices"][0]["text"] == expected && answer["choices"][0]["finish_reason"] == "stop",
+        "{response}"
+    );
+    let streamed =
+        json!({ "prompt": "t5 t17 t42", "max_tokens": 10, "temperature": 0, "stop": stop, "stream": true }).to_string();
     let (status, response) = server.call("POST", "/v1/completions", &streamed);
     let pieces: String = response
         .lines()
@@ -170,7 +198,8 @@ fn a_server_session() {
         .collect();
     assert!(status == 200 && pieces == expected && response.contains(r#""finish_reason":"stop""#), "{response}");
     for refused in [json!(["a", "b", "c", "d", "e"]), json!([""]), json!(7)] {
-        let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "stop": refused }).to_string());
+        let (status, response) =
+            server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "stop": refused }).to_string());
         assert!(status == 400 && response.contains("`stop`"), "{refused}: {status} {response}");
     }
     // A body over the limit is a 413.
@@ -181,7 +210,11 @@ fn a_server_session() {
     let (status, response) = server.call("POST", "/v1/chat/completions", &parts.to_string());
     assert_eq!(status, 200, "{response}");
     // `max_completion_tokens` bounds the answer as `max_tokens` does.
-    let (status, response) = server.call("POST", "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": "t1" }], "max_completion_tokens": 1000 }).to_string());
+    let (status, response) = server.call(
+        "POST",
+        "/v1/chat/completions",
+        &json!({ "messages": [{ "role": "user", "content": "t1" }], "max_completion_tokens": 1000 }).to_string(),
+    );
     assert_eq!(status, 400, "{response}");
 
     // A streaming client that goes away frees its row.

@@ -24,7 +24,8 @@ fn main() {
             let folder = std::path::Path::new(dir).join(target.name);
             std::fs::create_dir_all(&folder).unwrap_or_else(|e| panic!("{}: {e}", folder.display()));
             for (at, seed) in (target.seeds)().iter().enumerate() {
-                std::fs::write(folder.join(format!("seed-{at}")), seed).unwrap_or_else(|e| panic!("{}: {e}", folder.display()));
+                std::fs::write(folder.join(format!("seed-{at}")), seed)
+                    .unwrap_or_else(|e| panic!("{}: {e}", folder.display()));
             }
         }
         return;
@@ -52,7 +53,13 @@ fn main() {
     let mut failed = false;
     for target in chosen {
         let report = run(target, Duration::from_secs(seconds), limit, seed, &dir);
-        println!("{:<12} {:>9} inputs, slowest {:.3} s, {} failure(s)", target.name, report.inputs, report.slowest.as_secs_f64(), report.failures.len());
+        println!(
+            "{:<12} {:>9} inputs, slowest {:.3} s, {} failure(s)",
+            target.name,
+            report.inputs,
+            report.slowest.as_secs_f64(),
+            report.failures.len()
+        );
         for failure in &report.failures {
             println!("  {}: {}", failure.input.display(), failure.what);
         }

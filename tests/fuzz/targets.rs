@@ -2,12 +2,12 @@
 //! its corpus starts from.
 
 use super::Target;
-use linnet_frontend::driver::{check_package, lower_checked, lower_package};
-use linnet_ir::Model;
-use linnet_frontend::package::LoadOptions;
-use linnet_ir::Dtype;
-use linnet_frontend::source::FileId;
 use linnet_exec::tensor::Tensor;
+use linnet_frontend::driver::{check_package, lower_checked, lower_package};
+use linnet_frontend::package::LoadOptions;
+use linnet_frontend::source::FileId;
+use linnet_ir::Dtype;
+use linnet_ir::Model;
 use linnet_runtime::server::{Limits, Served};
 use linnet_runtime::weights::NonFinite;
 use std::collections::HashMap;

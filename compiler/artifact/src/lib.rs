@@ -13,15 +13,15 @@
 //! artifact of another format, ABI or host is refused with a message, never
 //! run.
 
-use linnet_frontend::sema::footprint::human_bytes;
 use linnet_cpu::native::{self, Compiled};
 use linnet_exec::BuildError;
-use linnet_ir::analysis::Analysis;
-use linnet_ir::{plan, Model};
 use linnet_frontend::package::Package;
+use linnet_frontend::sema::footprint::human_bytes;
+use linnet_frontend::source::SourceMap;
+use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::Symbol;
 use linnet_ir::Dtype;
-use linnet_frontend::source::SourceMap;
+use linnet_ir::{plan, Model};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -144,7 +144,10 @@ impl MemoryPlan {
         ];
         let at: Vec<String> = self.at.iter().map(|(name, value)| format!("{name}={value}")).collect();
         for (entry, peak) in &self.peak_scratch {
-            let peak = peak.map_or_else(|| "unknown (give its dims in [check])".to_string(), |bytes| format!("{} ({bytes} bytes)", human_bytes(bytes as u128)));
+            let peak = peak.map_or_else(
+                || "unknown (give its dims in [check])".to_string(),
+                |bytes| format!("{} ({bytes} bytes)", human_bytes(bytes as u128)),
+            );
             lines.push(format!("scratch: {entry} at {}: {peak}", at.join(", ")));
         }
         lines.join("\n")
@@ -161,7 +164,9 @@ pub fn compiler_build() -> String {
 /// model card, bindings, `--set` values), with its path.
 pub fn content_key(sources: &SourceMap) -> Result<String, String> {
     let mut hash = Sha256::new();
-    for part in [&compiler_build(), &native::ABI_VERSION.to_string(), &FORMAT_VERSION.to_string(), &native::host_target()?] {
+    for part in
+        [&compiler_build(), &native::ABI_VERSION.to_string(), &FORMAT_VERSION.to_string(), &native::host_target()?]
+    {
         hash.update((part.len() as u64).to_le_bytes());
         hash.update(part.as_bytes());
     }
@@ -182,11 +187,19 @@ fn manifest(
     kernels: native::EntryKernels,
     files: BTreeMap<String, String>,
 ) -> Result<Manifest, String> {
-    let bindings: HashMap<&str, &str> =
-        package.bindings.iter().flat_map(|b| &b.entries).map(|(path, tensor, _)| (path.as_str(), tensor.as_str())).collect();
+    let bindings: HashMap<&str, &str> = package
+        .bindings
+        .iter()
+        .flat_map(|b| &b.entries)
+        .map(|(path, tensor, _)| (path.as_str(), tensor.as_str()))
+        .collect();
     let nest = package.nest.as_ref();
     let dims: HashMap<Symbol, i64> = linnet_frontend::driver::check_dims(package);
-    let tensor = |name: Option<&str>, shape: Vec<String>, dtype: Dtype| TensorSignature { name: name.map(str::to_string), shape, dtype };
+    let tensor = |name: Option<&str>, shape: Vec<String>, dtype: Dtype| TensorSignature {
+        name: name.map(str::to_string),
+        shape,
+        dtype,
+    };
     let entries = model
         .entries
         .iter()
@@ -194,7 +207,11 @@ fn manifest(
             name: entry.name.clone(),
             dims: entry.dims.iter().map(ToString::to_string).collect(),
             requires: entry.requires.iter().map(|r| r.text.clone()).collect(),
-            inputs: entry.inputs.iter().map(|i| tensor(Some(&i.name), i.shape.iter().map(ToString::to_string).collect(), i.dtype)).collect(),
+            inputs: entry
+                .inputs
+                .iter()
+                .map(|i| tensor(Some(&i.name), i.shape.iter().map(ToString::to_string).collect(), i.dtype))
+                .collect(),
             outputs: entry
                 .outputs
                 .iter()
@@ -220,9 +237,18 @@ fn manifest(
         params: model
             .params
             .iter()
-            .map(|p| ParamRecord { path: p.path.clone(), tensor: bindings.get(p.path.as_str()).map(|t| t.to_string()), shape: p.shape.clone(), dtype: p.dtype })
+            .map(|p| ParamRecord {
+                path: p.path.clone(),
+                tensor: bindings.get(p.path.as_str()).map(|t| t.to_string()),
+                shape: p.shape.clone(),
+                dtype: p.dtype,
+            })
             .collect(),
-        states: model.states.iter().map(|s| StateRecord { path: s.path.clone(), shape: s.shape.clone(), dtype: s.dtype }).collect(),
+        states: model
+            .states
+            .iter()
+            .map(|s| StateRecord { path: s.path.clone(), shape: s.shape.clone(), dtype: s.dtype })
+            .collect(),
         entries,
         plan: MemoryPlan {
             weight_bytes: model.param_bytes(),
@@ -272,8 +298,11 @@ pub struct Artifact {
 /// this runtime cannot read (its CPU code is checked against the host
 /// when it is loaded: [`Artifact::kernels`]).
 pub fn read(dir: &Path) -> Result<Artifact, String> {
-    let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {}: {e}", dir.join(name).display()));
-    let manifest: Manifest = serde_json::from_slice(&read(MANIFEST)?).map_err(|e| format!("{}: not an artifact manifest: {e}", dir.join(MANIFEST).display()))?;
+    let read = |name: &str| {
+        std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {}: {e}", dir.join(name).display()))
+    };
+    let manifest: Manifest = serde_json::from_slice(&read(MANIFEST)?)
+        .map_err(|e| format!("{}: not an artifact manifest: {e}", dir.join(MANIFEST).display()))?;
     let rebuild = format!("rebuild it with `linnetc build` ({})", dir.display());
     if manifest.format != FORMAT_VERSION || manifest.abi != native::ABI_VERSION {
         return Err(format!(
@@ -284,9 +313,13 @@ pub fn read(dir: &Path) -> Result<Artifact, String> {
         ));
     }
     if manifest.clone().sealed()?.seal != manifest.seal {
-        return Err(format!("{} was edited after it was written (its seal does not match): {rebuild}", dir.join(MANIFEST).display()));
+        return Err(format!(
+            "{} was edited after it was written (its seal does not match): {rebuild}",
+            dir.join(MANIFEST).display()
+        ));
     }
-    let model: Model = serde_json::from_slice(&manifest.checked_file(dir, IR)?).map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
+    let model: Model = serde_json::from_slice(&manifest.checked_file(dir, IR)?)
+        .map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
     linnet_ir::verify(&model).map_err(|e| format!("{}: the IR does not verify: {e}", dir.join(IR).display()))?;
     Ok(Artifact { manifest, model })
 }

@@ -11,24 +11,25 @@
 //! intrinsics, elementwise).
 
 use linnet_cpu::lowering::Elementwise;
-use linnet_cpu::{backend, kernels};
 use linnet_cpu::matmul::{matmul_groups, matmul_on, Isa, Rows};
-use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_cpu::{backend, kernels};
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::dim::Dim;
 use linnet_ir::numerics::bf16_bits;
 use linnet_ir::Dtype;
-use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::time::Instant;
 
 /// The fastest of `runs` timings of `work`, in seconds.
 fn fastest(runs: usize, mut work: impl FnMut()) -> f64 {
     work();
-    (0..runs).map(|_| {
-        let start = Instant::now();
-        work();
-        start.elapsed().as_secs_f64()
-    })
-    .fold(f64::INFINITY, f64::min)
+    (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            work();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Deterministic values in [-1, 1), exactly bf16.
@@ -89,13 +90,17 @@ fn expert_kernels() {
         }
         chosen.into_iter().for_each(|e| routed[e] += 1);
     }
-    for (counts, columns, depth) in [(&routed, 1024, 2048), (&routed, 2048, 512), (&vec![1; 8], 1024, 2048), (&vec![1; 8], 2048, 512)] {
+    for (counts, columns, depth) in
+        [(&routed, 1024, 2048), (&routed, 2048, 512), (&vec![1; 8], 1024, 2048), (&vec![1; 8], 2048, 512)]
+    {
         let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
-        let weights: Vec<Vec<u16>> = (0..experts).map(|e| values(columns * depth, 20 + e as u64).into_iter().map(bf16_bits).collect()).collect();
+        let weights: Vec<Vec<u16>> =
+            (0..experts).map(|e| values(columns * depth, 20 + e as u64).into_iter().map(bf16_bits).collect()).collect();
         let input = values(total * depth, 13);
         let mut out = vec![0f32; total * columns];
         let out_base = out.as_mut_ptr();
-        let firsts: Vec<usize> = counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
+        let firsts: Vec<usize> =
+            counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
         let batches: Vec<Rows> = firsts
             .iter()
             .zip(counts)
@@ -108,7 +113,11 @@ fn expert_kernels() {
         let mut call = 0;
         let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
             call += 1;
-            let groups: Vec<(&Rows, &[u16])> = batches.iter().enumerate().map(|(e, rows)| (rows, weights[(call * chosen + e) % experts].as_slice())).collect();
+            let groups: Vec<(&Rows, &[u16])> = batches
+                .iter()
+                .enumerate()
+                .map(|(e, rows)| (rows, weights[(call * chosen + e) % experts].as_slice()))
+                .collect();
             // SAFETY: every row points into a live vector of the right
             // length, and the output rows are distinct.
             unsafe { matmul_groups(&groups, columns, depth) }
@@ -129,10 +138,25 @@ fn intrinsic_kernels() {
     // Causal attention over a 512-token prefill, 16 query heads and 2
     // key/value heads of 256.
     let (heads, kv_heads, tokens, width) = (16, 2, 512, 256);
-    let (q, k, v) = (tensor(vec![1, heads, tokens, width], 5), tensor(vec![1, kv_heads, tokens, width], 6), tensor(vec![1, kv_heads, tokens, width], 7));
+    let (q, k, v) = (
+        tensor(vec![1, heads, tokens, width], 5),
+        tensor(vec![1, kv_heads, tokens, width], 6),
+        tensor(vec![1, kv_heads, tokens, width], 7),
+    );
     let scale = Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.0625]);
-    let mask = Tensor { dtype: Dtype::Bool, shape: vec![tokens, tokens], data: Data::Bool((0..tokens * tokens).map(|at| at % tokens <= at / tokens).collect()) };
-    let seconds = fastest(3, || drop(kernels::run(Intrinsic::GroupedAttention, &[&q, &k, &v, &scale, &mask], q.shape.clone(), vec![0.0; q.shape.iter().product()])));
+    let mask = Tensor {
+        dtype: Dtype::Bool,
+        shape: vec![tokens, tokens],
+        data: Data::Bool((0..tokens * tokens).map(|at| at % tokens <= at / tokens).collect()),
+    };
+    let seconds = fastest(3, || {
+        drop(kernels::run(
+            Intrinsic::GroupedAttention,
+            &[&q, &k, &v, &scale, &mask],
+            q.shape.clone(),
+            vec![0.0; q.shape.iter().product()],
+        ))
+    });
     let flops = 4.0 * (heads * width) as f64 * (tokens * (tokens + 1) / 2) as f64;
     println!("attention 512 tokens, 16 heads of 256 (causal): {:6.1} GFLOP/s", flops / seconds / 1e9);
     // The gated delta rule over a 512-token prefill: 32 value heads and 16
@@ -145,17 +169,42 @@ fn intrinsic_kernels() {
     let beta = Tensor::from_f32(Dtype::F32, vec![1, tokens, value_heads], vec![0.5; tokens * value_heads]);
     let state = tensor(vec![1, value_heads, dim, dim], 11);
     let shape = vec![1, tokens + dim, value_heads, dim];
-    let seconds = fastest(3, || drop(kernels::run(Intrinsic::GatedDeltaRule, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone(), vec![0.0; shape.iter().product()])));
+    let seconds = fastest(3, || {
+        drop(kernels::run(
+            Intrinsic::GatedDeltaRule,
+            &[&q, &k, &v, &decay, &beta, &state, &scale],
+            shape.clone(),
+            vec![0.0; shape.iter().product()],
+        ))
+    });
     // Per token and head: decay, recall, update and read the state, 2 FLOPs each.
     let flops = 8.0 * (tokens * value_heads * dim * dim) as f64;
     println!("gated delta rule 512 tokens, 32 heads of 128: {:6.1} GFLOP/s", flops / seconds / 1e9);
     // One decode step of it: the state (2 MB of f32) read and written once.
-    let (q, k, v) = (tensor(vec![1, key_heads, dim], 14), tensor(vec![1, key_heads, dim], 15), tensor(vec![1, value_heads, dim], 16));
-    let (decay, beta) = (Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![-0.1; value_heads]), Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![0.5; value_heads]));
+    let (q, k, v) = (
+        tensor(vec![1, key_heads, dim], 14),
+        tensor(vec![1, key_heads, dim], 15),
+        tensor(vec![1, value_heads, dim], 16),
+    );
+    let (decay, beta) = (
+        Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![-0.1; value_heads]),
+        Tensor::from_f32(Dtype::F32, vec![1, value_heads], vec![0.5; value_heads]),
+    );
     let shape = vec![1, 1 + dim, value_heads, dim];
-    let seconds = fastest(20, || drop(kernels::run(Intrinsic::GatedDeltaStep, &[&q, &k, &v, &decay, &beta, &state, &scale], shape.clone(), vec![0.0; shape.iter().product()])));
+    let seconds = fastest(20, || {
+        drop(kernels::run(
+            Intrinsic::GatedDeltaStep,
+            &[&q, &k, &v, &decay, &beta, &state, &scale],
+            shape.clone(),
+            vec![0.0; shape.iter().product()],
+        ))
+    });
     let bytes = 2.0 * (value_heads * dim * dim * 4) as f64;
-    println!("gated delta step, 32 heads of 128: {:6.1} GB/s of state read and written ({:.3} ms)", bytes / seconds / 1e9, seconds * 1e3);
+    println!(
+        "gated delta step, 32 heads of 128: {:6.1} GB/s of state read and written ({:.3} ms)",
+        bytes / seconds / 1e9,
+        seconds * 1e3
+    );
 }
 
 /// A 512-token prefill's expert activations (8 experts a token, width
@@ -167,21 +216,41 @@ fn intrinsic_kernels() {
 fn elementwise_kernels() {
     let (rows, width) = (512 * 8, 512);
     let load = |offset: i64| {
-        let column = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(1, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
+        let column = Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(Scalar::Index(1, Dtype::I64)),
+            Box::new(Scalar::Int(offset, Dtype::I64)),
+            Dtype::I64,
+        );
         Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), column], Dtype::F32)
     };
     let negated = Scalar::Unary(UnaryOp::Neg, Box::new(load(0)), Dtype::F32);
-    let denominator = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Float(1.0, Dtype::F32)), Box::new(Scalar::Unary(UnaryOp::Exp, Box::new(negated), Dtype::F32)), Dtype::F32);
+    let denominator = Scalar::Binary(
+        BinaryOp::Add,
+        Box::new(Scalar::Float(1.0, Dtype::F32)),
+        Box::new(Scalar::Unary(UnaryOp::Exp, Box::new(negated), Dtype::F32)),
+        Dtype::F32,
+    );
     let silu = Scalar::Binary(BinaryOp::Div, Box::new(load(0)), Box::new(denominator), Dtype::F32);
     let product = Scalar::Binary(BinaryOp::Mul, Box::new(silu), Box::new(load(width)), Dtype::Bf16);
     generated("SwiGLU activation", product, [rows, 2 * width], [rows, width], (rows * 3 * width * 4) as f64);
 
     let (rows, width) = (512, 2048);
-    let at = |index: u32| Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(index, Dtype::I64)], Dtype::F32);
+    let at = |index: u32| {
+        Scalar::Load(Value(0), vec![Scalar::Index(0, Dtype::I64), Scalar::Index(index, Dtype::I64)], Dtype::F32)
+    };
     let square = Scalar::Binary(BinaryOp::Mul, Box::new(at(2)), Box::new(at(2)), Dtype::F32);
-    let body = Scalar::Binary(BinaryOp::Div, Box::new(square), Box::new(Scalar::Float(width as f64, Dtype::F32)), Dtype::F32);
-    let mean_square = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(width), body: Box::new(body), dtype: Dtype::F32 };
-    let shifted = Scalar::Binary(BinaryOp::Add, Box::new(mean_square), Box::new(Scalar::Float(1e-6, Dtype::F32)), Dtype::F32);
+    let body =
+        Scalar::Binary(BinaryOp::Div, Box::new(square), Box::new(Scalar::Float(width as f64, Dtype::F32)), Dtype::F32);
+    let mean_square = Scalar::Reduce {
+        op: ReduceOp::Sum,
+        index: 2,
+        extent: Dim::constant(width),
+        body: Box::new(body),
+        dtype: Dtype::F32,
+    };
+    let shifted =
+        Scalar::Binary(BinaryOp::Add, Box::new(mean_square), Box::new(Scalar::Float(1e-6, Dtype::F32)), Dtype::F32);
     let scale = Scalar::Unary(UnaryOp::Rsqrt, Box::new(shifted), Dtype::F32);
     let normalized = Scalar::Binary(BinaryOp::Mul, Box::new(at(1)), Box::new(scale), Dtype::Bf16);
     generated("RMS norm", normalized, [rows, width], [rows, width], (rows * 2 * width * 4) as f64);
@@ -204,7 +273,12 @@ fn generated(name: &str, scalar: Scalar, input: [i64; 2], output: [i64; 2], byte
             // One element out: the node's output stays inside the call,
             // where its buffer is reused from one call to the next, so the
             // figure is the kernel's, not page faults' or a download's.
-            Node { kind: NodeKind::Compute(Scalar::Load(Value(1), vec![Scalar::Int(0, Dtype::I64); 2], dtype)), shape: Vec::new(), dtype, source: None },
+            Node {
+                kind: NodeKind::Compute(Scalar::Load(Value(1), vec![Scalar::Int(0, Dtype::I64); 2], dtype)),
+                shape: Vec::new(),
+                dtype,
+                source: None,
+            },
         ],
         outputs: vec![Value(2)],
     };
@@ -214,17 +288,33 @@ fn generated(name: &str, scalar: Scalar, input: [i64; 2], output: [i64; 2], byte
         let mut machine = backend::jit_machine(model.clone(), Vec::new(), elementwise).expect("the node compiles");
         // The copies of the input each call consumes, made outside the timing.
         let mut inputs: Vec<Tensor> = (0..6).map(|_| values.clone()).collect();
-        let seconds = fastest(5, || drop(machine.call("node", vec![inputs.pop().expect("one input a run")]).expect("the node runs")));
-        println!("generated {name} {}×{} ({elementwise:?}): {:6.1} GB/s read and written", output[0], output[1], bytes / seconds / 1e9);
+        let seconds = fastest(5, || {
+            drop(machine.call("node", vec![inputs.pop().expect("one input a run")]).expect("the node runs"))
+        });
+        println!(
+            "generated {name} {}×{} ({elementwise:?}): {:6.1} GB/s read and written",
+            output[0],
+            output[1],
+            bytes / seconds / 1e9
+        );
     }
 }
 
 fn main() {
-    println!("{} threads; instruction sets: {}", linnet_cpu::threads::threads(), Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", "));
+    println!(
+        "{} threads; instruction sets: {}",
+        linnet_cpu::threads::threads(),
+        Isa::available().iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", ")
+    );
     // `cargo bench -p linnet-cpu --bench kernels -- experts` runs the
     // families whose names are given; no name runs them all.
     let wanted: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
-    let families: [(&str, fn()); 4] = [("matrix", matrix_kernels), ("experts", expert_kernels), ("intrinsics", intrinsic_kernels), ("elementwise", elementwise_kernels)];
+    let families: [(&str, fn()); 4] = [
+        ("matrix", matrix_kernels),
+        ("experts", expert_kernels),
+        ("intrinsics", intrinsic_kernels),
+        ("elementwise", elementwise_kernels),
+    ];
     for (name, family) in families {
         if wanted.is_empty() || wanted.iter().any(|w| w == name) {
             family();

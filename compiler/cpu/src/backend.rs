@@ -8,10 +8,10 @@
 
 use super::lowering::Elementwise;
 use super::native::{self, Compiled, NativeKernel};
+use linnet_exec::tensor::{Data, Elements, Tensor};
 use linnet_exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Intrinsic, Model, NodeKind, Value};
-use linnet_exec::tensor::{Data, Elements, Tensor};
 use std::collections::HashMap;
 
 /// Native code for every entry: compiled in process, or an artifact's.
@@ -81,13 +81,23 @@ impl Cpu {
 
     /// Runs code compiled before (an artifact's kernels).
     pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
-        Cpu { given: Some(compiled), entries: Vec::new(), rankings: Vec::new(), elementwise: Elementwise::default(), pool: Pool::default() }
+        Cpu {
+            given: Some(compiled),
+            entries: Vec::new(),
+            rankings: Vec::new(),
+            elementwise: Elementwise::default(),
+            pool: Pool::default(),
+        }
     }
 }
 
 /// `model` with `params` on the CPU backend: `compiled` code from an
 /// artifact, or code compiled here.
-pub fn machine(model: Model, params: Vec<Tensor>, compiled: Option<HashMap<String, Compiled>>) -> Result<Machine, BuildError> {
+pub fn machine(
+    model: Model,
+    params: Vec<Tensor>,
+    compiled: Option<HashMap<String, Compiled>>,
+) -> Result<Machine, BuildError> {
     Machine::new(model, params, compiled.map_or_else(|| Cpu::jit(Elementwise::default()), Cpu::with_compiled))
 }
 
@@ -118,8 +128,12 @@ impl Backend for Cpu {
         for (entry, analysis) in model.entries.iter().zip(analyses) {
             let failed = |node: Option<usize>, message: String| BuildError::new("cpu", entry, node, message);
             let compiled = match given.as_mut() {
-                Some(given) => given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?,
-                None => native::jit(entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?,
+                Some(given) => {
+                    given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?
+                }
+                None => {
+                    native::jit(entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?
+                }
             };
             for (at, node) in entry.nodes.iter().enumerate() {
                 if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {
@@ -140,9 +154,14 @@ impl Backend for Cpu {
             let widened = linnet_exec::reference::widened(&[scores]);
             let rows = widened[0].as_f32().expect("widened scores are f32");
             let width = site.shape.last().copied().unwrap_or(1);
-            return Ok(Tensor::from_i64(site.entry.nodes[site.at].dtype, site.shape.to_vec(), linnet_ir::ranking::ranks(rows, width)));
+            return Ok(Tensor::from_i64(
+                site.entry.nodes[site.at].dtype,
+                site.shape.to_vec(),
+                linnet_ir::ranking::ranks(rows, width),
+            ));
         }
-        let kernel = self.entries[site.entry_number].kernels[site.at].as_ref().expect("`prepare` found a kernel for every node");
+        let kernel =
+            self.entries[site.entry_number].kernels[site.at].as_ref().expect("`prepare` found a kernel for every node");
         run(kernel, site, values, &mut self.pool)
     }
 
@@ -153,7 +172,13 @@ impl Backend for Cpu {
         Ok(super::kernels::run(intrinsic, &args, site.shape.to_vec(), out))
     }
 
-    fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+    fn write_cache(
+        &mut self,
+        _: Site<'_>,
+        intrinsic: Intrinsic,
+        cache: &mut Tensor,
+        args: &[&Tensor],
+    ) -> Result<(), NodeError> {
         linnet_exec::reference::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
     }
 
@@ -201,7 +226,9 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
     // node all its rows, a contraction all its rows' columns), so a float
     // output may start as any memory of its size.
     let mut out = match node.dtype {
-        dtype if dtype.is_float() => Tensor { dtype, shape: site.shape.to_vec(), data: Data::F32(pool.take(site.shape.iter().product()).into()) },
+        dtype if dtype.is_float() => {
+            Tensor { dtype, shape: site.shape.to_vec(), data: Data::F32(pool.take(site.shape.iter().product()).into()) }
+        }
         dtype => Tensor::zeros(dtype, site.shape.to_vec()),
     };
     let target = match &mut out.data {
@@ -213,8 +240,18 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
     let call = Call {
         kernel,
         target,
-        pointers: kernel.record.loads.iter().map(|v| host(values[v.index()].as_deref().expect("a loaded value is live"))).collect(),
-        table: kernel.record.dims.iter().map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called")).collect(),
+        pointers: kernel
+            .record
+            .loads
+            .iter()
+            .map(|v| host(values[v.index()].as_deref().expect("a loaded value is live")))
+            .collect(),
+        table: kernel
+            .record
+            .dims
+            .iter()
+            .map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called"))
+            .collect(),
     };
     // An elementwise kernel's rows: its first two axes flattened when it
     // has three or more, else its first.
@@ -226,7 +263,8 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
     let threads = super::threads::threads();
     let result = if kernel.record.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
         let chunk = rows.div_ceil(threads * 4);
-        let faults = super::threads::map(rows.div_ceil(chunk), &|part| call.rows(part * chunk..((part + 1) * chunk).min(rows)));
+        let faults =
+            super::threads::map(rows.div_ceil(chunk), &|part| call.rows(part * chunk..((part + 1) * chunk).min(rows)));
         faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     } else {
         call.rows(0..rows)
@@ -236,7 +274,13 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
         Err(fault) => {
             let load = &kernel.record.sites[fault.site];
             let source = load.sources.get(fault.axis).copied().flatten();
-            Err(NodeError::OutOfRange { value: load.value, axis: fault.axis, position: fault.position, size: fault.size, source })
+            Err(NodeError::OutOfRange {
+                value: load.value,
+                axis: fault.axis,
+                position: fault.position,
+                size: fault.size,
+                source,
+            })
         }
     }
 }

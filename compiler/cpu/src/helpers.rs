@@ -54,7 +54,13 @@ impl Helper {
 
     pub fn shape(self) -> Shape {
         match self {
-            Helper::Exp | Helper::Ln | Helper::Cos | Helper::Sin | Helper::Tanh | Helper::RoundBf16 | Helper::RoundF16 => Shape::Float1,
+            Helper::Exp
+            | Helper::Ln
+            | Helper::Cos
+            | Helper::Sin
+            | Helper::Tanh
+            | Helper::RoundBf16
+            | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
             Helper::MatMul | Helper::MatMulBf16 => Shape::MatMul,
@@ -105,7 +111,14 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
 /// # Safety
 /// `input` points at `rows × depth` values, `weight` at `columns × depth`,
 /// `out` at room for `rows × columns`: generated code passes checked rows.
-unsafe fn matmul_parts<W: super::matmul::Weight + Sync>(input: *const f32, weight: *const W, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
+unsafe fn matmul_parts<W: super::matmul::Weight + Sync>(
+    input: *const f32,
+    weight: *const W,
+    out: *mut f32,
+    columns: i64,
+    depth: i64,
+    rows: i64,
+) -> i64 {
     let (columns, depth, rows) = (columns as usize, depth as usize, rows as usize);
     // SAFETY: as the caller promises.
     unsafe {
@@ -122,7 +135,14 @@ extern "C" fn matmul(input: *const f32, weight: *const f32, out: *mut f32, colum
     unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
 }
 
-extern "C" fn matmul_bf16(input: *const f32, weight: *const u16, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
+extern "C" fn matmul_bf16(
+    input: *const f32,
+    weight: *const u16,
+    out: *mut f32,
+    columns: i64,
+    depth: i64,
+    rows: i64,
+) -> i64 {
     // SAFETY: generated code passes checked rows (see `matmul_parts`).
     unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
 }
@@ -165,10 +185,16 @@ extern "C" fn batch_run(columns: i64, depth: i64, bf16: i64) -> i64 {
     // bf16 bits or f32 as `bf16` says; rows of distinct outputs.
     unsafe {
         if bf16 != 0 {
-            let groups: Vec<_> = batches.iter().map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const u16, columns * depth))).collect();
+            let groups: Vec<_> = batches
+                .iter()
+                .map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const u16, columns * depth)))
+                .collect();
             super::matmul::matmul_groups(&groups, columns, depth);
         } else {
-            let groups: Vec<_> = batches.iter().map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const f32, columns * depth))).collect();
+            let groups: Vec<_> = batches
+                .iter()
+                .map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const f32, columns * depth)))
+                .collect();
             super::matmul::matmul_groups(&groups, columns, depth);
         }
     }

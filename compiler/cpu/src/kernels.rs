@@ -9,14 +9,14 @@
 //! and are the interpreter's own (`linnet_exec::reference`).
 
 use super::expf;
-use super::threads;
 use super::matmul::{self, Isa, Rows};
 use super::simd::{self, Lanes, Scalar};
+use super::threads;
 use linnet_exec::reference::{Attention, DeltaRule};
-use linnet_ir::Intrinsic;
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::numerics::round;
 use linnet_ir::Dtype;
-use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::Intrinsic;
 
 /// An output written by many threads, each at its own elements.
 struct Shared(*mut f32);
@@ -113,13 +113,15 @@ struct Next<'p> {
 
 #[inline(always)]
 fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
-    let &DeltaRule { q, k, v, decay, beta, state, scale, batch: _, tokens, key_heads, key_dim, value_heads, value_dim } = operands;
+    let &DeltaRule { q, k, v, decay, beta, state, scale, batch: _, tokens, key_heads, key_dim, value_heads, value_dim } =
+        operands;
     let (group, rows) = (operands.group(), operands.rows());
     let (b, h) = (task / value_heads, task % value_heads);
     let kh = h / group;
     let key_at = |t: usize| ((b * tokens + t) * key_heads + kh) * key_dim;
     let gate_at = |t: usize| (b * tokens + t) * value_heads + h;
-    let next = |t: usize| Next { decay: (decay[gate_at(t)] as f64).exp() as f32, key: &k[key_at(t)..key_at(t) + key_dim] };
+    let next =
+        |t: usize| Next { decay: (decay[gate_at(t)] as f64).exp() as f32, key: &k[key_at(t)..key_at(t) + key_dim] };
     let first = (b * value_heads + h) * key_dim * value_dim;
     let mut memory = state[first..first + key_dim * value_dim].to_vec();
     let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
@@ -132,7 +134,11 @@ fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
         for ((slot, &value), &sum) in update.iter_mut().zip(&v[value_at..value_at + value_dim]).zip(&recalled) {
             *slot = (value - sum) * rate;
         }
-        let learn = Learn { key: &k[key_at(t)..key_at(t) + key_dim], update: &update, query: &q[key_at(t)..key_at(t) + key_dim] };
+        let learn = Learn {
+            key: &k[key_at(t)..key_at(t) + key_dim],
+            update: &update,
+            query: &q[key_at(t)..key_at(t) + key_dim],
+        };
         let following = (t + 1 < tokens).then(|| next(t + 1));
         state_pass::<L>(&mut memory, value_dim, Some(&learn), following.as_ref(), &mut read, &mut recalled);
         let at = ((b * rows + t) * value_heads + h) * value_dim;
@@ -161,7 +167,14 @@ const COLUMN_VECTORS: usize = 4;
 /// a time): the sums of `learn`'s read go to `read` and those of `next`'s
 /// recall to `recalled`, each column's over the state rows in order.
 #[inline(always)]
-fn state_pass<L: Lanes>(memory: &mut [f32], value_dim: usize, learn: Option<&Learn>, next: Option<&Next>, read: &mut [f32], recalled: &mut [f32]) {
+fn state_pass<L: Lanes>(
+    memory: &mut [f32],
+    value_dim: usize,
+    learn: Option<&Learn>,
+    next: Option<&Next>,
+    read: &mut [f32],
+    recalled: &mut [f32],
+) {
     let block = COLUMN_VECTORS * L::WIDTH;
     let mut at = 0;
     while at < value_dim {
@@ -172,12 +185,30 @@ fn state_pass<L: Lanes>(memory: &mut [f32], value_dim: usize, learn: Option<&Lea
         // column.
         unsafe {
             match (learn, next, whole) {
-                (Some(learn), Some(next), true) => columns_pass::<L, COLUMN_VECTORS, true, true>(memory, value_dim, at, learn, next, read, recalled),
-                (Some(learn), Some(next), false) => columns_pass::<Scalar, 1, true, true>(memory, value_dim, at, learn, next, read, recalled),
-                (Some(learn), None, true) => columns_pass::<L, COLUMN_VECTORS, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled),
-                (Some(learn), None, false) => columns_pass::<Scalar, 1, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled),
-                (None, Some(next), true) => columns_pass::<L, COLUMN_VECTORS, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled),
-                (None, Some(next), false) => columns_pass::<Scalar, 1, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled),
+                (Some(learn), Some(next), true) => {
+                    columns_pass::<L, COLUMN_VECTORS, true, true>(memory, value_dim, at, learn, next, read, recalled)
+                }
+                (Some(learn), Some(next), false) => {
+                    columns_pass::<Scalar, 1, true, true>(memory, value_dim, at, learn, next, read, recalled)
+                }
+                (Some(learn), None, true) => columns_pass::<L, COLUMN_VECTORS, true, false>(
+                    memory, value_dim, at, learn, &NO_NEXT, read, recalled,
+                ),
+                (Some(learn), None, false) => {
+                    columns_pass::<Scalar, 1, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled)
+                }
+                (None, Some(next), true) => columns_pass::<L, COLUMN_VECTORS, false, true>(
+                    memory,
+                    value_dim,
+                    at,
+                    &NO_LEARNING,
+                    next,
+                    read,
+                    recalled,
+                ),
+                (None, Some(next), false) => {
+                    columns_pass::<Scalar, 1, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled)
+                }
                 (None, None, _) => {}
             }
         }
@@ -220,8 +251,16 @@ unsafe fn columns_pass<L: Lanes, const N: usize, const LEARN: bool, const NEXT: 
         let cells = memory.as_mut_ptr();
         for i in 0..rows {
             let row = cells.add(i * value_dim);
-            let (key, query) = if LEARN { (L::splat(*learn.key.get_unchecked(i)), L::splat(*learn.query.get_unchecked(i))) } else { (L::zero(), L::zero()) };
-            let (decay, next_key) = if NEXT { (L::splat(next.decay), L::splat(*next.key.get_unchecked(i))) } else { (L::zero(), L::zero()) };
+            let (key, query) = if LEARN {
+                (L::splat(*learn.key.get_unchecked(i)), L::splat(*learn.query.get_unchecked(i)))
+            } else {
+                (L::zero(), L::zero())
+            };
+            let (decay, next_key) = if NEXT {
+                (L::splat(next.decay), L::splat(*next.key.get_unchecked(i)))
+            } else {
+                (L::zero(), L::zero())
+            };
             for j in 0..N {
                 let mut cell = L::load(row.add(column(j)));
                 if LEARN {
@@ -263,7 +302,9 @@ fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
     let target = Shared(out.as_mut_ptr());
     let blocks = operands.queries.div_ceil(QUERY_BLOCK);
-    threads::for_each(operands.batch * operands.kv_heads * blocks, &|task| attention_block(&operands, rows_mask, task, &target));
+    threads::for_each(operands.batch * operands.kv_heads * blocks, &|task| {
+        attention_block(&operands, rows_mask, task, &target)
+    });
     Tensor { dtype: operands.dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 
@@ -275,7 +316,8 @@ on_host_vectors! {
 
 #[inline(always)]
 fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) {
-    let &Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch: _, heads, queries, width, kv_heads, keys } = operands;
+    let &Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch: _, heads, queries, width, kv_heads, keys } =
+        operands;
     let group = operands.group();
     let blocks = queries.div_ceil(QUERY_BLOCK);
     let (b, kv, block) = (task / (kv_heads * blocks), task / blocks % kv_heads, task % blocks);
@@ -289,7 +331,12 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
             (any, keys_of)
         })
         .collect();
-    let span = admitted.iter().filter(|(any, _)| *any).filter_map(|(_, keys_of)| keys_of.last()).max().map_or(0, |last| last + 1);
+    let span = admitted
+        .iter()
+        .filter(|(any, _)| *any)
+        .filter_map(|(_, keys_of)| keys_of.last())
+        .max()
+        .map_or(0, |last| last + 1);
     let first_key = (b * kv_heads + kv) * keys * width;
     let mut scores = vec![0f32; block.len() * group * span];
     let slots: Vec<(usize, usize)> = block.clone().flat_map(|i| (0..group).map(move |g| (i, g))).collect();
@@ -426,9 +473,9 @@ fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut [f32]) {
 mod tests {
     use super::{attention_block_in, delta_head_in, Shared};
     use linnet_exec::reference::{Attention, DeltaRule};
-    use linnet_ir::Intrinsic;
-    use linnet_ir::Dtype;
     use linnet_exec::tensor::Tensor;
+    use linnet_ir::Dtype;
+    use linnet_ir::Intrinsic;
 
     /// Values in `low..high` from a fixed sequence.
     fn values(count: usize, seed: u64, low: f32, high: f32) -> Vec<f32> {
@@ -484,7 +531,8 @@ mod tests {
             let count = shape.iter().product();
             Tensor::from_f32(Dtype::F32, shape, values(count, seed, -1.0, 1.0))
         };
-        let mask: Vec<bool> = (0..queries * queries).map(|at| at / queries != 3 && at % queries <= at / queries).collect();
+        let mask: Vec<bool> =
+            (0..queries * queries).map(|at| at / queries != 3 && at % queries <= at / queries).collect();
         let args = [
             tensor(vec![batch, heads, queries, width], 11),
             tensor(vec![batch, kv_heads, queries, width], 12),

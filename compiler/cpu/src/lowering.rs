@@ -12,20 +12,20 @@
 //! definitions go into a JIT or an object file (`native`).
 
 use super::helpers::{Helper, Shape};
-use linnet_ir::analysis::Analysis;
-use linnet_ir::contraction::{self, Contraction};
-use linnet_ir::invariant::{self, Invariant};
-use linnet_ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_ir::dim::Dim;
-use linnet_ir::Dtype;
-use linnet_ir::CmpOp;
+use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, SigRef, Signature};
-use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::isa::CallConv;
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Linkage, Module, ModuleReloc};
+use linnet_ir::analysis::Analysis;
+use linnet_ir::contraction::{self, Contraction};
+use linnet_ir::dim::Dim;
+use linnet_ir::invariant::{self, Invariant};
+use linnet_ir::CmpOp;
+use linnet_ir::Dtype;
+use linnet_ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -209,7 +209,8 @@ impl Lowerer<'_, '_> {
         // Normal in bf16: biased exponents 897..=1150 of the f64.
         let from_lowest = self.builder.ins().iadd_imm_s(exponent, -897);
         let normal = self.builder.ins().icmp_imm_u(IntCC::UnsignedLessThanOrEqual, from_lowest, 253);
-        let (fast, slow, merge) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
+        let (fast, slow, merge) =
+            (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
         let result = self.builder.append_block_param(merge, types::F64);
         self.builder.ins().brif(normal, fast, &[], slow, &[]);
         self.builder.switch_to_block(fast);
@@ -303,8 +304,12 @@ impl Lowerer<'_, '_> {
         match scalar {
             Scalar::Index(id, _) => Reg::I(self.builder.use_var(self.indices[id])),
             Scalar::Dim(dim) => Reg::I(self.dim(dim)),
-            Scalar::Float(value, dtype) => Reg::F(self.builder.ins().f64const(linnet_ir::numerics::round(*value, *dtype))),
-            Scalar::Int(value, dtype) => Reg::I(self.builder.ins().iconst(types::I64, linnet_ir::numerics::wrap(*value, *dtype))),
+            Scalar::Float(value, dtype) => {
+                Reg::F(self.builder.ins().f64const(linnet_ir::numerics::round(*value, *dtype)))
+            }
+            Scalar::Int(value, dtype) => {
+                Reg::I(self.builder.ins().iconst(types::I64, linnet_ir::numerics::wrap(*value, *dtype)))
+            }
             Scalar::Bool(value) => Reg::B(self.builder.ins().iconst(types::I8, i64::from(*value))),
             Scalar::Load(value, positions, _) => self.load(*value, positions),
             Scalar::Unary(op, a, dtype) => {
@@ -345,7 +350,9 @@ impl Lowerer<'_, '_> {
                     }
                 }
             }
-            Scalar::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), a, b, dtype) if dtype.is_int() && positive_constant(b).is_some() => {
+            Scalar::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), a, b, dtype)
+                if dtype.is_int() && positive_constant(b).is_some() =>
+            {
                 let divisor = positive_constant(b).expect("checked above");
                 let a = self.scalar(a);
                 let x = self.i(a);
@@ -358,20 +365,39 @@ impl Lowerer<'_, '_> {
             Scalar::Select(c, a, b, dtype) => {
                 let cond = self.scalar(c);
                 let cond = self.b(cond);
-                let (then, otherwise, merge) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
-                let kind = if dtype.is_float() { types::F64 } else if *dtype == Dtype::Bool { types::I8 } else { types::I64 };
+                let (then, otherwise, merge) =
+                    (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
+                let kind = if dtype.is_float() {
+                    types::F64
+                } else if *dtype == Dtype::Bool {
+                    types::I8
+                } else {
+                    types::I64
+                };
                 let result = self.builder.append_block_param(merge, kind);
                 self.builder.ins().brif(cond, then, &[], otherwise, &[]);
                 for (block, side) in [(then, a), (otherwise, b)] {
                     self.builder.switch_to_block(block);
                     self.builder.seal_block(block);
                     let reg = self.scalar(side);
-                    let value = if dtype.is_float() { self.f(reg) } else if *dtype == Dtype::Bool { self.b(reg) } else { self.i(reg) };
+                    let value = if dtype.is_float() {
+                        self.f(reg)
+                    } else if *dtype == Dtype::Bool {
+                        self.b(reg)
+                    } else {
+                        self.i(reg)
+                    };
                     self.builder.ins().jump(merge, &[value.into()]);
                 }
                 self.builder.switch_to_block(merge);
                 self.builder.seal_block(merge);
-                if dtype.is_float() { Reg::F(result) } else if *dtype == Dtype::Bool { Reg::B(result) } else { Reg::I(result) }
+                if dtype.is_float() {
+                    Reg::F(result)
+                } else if *dtype == Dtype::Bool {
+                    Reg::B(result)
+                } else {
+                    Reg::I(result)
+                }
             }
             Scalar::Cast(a, dtype) => {
                 let a = self.scalar(a);
@@ -417,7 +443,11 @@ impl Lowerer<'_, '_> {
         }
         if matches!(op, BinaryOp::And | BinaryOp::Or) {
             let (x, y) = (self.b(a), self.b(b));
-            return Reg::B(if op == BinaryOp::And { self.builder.ins().band(x, y) } else { self.builder.ins().bor(x, y) });
+            return Reg::B(if op == BinaryOp::And {
+                self.builder.ins().band(x, y)
+            } else {
+                self.builder.ins().bor(x, y)
+            });
         }
         if dtype.is_int() {
             let (x, y) = (self.i(a), self.i(b));
@@ -549,7 +579,8 @@ impl Lowerer<'_, '_> {
             let combined = self.builder.declare_var(types::I64);
             self.counted_from(combined, Some(first), end, &mut |this| {
                 let at = this.builder.use_var(combined);
-                let (quotient, remainder) = (this.builder.ins().udiv(at, shape[1]), this.builder.ins().urem(at, shape[1]));
+                let (quotient, remainder) =
+                    (this.builder.ins().udiv(at, shape[1]), this.builder.ins().urem(at, shape[1]));
                 this.builder.def_var(*outer, quotient);
                 this.builder.def_var(*next, remainder);
                 let inner = this.invariants_at(store, &shape[1..], level + 1);
@@ -565,7 +596,9 @@ impl Lowerer<'_, '_> {
             if in_lanes {
                 self.lanes_loop(store, axes[0], level, first, end, &mut |this| this.nest(store, &[], &[], level + 1));
             } else {
-                self.counted_from(axes[0], Some(first), end, &mut |this| this.nest(store, &axes[1..], &shape[1..], level + 1));
+                self.counted_from(axes[0], Some(first), end, &mut |this| {
+                    this.nest(store, &axes[1..], &shape[1..], level + 1)
+                });
             }
             self.close(continuation);
             return;
@@ -575,7 +608,9 @@ impl Lowerer<'_, '_> {
                 let zero = self.builder.ins().iconst(types::I64, 0);
                 self.lanes_loop(store, *axis, level, zero, shape[0], &mut |this| this.nest(store, &[], &[], level + 1));
             }
-            Some((axis, rest)) => self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1)),
+            Some((axis, rest)) => {
+                self.counted(*axis, shape[0], &mut |this| this.nest(store, rest, &shape[1..], level + 1))
+            }
             None => {
                 let reg = self.scalar(store.scalar);
                 let at = self.builder.use_var(store.flat);
@@ -664,14 +699,31 @@ impl Lowerer<'_, '_> {
     /// kernel for the row.
     /// A dense one (one weight matrix, input rows in output order) is one
     /// call for all rows.
-    fn contraction(&mut self, contraction: &Contraction, output: &[Dim], axes: &[Variable], shape: &[ClValue], out: ClValue) {
+    fn contraction(
+        &mut self,
+        contraction: &Contraction,
+        output: &[Dim],
+        axes: &[Variable],
+        shape: &[ClValue],
+        out: ClValue,
+    ) {
         let columns = shape[shape.len() - 1];
         let depth = self.dim(contraction.depth);
         let kernel = self.kernel_for(contraction);
         let outer = &output[..output.len() - 1];
-        let in_order = contraction.input.rows.iter().enumerate().all(|(k, p)| matches!(p, Scalar::Index(i, _) if *i as usize == k));
-        let input_shape = &self.loads.iter().find(|(v, ..)| *v == contraction.input.value).expect("loads are listed first").1;
-        if contraction.weight.rows.is_empty() && in_order && contraction.input.rows.len() == outer.len() && input_shape[..outer.len()] == *outer {
+        let in_order = contraction
+            .input
+            .rows
+            .iter()
+            .enumerate()
+            .all(|(k, p)| matches!(p, Scalar::Index(i, _) if *i as usize == k));
+        let input_shape =
+            &self.loads.iter().find(|(v, ..)| *v == contraction.input.value).expect("loads are listed first").1;
+        if contraction.weight.rows.is_empty()
+            && in_order
+            && contraction.input.rows.len() == outer.len()
+            && input_shape[..outer.len()] == *outer
+        {
             let input = self.address(contraction.input.value, &[]);
             let weight = self.address(contraction.weight.value, &[]);
             let mut rows = self.builder.ins().iconst(types::I64, 1);
@@ -711,7 +763,11 @@ impl Lowerer<'_, '_> {
     }
 
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
-        if self.stored(contraction.weight.value) == Stored::Bf16Bits { Helper::MatMulBf16 } else { Helper::MatMul }
+        if self.stored(contraction.weight.value) == Stored::Bf16Bits {
+            Helper::MatMulBf16
+        } else {
+            Helper::MatMul
+        }
     }
 
     /// The loops over the output's rows (`axes`), then one kernel call.
@@ -738,10 +794,17 @@ impl Lowerer<'_, '_> {
     }
 
     /// A counted loop over `start..extent` (from 0 when `start` is none).
-    fn counted_from(&mut self, index: Variable, start: Option<ClValue>, extent: ClValue, body: &mut dyn FnMut(&mut Self)) {
+    fn counted_from(
+        &mut self,
+        index: Variable,
+        start: Option<ClValue>,
+        extent: ClValue,
+        body: &mut dyn FnMut(&mut Self),
+    ) {
         let start = start.unwrap_or_else(|| self.builder.ins().iconst(types::I64, 0));
         self.builder.def_var(index, start);
-        let (header, inner, exit) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
+        let (header, inner, exit) =
+            (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
         self.builder.ins().jump(header, &[]);
         self.builder.switch_to_block(header);
         let at = self.builder.use_var(index);
@@ -816,7 +879,11 @@ impl Lowerer<'_, '_> {
             this.builder.def_var(first, no);
         });
         let total = self.builder.use_var(total);
-        if float { self.float_result(total, dtype) } else { Reg::I(self.wrap(total, dtype)) }
+        if float {
+            self.float_result(total, dtype)
+        } else {
+            Reg::I(self.wrap(total, dtype))
+        }
     }
 }
 
@@ -928,7 +995,13 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
 /// IR is built in node order, then compiled on rayon's threads (the
 /// module takes the machine code in node order): compiling is nearly all
 /// of a build's time.
-pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analysis, prefix: &str, elementwise: Elementwise) -> Result<Vec<KernelDef>, (usize, String)> {
+pub fn define_kernels<M: Module>(
+    module: &mut M,
+    entry: &Entry,
+    analysis: &Analysis,
+    prefix: &str,
+    elementwise: Elementwise,
+) -> Result<Vec<KernelDef>, (usize, String)> {
     assert_eq!(module.target_config().pointer_type(), types::I64, "the CPU backend targets 64-bit hosts");
     let call_conv = module.target_config().default_call_conv;
     let mut function_context = FunctionBuilderContext::new();
@@ -939,8 +1012,10 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         scalar.loads(&mut loaded);
         loaded.sort_unstable();
         loaded.dedup();
-        let loads: Vec<(Value, Vec<Dim>, Stored)> =
-            loaded.iter().map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()]))).collect();
+        let loads: Vec<(Value, Vec<Dim>, Stored)> = loaded
+            .iter()
+            .map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()])))
+            .collect();
         let table = dims_read(entry, &node.shape, scalar);
         // Each function keeps its own context until it is compiled.
         let mut context = module.make_context();
@@ -948,7 +1023,9 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
         let symbol = format!("{prefix}v{at}");
         let sites;
         let mut splits_rows = false;
-        let id = module.declare_function(&symbol, Linkage::Export, &context.func.signature).map_err(|e| (at, e.to_string()))?;
+        let id = module
+            .declare_function(&symbol, Linkage::Export, &context.func.signature)
+            .map_err(|e| (at, e.to_string()))?;
         {
             let mut builder = FunctionBuilder::new(&mut context.func, &mut function_context);
             let entry_block = builder.create_block();
@@ -960,15 +1037,35 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             // The rows to compute (elementwise nodes; see `rows`).
             let (first_row, end_row) = (params[5], params[6]);
             let flags = MemFlagsData::trusted();
-            let dims: HashMap<Dim, ClValue> =
-                table.iter().enumerate().map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32))).collect();
+            let dims: HashMap<Dim, ClValue> = table
+                .iter()
+                .enumerate()
+                .map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32)))
+                .collect();
             let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul, Shape::Int3]
                 .into_iter()
                 .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
                 .collect();
             let error_block = builder.create_block();
-            let mut lowerer =
-                Lowerer { builder: &mut builder, helpers, signatures, indices: HashMap::new(), inputs, error, loads, error_block, dims, sites: Vec::new(), flags, hoisted: HashMap::new(), rows: None, extents: HashMap::new(), bounds_failure: None, elementwise, epilogue: None };
+            let mut lowerer = Lowerer {
+                builder: &mut builder,
+                helpers,
+                signatures,
+                indices: HashMap::new(),
+                inputs,
+                error,
+                loads,
+                error_block,
+                dims,
+                sites: Vec::new(),
+                flags,
+                hoisted: HashMap::new(),
+                rows: None,
+                extents: HashMap::new(),
+                bounds_failure: None,
+                elementwise,
+                epilogue: None,
+            };
             let shape: Vec<ClValue> = node.shape.iter().map(|d| lowerer.dim(d)).collect();
             // The loop nest, the flat output position in a variable.
             let flat = lowerer.builder.declare_var(types::I64);
@@ -1024,7 +1121,10 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
             builder.finalize(module.target_config());
         }
         functions.push(context);
-        defs.push(KernelDef { func: id, record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows } });
+        defs.push(KernelDef {
+            func: id,
+            record: KernelRecord { node: at, symbol, loads: loaded, dims: table, sites, splits_rows },
+        });
     }
     compile_all(module, functions, defs)
 }
@@ -1032,7 +1132,11 @@ pub fn define_kernels<M: Module>(module: &mut M, entry: &Entry, analysis: &Analy
 /// Compiles `functions` on rayon's threads and defines each in `module`
 /// as its `defs` entry says, in order; the first function (in node order)
 /// that does not compile is an error naming its node.
-fn compile_all<M: Module>(module: &mut M, mut functions: Vec<Context>, defs: Vec<KernelDef>) -> Result<Vec<KernelDef>, (usize, String)> {
+fn compile_all<M: Module>(
+    module: &mut M,
+    mut functions: Vec<Context>,
+    defs: Vec<KernelDef>,
+) -> Result<Vec<KernelDef>, (usize, String)> {
     use rayon::prelude::*;
     // The nodes apart: a `KernelDef` is not shared among threads.
     let nodes: Vec<usize> = defs.iter().map(|def| def.record.node).collect();
@@ -1040,7 +1144,12 @@ fn compile_all<M: Module>(module: &mut M, mut functions: Vec<Context>, defs: Vec
     let compiled: Vec<Result<(), (usize, String)>> = functions
         .par_iter_mut()
         .zip(&nodes)
-        .map(|(function, &node)| function.compile(isa, &mut ControlPlane::default()).map(|_| ()).map_err(|error| (node, format!("Cranelift: {:?}", error.inner))))
+        .map(|(function, &node)| {
+            function
+                .compile(isa, &mut ControlPlane::default())
+                .map(|_| ())
+                .map_err(|error| (node, format!("Cranelift: {:?}", error.inner)))
+        })
         .collect();
     // The first failure in node order, whichever thread met it first.
     compiled.into_iter().collect::<Result<(), _>>()?;
@@ -1049,8 +1158,15 @@ fn compile_all<M: Module>(module: &mut M, mut functions: Vec<Context>, defs: Vec
         .zip(defs)
         .map(|(function, def)| {
             let code = function.compiled_code().expect("compiled above");
-            let relocs: Vec<ModuleReloc> = code.buffer.relocs().iter().map(|reloc| ModuleReloc::from_mach_reloc(reloc, &function.func, def.func)).collect();
-            module.define_function_bytes(def.func, u64::from(code.buffer.alignment), code.code_buffer(), &relocs).map_err(|e| (def.record.node, format!("Cranelift: {e:?}")))?;
+            let relocs: Vec<ModuleReloc> = code
+                .buffer
+                .relocs()
+                .iter()
+                .map(|reloc| ModuleReloc::from_mach_reloc(reloc, &function.func, def.func))
+                .collect();
+            module
+                .define_function_bytes(def.func, u64::from(code.buffer.alignment), code.code_buffer(), &relocs)
+                .map_err(|e| (def.record.node, format!("Cranelift: {e:?}")))?;
             Ok(def)
         })
         .collect()

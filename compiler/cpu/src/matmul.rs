@@ -77,7 +77,8 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             // The AVX-512 kernels use BW's 16-bit widening as well as F.
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
+            let avx512 =
+                std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
             if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
                 found.push(Isa::Avx512Bf16);
             }
@@ -121,7 +122,10 @@ pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f3
         return;
     }
     let (depth, columns) = (input.len() / rows, out.len() / rows);
-    assert!(input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth, "operands of matching sizes");
+    assert!(
+        input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth,
+        "operands of matching sizes"
+    );
     assert!(Isa::available().contains(&isa), "this CPU cannot run {}", isa.name());
     let (input_base, out_base) = (input.as_ptr(), out.as_mut_ptr());
     let rows = Rows {
@@ -202,8 +206,11 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
         let bf16_inputs = if converts(rows) { as_bf16(rows, depth) } else { None };
         (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
     };
-    let plans: Vec<(Isa, Option<Vec<u16>>)> =
-        if groups.iter().any(|(rows, _)| converts(rows)) { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
+    let plans: Vec<(Isa, Option<Vec<u16>>)> = if groups.iter().any(|(rows, _)| converts(rows)) {
+        threads::map(groups.len(), &plan)
+    } else {
+        (0..groups.len()).map(plan).collect()
+    };
     let share = |group: usize, range: std::ops::Range<usize>| {
         let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
@@ -216,7 +223,8 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
         return (0..groups.len()).for_each(|group| share(group, 0..columns));
     }
     // About four shares a thread over all groups, none under a tile's worth.
-    let chunk = (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
+    let chunk =
+        (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
     let parts = columns.div_ceil(chunk);
     threads::for_each(groups.len() * parts, &|job| {
         let (group, part) = (job / parts, job % parts);
@@ -229,7 +237,14 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
 /// # Safety
 /// As [`matmul_groups`], the CPU has `isa`, and no other thread writes
 /// these columns; `bf16_inputs` is given only on `Avx512Bf16`.
-unsafe fn columns_on<W: Weight>(isa: Isa, rows: &Rows, bf16_inputs: Option<&[u16]>, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+unsafe fn columns_on<W: Weight>(
+    isa: Isa,
+    rows: &Rows,
+    bf16_inputs: Option<&[u16]>,
+    weight: &[W],
+    depth: usize,
+    range: std::ops::Range<usize>,
+) {
     // SAFETY: the caller's promises.
     unsafe {
         match isa {
@@ -248,7 +263,11 @@ unsafe fn columns_on<W: Weight>(isa: Isa, rows: &Rows, bf16_inputs: Option<&[u16
 /// sums, one accumulator each, the tail past the last full vector added
 /// in order.
 #[inline(always)]
-unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(inputs: [*const f32; R], weights: [*const W; N], depth: usize) -> [[f32; N]; R] {
+unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(
+    inputs: [*const f32; R],
+    weights: [*const W; N],
+    depth: usize,
+) -> [[f32; N]; R] {
     unsafe {
         let mut sums = [[L::zero(); N]; R];
         let mut w = [L::zero(); N];
@@ -333,12 +352,24 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
         while n < range.end {
             // A lone row streams eight weight rows at once.
             let wide = if block_end - block == 1 { 8 } else { 4 };
-            let width = if n + wide <= range.end { wide } else if n + 4 <= range.end { 4 } else { 1 };
+            let width = if n + wide <= range.end {
+                wide
+            } else if n + 4 <= range.end {
+                4
+            } else {
+                1
+            };
             let mut m = block;
             while m < block_end {
                 // Up to six rows share each weight load, the last rows of a
                 // block too (an expert's tokens rarely come in sixes).
-                let height = if width == 4 { (block_end - m).min(6) } else if m + 4 <= block_end { 4 } else { 1 };
+                let height = if width == 4 {
+                    (block_end - m).min(6)
+                } else if m + 4 <= block_end {
+                    4
+                } else {
+                    1
+                };
                 // SAFETY: rows `m..m + height` and columns `n..n + width`
                 // are inside the block and the range.
                 unsafe {
@@ -424,7 +455,8 @@ mod x86 {
                 for (j, weight) in weights.iter_mut().enumerate() {
                     *weight = self.weight.add((n + j) * depth);
                 }
-                let load = |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
+                let load =
+                    |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
                 let mut sums = [[_mm512_setzero_ps(); N]; R];
                 let mut w = [load(weights[0]); N];
                 let mut k = 0;
@@ -492,9 +524,20 @@ mod x86 {
     /// # Safety
     /// As `super::columns_on`; the CPU has AVX-512 BF16; `W` is bf16 bits.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn columns_bf16<W: Weight>(rows: &Rows, inputs: &[u16], weight: &[W], depth: usize, range: std::ops::Range<usize>) {
+    pub unsafe fn columns_bf16<W: Weight>(
+        rows: &Rows,
+        inputs: &[u16],
+        weight: &[W],
+        depth: usize,
+        range: std::ops::Range<usize>,
+    ) {
         debug_assert!(W::BF16);
-        let tiles = Bf16 { inputs: inputs.as_ptr(), weight: weight.as_ptr() as *const u16, depth, rows: std::marker::PhantomData };
+        let tiles = Bf16 {
+            inputs: inputs.as_ptr(),
+            weight: weight.as_ptr() as *const u16,
+            depth,
+            rows: std::marker::PhantomData,
+        };
         unsafe { columns(&tiles, rows, range) }
     }
 }
@@ -515,14 +558,17 @@ mod tests {
             // Wide exponents, so that order and rounding matter.
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(((seed >> 8) % 24) as i32 - 12)
         };
-        let shapes = [0, 1, 2, 3, 8, 9, 31, 32, 64, 130].into_iter().flat_map(|depth| [1, 3, 4, 5, 17, 33].map(|columns| (depth, columns, 1 + depth % 6)));
+        let shapes = [0, 1, 2, 3, 8, 9, 31, 32, 64, 130]
+            .into_iter()
+            .flat_map(|depth| [1, 3, 4, 5, 17, 33].map(|columns| (depth, columns, 1 + depth % 6)));
         for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (512, 70, 9), (256, 300, 70)]) {
             let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
             let bits: Vec<u16> = weight.iter().map(|w| linnet_ir::numerics::bf16_bits(*w)).collect();
             let widened: Vec<f32> = bits.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
             let input: Vec<f32> = (0..rows * depth).map(|_| draw()).collect();
             // bf16-valued inputs take the bf16 dot product where the CPU has it.
-            let bf16_input: Vec<f32> = input.iter().map(|x| linnet_ir::numerics::bf16_value(linnet_ir::numerics::bf16_bits(*x))).collect();
+            let bf16_input: Vec<f32> =
+                input.iter().map(|x| linnet_ir::numerics::bf16_value(linnet_ir::numerics::bf16_bits(*x))).collect();
             for isa in Isa::available() {
                 for (input, bf16) in [(&input, false), (&input, true), (&bf16_input, true)] {
                     let mut out = vec![f32::NAN; rows * columns];
@@ -534,8 +580,11 @@ mod tests {
                     }
                     for (at, value) in out.iter().enumerate() {
                         let (m, n) = (at / columns, at % columns);
-                        let pairs = input[m * depth..(m + 1) * depth].iter().zip(&reference[n * depth..(n + 1) * depth]);
-                        let (exact, magnitude) = pairs.fold((0f64, 0f64), |(s, a), (x, w)| (s + f64::from(*x) * f64::from(*w), a + (f64::from(*x) * f64::from(*w)).abs()));
+                        let pairs =
+                            input[m * depth..(m + 1) * depth].iter().zip(&reference[n * depth..(n + 1) * depth]);
+                        let (exact, magnitude) = pairs.fold((0f64, 0f64), |(s, a), (x, w)| {
+                            (s + f64::from(*x) * f64::from(*w), a + (f64::from(*x) * f64::from(*w)).abs())
+                        });
                         let bound = depth as f64 * 2f64.powi(-23) * magnitude;
                         assert!((f64::from(*value) - exact).abs() <= bound, "{isa:?} bf16 {bf16}, depth {depth}, columns {columns}, output {m}, {n}: {value} vs {exact}");
                     }
@@ -551,8 +600,13 @@ mod tests {
         let (columns, depth) = (1024, 256);
         let value = |seed: usize| ((seed * 2654435761) % 1000) as f32 / 1000.0 - 0.5;
         let rows_per_group = [1usize, 4, 0, 37];
-        let weights: Vec<Vec<f32>> = (0..rows_per_group.len()).map(|g| (0..columns * depth).map(|at| value(at + g * 7)).collect()).collect();
-        let inputs: Vec<Vec<f32>> = rows_per_group.iter().enumerate().map(|(g, rows)| (0..rows * depth).map(|at| value(at * 3 + g)).collect()).collect();
+        let weights: Vec<Vec<f32>> =
+            (0..rows_per_group.len()).map(|g| (0..columns * depth).map(|at| value(at + g * 7)).collect()).collect();
+        let inputs: Vec<Vec<f32>> = rows_per_group
+            .iter()
+            .enumerate()
+            .map(|(g, rows)| (0..rows * depth).map(|at| value(at * 3 + g)).collect())
+            .collect();
         let mut grouped: Vec<Vec<f32>> = rows_per_group.iter().map(|rows| vec![f32::NAN; rows * columns]).collect();
         let batches: Vec<Rows> = (0..rows_per_group.len())
             .map(|g| Rows {
@@ -560,7 +614,8 @@ mod tests {
                 outs: (0..rows_per_group[g]).map(|m| grouped[g][m * columns..].as_mut_ptr()).collect(),
             })
             .collect();
-        let groups: Vec<(&Rows, &[f32])> = batches.iter().zip(&weights).map(|(rows, weight)| (rows, weight.as_slice())).collect();
+        let groups: Vec<(&Rows, &[f32])> =
+            batches.iter().zip(&weights).map(|(rows, weight)| (rows, weight.as_slice())).collect();
         // SAFETY: every row points into a live vector of the right length.
         unsafe { matmul_groups(&groups, columns, depth) };
         for g in 0..rows_per_group.len() {

@@ -5,16 +5,16 @@
 //! needs no relocations: the loader copies it into executable memory and
 //! refuses any file that has some, or that was built for another host.
 
+use super::helpers;
 pub use super::lowering::KernelRecord;
 use super::lowering::{define_kernels, Elementwise};
-use super::helpers;
-use linnet_ir::analysis::Analysis;
-use linnet_ir::{Entry, Model};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::default_libcall_names;
 use cranelift_object::{ObjectBuilder, ObjectModule};
+use linnet_ir::analysis::Analysis;
+use linnet_ir::{Entry, Model};
 use object::{Object, ObjectSection, ObjectSymbol};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -26,7 +26,8 @@ use std::rc::Rc;
 /// elementwise node computes rows `first_row..end_row` of its first two
 /// axes flattened when it has three or more, else of its first (a
 /// contraction, or a node without axes, computes everything).
-pub type Kernel = unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64, i64, i64) -> i32;
+pub type Kernel =
+    unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64, i64, i64) -> i32;
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
@@ -75,7 +76,11 @@ fn host_isa(position_independent: bool) -> Result<OwnedTargetIsa, String> {
 /// features must not run on a host without them.
 pub fn host_target() -> Result<String, String> {
     let isa = host_isa(true)?;
-    let features: Vec<String> = isa.isa_flags().iter().filter_map(|flag| flag.as_bool().filter(|on| *on).map(|_| flag.name.to_string())).collect();
+    let features: Vec<String> = isa
+        .isa_flags()
+        .iter()
+        .filter_map(|flag| flag.as_bool().filter(|on| *on).map(|_| flag.name.to_string()))
+        .collect();
     Ok(format!("{} [{}]", isa.triple(), features.join(" ")))
 }
 
@@ -85,7 +90,11 @@ pub fn host_target() -> Result<String, String> {
 pub fn jit(entry: &Entry, analysis: &Analysis, elementwise: Elementwise) -> Result<Compiled, EmitError> {
     let builder = JITBuilder::with_isa(host_isa(false).map_err(EmitError::whole)?, default_libcall_names());
     let mut module = JITModule::new(builder);
-    let defined = define_kernels(&mut module, entry, analysis, "", elementwise).map_err(|(at, message)| EmitError { entry: None, node: Some(at), message })?;
+    let defined = define_kernels(&mut module, entry, analysis, "", elementwise).map_err(|(at, message)| EmitError {
+        entry: None,
+        node: Some(at),
+        message,
+    })?;
     module.finalize_definitions().map_err(EmitError::whole)?;
     let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
     for def in defined {
@@ -117,12 +126,13 @@ impl EmitError {
 /// order), and per entry the records that say how to call them.
 pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, EntryKernels), EmitError> {
     let isa = host_isa(true).map_err(EmitError::whole)?;
-    let builder = ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(EmitError::whole)?;
+    let builder =
+        ObjectBuilder::new(isa, model.name.as_bytes().to_vec(), default_libcall_names()).map_err(EmitError::whole)?;
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
-        let defined =
-            define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_"), Elementwise::Lanes).map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
+        let defined = define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_"), Elementwise::Lanes)
+            .map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
         records.insert(entry.name.clone(), defined.into_iter().map(|def| def.record).collect());
     }
     let bytes = module.finish().emit().map_err(EmitError::whole)?;
@@ -136,11 +146,15 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
     let text = file.section_by_name(".text").ok_or("the kernels' object file has no .text section")?;
     for section in file.sections() {
         if section.relocations().next().is_some() {
-            return Err(format!("the kernels' object file has relocations in {}, which kernels never need", section.name().unwrap_or("?")));
+            return Err(format!(
+                "the kernels' object file has relocations in {}, which kernels never need",
+                section.name().unwrap_or("?")
+            ));
         }
     }
     let code = text.data().map_err(|e| e.to_string())?;
-    let mut memory = memmap2::MmapMut::map_anon(code.len().max(1)).map_err(|e| format!("cannot map memory for the kernels: {e}"))?;
+    let mut memory =
+        memmap2::MmapMut::map_anon(code.len().max(1)).map_err(|e| format!("cannot map memory for the kernels: {e}"))?;
     memory[..code.len()].copy_from_slice(code);
     let memory = Rc::new(memory.make_exec().map_err(|e| format!("cannot make the kernels executable: {e}"))?);
     let symbols: HashMap<&str, u64> = file
@@ -152,7 +166,9 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
     for entry in &model.entries {
         let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
         for record in records.get(&entry.name).map(Vec::as_slice).unwrap_or_default() {
-            let offset = *symbols.get(record.symbol.as_str()).ok_or_else(|| format!("the kernels' object file lacks `{}`", record.symbol))?;
+            let offset = *symbols
+                .get(record.symbol.as_str())
+                .ok_or_else(|| format!("the kernels' object file lacks `{}`", record.symbol))?;
             if offset as usize >= code.len() || record.node >= entry.nodes.len() {
                 return Err(format!("kernel `{}` does not fit its object file or entry", record.symbol));
             }
@@ -175,11 +191,27 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
 /// node's elements, and `dims` at the values of its dims table, all with
 /// the shapes and dtypes the kernel was compiled for; `rows` lies within
 /// the node's rows (see [`Kernel`]).
-pub unsafe fn call(kernel: &NativeKernel, out: *mut u8, inputs: &[*const u8], dims: &[i64], rows: std::ops::Range<usize>) -> Result<(), LoadFault> {
+pub unsafe fn call(
+    kernel: &NativeKernel,
+    out: *mut u8,
+    inputs: &[*const u8],
+    dims: &[i64],
+    rows: std::ops::Range<usize>,
+) -> Result<(), LoadFault> {
     let table = helpers::table();
     let mut error = [0i64; 4];
     // SAFETY: as the caller promises; the helper table is in slot order.
-    let status = unsafe { (kernel.function)(out, inputs.as_ptr(), dims.as_ptr(), table.as_ptr(), error.as_mut_ptr(), rows.start as i64, rows.end as i64) };
+    let status = unsafe {
+        (kernel.function)(
+            out,
+            inputs.as_ptr(),
+            dims.as_ptr(),
+            table.as_ptr(),
+            error.as_mut_ptr(),
+            rows.start as i64,
+            rows.end as i64,
+        )
+    };
     match status {
         0 => Ok(()),
         _ => Err(LoadFault { site: error[0] as usize, position: error[1], size: error[2], axis: error[3] as usize }),

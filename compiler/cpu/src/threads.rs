@@ -117,7 +117,8 @@ pub fn for_each(tasks: usize, work: &(dyn Fn(usize) + Sync)) {
     };
     // SAFETY: only the lifetime is erased; the pointer is dropped from the
     // job below before this call returns, and no task starts after that.
-    let erased: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(work) };
+    let erased: *const (dyn Fn(usize) + Sync) =
+        unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(work) };
     let generation = {
         let mut job = pool.lock();
         job.generation += 1;
@@ -244,7 +245,9 @@ impl Pool {
             if current >> 32 != generation & u64::from(u32::MAX) || task >= tasks {
                 return;
             }
-            if let Err(moved) = self.cursor.compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire) {
+            if let Err(moved) =
+                self.cursor.compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
                 current = moved;
                 continue;
             }

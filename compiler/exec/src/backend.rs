@@ -4,10 +4,10 @@
 //! parameters and states, and the plan. Values cross between the two only
 //! as inputs, outputs, parameters at load and a checked assertion's bool.
 
-use linnet_ir::{Entry, Intrinsic, Model, SourceAt, Value};
+use crate::tensor::Tensor;
 use linnet_ir::dim::Symbol;
 use linnet_ir::Dtype;
-use crate::tensor::Tensor;
+use linnet_ir::{Entry, Intrinsic, Model, SourceAt, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -133,10 +133,21 @@ pub trait Backend {
     fn compute(&mut self, site: Site<'_>, values: &Values<Self::Buffer>) -> Result<Self::Buffer, NodeError>;
 
     /// An intrinsic that makes a new value (attention, the delta rule).
-    fn intrinsic(&mut self, site: Site<'_>, intrinsic: Intrinsic, args: &[&Self::Buffer]) -> Result<Self::Buffer, NodeError>;
+    fn intrinsic(
+        &mut self,
+        site: Site<'_>,
+        intrinsic: Intrinsic,
+        args: &[&Self::Buffer],
+    ) -> Result<Self::Buffer, NodeError>;
 
     /// A cache write into `cache`, in place.
-    fn write_cache(&mut self, site: Site<'_>, intrinsic: Intrinsic, cache: &mut Self::Buffer, args: &[&Self::Buffer]) -> Result<(), NodeError>;
+    fn write_cache(
+        &mut self,
+        site: Site<'_>,
+        intrinsic: Intrinsic,
+        cache: &mut Self::Buffer,
+        args: &[&Self::Buffer],
+    ) -> Result<(), NodeError>;
 
     /// A value the executor holds no more: the backend may keep its memory
     /// for a later value (by default it is freed).

@@ -24,11 +24,11 @@ pub mod tolerance;
 
 pub use backend::{Backend, BuildError, Dims, MemoryError, NodeError, Site, Values};
 
+use crate::tensor::{Data, Tensor};
 use linnet_ir::analysis::Analysis;
-use linnet_ir::{Entry, Model, NodeKind};
 use linnet_ir::dim::{Atom, Dim};
 use linnet_ir::Dtype;
-use crate::tensor::{Data, Tensor};
+use linnet_ir::{Entry, Model, NodeKind};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -36,10 +36,22 @@ use std::rc::Rc;
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunError {
     UnknownEntry(String),
-    Inputs { entry: String, message: String },
-    Requirement { entry: String, requirement: String },
-    OutOfRange { entry: String, message: String },
-    Assertion { entry: String, message: String },
+    Inputs {
+        entry: String,
+        message: String,
+    },
+    Requirement {
+        entry: String,
+        requirement: String,
+    },
+    OutOfRange {
+        entry: String,
+        message: String,
+    },
+    Assertion {
+        entry: String,
+        message: String,
+    },
     /// The backend's memory failed (a device out of memory).
     Memory(MemoryError),
 }
@@ -49,7 +61,9 @@ impl fmt::Display for RunError {
         match self {
             RunError::UnknownEntry(name) => write!(f, "the model has no entry `{name}`"),
             RunError::Inputs { entry, message } => write!(f, "entry `{entry}`: {message}"),
-            RunError::Requirement { entry, requirement } => write!(f, "entry `{entry}` requires {requirement}, which these inputs break"),
+            RunError::Requirement { entry, requirement } => {
+                write!(f, "entry `{entry}` requires {requirement}, which these inputs break")
+            }
             RunError::OutOfRange { entry, message } => write!(f, "entry `{entry}`: {message}"),
             RunError::Assertion { entry, message } => write!(f, "entry `{entry}`: {message}"),
             RunError::Memory(error) => write!(f, "the backend's memory: {error}"),
@@ -122,7 +136,11 @@ impl fmt::Display for Profile {
         writeln!(f, "the slowest places:")?;
         for ((place, kind), time) in places.into_iter().take(12) {
             let PlaceTime { seconds, nodes, weight_bytes } = *time;
-            let bandwidth = if weight_bytes > 0 { format!(", {:.1} GB/s of weights", weight_bytes as f64 / seconds.max(f64::MIN_POSITIVE) / 1e9) } else { String::new() };
+            let bandwidth = if weight_bytes > 0 {
+                format!(", {:.1} GB/s of weights", weight_bytes as f64 / seconds.max(f64::MIN_POSITIVE) / 1e9)
+            } else {
+                String::new()
+            };
             writeln!(f, "  {seconds:>9.3} s {:>5.1}% in {nodes} {kind} nodes{bandwidth}  {place}", share(seconds))?;
         }
         Ok(())
@@ -150,8 +168,17 @@ impl<B: Backend> Executor<B> {
         let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
         backend.prepare(&model, &analyses)?;
         let name = backend.name();
-        let params = params.into_iter().map(|param| backend.upload(param.into_bits()).map(Rc::new)).collect::<Result<_, _>>().map_err(|e| BuildError::memory(name, e))?;
-        let states = model.states.iter().map(|s| backend.zeros(s.dtype, &s.shape).map(Rc::new)).collect::<Result<_, _>>().map_err(|e| BuildError::memory(name, e))?;
+        let params = params
+            .into_iter()
+            .map(|param| backend.upload(param.into_bits()).map(Rc::new))
+            .collect::<Result<_, _>>()
+            .map_err(|e| BuildError::memory(name, e))?;
+        let states = model
+            .states
+            .iter()
+            .map(|s| backend.zeros(s.dtype, &s.shape).map(Rc::new))
+            .collect::<Result<_, _>>()
+            .map_err(|e| BuildError::memory(name, e))?;
         Ok(Executor { model, backend, analyses, params, states, hoisted: HashMap::new(), profile: None })
     }
 
@@ -164,14 +191,24 @@ impl<B: Backend> Executor<B> {
     }
 
     pub fn call(&mut self, entry_name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
-        let number = self.model.entries.iter().position(|e| e.name == entry_name).ok_or_else(|| RunError::UnknownEntry(entry_name.to_string()))?;
+        let number = self
+            .model
+            .entries
+            .iter()
+            .position(|e| e.name == entry_name)
+            .ok_or_else(|| RunError::UnknownEntry(entry_name.to_string()))?;
         let entry = &self.model.entries[number];
         let analysis = &self.analyses[number];
         let dims = bind_dims(entry, &inputs)?;
         // Every dim the entry evaluates, once: a divisor that is zero for
         // these inputs is an error here rather than inside a kernel.
         if let Some(dim) = analysis.dims.iter().find(|dim| dim_value(dim, &dims).is_none()) {
-            return Err(RunError::Inputs { entry: entry.name.clone(), message: format!("the dim `{dim}` cannot be evaluated for these inputs (a division by zero or an overflow)") });
+            return Err(RunError::Inputs {
+                entry: entry.name.clone(),
+                message: format!(
+                    "the dim `{dim}` cannot be evaluated for these inputs (a division by zero or an overflow)"
+                ),
+            });
         }
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
@@ -187,7 +224,11 @@ impl<B: Backend> Executor<B> {
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
             let failed = |error: NodeError| describe(&self.model, entry, at, error);
             let value = match &node.kind {
-                NodeKind::Input(k) => Some(Rc::new(self.backend.upload(inputs[*k].take().expect("each input is read once")).map_err(RunError::Memory)?)),
+                NodeKind::Input(k) => Some(Rc::new(
+                    self.backend
+                        .upload(inputs[*k].take().expect("each input is read once"))
+                        .map_err(RunError::Memory)?,
+                )),
                 NodeKind::Param(k) => Some(Rc::clone(&self.params[*k])),
                 NodeKind::State(k) => Some(Rc::clone(&self.states[*k])),
                 NodeKind::Compute(_) if analysis.hoistable[at] => match self.hoisted.get(&(number, at)) {
@@ -238,19 +279,29 @@ impl<B: Backend> Executor<B> {
                     // A state holds floats as f32, even when it takes a
                     // parameter's value (held as bf16 bits).
                     let holds_bits = crate::tensor::holds_bits(&entry.nodes[value.index()]);
-                    writes.push((*k, if holds_bits { Rc::new(self.backend.copy(written).map_err(RunError::Memory)?) } else { Rc::clone(written) }));
+                    writes.push((
+                        *k,
+                        if holds_bits {
+                            Rc::new(self.backend.copy(written).map_err(RunError::Memory)?)
+                        } else {
+                            Rc::clone(written)
+                        },
+                    ));
                     None
                 }
                 NodeKind::Assert(value, message) => {
                     settle(&mut self.backend, &self.model, number)?;
-                    if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data != Data::Bool(vec![true]) {
+                    if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data
+                        != Data::Bool(vec![true])
+                    {
                         return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
                     }
                     None
                 }
             };
             if let (Some(profile), Some((started, bytes_before))) = (self.profile.as_mut(), started) {
-                let weight_bytes = self.backend.weight_bytes_read().zip(bytes_before).map_or(0, |(after, before)| after - before);
+                let weight_bytes =
+                    self.backend.weight_bytes_read().zip(bytes_before).map_or(0, |(after, before)| after - before);
                 let kind = match &node.kind {
                     NodeKind::Compute(_) if analysis.contraction[at] => "contraction",
                     NodeKind::Compute(_) => "compute",
@@ -275,7 +326,12 @@ impl<B: Backend> Executor<B> {
             self.states[state] = value;
         }
         let started = self.profile.is_some().then(std::time::Instant::now);
-        let outputs = entry.outputs.iter().map(|v| self.backend.download(held(&values, v.index()))).collect::<Result<_, _>>().map_err(RunError::Memory)?;
+        let outputs = entry
+            .outputs
+            .iter()
+            .map(|v| self.backend.download(held(&values, v.index())))
+            .collect::<Result<_, _>>()
+            .map_err(RunError::Memory)?;
         if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
             profile.add("output", None, started.elapsed().as_secs_f64(), 0);
         }
@@ -299,13 +355,16 @@ fn settle<B: Backend>(backend: &mut B, model: &Model, number: usize) -> Result<(
 fn describe(model: &Model, entry: &Entry, at: usize, error: NodeError) -> RunError {
     match error {
         NodeError::OutOfRange { value, position, size, source, .. } => {
-            let what = origin(model, entry, value.index()).unwrap_or_else(|| match &entry.nodes[value.index()].source {
-                Some(place) => format!("the value of {place}"),
-                None => format!("v{}", value.0),
-            });
+            let what =
+                origin(model, entry, value.index()).unwrap_or_else(|| match &entry.nodes[value.index()].source {
+                    Some(place) => format!("the value of {place}"),
+                    None => format!("v{}", value.0),
+                });
             let holder = source.and_then(|s| origin(model, entry, s.index())).filter(|o| o.starts_with("input"));
             let message = match holder {
-                Some(input) => format!("{input} holds {position}, outside 0..{size} (an axis of {what}){}", place(entry, at)),
+                Some(input) => {
+                    format!("{input} holds {position}, outside 0..{size} (an axis of {what}){}", place(entry, at))
+                }
                 None => format!("position {position} is outside 0..{size} (an axis of {what}){}", place(entry, at)),
             };
             RunError::OutOfRange { entry: entry.name.clone(), message }
@@ -344,10 +403,20 @@ fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<Dims, RunError> {
     for (input, tensor) in entry.inputs.iter().zip(inputs) {
         let expected: Vec<String> = input.shape.iter().map(ToString::to_string).collect();
         if tensor.shape.len() != input.shape.len() {
-            return Err(error(format!("`{}` must have shape [{}], found {}", input.name, expected.join(", "), shape_text(&tensor.shape))));
+            return Err(error(format!(
+                "`{}` must have shape [{}], found {}",
+                input.name,
+                expected.join(", "),
+                shape_text(&tensor.shape)
+            )));
         }
         if tensor.dtype != input.dtype {
-            return Err(error(format!("`{}` must be {}, found {}", input.name, input.dtype.name(), tensor.dtype.name())));
+            return Err(error(format!(
+                "`{}` must be {}, found {}",
+                input.name,
+                input.dtype.name(),
+                tensor.dtype.name()
+            )));
         }
         for (dim, &size) in input.shape.iter().zip(&tensor.shape) {
             if let Some(Atom::Generic(name)) = dim.as_atom() {
@@ -358,8 +427,17 @@ fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<Dims, RunError> {
     for (input, tensor) in entry.inputs.iter().zip(inputs) {
         let fits = input.shape.iter().zip(&tensor.shape).all(|(dim, &size)| dim_value(dim, &dims) == Some(size as i64));
         if !fits {
-            let expected: Vec<String> = input.shape.iter().map(|d| dim_value(d, &dims).map_or_else(|| d.to_string(), |v| v.to_string())).collect();
-            return Err(error(format!("`{}` must have shape [{}], found {}", input.name, expected.join(", "), shape_text(&tensor.shape))));
+            let expected: Vec<String> = input
+                .shape
+                .iter()
+                .map(|d| dim_value(d, &dims).map_or_else(|| d.to_string(), |v| v.to_string()))
+                .collect();
+            return Err(error(format!(
+                "`{}` must have shape [{}], found {}",
+                input.name,
+                expected.join(", "),
+                shape_text(&tensor.shape)
+            )));
         }
     }
     for requirement in &entry.requires {
@@ -368,7 +446,10 @@ fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<Dims, RunError> {
             _ => false,
         };
         if !holds {
-            return Err(RunError::Requirement { entry: entry.name.clone(), requirement: format!("`{}`", requirement.text) });
+            return Err(RunError::Requirement {
+                entry: entry.name.clone(),
+                requirement: format!("`{}`", requirement.text),
+            });
         }
     }
     Ok(dims)

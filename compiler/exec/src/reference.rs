@@ -8,10 +8,10 @@
 //! mask excludes (their weights are exactly zero), and a cache write
 //! changes the cache it is given.
 
-use linnet_ir::numerics::{math, round};
 use crate::tensor::{Data, Tensor};
-use linnet_ir::Intrinsic;
+use linnet_ir::numerics::{math, round};
 use linnet_ir::Dtype;
+use linnet_ir::Intrinsic;
 
 fn floats(tensor: &Tensor) -> &[f32] {
     tensor.as_f32().expect("the intrinsics take float tensors")
@@ -253,7 +253,8 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
             }
             for row in 0..rows {
                 // As the Linnet body: 1 + the request for this row, summed.
-                let owner: i64 = slots.iter().enumerate().filter(|(_, &s)| s == row as i64).map(|(m, _)| m as i64 + 1).sum();
+                let owner: i64 =
+                    slots.iter().enumerate().filter(|(_, &s)| s == row as i64).map(|(m, _)| m as i64 + 1).sum();
                 if owner > 0 {
                     if owner as usize > x.shape[0] {
                         return Err(format!("write_slots: position {} is outside 0..{}", owner - 1, x.shape[0]));
@@ -275,7 +276,8 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
         writer => unreachable!("{} runs through write_cache", writer.name()),
     }
     let operands = DeltaRule::of(intrinsic, args);
-    let DeltaRule { q, k, v, decay, beta, state, batch, tokens, key_heads, key_dim, value_heads, value_dim, .. } = operands;
+    let DeltaRule { q, k, v, decay, beta, state, batch, tokens, key_heads, key_dim, value_heads, value_dim, .. } =
+        operands;
     let (scale, group) = (f64::from(operands.scale), operands.group());
     let mut out = vec![0f32; shape.iter().product()];
     let rows = operands.rows();
@@ -305,7 +307,8 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
                     }
                 }
                 for j in 0..value_dim {
-                    let read: f64 = (0..key_dim).map(|i| memory[i * value_dim + j] * q[key_at + i] as f64 * scale).sum();
+                    let read: f64 =
+                        (0..key_dim).map(|i| memory[i * value_dim + j] * q[key_at + i] as f64 * scale).sum();
                     out[((b * rows + t) * value_heads + h) * value_dim + j] = read as f32;
                 }
             }

@@ -8,10 +8,10 @@
 //! which halves the memory weights take. Elements may be read where they
 //! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
 
-use linnet_ir::{Node, NodeKind};
-pub use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::numerics::round;
+pub use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::Dtype;
+use linnet_ir::{Node, NodeKind};
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
@@ -86,7 +86,9 @@ impl<T: Plain> Clone for Elements<T> {
     fn clone(&self) -> Elements<T> {
         match self {
             Elements::Owned(values) => Elements::Owned(values.clone()),
-            Elements::Mapped { bytes, offset, len } => Elements::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len },
+            Elements::Mapped { bytes, offset, len } => {
+                Elements::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len }
+            }
         }
     }
 }
@@ -138,7 +140,11 @@ impl Tensor {
 
     pub fn from_f32(dtype: Dtype, shape: Vec<usize>, values: Vec<f32>) -> Tensor {
         debug_assert!(dtype.is_float());
-        Tensor { dtype, shape, data: Data::F32(values.into_iter().map(|v| round(v as f64, dtype) as f32).collect::<Vec<f32>>().into()) }
+        Tensor {
+            dtype,
+            shape,
+            data: Data::F32(values.into_iter().map(|v| round(v as f64, dtype) as f32).collect::<Vec<f32>>().into()),
+        }
     }
 
     pub fn from_i64(dtype: Dtype, shape: Vec<usize>, values: Vec<i64>) -> Tensor {
@@ -176,7 +182,11 @@ impl Tensor {
         match &self.data {
             Data::Bf16(bits) => {
                 let values: Vec<f32> = bits.iter().map(|b| bf16_value(*b)).collect();
-                std::borrow::Cow::Owned(Tensor { dtype: self.dtype, shape: self.shape.clone(), data: Data::F32(values.into()) })
+                std::borrow::Cow::Owned(Tensor {
+                    dtype: self.dtype,
+                    shape: self.shape.clone(),
+                    data: Data::F32(values.into()),
+                })
             }
             _ => std::borrow::Cow::Borrowed(self),
         }
@@ -205,7 +215,11 @@ macro_rules! __host_memory {
             Ok(buffer.widened().into_owned())
         }
 
-        fn zeros(&mut self, dtype: ::linnet_ir::Dtype, shape: &[usize]) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+        fn zeros(
+            &mut self,
+            dtype: ::linnet_ir::Dtype,
+            shape: &[usize],
+        ) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
             Ok($crate::tensor::Tensor::zeros(dtype, shape.to_vec()))
         }
 

@@ -9,8 +9,8 @@
 //! (so a sum that cancels to near zero is not held to a relative bound it
 //! cannot meet). Infinities and NaNs must sit at the same places.
 
-use linnet_ir::Dtype;
 use crate::tensor::{Data, Tensor};
+use linnet_ir::Dtype;
 use std::fmt;
 
 /// The largest difference a backend may show, relative to the
@@ -34,20 +34,42 @@ pub fn of(dtype: Dtype) -> f64 {
 /// How a tensor fails the contract.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Mismatch {
-    Shape { reference: Vec<usize>, candidate: Vec<usize> },
-    Dtype { reference: Dtype, candidate: Dtype },
+    Shape {
+        reference: Vec<usize>,
+        candidate: Vec<usize>,
+    },
+    Dtype {
+        reference: Dtype,
+        candidate: Dtype,
+    },
     /// An integer, bool, infinity or NaN that differs.
-    Exact { at: usize, reference: String, candidate: String },
+    Exact {
+        at: usize,
+        reference: String,
+        candidate: String,
+    },
     /// Floats farther apart than the tolerance, relative to the scale.
-    Float { at: usize, reference: f32, candidate: f32, relative: f64, tolerance: f64 },
+    Float {
+        at: usize,
+        reference: f32,
+        candidate: f32,
+        relative: f64,
+        tolerance: f64,
+    },
 }
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Mismatch::Shape { reference, candidate } => write!(f, "shape {candidate:?}, the reference's is {reference:?}"),
-            Mismatch::Dtype { reference, candidate } => write!(f, "dtype {}, the reference's is {}", candidate.name(), reference.name()),
-            Mismatch::Exact { at, reference, candidate } => write!(f, "element {at} is {candidate}, the reference's is {reference}"),
+            Mismatch::Shape { reference, candidate } => {
+                write!(f, "shape {candidate:?}, the reference's is {reference:?}")
+            }
+            Mismatch::Dtype { reference, candidate } => {
+                write!(f, "dtype {}, the reference's is {}", candidate.name(), reference.name())
+            }
+            Mismatch::Exact { at, reference, candidate } => {
+                write!(f, "element {at} is {candidate}, the reference's is {reference}")
+            }
             Mismatch::Float { at, reference, candidate, relative, tolerance } => {
                 write!(f, "element {at} is {candidate:e}, the reference's is {reference:e}: {relative:.2e} of the scale, over {tolerance:.0e}")
             }
@@ -65,7 +87,11 @@ pub fn compare(reference: &Tensor, candidate: &Tensor) -> Result<f64, Mismatch> 
         return Err(Mismatch::Dtype { reference: reference.dtype, candidate: candidate.dtype });
     }
     let (reference_floats, candidate_floats) = (reference.widened(), candidate.widened());
-    let exact = |at: usize, r: &dyn fmt::Debug, c: &dyn fmt::Debug| Mismatch::Exact { at, reference: format!("{r:?}"), candidate: format!("{c:?}") };
+    let exact = |at: usize, r: &dyn fmt::Debug, c: &dyn fmt::Debug| Mismatch::Exact {
+        at,
+        reference: format!("{r:?}"),
+        candidate: format!("{c:?}"),
+    };
     match (&reference_floats.data, &candidate_floats.data) {
         (Data::F32(r), Data::F32(c)) => {
             let tolerance = of(reference.dtype);
@@ -91,8 +117,12 @@ pub fn compare(reference: &Tensor, candidate: &Tensor) -> Result<f64, Mismatch> 
             }
             Ok(worst)
         }
-        (Data::I64(r), Data::I64(c)) => r.iter().zip(c).position(|(a, b)| a != b).map_or(Ok(0.0), |at| Err(exact(at, &r[at], &c[at]))),
-        (Data::Bool(r), Data::Bool(c)) => r.iter().zip(c).position(|(a, b)| a != b).map_or(Ok(0.0), |at| Err(exact(at, &r[at], &c[at]))),
+        (Data::I64(r), Data::I64(c)) => {
+            r.iter().zip(c).position(|(a, b)| a != b).map_or(Ok(0.0), |at| Err(exact(at, &r[at], &c[at])))
+        }
+        (Data::Bool(r), Data::Bool(c)) => {
+            r.iter().zip(c).position(|(a, b)| a != b).map_or(Ok(0.0), |at| Err(exact(at, &r[at], &c[at])))
+        }
         _ => unreachable!("tensors of one dtype hold one kind of data"),
     }
 }

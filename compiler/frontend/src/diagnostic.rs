@@ -153,10 +153,7 @@ pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> serde_json::Valu
     fields.insert("code".into(), diagnostic.code.into());
     fields.insert("message".into(), diagnostic.message.clone().into());
     fields.insert("label".into(), label);
-    fields.insert(
-        "secondary".into(),
-        diagnostic.secondary.iter().map(|label| label_json(label, sources)).collect(),
-    );
+    fields.insert("secondary".into(), diagnostic.secondary.iter().map(|label| label_json(label, sources)).collect());
     fields.insert("notes".into(), diagnostic.notes.clone().into());
     object
 }

@@ -45,14 +45,18 @@ pub fn lower_package_with(
 }
 
 /// Lowers a package already checked; a package with errors comes back.
-pub fn lower_checked(mut checked: Checked, lowering: crate::lower::Lowering) -> Result<(linnet_ir::Model, Checked), Box<Checked>> {
+pub fn lower_checked(
+    mut checked: Checked,
+    lowering: crate::lower::Lowering,
+) -> Result<(linnet_ir::Model, Checked), Box<Checked>> {
     if checked.has_errors() {
         return Err(Box::new(checked));
     }
     let Some(package) = &checked.package else { return Err(Box::new(checked)) };
     let mut diagnostics = Vec::new();
     let program = crate::sema::program::Program::build(package, &mut diagnostics);
-    let name = package.nest.as_ref().and_then(|nest| nest.model_name.clone()).unwrap_or_else(|| package.name().to_string());
+    let name =
+        package.nest.as_ref().and_then(|nest| nest.model_name.clone()).unwrap_or_else(|| package.name().to_string());
     match crate::lower::lower(&program, &checked.sources, &name, lowering) {
         Ok(model) => Ok((model, checked)),
         Err(errors) => {

@@ -36,9 +36,9 @@
 
 use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, LANES};
 use super::intrinsic::{load_name, Operands, Spread};
-use linnet_ir::{Entry, Value};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
+use linnet_ir::{Entry, Value};
 
 /// The keys of a mask row one item of `spans` checks: each lane every
 /// 32nd, one load each.
@@ -69,7 +69,13 @@ struct Plan<'a> {
 }
 
 /// The kernels of attention node `at` of `entry`, in launch order.
-pub fn attention_kernels(entry: &Entry, at: usize, form: Form, args: &[Value], rows_mask: bool) -> Result<Vec<Kernel>, Unsupported> {
+pub fn attention_kernels(
+    entry: &Entry,
+    at: usize,
+    form: Form,
+    args: &[Value],
+    rows_mask: bool,
+) -> Result<Vec<Kernel>, Unsupported> {
     let operands = Operands { entry, args };
     let width = operands.shape(0)[3]
         .as_constant()
@@ -128,7 +134,8 @@ impl Plan<'_> {
         let scratch = e.scratch(self.scratch());
         let [batch, heads, queries] = [0, 1, 2].map(|axis| self.operands.size(&mut e, 0, axis));
         let (kv_heads, keys) = (self.operands.size(&mut e, 1, 1), self.operands.size(&mut e, 1, 2));
-        let (mask_rows, chunks, spread) = (e.dim_index(&self.mask_rows), e.dim_index(&self.chunks), Spread::new(&mut e, self.width));
+        let (mask_rows, chunks, spread) =
+            (e.dim_index(&self.mask_rows), e.dim_index(&self.chunks), Spread::new(&mut e, self.width));
         let spans = e.mul(&mask_rows, &chunks);
         let zero = e.index_constant(0);
         (e, Sizes { batch, heads, queries, kv_heads, keys, chunks, spans, spread, zero, scratch })
@@ -242,7 +249,9 @@ struct Walker<'a> {
 /// The query row's elements in its lanes, as f32s.
 fn queries(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &QueryRow) -> Vec<String> {
     let (q, qd) = (load_name(0), plan.operands.dtype(0));
-    e.in_lanes(warp, &[], s.spread.slots(), |e, lane, _| (0..s.spread.slots()).map(|slot| s.spread.load(e, lane, slot, &q, qd, |e, d| e.add(&row.query_at, d))).collect())
+    e.in_lanes(warp, &[], s.spread.slots(), |e, lane, _| {
+        (0..s.spread.slots()).map(|slot| s.spread.load(e, lane, slot, &q, qd, |e, d| e.add(&row.query_at, d))).collect()
+    })
 }
 
 /// The online softmax of a query row over keys `from..to` (indices):
@@ -250,7 +259,14 @@ fn queries(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &Q
 /// sums (values of [`Emitter::lane_type`]), each relative to the largest.
 /// `walker.any`: whether the row's mask admits any key (else every key
 /// counts, with the same score).
-fn walk(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, walker: &Walker<'_>, range: (&str, &str)) -> Vec<String> {
+fn walk(
+    e: &mut Emitter<'_>,
+    plan: &Plan<'_>,
+    s: &Sizes,
+    warp: &Warp,
+    walker: &Walker<'_>,
+    range: (&str, &str),
+) -> Vec<String> {
     let Walker { row, queries, any } = *walker;
     let (k, v, scale, mask) = (load_name(1), load_name(2), load_name(3), load_name(4));
     let (kd, vd, scale_dtype) = (plan.operands.dtype(1), plan.operands.dtype(2), plan.operands.dtype(3));
@@ -313,7 +329,8 @@ fn walk(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, walker: &W
                         .collect()
                 });
                 let dots = e.combine_lanes(&shares, Combine::Add);
-                let (masked, left_out) = (e.op("arith.constant -1.0e30 : f32".into()), e.op("arith.constant 0xFF800000 : f32".into()));
+                let (masked, left_out) =
+                    (e.op("arith.constant -1.0e30 : f32".into()), e.op("arith.constant 0xFF800000 : f32".into()));
                 let scores: Vec<String> = dots
                     .iter()
                     .zip(&taken)
@@ -362,7 +379,15 @@ fn walk(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, walker: &W
 }
 
 /// Stores a query row's result, its lanes' `sums` over `total`.
-fn store_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &QueryRow, total: &str, sums: &[String]) {
+fn store_row(
+    e: &mut Emitter<'_>,
+    plan: &Plan<'_>,
+    s: &Sizes,
+    warp: &Warp,
+    row: &QueryRow,
+    total: &str,
+    sums: &[String],
+) {
     e.in_lanes(warp, sums, 0, |e, lane, sums| {
         for (slot, sum) in sums.iter().enumerate() {
             let value = e.op(format!("arith.divf {sum}, {total} : f32"));

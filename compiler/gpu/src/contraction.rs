@@ -36,9 +36,9 @@
 
 use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, LANES};
 use linnet_ir::contraction::{reads_index, Contraction};
-use linnet_ir::{Entry, Scalar, Value};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
+use linnet_ir::{Entry, Scalar, Value};
 use std::cell::Cell;
 
 /// Rows an item takes; lane `r` stores row `r`, so no more than a warp's
@@ -90,12 +90,23 @@ struct Layout<'a> {
 }
 
 /// The kernels of contraction node `at` of `entry`, in launch order.
-pub fn contraction_kernels(entry: &Entry, at: usize, form: Form, contraction: &Contraction<'_>) -> Result<Vec<Kernel>, Unsupported> {
+pub fn contraction_kernels(
+    entry: &Entry,
+    at: usize,
+    form: Form,
+    contraction: &Contraction<'_>,
+) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
     let (leading, columns) = node.shape.split_at(node.shape.len() - 1);
-    let layout = Layout { at, leading, columns: &columns[0], rows: leading.iter().fold(Dim::constant(1), |count, dim| count.mul(dim)) };
+    let layout = Layout {
+        at,
+        leading,
+        columns: &columns[0],
+        rows: leading.iter().fold(Dim::constant(1), |count, dim| count.mul(dim)),
+    };
     let column_axis = leading.len() as u32;
-    let shared = !contraction.weight.rows.iter().any(|position| (0..column_axis).any(|axis| reads_index(position, axis)));
+    let shared =
+        !contraction.weight.rows.iter().any(|position| (0..column_axis).any(|axis| reads_index(position, axis)));
     let one_item = layout.rows.as_constant().is_some_and(|rows| rows <= ROWS as i64);
     if shared || one_item {
         let rows = if shared { Rows::Shared } else { Rows::Gathered };
@@ -134,7 +145,13 @@ fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, sizes: &[String], row: &st
 /// and a lower row number), so that its lane 0 stores the row's number at
 /// that rank in the scratch. The count is an f32 sum of ones, exact below
 /// 2^24 rows.
-fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, loads: &[Value]) -> Result<Kernel, Unsupported> {
+fn order(
+    entry: &Entry,
+    form: Form,
+    contraction: &Contraction<'_>,
+    layout: &Layout<'_>,
+    loads: &[Value],
+) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[layout.at];
     let mut e = Emitter::new(entry, layout.at, 0, form);
     // Both kernels take the same arguments.
@@ -192,18 +209,26 @@ fn order(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layo
 
 /// The products: one item per output column and [`ROWS`] rows (one
 /// where they are [`Rows::Gathered`]), found as `kind` says.
-fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &Layout<'_>, kind: Rows) -> Result<Kernel, Unsupported> {
+fn products(
+    entry: &Entry,
+    form: Form,
+    contraction: &Contraction<'_>,
+    layout: &Layout<'_>,
+    kind: Rows,
+) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[layout.at];
     let rows_per_item = if kind == Rows::Gathered { 1 } else { ROWS };
     let blocks = layout.rows.add(&Dim::constant(rows_per_item as i64 - 1)).div(&Dim::constant(rows_per_item as i64));
-    let read = if contraction.depth.as_constant().is_some_and(|depth| depth % RUN == 0) { Read::Runs } else { Read::Elements };
+    let read =
+        if contraction.depth.as_constant().is_some_and(|depth| depth % RUN == 0) { Read::Runs } else { Read::Elements };
 
     let stage = usize::from(kind == Rows::Ordered);
     let mut e = Emitter::new(entry, layout.at, stage, form);
     let (input, weight) = (contraction.input.value, contraction.weight.value);
     let (input_argument, weight_argument) = (e.argument(input), e.argument(weight));
     let order = (kind == Rows::Ordered).then(|| e.scratch(order_scratch(layout)));
-    let (row_count, columns, depth) = (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
+    let (row_count, columns, depth) =
+        (e.dim_index(&layout.rows), e.dim_index(layout.columns), e.dim_index(contraction.depth));
     let per_item = e.index_constant(rows_per_item as i64);
     let sizes = row_sizes(&mut e, layout);
     // Item `item`'s column and rows: each row's number and, but for the
@@ -247,11 +272,18 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
                         let reuse = match &previous_weight_row {
                             None => Reuse::Never,
                             Some(_) if kind == Rows::Shared => Reuse::Always,
-                            Some(previous) => Reuse::When(e.op(format!("arith.cmpi eq, {weight_row}, {previous} : index"))),
+                            Some(previous) => {
+                                Reuse::When(e.op(format!("arith.cmpi eq, {weight_row}, {previous} : index")))
+                            }
                         };
                         let scaled = e.mul(&weight_row, &columns);
                         let weight_column = e.add(&scaled, &column);
-                        starts.push(Row { input: e.mul(&input_row, &depth), weight: e.mul(&weight_column, &depth), real, reuse });
+                        starts.push(Row {
+                            input: e.mul(&input_row, &depth),
+                            weight: e.mul(&weight_column, &depth),
+                            real,
+                            reuse,
+                        });
                         previous_weight_row = Some(weight_row);
                     }
                     (Err(why), _) | (_, Err(why)) => {
@@ -261,7 +293,10 @@ fn products(entry: &Entry, form: Form, contraction: &Contraction<'_>, layout: &L
                     }
                 }
             }
-            let operands = Operands { input: (input_argument.as_str(), dtype_of(e, input)), weight: (weight_argument.as_str(), dtype_of(e, weight)) };
+            let operands = Operands {
+                input: (input_argument.as_str(), dtype_of(e, input)),
+                weight: (weight_argument.as_str(), dtype_of(e, weight)),
+            };
             lane_sums(e, read, lane, &depth, &starts, &operands)
         },
         |e, item, lane, totals| {
@@ -373,9 +408,12 @@ impl Read {
             Form::Device => format!(" {{alignment = {}}}", RUN as usize * dtype.bytes()),
             Form::Host => String::new(),
         };
-        let run = e.op(format!("vector.load {argument}[{at}]{alignment} : memref<?x{element}>, vector<{RUN}x{element}>"));
+        let run =
+            e.op(format!("vector.load {argument}[{at}]{alignment} : memref<?x{element}>, vector<{RUN}x{element}>"));
         match register(dtype) {
-            "f32" if element != "f32" => e.op(format!("arith.extf {run} : vector<{RUN}x{element}> to vector<{RUN}xf32>")),
+            "f32" if element != "f32" => {
+                e.op(format!("arith.extf {run} : vector<{RUN}x{element}> to vector<{RUN}xf32>"))
+            }
             _ => run,
         }
     }
@@ -399,7 +437,14 @@ impl Read {
 
 /// One lane's sums, one per row of the item (`starts`); a `W` row the
 /// previous row read is not read again.
-fn lane_sums(e: &mut Emitter<'_>, read: Read, lane: &str, depth: &str, starts: &[Row], operands: &Operands<'_>) -> Vec<String> {
+fn lane_sums(
+    e: &mut Emitter<'_>,
+    read: Read,
+    lane: &str,
+    depth: &str,
+    starts: &[Row],
+    operands: &Operands<'_>,
+) -> Vec<String> {
     let width = e.index_constant(read.width());
     let from = e.mul(lane, &width);
     let step = e.index_constant(read.width() * i64::from(LANES));

@@ -19,12 +19,12 @@
 
 use super::layout::{loaded, stored};
 use super::{GroupLaunch, Launch, PtxSet, Role};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use linnet_exec::tensor::Tensor;
 use linnet_exec::{dim_value, shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
-use linnet_ir::{Entry, Intrinsic, Model};
 use linnet_ir::Dtype;
-use linnet_exec::tensor::Tensor;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use linnet_ir::{Entry, Intrinsic, Model};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -131,8 +131,22 @@ impl Cuda {
         let context = CudaContext::new(0).map_err(|e| driver("no CUDA device could be opened", e))?;
         let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
         let stream = context.default_stream();
-        let faults = stream.alloc_zeros::<i64>(super::FAULT_SLOTS).map_err(|e| driver("device memory for the faults table", e))?;
-        Ok(Cuda { context, stream, arch: format!("sm_{major}{minor}"), set: None, entries: Vec::new(), dims: HashMap::new(), faults, unsettled: false, scratch: None, ahead: HashMap::new(), pool: Pool::default() })
+        let faults = stream
+            .alloc_zeros::<i64>(super::FAULT_SLOTS)
+            .map_err(|e| driver("device memory for the faults table", e))?;
+        Ok(Cuda {
+            context,
+            stream,
+            arch: format!("sm_{major}{minor}"),
+            set: None,
+            entries: Vec::new(),
+            dims: HashMap::new(),
+            faults,
+            unsettled: false,
+            scratch: None,
+            ahead: HashMap::new(),
+            pool: Pool::default(),
+        })
     }
 
     /// The device's architecture, `sm_90`: what its PTX is built for.
@@ -149,7 +163,11 @@ impl Cuda {
     /// The device, in words: `NVIDIA H200 (sm_90, 139.8 GiB)`.
     pub fn device(&self) -> String {
         let name = self.context.name().unwrap_or_else(|_| "an unnamed device".into());
-        let memory = self.context.total_mem().map(|bytes| format!(", {:.1} GiB", bytes as f64 / (1u64 << 30) as f64)).unwrap_or_default();
+        let memory = self
+            .context
+            .total_mem()
+            .map(|bytes| format!(", {:.1} GiB", bytes as f64 / (1u64 << 30) as f64))
+            .unwrap_or_default();
         format!("{name} ({}{memory})", self.arch)
     }
 
@@ -184,22 +202,33 @@ impl Cuda {
     fn load(&mut self, site: &Site<'_>) -> Result<(), NodeError> {
         let EntryKernels::Pending(ptx) = &self.entries[site.entry_number] else { return Ok(()) };
         let failed = |what: &str, e| NodeError::Check(driver(&format!("{what} of entry `{}`", site.entry.name), e));
-        let module = self.context.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone())).map_err(|e| failed("the driver refused the PTX", e))?;
-        let function = |name: &str| module.load_function(name).map_err(|e| failed(&format!("no `{name}` in the PTX"), e));
+        let module = self
+            .context
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone()))
+            .map_err(|e| failed("the driver refused the PTX", e))?;
+        let function =
+            |name: &str| module.load_function(name).map_err(|e| failed(&format!("no `{name}` in the PTX"), e));
         let roles = super::roles(ptx.groups.iter().map(|group| group.members.as_slice()));
-        let mut kernels: Vec<Vec<(Launch, Option<CudaFunction>)>> = (0..site.entry.nodes.len()).map(|_| Vec::new()).collect();
+        let mut kernels: Vec<Vec<(Launch, Option<CudaFunction>)>> =
+            (0..site.entry.nodes.len()).map(|_| Vec::new()).collect();
         for launch in &ptx.launches {
             let function = if roles.contains_key(&launch.node) { None } else { Some(function(&launch.name)?) };
             kernels[launch.node].push((launch.clone(), function));
         }
-        let groups = ptx.groups.iter().map(|group| Ok((group.clone(), function(&group.name)?))).collect::<Result<_, NodeError>>()?;
+        let groups = ptx
+            .groups
+            .iter()
+            .map(|group| Ok((group.clone(), function(&group.name)?)))
+            .collect::<Result<_, NodeError>>()?;
         self.entries[site.entry_number] = EntryKernels::Loaded(LoadedEntry { kernels, groups, roles });
         Ok(())
     }
 
     /// The site's entry, loaded.
     fn loaded(&self, site: &Site<'_>) -> &LoadedEntry {
-        let EntryKernels::Loaded(loaded) = &self.entries[site.entry_number] else { panic!("an entry's PTX is loaded before its kernels run") };
+        let EntryKernels::Loaded(loaded) = &self.entries[site.entry_number] else {
+            panic!("an entry's PTX is loaded before its kernels run")
+        };
         loaded
     }
 
@@ -216,7 +245,8 @@ impl Cuda {
         if !self.dims.contains_key(dims) {
             // At least one element: an empty table still has an address.
             let values = if dims.is_empty() { vec![0] } else { dims.to_vec() };
-            let table = self.stream.clone_htod(&values).map_err(|e| NodeError::Check(driver("uploading a dims table", e)))?;
+            let table =
+                self.stream.clone_htod(&values).map_err(|e| NodeError::Check(driver("uploading a dims table", e)))?;
             self.dims.insert(dims.to_vec(), table);
         }
         Ok(())
@@ -227,7 +257,8 @@ impl Cuda {
         if self.scratch.as_ref().is_none_or(|scratch| scratch.len() < bytes) {
             self.scratch = None;
             // SAFETY: a node's first kernel writes what its later ones read.
-            let scratch = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| NodeError::Check(driver(&format!("device memory for {bytes} bytes of scratch"), e)))?;
+            let scratch = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }
+                .map_err(|e| NodeError::Check(driver(&format!("device memory for {bytes} bytes of scratch"), e)))?;
             self.scratch = Some(scratch);
         }
         Ok(())
@@ -239,14 +270,18 @@ impl Cuda {
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
         self.load(site)?;
         let bound = |dim: &linnet_ir::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
-        let scratch = self.kernels(site)[0].0.scratch.as_ref().map(|scratch| (bound(&scratch.elements), scratch.dtype.bytes()));
+        let scratch =
+            self.kernels(site)[0].0.scratch.as_ref().map(|scratch| (bound(&scratch.elements), scratch.dtype.bytes()));
         if let Some((elements, bytes)) = scratch {
             self.scratch_of(elements as usize * bytes)?;
         }
         for stage in 0..self.kernels(site).len() {
             let (threads, dims) = {
                 let (launch, _) = &self.kernels(site)[stage];
-                (launch.work.iter().map(bound).product::<i64>() * i64::from(launch.lanes), launch.dims.iter().map(bound).collect::<Vec<i64>>())
+                (
+                    launch.work.iter().map(bound).product::<i64>() * i64::from(launch.lanes),
+                    launch.dims.iter().map(bound).collect::<Vec<i64>>(),
+                )
             };
             self.dims_table(&dims)?;
             let (launch, function) = &self.kernels(site)[stage];
@@ -265,7 +300,12 @@ impl Cuda {
 
     /// Launches group `group` of the site's entry (the site its first
     /// member): gives the site's value and keeps the other members'.
-    fn launch_group(&mut self, site: &Site<'_>, group: usize, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
+    fn launch_group(
+        &mut self,
+        site: &Site<'_>,
+        group: usize,
+        values: &Values<DeviceBuffer>,
+    ) -> Result<DeviceBuffer, NodeError> {
         let bound = |dim: &linnet_ir::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
         let (members, threads, dims) = {
             let (launch, _) = &self.loaded(site).groups[group];
@@ -273,12 +313,24 @@ impl Cuda {
         };
         let outputs = members
             .iter()
-            .map(|&member| self.allocate(site.entry.nodes[member].dtype, &shape_value(&site.entry.nodes[member].shape, site.dims), false).map_err(|e| NodeError::Check(e.0)))
+            .map(|&member| {
+                self.allocate(
+                    site.entry.nodes[member].dtype,
+                    &shape_value(&site.entry.nodes[member].shape, site.dims),
+                    false,
+                )
+                .map_err(|e| NodeError::Check(e.0))
+            })
             .collect::<Result<Vec<DeviceBuffer>, NodeError>>()?;
         self.dims_table(&dims)?;
         let (launch, function) = &self.loaded(site).groups[group];
-        let loads: Vec<std::rc::Rc<DeviceBuffer>> = launch.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
-        let buffers: Vec<(&CudaSlice<u8>, usize)> = outputs.iter().chain(loads.iter().map(|load| load.as_ref())).map(|buffer| (&buffer.bytes, buffer.elements())).collect();
+        let loads: Vec<std::rc::Rc<DeviceBuffer>> =
+            launch.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
+        let buffers: Vec<(&CudaSlice<u8>, usize)> = outputs
+            .iter()
+            .chain(loads.iter().map(|load| load.as_ref()))
+            .map(|buffer| (&buffer.bytes, buffer.elements()))
+            .collect();
         self.run(function, &launch.name, &buffers, &dims, threads, launch.threads)?;
         let faults = launch.faults;
         self.unsettled |= faults;
@@ -292,16 +344,26 @@ impl Cuda {
     /// `block` to a block, given `buffers` (device memory and its
     /// elements, in the kernel's argument order), then the dims table
     /// `dims` (on the device: [`Cuda::dims_table`]) and the faults table.
-    fn run(&self, function: &CudaFunction, name: &str, buffers: &[(&CudaSlice<u8>, usize)], dims: &[i64], threads: i64, block: u32) -> Result<(), NodeError> {
+    fn run(
+        &self,
+        function: &CudaFunction,
+        name: &str,
+        buffers: &[(&CudaSlice<u8>, usize)],
+        dims: &[i64],
+        threads: i64,
+        block: u32,
+    ) -> Result<(), NodeError> {
         if threads == 0 {
             return Ok(());
         }
-        let blocks = u32::try_from((threads + i64::from(block) - 1) / i64::from(block)).map_err(|_| NodeError::Check(format!("{threads} threads are more than one launch holds")))?;
+        let blocks = u32::try_from((threads + i64::from(block) - 1) / i64::from(block))
+            .map_err(|_| NodeError::Check(format!("{threads} threads are more than one launch holds")))?;
         // Each memref's descriptor after its two pointers (allocated and
         // aligned, the same): offset 0, size, stride 1.
         let descriptor = |elements: usize| [0, elements as i64, 1];
         let sizes: Vec<[i64; 3]> = buffers.iter().map(|(_, elements)| descriptor(*elements)).collect();
-        let (table, table_size, faults_size) = (&self.dims[dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
+        let (table, table_size, faults_size) =
+            (&self.dims[dims], descriptor(dims.len()), descriptor(super::FAULT_SLOTS));
         let mut launch = self.stream.launch_builder(function);
         for ((bytes, _), size) in buffers.iter().zip(&sizes) {
             launch.arg(*bytes).arg(*bytes).arg(&size[0]).arg(&size[1]).arg(&size[2]);
@@ -325,7 +387,13 @@ impl Backend for Cuda {
     }
 
     fn prepare(&mut self, model: &Model, _: &[Analysis]) -> Result<(), BuildError> {
-        let whole = |message: String| BuildError { backend: "cuda", entry: model.name.clone(), node: None, source: None, message };
+        let whole = |message: String| BuildError {
+            backend: "cuda",
+            entry: model.name.clone(),
+            node: None,
+            source: None,
+            message,
+        };
         let set = self.set.take().ok_or_else(|| whole("no PTX to run: the backend was given none".into()))?;
         set.check(model, &self.arch).map_err(whole)?;
         let mut by_name = set.entries;
@@ -343,12 +411,16 @@ impl Backend for Cuda {
 
     fn upload(&mut self, tensor: Tensor) -> Result<DeviceBuffer, MemoryError> {
         let bytes = stored(&tensor, tensor.dtype).map_err(MemoryError)?;
-        let slice = self.stream.clone_htod(&if bytes.is_empty() { vec![0] } else { bytes }).map_err(|e| MemoryError(driver("uploading to the device", e)))?;
+        let slice = self
+            .stream
+            .clone_htod(&if bytes.is_empty() { vec![0] } else { bytes })
+            .map_err(|e| MemoryError(driver("uploading to the device", e)))?;
         Ok(DeviceBuffer { bytes: slice, dtype: tensor.dtype, shape: tensor.shape })
     }
 
     fn download(&mut self, buffer: &DeviceBuffer) -> Result<Tensor, MemoryError> {
-        let mut bytes = self.stream.clone_dtoh(&buffer.bytes).map_err(|e| MemoryError(driver("reading from the device", e)))?;
+        let mut bytes =
+            self.stream.clone_dtoh(&buffer.bytes).map_err(|e| MemoryError(driver("reading from the device", e)))?;
         bytes.truncate(buffer.elements() * buffer.dtype.bytes());
         Ok(loaded(&bytes, buffer.dtype, buffer.shape.clone()))
     }
@@ -363,19 +435,28 @@ impl Backend for Cuda {
 
     fn copy(&mut self, buffer: &DeviceBuffer) -> Result<DeviceBuffer, MemoryError> {
         let mut copy = self.allocate(buffer.dtype, &buffer.shape, false)?;
-        self.stream.memcpy_dtod(&buffer.bytes, &mut copy.bytes).map_err(|e| MemoryError(driver("copying on the device", e)))?;
+        self.stream
+            .memcpy_dtod(&buffer.bytes, &mut copy.bytes)
+            .map_err(|e| MemoryError(driver("copying on the device", e)))?;
         Ok(copy)
     }
 
     fn compute(&mut self, site: Site<'_>, values: &Values<DeviceBuffer>) -> Result<DeviceBuffer, NodeError> {
         self.load(&site)?;
         match self.loaded(&site).roles.get(&site.at) {
-            Some(Role::Follows) => return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest")),
+            Some(Role::Follows) => {
+                return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest"))
+            }
             Some(&Role::Leads(group)) => return self.launch_group(&site, group, values),
             None => {}
         }
         let out = self.output(&site)?;
-        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0].0.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
+        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0]
+            .0
+            .loads
+            .iter()
+            .map(|&value| values[value].clone().expect("a loaded value is live"))
+            .collect();
         let args: Vec<&DeviceBuffer> = loads.iter().map(|load| load.as_ref()).collect();
         self.launch(&site, &out, &args)?;
         Ok(out)
@@ -395,12 +476,22 @@ impl Backend for Cuda {
         let faults = self.stream.clone_dtoh(&self.faults).map_err(|e| failed("reading the faults table", e))?;
         let faults: [i64; super::FAULT_SLOTS] = faults.try_into().expect("a whole faults table");
         let EntryKernels::Loaded(loaded) = &self.entries[entry_number] else { return Ok(()) };
-        let Some(error) = super::raised(&faults, entry, |node, stage| Some(loaded.kernels.get(node)?.get(stage)?.0.checks.as_slice())) else { return Ok(()) };
+        let Some(error) = super::raised(&faults, entry, |node, stage| {
+            Some(loaded.kernels.get(node)?.get(stage)?.0.checks.as_slice())
+        }) else {
+            return Ok(());
+        };
         self.stream.memset_zeros(&mut self.faults).map_err(|e| failed("clearing the faults table", e))?;
         Err(error)
     }
 
-    fn write_cache(&mut self, site: Site<'_>, _: Intrinsic, cache: &mut DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
+    fn write_cache(
+        &mut self,
+        site: Site<'_>,
+        _: Intrinsic,
+        cache: &mut DeviceBuffer,
+        args: &[&DeviceBuffer],
+    ) -> Result<(), NodeError> {
         self.launch(&site, cache, args)
     }
 }

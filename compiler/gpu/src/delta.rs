@@ -40,9 +40,9 @@
 
 use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, LANES};
 use super::intrinsic::{load_name, Operands, Spread};
-use linnet_ir::{Entry, Value};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
+use linnet_ir::{Entry, Value};
 
 /// The tokens of a chunk: one to a lane.
 const CHUNK: usize = LANES as usize;
@@ -62,7 +62,13 @@ impl Block {
 
 /// The kernels of delta rule node `at` of `entry` (`span`: over S tokens,
 /// else one step), in launch order.
-pub fn delta_rule_kernels(entry: &Entry, at: usize, form: Form, args: &[Value], span: bool) -> Result<Vec<Kernel>, Unsupported> {
+pub fn delta_rule_kernels(
+    entry: &Entry,
+    at: usize,
+    form: Form,
+    args: &[Value],
+    span: bool,
+) -> Result<Vec<Kernel>, Unsupported> {
     let operands = Operands { entry, args };
     let key_width = operands.shape(0)[operands.shape(0).len() - 1]
         .as_constant()
@@ -179,7 +185,11 @@ impl Column {
         let (state, dtype, slots) = (load_name(5), plan.operands.dtype(5), s.spread.slots());
         let sizes = [s.batch.as_str(), &s.value_heads, &s.spread.size, &s.value_dim];
         e.in_lanes(warp, &[], slots, |e, lane, _| {
-            (0..slots).map(|slot| s.spread.load(e, lane, slot, &state, dtype, |e, i| e.flat(&[&self.b, &self.h, i, &self.j], &sizes))).collect()
+            (0..slots)
+                .map(|slot| {
+                    s.spread.load(e, lane, slot, &state, dtype, |e, i| e.flat(&[&self.b, &self.h, i, &self.j], &sizes))
+                })
+                .collect()
         })
     }
 
@@ -248,7 +258,12 @@ fn step<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
 /// is given the lane, the slot and the cell and gives the new cell and
 /// what it is weighed by; the new cells, and the column's weighted sum
 /// (across the warp).
-fn changed_cells(e: &mut Emitter, warp: &Warp, cells: &[String], change: impl Fn(&mut Emitter, &str, usize, &str) -> (String, String)) -> (Vec<String>, String) {
+fn changed_cells(
+    e: &mut Emitter,
+    warp: &Warp,
+    cells: &[String],
+    change: impl Fn(&mut Emitter, &str, usize, &str) -> (String, String),
+) -> (Vec<String>, String) {
     let mut changed = e.in_lanes(warp, cells, cells.len() + 1, |e, lane, cells| {
         let mut sum = e.op("arith.constant 0.0 : f32".into());
         let mut changed: Vec<String> = Vec::with_capacity(cells.len() + 1);
@@ -370,7 +385,10 @@ fn gram<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
                 let at = e.add(&key_at, i);
                 let key = e.load_element(&k, &at, o.dtype(1));
                 let query = e.load_element(&q, &at, o.dtype(0));
-                vec![e.op(format!("math.fma {key}, {other}, {} : f32", dots[0])), e.op(format!("math.fma {query}, {other}, {} : f32", dots[1]))]
+                vec![
+                    e.op(format!("math.fma {key}, {other}, {} : f32", dots[0])),
+                    e.op(format!("math.fma {query}, {other}, {} : f32", dots[1])),
+                ]
             });
             let g = chunk.decayed(e, &s, &column, decay, t);
             let apart = e.op(format!("arith.subf {g}, {g_source} : f32"));
@@ -380,7 +398,8 @@ fn gram<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
             let held = chunk.holds(e, t);
             let after = e.op(format!("arith.cmpi ugt, {t}, {source} : index"));
             let from = e.op(format!("arith.cmpi uge, {t}, {source} : index"));
-            let (recalls, reads) = (e.op(format!("arith.andi {held}, {after} : i1")), e.op(format!("arith.andi {held}, {from} : i1")));
+            let (recalls, reads) =
+                (e.op(format!("arith.andi {held}, {after} : i1")), e.op(format!("arith.andi {held}, {from} : i1")));
             let weight = e.op(format!("arith.mulf {rate}, {between} : f32"));
             let a = e.op(format!("arith.mulf {weight}, {} : f32", dots[0]));
             let a = e.op(format!("arith.select {recalls}, {a}, {none} : f32"));
@@ -462,7 +481,9 @@ fn walk_chunks<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
                 vec![update, e.op(format!("arith.mulf {gate}, {} : f32", own[1]))]
             });
             let gate_last = chunk.shared(e, Block::GATE, &chunk.last);
-            let mut cells = e.in_lanes(warp, cells, cells.len(), |e, _, cells| cells.iter().map(|cell| e.op(format!("arith.mulf {cell}, {gate_last} : f32"))).collect());
+            let mut cells = e.in_lanes(warp, cells, cells.len(), |e, _, cells| {
+                cells.iter().map(|cell| e.op(format!("arith.mulf {cell}, {gate_last} : f32"))).collect()
+            });
             for source in 0..CHUNK {
                 let update = e.lane_value(warp, &solved[0], source as u32);
                 let row = e.index_constant((source * CHUNK) as i64);
@@ -471,7 +492,10 @@ fn walk_chunks<'a>(plan: &'a Plan<'a>) -> Emitter<'a> {
                     let a = chunk.shared(e, Block::A, &at);
                     let b = chunk.shared(e, Block::B, &at);
                     let taken = e.op(format!("arith.negf {a} : f32"));
-                    vec![e.op(format!("math.fma {taken}, {update}, {} : f32", own[0])), e.op(format!("math.fma {b}, {update}, {} : f32", own[1]))]
+                    vec![
+                        e.op(format!("math.fma {taken}, {update}, {} : f32", own[0])),
+                        e.op(format!("math.fma {b}, {update}, {} : f32", own[1])),
+                    ]
                 });
                 let source = e.index_constant(source as i64);
                 let tail = chunk.shared(e, Block::TAIL, &source);

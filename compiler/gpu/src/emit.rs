@@ -26,9 +26,9 @@
 //! order on the host, so both forms compute the same bits.
 
 use linnet_ir::bounds::Ranges;
-use linnet_ir::{Entry, Scalar, Value};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
+use linnet_ir::{Entry, Scalar, Value};
 use std::collections::HashMap;
 
 /// A node's kernel: its MLIR function and what it is called with.
@@ -131,7 +131,9 @@ impl Opening {
     /// number (device) left out, and on the host a guard in its place.
     fn member_body(&self, body: &str) -> String {
         let guard = match self.reduce {
-            Some(_) => format!("    %inside = arith.cmpi ult, {}, {} : index\n    scf.if %inside {{\n", self.unit, self.count),
+            Some(_) => {
+                format!("    %inside = arith.cmpi ult, {}, {} : index\n    scf.if %inside {{\n", self.unit, self.count)
+            }
             None => String::new(),
         };
         let rest = match &self.reduce {
@@ -607,7 +609,8 @@ impl<'e> Emitter<'e> {
             }
             Form::Device => self.thread_number(),
         };
-        self.opening = Some(Opening { unit: unit.clone(), count: count.to_string(), lines: start..self.body.len(), reduce: None });
+        self.opening =
+            Some(Opening { unit: unit.clone(), count: count.to_string(), lines: start..self.body.len(), reduce: None });
         unit
     }
 
@@ -637,7 +640,11 @@ impl<'e> Emitter<'e> {
     ) {
         self.parallel_in_warps(work, |e, item, warp| {
             let shares = e.in_lanes(warp, &[], combines.len(), |e, lane, _| lane_body(e, item, lane));
-            let totals: Vec<String> = shares.iter().zip(combines).flat_map(|(shares, combine)| e.combine_lanes(std::slice::from_ref(shares), *combine)).collect();
+            let totals: Vec<String> = shares
+                .iter()
+                .zip(combines)
+                .flat_map(|(shares, combine)| e.combine_lanes(std::slice::from_ref(shares), *combine))
+                .collect();
             e.in_lanes(warp, &[], 0, |e, lane, _| {
                 finish(e, item, lane, &totals);
                 Vec::new()
@@ -694,17 +701,30 @@ impl<'e> Emitter<'e> {
     /// lane's own of each of `inputs` (values of [`Emitter::lane_type`]),
     /// it gives the lane's `outputs` f32s, which come back as values of
     /// that type.
-    pub fn in_lanes(&mut self, warp: &Warp, inputs: &[String], outputs: usize, body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
+    pub fn in_lanes(
+        &mut self,
+        warp: &Warp,
+        inputs: &[String],
+        outputs: usize,
+        body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>,
+    ) -> Vec<String> {
         let Some(lane) = &warp.lane else {
             let ty = self.lane_type();
             let (zero, lanes) = (self.index_constant(0), self.index_constant(i64::from(LANES)));
             let zeros = self.lanes_zero();
             let carried: Vec<(String, &str)> = (0..outputs).map(|_| (zeros.clone(), ty.as_str())).collect();
             return self.for_range(&zero, &lanes, &carried, |e, lane, so_far| {
-                let mine: Vec<String> = inputs.iter().map(|input| e.op(format!("vector.extract {input}[{lane}] : f32 from {ty}"))).collect();
+                let mine: Vec<String> = inputs
+                    .iter()
+                    .map(|input| e.op(format!("vector.extract {input}[{lane}] : f32 from {ty}")))
+                    .collect();
                 let values = body(e, lane, &mine);
                 assert_eq!(values.len(), outputs, "a lane gives every output");
-                values.iter().zip(so_far).map(|(value, so_far)| e.op(format!("vector.insert {value}, {so_far}[{lane}] : f32 into {ty}"))).collect()
+                values
+                    .iter()
+                    .zip(so_far)
+                    .map(|(value, so_far)| e.op(format!("vector.insert {value}, {so_far}[{lane}] : f32 into {ty}")))
+                    .collect()
             });
         };
         let values = body(self, lane, inputs);
@@ -747,7 +767,10 @@ impl<'e> Emitter<'e> {
             }
         }
         match self.form {
-            Form::Host => values.iter().map(|value| self.op(format!("vector.extract {value}[0] : f32 from vector<1xf32>"))).collect(),
+            Form::Host => values
+                .iter()
+                .map(|value| self.op(format!("vector.extract {value}[0] : f32 from vector<1xf32>")))
+                .collect(),
             Form::Device => values,
         }
     }
@@ -758,7 +781,8 @@ impl<'e> Emitter<'e> {
         if warp.lane.is_none() {
             return self.op(format!("vector.extract {value}[{lane}] : f32 from vector<{LANES}xf32>"));
         }
-        let (from, width) = (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {LANES} : i32")));
+        let (from, width) =
+            (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {LANES} : i32")));
         self.shuffle("idx", value, &from, &width)
     }
 
@@ -787,7 +811,8 @@ impl<'e> Emitter<'e> {
             return self.op(format!("vector.from_elements {} : vector<{LANES}xf32>", totals.join(", ")));
         };
         let lane = self.op(format!("arith.index_cast {lane} : index to i32"));
-        let (width, none) = (self.op(format!("arith.constant {LANES} : i32")), self.op("arith.constant 0 : i32".into()));
+        let (width, none) =
+            (self.op(format!("arith.constant {LANES} : i32")), self.op("arith.constant 0 : i32".into()));
         let mut values = values.to_vec();
         while values.len() > 1 {
             let half = values.len() / 2;
@@ -810,34 +835,62 @@ impl<'e> Emitter<'e> {
     /// `scf.for` over `from..to` (indices) carrying `carried` (initial
     /// value, register type); `body` gets the counter and the carried
     /// values and gives the next ones. The loop's results, in order.
-    pub fn for_range(&mut self, from: &str, to: &str, carried: &[(String, &str)], body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
+    pub fn for_range(
+        &mut self,
+        from: &str,
+        to: &str,
+        carried: &[(String, &str)],
+        body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>,
+    ) -> Vec<String> {
         let one = self.index_constant(1);
         self.for_steps(from, to, &one, carried, body)
     }
 
     /// [`Emitter::for_range`] counting by `step` (an index).
-    pub fn for_steps(&mut self, from: &str, to: &str, step: &str, carried: &[(String, &str)], body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>) -> Vec<String> {
+    pub fn for_steps(
+        &mut self,
+        from: &str,
+        to: &str,
+        step: &str,
+        carried: &[(String, &str)],
+        body: impl FnOnce(&mut Self, &str, &[String]) -> Vec<String>,
+    ) -> Vec<String> {
         let (result, counter) = (self.fresh(), self.fresh());
         let names: Vec<String> = carried.iter().map(|_| self.fresh()).collect();
         let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
         if carried.is_empty() {
             self.line(format!("scf.for {counter} = {from} to {to} step {step} {{"));
         } else {
-            let arguments: Vec<String> = names.iter().zip(carried).map(|(name, (initial, _))| format!("{name} = {initial}")).collect();
+            let arguments: Vec<String> =
+                names.iter().zip(carried).map(|(name, (initial, _))| format!("{name} = {initial}")).collect();
             let prefix = Self::results_prefix(&result, carried.len());
-            self.line(format!("{prefix} = scf.for {counter} = {from} to {to} step {step} iter_args({}) -> ({}) {{", arguments.join(", "), types.join(", ")));
+            self.line(format!(
+                "{prefix} = scf.for {counter} = {from} to {to} step {step} iter_args({}) -> ({}) {{",
+                arguments.join(", "),
+                types.join(", ")
+            ));
         }
         let next = body(self, &counter, &names);
         if !carried.is_empty() {
             self.line(format!("  scf.yield {} : {}", next.join(", "), types.join(", ")));
         }
         self.line("}".into());
-        if carried.is_empty() { Vec::new() } else { Self::results(&result, carried.len()) }
+        if carried.is_empty() {
+            Vec::new()
+        } else {
+            Self::results(&result, carried.len())
+        }
     }
 
     /// `scf.if condition` giving values of types `types`: `then`'s or
     /// `otherwise`'s.
-    pub fn if_else(&mut self, condition: &str, types: &[&str], then: impl FnOnce(&mut Self) -> Vec<String>, otherwise: impl FnOnce(&mut Self) -> Vec<String>) -> Vec<String> {
+    pub fn if_else(
+        &mut self,
+        condition: &str,
+        types: &[&str],
+        then: impl FnOnce(&mut Self) -> Vec<String>,
+        otherwise: impl FnOnce(&mut Self) -> Vec<String>,
+    ) -> Vec<String> {
         let name = self.fresh();
         let types = types.join(", ");
         let count = Self::results_prefix(&name, types.split(", ").count());
@@ -853,7 +906,11 @@ impl<'e> Emitter<'e> {
 
     /// How an operation of `count` results named `name` is written.
     fn results_prefix(name: &str, count: usize) -> String {
-        if count == 1 { name.to_string() } else { format!("{name}:{count}") }
+        if count == 1 {
+            name.to_string()
+        } else {
+            format!("{name}:{count}")
+        }
     }
 
     /// The results of an operation of `count` results named `name`.
@@ -899,7 +956,20 @@ impl<'e> Emitter<'e> {
         let opening = self.opening.as_ref().expect("every kernel opens its units");
         let member = Member { unit: opening.unit.clone(), body: opening.member_body(&self.body) };
         let text = self.function(&name, &arguments);
-        Kernel { node: self.node, stage: self.stage, name, text, loads: self.loads, dims: self.dims, work: self.work, lanes: self.lanes, faults: self.faults, checks: self.checks, scratch: self.scratch, member }
+        Kernel {
+            node: self.node,
+            stage: self.stage,
+            name,
+            text,
+            loads: self.loads,
+            dims: self.dims,
+            work: self.work,
+            lanes: self.lanes,
+            faults: self.faults,
+            checks: self.checks,
+            scratch: self.scratch,
+            member,
+        }
     }
 
     /// The calling convention's arguments of a function of this body
@@ -907,7 +977,11 @@ impl<'e> Emitter<'e> {
     /// if it has one, the dims and faults tables.
     fn arguments(&self, outputs: &[(String, Dtype)]) -> String {
         let outputs = outputs.iter().map(|(name, dtype)| format!("{name}: memref<?x{}>", stored(*dtype)));
-        let loads = self.loads.iter().enumerate().map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)));
+        let loads = self
+            .loads
+            .iter()
+            .enumerate()
+            .map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)));
         let scratch = self.scratch.iter().map(|scratch| format!("%scratch: memref<?x{}>", stored(scratch.dtype)));
         let tables = [format!("%dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>")];
         outputs.chain(loads).chain(scratch).chain(tables).collect::<Vec<_>>().join(", ")
@@ -932,7 +1006,8 @@ impl<'e> Emitter<'e> {
     /// writes `outputs` (their dtypes: `%out0`, `%out1`, …) from the
     /// loads; with its loads and dims table.
     pub fn finish_group(self, name: &str, outputs: &[Dtype]) -> (String, Vec<Value>, Vec<Dim>) {
-        let outputs: Vec<(String, Dtype)> = outputs.iter().enumerate().map(|(k, dtype)| (format!("%out{k}"), *dtype)).collect();
+        let outputs: Vec<(String, Dtype)> =
+            outputs.iter().enumerate().map(|(k, dtype)| (format!("%out{k}"), *dtype)).collect();
         let text = self.function(name, &self.arguments(&outputs));
         (text, self.loads, self.dims)
     }

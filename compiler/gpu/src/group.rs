@@ -24,8 +24,8 @@
 
 use super::emit::{Emitter, Member};
 use super::{Form, Kernel, LANES};
-use linnet_ir::{Entry, NodeKind, Value};
 use linnet_ir::dim::Dim;
+use linnet_ir::{Entry, NodeKind, Value};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -98,7 +98,8 @@ fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<D
     let mut e = Emitter::new(entry, first, 0, form).with_dims(table);
     let member_kernels: Vec<&Kernel> = members.iter().map(|&member| &kernels[member][0]).collect();
     // Each member's loads, as the group's arguments.
-    let arguments: Vec<Vec<String>> = member_kernels.iter().map(|kernel| kernel.loads.iter().map(|&value| e.argument(value)).collect()).collect();
+    let arguments: Vec<Vec<String>> =
+        member_kernels.iter().map(|kernel| kernel.loads.iter().map(|&value| e.argument(value)).collect()).collect();
     let warp = Dim::constant(i64::from(LANES));
     let member_units: Vec<Dim> = member_kernels
         .iter()
@@ -106,7 +107,9 @@ fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<D
             let items = kernel.work.iter().fold(Dim::constant(1), |count, dim| count.mul(dim));
             match form {
                 Form::Host => items,
-                Form::Device => items.scale(i64::from(kernel.lanes)).add(&warp).sub(&Dim::constant(1)).div(&warp).mul(&warp),
+                Form::Device => {
+                    items.scale(i64::from(kernel.lanes)).add(&warp).sub(&Dim::constant(1)).div(&warp).mul(&warp)
+                }
             }
         })
         .collect();
@@ -126,7 +129,15 @@ fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<D
 /// Runs the member whose units hold `unit` (an index): member `k` of
 /// `kernels` (each with its `arguments` and `units`) begins at `start`,
 /// the next where it ends; its body runs with the unit's number within it.
-fn dispatch(e: &mut Emitter<'_>, kernels: &[&Kernel], arguments: &[Vec<String>], units: &[Dim], k: usize, unit: &str, start: String) {
+fn dispatch(
+    e: &mut Emitter<'_>,
+    kernels: &[&Kernel],
+    arguments: &[Vec<String>],
+    units: &[Dim],
+    k: usize,
+    unit: &str,
+    start: String,
+) {
     let Some(kernel) = kernels.get(k) else { return };
     let count = e.dim_index(&units[k]);
     let end = e.add(&start, &count);
@@ -150,7 +161,9 @@ fn inlined(member: &Member, k: usize, arguments: &[String], within: &str) -> Str
     let mut rest = member.body.as_str();
     while let Some(at) = rest.find('%') {
         text.push_str(&rest[..at]);
-        let name_end = rest[at + 1..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(rest.len(), |end| at + 1 + end);
+        let name_end = rest[at + 1..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(rest.len(), |end| at + 1 + end);
         let name = &rest[at..name_end];
         let load = name.strip_prefix("%in").and_then(|number| number.parse::<usize>().ok());
         match (name, load) {
@@ -191,10 +204,10 @@ pub fn roles<'g>(members: impl Iterator<Item = &'g [usize]>) -> HashMap<usize, R
 mod tests {
     use super::{groups, Group};
     use crate::{node_kernels, Form};
-    use linnet_ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, Value};
     use linnet_ir::dim::Dim;
-    use linnet_ir::Dtype;
     use linnet_ir::CmpOp;
+    use linnet_ir::Dtype;
+    use linnet_ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, Value};
 
     fn node(kind: NodeKind, length: i64, dtype: Dtype) -> Node {
         Node { kind, shape: vec![Dim::constant(length)], dtype, source: None }
@@ -207,7 +220,16 @@ mod tests {
     /// `2 * v[i]` over 4 elements.
     fn double(value: u32) -> Node {
         let load = Scalar::Load(Value(value), vec![index()], Dtype::F32);
-        node(NodeKind::Compute(Scalar::Binary(BinaryOp::Mul, Box::new(load), Box::new(Scalar::Float(2.0, Dtype::F32)), Dtype::F32)), 4, Dtype::F32)
+        node(
+            NodeKind::Compute(Scalar::Binary(
+                BinaryOp::Mul,
+                Box::new(load),
+                Box::new(Scalar::Float(2.0, Dtype::F32)),
+                Dtype::F32,
+            )),
+            4,
+            Dtype::F32,
+        )
     }
 
     /// `x[ids[i]]`: a gather whose positions come from an input, checked
@@ -219,20 +241,31 @@ mod tests {
 
     /// `x: [4]`, `ids: [4; i32]`, a parameter `w: [4]`, then `computed`.
     fn entry(computed: Vec<Node>) -> Entry {
-        let mut nodes = vec![node(NodeKind::Input(0), 4, Dtype::F32), node(NodeKind::Input(1), 4, Dtype::I32), node(NodeKind::Param(0), 4, Dtype::F32)];
+        let mut nodes = vec![
+            node(NodeKind::Input(0), 4, Dtype::F32),
+            node(NodeKind::Input(1), 4, Dtype::I32),
+            node(NodeKind::Param(0), 4, Dtype::F32),
+        ];
         nodes.extend(computed);
         Entry {
             name: "run".into(),
             dims: Vec::new(),
             requires: Vec::new(),
-            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(4)], dtype: Dtype::F32 }, Input { name: "ids".into(), shape: vec![Dim::constant(4)], dtype: Dtype::I32 }],
+            inputs: vec![
+                Input { name: "x".into(), shape: vec![Dim::constant(4)], dtype: Dtype::F32 },
+                Input { name: "ids".into(), shape: vec![Dim::constant(4)], dtype: Dtype::I32 },
+            ],
             outputs: vec![Value(nodes.len() as u32 - 1)],
             nodes,
         }
     }
 
     fn grouped(entry: &Entry) -> Vec<Group> {
-        let kernels: Vec<_> = (0..entry.nodes.len()).map(|at| node_kernels(entry, at, Form::Device).map(|kernels| kernels.expect("a kernel")).unwrap_or_default()).collect();
+        let kernels: Vec<_> = (0..entry.nodes.len())
+            .map(|at| {
+                node_kernels(entry, at, Form::Device).map(|kernels| kernels.expect("a kernel")).unwrap_or_default()
+            })
+            .collect();
         let hoisted = linnet_ir::plan::hoistable(entry);
         groups(entry, &kernels, &hoisted, Form::Device)
     }
@@ -255,9 +288,29 @@ mod tests {
     /// `x` rotated by two: `select(i < 2, x[i + 2], x[i - 2])`, each read
     /// inside `x` where its branch is taken.
     fn rotated() -> Node {
-        let shifted = |op| Scalar::Load(Value(0), vec![Scalar::Binary(op, Box::new(index()), Box::new(Scalar::Int(2, Dtype::I64)), Dtype::I64)], Dtype::F32);
-        let below = Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), Box::new(index()), Box::new(Scalar::Int(2, Dtype::I64)), Dtype::Bool);
-        node(NodeKind::Compute(Scalar::Select(Box::new(below), Box::new(shifted(BinaryOp::Add)), Box::new(shifted(BinaryOp::Sub)), Dtype::F32)), 4, Dtype::F32)
+        let shifted = |op| {
+            Scalar::Load(
+                Value(0),
+                vec![Scalar::Binary(op, Box::new(index()), Box::new(Scalar::Int(2, Dtype::I64)), Dtype::I64)],
+                Dtype::F32,
+            )
+        };
+        let below = Scalar::Binary(
+            BinaryOp::Cmp(CmpOp::Lt),
+            Box::new(index()),
+            Box::new(Scalar::Int(2, Dtype::I64)),
+            Dtype::Bool,
+        );
+        node(
+            NodeKind::Compute(Scalar::Select(
+                Box::new(below),
+                Box::new(shifted(BinaryOp::Add)),
+                Box::new(shifted(BinaryOp::Sub)),
+                Dtype::F32,
+            )),
+            4,
+            Dtype::F32,
+        )
     }
 
     /// A select's branches read where their condition keeps them inside:

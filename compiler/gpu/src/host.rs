@@ -8,12 +8,12 @@
 //! once, when it settles, as on a device: the same kernels report the
 //! same errors.
 
+use super::layout::{loaded, stored};
 use super::{Form, Group, Kernel, Role};
+use linnet_exec::tensor::Tensor;
 use linnet_exec::{dim_value, shape_value, Backend, BuildError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Entry, Intrinsic, Model};
-use super::layout::{loaded, stored};
-use linnet_exec::tensor::Tensor;
 use melior::ExecutionEngine;
 use std::collections::HashMap;
 
@@ -58,7 +58,13 @@ struct Descriptor {
 
 impl Descriptor {
     fn of(bytes: &mut [u8], elements: usize) -> Descriptor {
-        Descriptor { allocated: bytes.as_mut_ptr(), aligned: bytes.as_mut_ptr(), offset: 0, size: elements as i64, stride: 1 }
+        Descriptor {
+            allocated: bytes.as_mut_ptr(),
+            aligned: bytes.as_mut_ptr(),
+            offset: 0,
+            size: elements as i64,
+            stride: 1,
+        }
     }
 
     fn of_faults(faults: &mut [i64; super::FAULT_SLOTS]) -> Descriptor {
@@ -75,13 +81,20 @@ fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Co
     let roles = super::roles(groups.iter().map(|group| group.members.as_slice()));
     let module = format!("module {{\n{}}}\n", super::functions(&kernels, &groups).join("\n"));
     // The engine holds the code it compiled; the module may go.
-    let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| match super::pipeline::unlowered(&lowered.as_operation()) {
-        Some(operation) => Err(format!("MLIR's host lowering left `{operation}` (a compiler bug)")),
-        None => Ok(ExecutionEngine::new(lowered, 2, &[], false, false)),
+    let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| {
+        match super::pipeline::unlowered(&lowered.as_operation()) {
+            Some(operation) => Err(format!("MLIR's host lowering left `{operation}` (a compiler bug)")),
+            None => Ok(ExecutionEngine::new(lowered, 2, &[], false, false)),
+        }
     })
     .and_then(|engine| engine)
     .map_err(|message| failed(None, message))?;
-    let called = kernels.iter().flatten().filter(|kernel| !roles.contains_key(&kernel.node)).map(|kernel| &kernel.name).chain(groups.iter().map(|group| &group.name));
+    let called = kernels
+        .iter()
+        .flatten()
+        .filter(|kernel| !roles.contains_key(&kernel.node))
+        .map(|kernel| &kernel.name)
+        .chain(groups.iter().map(|group| &group.name));
     if let Some(name) = called.into_iter().find(|name| engine.lookup(name).is_null()) {
         return Err(failed(None, format!("MLIR's execution engine did not compile `{name}`")));
     }
@@ -96,7 +109,8 @@ impl Backend for MlirHost {
     }
 
     fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
-        self.entries = (0..model.entries.len()).map(|entry| compile(model, entry, &analyses[entry])).collect::<Result<_, _>>()?;
+        self.entries =
+            (0..model.entries.len()).map(|entry| compile(model, entry, &analyses[entry])).collect::<Result<_, _>>()?;
         Ok(())
     }
 
@@ -104,12 +118,18 @@ impl Backend for MlirHost {
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
         match self.entries[site.entry_number].roles.get(&site.at) {
-            Some(Role::Follows) => return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest")),
+            Some(Role::Follows) => {
+                return Ok(self.ahead.remove(&site.at).expect("a group's first member computed the rest"))
+            }
             Some(&Role::Leads(group)) => return self.launch_group(&site, group, values),
             None => {}
         }
         let kernel = &self.kernels(&site)[0];
-        let args: Vec<&Tensor> = kernel.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
+        let args: Vec<&Tensor> = kernel
+            .loads
+            .iter()
+            .map(|value| values[value.index()].as_deref().expect("a loaded value is live"))
+            .collect();
         let node = &site.entry.nodes[site.at];
         let mut out = vec![0u8; site.shape.iter().product::<usize>() * node.dtype.bytes()];
         self.invoke(&site, &mut out, &args)?;
@@ -132,7 +152,13 @@ impl Backend for MlirHost {
         }
     }
 
-    fn write_cache(&mut self, site: Site<'_>, _: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+    fn write_cache(
+        &mut self,
+        site: Site<'_>,
+        _: Intrinsic,
+        cache: &mut Tensor,
+        args: &[&Tensor],
+    ) -> Result<(), NodeError> {
         let dtype = site.entry.nodes[site.at].dtype;
         let mut cells = stored(cache, dtype).map_err(NodeError::Check)?;
         self.invoke(&site, &mut cells, args)?;
@@ -156,7 +182,12 @@ impl MlirHost {
         let kernels = &self.entries[site.entry_number].kernels[site.at];
         let out_elements = out.len() / site.entry.nodes[site.at].dtype.bytes();
         let mut inputs = stored_loads(site, &kernels[0].loads, args)?;
-        let scratch_elements = kernels[0].scratch.as_ref().map(|scratch| (dim_value(&scratch.elements, site.dims).expect("an entry's dims are bound") as usize, scratch.dtype.bytes()));
+        let scratch_elements = kernels[0].scratch.as_ref().map(|scratch| {
+            (
+                dim_value(&scratch.elements, site.dims).expect("an entry's dims are bound") as usize,
+                scratch.dtype.bytes(),
+            )
+        });
         let mut scratch = vec![0u8; scratch_elements.map_or(0, |(elements, bytes)| elements * bytes)];
         for kernel in kernels {
             let mut descriptors = vec![Descriptor::of(out, out_elements)];
@@ -164,7 +195,14 @@ impl MlirHost {
             if let Some((elements, _)) = scratch_elements {
                 descriptors.push(Descriptor::of(&mut scratch, elements));
             }
-            call(&self.entries[site.entry_number].engine, &kernel.name, descriptors, &kernel.dims, site, &mut self.faults)?;
+            call(
+                &self.entries[site.entry_number].engine,
+                &kernel.name,
+                descriptors,
+                &kernel.dims,
+                site,
+                &mut self.faults,
+            )?;
         }
         Ok(())
     }
@@ -174,7 +212,8 @@ impl MlirHost {
     fn launch_group(&mut self, site: &Site<'_>, group: usize, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
         let compiled = &self.entries[site.entry_number];
         let group = &compiled.groups[group];
-        let args: Vec<&Tensor> = group.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
+        let args: Vec<&Tensor> =
+            group.loads.iter().map(|value| values[value.index()].as_deref().expect("a loaded value is live")).collect();
         let mut inputs = stored_loads(site, &group.loads, &args)?;
         let mut outputs: Vec<(Vec<u8>, Vec<usize>)> = group
             .members
@@ -184,10 +223,15 @@ impl MlirHost {
                 (vec![0u8; shape.iter().product::<usize>() * site.entry.nodes[member].dtype.bytes()], shape)
             })
             .collect();
-        let mut descriptors: Vec<Descriptor> = outputs.iter_mut().map(|(bytes, shape)| Descriptor::of(bytes, shape.iter().product())).collect();
+        let mut descriptors: Vec<Descriptor> =
+            outputs.iter_mut().map(|(bytes, shape)| Descriptor::of(bytes, shape.iter().product())).collect();
         descriptors.extend(inputs.iter_mut().map(|(bytes, elements)| Descriptor::of(bytes, *elements)));
         call(&compiled.engine, &group.name, descriptors, &group.dims, site, &mut self.faults)?;
-        let mut values = group.members.iter().zip(outputs).map(|(&member, (bytes, shape))| (member, loaded(&bytes, site.entry.nodes[member].dtype, shape)));
+        let mut values = group
+            .members
+            .iter()
+            .zip(outputs)
+            .map(|(&member, (bytes, shape))| (member, loaded(&bytes, site.entry.nodes[member].dtype, shape)));
         let (_, first) = values.next().expect("a group has members");
         self.ahead.extend(values);
         Ok(first)
@@ -196,14 +240,36 @@ impl MlirHost {
 
 /// The stored bytes of `loads` (values of the site's entry), given as
 /// `args`, and their element counts.
-fn stored_loads(site: &Site<'_>, loads: &[linnet_ir::Value], args: &[&Tensor]) -> Result<Vec<(Vec<u8>, usize)>, NodeError> {
-    loads.iter().zip(args).map(|(value, tensor)| stored(tensor, site.entry.nodes[value.index()].dtype).map(|bytes| (bytes, tensor.len())).map_err(NodeError::Check)).collect()
+fn stored_loads(
+    site: &Site<'_>,
+    loads: &[linnet_ir::Value],
+    args: &[&Tensor],
+) -> Result<Vec<(Vec<u8>, usize)>, NodeError> {
+    loads
+        .iter()
+        .zip(args)
+        .map(|(value, tensor)| {
+            stored(tensor, site.entry.nodes[value.index()].dtype)
+                .map(|bytes| (bytes, tensor.len()))
+                .map_err(NodeError::Check)
+        })
+        .collect()
 }
 
 /// Calls function `name` of `engine` with `buffers`' descriptors, then its
 /// dims table (`dims` bound by the site's call) and the faults table.
-fn call(engine: &ExecutionEngine, name: &str, mut descriptors: Vec<Descriptor>, dims: &[linnet_ir::dim::Dim], site: &Site<'_>, faults: &mut [i64; super::FAULT_SLOTS]) -> Result<(), NodeError> {
-    let mut table: Vec<u8> = dims.iter().flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes()).collect();
+fn call(
+    engine: &ExecutionEngine,
+    name: &str,
+    mut descriptors: Vec<Descriptor>,
+    dims: &[linnet_ir::dim::Dim],
+    site: &Site<'_>,
+    faults: &mut [i64; super::FAULT_SLOTS],
+) -> Result<(), NodeError> {
+    let mut table: Vec<u8> = dims
+        .iter()
+        .flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes())
+        .collect();
     descriptors.push(Descriptor::of(&mut table, dims.len()));
     descriptors.push(Descriptor::of_faults(faults));
     // The C interface takes a pointer to each memref's descriptor; the

@@ -11,21 +11,29 @@
 //!   nothing is written.
 
 use super::emit::{Emitter, Fault, Form, Kernel, Unsupported, LANES};
-use linnet_ir::{Entry, Intrinsic, NodeKind, Value};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
+use linnet_ir::{Entry, Intrinsic, NodeKind, Value};
 
 /// The kernels of intrinsic node `at` of `entry`, in launch order. A cache
 /// write's kernel takes the cache as its output and the other arguments as
 /// its loads; every other intrinsic's, all its arguments.
 pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
-    let NodeKind::Intrinsic(intrinsic, args) = &node.kind else { return Err(Unsupported("not an intrinsic node".into())) };
+    let NodeKind::Intrinsic(intrinsic, args) = &node.kind else {
+        return Err(Unsupported("not an intrinsic node".into()));
+    };
     let mut emitter = Emitter::new(entry, at, 0, form);
     let operands = Operands { entry, args };
     match intrinsic {
         Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows => {
-            return super::attention::attention_kernels(entry, at, form, args, *intrinsic == Intrinsic::GroupedAttentionRows);
+            return super::attention::attention_kernels(
+                entry,
+                at,
+                form,
+                args,
+                *intrinsic == Intrinsic::GroupedAttentionRows,
+            );
         }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
             return super::delta::delta_rule_kernels(entry, at, form, args, *intrinsic == Intrinsic::GatedDeltaRule);
@@ -101,7 +109,15 @@ impl Spread {
 
     /// Slot `slot`'s element of `lane` in `argument` (of `dtype`), at
     /// `at(position)`; 0 past the width.
-    pub(super) fn load(&self, e: &mut Emitter, lane: &str, slot: usize, argument: &str, dtype: Dtype, at: impl FnOnce(&mut Emitter, &str) -> String) -> String {
+    pub(super) fn load(
+        &self,
+        e: &mut Emitter,
+        lane: &str,
+        slot: usize,
+        argument: &str,
+        dtype: Dtype,
+        at: impl FnOnce(&mut Emitter, &str) -> String,
+    ) -> String {
         let (position, within) = self.position(e, lane, slot);
         let at = at(e, &position);
         let x = e.load_element(argument, &at, dtype);
@@ -116,7 +132,15 @@ impl Spread {
 
     /// Stores `value` as slot `slot`'s element of `lane` in `target` (an
     /// argument and its dtype), at `at(position)`; nothing past the width.
-    pub(super) fn store(&self, e: &mut Emitter, lane: &str, slot: usize, value: String, target: (&str, Dtype), at: impl FnOnce(&mut Emitter, &str) -> String) {
+    pub(super) fn store(
+        &self,
+        e: &mut Emitter,
+        lane: &str,
+        slot: usize,
+        value: String,
+        target: (&str, Dtype),
+        at: impl FnOnce(&mut Emitter, &str) -> String,
+    ) {
         let (argument, dtype) = target;
         let (position, within) = self.position(e, lane, slot);
         let at = at(e, &position);
@@ -150,69 +174,72 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
         _ => (None, String::new()),
     };
     // A write after the node a call fails at writes nothing.
-    emitter.parallel(&work, |e, item| e.unless_faulted(|e| {
-        let position = e.split(item, &[&rows, &axis, &span, &width]);
-        let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
-        // The first position written: `pos`/`start`, checked against the
-        // cache; `write_rows`' own row's position, skipped when outside.
-        let (first, inside) = match start_dtype {
-            Some(start_dtype) => {
-                // `start + span <= length`: `start` in `0..length - span + 1`.
-                let start = e.load_element(&start_load, &zero, start_dtype);
-                let room = e.op(format!("arith.subi {length}, {span} : index"));
-                let room = e.op(format!("arith.index_cast {room} : index to i64"));
-                let one = e.op("arith.constant 1 : i64".into());
-                let starts = e.op(format!("arith.addi {room}, {one} : i64"));
-                let inside = e.inside(&start, &starts);
-                let outside = e.not(&inside);
-                e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
-                (start, inside)
-            }
-            None => {
-                let at = e.load_element(&load_name(1), row, operands.dtype(2));
-                let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
-                let inside = e.inside(&at, &length_i64);
-                (at, inside)
-            }
-        };
-        e.when(&inside, |e| {
-            let first = e.op(format!("arith.index_cast {first} : i64 to index"));
-            let to_position = e.add(&first, l);
-            let to = e.flat(&[row, a, &to_position, w], &[&cache_rows, &axis, &length, &width]);
-            if intrinsic != Intrinsic::WriteSlots {
-                copy(e, &x, item, &to, dtype);
-                return;
-            }
-            // The request written into this row: 1 + its number, summed
-            // over the slots that name the row (as the Linnet body), or 0.
-            let slots = load_name(1);
-            let (row_i64, none) = (e.op(format!("arith.index_cast {row} : index to i64")), e.op("arith.constant 0 : i64".into()));
-            let owner = e.for_range(&zero, &x_rows, &[(none.clone(), "i64")], |e, m, carried| {
-                let slot = e.load_element(&slots, m, operands.dtype(2));
-                let named = e.op(format!("arith.cmpi eq, {slot}, {row_i64} : i64"));
-                let m = e.op(format!("arith.index_cast {m} : index to i64"));
-                let one = e.op("arith.constant 1 : i64".into());
-                let request = e.op(format!("arith.addi {m}, {one} : i64"));
-                let sum = e.op(format!("arith.addi {}, {request} : i64", carried[0]));
-                vec![e.op(format!("arith.select {named}, {sum}, {} : i64", carried[0]))]
-            })[0]
-                .clone();
-            let written = e.op(format!("arith.cmpi sgt, {owner}, {none} : i64"));
-            e.when(&written, |e| {
-                let x_rows_i64 = e.op(format!("arith.index_cast {x_rows} : index to i64"));
-                let beyond = e.op(format!("arith.cmpi sgt, {owner}, {x_rows_i64} : i64"));
-                let one = e.op("arith.constant 1 : i64".into());
-                let request = e.op(format!("arith.subi {owner}, {one} : i64"));
-                e.line(format!("scf.if {beyond} {{"));
-                e.fault(Fault::RequestOutsideX, &[&request, &x_rows_i64]);
-                e.line("} else {".into());
-                let request = e.op(format!("arith.index_cast {request} : i64 to index"));
-                let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);
-                copy(e, &x, &from, &to, dtype);
-                e.line("}".into());
+    emitter.parallel(&work, |e, item| {
+        e.unless_faulted(|e| {
+            let position = e.split(item, &[&rows, &axis, &span, &width]);
+            let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
+            // The first position written: `pos`/`start`, checked against the
+            // cache; `write_rows`' own row's position, skipped when outside.
+            let (first, inside) = match start_dtype {
+                Some(start_dtype) => {
+                    // `start + span <= length`: `start` in `0..length - span + 1`.
+                    let start = e.load_element(&start_load, &zero, start_dtype);
+                    let room = e.op(format!("arith.subi {length}, {span} : index"));
+                    let room = e.op(format!("arith.index_cast {room} : index to i64"));
+                    let one = e.op("arith.constant 1 : i64".into());
+                    let starts = e.op(format!("arith.addi {room}, {one} : i64"));
+                    let inside = e.inside(&start, &starts);
+                    let outside = e.not(&inside);
+                    e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
+                    (start, inside)
+                }
+                None => {
+                    let at = e.load_element(&load_name(1), row, operands.dtype(2));
+                    let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
+                    let inside = e.inside(&at, &length_i64);
+                    (at, inside)
+                }
+            };
+            e.when(&inside, |e| {
+                let first = e.op(format!("arith.index_cast {first} : i64 to index"));
+                let to_position = e.add(&first, l);
+                let to = e.flat(&[row, a, &to_position, w], &[&cache_rows, &axis, &length, &width]);
+                if intrinsic != Intrinsic::WriteSlots {
+                    copy(e, &x, item, &to, dtype);
+                    return;
+                }
+                // The request written into this row: 1 + its number, summed
+                // over the slots that name the row (as the Linnet body), or 0.
+                let slots = load_name(1);
+                let (row_i64, none) =
+                    (e.op(format!("arith.index_cast {row} : index to i64")), e.op("arith.constant 0 : i64".into()));
+                let owner = e.for_range(&zero, &x_rows, &[(none.clone(), "i64")], |e, m, carried| {
+                    let slot = e.load_element(&slots, m, operands.dtype(2));
+                    let named = e.op(format!("arith.cmpi eq, {slot}, {row_i64} : i64"));
+                    let m = e.op(format!("arith.index_cast {m} : index to i64"));
+                    let one = e.op("arith.constant 1 : i64".into());
+                    let request = e.op(format!("arith.addi {m}, {one} : i64"));
+                    let sum = e.op(format!("arith.addi {}, {request} : i64", carried[0]));
+                    vec![e.op(format!("arith.select {named}, {sum}, {} : i64", carried[0]))]
+                })[0]
+                    .clone();
+                let written = e.op(format!("arith.cmpi sgt, {owner}, {none} : i64"));
+                e.when(&written, |e| {
+                    let x_rows_i64 = e.op(format!("arith.index_cast {x_rows} : index to i64"));
+                    let beyond = e.op(format!("arith.cmpi sgt, {owner}, {x_rows_i64} : i64"));
+                    let one = e.op("arith.constant 1 : i64".into());
+                    let request = e.op(format!("arith.subi {owner}, {one} : i64"));
+                    e.line(format!("scf.if {beyond} {{"));
+                    e.fault(Fault::RequestOutsideX, &[&request, &x_rows_i64]);
+                    e.line("} else {".into());
+                    let request = e.op(format!("arith.index_cast {request} : i64 to index"));
+                    let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);
+                    copy(e, &x, &from, &to, dtype);
+                    e.line("}".into());
+                });
             });
-        });
-    }));
+        })
+    });
 }
 
 /// Copies element `from` of `source` to element `to` of the output, in

@@ -15,9 +15,9 @@
 
 use super::emit::{register, Check, Combine, Emitter, Form, Kernel, Unsupported, LANES};
 use linnet_ir::invariant::{invariants, Invariant};
-use linnet_ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_ir::Dtype;
 use linnet_ir::CmpOp;
+use linnet_ir::Dtype;
+use linnet_ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::cell::Cell;
 
 impl Emitter<'_> {
@@ -27,7 +27,8 @@ impl Emitter<'_> {
         }
         Ok(match scalar {
             Scalar::Index(k, _) => {
-                let index = self.indices.get(k).cloned().ok_or_else(|| Unsupported(format!("index i{k} is not bound")))?;
+                let index =
+                    self.indices.get(k).cloned().ok_or_else(|| Unsupported(format!("index i{k} is not bound")))?;
                 self.op(format!("arith.index_cast {index} : index to i64"))
             }
             Scalar::Dim(dim) => self.dim(dim),
@@ -35,7 +36,9 @@ impl Emitter<'_> {
                 let bits = (linnet_ir::numerics::round(*value, *dtype) as f32).to_bits();
                 self.op(format!("arith.constant 0x{bits:08X} : f32"))
             }
-            Scalar::Int(value, dtype) => self.op(format!("arith.constant {} : i64", linnet_ir::numerics::wrap(*value, *dtype))),
+            Scalar::Int(value, dtype) => {
+                self.op(format!("arith.constant {} : i64", linnet_ir::numerics::wrap(*value, *dtype)))
+            }
             Scalar::Bool(value) => self.op(format!("arith.constant {value}")),
             Scalar::Load(value, positions, _) => self.load(*value, positions)?,
             Scalar::Unary(op, a, dtype) => {
@@ -72,7 +75,11 @@ impl Emitter<'_> {
             Scalar::Reduce { dtype, .. } => {
                 let (zero, one) = (self.index_constant(0), self.index_constant(1));
                 let result = self.reduction(scalar, &zero, &one)?;
-                if register(*dtype) == "f32" { self.rounded(result, *dtype) } else { self.wrapped(result, *dtype) }
+                if register(*dtype) == "f32" {
+                    self.rounded(result, *dtype)
+                } else {
+                    self.wrapped(result, *dtype)
+                }
             }
         })
     }
@@ -101,7 +108,11 @@ impl Emitter<'_> {
                 self.op(format!("{name} {a} : f32"))
             }
         };
-        if float { self.rounded(result, dtype) } else { self.wrapped(result, dtype) }
+        if float {
+            self.rounded(result, dtype)
+        } else {
+            self.wrapped(result, dtype)
+        }
     }
 
     fn binary(&mut self, op: BinaryOp, a: String, b: String, operands: Dtype, dtype: Dtype) -> String {
@@ -110,10 +121,13 @@ impl Emitter<'_> {
             BinaryOp::And => return self.op(format!("arith.andi {a}, {b} : i1")),
             BinaryOp::Or => return self.op(format!("arith.ori {a}, {b} : i1")),
             BinaryOp::Cmp(cmp) if operands == Dtype::Bool => {
-                let (a, b) = (self.op(format!("arith.extui {a} : i1 to i64")), self.op(format!("arith.extui {b} : i1 to i64")));
+                let (a, b) =
+                    (self.op(format!("arith.extui {a} : i1 to i64")), self.op(format!("arith.extui {b} : i1 to i64")));
                 return self.op(format!("arith.cmpi {}, {a}, {b} : i64", integer_predicate(cmp)));
             }
-            BinaryOp::Cmp(cmp) if float => return self.op(format!("arith.cmpf {}, {a}, {b} : f32", float_predicate(cmp))),
+            BinaryOp::Cmp(cmp) if float => {
+                return self.op(format!("arith.cmpf {}, {a}, {b} : f32", float_predicate(cmp)))
+            }
             BinaryOp::Cmp(cmp) => return self.op(format!("arith.cmpi {}, {a}, {b} : i64", integer_predicate(cmp))),
             _ => {}
         }
@@ -177,7 +191,10 @@ impl Emitter<'_> {
             ("i1", Dtype::Bool) => a,
             ("f32", Dtype::I32 | Dtype::I64) => {
                 // Truncation toward zero, saturating, NaN to 0 (as Rust's `as`).
-                let (low, high) = (self.op("arith.constant -9.22337203685477580800e+18 : f32".into()), self.op("arith.constant 9.22337149e+18 : f32".into()));
+                let (low, high) = (
+                    self.op("arith.constant -9.22337203685477580800e+18 : f32".into()),
+                    self.op("arith.constant 9.22337149e+18 : f32".into()),
+                );
                 let clamped = self.op(format!("arith.maxnumf {a}, {low} : f32"));
                 let clamped = self.op(format!("arith.minnumf {clamped}, {high} : f32"));
                 let nan = self.op(format!("arith.cmpf uno, {a}, {a} : f32"));
@@ -247,7 +264,9 @@ impl Emitter<'_> {
     /// `from`, every `step`th (indices), in registers: not yet rounded or
     /// wrapped to its type.
     fn reduction(&mut self, reduction: &Scalar, from: &str, step: &str) -> Result<String, Unsupported> {
-        let Scalar::Reduce { op, index, extent, body, dtype } = reduction else { return Err(Unsupported("not a reduction".into())) };
+        let Scalar::Reduce { op, index, extent, body, dtype } = reduction else {
+            return Err(Unsupported("not a reduction".into()));
+        };
         let (op, index, dtype) = (*op, *index, *dtype);
         let ty = register(dtype);
         let initial = match (op, ty) {
@@ -364,7 +383,14 @@ fn element_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar) -> Resu
 /// invariant `parts` once, with those totals, and the row's elements at
 /// every 32nd position of the last axis from its own. A row's reduction
 /// is computed once instead of once per element, by 32 threads.
-fn row_kernel(entry: &Entry, at: usize, form: Form, scalar: &Scalar, parts: &[Invariant<'_>], shared: &[&Scalar]) -> Result<Kernel, Unsupported> {
+fn row_kernel(
+    entry: &Entry,
+    at: usize,
+    form: Form,
+    scalar: &Scalar,
+    parts: &[Invariant<'_>],
+    shared: &[&Scalar],
+) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let (leading, last) = node.shape.split_at(node.shape.len() - 1);
     let last_axis = leading.len() as u32;

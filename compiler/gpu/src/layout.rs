@@ -2,9 +2,9 @@
 //! elements of their dtype, bf16 as its bits, bool as one byte), and back:
 //! what crosses to and from the kernels on the host and on a device.
 
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::Dtype;
-use linnet_exec::tensor::{Data, Tensor};
 
 /// A value as its kernel stores it: little-endian elements of its dtype
 /// (bf16 and f16 as bits, bool as one byte).
@@ -23,12 +23,39 @@ pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, String> {
 /// A kernel's output as a host tensor (floats held as f32).
 pub fn loaded(bytes: &[u8], dtype: Dtype, shape: Vec<usize>) -> Tensor {
     match dtype {
-        Dtype::F32 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>().into()) },
-        Dtype::Bf16 => Tensor { dtype, shape, data: Data::F32(bytes.chunks_exact(2).map(|c| bf16_value(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<f32>>().into()) },
-        Dtype::I32 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()),
-        Dtype::I64 => Tensor::from_i64(dtype, shape, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()),
+        Dtype::F32 => Tensor {
+            dtype,
+            shape,
+            data: Data::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<f32>>()
+                    .into(),
+            ),
+        },
+        Dtype::Bf16 => Tensor {
+            dtype,
+            shape,
+            data: Data::F32(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| bf16_value(u16::from_le_bytes([c[0], c[1]])))
+                    .collect::<Vec<f32>>()
+                    .into(),
+            ),
+        },
+        Dtype::I32 => Tensor::from_i64(
+            dtype,
+            shape,
+            bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        ),
+        Dtype::I64 => Tensor::from_i64(
+            dtype,
+            shape,
+            bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+        ),
         Dtype::Bool => Tensor { dtype, shape, data: Data::Bool(bytes.iter().map(|b| *b != 0).collect()) },
         Dtype::F16 => unreachable!("an f16 node is refused when its entry is readied"),
     }
 }
-

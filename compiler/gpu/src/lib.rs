@@ -31,9 +31,9 @@ mod ptx_set;
 
 #[cfg(feature = "nvptx")]
 use linnet_exec::BuildError;
-use linnet_ir::{Entry, NodeKind};
 #[cfg(feature = "nvptx")]
 use linnet_ir::Model;
+use linnet_ir::{Entry, NodeKind};
 
 pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
@@ -73,9 +73,17 @@ pub fn default_libdevice() -> std::path::PathBuf {
 fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
-        let node_kernels = node_kernels(entry, at, form).transpose().map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?.unwrap_or_default();
+        let node_kernels = node_kernels(entry, at, form)
+            .transpose()
+            .map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?
+            .unwrap_or_default();
         if !node_kernels.is_empty() && node.dtype == linnet_ir::Dtype::F16 {
-            return Err(BuildError::new(backend, entry, Some(at), "f16 values are not held by the GPU kernels' buffers".into()));
+            return Err(BuildError::new(
+                backend,
+                entry,
+                Some(at),
+                "f16 values are not held by the GPU kernels' buffers".into(),
+            ));
         }
         kernels.push(node_kernels);
     }
@@ -87,7 +95,13 @@ fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec
 #[cfg(feature = "nvptx")]
 fn functions<'k>(kernels: &'k [Vec<Kernel>], groups: &'k [Group]) -> Vec<&'k str> {
     let grouped = roles(groups.iter().map(|group| group.members.as_slice()));
-    kernels.iter().flatten().filter(|kernel| !grouped.contains_key(&kernel.node)).map(|kernel| kernel.text.as_str()).chain(groups.iter().map(|group| group.text.as_str())).collect()
+    kernels
+        .iter()
+        .flatten()
+        .filter(|kernel| !grouped.contains_key(&kernel.node))
+        .map(|kernel| kernel.text.as_str())
+        .chain(groups.iter().map(|group| group.text.as_str()))
+        .collect()
 }
 
 /// One entry's kernels, its launch groups and the PTX MLIR made of them
@@ -146,14 +160,26 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
             format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name)
         })
         .collect();
-    let lowered: Vec<Result<Vec<String>, String>> = texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
+    let lowered: Vec<Result<Vec<String>, String>> =
+        texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
     let mut entries = Vec::with_capacity(modules.len());
     for ((entry, kernels, groups, hoisted), ptx) in modules.into_iter().zip(lowered) {
         let mut ptx = ptx.map_err(|message| BuildError::new("nvptx", entry, None, message))?;
         if ptx.len() != 1 {
-            return Err(BuildError::new("nvptx", entry, None, format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len())));
+            return Err(BuildError::new(
+                "nvptx",
+                entry,
+                None,
+                format!("MLIR made {} PTX modules of one `gpu.module`", ptx.len()),
+            ));
         }
-        entries.push(BuiltEntry { entry: entry.name.clone(), kernels: kernels.into_iter().flatten().collect(), groups, hoisted, ptx: ptx.remove(0) });
+        entries.push(BuiltEntry {
+            entry: entry.name.clone(),
+            kernels: kernels.into_iter().flatten().collect(),
+            groups,
+            hoisted,
+            ptx: ptx.remove(0),
+        });
     }
     Ok(Built { entries, missing })
 }
@@ -165,7 +191,11 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
 /// size (`checks(node, stage)`: the axes that kernel's loads check); an
 /// intrinsic's as the reference words it (`linnet_exec::reference`).
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
-fn raised<'k>(faults: &[i64; FAULT_SLOTS], entry: &Entry, checks: impl Fn(usize, usize) -> Option<&'k [Check]>) -> Option<(usize, linnet_exec::NodeError)> {
+fn raised<'k>(
+    faults: &[i64; FAULT_SLOTS],
+    entry: &Entry,
+    checks: impl Fn(usize, usize) -> Option<&'k [Check]>,
+) -> Option<(usize, linnet_exec::NodeError)> {
     use linnet_exec::NodeError;
     use linnet_ir::Intrinsic;
     let (node, stage) = emit::owned_by(faults[OWNER_SLOT])?;
@@ -178,14 +208,22 @@ fn raised<'k>(faults: &[i64; FAULT_SLOTS], entry: &Entry, checks: impl Fn(usize,
     let error = if raised(Fault::PositionOutsideAxis) {
         let [number, position, size] = [faults[CHECK_SLOT], faults[CHECK_SLOT + 1], faults[CHECK_SLOT + 2]];
         match usize::try_from(number).ok().and_then(|number| checks(node, stage)?.get(number)) {
-            Some(check) => NodeError::OutOfRange { value: check.value, axis: check.axis, position, size, source: check.source },
-            None => NodeError::Check(format!("kernel {stage} of node v{node} raised a fault for check {number}, which it does not have")),
+            Some(check) => {
+                NodeError::OutOfRange { value: check.value, axis: check.axis, position, size, source: check.source }
+            }
+            None => NodeError::Check(format!(
+                "kernel {stage} of node v{node} raised a fault for check {number}, which it does not have"
+            )),
         }
     } else if raised(Fault::OutsideCache) {
         let what = if intrinsic == Some(Intrinsic::WriteAt) { "position" } else { "span" };
         NodeError::Check(format!("{writer}: {what} outside the cache"))
     } else if raised(Fault::RequestOutsideX) {
-        NodeError::Check(format!("{writer}: position {} is outside 0..{}", faults[REQUEST_SLOT], faults[REQUEST_SLOT + 1]))
+        NodeError::Check(format!(
+            "{writer}: position {} is outside 0..{}",
+            faults[REQUEST_SLOT],
+            faults[REQUEST_SLOT + 1]
+        ))
     } else {
         NodeError::Check(format!("kernel {stage} of node v{node} owns the faults table but raised no fault it names"))
     };

@@ -7,7 +7,9 @@ use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module, RegionLike};
 use melior::pass::PassManager;
-use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
+use melior::utility::{
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
+};
 use melior::Context;
 use std::cell::RefCell;
 use std::path::Path;

@@ -5,8 +5,8 @@
 //! they were built from by a fingerprint of its IR and the architecture
 //! they were built for: PTX of another build is refused, never run.
 
-use linnet_ir::{Model, NodeKind};
 use linnet_ir::dim::Dim;
+use linnet_ir::{Model, NodeKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -167,10 +167,17 @@ impl PtxSet {
             model: self.model.clone(),
             fingerprint: self.fingerprint.clone(),
             arch: self.arch.clone(),
-            entries: self.entries.iter().map(|(name, entry)| (name.clone(), EntryLaunches { launches: entry.launches.clone(), groups: entry.groups.clone() })).collect(),
+            entries: self
+                .entries
+                .iter()
+                .map(|(name, entry)| {
+                    (name.clone(), EntryLaunches { launches: entry.launches.clone(), groups: entry.groups.clone() })
+                })
+                .collect(),
         };
         let path = dir.join("launches.json");
-        std::fs::write(&path, serde_json::to_string(&launches).expect("launches serialize")).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(&path, serde_json::to_string(&launches).expect("launches serialize"))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         Ok(written)
     }
 
@@ -183,7 +190,8 @@ impl PtxSet {
     pub fn read(dir: &Path) -> Result<PtxSet, String> {
         let path = dir.join("launches.json");
         let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let launches: Launches = serde_json::from_str(&text).map_err(|e| format!("{} is not a set of launches: {e}", path.display()))?;
+        let launches: Launches =
+            serde_json::from_str(&text).map_err(|e| format!("{} is not a set of launches: {e}", path.display()))?;
         let mut entries = BTreeMap::new();
         for (name, EntryLaunches { launches, groups }) in launches.entries {
             let path = dir.join(format!("{name}.ptx"));
@@ -201,25 +209,44 @@ impl PtxSet {
     /// first.
     pub fn check(&self, model: &Model, arch: &str) -> Result<(), String> {
         if self.fingerprint != fingerprint(model) {
-            return Err(format!("this PTX was built from another build of `{}` (its IR differs): build it again", self.model));
+            return Err(format!(
+                "this PTX was built from another build of `{}` (its IR differs): build it again",
+                self.model
+            ));
         }
         if self.arch != arch {
-            return Err(format!("this PTX was built for {}, not for this device's {arch}: build it with --gpu-arch {arch}", self.arch));
+            return Err(format!(
+                "this PTX was built for {}, not for this device's {arch}: build it with --gpu-arch {arch}",
+                self.arch
+            ));
         }
         for entry in &model.entries {
-            let working: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..))).collect();
+            let working: Vec<usize> = (0..entry.nodes.len())
+                .filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..)))
+                .collect();
             let launches = self.entries.get(&entry.name).map(|set| set.launches.as_slice()).unwrap_or_default();
             let mut launched: Vec<usize> = launches.iter().map(|launch| launch.node).collect();
             launched.dedup();
             if launched != working {
-                return Err(format!("the PTX of entry `{}` does not launch a kernel for each of its nodes", entry.name));
+                return Err(format!(
+                    "the PTX of entry `{}` does not launch a kernel for each of its nodes",
+                    entry.name
+                ));
             }
-            let reads_its_own = self.entries.get(&entry.name).is_none_or(|set| set.launches.iter().all(|launch| launch.loads.iter().all(|&load| load < launch.node)));
+            let reads_its_own = self.entries.get(&entry.name).is_none_or(|set| {
+                set.launches.iter().all(|launch| launch.loads.iter().all(|&load| load < launch.node))
+            });
             if !reads_its_own {
                 return Err(format!("a kernel of entry `{}` reads a value its node cannot", entry.name));
             }
-            let in_order = launches.iter().enumerate().all(|(at, launch)| launch.stage == launches[..at].iter().rev().take_while(|earlier| earlier.node == launch.node).count());
-            let stages_agree = in_order && launches.windows(2).all(|pair| pair[0].node != pair[1].node || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch));
+            let in_order = launches.iter().enumerate().all(|(at, launch)| {
+                launch.stage == launches[..at].iter().rev().take_while(|earlier| earlier.node == launch.node).count()
+            });
+            let stages_agree = in_order
+                && launches.windows(2).all(|pair| {
+                    pair[0].node != pair[1].node
+                        || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch)
+                });
             if !stages_agree {
                 return Err(format!("the kernels of a node of entry `{}` do not take the same arguments", entry.name));
             }
@@ -236,7 +263,10 @@ impl PtxSet {
                         once && one_kernel && matches!(entry.nodes[member].kind, NodeKind::Compute(_))
                     });
                 if !sound {
-                    return Err(format!("launch group `{}` of entry `{}` is not one the PTX can run", group.name, entry.name));
+                    return Err(format!(
+                        "launch group `{}` of entry `{}` is not one the PTX can run",
+                        group.name, entry.name
+                    ));
                 }
             }
         }

@@ -7,16 +7,16 @@
 //! reference's error. Built only with `--features nvptx`.
 #![cfg(feature = "nvptx")]
 
-use linnet_frontend::driver::lower_package;
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::Machine;
+use linnet_frontend::driver::lower_package;
+use linnet_frontend::package::LoadOptions;
 use linnet_gpu::host::MlirHost;
 use linnet_gpu::{Form, Kernel, LANES};
 use linnet_ir::contraction;
-use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_frontend::package::LoadOptions;
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
-use linnet_exec::tensor::{Data, Tensor};
+use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -27,7 +27,9 @@ fn root() -> PathBuf {
 /// The CUDA compiler pieces: `LINNET_CUDA_NVCC`, else where the set-up
 /// script unpacks them.
 fn cuda_nvcc() -> PathBuf {
-    std::env::var_os("LINNET_CUDA_NVCC").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/opt/linnet-cuda/nvidia/cuda_nvcc"))
+    std::env::var_os("LINNET_CUDA_NVCC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/linnet-cuda/nvidia/cuda_nvcc"))
 }
 
 #[test]
@@ -37,7 +39,11 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
     assert!(libdevice.is_file(), "{} is missing: run scripts/install-gpu-tools.sh", libdevice.display());
     let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(built.missing.is_empty(), "{}", built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
+    assert!(
+        built.missing.is_empty(),
+        "{}",
+        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    );
     assert_eq!(built.entries.len(), model.entries.len());
     ptxas_accepts(&built.entries);
     // What the build writes: each entry's PTX and every kernel's launch,
@@ -51,12 +57,18 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     assert!(read.check(&model, "sm_80").unwrap_err().contains("built for sm_90"));
     let (mut contractions, mut rows) = (0, 0);
     for entry in &model.entries {
-        let computes: Vec<usize> = (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
+        let computes: Vec<usize> =
+            (0..entry.nodes.len()).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Compute(_))).collect();
         let (launches, groups) = (&read.entries[&entry.name].launches, &read.entries[&entry.name].groups);
         assert_eq!(launches.iter().map(|launch| launch.node).collect::<Vec<_>>(), computes, "{}", entry.name);
         for launch in launches {
             let grouped = groups.iter().any(|group| group.members.contains(&launch.node));
-            assert_eq!(read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)), !grouped, "{}", launch.name);
+            assert_eq!(
+                read.entries[&entry.name].ptx.contains(&format!(".entry {}(", launch.name)),
+                !grouped,
+                "{}",
+                launch.name
+            );
             let shape = &entry.nodes[launch.node].shape;
             if contraction::of(entry, launch.node).is_some() {
                 contractions += 1;
@@ -71,9 +83,13 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
             }
         }
     }
-    assert!(contractions > 0 && rows > 0, "the tiny MLP has no contraction or norm: this test covers less than it says");
+    assert!(
+        contractions > 0 && rows > 0,
+        "the tiny MLP has no contraction or norm: this test covers less than it says"
+    );
     // The PTX of another build of the model is refused.
-    let (mut other, _) = lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
+    let (mut other, _) =
+        lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
     other.entries.pop();
     assert!(read.check(&other, "sm_90").unwrap_err().contains("another build"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -91,14 +107,29 @@ fn ptxas_accepts(entries: &[linnet_gpu::BuiltEntry]) {
         assert!(!entry.kernels.is_empty());
         assert!(entry.ptx.contains(".target sm_90"), "{}", entry.ptx);
         let grouped: Vec<usize> = entry.groups.iter().flat_map(|group| group.members.iter().copied()).collect();
-        let launched = entry.kernels.iter().filter(|kernel| !grouped.contains(&kernel.node)).map(|kernel| &kernel.name).chain(entry.groups.iter().map(|group| &group.name));
+        let launched = entry
+            .kernels
+            .iter()
+            .filter(|kernel| !grouped.contains(&kernel.node))
+            .map(|kernel| &kernel.name)
+            .chain(entry.groups.iter().map(|group| &group.name));
         for name in launched {
             assert!(entry.ptx.contains(&format!(".entry {name}(")), "no `{name}` in the PTX of `{}`", entry.entry);
         }
         let path = scratch.join(format!("{}.ptx", entry.entry));
         std::fs::write(&path, &entry.ptx).unwrap();
-        let checked = Command::new(cuda_nvcc().join("bin/ptxas")).args(["-arch=sm_90", "-o"]).arg(path.with_extension("cubin")).arg(&path).output().expect("ptxas runs");
-        assert!(checked.status.success(), "ptxas refused {}: {}", path.display(), String::from_utf8_lossy(&checked.stderr));
+        let checked = Command::new(cuda_nvcc().join("bin/ptxas"))
+            .args(["-arch=sm_90", "-o"])
+            .arg(path.with_extension("cubin"))
+            .arg(&path)
+            .output()
+            .expect("ptxas runs");
+        assert!(
+            checked.status.success(),
+            "ptxas refused {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&checked.stderr)
+        );
     }
     std::fs::remove_dir_all(&scratch).unwrap();
 }
@@ -111,10 +142,15 @@ fn ptxas_accepts(entries: &[linnet_gpu::BuiltEntry]) {
 fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     let card = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe-calm/package/nest-bf16.toml");
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), nest: Some(card), ..LoadOptions::default() };
-    let (model, _) = lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
+    let (model, _) =
+        lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
     let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
     let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(built.missing.is_empty(), "{}", built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
+    assert!(
+        built.missing.is_empty(),
+        "{}",
+        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    );
     let working = |kind: &NodeKind| matches!(kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..));
     let nodes: usize = model.entries.iter().map(|e| e.nodes.iter().filter(|n| working(&n.kind)).count()).sum();
     let with_kernels = |kernels: &[Kernel]| {
@@ -123,8 +159,21 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
         nodes.len()
     };
     assert_eq!(built.entries.iter().map(|e| with_kernels(&e.kernels)).sum::<usize>(), nodes);
-    for intrinsic in [Intrinsic::GroupedAttention, Intrinsic::GroupedAttentionRows, Intrinsic::GatedDeltaRule, Intrinsic::GatedDeltaStep, Intrinsic::WriteAt, Intrinsic::WriteSpan, Intrinsic::WriteRows, Intrinsic::WriteSlots] {
-        let used = model.entries.iter().flat_map(|e| &e.nodes).any(|n| matches!(n.kind, NodeKind::Intrinsic(i, _) if i == intrinsic));
+    for intrinsic in [
+        Intrinsic::GroupedAttention,
+        Intrinsic::GroupedAttentionRows,
+        Intrinsic::GatedDeltaRule,
+        Intrinsic::GatedDeltaStep,
+        Intrinsic::WriteAt,
+        Intrinsic::WriteSpan,
+        Intrinsic::WriteRows,
+        Intrinsic::WriteSlots,
+    ] {
+        let used = model
+            .entries
+            .iter()
+            .flat_map(|e| &e.nodes)
+            .any(|n| matches!(n.kind, NodeKind::Intrinsic(i, _) if i == intrinsic));
         assert!(used, "the seed no longer uses `{}`: this test covers less than it says", intrinsic.name());
     }
     assert!(built.entries.iter().all(|entry| !entry.groups.is_empty()), "every entry of the seed launches groups");
@@ -140,7 +189,12 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
 fn a_kernel_reports_its_first_fault_as_the_reference_does() {
     let shape = vec![Dim::constant(4)];
     let shifted = |value: u32, offset: i64| {
-        let position = Scalar::Binary(BinaryOp::Add, Box::new(Scalar::Index(0, Dtype::I64)), Box::new(Scalar::Int(offset, Dtype::I64)), Dtype::I64);
+        let position = Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(Scalar::Index(0, Dtype::I64)),
+            Box::new(Scalar::Int(offset, Dtype::I64)),
+            Dtype::I64,
+        );
         Scalar::Load(Value(value), vec![position], Dtype::F32)
     };
     let add = |a: Scalar, b: Scalar| Scalar::Binary(BinaryOp::Add, Box::new(a), Box::new(b), Dtype::F32);
@@ -150,9 +204,19 @@ fn a_kernel_reports_its_first_fault_as_the_reference_does() {
         requires: Vec::new(),
         inputs: vec![Input { name: "x".into(), shape: shape.clone(), dtype: Dtype::F32 }],
         outputs: vec![Value(nodes.len() as u32)],
-        nodes: std::iter::once(Node { kind: NodeKind::Input(0), shape: shape.clone(), dtype: Dtype::F32, source: None })
-            .chain(nodes.into_iter().map(|scalar| Node { kind: NodeKind::Compute(scalar), shape: shape.clone(), dtype: Dtype::F32, source: None }))
-            .collect(),
+        nodes: std::iter::once(Node {
+            kind: NodeKind::Input(0),
+            shape: shape.clone(),
+            dtype: Dtype::F32,
+            source: None,
+        })
+        .chain(nodes.into_iter().map(|scalar| Node {
+            kind: NodeKind::Compute(scalar),
+            shape: shape.clone(),
+            dtype: Dtype::F32,
+            source: None,
+        }))
+        .collect(),
     };
     // `shift`: v1 reads outside x twice per element, v2 once more; the
     // call fails at v1. `fine` reads inside x.
@@ -162,7 +226,10 @@ fn a_kernel_reports_its_first_fault_as_the_reference_does() {
     ];
     let model = Model { name: "shift".into(), params: Vec::new(), states: Vec::new(), entries };
     let x = || vec![Tensor::from_f32(Dtype::F32, vec![4], vec![1.0; 4])];
-    let reference = linnet_exec::interp::machine(model.clone(), Vec::new()).call("shift", x()).expect_err("every load is outside x").to_string();
+    let reference = linnet_exec::interp::machine(model.clone(), Vec::new())
+        .call("shift", x())
+        .expect_err("every load is outside x")
+        .to_string();
     let mut host = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build");
     let error = host.call("shift", x()).expect_err("every load is outside x").to_string();
     assert!(reference.contains("position 10 is outside 0..4") && reference.contains("v1"), "{reference}");
@@ -179,14 +246,26 @@ fn dims(sizes: &[usize]) -> Vec<Dim> {
 /// Entry `name`: its inputs (name, sizes, type), then the `computed`
 /// nodes, which are its outputs.
 fn entry_of(name: &str, inputs: &[(&str, Vec<usize>, Dtype)], computed: Vec<Node>) -> Entry {
-    let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(at, (_, sizes, dtype))| Node { kind: NodeKind::Input(at), shape: dims(sizes), dtype: *dtype, source: None }).collect();
+    let mut nodes: Vec<Node> = inputs
+        .iter()
+        .enumerate()
+        .map(|(at, (_, sizes, dtype))| Node {
+            kind: NodeKind::Input(at),
+            shape: dims(sizes),
+            dtype: *dtype,
+            source: None,
+        })
+        .collect();
     let outputs = (nodes.len()..nodes.len() + computed.len()).map(|at| Value(at as u32)).collect();
     nodes.extend(computed);
     Entry {
         name: name.into(),
         dims: Vec::new(),
         requires: Vec::new(),
-        inputs: inputs.iter().map(|(name, sizes, dtype)| Input { name: (*name).into(), shape: dims(sizes), dtype: *dtype }).collect(),
+        inputs: inputs
+            .iter()
+            .map(|(name, sizes, dtype)| Input { name: (*name).into(), shape: dims(sizes), dtype: *dtype })
+            .collect(),
         nodes,
         outputs,
     }
@@ -212,7 +291,11 @@ fn contractions_split_across_lanes_meet_the_reference() {
     let index = |k: u32| Scalar::Index(k, Dtype::I64);
     let load = |value: u32, positions: Vec<Scalar>, dtype: Dtype| {
         let loaded = Scalar::Load(Value(value), positions, dtype);
-        if dtype == Dtype::F32 { loaded } else { Scalar::Cast(Box::new(loaded), Dtype::F32) }
+        if dtype == Dtype::F32 {
+            loaded
+        } else {
+            Scalar::Cast(Box::new(loaded), Dtype::F32)
+        }
     };
     let sum = |depth: usize, a: Scalar, w: Scalar| Scalar::Reduce {
         op: ReduceOp::Sum,
@@ -221,22 +304,59 @@ fn contractions_split_across_lanes_meet_the_reference() {
         body: Box::new(Scalar::Binary(BinaryOp::Mul, Box::new(a), Box::new(w), Dtype::F32)),
         dtype: Dtype::F32,
     };
-    let inputs = [("a", vec![rows, 45], Dtype::F32), ("w", vec![columns, 45], Dtype::Bf16), ("b", vec![rows, 264], Dtype::Bf16), ("v", vec![experts, columns, 264], Dtype::Bf16), ("pick", vec![rows], Dtype::I32)];
+    let inputs = [
+        ("a", vec![rows, 45], Dtype::F32),
+        ("w", vec![columns, 45], Dtype::Bf16),
+        ("b", vec![rows, 264], Dtype::Bf16),
+        ("v", vec![experts, columns, 264], Dtype::Bf16),
+        ("pick", vec![rows], Dtype::I32),
+    ];
     let picked = Scalar::Cast(Box::new(Scalar::Load(Value(4), vec![index(0)], Dtype::I32)), Dtype::I64);
     let products = [
         sum(45, load(0, vec![index(0), index(2)], Dtype::F32), load(1, vec![index(1), index(2)], Dtype::Bf16)),
-        sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![picked, index(1), index(2)], Dtype::Bf16)),
-        sum(264, load(2, vec![index(0), index(2)], Dtype::Bf16), load(3, vec![Scalar::Int(1, Dtype::I64), index(1), index(2)], Dtype::Bf16)),
+        sum(
+            264,
+            load(2, vec![index(0), index(2)], Dtype::Bf16),
+            load(3, vec![picked, index(1), index(2)], Dtype::Bf16),
+        ),
+        sum(
+            264,
+            load(2, vec![index(0), index(2)], Dtype::Bf16),
+            load(3, vec![Scalar::Int(1, Dtype::I64), index(1), index(2)], Dtype::Bf16),
+        ),
     ];
-    let computed = products.into_iter().map(|product| Node { kind: NodeKind::Compute(product), shape: dims(&[rows, columns]), dtype: Dtype::F32, source: None }).collect();
+    let computed = products
+        .into_iter()
+        .map(|product| Node {
+            kind: NodeKind::Compute(product),
+            shape: dims(&[rows, columns]),
+            dtype: Dtype::F32,
+            source: None,
+        })
+        .collect();
     let entry = entry_of("contract", &inputs, computed);
     for at in 5..8 {
-        assert!(contraction::of(&entry, at).is_some(), "node {at} is not a contraction: this test covers less than it says");
+        assert!(
+            contraction::of(&entry, at).is_some(),
+            "node {at} is not a contraction: this test covers less than it says"
+        );
     }
-    let stages = |at| linnet_gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has kernels").expect("they build").len();
-    assert_eq!((stages(5), stages(6)), (1, 2), "the gathered product is not ordered first: this test covers less than it says");
+    let stages = |at| {
+        linnet_gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has kernels").expect("they build").len()
+    };
+    assert_eq!(
+        (stages(5), stages(6)),
+        (1, 2),
+        "the gathered product is not ordered first: this test covers less than it says"
+    );
     let model = Model { name: "contract".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    let values: Vec<Tensor> = inputs[..4].iter().enumerate().map(|(phase, (_, sizes, dtype))| Tensor::from_f32(*dtype, sizes.clone(), wave(sizes.iter().product(), phase * 7, 1.0))).collect();
+    let values: Vec<Tensor> = inputs[..4]
+        .iter()
+        .enumerate()
+        .map(|(phase, (_, sizes, dtype))| {
+            Tensor::from_f32(*dtype, sizes.clone(), wave(sizes.iter().product(), phase * 7, 1.0))
+        })
+        .collect();
     let call = |pick: Vec<i64>| {
         let mut call = values.clone();
         call.push(Tensor::from_i64(Dtype::I32, vec![rows], pick));
@@ -244,7 +364,9 @@ fn contractions_split_across_lanes_meet_the_reference() {
     };
     // Experts in no row's order: 2, 0, 1, 2, 0, …
     let good: Vec<i64> = (0..rows as i64).map(|row| (row + 2) % experts as i64).collect();
-    let reference = linnet_exec::interp::machine(model.clone(), Vec::new()).call("contract", call(good.clone())).expect("the reference runs");
+    let reference = linnet_exec::interp::machine(model.clone(), Vec::new())
+        .call("contract", call(good.clone()))
+        .expect("the reference runs");
     let mut host = Machine::new(model.clone(), Vec::new(), MlirHost::default()).expect("the kernels build");
     let computed = host.call("contract", call(good.clone())).expect("the kernels run");
     for (output, (expected, got)) in reference.iter().zip(&computed).enumerate() {
@@ -256,7 +378,10 @@ fn contractions_split_across_lanes_meet_the_reference() {
     }
     let mut bad = good;
     bad[9] = experts as i64;
-    let reference = linnet_exec::interp::machine(model, Vec::new()).call("contract", call(bad.clone())).expect_err("expert 3 of 3").to_string();
+    let reference = linnet_exec::interp::machine(model, Vec::new())
+        .call("contract", call(bad.clone()))
+        .expect_err("expert 3 of 3")
+        .to_string();
     let error = host.call("contract", call(bad)).expect_err("expert 3 of 3").to_string();
     assert!(reference.contains("holds 3, outside 0..3"), "{reference}");
     assert_eq!(error, reference);
@@ -273,31 +398,58 @@ fn rows_sharing_reductions_meet_the_reference() {
     let binary = |op: BinaryOp, a: Scalar, b: Scalar| Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::F32);
     let x = |row: Scalar, column: Scalar| Scalar::Load(Value(0), vec![row, column], Dtype::F32);
     // A reduction's index is its own, numbered after the node's axes.
-    let reduce = |op: ReduceOp, index: u32, body: Scalar| Scalar::Reduce { op, index, extent: Dim::constant(columns as i64), body: Box::new(body), dtype: Dtype::F32 };
+    let reduce = |op: ReduceOp, index: u32, body: Scalar| Scalar::Reduce {
+        op,
+        index,
+        extent: Dim::constant(columns as i64),
+        body: Box::new(body),
+        dtype: Dtype::F32,
+    };
     let squares = reduce(ReduceOp::Sum, 2, binary(BinaryOp::Mul, x(index(0), index(2)), x(index(0), index(2))));
-    let scale = Scalar::Unary(UnaryOp::Rsqrt, Box::new(binary(BinaryOp::Add, squares, Scalar::Float(1.0, Dtype::F32))), Dtype::F32);
-    let norm = binary(BinaryOp::Sub, binary(BinaryOp::Mul, x(index(0), index(1)), scale), reduce(ReduceOp::Max, 3, x(index(0), index(3))));
-    let of_row_one = binary(BinaryOp::Div, x(Scalar::Int(1, Dtype::I64), index(0)), reduce(ReduceOp::Sum, 1, x(Scalar::Int(2, Dtype::I64), index(1))));
+    let scale = Scalar::Unary(
+        UnaryOp::Rsqrt,
+        Box::new(binary(BinaryOp::Add, squares, Scalar::Float(1.0, Dtype::F32))),
+        Dtype::F32,
+    );
+    let norm = binary(
+        BinaryOp::Sub,
+        binary(BinaryOp::Mul, x(index(0), index(1)), scale),
+        reduce(ReduceOp::Max, 3, x(index(0), index(3))),
+    );
+    let of_row_one = binary(
+        BinaryOp::Div,
+        x(Scalar::Int(1, Dtype::I64), index(0)),
+        reduce(ReduceOp::Sum, 1, x(Scalar::Int(2, Dtype::I64), index(1))),
+    );
     let computed = vec![
         Node { kind: NodeKind::Compute(norm), shape: dims(&[rows, columns]), dtype: Dtype::Bf16, source: None },
         Node { kind: NodeKind::Compute(of_row_one), shape: dims(&[columns]), dtype: Dtype::F32, source: None },
     ];
     let entry = entry_of("rows", &[("x", vec![rows, columns], Dtype::F32)], computed);
     for at in 1..3 {
-        let kernel = &linnet_gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has a kernel").expect("it builds")[0];
+        let kernel = &linnet_gpu::node_kernels(&entry, at, Form::Host)
+            .expect("a compute node has a kernel")
+            .expect("it builds")[0];
         assert_eq!(kernel.lanes, LANES, "node {at} is not a row kernel: this test covers less than it says");
     }
     let model = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     let input = || vec![Tensor::from_f32(Dtype::F32, vec![rows, columns], wave(rows * columns, 0, 2.0))];
-    let reference = linnet_exec::interp::machine(model.clone(), Vec::new()).call("rows", input()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("rows", input()).expect("the kernels run");
+    let reference =
+        linnet_exec::interp::machine(model.clone(), Vec::new()).call("rows", input()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default())
+        .expect("the kernels build")
+        .call("rows", input())
+        .expect("the kernels run");
     // bf16 (a rounding may fall the other way), then f32.
     for (output, ((expected, got), tolerance)) in reference.iter().zip(&computed).zip([1e-2, 1e-5]).enumerate() {
         let (expected, got) = (expected.widened(), got.widened());
         let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
         assert_eq!(expected.len(), got.len());
         for (at, (e, g)) in expected.iter().zip(got).enumerate() {
-            assert!((e - g).abs() <= tolerance * (1.0 + e.abs()), "output {output}, element {at}: {g}, the reference {e}");
+            assert!(
+                (e - g).abs() <= tolerance * (1.0 + e.abs()),
+                "output {output}, element {at}: {g}, the reference {e}"
+            );
         }
     }
 }
@@ -316,9 +468,15 @@ fn attention_in_warps_meets_the_reference() {
         ("scale", Vec::new(), Dtype::F32),
         ("mask", vec![queries, keys], Dtype::Bool),
     ];
-    let attention = Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()), shape: dims(&inputs[0].1), dtype: Dtype::Bf16, source: None };
+    let attention = Node {
+        kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()),
+        shape: dims(&inputs[0].1),
+        dtype: Dtype::Bf16,
+        source: None,
+    };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernel = &linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
+    let kernel =
+        &linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
     assert_eq!(kernel.lanes, LANES, "attention is not in warps: this test covers less than it says");
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
@@ -333,13 +491,23 @@ fn attention_in_warps_meets_the_reference() {
 /// to one more than its size).
 fn attention_meets_the_reference(model: Model, inputs: &[(&str, Vec<usize>, Dtype)], mask: Vec<bool>, tolerance: f32) {
     let call = || {
-        let mut call: Vec<Tensor> = inputs[..3].iter().enumerate().map(|(phase, (_, dims, dtype))| Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))).collect();
+        let mut call: Vec<Tensor> = inputs[..3]
+            .iter()
+            .enumerate()
+            .map(|(phase, (_, dims, dtype))| {
+                Tensor::from_f32(*dtype, dims.clone(), wave(dims.iter().product(), phase * 11, 1.0))
+            })
+            .collect();
         call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
         call.push(Tensor { dtype: Dtype::Bool, shape: inputs[4].1.clone(), data: Data::Bool(mask.clone()) });
         call
     };
-    let reference = linnet_exec::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("attend", call()).expect("the kernels run");
+    let reference =
+        linnet_exec::interp::machine(model.clone(), Vec::new()).call("attend", call()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default())
+        .expect("the kernels build")
+        .call("attend", call())
+        .expect("the kernels run");
     let (expected, got) = (reference[0].widened(), computed[0].widened());
     let (expected, got) = (expected.as_f32().unwrap(), got.as_f32().unwrap());
     assert_eq!(expected.len(), got.len());
@@ -364,10 +532,20 @@ fn attention_split_over_keys_meets_the_reference() {
         ("scale", Vec::new(), Dtype::F32),
         ("mask", vec![batch, 1, keys], Dtype::Bool),
     ];
-    let attention = Node { kind: NodeKind::Intrinsic(Intrinsic::GroupedAttentionRows, (0..5).map(Value).collect()), shape: dims(&inputs[0].1), dtype: Dtype::F32, source: None };
+    let attention = Node {
+        kind: NodeKind::Intrinsic(Intrinsic::GroupedAttentionRows, (0..5).map(Value).collect()),
+        shape: dims(&inputs[0].1),
+        dtype: Dtype::F32,
+        source: None,
+    };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernels = linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has kernels").expect("they build");
-    assert_eq!(kernels.len(), 3, "attention of one query is not split over its keys: this test covers less than it says");
+    let kernels =
+        linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    assert_eq!(
+        kernels.len(),
+        3,
+        "attention of one query is not split over its keys: this test covers less than it says"
+    );
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits the keys up to 1050 but every 7th; row 1 none; row 2
     // key 0 alone.
@@ -413,10 +591,19 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
     ];
     let out = dims(&[batch, span.unwrap_or(1) + key_width, value_heads, value_width]);
     let intrinsic = if span.is_some() { Intrinsic::GatedDeltaRule } else { Intrinsic::GatedDeltaStep };
-    let delta = Node { kind: NodeKind::Intrinsic(intrinsic, (0..7).map(Value).collect()), shape: out, dtype: Dtype::F32, source: None };
+    let delta = Node {
+        kind: NodeKind::Intrinsic(intrinsic, (0..7).map(Value).collect()),
+        shape: out,
+        dtype: Dtype::F32,
+        source: None,
+    };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernels = linnet_gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has kernels").expect("they build");
-    assert!(kernels.iter().all(|kernel| kernel.lanes == LANES), "the delta rule is not in warps: this test covers less than it says");
+    let kernels =
+        linnet_gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    assert!(
+        kernels.iter().all(|kernel| kernel.lanes == LANES),
+        "the delta rule is not in warps: this test covers less than it says"
+    );
     let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Keys and queries of unit scale over the width, decays below 0, rates in 0..1.
     let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
@@ -438,8 +625,12 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
         call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.15]));
         call
     };
-    let reference = linnet_exec::interp::machine(model.clone(), Vec::new()).call("delta", call()).expect("the reference runs");
-    let computed = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build").call("delta", call()).expect("the kernels run");
+    let reference =
+        linnet_exec::interp::machine(model.clone(), Vec::new()).call("delta", call()).expect("the reference runs");
+    let computed = Machine::new(model, Vec::new(), MlirHost::default())
+        .expect("the kernels build")
+        .call("delta", call())
+        .expect("the kernels run");
     let (expected, got) = (reference[0].as_f32().unwrap(), computed[0].as_f32().unwrap());
     assert_eq!(expected.len(), got.len());
     for (at, (e, g)) in expected.iter().zip(got).enumerate() {

@@ -41,10 +41,12 @@ impl Analysis {
             .nodes
             .iter()
             .map(|node| match &node.kind {
-                NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => match entry.nodes[args[0].index()].kind {
-                    NodeKind::State(k) if uses[args[0].index()] == 1 => Some(k),
-                    _ => None,
-                },
+                NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => {
+                    match entry.nodes[args[0].index()].kind {
+                        NodeKind::State(k) if uses[args[0].index()] == 1 => Some(k),
+                        _ => None,
+                    }
+                }
                 _ => None,
             })
             .collect();

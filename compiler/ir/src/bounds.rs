@@ -3,8 +3,8 @@
 //! every backend that compiles loads uses (the CPU's, the GPU's).
 
 use super::{BinaryOp, Scalar};
-use crate::CmpOp;
 use crate::dim::Dim;
+use crate::CmpOp;
 use std::collections::HashMap;
 
 /// Narrower ranges than their extents that some indices are known to lie
@@ -41,7 +41,9 @@ pub fn inside_within(position: &Scalar, size: &Dim, extents: &HashMap<u32, Dim>,
 pub fn branch_ranges(condition: &Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> (Ranges, Ranges) {
     let (mut then, mut otherwise) = (ranges.clone(), ranges.clone());
     let Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), index, limit, _) = condition else { return (then, otherwise) };
-    let (Scalar::Index(k, _), Some((limit, _))) = (index.as_ref(), bounds(limit, scope, ranges).filter(|(least, most)| least == most)) else {
+    let (Scalar::Index(k, _), Some((limit, _))) =
+        (index.as_ref(), bounds(limit, scope, ranges).filter(|(least, most)| least == most))
+    else {
         return (then, otherwise);
     };
     let known = bounds(index, scope, ranges);
@@ -72,7 +74,9 @@ pub fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>, ranges: &Ranges) -
             match op {
                 BinaryOp::Add => Some((a_least.checked_add(b_least)?, a_most.checked_add(b_most)?)),
                 BinaryOp::Sub => Some((a_least.checked_sub(b_most)?, a_most.checked_sub(b_least)?)),
-                BinaryOp::Mul if a_least >= 0 && b_least >= 0 => Some((a_least.checked_mul(b_least)?, a_most.checked_mul(b_most)?)),
+                BinaryOp::Mul if a_least >= 0 && b_least >= 0 => {
+                    Some((a_least.checked_mul(b_least)?, a_most.checked_mul(b_most)?))
+                }
                 BinaryOp::Div if a_least >= 0 => divisor.map(|d| (a_least / d, a_most / d)),
                 BinaryOp::Rem => divisor.map(|d| (0, d - 1)),
                 _ => None,
@@ -85,9 +89,9 @@ pub fn bounds(position: &Scalar, extents: &HashMap<u32, Dim>, ranges: &Ranges) -
 #[cfg(test)]
 mod tests {
     use super::{bounds, Ranges};
-    use crate::{BinaryOp, Scalar};
     use crate::dim::Dim;
     use crate::Dtype;
+    use crate::{BinaryOp, Scalar};
     use std::collections::HashMap;
 
     fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
@@ -98,17 +102,43 @@ mod tests {
     /// can reach, and nothing where an extent is not constant.
     #[test]
     fn positions_are_bounded_through_their_arithmetic() {
-        let extents: HashMap<u32, Dim> = [(0, Dim::constant(512)), (1, Dim::constant(4096)), (2, Dim::constant(3))].into_iter().collect();
-        let (i, j, k, int) = (Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64), Scalar::Index(2, Dtype::I64), |v| Scalar::Int(v, Dtype::I64));
+        let extents: HashMap<u32, Dim> =
+            [(0, Dim::constant(512)), (1, Dim::constant(4096)), (2, Dim::constant(3))].into_iter().collect();
+        let (i, j, k, int) =
+            (Scalar::Index(0, Dtype::I64), Scalar::Index(1, Dtype::I64), Scalar::Index(2, Dtype::I64), |v| {
+                Scalar::Int(v, Dtype::I64)
+            });
         assert_eq!(bounds(&binary(BinaryOp::Add, i.clone(), int(512)), &extents, &Ranges::new()), Some((512, 1023)));
         assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), k.clone()), &extents, &Ranges::new()), Some((-2, 511)));
         assert_eq!(bounds(&binary(BinaryOp::Div, j.clone(), int(128)), &extents, &Ranges::new()), Some((0, 31)));
-        assert_eq!(bounds(&binary(BinaryOp::Rem, binary(BinaryOp::Sub, i.clone(), int(7)), int(128)), &extents, &Ranges::new()), Some((0, 127)));
-        assert_eq!(bounds(&binary(BinaryOp::Add, binary(BinaryOp::Mul, k, int(128)), i.clone()), &extents, &Ranges::new()), Some((0, 767)));
+        assert_eq!(
+            bounds(
+                &binary(BinaryOp::Rem, binary(BinaryOp::Sub, i.clone(), int(7)), int(128)),
+                &extents,
+                &Ranges::new()
+            ),
+            Some((0, 127))
+        );
+        assert_eq!(
+            bounds(&binary(BinaryOp::Add, binary(BinaryOp::Mul, k, int(128)), i.clone()), &extents, &Ranges::new()),
+            Some((0, 767))
+        );
         let known: Ranges = [(0, (3, 3))].into_iter().collect();
-        assert_eq!(bounds(&binary(BinaryOp::Sub, i.clone(), int(3)), &extents, &known), Some((0, 0)), "a range known (a select's branch)");
-        assert_eq!(bounds(&binary(BinaryOp::Div, binary(BinaryOp::Sub, i.clone(), int(1)), int(2)), &extents, &Ranges::new()), None, "a negative dividend");
-        assert_eq!(bounds(&binary(BinaryOp::Rem, i.clone(), j), &extents, &Ranges::new()), None, "a divisor that varies");
+        assert_eq!(
+            bounds(&binary(BinaryOp::Sub, i.clone(), int(3)), &extents, &known),
+            Some((0, 0)),
+            "a range known (a select's branch)"
+        );
+        assert_eq!(
+            bounds(&binary(BinaryOp::Div, binary(BinaryOp::Sub, i.clone(), int(1)), int(2)), &extents, &Ranges::new()),
+            None,
+            "a negative dividend"
+        );
+        assert_eq!(
+            bounds(&binary(BinaryOp::Rem, i.clone(), j), &extents, &Ranges::new()),
+            None,
+            "a divisor that varies"
+        );
         assert_eq!(bounds(&Scalar::Index(3, Dtype::I64), &extents, &Ranges::new()), None, "an extent not known");
         assert_eq!(bounds(&binary(BinaryOp::Mul, i, int(i64::MAX)), &extents, &Ranges::new()), None, "an overflow");
     }

@@ -65,7 +65,9 @@ pub fn of(entry: &Entry, at: usize) -> Option<Contraction<'_>> {
     let mut sums = Vec::new();
     epilogue_sums(entry, at, expression, &mut sums);
     match sums.as_slice() {
-        [contraction] if products(entry, at, expression) == 1 => Some(Contraction { epilogue: Some(expression), ..contraction.clone() }),
+        [contraction] if products(entry, at, expression) == 1 => {
+            Some(Contraction { epilogue: Some(expression), ..contraction.clone() })
+        }
         _ => None,
     }
 }
@@ -110,7 +112,9 @@ fn sum_of<'e>(entry: &'e Entry, at: usize, scalar: &'e Scalar) -> Option<Contrac
         let (last, positions) = positions.split_last()?;
         let (column, rows) = positions.split_last()?;
         let contiguous = matches!(last, Scalar::Index(k, _) if *k == *index) && shape.last() == Some(extent);
-        let fits = matches!(column, Scalar::Index(n, _) if *n == output_axis) && shape.len() >= 2 && &shape[shape.len() - 2] == columns;
+        let fits = matches!(column, Scalar::Index(n, _) if *n == output_axis)
+            && shape.len() >= 2
+            && &shape[shape.len() - 2] == columns;
         (contiguous && fits && !reads(rows, output_axis) && !reads(rows, *index)).then_some(Operand { value, rows })
     };
     let (input, weight) = match (input_of(x), weight_of(y)) {
@@ -156,7 +160,9 @@ fn digits_of(positions: &[Scalar], shape: &[Dim], k: u32, extent: &Dim) -> Optio
 fn is_digit(digit: &Scalar, k: u32, stride: &Dim, size: &Dim, leading: bool) -> bool {
     let quotient = |scalar: &Scalar| match scalar {
         Scalar::Index(index, _) => *index == k && stride.as_constant() == Some(1),
-        Scalar::Binary(BinaryOp::Div, a, b, _) => matches!(a.as_ref(), Scalar::Index(index, _) if *index == k) && is_dim(b, stride),
+        Scalar::Binary(BinaryOp::Div, a, b, _) => {
+            matches!(a.as_ref(), Scalar::Index(index, _) if *index == k) && is_dim(b, stride)
+        }
         _ => false,
     };
     match digit {
@@ -182,10 +188,10 @@ pub fn reads_index(scalar: &Scalar, axis: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::of;
-    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
     use crate::dim::Dim;
-    use crate::Dtype;
     use crate::CmpOp;
+    use crate::Dtype;
+    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
 
     fn index(k: u32) -> Scalar {
         Scalar::Index(k, Dtype::I64)
@@ -208,8 +214,19 @@ mod tests {
     /// `w: [3, 8; bf16]` (v1).
     fn product(digits: [Scalar; 2]) -> Scalar {
         let [high, low] = digits;
-        let body = binary(BinaryOp::Mul, widened(0, vec![index(0), high, low], Dtype::F32), widened(1, vec![index(1), index(2)], Dtype::Bf16), Dtype::F32);
-        Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(8), body: Box::new(body), dtype: Dtype::F32 }
+        let body = binary(
+            BinaryOp::Mul,
+            widened(0, vec![index(0), high, low], Dtype::F32),
+            widened(1, vec![index(1), index(2)], Dtype::Bf16),
+            Dtype::F32,
+        );
+        Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 2,
+            extent: Dim::constant(8),
+            body: Box::new(body),
+            dtype: Dtype::F32,
+        }
     }
 
     /// The digits of `i2` over `[2, 4]`.
@@ -219,10 +236,28 @@ mod tests {
 
     /// The two inputs, then `node: [2, 3; dtype]`.
     fn entry(node: Scalar, dtype: Dtype) -> Entry {
-        let input = |name: &str, shape: &[i64], dtype| Input { name: name.into(), shape: shape.iter().map(|&d| Dim::constant(d)).collect(), dtype };
+        let input = |name: &str, shape: &[i64], dtype| Input {
+            name: name.into(),
+            shape: shape.iter().map(|&d| Dim::constant(d)).collect(),
+            dtype,
+        };
         let inputs = vec![input("a", &[2, 2, 4], Dtype::F32), input("w", &[3, 8], Dtype::Bf16)];
-        let mut nodes: Vec<Node> = inputs.iter().enumerate().map(|(k, input)| Node { kind: NodeKind::Input(k), shape: input.shape.clone(), dtype: input.dtype, source: None }).collect();
-        nodes.push(Node { kind: NodeKind::Compute(node), shape: vec![Dim::constant(2), Dim::constant(3)], dtype, source: None });
+        let mut nodes: Vec<Node> = inputs
+            .iter()
+            .enumerate()
+            .map(|(k, input)| Node {
+                kind: NodeKind::Input(k),
+                shape: input.shape.clone(),
+                dtype: input.dtype,
+                source: None,
+            })
+            .collect();
+        nodes.push(Node {
+            kind: NodeKind::Compute(node),
+            shape: vec![Dim::constant(2), Dim::constant(3)],
+            dtype,
+            source: None,
+        });
         Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs, nodes, outputs: vec![Value(2)] }
     }
 
@@ -235,7 +270,8 @@ mod tests {
         assert_eq!(contraction.input.value, Value(0));
         assert_eq!(contraction.input.rows.len(), 1, "the row is a's first axis");
         assert!(contraction.epilogue.is_none());
-        let swapped = [binary(BinaryOp::Rem, index(2), int(2), Dtype::I64), binary(BinaryOp::Div, index(2), int(2), Dtype::I64)];
+        let swapped =
+            [binary(BinaryOp::Rem, index(2), int(2), Dtype::I64), binary(BinaryOp::Div, index(2), int(2), Dtype::I64)];
         assert!(of(&entry(product(swapped), Dtype::F32), 2).is_none());
     }
 
@@ -257,11 +293,24 @@ mod tests {
 
         let positive = binary(BinaryOp::Cmp(CmpOp::Gt), product(digits()), Scalar::Float(0.0, Dtype::F32), Dtype::Bool);
         let above = binary(BinaryOp::Cmp(CmpOp::Gt), residual.clone(), Scalar::Float(0.0, Dtype::Bf16), Dtype::Bool);
-        let lazy = Scalar::Select(Box::new(above), Box::new(rounded(product(digits()))), Box::new(residual.clone()), Dtype::Bf16);
+        let lazy = Scalar::Select(
+            Box::new(above),
+            Box::new(rounded(product(digits()))),
+            Box::new(residual.clone()),
+            Dtype::Bf16,
+        );
         let twice = binary(BinaryOp::Add, rounded(product(digits())), rounded(product(digits())), Dtype::Bf16);
-        let summed = Scalar::Reduce { op: ReduceOp::Sum, index: 3, extent: Dim::constant(2), body: Box::new(product(digits())), dtype: Dtype::F32 };
+        let summed = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 3,
+            extent: Dim::constant(2),
+            body: Box::new(product(digits())),
+            dtype: Dtype::F32,
+        };
         let nested = binary(BinaryOp::Add, rounded(product(digits())), rounded(summed), Dtype::Bf16);
-        for (expression, dtype) in [(lazy, Dtype::Bf16), (twice, Dtype::Bf16), (nested, Dtype::Bf16), (positive, Dtype::Bool)] {
+        for (expression, dtype) in
+            [(lazy, Dtype::Bf16), (twice, Dtype::Bf16), (nested, Dtype::Bf16), (positive, Dtype::Bool)]
+        {
             assert!(of(&entry(expression.clone(), dtype), 2).is_none(), "{expression:?}");
         }
     }

@@ -109,9 +109,9 @@ fn canonical(scalar: &Scalar, bound: &mut Vec<u32>, out: &mut Vec<Token>) {
 #[cfg(test)]
 mod tests {
     use super::eliminate_in;
-    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
     use crate::dim::Dim;
     use crate::Dtype;
+    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
 
     fn index(k: u32) -> Scalar {
         Scalar::Index(k, Dtype::I64)
@@ -123,14 +123,21 @@ mod tests {
 
     /// `x: [2, 4]`, then `nodes` (each `[2, 4]` f32), the last one the output.
     fn entry(nodes: Vec<Scalar>) -> Entry {
-        let node = |kind| Node { kind, shape: vec![Dim::constant(2), Dim::constant(4)], dtype: Dtype::F32, source: None };
+        let node =
+            |kind| Node { kind, shape: vec![Dim::constant(2), Dim::constant(4)], dtype: Dtype::F32, source: None };
         let count = nodes.len() as u32;
         Entry {
             name: "run".into(),
             dims: Vec::new(),
             requires: Vec::new(),
-            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(2), Dim::constant(4)], dtype: Dtype::F32 }],
-            nodes: std::iter::once(node(NodeKind::Input(0))).chain(nodes.into_iter().map(|s| node(NodeKind::Compute(s)))).collect(),
+            inputs: vec![Input {
+                name: "x".into(),
+                shape: vec![Dim::constant(2), Dim::constant(4)],
+                dtype: Dtype::F32,
+            }],
+            nodes: std::iter::once(node(NodeKind::Input(0)))
+                .chain(nodes.into_iter().map(|s| node(NodeKind::Compute(s))))
+                .collect(),
             outputs: vec![Value(count)],
         }
     }
@@ -141,14 +148,24 @@ mod tests {
 
     /// A row sum with its reduction index numbered `k`.
     fn row_sum(k: u32) -> Scalar {
-        Scalar::Reduce { op: ReduceOp::Sum, index: k, extent: Dim::constant(4), body: Box::new(load(0, vec![index(0), index(k)])), dtype: Dtype::F32 }
+        Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: k,
+            extent: Dim::constant(4),
+            body: Box::new(load(0, vec![index(0), index(k)])),
+            dtype: Dtype::F32,
+        }
     }
 
     /// A node equal to an earlier one (its reduction index numbered
     /// differently) is dropped, and its reader reads the earlier value.
     #[test]
     fn a_repeated_node_is_computed_once() {
-        let mut repeated = entry(vec![row_sum(7), row_sum(9), sum(load(1, vec![index(0), index(1)]), load(2, vec![index(0), index(1)]))]);
+        let mut repeated = entry(vec![
+            row_sum(7),
+            row_sum(9),
+            sum(load(1, vec![index(0), index(1)]), load(2, vec![index(0), index(1)])),
+        ]);
         eliminate_in(&mut repeated);
         assert_eq!(repeated.nodes.len(), 3, "{repeated:?}");
         let NodeKind::Compute(Scalar::Binary(_, a, b, _)) = &repeated.nodes[2].kind else { panic!("the sum") };
@@ -164,7 +181,16 @@ mod tests {
         for (a, b) in [
             (constant(0.0), constant(-0.0)),
             (load(0, vec![index(0), index(1)]), load(0, vec![index(0), Scalar::Int(0, Dtype::I64)])),
-            (row_sum(7), Scalar::Reduce { op: ReduceOp::Max, index: 7, extent: Dim::constant(4), body: Box::new(load(0, vec![index(0), index(7)])), dtype: Dtype::F32 }),
+            (
+                row_sum(7),
+                Scalar::Reduce {
+                    op: ReduceOp::Max,
+                    index: 7,
+                    extent: Dim::constant(4),
+                    body: Box::new(load(0, vec![index(0), index(7)])),
+                    dtype: Dtype::F32,
+                },
+            ),
         ] {
             let mut kept = entry(vec![a, b, sum(load(1, vec![index(0), index(1)]), load(2, vec![index(0), index(1)]))]);
             eliminate_in(&mut kept);

@@ -254,7 +254,11 @@ impl Dim {
                         if b == 0 {
                             return Err(EvalError::DivisionByZero);
                         }
-                        if matches!(atom, Atom::Div(..)) { a.div_euclid(b) } else { a.rem_euclid(b) }
+                        if matches!(atom, Atom::Div(..)) {
+                            a.div_euclid(b)
+                        } else {
+                            a.rem_euclid(b)
+                        }
                     }
                     other => value_of(other).ok_or_else(|| EvalError::Unknown(other.clone()))?,
                 };
@@ -392,9 +396,6 @@ mod tests {
             _ => None,
         });
         assert_eq!(value, Ok(0));
-        assert_eq!(
-            g("A").div(&g("B")).evaluate(&|_| Some(0)),
-            Err(EvalError::DivisionByZero)
-        );
+        assert_eq!(g("A").div(&g("B")).evaluate(&|_| Some(0)), Err(EvalError::DivisionByZero));
     }
 }

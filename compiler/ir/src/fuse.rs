@@ -71,8 +71,16 @@ fn fuse_entry(entry: &mut Entry) {
             let mut loads = Vec::new();
             positioned_loads(scalar, &mut loads);
             for (value, positions) in &loads {
-                let twice = || loads.iter().filter(|(other, read_at)| other == value && super::cse::same(read_at, positions)).count() == 2;
-                if counts[value.index()] == 1 || (counts[value.index()] == 2 && twice() && brief(&entry.nodes[value.index()].kind)) {
+                let twice = || {
+                    loads
+                        .iter()
+                        .filter(|(other, read_at)| other == value && super::cse::same(read_at, positions))
+                        .count()
+                        == 2
+                };
+                if counts[value.index()] == 1
+                    || (counts[value.index()] == 2 && twice() && brief(&entry.nodes[value.index()].kind))
+                {
                     consumer.insert(*value, at);
                 }
             }
@@ -93,8 +101,16 @@ fn fuse_entry(entry: &mut Entry) {
         let NodeKind::Compute(target) = &mut entry.nodes[at].kind else { continue };
         let scope: Vec<(u32, Dim)> = consumer_shape.iter().enumerate().map(|(k, d)| (k as u32, d.clone())).collect();
         let reduces = super::invariant::reduces(&body);
-        let mut inliner =
-            Inliner { value, body: &body, dtype, shape: &shape, reduces, rank: scope.len(), next_index: max_index(target).max(scope.len() as u32) + 1, done: false };
+        let mut inliner = Inliner {
+            value,
+            body: &body,
+            dtype,
+            shape: &shape,
+            reduces,
+            rank: scope.len(),
+            next_index: max_index(target).max(scope.len() as u32) + 1,
+            done: false,
+        };
         inliner.visit(target, &scope, false);
         fused[producer] = inliner.done;
         // A value read twice goes from both reads or from neither; a
@@ -224,7 +240,9 @@ impl Inliner<'_> {
         // Indices of extent 1 repeat nothing when left out.
         let covers = scope.iter().all(|(number, extent)| mapping.contains(&Axis::Index(*number)) || *extent == one);
         // Outer axes `0..m` of the consumer, outside its reductions.
-        let outer = self.reduces && scope.len() == rank && mapping.iter().all(|axis| matches!(axis, Axis::Index(index) if (*index as usize) < mapping.len()));
+        let outer = self.reduces
+            && scope.len() == rank
+            && mapping.iter().all(|axis| matches!(axis, Axis::Index(index) if (*index as usize) < mapping.len()));
         (covers || outer).then_some(mapping)
     }
 }
@@ -262,9 +280,9 @@ fn renumber(scalar: &mut Scalar, axes: &[Axis], next: &mut u32, reductions: &mut
 #[cfg(test)]
 mod tests {
     use super::fuse_entry;
-    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
     use crate::dim::Dim;
     use crate::Dtype;
+    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 
     fn index(k: u32) -> Scalar {
         Scalar::Index(k, Dtype::I64)
@@ -273,16 +291,34 @@ mod tests {
     /// `x: [1, 4]`, `y[i0, i1] = exp(x[i0, i1])` (`[first, 4]`),
     /// `z[i0, i1] = y[at, i1] + 1` (`[1, 4]`), fused.
     fn fused(first: i64, at: Scalar) -> Entry {
-        let node = |kind, rows: i64| Node { kind, shape: vec![Dim::constant(rows), Dim::constant(4)], dtype: Dtype::F32, source: None };
+        let node = |kind, rows: i64| Node {
+            kind,
+            shape: vec![Dim::constant(rows), Dim::constant(4)],
+            dtype: Dtype::F32,
+            source: None,
+        };
         let load = |value: u32, positions: Vec<Scalar>| Scalar::Load(Value(value), positions, Dtype::F32);
         let exp = Scalar::Unary(UnaryOp::Exp, Box::new(load(0, vec![index(0), index(1)])), Dtype::F32);
-        let sum = Scalar::Binary(BinaryOp::Add, Box::new(load(1, vec![at, index(1)])), Box::new(Scalar::Float(1.0, Dtype::F32)), Dtype::F32);
+        let sum = Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(load(1, vec![at, index(1)])),
+            Box::new(Scalar::Float(1.0, Dtype::F32)),
+            Dtype::F32,
+        );
         let mut entry = Entry {
             name: "run".into(),
             dims: Vec::new(),
             requires: Vec::new(),
-            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32 }],
-            nodes: vec![node(NodeKind::Input(0), 1), node(NodeKind::Compute(exp), first), node(NodeKind::Compute(sum), 1)],
+            inputs: vec![Input {
+                name: "x".into(),
+                shape: vec![Dim::constant(1), Dim::constant(4)],
+                dtype: Dtype::F32,
+            }],
+            nodes: vec![
+                node(NodeKind::Input(0), 1),
+                node(NodeKind::Compute(exp), first),
+                node(NodeKind::Compute(sum), 1),
+            ],
             outputs: vec![Value(2)],
         };
         fuse_entry(&mut entry);
@@ -297,7 +333,9 @@ mod tests {
             let entry = fused(1, at.clone());
             assert_eq!(entry.nodes.len(), 2, "the exponential is inlined");
             let NodeKind::Compute(Scalar::Binary(_, sum, _, _)) = &entry.nodes[1].kind else { panic!("the sum") };
-            let Scalar::Unary(UnaryOp::Exp, read, _) = sum.as_ref() else { panic!("the exponential, inlined: {sum:?}") };
+            let Scalar::Unary(UnaryOp::Exp, read, _) = sum.as_ref() else {
+                panic!("the exponential, inlined: {sum:?}")
+            };
             let Scalar::Load(Value(0), positions, _) = read.as_ref() else { panic!("a read of the input: {read:?}") };
             assert_eq!(format!("{positions:?}"), format!("{:?}", [at, index(1)]));
         }
@@ -313,18 +351,29 @@ mod tests {
     /// `x: [1, 4]`, `y[i0, i1] = producer` (`[1, 4]`), `z = y[i0, i1] *
     /// y[i0, second]` (in a select's branch where `lazy`), fused.
     fn read_twice(producer: Scalar, second: Scalar, lazy: bool) -> Entry {
-        let node = |kind| Node { kind, shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32, source: None };
+        let node =
+            |kind| Node { kind, shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32, source: None };
         let load = |positions: Vec<Scalar>| Scalar::Load(Value(1), positions, Dtype::F32);
         let mut other = load(vec![index(0), second]);
         if lazy {
-            other = Scalar::Select(Box::new(Scalar::Bool(true)), Box::new(other), Box::new(Scalar::Float(0.0, Dtype::F32)), Dtype::F32);
+            other = Scalar::Select(
+                Box::new(Scalar::Bool(true)),
+                Box::new(other),
+                Box::new(Scalar::Float(0.0, Dtype::F32)),
+                Dtype::F32,
+            );
         }
-        let product = Scalar::Binary(BinaryOp::Mul, Box::new(load(vec![index(0), index(1)])), Box::new(other), Dtype::F32);
+        let product =
+            Scalar::Binary(BinaryOp::Mul, Box::new(load(vec![index(0), index(1)])), Box::new(other), Dtype::F32);
         let mut entry = Entry {
             name: "run".into(),
             dims: Vec::new(),
             requires: Vec::new(),
-            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(1), Dim::constant(4)], dtype: Dtype::F32 }],
+            inputs: vec![Input {
+                name: "x".into(),
+                shape: vec![Dim::constant(1), Dim::constant(4)],
+                dtype: Dtype::F32,
+            }],
             nodes: vec![node(NodeKind::Input(0)), node(NodeKind::Compute(producer)), node(NodeKind::Compute(product))],
             outputs: vec![Value(2)],
         };
@@ -339,12 +388,19 @@ mod tests {
     #[test]
     fn a_brief_value_read_twice_at_one_position_is_inlined() {
         let x = |k: u32| Scalar::Load(Value(0), vec![index(0), index(k)], Dtype::F32);
-        let sum = |steps: i64| Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(steps), body: Box::new(x(1)), dtype: Dtype::F32 };
+        let sum = |steps: i64| Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 2,
+            extent: Dim::constant(steps),
+            body: Box::new(x(1)),
+            dtype: Dtype::F32,
+        };
         let exp = Scalar::Unary(UnaryOp::Exp, Box::new(x(1)), Dtype::F32);
         assert_eq!(read_twice(exp.clone(), index(1), false).nodes.len(), 2);
         assert_eq!(read_twice(sum(16), index(1), false).nodes.len(), 2);
         assert_eq!(read_twice(sum(17), index(1), false).nodes.len(), 3);
-        let reversed = Scalar::Binary(BinaryOp::Sub, Box::new(Scalar::Int(3, Dtype::I64)), Box::new(index(1)), Dtype::I64);
+        let reversed =
+            Scalar::Binary(BinaryOp::Sub, Box::new(Scalar::Int(3, Dtype::I64)), Box::new(index(1)), Dtype::I64);
         assert_eq!(read_twice(exp.clone(), reversed, false).nodes.len(), 3);
         let lazy = read_twice(exp, index(1), true);
         assert_eq!(lazy.nodes.len(), 3);
@@ -357,12 +413,38 @@ mod tests {
     fn after_product(consumer: Scalar, shape: &[i64]) -> Entry {
         let dims = |sizes: &[i64]| sizes.iter().map(|&d| Dim::constant(d)).collect::<Vec<_>>();
         let load = |value: u32, positions: Vec<Scalar>| Scalar::Load(Value(value), positions, Dtype::F32);
-        let product = Scalar::Binary(BinaryOp::Mul, Box::new(load(0, vec![index(0), index(2)])), Box::new(load(1, vec![index(1), index(2)])), Dtype::F32);
-        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(8), body: Box::new(product), dtype: Dtype::F32 };
-        let inputs = vec![Input { name: "a".into(), shape: dims(&[2, 8]), dtype: Dtype::F32 }, Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::F32 }];
+        let product = Scalar::Binary(
+            BinaryOp::Mul,
+            Box::new(load(0, vec![index(0), index(2)])),
+            Box::new(load(1, vec![index(1), index(2)])),
+            Dtype::F32,
+        );
+        let sum = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 2,
+            extent: Dim::constant(8),
+            body: Box::new(product),
+            dtype: Dtype::F32,
+        };
+        let inputs = vec![
+            Input { name: "a".into(), shape: dims(&[2, 8]), dtype: Dtype::F32 },
+            Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::F32 },
+        ];
         let node = |kind, shape: &[i64]| Node { kind, shape: dims(shape), dtype: Dtype::F32, source: None };
-        let nodes = vec![node(NodeKind::Input(0), &[2, 8]), node(NodeKind::Input(1), &[3, 8]), node(NodeKind::Compute(sum), &[2, 3]), node(NodeKind::Compute(consumer), shape)];
-        let mut entry = Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs, nodes, outputs: vec![Value(3)] };
+        let nodes = vec![
+            node(NodeKind::Input(0), &[2, 8]),
+            node(NodeKind::Input(1), &[3, 8]),
+            node(NodeKind::Compute(sum), &[2, 3]),
+            node(NodeKind::Compute(consumer), shape),
+        ];
+        let mut entry = Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs,
+            nodes,
+            outputs: vec![Value(3)],
+        };
         fuse_entry(&mut entry);
         entry
     }
@@ -382,7 +464,13 @@ mod tests {
         assert_eq!(copied.nodes.len(), 3, "a copy of the product is the product");
         assert!(crate::contraction::of(&copied, 2).is_some_and(|c| c.epilogue.is_none()));
 
-        let summed = Scalar::Reduce { op: ReduceOp::Sum, index: 1, extent: Dim::constant(3), body: Box::new(read), dtype: Dtype::F32 };
+        let summed = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 1,
+            extent: Dim::constant(3),
+            body: Box::new(read),
+            dtype: Dtype::F32,
+        };
         let entry = after_product(summed, &[2]);
         assert_eq!(entry.nodes.len(), 4, "the product stays");
         assert!(crate::contraction::of(&entry, 2).is_some_and(|c| c.epilogue.is_none()));

@@ -243,7 +243,13 @@ pub enum Scalar {
     Cast(Box<Scalar>, Dtype),
     /// Index `index` runs over `0..extent`; floats accumulate in f64 and
     /// round once to `dtype`.
-    Reduce { op: ReduceOp, index: u32, extent: Dim, body: Box<Scalar>, dtype: Dtype },
+    Reduce {
+        op: ReduceOp,
+        index: u32,
+        extent: Dim,
+        body: Box<Scalar>,
+        dtype: Dtype,
+    },
 }
 
 impl Scalar {
@@ -393,4 +399,3 @@ impl Model {
         self.states.iter().map(|s| s.shape.iter().product::<usize>() * s.dtype.bytes()).sum()
     }
 }
-

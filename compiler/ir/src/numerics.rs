@@ -45,7 +45,11 @@ impl Format {
         let exponent = (biased - 1023).max(self.min_exponent);
         let quantum = power_of_two(exponent - self.mantissa_bits);
         let rounded = (value / quantum).round_ties_even() * quantum;
-        if rounded.abs() > self.largest() { f64::INFINITY.copysign(value) } else { rounded }
+        if rounded.abs() > self.largest() {
+            f64::INFINITY.copysign(value)
+        } else {
+            rounded
+        }
     }
 }
 
@@ -85,12 +89,20 @@ pub fn wrap(value: i64, dtype: Dtype) -> i64 {
 /// Integer floor division as the language defines it: by zero gives 0,
 /// overflow wraps.
 pub fn div_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.wrapping_div_euclid(y) }
+    if y == 0 {
+        0
+    } else {
+        x.wrapping_div_euclid(y)
+    }
 }
 
 /// The remainder matching `div_euclid`.
 pub fn rem_euclid(x: i64, y: i64) -> i64 {
-    if y == 0 { 0 } else { x.wrapping_rem_euclid(y) }
+    if y == 0 {
+        0
+    } else {
+        x.wrapping_rem_euclid(y)
+    }
 }
 
 /// An arithmetic operator on integers as the language defines it:

@@ -71,7 +71,10 @@ pub fn peak_scratch(entry: &Entry, dims: &HashMap<Symbol, i64>) -> Option<usize>
         _ => false,
     };
     for (at, node) in entry.nodes.iter().enumerate() {
-        let held = !matches!(node.kind, NodeKind::Param(_) | NodeKind::State(_) | NodeKind::WriteState(..) | NodeKind::Assert(..));
+        let held = !matches!(
+            node.kind,
+            NodeKind::Param(_) | NodeKind::State(_) | NodeKind::WriteState(..) | NodeKind::Assert(..)
+        );
         if held && !in_place(&node.kind) {
             live = live.checked_add(size(at)?)?;
         }
@@ -95,8 +98,10 @@ pub fn describe(model: &Model, dims: &HashMap<Symbol, i64>) -> String {
         format!("states:  {} bytes in {} states", model.state_bytes(), model.states.len()),
     ];
     for entry in &model.entries {
-        let bound: Vec<String> = entry.dims.iter().map(|d| format!("{d}={}", dims.get(d).map_or("?".into(), |v| v.to_string()))).collect();
-        let peak = peak_scratch(entry, dims).map_or_else(|| "unknown (give its dims in [check])".to_string(), |bytes| format!("{bytes} bytes"));
+        let bound: Vec<String> =
+            entry.dims.iter().map(|d| format!("{d}={}", dims.get(d).map_or("?".into(), |v| v.to_string()))).collect();
+        let peak = peak_scratch(entry, dims)
+            .map_or_else(|| "unknown (give its dims in [check])".to_string(), |bytes| format!("{bytes} bytes"));
         lines.push(format!("entry {}<{}>: peak scratch {peak}", entry.name, bound.join(", ")));
     }
     lines.join("\n")
@@ -113,7 +118,9 @@ pub fn hoistable(entry: &Entry) -> Vec<bool> {
             NodeKind::Compute(scalar) => {
                 let mut loads = Vec::new();
                 scalar.loads(&mut loads);
-                node.shape.iter().all(|d| d.as_constant().is_some()) && fixed_dims(scalar) && loads.iter().all(|v| hoistable[v.index()])
+                node.shape.iter().all(|d| d.as_constant().is_some())
+                    && fixed_dims(scalar)
+                    && loads.iter().all(|v| hoistable[v.index()])
             }
             _ => false,
         };

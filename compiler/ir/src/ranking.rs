@@ -13,13 +13,17 @@
 //! sorts the other elements keeps exactly that meaning.
 
 use super::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, Value};
-use crate::Dtype;
 use crate::CmpOp;
+use crate::Dtype;
 
 /// The ranking node `at` of `entry` is, as the value whose rows it ranks.
 pub fn of(entry: &Entry, at: usize) -> Option<Value> {
     let node = &entry.nodes[at];
-    let NodeKind::Compute(Scalar::Reduce { op: ReduceOp::Sum, index: other, extent, body, dtype: Dtype::I32 }) = &node.kind else { return None };
+    let NodeKind::Compute(Scalar::Reduce { op: ReduceOp::Sum, index: other, extent, body, dtype: Dtype::I32 }) =
+        &node.kind
+    else {
+        return None;
+    };
     let [_, width] = node.shape.as_slice() else { return None };
     if node.dtype != Dtype::I32 || extent != width {
         return None;
@@ -29,9 +33,13 @@ pub fn of(entry: &Entry, at: usize) -> Option<Value> {
     let Scalar::Binary(BinaryOp::And, equal, before, _) = tie.as_ref() else { return None };
     let scores = compared(greater, CmpOp::Gt, *other)?;
     let order = compared(equal, CmpOp::Eq, *other)?;
-    let (Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), left, right, _), true) = (before.as_ref(), scores == order) else { return None };
+    let (Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), left, right, _), true) = (before.as_ref(), scores == order) else {
+        return None;
+    };
     let iota = |scalar: &Scalar, axis: u32| match scalar {
-        Scalar::Load(value, positions, _) if matches!(positions.as_slice(), [Scalar::Index(k, _)] if *k == axis) => Some(*value),
+        Scalar::Load(value, positions, _) if matches!(positions.as_slice(), [Scalar::Index(k, _)] if *k == axis) => {
+            Some(*value)
+        }
         _ => None,
     };
     let (Some(ordinals), Some(same)) = (iota(left, *other), iota(right, 1)) else { return None };
@@ -45,7 +53,9 @@ pub fn of(entry: &Entry, at: usize) -> Option<Value> {
 fn compared(scalar: &Scalar, op: CmpOp, other: u32) -> Option<Value> {
     let Scalar::Binary(BinaryOp::Cmp(found), left, right, _) = scalar else { return None };
     let at = |scalar: &Scalar, axis: u32| match scalar {
-        Scalar::Load(value, positions, _) => matches!(positions.as_slice(), [Scalar::Index(0, _), Scalar::Index(k, _)] if *k == axis).then_some(*value),
+        Scalar::Load(value, positions, _) => {
+            matches!(positions.as_slice(), [Scalar::Index(0, _), Scalar::Index(k, _)] if *k == axis).then_some(*value)
+        }
         _ => None,
     };
     let (left, right) = (at(left, other)?, at(right, 1)?);

@@ -38,8 +38,10 @@ pub fn schedule(model: &mut Model) {
 /// The nodes of `entry` in waves, as node numbers.
 fn waves(entry: &Entry) -> Vec<usize> {
     let count = entry.nodes.len();
-    let reads: Vec<Vec<usize>> = entry.nodes.iter().map(|node| plan::reads(&node.kind).iter().map(|value| value.index()).collect()).collect();
-    let is_move = |at: usize| matches!(entry.nodes[at].kind, NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_));
+    let reads: Vec<Vec<usize>> =
+        entry.nodes.iter().map(|node| plan::reads(&node.kind).iter().map(|value| value.index()).collect()).collect();
+    let is_move =
+        |at: usize| matches!(entry.nodes[at].kind, NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_));
     let asserts: Vec<usize> = (0..count).filter(|&at| matches!(entry.nodes[at].kind, NodeKind::Assert(..))).collect();
     let hoisted = plan::hoistable(entry);
     let once = |at: usize| hoisted[at] && !is_move(at);
@@ -83,9 +85,9 @@ fn waves(entry: &Entry) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::waves;
-    use crate::{Entry, Input, Node, NodeKind, Scalar, Value};
     use crate::dim::Dim;
     use crate::Dtype;
+    use crate::{Entry, Input, Node, NodeKind, Scalar, Value};
 
     fn node(kind: NodeKind) -> Node {
         Node { kind, shape: vec![Dim::constant(4)], dtype: Dtype::F32, source: None }
@@ -94,7 +96,12 @@ mod tests {
     /// `2 * v` at every index, as a node.
     fn double(value: u32) -> Node {
         let load = Scalar::Load(Value(value), vec![Scalar::Index(0, Dtype::I64)], Dtype::F32);
-        node(NodeKind::Compute(Scalar::Binary(crate::BinaryOp::Mul, Box::new(load), Box::new(Scalar::Float(2.0, Dtype::F32)), Dtype::F32)))
+        node(NodeKind::Compute(Scalar::Binary(
+            crate::BinaryOp::Mul,
+            Box::new(load),
+            Box::new(Scalar::Float(2.0, Dtype::F32)),
+            Dtype::F32,
+        )))
     }
 
     fn entry(nodes: Vec<Node>) -> Entry {
@@ -114,7 +121,8 @@ mod tests {
     /// its computations (hoisted: placed as soon as it can be).
     #[test]
     fn independent_nodes_run_together_after_their_moves() {
-        let nodes = vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Param(0)), double(3), double(0)];
+        let nodes =
+            vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Param(0)), double(3), double(0)];
         assert_eq!(waves(&entry(nodes)), [0, 3, 4, 1, 5, 2]);
     }
 
@@ -141,7 +149,13 @@ mod tests {
     /// Nothing after an assertion runs before it, though it could.
     #[test]
     fn an_assertion_is_a_barrier() {
-        let nodes = vec![node(NodeKind::Input(0)), double(0), double(1), node(NodeKind::Assert(Value(2), "checked".into())), double(0)];
+        let nodes = vec![
+            node(NodeKind::Input(0)),
+            double(0),
+            double(1),
+            node(NodeKind::Assert(Value(2), "checked".into())),
+            double(0),
+        ];
         assert_eq!(waves(&entry(nodes)), [0, 1, 2, 3, 4]);
     }
 
@@ -150,7 +164,15 @@ mod tests {
     /// first rounded before the second table, not with it in a wave.
     #[test]
     fn hoisted_values_are_placed_as_soon_as_they_can_be() {
-        let nodes = vec![node(NodeKind::Input(0)), node(NodeKind::Param(0)), double(1), double(2), double(1), double(4), double(0)];
+        let nodes = vec![
+            node(NodeKind::Input(0)),
+            node(NodeKind::Param(0)),
+            double(1),
+            double(2),
+            double(1),
+            double(4),
+            double(0),
+        ];
         assert_eq!(waves(&entry(nodes)), [0, 1, 2, 3, 4, 5, 6]);
     }
 

@@ -103,7 +103,9 @@ impl Display for Scalar {
                 write!(f, "v{}[{}]", value.0, positions.join(", "))
             }
             Scalar::Unary(op, a, _) => write!(f, "{}({a})", unary_name(*op)),
-            Scalar::Binary(op @ (BinaryOp::Max | BinaryOp::Min), a, b, _) => write!(f, "{}({a}, {b})", binary_symbol(*op)),
+            Scalar::Binary(op @ (BinaryOp::Max | BinaryOp::Min), a, b, _) => {
+                write!(f, "{}({a}, {b})", binary_symbol(*op))
+            }
             Scalar::Binary(op, a, b, _) => write!(f, "({a} {} {b})", binary_symbol(*op)),
             Scalar::Select(c, a, b, _) => write!(f, "select({c}, {a}, {b})"),
             Scalar::Cast(a, dtype) => write!(f, "cast<{}>({a})", dtype.name()),

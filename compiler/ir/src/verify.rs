@@ -80,7 +80,10 @@ fn verify_entry(model: &Model, entry: &Entry) -> Result<(), String> {
                 let state = model.states.get(*k).ok_or_else(|| format!("v{at}: no state {k}"))?;
                 let written = &entry.nodes[value.index()];
                 if written.shape.len() != state.shape.len() || written.dtype != state.dtype {
-                    return Err(format!("v{at} writes v{} of another rank or dtype into state `{}`", value.0, state.path));
+                    return Err(format!(
+                        "v{at} writes v{} of another rank or dtype into state `{}`",
+                        value.0, state.path
+                    ));
                 }
             }
             NodeKind::Assert(value, _) => check_value(entry, at, *value)?,

@@ -66,12 +66,17 @@ fn read_through_entry(entry: &mut Entry) {
             // read as their digits), or keeps the view.
             let contraction = super::contraction::of(entry, reader).map(|c| c.epilogue.is_some());
             let before = contraction.is_some().then(|| entry.nodes[reader].kind.clone());
-            let scope: HashMap<u32, Dim> = entry.nodes[reader].shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+            let scope: HashMap<u32, Dim> =
+                entry.nodes[reader].shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
             let NodeKind::Compute(scalar) = &mut entry.nodes[reader].kind else { continue };
             let through = Through { value, body: &body, dtype, shape: &shape };
             let done = through.rewrite(scalar, &scope, &Ranges::new());
             match before {
-                Some(before) if done && super::contraction::of(entry, reader).map(|c| c.epilogue.is_some()) != contraction => entry.nodes[reader].kind = before,
+                Some(before)
+                    if done && super::contraction::of(entry, reader).map(|c| c.epilogue.is_some()) != contraction =>
+                {
+                    entry.nodes[reader].kind = before
+                }
                 _ => read_through[view] |= done,
             }
         }
@@ -95,10 +100,14 @@ fn view_body(entry: &Entry, at: usize) -> Option<Scalar> {
         load = inner;
     }
     let Scalar::Load(source, positions, _) = load else { return None };
-    let extents: HashMap<u32, Dim> = node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
+    let extents: HashMap<u32, Dim> =
+        node.shape.iter().enumerate().map(|(axis, dim)| (axis as u32, dim.clone())).collect();
     let source_shape = &entry.nodes[source.index()].shape;
     let inside = positions.len() == source_shape.len()
-        && positions.iter().zip(source_shape).all(|(position, size)| index_arithmetic(position) && bounds::inside(position, size, &extents));
+        && positions
+            .iter()
+            .zip(source_shape)
+            .all(|(position, size)| index_arithmetic(position) && bounds::inside(position, size, &extents));
     inside.then(|| body.clone())
 }
 
@@ -127,9 +136,14 @@ impl Through<'_> {
     fn rewrite(&self, scalar: &mut Scalar, scope: &HashMap<u32, Dim>, ranges: &Ranges) -> bool {
         match scalar {
             Scalar::Load(value, positions, _) if *value == self.value => {
-                let inside = positions.iter().zip(self.shape).all(|(position, size)| bounds::inside_within(position, size, scope, ranges));
+                let inside = positions
+                    .iter()
+                    .zip(self.shape)
+                    .all(|(position, size)| bounds::inside_within(position, size, scope, ranges));
                 if !inside {
-                    return positions.iter_mut().fold(false, |done, position| self.rewrite(position, scope, ranges) | done);
+                    return positions
+                        .iter_mut()
+                        .fold(false, |done, position| self.rewrite(position, scope, ranges) | done);
                 }
                 let mut read = self.body.clone();
                 put_positions(&mut read, positions);
@@ -172,10 +186,10 @@ fn put_positions(scalar: &mut Scalar, positions: &[Scalar]) {
 #[cfg(test)]
 mod tests {
     use super::read_through_entry;
-    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-    use crate::CmpOp;
     use crate::dim::Dim;
+    use crate::CmpOp;
     use crate::Dtype;
+    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 
     /// The same expression (the IR compares by its printed form).
     fn same(got: &impl std::fmt::Debug, expected: &impl std::fmt::Debug) {
@@ -223,8 +237,15 @@ mod tests {
     /// both read x at the slice's positions, and the slice is gone.
     #[test]
     fn a_slice_read_twice_is_read_through() {
-        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 1, extent: Dim::constant(4), body: Box::new(load(1, vec![index(1)], Dtype::F32)), dtype: Dtype::F32 };
-        let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(load(1, vec![index(0)], Dtype::F32)), Box::new(sum), Dtype::F32);
+        let sum = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 1,
+            extent: Dim::constant(4),
+            body: Box::new(load(1, vec![index(1)], Dtype::F32)),
+            dtype: Dtype::F32,
+        };
+        let scaled =
+            Scalar::Binary(BinaryOp::Mul, Box::new(load(1, vec![index(0)], Dtype::F32)), Box::new(sum), Dtype::F32);
         let mut entry = entry(upper_half(), Dtype::F32, vec![scaled, load(1, vec![index(0)], Dtype::F32)]);
         read_through_entry(&mut entry);
         assert_eq!(entry.nodes.len(), 3, "the slice is gone");
@@ -276,7 +297,12 @@ mod tests {
         let concatenated = |split: i64| {
             let below = Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), Box::new(index(0)), Box::new(int(split)), Dtype::Bool);
             let shifted = Scalar::Binary(BinaryOp::Sub, Box::new(index(0)), Box::new(int(2)), Dtype::I64);
-            Scalar::Select(Box::new(below), Box::new(load(1, vec![plus(index(0), int(2))], Dtype::F32)), Box::new(load(1, vec![shifted], Dtype::F32)), Dtype::F32)
+            Scalar::Select(
+                Box::new(below),
+                Box::new(load(1, vec![plus(index(0), int(2))], Dtype::F32)),
+                Box::new(load(1, vec![shifted], Dtype::F32)),
+                Dtype::F32,
+            )
         };
         let mut inside = entry(upper_half(), Dtype::F32, vec![concatenated(2)]);
         read_through_entry(&mut inside);
@@ -292,7 +318,14 @@ mod tests {
     #[test]
     fn a_view_that_may_fail_or_gathers_is_kept() {
         let outside = Scalar::Cast(Box::new(load(0, vec![plus(index(0), int(5))], Dtype::Bf16)), Dtype::F32);
-        let gather = Scalar::Cast(Box::new(load(0, vec![Scalar::Cast(Box::new(load(0, vec![index(0)], Dtype::Bf16)), Dtype::I64)], Dtype::Bf16)), Dtype::F32);
+        let gather = Scalar::Cast(
+            Box::new(load(
+                0,
+                vec![Scalar::Cast(Box::new(load(0, vec![index(0)], Dtype::Bf16)), Dtype::I64)],
+                Dtype::Bf16,
+            )),
+            Dtype::F32,
+        );
         for view in [outside, gather] {
             let mut entry = entry(view, Dtype::F32, vec![load(1, vec![index(0)], Dtype::F32)]);
             read_through_entry(&mut entry);
@@ -305,10 +338,26 @@ mod tests {
     /// v1[i0, i2] * w[i1, i2]` (`[1, 3]`), views read through.
     fn product_of_view(source: &[i64], view: Scalar) -> Entry {
         let dims = |sizes: &[i64]| sizes.iter().map(|&d| Dim::constant(d)).collect::<Vec<_>>();
-        let widened = |value: u32, positions: Vec<Scalar>| Scalar::Cast(Box::new(load(value, positions, Dtype::Bf16)), Dtype::F32);
-        let product = Scalar::Binary(BinaryOp::Mul, Box::new(widened(1, vec![index(0), index(2)])), Box::new(widened(2, vec![index(1), index(2)])), Dtype::F32);
-        let sum = Scalar::Reduce { op: ReduceOp::Sum, index: 2, extent: Dim::constant(8), body: Box::new(product), dtype: Dtype::F32 };
-        let inputs = vec![Input { name: "x".into(), shape: dims(source), dtype: Dtype::Bf16 }, Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::Bf16 }];
+        let widened = |value: u32, positions: Vec<Scalar>| {
+            Scalar::Cast(Box::new(load(value, positions, Dtype::Bf16)), Dtype::F32)
+        };
+        let product = Scalar::Binary(
+            BinaryOp::Mul,
+            Box::new(widened(1, vec![index(0), index(2)])),
+            Box::new(widened(2, vec![index(1), index(2)])),
+            Dtype::F32,
+        );
+        let sum = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 2,
+            extent: Dim::constant(8),
+            body: Box::new(product),
+            dtype: Dtype::F32,
+        };
+        let inputs = vec![
+            Input { name: "x".into(), shape: dims(source), dtype: Dtype::Bf16 },
+            Input { name: "w".into(), shape: dims(&[3, 8]), dtype: Dtype::Bf16 },
+        ];
         let node = |kind, shape: &[i64], dtype| Node { kind, shape: dims(shape), dtype, source: None };
         let nodes = vec![
             node(NodeKind::Input(0), source, Dtype::Bf16),
@@ -316,7 +365,14 @@ mod tests {
             node(NodeKind::Input(1), &[3, 8], Dtype::Bf16),
             node(NodeKind::Compute(sum), &[1, 3], Dtype::F32),
         ];
-        let mut entry = Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs, nodes, outputs: vec![Value(3)] };
+        let mut entry = Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs,
+            nodes,
+            outputs: vec![Value(3)],
+        };
         read_through_entry(&mut entry);
         entry
     }

@@ -141,7 +141,10 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
             }
         };
         let Some(formatted) = linnet_frontend::syntax::format::format(&text) else {
-            eprintln!("linnetc fmt: {}: has syntax errors, so it is left as it is; run `linnetc check` to see them", file.display());
+            eprintln!(
+                "linnetc fmt: {}: has syntax errors, so it is left as it is; run `linnetc check` to see them",
+                file.display()
+            );
             unformatted += 1;
             continue;
         };
@@ -173,7 +176,9 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Fmt { paths, check } => format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check),
+        Command::Fmt { paths, check } => {
+            format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check)
+        }
         Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice } => {
             let package = package::enclosing(&package).unwrap_or(package);
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
@@ -189,9 +194,10 @@ fn main() -> ExitCode {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
             let written = match message_format {
-                MessageFormat::Json => checked.diagnostics.iter().try_for_each(|d| {
-                    writeln!(out, "{}", diagnostic::to_json(d, &checked.sources))
-                }),
+                MessageFormat::Json => checked
+                    .diagnostics
+                    .iter()
+                    .try_for_each(|d| writeln!(out, "{}", diagnostic::to_json(d, &checked.sources))),
                 MessageFormat::Human => {
                     let colour = match color {
                         Colour::Always => true,
@@ -205,7 +211,11 @@ fn main() -> ExitCode {
                         if errors == 0 {
                             writeln!(err, "checked `{}`: no errors, {warnings} warning(s)", package.display())
                         } else {
-                            writeln!(err, "checking `{}` failed: {errors} error(s), {warnings} warning(s)", package.display())
+                            writeln!(
+                                err,
+                                "checking `{}` failed: {errors} error(s), {warnings} warning(s)",
+                                package.display()
+                            )
                         }
                     })
                 }
@@ -214,7 +224,11 @@ fn main() -> ExitCode {
                 eprintln!("linnetc: cannot write diagnostics: {error}");
                 return ExitCode::from(2);
             }
-            if checked.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS }
+            if checked.has_errors() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
     }
 }
@@ -227,7 +241,8 @@ fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_ir
         Ok((model, _)) => Some(model),
         Err(checked) => {
             let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            let _ =
+                diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
             None
         }
     }
@@ -236,7 +251,13 @@ fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_ir
 /// `linnetc build --target nvptx`: each entry's kernels as PTX files in
 /// `DIR/ptx/` (default `target/linnet/MODEL-nvptx`).
 #[cfg(feature = "nvptx")]
-fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, libdevice: Option<PathBuf>, options: &LoadOptions) -> ExitCode {
+fn build_nvptx(
+    package: &std::path::Path,
+    output: Option<PathBuf>,
+    arch: &str,
+    libdevice: Option<PathBuf>,
+    options: &LoadOptions,
+) -> ExitCode {
     let started = std::time::Instant::now();
     let libdevice = libdevice.unwrap_or_else(linnet_gpu::default_libdevice);
     if !libdevice.is_file() {
@@ -250,7 +271,11 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
             for error in &built.missing {
                 eprintln!("linnetc build: {error}");
             }
-            eprintln!("linnetc build: `{}` cannot be compiled for nvptx yet: {} node(s) without a GPU kernel", model.name, built.missing.len());
+            eprintln!(
+                "linnetc build: `{}` cannot be compiled for nvptx yet: {} node(s) without a GPU kernel",
+                model.name,
+                built.missing.len()
+            );
             return ExitCode::from(1);
         }
         Err(error) => {
@@ -258,7 +283,8 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
             return ExitCode::from(1);
         }
     };
-    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
+    let dir =
+        output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
     let set = linnet_gpu::PtxSet::of(&model, arch, built);
     let written = match set.write(&dir) {
         Ok(written) => written,
@@ -268,7 +294,8 @@ fn build_nvptx(package: &std::path::Path, output: Option<PathBuf>, arch: &str, l
         }
     };
     let kernels: usize = set.entries.values().map(|entry| entry.launches.len()).sum();
-    let calls: Vec<String> = set.entries.iter().map(|(name, entry)| format!("{name} {}", entry.launches_per_call())).collect();
+    let calls: Vec<String> =
+        set.entries.iter().map(|(name, entry)| format!("{name} {}", entry.launches_per_call())).collect();
     eprintln!(
         "built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX; launches per call: {}",
         model.name,
@@ -294,7 +321,8 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
         Ok(lowered) => lowered,
         Err(checked) => {
             let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            let _ = diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
+            let _ =
+                diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
             return ExitCode::from(1);
         }
     };
@@ -302,7 +330,12 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
     if let Some(Emit::Ir) = emit {
         print!("{model}");
         let dims = driver::check_dims(package);
-        eprintln!("lowered `{}`: {} entries\n{}", model.name, model.entries.len(), linnet_ir::plan::describe(&model, &dims));
+        eprintln!(
+            "lowered `{}`: {} entries\n{}",
+            model.name,
+            model.entries.len(),
+            linnet_ir::plan::describe(&model, &dims)
+        );
         return ExitCode::SUCCESS;
     }
     let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(&model.name));

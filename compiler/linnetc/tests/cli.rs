@@ -27,7 +27,10 @@ fn a_file_or_folder_inside_the_package_checks_it() {
     for inside in ["models/qwen3.6-35b-a3b/src", "models/qwen3.6-35b-a3b/src/moe.linnet"] {
         let output = linnetc(&["check", inside]);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success() && stderr.contains("checked `models/qwen3.6-35b-a3b`: no errors"), "{inside}: {stderr}");
+        assert!(
+            output.status.success() && stderr.contains("checked `models/qwen3.6-35b-a3b`: no errors"),
+            "{inside}: {stderr}"
+        );
     }
     let output = Command::new(env!("CARGO_BIN_EXE_linnetc"))
         .arg("check")
@@ -51,15 +54,23 @@ fn json_diagnostics_have_positions_and_codes() {
             assert!(diagnostic.get(field).is_some(), "`{field}` missing in {diagnostic}");
         }
     }
-    let exp = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`exp` takes a float"))).expect("the exp misuse");
+    let exp = lines
+        .iter()
+        .find(|d| d["message"].as_str().is_some_and(|m| m.contains("`exp` takes a float")))
+        .expect("the exp misuse");
     assert_eq!(exp["code"], "dtype-mismatch");
     assert_eq!(exp["severity"], "error");
     assert_eq!((exp["line"].as_u64(), exp["column"].as_u64()), (Some(9), Some(17)));
     assert_eq!((exp["end_line"].as_u64(), exp["end_column"].as_u64()), (Some(9), Some(18)));
     assert!(exp["file"].as_str().is_some_and(|f| f.ends_with("misuse/src/lib.linnet")));
-    let softmax = lines.iter().find(|d| d["message"].as_str().is_some_and(|m| m.contains("`softmax`"))).expect("the softmax misuse");
+    let softmax = lines
+        .iter()
+        .find(|d| d["message"].as_str().is_some_and(|m| m.contains("`softmax`")))
+        .expect("the softmax misuse");
     let secondary = softmax["secondary"].as_array().expect("a list");
-    assert!(secondary.iter().any(|label| label["file"].as_str().is_some_and(|f| f.ends_with("stdlib/nn/softmax.linnet"))));
+    assert!(secondary
+        .iter()
+        .any(|label| label["file"].as_str().is_some_and(|f| f.ends_with("stdlib/nn/softmax.linnet"))));
 }
 
 #[test]
@@ -107,9 +118,17 @@ fn build_writes_an_artifact_and_reports_its_memory_plan() {
     let output = linnetc(&["build", "examples/tiny-qwen", "-o", out.to_str().unwrap()]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let report = String::from_utf8_lossy(&output.stderr);
-    assert!(report.contains("built `tiny-qwen` into") && report.contains("kernels") && report.contains("weights: ") && report.contains("scratch: decode at"), "{report}");
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("artifact.json")).unwrap()).unwrap();
-    let entries: Vec<&str> = manifest["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert!(
+        report.contains("built `tiny-qwen` into")
+            && report.contains("kernels")
+            && report.contains("weights: ")
+            && report.contains("scratch: decode at"),
+        "{report}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("artifact.json")).unwrap()).unwrap();
+    let entries: Vec<&str> =
+        manifest["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(entries, ["forward", "next_token", "decode", "prefill", "decode_rows", "prefill_slots"]);
     assert_eq!(manifest["params"][0]["tensor"], "model.language_model.embed_tokens.weight");
     assert!(std::fs::metadata(out.join("kernels.o")).unwrap().len() > 1000 && out.join("model.ir.json").is_file());
@@ -121,7 +140,16 @@ fn build_prints_the_ir_and_the_memory_plan() {
     let output = linnetc(&["build", "models/qwen3.6-35b-a3b", "--emit", "ir", "--set", "Groups=1"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let ir = String::from_utf8_lossy(&output.stdout);
-    assert!(ir.contains("entry decode<>(token: [1, 1; i32], pos: [; i32])") && ir.contains("grouped_attention("), "{}", &ir[..400.min(ir.len())]);
+    assert!(
+        ir.contains("entry decode<>(token: [1, 1; i32], pos: [; i32])") && ir.contains("grouped_attention("),
+        "{}",
+        &ir[..400.min(ir.len())]
+    );
     let plan = String::from_utf8_lossy(&output.stderr);
-    assert!(plan.contains("weights: ") && plan.contains("entry decode<>: peak scratch") && plan.contains("entry forward<B=1, S=8>: peak scratch"), "{plan}");
+    assert!(
+        plan.contains("weights: ")
+            && plan.contains("entry decode<>: peak scratch")
+            && plan.contains("entry forward<B=1, S=8>: peak scratch"),
+        "{plan}"
+    );
 }

@@ -125,7 +125,10 @@ fn position_of(text: &str, needle: &str, within: usize) -> Value {
 }
 
 fn hover(client: &mut Client, uri: &str, text: &str, needle: &str) -> String {
-    let result = client.request("textDocument/hover", json!({ "textDocument": { "uri": uri }, "position": position_of(text, needle, 1) }));
+    let result = client.request(
+        "textDocument/hover",
+        json!({ "textDocument": { "uri": uri }, "position": position_of(text, needle, 1) }),
+    );
     result["contents"]["value"].as_str().unwrap_or_default().to_string()
 }
 
@@ -133,12 +136,18 @@ fn hover(client: &mut Client, uri: &str, text: &str, needle: &str) -> String {
 fn an_editor_session_on_the_dense_package() {
     let mut client = Client::start();
     let (uri, text) = file("qwen3.8-27b/src/attention.linnet");
-    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }),
+    );
     assert!(client.diagnostics_for(&uri).is_empty(), "the package opens clean");
 
     // Hover: lets in attention with their symbolic and concrete shapes.
     let shown = hover(&mut client, &uri, &text, "v = reshape(v_proj");
-    assert!(shown.contains("Tensor[B, S, KvHeads, HeadDim; T]") && shown.contains("[1, 8, 4, 256] bf16, 16.0 KiB"), "{shown}");
+    assert!(
+        shown.contains("Tensor[B, S, KvHeads, HeadDim; T]") && shown.contains("[1, 8, 4, 256] bf16, 16.0 KiB"),
+        "{shown}"
+    );
     let shown = hover(&mut client, &uri, &text, "mixed = grouped_attention(");
     assert!(shown.contains("Tensor[B, Heads, S, HeadDim; T]"), "{shown}");
 
@@ -153,12 +162,18 @@ fn an_editor_session_on_the_dense_package() {
 
     // References of a sub: its declaration and every use.
     let at = position_of(&text, "sub q_proj", 5);
-    let found = client.request("textDocument/references", json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": true } }));
+    let found = client.request(
+        "textDocument/references",
+        json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": true } }),
+    );
     assert!(found.as_array().unwrap().len() >= 2, "{found}");
 
     // A generic: its declaration and its uses in signatures and bodies.
     let at = position_of(&text, "KvHeads: Dim", 1);
-    let found = client.request("textDocument/references", json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": false } }));
+    let found = client.request(
+        "textDocument/references",
+        json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": false } }),
+    );
     assert!(found.as_array().unwrap().len() >= 12, "{found}");
     // A state's declaration shows its shape.
     let shown = hover(&mut client, &uri, &text, "cache_k: Tensor");
@@ -178,7 +193,12 @@ fn an_editor_session_on_the_dense_package() {
     // Mistakes in unsaved text, each reported at its range; time each change.
     let mut timings = Vec::new();
     let mistakes = [
-        ("rotate<B, KvHeads, S>(k, cos_table, sin_table)", "rotate<B, Heads, S>(k, cos_table, sin_table)", "shape-mismatch", 20),
+        (
+            "rotate<B, KvHeads, S>(k, cos_table, sin_table)",
+            "rotate<B, Heads, S>(k, cos_table, sin_table)",
+            "shape-mismatch",
+            20,
+        ),
         ("[B, S, KvHeads, HeadDim])\n", "[B, S, Heads, HeadDim])\n", "reshape-size", 0),
         ("cos_table[cast<i64>(pos), d]", "cos_table[pos, d]", "index-dtype", 10),
     ];
@@ -198,24 +218,45 @@ fn an_editor_session_on_the_dense_package() {
     }
     // Half-typed code: no crash, a syntax error.
     let broken = text.replacen("let v = reshape(", "let v = reshape(v_proj.", 1);
-    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 9 }, "contentChanges": [{ "text": broken }] }));
+    client.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 9 }, "contentChanges": [{ "text": broken }] }),
+    );
     assert!(client.diagnostics_for(&uri).iter().any(|d| d["code"] == "syntax-error"));
-    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 10 }, "contentChanges": [{ "text": text }] }));
+    client.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 10 }, "contentChanges": [{ "text": text }] }),
+    );
     assert!(client.diagnostics_for(&uri).is_empty());
     eprintln!("diagnostics after a change: {:?} ms", timings.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>());
 
     // Formatting the file changes nothing; a messy line is fixed.
-    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    let edits = client.request(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
     assert_eq!(edits, json!([]));
     let messy = text.replacen("let (q, gate, k, v) = project<B, S>(x)", "let (q,gate,k,v)=project<B,S>( x )", 1);
-    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 11 }, "contentChanges": [{ "text": messy }] }));
-    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    client.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 11 }, "contentChanges": [{ "text": messy }] }),
+    );
+    let edits = client.request(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
     assert_eq!(edits[0]["newText"].as_str().unwrap(), text);
     // A file with a syntax error is left as it is: no edits at all.
     let gap = messy.replacen("let v = reshape(", "let v = reshape(v_proj.", 1);
-    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": 12 }, "contentChanges": [{ "text": gap }] }));
+    client.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 12 }, "contentChanges": [{ "text": gap }] }),
+    );
     client.diagnostics_for(&uri);
-    let edits = client.request("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    let edits = client.request(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
     assert_eq!(edits, Value::Null);
 
     client.request("shutdown", Value::Null);
@@ -226,13 +267,20 @@ fn an_editor_session_on_the_dense_package() {
 fn hover_in_deltanet_shows_shapes() {
     let mut client = Client::start();
     let (uri, text) = file("qwen3.8-27b/src/deltanet.linnet");
-    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }),
+    );
     assert!(client.diagnostics_for(&uri).is_empty());
     // A name bound by a tuple pattern shows its own type.
     let shown = hover(&mut client, &uri, &text, "(q, k, v) = heads<B, S>");
     assert!(shown.contains("Tensor[B, S, KeyHeads, KeyDim; T]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "final = permute");
-    assert!(shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]") && shown.contains("[1, 48, 128, 128] f32, 3.0 MiB"), "{shown}");
+    assert!(
+        shown.contains("Tensor[B, ValueHeads, KeyDim, ValueDim; f32]")
+            && shown.contains("[1, 48, 128, 128] f32, 3.0 MiB"),
+        "{shown}"
+    );
     let shown = hover(&mut client, &uri, &text, "inside[b, s] =");
     assert!(shown.contains("Tensor[B, S; bool]"), "{shown}");
     let shown = hover(&mut client, &uri, &text, "heads<B: Dim");
@@ -273,7 +321,10 @@ fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
     let path = package.join("src/attention.linnet");
     let uri = format!("file://{}", path.display());
     let text = std::fs::read_to_string(&path).unwrap();
-    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }));
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }),
+    );
     assert!(client.diagnostics_for(&uri).is_empty());
 
     // The first check published every file of the package once.
@@ -282,9 +333,13 @@ fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
     let anchor = "let v = reshape(";
     for (version, end) in (1..=typed.len()).step_by(typed.len().div_ceil(30)).enumerate() {
         let partial = text.replacen(anchor, &format!("{}\n        {anchor}", &typed[..end]), 1);
-        client.notify("textDocument/didChange", json!({ "textDocument": { "uri": uri, "version": version + 2 }, "contentChanges": [{ "text": partial }] }));
+        client.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": uri, "version": version + 2 }, "contentChanges": [{ "text": partial }] }),
+        );
     }
-    let published = client.publications_before_answer("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
+    let published =
+        client.publications_before_answer("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
     assert_eq!(published, 1, "publications for one burst of typing in one file");
 
     let nest = package.join("nest.toml");
@@ -298,7 +353,10 @@ fn checks_settle_publish_changes_only_and_follow_files_on_disk() {
     let stdlib = root().join("stdlib/nn/attention.linnet");
     let stdlib_uri = format!("file://{}", stdlib.display());
     let stdlib_text = std::fs::read_to_string(&stdlib).unwrap();
-    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": stdlib_uri, "languageId": "linnet", "version": 1, "text": stdlib_text } }));
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": stdlib_uri, "languageId": "linnet", "version": 1, "text": stdlib_text } }),
+    );
     let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": stdlib_uri } }));
     assert!(symbols.as_array().is_some_and(|s| s.iter().any(|s| s["name"] == "grouped_attention")), "{symbols}");
     std::fs::remove_dir_all(&models).unwrap();
@@ -315,11 +373,15 @@ fn a_dependency_is_followed_and_its_changes_recheck_its_users() {
     let lib = models.join("qwen3.6-35b-a3b/src/lib.linnet");
     let lib_uri = format!("file://{}", lib.display());
     let lib_text = std::fs::read_to_string(&lib).unwrap();
-    client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": lib_uri, "languageId": "linnet", "version": 1, "text": lib_text } }));
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": lib_uri, "languageId": "linnet", "version": 1, "text": lib_text } }),
+    );
     assert!(client.diagnostics_for(&lib_uri).is_empty());
 
     let at = position_of(&lib_text, "GatedAttention<H, Heads", 1);
-    let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": lib_uri }, "position": at }));
+    let target =
+        client.request("textDocument/definition", json!({ "textDocument": { "uri": lib_uri }, "position": at }));
     let attention = models.join("qwen3.8-27b/src/attention.linnet");
     assert_eq!(target["uri"].as_str().unwrap(), format!("file://{}", attention.display()), "{target}");
     let shown = hover(&mut client, &lib_uri, &lib_text, "KvHeads: Dim");
@@ -330,7 +392,10 @@ fn a_dependency_is_followed_and_its_changes_recheck_its_users() {
     let attention_text = std::fs::read_to_string(&attention).unwrap();
     let renamed = attention_text.replacen("pub block GatedAttention<", "pub block GatedAttn<", 1);
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": attention_uri, "languageId": "linnet", "version": 1, "text": attention_text } }));
-    client.notify("textDocument/didChange", json!({ "textDocument": { "uri": attention_uri, "version": 2 }, "contentChanges": [{ "text": renamed }] }));
+    client.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": attention_uri, "version": 2 }, "contentChanges": [{ "text": renamed }] }),
+    );
     let diagnostics = client.diagnostics_for(&lib_uri);
     assert!(diagnostics.iter().any(|d| d["code"] == "unknown-import"), "{diagnostics:?}");
     client.notify("textDocument/didChange", json!({ "textDocument": { "uri": attention_uri, "version": 3 }, "contentChanges": [{ "text": attention_text }] }));

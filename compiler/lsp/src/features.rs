@@ -5,11 +5,11 @@
 
 use linnet_frontend::driver::Checked;
 use linnet_frontend::package::NestValue;
-use linnet_ir::dim::Atom;
 use linnet_frontend::sema::ty::{Axis, Elem, Ty};
-use linnet_ir::Dtype;
 use linnet_frontend::source::{FileId, Span};
 use linnet_frontend::syntax::ast::{self, Item, Member};
+use linnet_ir::dim::Atom;
+use linnet_ir::Dtype;
 use std::collections::HashMap;
 
 fn contains(span: Span, file: FileId, offset: usize) -> bool {
@@ -34,9 +34,8 @@ pub fn definition_at(checked: &Checked, file: FileId, offset: usize) -> Option<S
 /// Every use of the declaration at or named at `offset`, and the
 /// declaration itself first.
 pub fn references_at(checked: &Checked, file: FileId, offset: usize) -> Vec<Span> {
-    let declared = definition_at(checked, file, offset).or_else(|| {
-        checked.analysis.definitions.iter().map(|(_, d)| *d).find(|d| contains(*d, file, offset))
-    });
+    let declared = definition_at(checked, file, offset)
+        .or_else(|| checked.analysis.definitions.iter().map(|(_, d)| *d).find(|d| contains(*d, file, offset)));
     let Some(declared) = declared else { return Vec::new() };
     let mut spans = vec![declared];
     spans.extend(checked.analysis.definitions.iter().filter(|(_, d)| *d == declared).map(|(used, _)| *used));
@@ -98,7 +97,8 @@ pub fn concrete(checked: &Checked, ty: &Ty) -> Option<String> {
         Elem::Generic(name) => *elems.get(&**name)?,
         _ => return None,
     };
-    let bytes = shape.iter().try_fold(dtype.bytes() as u128, |bytes, axis| bytes.checked_mul(u128::try_from(*axis).ok()?))?;
+    let bytes =
+        shape.iter().try_fold(dtype.bytes() as u128, |bytes, axis| bytes.checked_mul(u128::try_from(*axis).ok()?))?;
     let shape: Vec<String> = shape.iter().map(ToString::to_string).collect();
     Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), linnet_frontend::sema::footprint::human_bytes(bytes)))
 }
@@ -158,7 +158,13 @@ pub struct Symbol {
 
 pub fn outline(module: &ast::Module) -> Vec<Symbol> {
     use lsp_types::SymbolKind;
-    let leaf = |name: &ast::Ident, kind, span| Symbol { name: name.name.clone(), kind, span, name_span: name.span, children: Vec::new() };
+    let leaf = |name: &ast::Ident, kind, span| Symbol {
+        name: name.name.clone(),
+        kind,
+        span,
+        name_span: name.span,
+        children: Vec::new(),
+    };
     module
         .items
         .iter()

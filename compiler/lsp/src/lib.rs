@@ -19,9 +19,9 @@ use lsp_server::{Connection, Message, Notification, Request, RequestId, Response
 use lsp_types::notification::{self, Notification as _};
 use lsp_types::request::{self, Request as _};
 use lsp_types::{
-    DiagnosticRelatedInformation, DiagnosticSeverity, DocumentSymbol, Hover, HoverContents, Location, MarkupContent, MarkupKind,
-    NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range, ServerCapabilities, TextDocumentSyncCapability,
-    TextDocumentSyncKind, TextEdit, Url,
+    DiagnosticRelatedInformation, DiagnosticSeverity, DocumentSymbol, Hover, HoverContents, Location, MarkupContent,
+    MarkupKind, NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range, ServerCapabilities,
+    TextDocumentSyncCapability, TextDocumentSyncKind, TextEdit, Url,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::error::Error;
@@ -46,7 +46,9 @@ pub fn serve() -> Result<(), Failure> {
         ..ServerCapabilities::default()
     };
     let initialize = connection.initialize(serde_json::to_value(capabilities)?)?;
-    if initialize.pointer("/capabilities/workspace/didChangeWatchedFiles/dynamicRegistration") == Some(&serde_json::Value::Bool(true)) {
+    if initialize.pointer("/capabilities/workspace/didChangeWatchedFiles/dynamicRegistration")
+        == Some(&serde_json::Value::Bool(true))
+    {
         connection.sender.send(Message::Request(watch_package_files()))?;
     }
     let mut server = Server::default();
@@ -118,7 +120,6 @@ struct Server {
     published: HashMap<Url, Vec<lsp_types::Diagnostic>>,
 }
 
-
 fn offset_at(text: &str, position: Position) -> usize {
     let mut offset = 0;
     for (number, line) in text.split_inclusive('\n').enumerate() {
@@ -160,7 +161,12 @@ fn to_lsp(checked: &Checked, diagnostic: &Diagnostic) -> lsp_types::Diagnostic {
     let related = diagnostic
         .secondary
         .iter()
-        .filter_map(|label| Some(DiagnosticRelatedInformation { location: location(checked, label.span)?, message: label.message.clone() }))
+        .filter_map(|label| {
+            Some(DiagnosticRelatedInformation {
+                location: location(checked, label.span)?,
+                message: label.message.clone(),
+            })
+        })
         .collect();
     let mut message = diagnostic.message.clone();
     if !diagnostic.primary.message.is_empty() {
@@ -168,7 +174,11 @@ fn to_lsp(checked: &Checked, diagnostic: &Diagnostic) -> lsp_types::Diagnostic {
     }
     lsp_types::Diagnostic {
         range: range_of(checked, diagnostic.primary.span),
-        severity: Some(if diagnostic.severity == Severity::Error { DiagnosticSeverity::ERROR } else { DiagnosticSeverity::WARNING }),
+        severity: Some(if diagnostic.severity == Severity::Error {
+            DiagnosticSeverity::ERROR
+        } else {
+            DiagnosticSeverity::WARNING
+        }),
         code: Some(NumberOrString::String(diagnostic.code.to_string())),
         source: Some("linnetc".into()),
         message,
@@ -180,14 +190,21 @@ fn to_lsp(checked: &Checked, diagnostic: &Diagnostic) -> lsp_types::Diagnostic {
 impl Server {
     fn options(&self) -> LoadOptions {
         let stdlib = linnet_frontend::package::stdlib_dir().map(|dir| dir.canonicalize().unwrap_or(dir));
-        LoadOptions { overlay: self.documents.clone(), stdlib, parse_cache: Some(self.parse_cache.clone()), ..LoadOptions::default() }
+        LoadOptions {
+            overlay: self.documents.clone(),
+            stdlib,
+            parse_cache: Some(self.parse_cache.clone()),
+            ..LoadOptions::default()
+        }
     }
 
     /// The package `path` belongs to: the nearest folder above it with a
     /// `linnet.toml`, else (a standard-library file, say) a checked
     /// package that read it.
     fn package_for(&self, path: &Path) -> Option<PathBuf> {
-        linnet_frontend::package::enclosing(path).or_else(|| self.checked.iter().find(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone()))
+        linnet_frontend::package::enclosing(path).or_else(|| {
+            self.checked.iter().find(|(_, checked)| checked.sources.find(path).is_some()).map(|(dir, _)| dir.clone())
+        })
     }
 
     /// Marks for checking the package `path` is in and every checked
@@ -247,13 +264,17 @@ impl Server {
         let path_of = |uri: &Url| uri.to_file_path().ok();
         match note.method.as_str() {
             notification::DidOpenTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(note.params) else { return };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(note.params) else {
+                    return;
+                };
                 let Some(path) = path_of(&params.text_document.uri) else { return };
                 self.documents.insert(path.clone(), params.text_document.text);
                 self.mark(&path);
             }
             notification::DidChangeTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeTextDocumentParams>(note.params) else { return };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeTextDocumentParams>(note.params) else {
+                    return;
+                };
                 let Some(path) = path_of(&params.text_document.uri) else { return };
                 if let Some(change) = params.content_changes.into_iter().last() {
                     self.documents.insert(path.clone(), change.text);
@@ -261,19 +282,25 @@ impl Server {
                 self.mark(&path);
             }
             notification::DidSaveTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidSaveTextDocumentParams>(note.params) else { return };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidSaveTextDocumentParams>(note.params) else {
+                    return;
+                };
                 if let Some(path) = path_of(&params.text_document.uri) {
                     self.mark(&path);
                 }
             }
             notification::DidCloseTextDocument::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(note.params) else { return };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(note.params) else {
+                    return;
+                };
                 let Some(path) = path_of(&params.text_document.uri) else { return };
                 self.documents.remove(&path);
                 self.mark(&path);
             }
             notification::DidChangeWatchedFiles::METHOD => {
-                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeWatchedFilesParams>(note.params) else { return };
+                let Ok(params) = serde_json::from_value::<lsp_types::DidChangeWatchedFilesParams>(note.params) else {
+                    return;
+                };
                 for change in params.changes {
                     if let Some(path) = path_of(&change.uri) {
                         self.mark(&path);
@@ -302,7 +329,13 @@ impl Server {
             request::References::METHOD => self.references(request),
             request::DocumentSymbolRequest::METHOD => self.symbols(request),
             request::Formatting::METHOD => self.formatting(request),
-            _ => return Response::new_err(id, lsp_server::ErrorCode::MethodNotFound as i32, format!("unsupported: {}", request.method)),
+            _ => {
+                return Response::new_err(
+                    id,
+                    lsp_server::ErrorCode::MethodNotFound as i32,
+                    format!("unsupported: {}", request.method),
+                )
+            }
         };
         match result {
             Ok(value) => Response::new_ok(id, value),
@@ -316,7 +349,8 @@ impl Server {
         let Some((checked, file)) = self.checked_with(&document.text_document.uri) else { return Ok(None) };
         let text = &checked.sources.get(file).text;
         let offset = offset_at(text, document.position);
-        let declared = features::definition_at(checked, file, offset).or_else(|| features::declaration_at(checked, file, offset));
+        let declared =
+            features::definition_at(checked, file, offset).or_else(|| features::declaration_at(checked, file, offset));
         let markdown = if let Some(signature) = declared.and_then(|d| features::signature(checked, d)) {
             signature
         } else if let Some(value) = features::card_dim_at(checked, file, offset) {
@@ -327,18 +361,25 @@ impl Server {
                 linnet_frontend::sema::ty::Ty::DimValue(dim) => format!("{name}: index over {dim}"),
                 ty => format!("{name}: {ty}"),
             };
-            let concrete = features::concrete(checked, ty).map(|c| format!("\n\n{c} (with nest.toml)")).unwrap_or_default();
+            let concrete =
+                features::concrete(checked, ty).map(|c| format!("\n\n{c} (with nest.toml)")).unwrap_or_default();
             format!("```linnet\n{described}\n```{concrete}")
         } else {
             return Ok(None);
         };
-        Ok(Some(Hover { contents: HoverContents::Markup(MarkupContent { kind: MarkupKind::Markdown, value: markdown }), range: None }))
+        Ok(Some(Hover {
+            contents: HoverContents::Markup(MarkupContent { kind: MarkupKind::Markdown, value: markdown }),
+            range: None,
+        }))
     }
 
     fn definition(&self, request: Request) -> Result<serde_json::Value, String> {
-        let params: lsp_types::GotoDefinitionParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+        let params: lsp_types::GotoDefinitionParams =
+            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
         let document = params.text_document_position_params;
-        let Some((checked, file)) = self.checked_with(&document.text_document.uri) else { return Ok(serde_json::Value::Null) };
+        let Some((checked, file)) = self.checked_with(&document.text_document.uri) else {
+            return Ok(serde_json::Value::Null);
+        };
         let offset = offset_at(&checked.sources.get(file).text, document.position);
         let target = features::definition_at(checked, file, offset).and_then(|span| location(checked, span));
         Ok(serde_json::to_value(target).unwrap_or_default())
@@ -347,7 +388,9 @@ impl Server {
     fn references(&self, request: Request) -> Result<serde_json::Value, String> {
         let params: lsp_types::ReferenceParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
         let document = params.text_document_position;
-        let Some((checked, file)) = self.checked_with(&document.text_document.uri) else { return Ok(serde_json::Value::Null) };
+        let Some((checked, file)) = self.checked_with(&document.text_document.uri) else {
+            return Ok(serde_json::Value::Null);
+        };
         let offset = offset_at(&checked.sources.get(file).text, document.position);
         let mut spans = features::references_at(checked, file, offset);
         if !params.context.include_declaration && !spans.is_empty() {
@@ -358,8 +401,11 @@ impl Server {
     }
 
     fn symbols(&self, request: Request) -> Result<serde_json::Value, String> {
-        let params: lsp_types::DocumentSymbolParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
-        let Some((checked, file)) = self.checked_with(&params.text_document.uri) else { return Ok(serde_json::Value::Null) };
+        let params: lsp_types::DocumentSymbolParams =
+            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+        let Some((checked, file)) = self.checked_with(&params.text_document.uri) else {
+            return Ok(serde_json::Value::Null);
+        };
         let Some(module) = checked.package.as_ref().and_then(|p| p.modules.iter().find(|m| m.file == file)) else {
             return Ok(serde_json::Value::Null);
         };
@@ -376,18 +422,22 @@ impl Server {
                 children: Some(symbol.children.into_iter().map(|c| convert(checked, c)).collect()),
             }
         }
-        let symbols: Vec<DocumentSymbol> = features::outline(&module.ast).into_iter().map(|s| convert(checked, s)).collect();
+        let symbols: Vec<DocumentSymbol> =
+            features::outline(&module.ast).into_iter().map(|s| convert(checked, s)).collect();
         Ok(serde_json::to_value(symbols).unwrap_or_default())
     }
 
     fn formatting(&self, request: Request) -> Result<serde_json::Value, String> {
-        let params: lsp_types::DocumentFormattingParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+        let params: lsp_types::DocumentFormattingParams =
+            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
         let path = params.text_document.uri.to_file_path().map_err(|()| "not a file".to_string())?;
         let text = match self.documents.get(&path) {
             Some(text) => text.clone(),
             None => std::fs::read_to_string(&path).map_err(|e| e.to_string())?,
         };
-        let Some(formatted) = linnet_frontend::syntax::format::format(&text) else { return Ok(serde_json::Value::Null) };
+        let Some(formatted) = linnet_frontend::syntax::format::format(&text) else {
+            return Ok(serde_json::Value::Null);
+        };
         if formatted == text {
             return Ok(serde_json::to_value(Vec::<TextEdit>::new()).unwrap_or_default());
         }

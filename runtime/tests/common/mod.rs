@@ -18,15 +18,30 @@ pub fn oracle() -> PathBuf {
 
 /// The seed package instantiated as the f32 oracle's card says.
 pub fn oracle_options() -> LoadOptions {
-    LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
+    LoadOptions {
+        nest: Some(oracle().join("package/nest-f32.toml")),
+        stdlib: Some(root().join("stdlib")),
+        ..LoadOptions::default()
+    }
 }
 
 /// The dense oracle checkpoint's generics (its `config.json`), given as
 /// `--set` gives them: its folder has no model card of its own.
 pub const DENSE_GENERICS: [(&str, &str); 14] = [
-    ("Vocab", "512"), ("H", "64"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32"), ("KeyHeads", "2"),
-    ("ValueHeads", "4"), ("KeyDim", "16"), ("ValueDim", "16"), ("Conv", "128"), ("Inner", "96"), ("Groups", "2"),
-    ("Batch", "2"), ("MaxSeq", "64"),
+    ("Vocab", "512"),
+    ("H", "64"),
+    ("Heads", "4"),
+    ("KvHeads", "2"),
+    ("HeadDim", "32"),
+    ("KeyHeads", "2"),
+    ("ValueHeads", "4"),
+    ("KeyDim", "16"),
+    ("ValueDim", "16"),
+    ("Conv", "128"),
+    ("Inner", "96"),
+    ("Groups", "2"),
+    ("Batch", "2"),
+    ("MaxSeq", "64"),
 ];
 
 /// One sequence of an oracle's golden file.

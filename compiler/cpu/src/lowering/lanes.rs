@@ -17,11 +17,11 @@
 
 use super::{float_condition, Lowerer, Store, Stored};
 use crate::expf;
-use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_ir::Dtype;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type};
 use cranelift_frontend::Variable;
+use linnet_ir::Dtype;
+use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use std::collections::HashSet;
 
 type ClValue = cranelift_codegen::ir::Value;
@@ -98,7 +98,15 @@ impl Lowerer<'_, '_> {
     /// positions at a time in lanes, the rest, and any four whose loads
     /// would fall outside, by `element` (the scalar code for the position
     /// in `axis`, which stores it and advances the flat position).
-    pub(super) fn lanes_loop(&mut self, store: &Store, axis: Variable, inner: u32, start: ClValue, end: ClValue, element: &mut dyn FnMut(&mut Self)) {
+    pub(super) fn lanes_loop(
+        &mut self,
+        store: &Store,
+        axis: Variable,
+        inner: u32,
+        start: ClValue,
+        end: ClValue,
+        element: &mut dyn FnMut(&mut Self),
+    ) {
         let varying = Varying::of(store.scalar, inner);
         let limit = self.builder.declare_var(types::I64);
         // The first of the four positions the lanes take: the code that
@@ -202,7 +210,11 @@ impl Lowerer<'_, '_> {
             }
             Scalar::Binary(op @ (BinaryOp::And | BinaryOp::Or), a, b, _) => {
                 let (x, y) = (self.mask(a, varying), self.mask(b, varying));
-                Lanes::M(if *op == BinaryOp::And { self.builder.ins().band(x, y) } else { self.builder.ins().bor(x, y) })
+                Lanes::M(if *op == BinaryOp::And {
+                    self.builder.ins().band(x, y)
+                } else {
+                    self.builder.ins().bor(x, y)
+                })
             }
             Scalar::Binary(op, a, b, dtype) => {
                 let (x, y) = (self.floats(a, varying), self.floats(b, varying));
@@ -226,7 +238,8 @@ impl Lowerer<'_, '_> {
                 // A condition the same in every lane: lazy, as the scalar code.
                 let reg = self.scalar(c);
                 let cond = self.b(reg);
-                let (then, otherwise, merge) = (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
+                let (then, otherwise, merge) =
+                    (self.builder.create_block(), self.builder.create_block(), self.builder.create_block());
                 let result = self.builder.append_block_param(merge, F32X4);
                 self.builder.ins().brif(cond, then, &[], otherwise, &[]);
                 for (block, side) in [(then, a), (otherwise, b)] {
@@ -265,21 +278,31 @@ impl Lowerer<'_, '_> {
                 let (shape, stored) = self.loaded(*value);
                 matches!(stored, Stored::F32 | Stored::Bf16Bits)
                     && positions.len() == shape.len()
-                    && positions.split_last().is_some_and(|(last, rows)| varying.is_unit_stride(last) && rows.iter().all(|p| !varying.has(p)))
+                    && positions.split_last().is_some_and(|(last, rows)| {
+                        varying.is_unit_stride(last) && rows.iter().all(|p| !varying.has(p))
+                    })
             }
             Scalar::Unary(UnaryOp::Not, a, _) => a.dtype() == Dtype::Bool,
             Scalar::Unary(op, a, dtype) => {
-                matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Exp) && in_lanes_float(*dtype) && float(a)
+                matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Exp)
+                    && in_lanes_float(*dtype)
+                    && float(a)
             }
             Scalar::Binary(BinaryOp::Cmp(_), a, b, _) => float(a) && float(b),
-            Scalar::Binary(BinaryOp::And | BinaryOp::Or, a, b, _) => a.dtype() == Dtype::Bool && b.dtype() == Dtype::Bool,
+            Scalar::Binary(BinaryOp::And | BinaryOp::Or, a, b, _) => {
+                a.dtype() == Dtype::Bool && b.dtype() == Dtype::Bool
+            }
             Scalar::Binary(op, a, b, dtype) => {
-                matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min)
-                    && in_lanes_float(*dtype)
+                matches!(
+                    op,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min
+                ) && in_lanes_float(*dtype)
                     && float(a)
                     && float(b)
             }
-            Scalar::Select(c, a, b, dtype) => c.dtype() == Dtype::Bool && in_lanes_float(*dtype) && float(a) && float(b),
+            Scalar::Select(c, a, b, dtype) => {
+                c.dtype() == Dtype::Bool && in_lanes_float(*dtype) && float(a) && float(b)
+            }
             Scalar::Cast(a, dtype) => in_lanes_float(*dtype) && float(a),
             Scalar::Reduce { body, dtype, .. } => in_lanes_float(*dtype) && float(body),
             Scalar::Index(..) | Scalar::Dim(_) | Scalar::Float(..) | Scalar::Int(..) | Scalar::Bool(_) => false,
@@ -431,7 +454,11 @@ impl Lowerer<'_, '_> {
     /// the scalar code's; an empty sum is 0.0, as there.
     pub(super) fn sum_in_lanes(&mut self, index: u32, extent: ClValue, body: &Scalar, dtype: Dtype) -> Option<ClValue> {
         let varying = Varying::of(body, index);
-        if !(in_lanes_float(dtype) && body.dtype().is_float() && varying.has(body) && self.computes_in_lanes(body, &varying)) {
+        if !(in_lanes_float(dtype)
+            && body.dtype().is_float()
+            && varying.has(body)
+            && self.computes_in_lanes(body, &varying))
+        {
             return None;
         }
         let at = self.builder.declare_var(types::I64);

@@ -2,11 +2,11 @@
 //! (dims evaluated, index numbers given slots, loads given strides), then
 //! run at every point of the output shape.
 
+use crate::tensor::{Data, Tensor};
 use crate::{dim_value, Dims, NodeError, Values};
-use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use linnet_ir::numerics::{self, bf16_value, math, round, wrap};
 use linnet_ir::Dtype;
-use crate::tensor::{Data, Tensor};
+use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use std::collections::HashMap;
 
 fn dim(dim: &linnet_ir::dim::Dim, dims: &Dims) -> i64 {
@@ -51,15 +51,31 @@ enum P {
     Slot(usize),
     Const(V),
     /// `sources`: the value each position reads directly, for errors.
-    Load { tensor: usize, value: Value, positions: Vec<P>, shape: Vec<usize>, sources: Vec<Option<Value>> },
+    Load {
+        tensor: usize,
+        value: Value,
+        positions: Vec<P>,
+        shape: Vec<usize>,
+        sources: Vec<Option<Value>>,
+    },
     Unary(UnaryOp, Box<P>, Dtype),
     Binary(BinaryOp, Box<P>, Box<P>, Dtype),
     Select(Box<P>, Box<P>, Box<P>),
     Cast(Box<P>, Dtype),
-    Reduce { op: ReduceOp, slot: usize, extent: i64, body: Box<P>, dtype: Dtype },
+    Reduce {
+        op: ReduceOp,
+        slot: usize,
+        extent: i64,
+        body: Box<P>,
+        dtype: Dtype,
+    },
     /// An invariant part (`ir::invariant`): computed once per position of
     /// the axes before `level`, kept in memo `id`.
-    Memo { id: usize, level: usize, body: Box<P> },
+    Memo {
+        id: usize,
+        level: usize,
+        body: Box<P>,
+    },
 }
 
 struct Preparer<'v> {
@@ -91,11 +107,21 @@ impl Preparer<'_> {
                 self.tensors.push(value.index());
                 let shape = self.values[value.index()].as_ref().expect("a loaded value is live").shape.clone();
                 let sources = positions.iter().map(Scalar::direct_load).collect();
-                P::Load { tensor, value: *value, positions: positions.iter().map(|p| self.prepare(p)).collect(), shape, sources }
+                P::Load {
+                    tensor,
+                    value: *value,
+                    positions: positions.iter().map(|p| self.prepare(p)).collect(),
+                    shape,
+                    sources,
+                }
             }
             Scalar::Unary(op, a, dtype) => P::Unary(*op, Box::new(self.prepare(a)), *dtype),
-            Scalar::Binary(op, a, b, dtype) => P::Binary(*op, Box::new(self.prepare(a)), Box::new(self.prepare(b)), *dtype),
-            Scalar::Select(c, a, b, _) => P::Select(Box::new(self.prepare(c)), Box::new(self.prepare(a)), Box::new(self.prepare(b))),
+            Scalar::Binary(op, a, b, dtype) => {
+                P::Binary(*op, Box::new(self.prepare(a)), Box::new(self.prepare(b)), *dtype)
+            }
+            Scalar::Select(c, a, b, _) => {
+                P::Select(Box::new(self.prepare(c)), Box::new(self.prepare(a)), Box::new(self.prepare(b)))
+            }
             Scalar::Cast(a, dtype) => P::Cast(Box::new(self.prepare(a)), *dtype),
             Scalar::Reduce { op, index, extent, body, dtype } => {
                 let slot = self.slots.len();
@@ -143,7 +169,13 @@ impl Runner<'_> {
                 for (axis, ((position, &size), source)) in positions.iter().zip(shape).zip(sources).enumerate() {
                     let at = self.run(position, slots)?.i();
                     if at < 0 || at as usize >= size {
-                        return Err(NodeError::OutOfRange { value: *value, axis, position: at, size: size as i64, source: *source });
+                        return Err(NodeError::OutOfRange {
+                            value: *value,
+                            axis,
+                            position: at,
+                            size: size as i64,
+                            source: *source,
+                        });
                     }
                     offset = offset * size + at as usize;
                 }
@@ -193,7 +225,9 @@ impl Runner<'_> {
                 let a = self.run(a, slots)?;
                 match dtype {
                     Dtype::Bool => V::B(a.b()),
-                    Dtype::I32 | Dtype::I64 => V::I(wrap(if let V::F(f) = a { f.trunc() as i64 } else { a.i() }, *dtype)),
+                    Dtype::I32 | Dtype::I64 => {
+                        V::I(wrap(if let V::F(f) = a { f.trunc() as i64 } else { a.i() }, *dtype))
+                    }
                     _ => V::F(round(a.f(), *dtype)),
                 }
             }
@@ -220,7 +254,11 @@ impl Runner<'_> {
                     ReduceOp::Max => V::F(f64::NEG_INFINITY),
                     ReduceOp::Min => V::F(f64::INFINITY),
                 });
-                if dtype.is_float() { float_result(total.f(), *dtype) } else { V::I(wrap(total.i(), *dtype)) }
+                if dtype.is_float() {
+                    float_result(total.f(), *dtype)
+                } else {
+                    V::I(wrap(total.i(), *dtype))
+                }
             }
         })
     }
@@ -246,13 +284,25 @@ fn binary(op: BinaryOp, a: V, b: V, dtype: Dtype) -> V {
 }
 
 /// Every element of a `Compute` node.
-pub fn compute(scalar: &Scalar, shape: Vec<usize>, dtype: Dtype, values: &Values<Tensor>, dims: &Dims) -> Result<Tensor, NodeError> {
+pub fn compute(
+    scalar: &Scalar,
+    shape: Vec<usize>,
+    dtype: Dtype,
+    values: &Values<Tensor>,
+    dims: &Dims,
+) -> Result<Tensor, NodeError> {
     let rank = shape.len();
-    let invariants = linnet_ir::invariant::invariants(scalar, rank as u32).into_iter().map(|i| (i.scalar as *const Scalar, i.level)).collect();
+    let invariants = linnet_ir::invariant::invariants(scalar, rank as u32)
+        .into_iter()
+        .map(|i| (i.scalar as *const Scalar, i.level))
+        .collect();
     let slots = (0..rank as u32).map(|k| (k, k as usize)).collect();
     let mut preparer = Preparer { values, dims, slots, tensors: Vec::new(), invariants, memos: 0 };
     let prepared = preparer.prepare(scalar);
-    let runner = Runner { tensors: preparer.tensors.iter().map(|&at| values[at].as_deref().expect("a loaded value is live")).collect(), memos: std::cell::RefCell::new(vec![None; preparer.memos]) };
+    let runner = Runner {
+        tensors: preparer.tensors.iter().map(|&at| values[at].as_deref().expect("a loaded value is live")).collect(),
+        memos: std::cell::RefCell::new(vec![None; preparer.memos]),
+    };
     let mut slots = vec![0i64; preparer.slots.len().max(rank)];
     let count: usize = shape.iter().product();
     let mut out = Tensor::zeros(dtype, shape.clone());

@@ -8,10 +8,10 @@
 
 mod eval;
 
+use crate::tensor::Tensor;
 use crate::{Backend, BuildError, Machine, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Intrinsic, Model, NodeKind};
-use crate::tensor::Tensor;
 
 /// The interpreter: host tensors, nothing to compile.
 #[derive(Clone, Copy, Debug, Default)]
@@ -45,7 +45,13 @@ impl Backend for Interpreter {
         Ok(crate::reference::run_widened(intrinsic, args, site.shape.to_vec()))
     }
 
-    fn write_cache(&mut self, _: Site<'_>, intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
+    fn write_cache(
+        &mut self,
+        _: Site<'_>,
+        intrinsic: Intrinsic,
+        cache: &mut Tensor,
+        args: &[&Tensor],
+    ) -> Result<(), NodeError> {
         crate::reference::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
     }
 }

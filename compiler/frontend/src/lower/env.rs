@@ -2,9 +2,9 @@
 //! entry's generics stay symbolic, and a callee's generics are bound from
 //! explicit arguments or from its arguments' shapes.
 
+use crate::sema::ty::{Axis, Elem, TensorTy};
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
-use crate::sema::ty::{Axis, Elem, TensorTy};
 use std::collections::HashMap;
 
 #[derive(Clone, Default, Debug)]

@@ -4,20 +4,26 @@
 //! all into `Compute` nodes.
 
 use super::{unsupported, Builder, Env, Instance, Lowerer, Result, Val};
-use linnet_ir::{BinaryOp, Intrinsic, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-use linnet_ir::dim::Dim;
 use crate::sema::program::{GenericSig, ItemRef};
-use linnet_ir::Dtype;
 use crate::sema::ty::{Axis, Ty};
 use crate::source::Span;
 use crate::syntax::ast::{self, BinOp, CmpOp, Expr, ExprKind, GenericKind, IndexItem, Stmt, UnOp};
+use linnet_ir::dim::Dim;
+use linnet_ir::Dtype;
+use linnet_ir::{BinaryOp, Intrinsic, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::collections::HashMap;
 
 /// An index variable of the index definition or reduction being lowered.
 enum IndexVar {
-    One { id: u32, extent: Option<Dim> },
+    One {
+        id: u32,
+        extent: Option<Dim>,
+    },
     /// `*s`: its indices, once its first use says how many.
-    Group { ids: Option<Vec<u32>>, extents: Vec<Dim> },
+    Group {
+        ids: Option<Vec<u32>>,
+        extents: Vec<Dim>,
+    },
 }
 
 /// An element-level result: a scalar expression, or a whole value that is
@@ -66,7 +72,11 @@ fn binary_op(op: BinOp) -> BinaryOp {
 }
 
 fn result_dtype(op: BinaryOp, operands: Dtype) -> Dtype {
-    if matches!(op, BinaryOp::Cmp(_)) { Dtype::Bool } else { operands }
+    if matches!(op, BinaryOp::Cmp(_)) {
+        Dtype::Bool
+    } else {
+        operands
+    }
 }
 
 /// A literal as a scalar of the type its partner has.
@@ -80,7 +90,11 @@ fn literal(value: f64, is_float: bool, dtype: Option<Dtype>) -> Scalar {
 }
 
 fn cast(scalar: Scalar, dtype: Dtype) -> Scalar {
-    if scalar.dtype() == dtype { scalar } else { Scalar::Cast(Box::new(scalar), dtype) }
+    if scalar.dtype() == dtype {
+        scalar
+    } else {
+        Scalar::Cast(Box::new(scalar), dtype)
+    }
 }
 
 impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
@@ -92,7 +106,16 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         env: Env,
         locals: HashMap<String, Val>,
     ) -> Self {
-        Frame { lowerer, builder, instance, module, env, locals: vec![locals], indices: Vec::new(), generics: Vec::new() }
+        Frame {
+            lowerer,
+            builder,
+            instance,
+            module,
+            env,
+            locals: vec![locals],
+            indices: Vec::new(),
+            generics: Vec::new(),
+        }
     }
 
     /// Lowers a body; its value is what it returns.
@@ -168,7 +191,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         }
         let Some(instance) = &self.instance else { return Err(unsupported(span, "assignment to an unknown name")) };
         let path = format!("{}{}", instance.path, target.name);
-        let Some(&state) = self.lowerer.states.get(&path) else { return Err(unsupported(span, "assignment to an unknown name")) };
+        let Some(&state) = self.lowerer.states.get(&path) else {
+            return Err(unsupported(span, "assignment to an unknown name"));
+        };
         let value = self.tensor(value, span, Some(self.lowerer.model.states[state].dtype))?;
         self.builder.state_values.insert(state, value);
         if !self.builder.written.contains(&state) {
@@ -259,8 +284,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
 
     fn static_dim(&self, expr: &Expr) -> Option<Dim> {
         crate::sema::static_dim(expr, &|name| {
-            let shadowed = self.indices.iter().any(|(n, _)| *n == name.name) || self.locals.iter().any(|s| s.contains_key(&name.name));
-            if shadowed { None } else { self.env.dims.get(name.name.as_str()).cloned() }
+            let shadowed = self.indices.iter().any(|(n, _)| *n == name.name)
+                || self.locals.iter().any(|s| s.contains_key(&name.name));
+            if shadowed {
+                None
+            } else {
+                self.env.dims.get(name.name.as_str()).cloned()
+            }
         })
     }
 
@@ -283,14 +313,19 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             ExprKind::Int(value) => Ok(Val::Literal(*value as f64, false)),
             ExprKind::Float(value) => Ok(Val::Literal(*value, true)),
             ExprKind::Bool(value) => Ok(Val::Tensor(self.builder.compute(Vec::new(), Scalar::Bool(*value)))),
-            ExprKind::Name(name) => self.lookup(&name.name)?.ok_or_else(|| unsupported(name.span, format!("unknown name `{}`", name.name))),
+            ExprKind::Name(name) => {
+                self.lookup(&name.name)?.ok_or_else(|| unsupported(name.span, format!("unknown name `{}`", name.name)))
+            }
             ExprKind::Tuple(items) => Ok(Val::Tuple(items.iter().map(|item| self.expr(item)).collect::<Result<_>>()?)),
             ExprKind::Call { callee, generics, args } => self.call(callee, generics, args, expr.span),
             ExprKind::Method { receiver, method, generics, args } => {
                 let Val::Sub(instance) = self.expr(receiver)? else {
                     return Err(unsupported(receiver.span, "a method of something that is not a sub"));
                 };
-                let fn_id = *self.lowerer.program.blocks[instance.block].fns.get(&method.name).ok_or_else(|| unsupported(method.span, "unknown method"))?;
+                let fn_id = *self.lowerer.program.blocks[instance.block]
+                    .fns
+                    .get(&method.name)
+                    .ok_or_else(|| unsupported(method.span, "unknown method"))?;
                 let args = args.iter().map(|arg| self.expr(&arg.value)).collect::<Result<Vec<_>>>()?;
                 self.inline(fn_id, Some(instance), generics, args, expr.span)
             }
@@ -309,7 +344,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     (op, value) => {
                         let value = self.tensor(value, expr.span, None)?;
                         let op = if *op == UnOp::Neg { UnaryOp::Neg } else { UnaryOp::Not };
-                        Ok(Val::Tensor(self.map(&[value], |loads| Scalar::Unary(op, Box::new(loads[0].clone()), loads[0].dtype()))))
+                        Ok(Val::Tensor(
+                            self.map(&[value], |loads| Scalar::Unary(op, Box::new(loads[0].clone()), loads[0].dtype())),
+                        ))
                     }
                 }
             }
@@ -340,7 +377,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let b = self.tensor(b, span, dtype)?;
                 Ok(Val::Tensor(self.map(&[cond, a, b], |loads| {
                     let dtype = loads[1].dtype();
-                    Scalar::Select(Box::new(loads[0].clone()), Box::new(loads[1].clone()), Box::new(loads[2].clone()), dtype)
+                    Scalar::Select(
+                        Box::new(loads[0].clone()),
+                        Box::new(loads[1].clone()),
+                        Box::new(loads[2].clone()),
+                        dtype,
+                    )
                 })))
             }
         }
@@ -376,7 +418,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         let positions = own
             .iter()
             .enumerate()
-            .map(|(at, dim)| if dim.as_constant() == Some(1) { Scalar::Int(0, Dtype::I64) } else { Scalar::Index((offset + at) as u32, Dtype::I64) })
+            .map(|(at, dim)| {
+                if dim.as_constant() == Some(1) {
+                    Scalar::Int(0, Dtype::I64)
+                } else {
+                    Scalar::Index((offset + at) as u32, Dtype::I64)
+                }
+            })
             .collect();
         Scalar::Load(value, positions, self.builder.dtype(value))
     }
@@ -427,9 +475,16 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 IndexItem::Range(lo, hi, range_span) => {
                     let lo = lo.as_ref().map_or(Some(Dim::default()), |lo| self.static_dim(lo));
                     let hi = hi.as_ref().map_or(Some(dim.clone()), |hi| self.static_dim(hi));
-                    let (Some(lo), Some(hi)) = (lo, hi) else { return Err(unsupported(*range_span, "a slice bound known only at run time")) };
+                    let (Some(lo), Some(hi)) = (lo, hi) else {
+                        return Err(unsupported(*range_span, "a slice bound known only at run time"));
+                    };
                     let index = Scalar::Index(out_shape.len() as u32, Dtype::I64);
-                    positions.push(Scalar::Binary(BinaryOp::Add, Box::new(index), Box::new(Scalar::Dim(lo.clone())), Dtype::I64));
+                    positions.push(Scalar::Binary(
+                        BinaryOp::Add,
+                        Box::new(index),
+                        Box::new(Scalar::Dim(lo.clone())),
+                        Dtype::I64,
+                    ));
                     out_shape.push(hi.sub(&lo));
                 }
                 IndexItem::At(position) => match self.static_dim(position) {
@@ -440,7 +495,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                         positions.push(cast(Scalar::Load(value, Vec::new(), self.builder.dtype(value)), Dtype::I64));
                     }
                 },
-                IndexItem::Variadic(name) => return Err(unsupported(name.span, "a variadic index outside an index definition")),
+                IndexItem::Variadic(name) => {
+                    return Err(unsupported(name.span, "a variadic index outside an index definition"))
+                }
             }
         }
         let dtype = self.builder.dtype(base);
@@ -483,11 +540,18 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         Err(unsupported(span, "an element type that does not resolve"))
     }
 
-    fn call(&mut self, callee: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg], span: Span) -> Result<Val> {
+    fn call(
+        &mut self,
+        callee: &ast::Ident,
+        generics: &[ast::GenericArg],
+        args: &[ast::Arg],
+        span: Span,
+    ) -> Result<Val> {
         if crate::sema::builtin_names().contains(&callee.name.as_str()) {
             return self.builtin(callee, generics, args, span);
         }
-        let own = self.instance.as_ref().and_then(|i| self.lowerer.program.blocks[i.block].fns.get(&callee.name).copied());
+        let own =
+            self.instance.as_ref().and_then(|i| self.lowerer.program.blocks[i.block].fns.get(&callee.name).copied());
         let fn_id = match own {
             Some(id) => id,
             None => match self.lowerer.scope_item(self.module, &callee.name) {
@@ -502,7 +566,14 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
 
     /// Inlines a call: binds the callee's generics (given or from the
     /// arguments' shapes) and lowers its body; intrinsics become nodes.
-    fn inline(&mut self, fn_id: usize, instance: Option<Instance>, explicit: &[ast::GenericArg], args: Vec<Val>, span: Span) -> Result<Val> {
+    fn inline(
+        &mut self,
+        fn_id: usize,
+        instance: Option<Instance>,
+        explicit: &[ast::GenericArg],
+        args: Vec<Val>,
+        span: Span,
+    ) -> Result<Val> {
         let program = self.lowerer.program;
         let function = &program.fns[fn_id];
         let mut env = instance.as_ref().map_or_else(Env::default, |i| i.env.clone());
@@ -552,11 +623,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 }
             }
         }
-        let kernel = Intrinsic::library(program.module_name(function.module), &function.name).filter(|_| self.lowerer.lowering.library_kernels);
+        let kernel = Intrinsic::library(program.module_name(function.module), &function.name)
+            .filter(|_| self.lowerer.lowering.library_kernels);
         if function.decl.kind == ast::FnKind::Intrinsic || kernel.is_some() {
             let intrinsic = match kernel {
                 Some(kernel) => kernel,
-                None => Intrinsic::from_name(&function.name).ok_or_else(|| unsupported(span, format!("no intrinsic `{}`", function.name)))?,
+                None => Intrinsic::from_name(&function.name)
+                    .ok_or_else(|| unsupported(span, format!("no intrinsic `{}`", function.name)))?,
             };
             let (shape, dtype) = self.lowerer.tensor_type(&function.ret, &env, span)?;
             let mut values = Vec::new();
@@ -606,7 +679,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         items.iter().map(|item| self.static_dim(item).ok_or_else(|| unsupported(item.span, "not a dim"))).collect()
     }
 
-    fn builtin(&mut self, callee: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg], span: Span) -> Result<Val> {
+    fn builtin(
+        &mut self,
+        callee: &ast::Ident,
+        generics: &[ast::GenericArg],
+        args: &[ast::Arg],
+        span: Span,
+    ) -> Result<Val> {
         let positional: Vec<&Expr> = args.iter().filter(|a| a.name.is_none()).map(|a| &a.value).collect();
         let name = callee.name.as_str();
         match name {
@@ -619,8 +698,16 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             "permute" => {
                 let value = self.expr(positional[0])?;
                 let value = self.tensor(value, span, None)?;
-                let ExprKind::List(items) = &positional[1].kind else { return Err(unsupported(span, "permute takes a list")) };
-                let order: Vec<usize> = items.iter().map(|i| match i.kind { ExprKind::Int(v) => v as usize, _ => 0 }).collect();
+                let ExprKind::List(items) = &positional[1].kind else {
+                    return Err(unsupported(span, "permute takes a list"));
+                };
+                let order: Vec<usize> = items
+                    .iter()
+                    .map(|i| match i.kind {
+                        ExprKind::Int(v) => v as usize,
+                        _ => 0,
+                    })
+                    .collect();
                 let shape = self.builder.shape(value).to_vec();
                 let out_shape: Vec<Dim> = order.iter().map(|&at| shape[at].clone()).collect();
                 let mut positions = vec![Scalar::Int(0, Dtype::I64); shape.len()];
@@ -649,7 +736,8 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             }
             "iota" => {
                 let dtype = self.elem_arg(&generics[0], span)?;
-                let length = self.static_dim(positional[0]).ok_or_else(|| unsupported(span, "iota of a run-time length"))?;
+                let length =
+                    self.static_dim(positional[0]).ok_or_else(|| unsupported(span, "iota of a run-time length"))?;
                 Ok(Val::Tensor(self.builder.compute(vec![length], cast(Scalar::Index(0, Dtype::I64), dtype))))
             }
             "fill" => {
@@ -692,8 +780,15 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             "assert" => {
                 let cond = self.expr(positional[0])?;
                 let cond = self.tensor(cond, span, Some(Dtype::Bool))?;
-                let ExprKind::Str(message) = &positional[1].kind else { return Err(unsupported(span, "assert takes a message")) };
-                self.builder.push(Node { kind: NodeKind::Assert(cond, message.clone()), shape: Vec::new(), dtype: Dtype::Bool, source: None });
+                let ExprKind::Str(message) = &positional[1].kind else {
+                    return Err(unsupported(span, "assert takes a message"));
+                };
+                self.builder.push(Node {
+                    kind: NodeKind::Assert(cond, message.clone()),
+                    shape: Vec::new(),
+                    dtype: Dtype::Bool,
+                    source: None,
+                });
                 Ok(Val::Unit)
             }
             _ => {
@@ -752,7 +847,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             let positions = (0..first.len())
                 .map(|k| {
                     if k == axis {
-                        Scalar::Binary(BinaryOp::Sub, Box::new(index(k)), Box::new(Scalar::Dim(offset.clone())), Dtype::I64)
+                        Scalar::Binary(
+                            BinaryOp::Sub,
+                            Box::new(index(k)),
+                            Box::new(Scalar::Dim(offset.clone())),
+                            Dtype::I64,
+                        )
                     } else {
                         index(k)
                     }
@@ -763,7 +863,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         let last = parts.len() - 1;
         let mut scalar = load(parts[last], &offsets[last]);
         for at in (0..last).rev() {
-            let inside = Scalar::Binary(BinaryOp::Cmp(CmpOp::Lt), Box::new(index(axis)), Box::new(Scalar::Dim(offsets[at + 1].clone())), Dtype::Bool);
+            let inside = Scalar::Binary(
+                BinaryOp::Cmp(CmpOp::Lt),
+                Box::new(index(axis)),
+                Box::new(Scalar::Dim(offsets[at + 1].clone())),
+                Dtype::Bool,
+            );
             scalar = Scalar::Select(Box::new(inside), Box::new(load(parts[at], &offsets[at])), Box::new(scalar), dtype);
         }
         let mut shape = first;
@@ -872,9 +977,14 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 self.indices.push((index.name.name.clone(), IndexVar::One { id, extent: None }));
                 let body_elem = self.elem(body);
                 let (_, var) = self.indices.pop().expect("pushed above");
-                let acc = acc.as_ref().map(|acc| self.elem_arg(&ast::GenericArg::Dim(ast::DimExpr::Name(acc.clone())), expr.span)).transpose()?;
+                let acc = acc
+                    .as_ref()
+                    .map(|acc| self.elem_arg(&ast::GenericArg::Dim(ast::DimExpr::Name(acc.clone())), expr.span))
+                    .transpose()?;
                 let body_scalar = self.scalar(body_elem?, body.span, acc)?;
-                let IndexVar::One { extent: Some(extent), .. } = var else { return Err(unsupported(index.name.span, "a reduction index without a range")) };
+                let IndexVar::One { extent: Some(extent), .. } = var else {
+                    return Err(unsupported(index.name.span, "a reduction index without a range"));
+                };
                 let dtype = acc.unwrap_or(body_scalar.dtype());
                 let op = match op {
                     ast::Reduction::Sum => ReduceOp::Sum,
@@ -1007,7 +1117,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     let scalar = self.scalar(elem, position.span, Some(Dtype::I64))?;
                     positions.push(cast(scalar, Dtype::I64));
                 }
-                IndexItem::Full(s) | IndexItem::Range(_, _, s) => return Err(unsupported(*s, "a slice inside an index definition")),
+                IndexItem::Full(s) | IndexItem::Range(_, _, s) => {
+                    return Err(unsupported(*s, "a slice inside an index definition"))
+                }
             }
         }
         Ok(Scalar::Load(base, positions, dtype))
@@ -1019,16 +1131,19 @@ fn rename(scalar: Scalar, renames: &HashMap<u32, u32>) -> Scalar {
     let go = |s: Box<Scalar>| Box::new(rename(*s, renames));
     match scalar {
         Scalar::Index(id, dtype) => Scalar::Index(*renames.get(&id).unwrap_or(&id), dtype),
-        Scalar::Load(value, positions, dtype) => Scalar::Load(value, positions.into_iter().map(|p| rename(p, renames)).collect(), dtype),
+        Scalar::Load(value, positions, dtype) => {
+            Scalar::Load(value, positions.into_iter().map(|p| rename(p, renames)).collect(), dtype)
+        }
         Scalar::Unary(op, a, dtype) => Scalar::Unary(op, go(a), dtype),
         Scalar::Binary(op, a, b, dtype) => Scalar::Binary(op, go(a), go(b), dtype),
         Scalar::Select(c, a, b, dtype) => Scalar::Select(go(c), go(a), go(b), dtype),
         Scalar::Cast(a, dtype) => Scalar::Cast(go(a), dtype),
-        Scalar::Reduce { op, index, extent, body, dtype } => Scalar::Reduce { op, index, extent, body: go(body), dtype },
+        Scalar::Reduce { op, index, extent, body, dtype } => {
+            Scalar::Reduce { op, index, extent, body: go(body), dtype }
+        }
         other => other,
     }
 }
-
 
 /// The fewest leading input and output axes with equal element counts (the
 /// rest of both when none are fewer). Where one side is used up, the
@@ -1064,7 +1179,8 @@ fn group_positions(from: &[Dim], to: &[Dim], first: usize) -> Vec<Scalar> {
         flat = Some(match flat {
             None => index,
             Some(outer) => {
-                let scaled = Scalar::Binary(BinaryOp::Mul, Box::new(outer), Box::new(Scalar::Dim(dim.clone())), Dtype::I64);
+                let scaled =
+                    Scalar::Binary(BinaryOp::Mul, Box::new(outer), Box::new(Scalar::Dim(dim.clone())), Dtype::I64);
                 Scalar::Binary(BinaryOp::Add, Box::new(scaled), Box::new(index), Dtype::I64)
             }
         });
@@ -1078,8 +1194,16 @@ fn group_positions(from: &[Dim], to: &[Dim], first: usize) -> Vec<Scalar> {
     }
     let mut stride = Dim::constant(1);
     for &at in sized.iter().rev() {
-        let divided = if stride == one { flat.clone() } else { Scalar::Binary(BinaryOp::Div, Box::new(flat.clone()), Box::new(Scalar::Dim(stride.clone())), Dtype::I64) };
-        positions[at] = if at == sized[0] { divided } else { Scalar::Binary(BinaryOp::Rem, Box::new(divided), Box::new(Scalar::Dim(from[at].clone())), Dtype::I64) };
+        let divided = if stride == one {
+            flat.clone()
+        } else {
+            Scalar::Binary(BinaryOp::Div, Box::new(flat.clone()), Box::new(Scalar::Dim(stride.clone())), Dtype::I64)
+        };
+        positions[at] = if at == sized[0] {
+            divided
+        } else {
+            Scalar::Binary(BinaryOp::Rem, Box::new(divided), Box::new(Scalar::Dim(from[at].clone())), Dtype::I64)
+        };
         stride = stride.mul(&from[at]);
     }
     positions

@@ -10,13 +10,13 @@ mod env;
 mod expr;
 
 use crate::diagnostic::Diagnostic;
-use linnet_ir::{self as ir, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
-use linnet_ir::dim::{Dim, Symbol};
 use crate::sema::program::{ItemRef, Program};
-use linnet_ir::Dtype;
 use crate::sema::ty::Ty;
 use crate::source::{FileId, SourceMap, Span};
 pub use env::Env;
+use linnet_ir::dim::{Dim, Symbol};
+use linnet_ir::Dtype;
+use linnet_ir::{self as ir, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -71,7 +71,12 @@ impl Default for Lowering {
 }
 
 /// Lowers the root block named by the model card.
-pub fn lower(program: &Program, sources: &SourceMap, model_name: &str, lowering: Lowering) -> std::result::Result<Model, Vec<Diagnostic>> {
+pub fn lower(
+    program: &Program,
+    sources: &SourceMap,
+    model_name: &str,
+    lowering: Lowering,
+) -> std::result::Result<Model, Vec<Diagnostic>> {
     let mut diagnostics = Vec::new();
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
@@ -165,13 +170,16 @@ impl Lowerer<'_, '_> {
                     let count = instance.env.dim(count).as_constant().unwrap_or(0);
                     for index in 0..count {
                         let path = format!("{}{}.{index}.", instance.path, sub.name);
-                        let child = self.sub_instance(instance, at, path).ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
+                        let child = self
+                            .sub_instance(instance, at, path)
+                            .ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
                         self.collect(&child)?;
                     }
                 }
                 _ => {
                     let path = format!("{}{}.", instance.path, sub.name);
-                    let child = self.sub_instance(instance, at, path).ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
+                    let child =
+                        self.sub_instance(instance, at, path).ok_or_else(|| unsupported(sub.span, "unresolved sub"))?;
                     self.collect(&child)?;
                 }
             }
@@ -182,8 +190,12 @@ impl Lowerer<'_, '_> {
     pub fn tensor_type(&self, ty: &Ty, env: &Env, span: Span) -> Result<(Vec<Dim>, Dtype)> {
         match ty {
             Ty::Tensor(tensor) => {
-                let shape = env.shape(tensor).ok_or_else(|| unsupported(span, format!("the shape of `{ty}` is not known here")))?;
-                let dtype = env.elem(&tensor.elem).ok_or_else(|| unsupported(span, format!("the element type of `{ty}` is not known here")))?;
+                let shape = env
+                    .shape(tensor)
+                    .ok_or_else(|| unsupported(span, format!("the shape of `{ty}` is not known here")))?;
+                let dtype = env
+                    .elem(&tensor.elem)
+                    .ok_or_else(|| unsupported(span, format!("the element type of `{ty}` is not known here")))?;
                 Ok((shape, dtype))
             }
             other => Err(unsupported(span, format!("`{other}` is not a tensor"))),
@@ -209,7 +221,12 @@ impl Lowerer<'_, '_> {
         let requires = function
             .clauses
             .iter()
-            .map(|clause| Requirement { lhs: env.dim(&clause.lhs), op: clause.op, rhs: env.dim(&clause.rhs), text: clause.text.clone() })
+            .map(|clause| Requirement {
+                lhs: env.dim(&clause.lhs),
+                op: clause.op,
+                rhs: env.dim(&clause.rhs),
+                text: clause.text.clone(),
+            })
             .collect();
         let instance = Instance { env: env.clone(), ..root.clone() };
         let result = {
@@ -229,7 +246,8 @@ impl Lowerer<'_, '_> {
     fn locate(&mut self, span: Span) -> SourceAt {
         let file = self.sources.get(span.file);
         let (line, column) = file.line_column(span.start as usize);
-        let path = self.files.entry(span.file).or_insert_with(|| Rc::from(self.sources.path(span.file).display().to_string()));
+        let path =
+            self.files.entry(span.file).or_insert_with(|| Rc::from(self.sources.path(span.file).display().to_string()));
         SourceAt { file: Rc::clone(path), line: line as u32, column: column as u32 }
     }
 
@@ -247,7 +265,8 @@ fn flatten(value: Val, builder: &mut Builder, out: &mut Vec<Value>, span: Span) 
             }
         }
         Val::Literal(value, is_float) => {
-            let scalar = if is_float { Scalar::Float(value, Dtype::F32) } else { Scalar::Int(value as i64, Dtype::I64) };
+            let scalar =
+                if is_float { Scalar::Float(value, Dtype::F32) } else { Scalar::Int(value as i64, Dtype::I64) };
             out.push(builder.compute(Vec::new(), scalar));
         }
         other => return Err(unsupported(span, format!("an entry cannot return {other:?}"))),
@@ -321,7 +340,8 @@ impl Builder {
     fn finish_states(&mut self) {
         for state in std::mem::take(&mut self.written) {
             let value = self.state_values[&state];
-            let node = Node { kind: NodeKind::WriteState(state, value), shape: Vec::new(), dtype: Dtype::Bool, source: None };
+            let node =
+                Node { kind: NodeKind::WriteState(state, value), shape: Vec::new(), dtype: Dtype::Bool, source: None };
             self.push(node);
         }
     }

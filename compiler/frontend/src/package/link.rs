@@ -75,9 +75,16 @@ pub fn link(
                 Some(at) if same_dir(&members[at].dir, &dir) => at,
                 Some(at) => {
                     diagnostics.push(
-                        Diagnostic::error("package-error", dependency.path_span, format!("two packages named `{}`", found.name))
-                            .with_label(format!("this is `{}`", dir.display()))
-                            .with_note(format!("the other is `{}`; one load has one package of each name", members[at].dir.display())),
+                        Diagnostic::error(
+                            "package-error",
+                            dependency.path_span,
+                            format!("two packages named `{}`", found.name),
+                        )
+                        .with_label(format!("this is `{}`", dir.display()))
+                        .with_note(format!(
+                            "the other is `{}`; one load has one package of each name",
+                            members[at].dir.display()
+                        )),
                     );
                     members[dependent].unlinked.push(dependency.name);
                     continue;
@@ -121,8 +128,12 @@ fn read_dependency(
         Ok(text) => text,
         Err(error) => {
             diagnostics.push(
-                Diagnostic::error("package-error", dependency.path_span, format!("no Linnet package at `{}`", dir.display()))
-                    .with_label(format!("cannot read `{}`: {error}", manifest_path.display())),
+                Diagnostic::error(
+                    "package-error",
+                    dependency.path_span,
+                    format!("no Linnet package at `{}`", dir.display()),
+                )
+                .with_label(format!("cannot read `{}`: {error}", manifest_path.display())),
             );
             return None;
         }

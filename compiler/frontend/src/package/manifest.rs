@@ -136,15 +136,19 @@ pub fn parse_manifest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
         };
         if path_value.is_none() {
             diagnostics.push(
-                Diagnostic::error("package-error", Span::new(file, value.span()), format!("dependency `{}` has no path", name.get_ref()))
-                    .with_label("a dependency is a package on disk: `{ path = \"../other\" }`"),
+                Diagnostic::error(
+                    "package-error",
+                    Span::new(file, value.span()),
+                    format!("dependency `{}` has no path", name.get_ref()),
+                )
+                .with_label("a dependency is a package on disk: `{ path = \"../other\" }`"),
             );
         }
         if !valid_package_name(name.get_ref()) {
-            diagnostics.push(
-                Diagnostic::error("package-error", name_span, "invalid dependency name")
-                    .with_label("the dependency's package name: letters, digits and `_`, other than `std` and `crate`"),
-            );
+            diagnostics
+                .push(Diagnostic::error("package-error", name_span, "invalid dependency name").with_label(
+                    "the dependency's package name: letters, digits and `_`, other than `std` and `crate`",
+                ));
             continue;
         }
         dependencies.push(Dependency {

@@ -198,7 +198,8 @@ pub fn load(
     };
     let members = link::link(root, manifest.dependencies, options, sources, diagnostics);
     let stdlib = options.stdlib.clone().or_else(stdlib_dir);
-    let mut loader = modules::ModuleLoader { members: &members, stdlib, options, sources, diagnostics, modules: Vec::new() };
+    let mut loader =
+        modules::ModuleLoader { members: &members, stdlib, options, sources, diagnostics, modules: Vec::new() };
     loader.load_all(nest.as_ref().map(|nest| nest.source_span));
     let modules = loader.modules;
     Some(Package { nest, bindings, members, modules })

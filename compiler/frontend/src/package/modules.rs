@@ -103,7 +103,8 @@ impl ModuleLoader<'_> {
         let first = if first == "crate" { package } else { first };
         let qualified = if rest.is_empty() { first.to_string() } else { format!("{first}.{rest}") };
         let member = self.members.iter().find(|member| member.name == package);
-        let declared = first == "std" || first == package || member.is_some_and(|m| m.dependencies.iter().any(|d| d == first));
+        let declared =
+            first == "std" || first == package || member.is_some_and(|m| m.dependencies.iter().any(|d| d == first));
         if declared {
             return Some(qualified);
         }
@@ -111,7 +112,9 @@ impl ModuleLoader<'_> {
             return None;
         }
         let mut diagnostic = Diagnostic::error("unknown-module", path.span, format!("no package `{first}`"))
-            .with_label("modules come from `crate.…` (this package), `std.…`, or a package under `[dependencies]` in linnet.toml");
+            .with_label(
+            "modules come from `crate.…` (this package), `std.…`, or a package under `[dependencies]` in linnet.toml",
+        );
         if self.members.iter().any(|member| member.name == first) {
             diagnostic = diagnostic.with_note(format!(
                 "`{first}` is a dependency of another package here; declare it in `{package}`'s linnet.toml to use it"

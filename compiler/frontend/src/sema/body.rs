@@ -3,15 +3,15 @@
 //! the function. Each expression gets a [`Ty`]; a problem is reported once
 //! and the expression becomes [`Ty::Error`], which silences what follows.
 
-use linnet_ir::dim::Dim;
 use super::facts::Facts;
 use super::program::{bind_generic_args, GenericScope, GenericSig, ItemRef, Program};
 use super::suggest;
-use linnet_ir::Dtype;
 use super::ty::{compare, Axis, Elem, Subst, TensorTy, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, BinOp, CmpOp, Expr, ExprKind, GenericKind, IndexItem, Stmt, UnOp};
+use linnet_ir::dim::Dim;
+use linnet_ir::Dtype;
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,17 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         diagnostics: &'p mut Vec<Diagnostic>,
         analysis: &'p mut super::Analysis,
     ) -> Self {
-        BodyChecker { program, module, block, facts, generics, locals: vec![HashMap::new()], index_frames: Vec::new(), diagnostics, analysis }
+        BodyChecker {
+            program,
+            module,
+            block,
+            facts,
+            generics,
+            locals: vec![HashMap::new()],
+            index_frames: Vec::new(),
+            diagnostics,
+            analysis,
+        }
     }
 
     fn define(&mut self, used: Span, declared: Span) {
@@ -158,8 +168,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     Some(Ty::SubArray(sub, _)) => Ty::Sub(sub),
                     Some(Ty::Error) => Ty::Error,
                     Some(other) => self.error(
-                        Diagnostic::error("not-a-sub-array", over.span, format!("`static for` runs over an array of subs; `{}` is {}", over.name, other.describe()))
-                            .with_label("not a `sub name: [Block; N]`"),
+                        Diagnostic::error(
+                            "not-a-sub-array",
+                            over.span,
+                            format!("`static for` runs over an array of subs; `{}` is {}", over.name, other.describe()),
+                        )
+                        .with_label("not a `sub name: [Block; N]`"),
                     ),
                     None => self.unknown_name(over),
                 };
@@ -188,8 +202,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         }
         if let Err(mismatch) = compare(ret, found, &self.facts) {
             self.error(
-                Diagnostic::error(mismatch.code(), value.span, format!("returns `{found}` where the function returns `{ret}`"))
-                    .with_label(format!("this is `{found}`")),
+                Diagnostic::error(
+                    mismatch.code(),
+                    value.span,
+                    format!("returns `{found}` where the function returns `{ret}`"),
+                )
+                .with_label(format!("this is `{found}`")),
             );
         }
     }
@@ -206,8 +224,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Some(Local { kind, .. }) => {
                 let what = if *kind == LocalKind::Param { "a parameter" } else { "a `let`" };
                 self.error(
-                    Diagnostic::error("assign-to-immutable", target.span, format!("`{}` is {what} and cannot be assigned", target.name))
-                        .with_label("declare it with `var` to assign it"),
+                    Diagnostic::error(
+                        "assign-to-immutable",
+                        target.span,
+                        format!("`{}` is {what} and cannot be assigned", target.name),
+                    )
+                    .with_label("declare it with `var` to assign it"),
                 );
                 return;
             }
@@ -216,8 +238,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 None => {
                     if self.lookup_member(&target.name).is_some() {
                         self.error(
-                            Diagnostic::error("assign-to-immutable", target.span, format!("`{}` is not a state and cannot be assigned", target.name))
-                                .with_label("only `var`s and `state`s are assigned"),
+                            Diagnostic::error(
+                                "assign-to-immutable",
+                                target.span,
+                                format!("`{}` is not a state and cannot be assigned", target.name),
+                            )
+                            .with_label("only `var`s and `state`s are assigned"),
                         );
                     } else {
                         self.unknown_name(target);
@@ -247,12 +273,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     /// and where it is declared.
     fn member(&self, name: &str) -> Option<(&Ty, Span)> {
         let block = &self.program.blocks[self.block?];
-        block
-            .subs
-            .iter()
-            .find(|sub| sub.name == name)
-            .map(|sub| (&sub.ty, sub.name_span))
-            .or_else(|| block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, ty, span)| (ty, *span)))
+        block.subs.iter().find(|sub| sub.name == name).map(|sub| (&sub.ty, sub.name_span)).or_else(|| {
+            block.params.iter().chain(&block.states).find(|(n, _, _)| n == name).map(|(_, ty, span)| (ty, *span))
+        })
     }
 
     /// Where a member of the current block is declared.
@@ -293,8 +316,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         if let Some(var) = index_var {
             if var.variadic {
                 return self.error(
-                    Diagnostic::error("variadic-index", name.span, format!("`*{}` stands for several indices", name.name))
-                        .with_label(format!("write it as `x[*{}, ...]`", name.name)),
+                    Diagnostic::error(
+                        "variadic-index",
+                        name.span,
+                        format!("`*{}` stands for several indices", name.name),
+                    )
+                    .with_label(format!("write it as `x[*{}, ...]`", name.name)),
                 );
             }
             return Ty::scalar(Dtype::I64);
@@ -315,8 +342,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             return match generic.kind {
                 GenericKind::Dim => Ty::DimValue(Dim::generic(&name.name)),
                 kind => self.error(
-                    Diagnostic::error("kind-mismatch", name.span, format!("`{}` is a {kind:?} generic, not a value", name.name))
-                        .with_label("only a Dim generic can be used as a value"),
+                    Diagnostic::error(
+                        "kind-mismatch",
+                        name.span,
+                        format!("`{}` is a {kind:?} generic, not a value", name.name),
+                    )
+                    .with_label("only a Dim generic can be used as a value"),
                 ),
             };
         }
@@ -329,8 +360,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Some(ItemRef::Unresolved) => return Ty::Error,
             Some(_) => {
                 return self.error(
-                    Diagnostic::error("not-a-value", name.span, format!("`{}` is a function or block, not a value", name.name))
-                        .with_label("call it, or use it as a `sub`"),
+                    Diagnostic::error(
+                        "not-a-value",
+                        name.span,
+                        format!("`{}` is a function or block, not a value", name.name),
+                    )
+                    .with_label("call it, or use it as a `sub`"),
                 )
             }
             None => {}
@@ -373,11 +408,14 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ExprKind::Float(_) => Ty::Tensor(TensorTy::scalar(Elem::FloatLiteral)),
             ExprKind::Bool(_) => Ty::scalar(Dtype::Bool),
             ExprKind::Str(_) => self.error(
-                Diagnostic::error("type-error", expr.span, "a string is only a message argument").with_label("not a value"),
+                Diagnostic::error("type-error", expr.span, "a string is only a message argument")
+                    .with_label("not a value"),
             ),
             ExprKind::Name(name) => self.lookup_value(name),
             ExprKind::Call { callee, generics, args } => self.check_call(callee, generics, args, expr.span),
-            ExprKind::Method { receiver, method, generics, args } => self.check_method(receiver, method, generics, args),
+            ExprKind::Method { receiver, method, generics, args } => {
+                self.check_method(receiver, method, generics, args)
+            }
             ExprKind::Index { base, items } => self.check_index(base, items, expr.span),
             ExprKind::Unary(op, operand) => self.check_unary(*op, operand, expr.span),
             ExprKind::Binary(op, left, right) => {
@@ -394,16 +432,24 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 match compare(&then_ty, &otherwise_ty, &self.facts) {
                     Ok(()) => then_ty,
                     Err(mismatch) => self.error(
-                        Diagnostic::error(mismatch.code(), otherwise.span, format!("the branches of `if` differ: `{then_ty}` and `{otherwise_ty}`"))
-                            .with_label(format!("this is `{otherwise_ty}`"))
-                            .with_secondary(then.span, format!("this is `{then_ty}`")),
+                        Diagnostic::error(
+                            mismatch.code(),
+                            otherwise.span,
+                            format!("the branches of `if` differ: `{then_ty}` and `{otherwise_ty}`"),
+                        )
+                        .with_label(format!("this is `{otherwise_ty}`"))
+                        .with_secondary(then.span, format!("this is `{then_ty}`")),
                     ),
                 }
             }
             ExprKind::Tuple(items) => Ty::Tuple(items.iter().map(|item| self.check_expr(item)).collect()),
             ExprKind::List(_) => self.error(
-                Diagnostic::error("misplaced-list", expr.span, "a list is only an argument of `reshape`, `permute` or `fill`")
-                    .with_label("not a value"),
+                Diagnostic::error(
+                    "misplaced-list",
+                    expr.span,
+                    "a list is only an argument of `reshape`, `permute` or `fill`",
+                )
+                .with_label("not a value"),
             ),
             ExprKind::Error => Ty::Error,
         }
@@ -415,8 +461,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Tensor(t) if t.axes.is_empty() && t.elem.is_bool() => {}
             other => {
                 self.error(
-                    Diagnostic::error("type-mismatch", span, format!("{what} must be a `bool` scalar, found `{other}`"))
-                        .with_label(format!("this is `{other}`")),
+                    Diagnostic::error(
+                        "type-mismatch",
+                        span,
+                        format!("{what} must be a `bool` scalar, found `{other}`"),
+                    )
+                    .with_label(format!("this is `{other}`")),
                 );
             }
         }
@@ -447,8 +497,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Error => None,
             other => {
                 self.error(
-                    Diagnostic::error("type-mismatch", span, format!("{what} must be a tensor, found {}", other.describe()))
-                        .with_label("not a tensor"),
+                    Diagnostic::error(
+                        "type-mismatch",
+                        span,
+                        format!("{what} must be a tensor, found {}", other.describe()),
+                    )
+                    .with_label("not a tensor"),
                 );
                 None
             }
@@ -459,7 +513,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let left_ty = self.check_expr(left);
         let right_ty = self.check_expr(right);
         let what = format!("an operand of `{}`", op.symbol());
-        let (Some(a), Some(b)) = (self.as_tensor(left_ty, left.span, &what), self.as_tensor(right_ty, right.span, &what)) else {
+        let (Some(a), Some(b)) =
+            (self.as_tensor(left_ty, left.span, &what), self.as_tensor(right_ty, right.span, &what))
+        else {
             return Ty::Error;
         };
         let Some(elem) = a.elem.unify(&b.elem) else {
@@ -481,7 +537,8 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         };
         if !elem_ok {
             return self.error(
-                Diagnostic::error("type-mismatch", span, format!("`{}` does not apply to {elem}", op.symbol())).with_label(format!("operands are {elem}")),
+                Diagnostic::error("type-mismatch", span, format!("`{}` does not apply to {elem}", op.symbol()))
+                    .with_label(format!("operands are {elem}")),
             );
         }
         let Some(axes) = self.broadcast(&a, &b, span, op.symbol(), left.span, right.span) else { return Ty::Error };
@@ -491,7 +548,15 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
 
     /// NumPy broadcasting, decided on dims: axes align at the right; a pair
     /// must be equal, or one of them the constant 1; missing axes repeat.
-    pub(super) fn broadcast(&mut self, a: &TensorTy, b: &TensorTy, span: Span, op: &str, left: Span, right: Span) -> Option<Vec<Axis>> {
+    pub(super) fn broadcast(
+        &mut self,
+        a: &TensorTy,
+        b: &TensorTy,
+        span: Span,
+        op: &str,
+        left: Span,
+        right: Span,
+    ) -> Option<Vec<Axis>> {
         let rank = a.axes.len().max(b.axes.len());
         let mut axes = Vec::with_capacity(rank);
         for back in 1..=rank {
@@ -518,16 +583,28 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         Some(axes)
     }
 
-    fn shape_mismatch(&mut self, a: &TensorTy, b: &TensorTy, span: Span, op: &str, left: Span, right: Span) -> Option<Vec<Axis>> {
+    fn shape_mismatch(
+        &mut self,
+        a: &TensorTy,
+        b: &TensorTy,
+        span: Span,
+        op: &str,
+        left: Span,
+        right: Span,
+    ) -> Option<Vec<Axis>> {
         let shape = |t: &TensorTy| {
             let axes: Vec<String> = t.axes.iter().map(Axis::to_string).collect();
             format!("[{}]", axes.join(", "))
         };
         self.error(
-            Diagnostic::error("shape-mismatch", span, format!("`{op}` of shapes {} and {} that do not broadcast", shape(a), shape(b)))
-                .with_label("axes must be equal or 1, aligned at the right")
-                .with_secondary(left, shape(a))
-                .with_secondary(right, shape(b)),
+            Diagnostic::error(
+                "shape-mismatch",
+                span,
+                format!("`{op}` of shapes {} and {} that do not broadcast", shape(a), shape(b)),
+            )
+            .with_label("axes must be equal or 1, aligned at the right")
+            .with_secondary(left, shape(a))
+            .with_secondary(right, shape(b)),
         );
         None
     }
@@ -537,7 +614,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     fn check_index_definition(&mut self, vars: &[ast::IndexVar], body: &Expr) -> Ty {
         let frame = vars
             .iter()
-            .map(|var| IndexVar { name: var.name.name.clone(), variadic: var.variadic, span: var.name.span, range: None, poisoned: false })
+            .map(|var| IndexVar {
+                name: var.name.name.clone(),
+                variadic: var.variadic,
+                span: var.name.span,
+                range: None,
+                poisoned: false,
+            })
             .collect();
         self.index_frames.push(frame);
         let body_ty = self.check_expr(body);
@@ -549,8 +632,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Tensor(t) if t.axes.is_empty() => Some(t.elem),
             other => {
                 self.error(
-                    Diagnostic::error("index-body-not-scalar", body.span, format!("an index definition's body is one element, but this is `{other}`"))
-                        .with_label("index every axis, or reduce it with `sum[...]`"),
+                    Diagnostic::error(
+                        "index-body-not-scalar",
+                        body.span,
+                        format!("an index definition's body is one element, but this is `{other}`"),
+                    )
+                    .with_label("index every axis, or reduce it with `sum[...]`"),
                 );
                 None
             }
@@ -578,12 +665,23 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
 
     fn unbound_index(&mut self, var: &IndexVar) {
         self.error(
-            Diagnostic::error("unbound-index", var.span, format!("index `{}` has no range: it indexes no axis directly", var.name))
-                .with_label("use it as a position of some tensor, e.g. `x[.., " .to_string() + &var.name + ", ..]`"),
+            Diagnostic::error(
+                "unbound-index",
+                var.span,
+                format!("index `{}` has no range: it indexes no axis directly", var.name),
+            )
+            .with_label("use it as a position of some tensor, e.g. `x[.., ".to_string() + &var.name + ", ..]`"),
         );
     }
 
-    fn check_reduce(&mut self, op: ast::Reduction, acc: Option<&ast::Ident>, index: &ast::IndexVar, body: &Expr, span: Span) -> Ty {
+    fn check_reduce(
+        &mut self,
+        op: ast::Reduction,
+        acc: Option<&ast::Ident>,
+        index: &ast::IndexVar,
+        body: &Expr,
+        span: Span,
+    ) -> Ty {
         let acc_elem = acc.and_then(|acc| {
             let scope = GenericScope { layers: vec![&self.generics] };
             let mut diagnostics = Vec::new();
@@ -611,20 +709,29 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Error => return Ty::Error,
             other => {
                 return self.error(
-                    Diagnostic::error("index-body-not-scalar", body.span, format!("`{}` reduces one element at a time, but this is `{other}`", op.name()))
-                        .with_label("index every axis"),
+                    Diagnostic::error(
+                        "index-body-not-scalar",
+                        body.span,
+                        format!("`{}` reduces one element at a time, but this is `{other}`", op.name()),
+                    )
+                    .with_label("index every axis"),
                 )
             }
         };
         if !elem.is_numeric() {
             return self.error(
-                Diagnostic::error("type-mismatch", body.span, format!("`{}` needs numbers, found {elem}", op.name())).with_label("cast it to a number"),
+                Diagnostic::error("type-mismatch", body.span, format!("`{}` needs numbers, found {elem}", op.name()))
+                    .with_label("cast it to a number"),
             );
         }
         match acc_elem {
             Some(acc) if !elem.fits(&acc) => self.error(
-                Diagnostic::error("dtype-mismatch", span, format!("`{}<{acc}>` reduces {acc}, but the body is {elem}", op.name()))
-                    .with_label(format!("cast the body to {acc}")),
+                Diagnostic::error(
+                    "dtype-mismatch",
+                    span,
+                    format!("`{}<{acc}>` reduces {acc}, but the body is {elem}", op.name()),
+                )
+                .with_label(format!("cast the body to {acc}")),
             ),
             Some(acc) => Ty::Tensor(TensorTy::scalar(acc)),
             None => Ty::Tensor(TensorTy::scalar(elem)),
@@ -662,9 +769,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     var.poisoned = true;
                     let old_span = *old_span;
                     self.error(
-                        Diagnostic::error("index-range-mismatch", name.span, format!("`*{}` stands for different axes here and there", name.name))
-                            .with_label("these axes")
-                            .with_secondary(old_span, "differ from these"),
+                        Diagnostic::error(
+                            "index-range-mismatch",
+                            name.span,
+                            format!("`*{}` stands for different axes here and there", name.name),
+                        )
+                        .with_label("these axes")
+                        .with_secondary(old_span, "differ from these"),
                     );
                 }
             }
@@ -683,7 +794,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Error => return Ty::Error,
             other => {
                 return self.error(
-                    Diagnostic::error("type-mismatch", base.span, format!("only tensors are indexed; this is {}", other.describe())).with_label("not a tensor"),
+                    Diagnostic::error(
+                        "type-mismatch",
+                        base.span,
+                        format!("only tensors are indexed; this is {}", other.describe()),
+                    )
+                    .with_label("not a tensor"),
                 )
             }
         };
@@ -724,8 +840,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     self.bind_index(name, IndexRange::Shape(axes, name.span));
                 } else {
                     self.error(
-                        Diagnostic::error("unknown-name", name.span, format!("no variadic index `*{}` in scope", name.name))
-                            .with_label("declare it on the left: `let y[*s, ..] = ...`"),
+                        Diagnostic::error(
+                            "unknown-name",
+                            name.span,
+                            format!("no variadic index `*{}` in scope", name.name),
+                        )
+                        .with_label("declare it on the left: `let y[*s, ..] = ...`"),
                     );
                 }
                 continue;
@@ -785,8 +905,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         if let Some(at) = self.static_dim(position) {
             if !self.facts.proves(&at, CmpOp::Lt, dim) || !self.facts.proves(&at, CmpOp::Ge, &Dim::default()) {
                 self.error(
-                    Diagnostic::error("index-out-of-bounds", position.span, format!("cannot show that position {at} lies within an axis of {dim}"))
-                        .with_label(format!("needs 0 <= {at} < {dim}")),
+                    Diagnostic::error(
+                        "index-out-of-bounds",
+                        position.span,
+                        format!("cannot show that position {at} lies within an axis of {dim}"),
+                    )
+                    .with_label(format!("needs 0 <= {at} < {dim}")),
                 );
             }
             return;
@@ -797,20 +921,34 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::DimValue(_) => {}
             Ty::Tensor(t) if t.axes.is_empty() && t.elem.is_int() => {
                 self.error(
-                    Diagnostic::error("index-dtype", position.span, format!("a computed index is i64, found {}", t.elem))
-                        .with_label("cast it: `cast<i64>(...)`"),
+                    Diagnostic::error(
+                        "index-dtype",
+                        position.span,
+                        format!("a computed index is i64, found {}", t.elem),
+                    )
+                    .with_label("cast it: `cast<i64>(...)`"),
                 );
             }
             other => {
                 self.error(
-                    Diagnostic::error("index-dtype", position.span, format!("a position is an index, a dim or an i64 scalar, found `{other}`"))
-                        .with_label("not a position"),
+                    Diagnostic::error(
+                        "index-dtype",
+                        position.span,
+                        format!("a position is an index, a dim or an i64 scalar, found `{other}`"),
+                    )
+                    .with_label("not a position"),
                 );
             }
         }
     }
 
-    fn check_method(&mut self, receiver: &Expr, method: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg]) -> Ty {
+    fn check_method(
+        &mut self,
+        receiver: &Expr,
+        method: &ast::Ident,
+        generics: &[ast::GenericArg],
+        args: &[ast::Arg],
+    ) -> Ty {
         let receiver_ty = self.check_expr(receiver);
         let sub = match receiver_ty {
             Ty::Sub(sub) => sub,
@@ -826,8 +964,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
             other => {
                 return self.error(
-                    Diagnostic::error("not-a-block", receiver.span, format!("methods are called on subs; this is {}", other.describe()))
-                        .with_label("not a sub"),
+                    Diagnostic::error(
+                        "not-a-block",
+                        receiver.span,
+                        format!("methods are called on subs; this is {}", other.describe()),
+                    )
+                    .with_label("not a sub"),
                 )
             }
         };
@@ -835,9 +977,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let Some(&fn_id) = block.fns.get(&method.name) else {
             let hint = suggest::hint(&method.name, block.fns.keys().map(String::as_str));
             return self.error(
-                Diagnostic::error("unknown-method", method.span, format!("block `{}` has no function `{}`{hint}", block.name, method.name))
-                    .with_label("not found")
-                    .with_secondary(block.decl.name.span, "block defined here"),
+                Diagnostic::error(
+                    "unknown-method",
+                    method.span,
+                    format!("block `{}` has no function `{}`{hint}", block.name, method.name),
+                )
+                .with_label("not found")
+                .with_secondary(block.decl.name.span, "block defined here"),
             );
         };
         let function = &self.program.fns[fn_id];
@@ -890,8 +1036,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 names.extend(super::builtins::NAMES.iter().map(|n| n.to_string()));
                 let hint = suggest::hint(&callee.name, names.iter().map(String::as_str));
                 return self.error(
-                    Diagnostic::error("unknown-function", callee.span, format!("no function `{}` in scope{hint}", callee.name))
-                        .with_label("not defined, imported or built in"),
+                    Diagnostic::error(
+                        "unknown-function",
+                        callee.span,
+                        format!("no function `{}` in scope{hint}", callee.name),
+                    )
+                    .with_label("not defined, imported or built in"),
                 );
             }
         };
@@ -899,8 +1049,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         self.define(callee.span, declared);
         if self.program.fns[fn_id].is_entry() {
             return self.error(
-                Diagnostic::error("entry-call", callee.span, format!("`{}` is an entry; entries are called by the runtime, not by code", callee.name))
-                    .with_label("move the shared work into a `fn`"),
+                Diagnostic::error(
+                    "entry-call",
+                    callee.span,
+                    format!("`{}` is an entry; entries are called by the runtime, not by code", callee.name),
+                )
+                .with_label("move the shared work into a `fn`"),
             );
         }
         self.check_user_call(fn_id, Subst::default(), generics, args, callee.span, None)
@@ -937,21 +1091,35 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         if args.len() < params.len() {
             let missing: Vec<String> = params[args.len()..].iter().map(|(n, ty, _)| format!("`{n}: {ty}`")).collect();
             return self.error(
-                Diagnostic::error("missing-argument", span, format!("`{name}` takes {} argument(s), {} given: missing {}", params.len(), args.len(), missing.join(", ")))
-                    .with_label("too few arguments")
-                    .with_secondary(function.decl.name.span, format!("`{name}` defined here")),
+                Diagnostic::error(
+                    "missing-argument",
+                    span,
+                    format!(
+                        "`{name}` takes {} argument(s), {} given: missing {}",
+                        params.len(),
+                        args.len(),
+                        missing.join(", ")
+                    ),
+                )
+                .with_label("too few arguments")
+                .with_secondary(function.decl.name.span, format!("`{name}` defined here")),
             );
         }
         if args.len() > params.len() {
             return self.error(
-                Diagnostic::error("extra-argument", args[params.len()].value.span, format!("`{name}` takes {} argument(s), {} given", params.len(), args.len()))
-                    .with_label("unexpected argument")
-                    .with_secondary(function.decl.name.span, format!("`{name}` defined here")),
+                Diagnostic::error(
+                    "extra-argument",
+                    args[params.len()].value.span,
+                    format!("`{name}` takes {} argument(s), {} given", params.len(), args.len()),
+                )
+                .with_label("unexpected argument")
+                .with_secondary(function.decl.name.span, format!("`{name}` defined here")),
             );
         }
         let scope = GenericScope { layers: vec![&self.generics] };
         let mut diagnostics = Vec::new();
-        let Some(bound) = bind_generic_args(&function.generics, explicit, &scope, span, &name, false, &mut diagnostics) else {
+        let Some(bound) = bind_generic_args(&function.generics, explicit, &scope, span, &name, false, &mut diagnostics)
+        else {
             self.diagnostics.extend(diagnostics);
             return Ty::Error;
         };
@@ -962,14 +1130,19 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         for ((_, param_ty, _), (arg_ty, _)) in params.iter().zip(&arg_tys) {
             infer(param_ty, arg_ty, &own_generics, &mut subst);
         }
-        let unbound: Vec<&str> = function.generics.iter().filter(|g| !subst.is_bound(&g.name)).map(|g| &*g.name).collect();
+        let unbound: Vec<&str> =
+            function.generics.iter().filter(|g| !subst.is_bound(&g.name)).map(|g| &*g.name).collect();
         if !unbound.is_empty() {
             if arg_tys.iter().any(|(ty, _)| ty.is_error()) {
                 return Ty::Error;
             }
             return self.error(
-                Diagnostic::error("cannot-infer", span, format!("cannot infer {} of `{name}` from its arguments", unbound.join(", ")))
-                    .with_label(format!("give them explicitly: `{name}<...>(...)`")),
+                Diagnostic::error(
+                    "cannot-infer",
+                    span,
+                    format!("cannot infer {} of `{name}` from its arguments", unbound.join(", ")),
+                )
+                .with_label(format!("give them explicitly: `{name}<...>(...)`")),
             );
         }
         let mut arguments_fit = true;
@@ -978,9 +1151,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             if let Some(elem) = bound.filter(|elem| !elem.is_float()) {
                 arguments_fit = false;
                 self.error(
-                    Diagnostic::error("dtype-mismatch", span, format!("`{}` of `{name}` is a Float, but the arguments make it {elem}", generic.name))
-                        .with_label("cast the argument to a float type")
-                        .with_secondary(generic.span, "declared here"),
+                    Diagnostic::error(
+                        "dtype-mismatch",
+                        span,
+                        format!("`{}` of `{name}` is a Float, but the arguments make it {elem}", generic.name),
+                    )
+                    .with_label("cast the argument to a float type")
+                    .with_secondary(generic.span, "declared here"),
                 );
             }
         }
@@ -988,11 +1165,18 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             let expected = subst.ty(param_ty);
             if let Err(mismatch) = compare(&expected, arg_ty, &self.facts) {
                 arguments_fit = false;
-                let declared = if expected.to_string() != param_ty.to_string() { format!(" as `{param_ty}`") } else { String::new() };
-                let mut diagnostic =
-                    Diagnostic::error(mismatch.code(), *arg_span, format!("argument `{param_name}` of `{name}` must be `{expected}`, found `{arg_ty}`"))
-                        .with_label(format!("this is `{arg_ty}`"))
-                        .with_secondary(*param_span, format!("parameter declared here{declared}"));
+                let declared = if expected.to_string() != param_ty.to_string() {
+                    format!(" as `{param_ty}`")
+                } else {
+                    String::new()
+                };
+                let mut diagnostic = Diagnostic::error(
+                    mismatch.code(),
+                    *arg_span,
+                    format!("argument `{param_name}` of `{name}` must be `{expected}`, found `{arg_ty}`"),
+                )
+                .with_label(format!("this is `{arg_ty}`"))
+                .with_secondary(*param_span, format!("parameter declared here{declared}"));
                 if let Some(declared) = sub_declared {
                     diagnostic = diagnostic.with_secondary(declared, "the sub's generic arguments are declared here");
                 }
@@ -1018,7 +1202,11 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
         }
         // A broken `where` clause leaves the result's type well defined.
-        if arguments_fit { subst.ty(&function.ret) } else { Ty::Error }
+        if arguments_fit {
+            subst.ty(&function.ret)
+        } else {
+            Ty::Error
+        }
     }
 
     /// Resolves a generic argument that names an element type.
@@ -1032,7 +1220,10 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 elem
             }
             other => {
-                self.error(Diagnostic::error("kind-mismatch", other.span(), "expected an element type").with_label("not a dtype"));
+                self.error(
+                    Diagnostic::error("kind-mismatch", other.span(), "expected an element type")
+                        .with_label("not a dtype"),
+                );
                 None
             }
         }

@@ -3,15 +3,33 @@
 //! the elementwise math functions, `max`/`min`, options, and `assert`.
 
 use super::body::BodyChecker;
-use linnet_ir::dim::Dim;
 use super::ty::{compare, Axis, TensorTy, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, Expr, ExprKind, UnOp};
+use linnet_ir::dim::Dim;
 
 pub const NAMES: &[&str] = &[
-    "reshape", "permute", "concat", "iota", "fill", "cast", "select", "exp", "log", "rsqrt", "sqrt", "cos", "sin",
-    "tanh", "abs", "max", "min", "some", "unwrap_or", "assert",
+    "reshape",
+    "permute",
+    "concat",
+    "iota",
+    "fill",
+    "cast",
+    "select",
+    "exp",
+    "log",
+    "rsqrt",
+    "sqrt",
+    "cos",
+    "sin",
+    "tanh",
+    "abs",
+    "max",
+    "min",
+    "some",
+    "unwrap_or",
+    "assert",
 ];
 
 const FLOAT_FUNCTIONS: &[&str] = &["exp", "log", "rsqrt", "sqrt", "cos", "sin", "tanh"];
@@ -23,7 +41,13 @@ fn shape_text(axes: &[Axis]) -> String {
 
 impl BodyChecker<'_, '_> {
     /// `None` when `callee` is not a built-in.
-    pub(super) fn check_builtin(&mut self, callee: &ast::Ident, generics: &[ast::GenericArg], args: &[ast::Arg], span: Span) -> Option<Ty> {
+    pub(super) fn check_builtin(
+        &mut self,
+        callee: &ast::Ident,
+        generics: &[ast::GenericArg],
+        args: &[ast::Arg],
+        span: Span,
+    ) -> Option<Ty> {
         let name = callee.name.as_str();
         if !NAMES.contains(&name) {
             return None;
@@ -41,10 +65,20 @@ impl BodyChecker<'_, '_> {
         for arg in args {
             if let Some(label) = &arg.name {
                 if !(allows_axis && label.name == "axis") {
-                    return Some(self.error(
-                        Diagnostic::error("named-argument", label.span, format!("`{name}` has no argument `{}`", label.name))
-                            .with_label(if allows_axis { "only `axis = ...` is named" } else { "pass it by position" }),
-                    ));
+                    return Some(
+                        self.error(
+                            Diagnostic::error(
+                                "named-argument",
+                                label.span,
+                                format!("`{name}` has no argument `{}`", label.name),
+                            )
+                            .with_label(if allows_axis {
+                                "only `axis = ...` is named"
+                            } else {
+                                "pass it by position"
+                            }),
+                        ),
+                    );
                 }
             }
         }
@@ -57,14 +91,16 @@ impl BodyChecker<'_, '_> {
         };
         if let Some(arity) = arity {
             if positional.len() != arity {
-                return Some(self.error(
-                    Diagnostic::error(
-                        if positional.len() < arity { "missing-argument" } else { "extra-argument" },
-                        span,
-                        format!("`{name}` takes {arity} argument(s), {} given", positional.len()),
-                    )
-                    .with_label("in this call"),
-                ));
+                return Some(
+                    self.error(
+                        Diagnostic::error(
+                            if positional.len() < arity { "missing-argument" } else { "extra-argument" },
+                            span,
+                            format!("`{name}` takes {arity} argument(s), {} given", positional.len()),
+                        )
+                        .with_label("in this call"),
+                    ),
+                );
             }
         }
         Some(match name {
@@ -94,7 +130,12 @@ impl BodyChecker<'_, '_> {
     fn dims_list(&mut self, list: &Expr, function: &str) -> Option<Vec<Dim>> {
         let ExprKind::List(items) = &list.kind else {
             self.error(
-                Diagnostic::error("type-mismatch", list.span, format!("`{function}` takes a list of dims: `[B * S, H]`")).with_label("not a list"),
+                Diagnostic::error(
+                    "type-mismatch",
+                    list.span,
+                    format!("`{function}` takes a list of dims: `[B * S, H]`"),
+                )
+                .with_label("not a list"),
             );
             return None;
         };
@@ -154,12 +195,22 @@ impl BodyChecker<'_, '_> {
         };
         let Some(order) = order else {
             return self.error(
-                Diagnostic::error("bad-permutation", list.span, "`permute` takes a list of axis numbers: `[0, 2, 1, 3]`").with_label("not a list of integers"),
+                Diagnostic::error(
+                    "bad-permutation",
+                    list.span,
+                    "`permute` takes a list of axis numbers: `[0, 2, 1, 3]`",
+                )
+                .with_label("not a list of integers"),
             );
         };
         if !tensor.rank_known() {
             return self.error(
-                Diagnostic::error("bad-permutation", value.span, format!("`{tensor}` has a variadic shape; its axes cannot be permuted")).with_label("rank unknown"),
+                Diagnostic::error(
+                    "bad-permutation",
+                    value.span,
+                    format!("`{tensor}` has a variadic shape; its axes cannot be permuted"),
+                )
+                .with_label("rank unknown"),
             );
         }
         let mut sorted = order.clone();
@@ -187,15 +238,23 @@ impl BodyChecker<'_, '_> {
             },
             _ => None,
         });
-        let tensors: Vec<Option<TensorTy>> = parts.iter().map(|part| self.tensor_arg(part, "an argument of `concat`")).collect();
+        let tensors: Vec<Option<TensorTy>> =
+            parts.iter().map(|part| self.tensor_arg(part, "an argument of `concat`")).collect();
         let Some(axis) = axis else {
             return self.error(
-                Diagnostic::error("missing-argument", axis_arg.map_or(span, |e| e.span), "`concat` needs `axis = N`, an integer (negative counts from the end)")
-                    .with_label("give the axis"),
+                Diagnostic::error(
+                    "missing-argument",
+                    axis_arg.map_or(span, |e| e.span),
+                    "`concat` needs `axis = N`, an integer (negative counts from the end)",
+                )
+                .with_label("give the axis"),
             );
         };
         if parts.len() < 2 {
-            return self.error(Diagnostic::error("missing-argument", span, "`concat` joins two or more tensors").with_label("in this call"));
+            return self.error(
+                Diagnostic::error("missing-argument", span, "`concat` joins two or more tensors")
+                    .with_label("in this call"),
+            );
         }
         let Some(tensors) = tensors.into_iter().collect::<Option<Vec<_>>>() else { return Ty::Error };
         let first = &tensors[0];
@@ -203,8 +262,12 @@ impl BodyChecker<'_, '_> {
         let at = if axis < 0 { rank + axis } else { axis };
         if at < 0 || at >= rank || !matches!(first.axes[at as usize], Axis::Dim(_)) {
             return self.error(
-                Diagnostic::error("bad-axis", axis_arg.map_or(span, |e| e.span), format!("axis {axis} is not a fixed axis of `{first}`"))
-                    .with_label("out of range"),
+                Diagnostic::error(
+                    "bad-axis",
+                    axis_arg.map_or(span, |e| e.span),
+                    format!("axis {axis} is not a fixed axis of `{first}`"),
+                )
+                .with_label("out of range"),
             );
         }
         let at = at as usize;
@@ -212,8 +275,12 @@ impl BodyChecker<'_, '_> {
         for (part, tensor) in parts.iter().zip(&tensors) {
             if tensor.elem.unify(&first.elem).is_none() {
                 return self.error(
-                    Diagnostic::error("dtype-mismatch", part.span, format!("`concat` joins tensors of one element type: {} and {}", first.elem, tensor.elem))
-                        .with_label("cast it"),
+                    Diagnostic::error(
+                        "dtype-mismatch",
+                        part.span,
+                        format!("`concat` joins tensors of one element type: {} and {}", first.elem, tensor.elem),
+                    )
+                    .with_label("cast it"),
                 );
             }
             let same_rank = tensor.axes.len() == first.axes.len();
@@ -230,7 +297,11 @@ impl BodyChecker<'_, '_> {
                     Diagnostic::error(
                         "shape-mismatch",
                         part.span,
-                        format!("`concat` along axis {axis}: {} does not fit {}", shape_text(&tensor.axes), shape_text(&first.axes)),
+                        format!(
+                            "`concat` along axis {axis}: {} does not fit {}",
+                            shape_text(&tensor.axes),
+                            shape_text(&first.axes)
+                        ),
                     )
                     .with_label("every other axis must be equal")
                     .with_secondary(parts[0].span, shape_text(&first.axes)),
@@ -246,12 +317,16 @@ impl BodyChecker<'_, '_> {
     fn iota(&mut self, elem: &ast::GenericArg, count: &Expr) -> Ty {
         let elem = self.elem_arg(elem);
         let Some(length) = self.static_dim(count) else {
-            return self.error(Diagnostic::error("dynamic-shape", count.span, "`iota` takes a dim known before running").with_label("not a dim"));
+            return self.error(
+                Diagnostic::error("dynamic-shape", count.span, "`iota` takes a dim known before running")
+                    .with_label("not a dim"),
+            );
         };
         match elem {
             Some(elem) if elem.is_int() => Ty::Tensor(TensorTy { axes: vec![Axis::Dim(length)], elem }),
             Some(elem) => self.error(
-                Diagnostic::error("dtype-mismatch", count.span, format!("`iota` counts in i32 or i64, not {elem}")).with_label("use iota<i32> or iota<i64>"),
+                Diagnostic::error("dtype-mismatch", count.span, format!("`iota` counts in i32 or i64, not {elem}"))
+                    .with_label("use iota<i32> or iota<i64>"),
             ),
             None => Ty::Error,
         }
@@ -264,7 +339,12 @@ impl BodyChecker<'_, '_> {
         let (Some(elem), Some(dims), Some(value_ty)) = (elem, dims, value_ty) else { return Ty::Error };
         if !value_ty.axes.is_empty() || !value_ty.elem.fits(&elem) {
             return self.error(
-                Diagnostic::error("dtype-mismatch", value.span, format!("`fill<{elem}>` takes a {elem} scalar, found `{value_ty}`")).with_label("not a fitting scalar"),
+                Diagnostic::error(
+                    "dtype-mismatch",
+                    value.span,
+                    format!("`fill<{elem}>` takes a {elem} scalar, found `{value_ty}`"),
+                )
+                .with_label("not a fitting scalar"),
             );
         }
         Ty::Tensor(TensorTy { axes: dims.into_iter().map(Axis::Dim).collect(), elem })
@@ -285,7 +365,12 @@ impl BodyChecker<'_, '_> {
         let (Some(cond_ty), Ty::Tensor(values)) = (cond_ty, pair) else { return Ty::Error };
         if !cond_ty.elem.is_bool() {
             return self.error(
-                Diagnostic::error("dtype-mismatch", cond.span, format!("the condition of `select` is bool, found {}", cond_ty.elem)).with_label("compare to get a bool"),
+                Diagnostic::error(
+                    "dtype-mismatch",
+                    cond.span,
+                    format!("the condition of `select` is bool, found {}", cond_ty.elem),
+                )
+                .with_label("compare to get a bool"),
             );
         }
         match self.broadcast(&cond_ty, &values, span, "select", cond.span, then.span) {
@@ -301,14 +386,21 @@ impl BodyChecker<'_, '_> {
         let (Some(a), Some(b)) = (a, b) else { return Ty::Error };
         let Some(elem) = a.elem.unify(&b.elem) else {
             return self.error(
-                Diagnostic::error("dtype-mismatch", span, format!("`{name}` takes values of one element type, found {} and {}", a.elem, b.elem))
-                    .with_label("cast one side")
-                    .with_secondary(left.span, a.elem.to_string())
-                    .with_secondary(right.span, b.elem.to_string()),
+                Diagnostic::error(
+                    "dtype-mismatch",
+                    span,
+                    format!("`{name}` takes values of one element type, found {} and {}", a.elem, b.elem),
+                )
+                .with_label("cast one side")
+                .with_secondary(left.span, a.elem.to_string())
+                .with_secondary(right.span, b.elem.to_string()),
             );
         };
         if name != "select" && !elem.is_numeric() {
-            return self.error(Diagnostic::error("dtype-mismatch", span, format!("`{name}` takes numbers, found {elem}")).with_label("not a number"));
+            return self.error(
+                Diagnostic::error("dtype-mismatch", span, format!("`{name}` takes numbers, found {elem}"))
+                    .with_label("not a number"),
+            );
         }
         match self.broadcast(&a, &b, span, name, left.span, right.span) {
             Some(axes) => Ty::Tensor(TensorTy { axes, elem }),
@@ -322,8 +414,12 @@ impl BodyChecker<'_, '_> {
         if !fits {
             let wanted = if FLOAT_FUNCTIONS.contains(&name) { "a float" } else { "a number" };
             return self.error(
-                Diagnostic::error("dtype-mismatch", value.span, format!("`{name}` takes {wanted}, found {}", tensor.elem))
-                    .with_label(format!("cast it first, e.g. `{name}(cast<f32>(...))`")),
+                Diagnostic::error(
+                    "dtype-mismatch",
+                    value.span,
+                    format!("`{name}` takes {wanted}, found {}", tensor.elem),
+                )
+                .with_label(format!("cast it first, e.g. `{name}(cast<f32>(...))`")),
             );
         }
         Ty::Tensor(tensor)
@@ -338,14 +434,24 @@ impl BodyChecker<'_, '_> {
             Ty::Error => return Ty::Error,
             other => {
                 return self.error(
-                    Diagnostic::error("type-mismatch", option.span, format!("`unwrap_or` takes an option, found `{other}`")).with_label("not an option"),
+                    Diagnostic::error(
+                        "type-mismatch",
+                        option.span,
+                        format!("`unwrap_or` takes an option, found `{other}`"),
+                    )
+                    .with_label("not an option"),
                 )
             }
         };
         match compare(&inner, &default_ty, &self.facts) {
             Ok(()) => inner,
             Err(mismatch) => self.error(
-                Diagnostic::error(mismatch.code(), default.span, format!("the default must be `{inner}`, found `{default_ty}`")).with_label("does not fit the option"),
+                Diagnostic::error(
+                    mismatch.code(),
+                    default.span,
+                    format!("the default must be `{inner}`, found `{default_ty}`"),
+                )
+                .with_label("does not fit the option"),
             ),
         }
     }
@@ -354,7 +460,10 @@ impl BodyChecker<'_, '_> {
         let cond_ty = self.check_expr(cond);
         self.expect_bool_scalar(&cond_ty, cond.span, "an assertion");
         if !matches!(message.kind, ExprKind::Str(_)) {
-            return self.error(Diagnostic::error("type-mismatch", message.span, "`assert` takes a message string").with_label("expected \"...\""));
+            return self.error(
+                Diagnostic::error("type-mismatch", message.span, "`assert` takes a message string")
+                    .with_label("expected \"...\""),
+            );
         }
         Ty::Unit
     }

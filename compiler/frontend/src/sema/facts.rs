@@ -30,9 +30,8 @@ impl Facts {
         }
         let mut current = dim.clone();
         for _ in 0..8 {
-            let next = current.map_atoms(&mut |atom| {
-                self.rewrites.iter().find(|(from, _)| from == atom).map(|(_, to)| to.clone())
-            });
+            let next = current
+                .map_atoms(&mut |atom| self.rewrites.iter().find(|(from, _)| from == atom).map(|(_, to)| to.clone()));
             if next == current {
                 break;
             }
@@ -174,10 +173,7 @@ impl Facts {
             return true;
         }
         // dim = fact + rest with rest >= 0
-        let known = self
-            .nonnegative
-            .iter()
-            .any(|fact| self.lower_bound(&dim.sub(fact)).is_some_and(|low| low >= 0));
+        let known = self.nonnegative.iter().any(|fact| self.lower_bound(&dim.sub(fact)).is_some_and(|low| low >= 0));
         if known || depth == 0 {
             return known;
         }

@@ -4,11 +4,11 @@
 //! whose generics would need more than any machine holds is refused at the
 //! value that makes it so, with the size it would need.
 
-use linnet_ir::dim::{Dim, EvalError, Symbol};
 use super::instantiate::Values;
 use super::program::Program;
 use super::ty::{Axis, Elem, Ty};
 use crate::diagnostic::Diagnostic;
+use linnet_ir::dim::{Dim, EvalError, Symbol};
 
 /// The most bytes of parameters, or of states, an instantiation may need:
 /// 1 PiB, beyond any machine's memory and far within 64-bit sizes.
@@ -42,7 +42,11 @@ pub fn human_bytes(bytes: u128) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", units[unit]) }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
 }
 
 /// A dim's value; an overflow counts as larger than anything, a negative
@@ -117,7 +121,11 @@ pub fn check(program: &Program, root: usize, values: &Values, diagnostics: &mut 
         shrunk(a).total_cmp(&shrunk(b))
     });
     let needs = |what: &str, bytes: u128| {
-        format!("{what} would need {} ({bytes} bytes), more than the {} a model may have", human_bytes(bytes), human_bytes(MAX_BYTES))
+        format!(
+            "{what} would need {} ({bytes} bytes), more than the {} a model may have",
+            human_bytes(bytes),
+            human_bytes(MAX_BYTES)
+        )
     };
     let message = if footprint.param_bytes > MAX_BYTES {
         needs("the parameters", footprint.param_bytes)

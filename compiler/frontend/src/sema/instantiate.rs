@@ -5,15 +5,15 @@
 //! other block's clauses follow from the root's. Then `bindings.json` must
 //! name a checkpoint tensor for every parameter of this instantiation.
 
-use linnet_ir::dim::{Atom, Dim, Symbol};
 use super::program::{Clause, ItemRef, Program};
 use super::suggest;
-use linnet_ir::Dtype;
 use super::ty::{Elem, Subst, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::{Nest, NestValue};
 use crate::source::Span;
 use crate::syntax::ast::GenericKind;
+use linnet_ir::dim::{Atom, Dim, Symbol};
+use linnet_ir::Dtype;
 use std::collections::{BTreeSet, HashMap};
 
 /// Concrete generics: sizes and element types, with where each was given.
@@ -73,8 +73,12 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
 pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(usize, Values)> {
     let Some(nest) = &program.package.nest else {
         diagnostics.push(
-            Diagnostic::error("package-error", Span::new(program.package.modules.first()?.file, 0..0), "the package has no nest.toml")
-                .with_label("a model card names the root block and its generics"),
+            Diagnostic::error(
+                "package-error",
+                Span::new(program.package.modules.first()?.file, 0..0),
+                "the package has no nest.toml",
+            )
+            .with_label("a model card names the root block and its generics"),
         );
         return None;
     };
@@ -123,9 +127,13 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
             continue;
         };
         let bad = |expected: &str| {
-            Diagnostic::error("bad-generic-value", entry.value_span, format!("`{}` is a {:?}: {expected}, found {}", entry.name, generic.kind, entry.value))
-                .with_label(expected.to_string())
-                .with_secondary(generic.span, "declared here")
+            Diagnostic::error(
+                "bad-generic-value",
+                entry.value_span,
+                format!("`{}` is a {:?}: {expected}, found {}", entry.name, generic.kind, entry.value),
+            )
+            .with_label(expected.to_string())
+            .with_secondary(generic.span, "declared here")
         };
         match (generic.kind, &entry.value) {
             (GenericKind::Dim, NestValue::Int(size)) if *size >= 0 => {
@@ -159,9 +167,13 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
             }
             _ => {
                 diagnostics.push(
-                    Diagnostic::error("missing-generic", nest.generics_span, format!("[generics] gives no value for `{}`", generic.name))
-                        .with_label(format!("add `{} = ...`", generic.name))
-                        .with_secondary(generic.span, "declared here"),
+                    Diagnostic::error(
+                        "missing-generic",
+                        nest.generics_span,
+                        format!("[generics] gives no value for `{}`", generic.name),
+                    )
+                    .with_label(format!("add `{} = ...`", generic.name))
+                    .with_secondary(generic.span, "declared here"),
                 );
                 ok = false;
             }
@@ -169,7 +181,6 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
     }
     ok.then_some(values)
 }
-
 
 fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diagnostic>) {
     for clause in clauses {
@@ -221,8 +232,12 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
         let known = entries.iter().any(|f| f.generics.iter().any(|g| *g.name == entry.name));
         if !known {
             diagnostics.push(
-                Diagnostic::warning("unknown-check-dim", entry.name_span, format!("no entry of `{}` has a generic `{}`", block.name, entry.name))
-                    .with_label("not used"),
+                Diagnostic::warning(
+                    "unknown-check-dim",
+                    entry.name_span,
+                    format!("no entry of `{}` has a generic `{}`", block.name, entry.name),
+                )
+                .with_label("not used"),
             );
         }
     }
@@ -230,8 +245,12 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
         if !entries.iter().any(|f| &f.name == name) {
             let names = entries.iter().map(|f| f.name.as_str());
             diagnostics.push(
-                Diagnostic::error("unknown-entry", *span, format!("`{}` has no entry `{name}`{}", block.name, suggest::hint(name, names)))
-                    .with_label("not an entry of the root block"),
+                Diagnostic::error(
+                    "unknown-entry",
+                    *span,
+                    format!("`{}` has no entry `{name}`{}", block.name, suggest::hint(name, names)),
+                )
+                .with_label("not an entry of the root block"),
             );
         }
     }
@@ -245,8 +264,12 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
                     with_dims.spans.insert(generic.name.clone(), entry.value_span);
                 }
                 _ => diagnostics.push(
-                    Diagnostic::error("bad-generic-value", entry.value_span, format!("`{}` is a dim: expected a non-negative integer", entry.name))
-                        .with_label("not a size"),
+                    Diagnostic::error(
+                        "bad-generic-value",
+                        entry.value_span,
+                        format!("`{}` is a dim: expected a non-negative integer", entry.name),
+                    )
+                    .with_label("not a size"),
                 ),
             }
         }
@@ -256,7 +279,14 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
 
 /// Every parameter's path under the root, by walking the subs with
 /// concrete counts; with `structural`, array positions are written `#`.
-fn parameter_paths(program: &Program, block: usize, values: &Values, prefix: &str, structural: bool, out: &mut Vec<String>) {
+fn parameter_paths(
+    program: &Program,
+    block: usize,
+    values: &Values,
+    prefix: &str,
+    structural: bool,
+    out: &mut Vec<String>,
+) {
     let sig = &program.blocks[block];
     for (name, _, _) in &sig.params {
         out.push(format!("{prefix}{name}"));
@@ -270,7 +300,14 @@ fn parameter_paths(program: &Program, block: usize, values: &Values, prefix: &st
             }
             Ty::SubArray(_, count) => {
                 for index in 0..values.eval(count).unwrap_or(0) {
-                    parameter_paths(program, *target, &inner, &format!("{prefix}{}.{index}.", sub.name), structural, out);
+                    parameter_paths(
+                        program,
+                        *target,
+                        &inner,
+                        &format!("{prefix}{}.{index}.", sub.name),
+                        structural,
+                        out,
+                    );
                 }
             }
             _ => parameter_paths(program, *target, &inner, &format!("{prefix}{}.", sub.name), structural, out),
@@ -278,7 +315,13 @@ fn parameter_paths(program: &Program, block: usize, values: &Values, prefix: &st
     }
 }
 
-fn check_bindings(program: &Program, root: usize, values: &Values, bindings: &crate::package::Bindings, diagnostics: &mut Vec<Diagnostic>) {
+fn check_bindings(
+    program: &Program,
+    root: usize,
+    values: &Values,
+    bindings: &crate::package::Bindings,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
     let mut paths = Vec::new();
     parameter_paths(program, root, values, "", false, &mut paths);
     let mut shapes = Vec::new();
@@ -288,7 +331,11 @@ fn check_bindings(program: &Program, root: usize, values: &Values, bindings: &cr
     let missing: Vec<&String> = paths.iter().filter(|path| !bound.contains_key(path.as_str())).collect();
     if !missing.is_empty() {
         let shown: Vec<&str> = missing.iter().take(8).map(|p| p.as_str()).collect();
-        let more = if missing.len() > shown.len() { format!(" and {} more", missing.len() - shown.len()) } else { String::new() };
+        let more = if missing.len() > shown.len() {
+            format!(" and {} more", missing.len() - shown.len())
+        } else {
+            String::new()
+        };
         diagnostics.push(
             Diagnostic::error(
                 "missing-binding",
@@ -299,12 +346,17 @@ fn check_bindings(program: &Program, root: usize, values: &Values, bindings: &cr
         );
     }
     for (path, _, span) in &bindings.entries {
-        let structural: Vec<&str> = path.split('.').map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part }).collect();
+        let structural: Vec<&str> =
+            path.split('.').map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part }).collect();
         if !shapes.contains(&structural.join(".")) {
             let hint = suggest::hint(path, paths.iter().map(String::as_str));
             diagnostics.push(
-                Diagnostic::warning("unknown-binding", *span, format!("`{path}` is not a parameter of this model{hint}"))
-                    .with_label("binds nothing"),
+                Diagnostic::warning(
+                    "unknown-binding",
+                    *span,
+                    format!("`{path}` is not a parameter of this model{hint}"),
+                )
+                .with_label("binds nothing"),
             );
         }
     }

@@ -16,10 +16,10 @@ pub mod ty;
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
 use crate::source::Span;
-use linnet_ir::dim::Dim;
 use crate::syntax::ast::{self, FnKind, GenericKind};
 use body::BodyChecker;
 use facts::Facts;
+use linnet_ir::dim::Dim;
 use program::{Clause, Program};
 use ty::{compare, Ty};
 
@@ -127,13 +127,20 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     let decl = function.decl;
     match (decl.kind, function.block, &decl.body) {
         (FnKind::Entry, None, _) => diagnostics.push(
-            Diagnostic::error("misplaced-entry", decl.name.span, "an `entry` belongs to a block").with_label("move it into the model's root block"),
+            Diagnostic::error("misplaced-entry", decl.name.span, "an `entry` belongs to a block")
+                .with_label("move it into the model's root block"),
         ),
         (FnKind::Intrinsic, Some(_), _) => diagnostics.push(
-            Diagnostic::error("misplaced-intrinsic", decl.name.span, "an `intrinsic fn` is a free function").with_label("declare it outside any block"),
+            Diagnostic::error("misplaced-intrinsic", decl.name.span, "an `intrinsic fn` is a free function")
+                .with_label("declare it outside any block"),
         ),
         (FnKind::Intrinsic, None, Some(_)) => diagnostics.push(
-            Diagnostic::error("intrinsic-body", decl.name.span, "an `intrinsic fn` has no body: the compiler provides it").with_label("remove the body"),
+            Diagnostic::error(
+                "intrinsic-body",
+                decl.name.span,
+                "an `intrinsic fn` has no body: the compiler provides it",
+            )
+            .with_label("remove the body"),
         ),
         (FnKind::Fn | FnKind::Entry, _, None) => diagnostics.push(
             Diagnostic::error("missing-body", decl.name.span, format!("`{}` has no body", decl.name.name))
@@ -144,8 +151,12 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     if decl.kind == FnKind::Entry {
         for generic in decl.generics.iter().filter(|g| g.kind != GenericKind::Dim) {
             diagnostics.push(
-                Diagnostic::error("entry-generic", generic.span, "an entry's generics are dims, bound from its inputs when it is called")
-                    .with_label("not a Dim"),
+                Diagnostic::error(
+                    "entry-generic",
+                    generic.span,
+                    "an entry's generics are dims, bound from its inputs when it is called",
+                )
+                .with_label("not a Dim"),
             );
         }
     }
@@ -158,7 +169,8 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     }
     assume_all(&mut facts, &function.clauses);
     generics.extend(function.generics.iter().cloned());
-    let mut checker = BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, analysis);
+    let mut checker =
+        BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, analysis);
     for (name, ty, span) in &function.params {
         checker.bind_param(name, ty.clone(), *span);
     }
@@ -169,17 +181,27 @@ fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: 
     for (module_index, module) in program.package.modules.iter().enumerate() {
         for item in &module.ast.items {
             let ast::Item::Const(constant) = item else { continue };
-            let Some(program::ItemRef::Const(id)) = program.scopes[module_index].get(&constant.name.name) else { continue };
+            let Some(program::ItemRef::Const(id)) = program.scopes[module_index].get(&constant.name.name) else {
+                continue;
+            };
             let expected = program.consts[*id].ty.clone();
-            let mut checker = BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, analysis);
+            let mut checker =
+                BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, analysis);
             let found = checker.check_expr(&constant.value);
             let scalar = matches!(&expected, Ty::Tensor(t) if t.axes.is_empty());
             if !scalar && !expected.is_error() {
-                diagnostics.push(Diagnostic::error("type-error", constant.ty.span(), "a constant is a scalar").with_label("not a scalar type"));
+                diagnostics.push(
+                    Diagnostic::error("type-error", constant.ty.span(), "a constant is a scalar")
+                        .with_label("not a scalar type"),
+                );
             } else if let Err(mismatch) = compare(&expected, &found, &Facts::default()) {
                 diagnostics.push(
-                    Diagnostic::error(mismatch.code(), constant.value.span, format!("`{}` is `{expected}`, but its value is `{found}`", constant.name.name))
-                        .with_label(format!("this is `{found}`")),
+                    Diagnostic::error(
+                        mismatch.code(),
+                        constant.value.span,
+                        format!("`{}` is `{expected}`, but its value is `{found}`", constant.name.name),
+                    )
+                    .with_label(format!("this is `{found}`")),
                 );
             }
         }

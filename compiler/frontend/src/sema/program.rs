@@ -3,14 +3,14 @@
 //! imports), and every signature is resolved once, with dims normalized
 //! and generics known by kind. Bodies are checked later against this.
 
-use linnet_ir::dim::{Dim, Symbol};
 use super::suggest;
-use linnet_ir::Dtype;
-use super::ty::{Axis, Elem, Subst, SubTy, TensorTy, Ty};
+use super::ty::{Axis, Elem, SubTy, Subst, TensorTy, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
 use crate::source::Span;
 use crate::syntax::ast::{self, CmpOp, FnKind, GenericKind};
+use linnet_ir::dim::{Dim, Symbol};
+use linnet_ir::Dtype;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -165,9 +165,13 @@ pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut 
         Some(generic) if generic.kind == GenericKind::Float => Some(Elem::Generic(generic.name.clone())),
         Some(generic) => {
             diagnostics.push(
-                Diagnostic::error("kind-mismatch", ident.span, format!("`{}` is a dim, not an element type", ident.name))
-                    .with_label("an element type (bf16, f16, f32, i32, i64, bool or a Float generic) is expected here")
-                    .with_secondary(generic.span, "declared here"),
+                Diagnostic::error(
+                    "kind-mismatch",
+                    ident.span,
+                    format!("`{}` is a dim, not an element type", ident.name),
+                )
+                .with_label("an element type (bf16, f16, f32, i32, i64, bool or a Float generic) is expected here")
+                .with_secondary(generic.span, "declared here"),
             );
             None
         }
@@ -231,11 +235,17 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
         ast::TypeExpr::Named { name, args, span } => {
             if name.name == "Option" {
                 return match args.as_slice() {
-                    [ast::GenericArg::Type(inner)] => Ty::Option(Some(Box::new(resolve_type(inner, scope, diagnostics)))),
+                    [ast::GenericArg::Type(inner)] => {
+                        Ty::Option(Some(Box::new(resolve_type(inner, scope, diagnostics))))
+                    }
                     _ => {
                         diagnostics.push(
-                            Diagnostic::error("type-error", *span, "`Option` takes one tensor type: `Option<Tensor[...]>`")
-                                .with_label("expected one type argument"),
+                            Diagnostic::error(
+                                "type-error",
+                                *span,
+                                "`Option` takes one tensor type: `Option<Tensor[...]>`",
+                            )
+                            .with_label("expected one type argument"),
                         );
                         Ty::Error
                     }
@@ -253,7 +263,9 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
                 None => Ty::Error,
             }
         }
-        ast::TypeExpr::Tuple(items, _) => Ty::Tuple(items.iter().map(|item| resolve_type(item, scope, diagnostics)).collect()),
+        ast::TypeExpr::Tuple(items, _) => {
+            Ty::Tuple(items.iter().map(|item| resolve_type(item, scope, diagnostics)).collect())
+        }
         ast::TypeExpr::Error(_) => Ty::Error,
     }
 }
@@ -263,30 +275,45 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
     for generic in generics {
         if let Some(previous) = resolved.iter().find(|g| *g.name == generic.name.name) {
             diagnostics.push(
-                Diagnostic::error("duplicate-definition", generic.name.span, format!("generic `{}` is declared twice", generic.name.name))
-                    .with_label("declared again here")
-                    .with_secondary(previous.span, "first declared here"),
+                Diagnostic::error(
+                    "duplicate-definition",
+                    generic.name.span,
+                    format!("generic `{}` is declared twice", generic.name.name),
+                )
+                .with_label("declared again here")
+                .with_secondary(previous.span, "first declared here"),
             );
             continue;
         }
-        let default = generic.default.as_ref().and_then(|default| {
-            match (generic.kind, Dtype::parse(&default.name)) {
-                (GenericKind::Float, Some(dtype)) if dtype.is_float() => Some(Elem::Known(dtype)),
-                _ => {
-                    diagnostics.push(
-                        Diagnostic::error("type-error", default.span, format!("`{}` is not a default for a {:?}", default.name, generic.kind))
-                            .with_label("a Float generic defaults to bf16, f16 or f32"),
-                    );
-                    None
-                }
+        let default = generic.default.as_ref().and_then(|default| match (generic.kind, Dtype::parse(&default.name)) {
+            (GenericKind::Float, Some(dtype)) if dtype.is_float() => Some(Elem::Known(dtype)),
+            _ => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "type-error",
+                        default.span,
+                        format!("`{}` is not a default for a {:?}", default.name, generic.kind),
+                    )
+                    .with_label("a Float generic defaults to bf16, f16 or f32"),
+                );
+                None
             }
         });
-        resolved.push(GenericSig { name: Rc::from(generic.name.name.as_str()), kind: generic.kind, default, span: generic.name.span });
+        resolved.push(GenericSig {
+            name: Rc::from(generic.name.name.as_str()),
+            kind: generic.kind,
+            default,
+            span: generic.name.span,
+        });
     }
     resolved
 }
 
-fn resolve_clauses(clauses: &[ast::WhereClause], scope: &GenericScope, diagnostics: &mut Vec<Diagnostic>) -> Vec<Clause> {
+fn resolve_clauses(
+    clauses: &[ast::WhereClause],
+    scope: &GenericScope,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<Clause> {
     clauses
         .iter()
         .filter_map(|clause| {
@@ -395,7 +422,9 @@ impl<'a> Program<'a> {
                         });
                         (ItemRef::Block(id), decl.is_pub)
                     }
-                    ast::Item::Fn(function) => (ItemRef::Fn(self.add_fn(module_index, None, function)), function.is_pub),
+                    ast::Item::Fn(function) => {
+                        (ItemRef::Fn(self.add_fn(module_index, None, function)), function.is_pub)
+                    }
                     ast::Item::Const(constant) => {
                         self.consts.push(ConstSig { ty: Ty::Error, span: constant.name.span });
                         (ItemRef::Const(self.consts.len() - 1), constant.is_pub)
@@ -458,8 +487,12 @@ impl<'a> Program<'a> {
                         Some((_, false)) => {
                             self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
                             diagnostics.push(
-                                Diagnostic::error("private-item", name.span, format!("`{}` is private to `{qualified}`", name.name))
-                                    .with_label("declare it `pub` to use it from another module"),
+                                Diagnostic::error(
+                                    "private-item",
+                                    name.span,
+                                    format!("`{}` is private to `{qualified}`", name.name),
+                                )
+                                .with_label("declare it `pub` to use it from another module"),
                             )
                         }
                         None => {
@@ -469,7 +502,11 @@ impl<'a> Program<'a> {
                                 Diagnostic::error(
                                     "unknown-import",
                                     name.span,
-                                    format!("`{qualified}` has no item `{}`{}", name.name, suggest::hint(&name.name, public)),
+                                    format!(
+                                        "`{qualified}` has no item `{}`{}",
+                                        name.name,
+                                        suggest::hint(&name.name, public)
+                                    ),
                                 )
                                 .with_label("not found in that module"),
                             );
@@ -495,7 +532,9 @@ impl<'a> Program<'a> {
             let mut seen: HashMap<&str, Span> = HashMap::new();
             for member in &decl.members {
                 let name = match member {
-                    ast::Member::Sub { name, .. } | ast::Member::Param { name, .. } | ast::Member::State { name, .. } => name,
+                    ast::Member::Sub { name, .. }
+                    | ast::Member::Param { name, .. }
+                    | ast::Member::State { name, .. } => name,
                     ast::Member::Fn(function) => &function.name,
                 };
                 if let Some(first) = seen.insert(&name.name, name.span) {
@@ -505,11 +544,14 @@ impl<'a> Program<'a> {
                 }
                 match member {
                     ast::Member::Sub { name, block, args, count, span, .. } => {
-                        let target = self.resolve_sub(self.blocks[block_id].module, block, args, &scope, *span, diagnostics);
+                        let target =
+                            self.resolve_sub(self.blocks[block_id].module, block, args, &scope, *span, diagnostics);
                         let count = count.as_ref().map(|count| resolve_dim(count, &scope, diagnostics));
                         let ty = match (&target, count) {
                             (Some((block, args)), None) => Ty::Sub(SubTy { block: *block, args: args.clone() }),
-                            (Some((block, args)), Some(Some(count))) => Ty::SubArray(SubTy { block: *block, args: args.clone() }, count),
+                            (Some((block, args)), Some(Some(count))) => {
+                                Ty::SubArray(SubTy { block: *block, args: args.clone() }, count)
+                            }
                             _ => Ty::Error,
                         };
                         if let Some((block_id, _)) = &target {
@@ -556,7 +598,9 @@ impl<'a> Program<'a> {
         for (module_index, module) in self.package.modules.iter().enumerate() {
             for item in &module.ast.items {
                 if let ast::Item::Const(constant) = item {
-                    let Some((ItemRef::Const(id), _)) = self.items[module_index].get(&constant.name.name) else { continue };
+                    let Some((ItemRef::Const(id), _)) = self.items[module_index].get(&constant.name.name) else {
+                        continue;
+                    };
                     let scope = GenericScope { layers: Vec::new() };
                     self.consts[*id].ty = resolve_type(&constant.ty, &scope, diagnostics);
                 }
@@ -600,7 +644,16 @@ impl<'a> Program<'a> {
                 return None;
             }
         };
-        bind_generic_args(&self.blocks[target].generics, args, scope, span, &self.blocks[target].name, true, diagnostics).map(|subst| (target, subst))
+        bind_generic_args(
+            &self.blocks[target].generics,
+            args,
+            scope,
+            span,
+            &self.blocks[target].name,
+            true,
+            diagnostics,
+        )
+        .map(|subst| (target, subst))
     }
 }
 
@@ -644,8 +697,12 @@ pub fn bind_generic_args(
                     }
                     Some(elem) => {
                         diagnostics.push(
-                            Diagnostic::error("kind-mismatch", ident.span, format!("`{}` of `{callee}` is a Float, not {elem}", generic.name))
-                                .with_label("expected bf16, f16, f32 or a Float generic"),
+                            Diagnostic::error(
+                                "kind-mismatch",
+                                ident.span,
+                                format!("`{}` of `{callee}` is a Float, not {elem}", generic.name),
+                            )
+                            .with_label("expected bf16, f16, f32 or a Float generic"),
                         );
                         ok = false;
                     }
@@ -654,9 +711,13 @@ pub fn bind_generic_args(
             }
             (kind, arg) => {
                 diagnostics.push(
-                    Diagnostic::error("kind-mismatch", arg.span(), format!("generic `{}` of `{callee}` is a {kind:?}", generic.name))
-                        .with_label(format!("expected a {kind:?} here"))
-                        .with_secondary(generic.span, "declared here"),
+                    Diagnostic::error(
+                        "kind-mismatch",
+                        arg.span(),
+                        format!("generic `{}` of `{callee}` is a {kind:?}", generic.name),
+                    )
+                    .with_label(format!("expected a {kind:?} here"))
+                    .with_secondary(generic.span, "declared here"),
                 );
                 ok = false;
             }

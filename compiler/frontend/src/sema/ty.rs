@@ -3,9 +3,9 @@
 //! sub-blocks. A scalar is a tensor of rank 0. [`Subst`] maps a callee's
 //! generics to the caller's dims, shapes and element types.
 
+use super::facts::Facts;
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
-use super::facts::Facts;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -52,9 +52,7 @@ impl Elem {
     pub fn unify(&self, other: &Elem) -> Option<Elem> {
         match (self, other) {
             (a, b) if a == b => Some(a.clone()),
-            (Elem::IntLiteral, Elem::FloatLiteral) | (Elem::FloatLiteral, Elem::IntLiteral) => {
-                Some(Elem::FloatLiteral)
-            }
+            (Elem::IntLiteral, Elem::FloatLiteral) | (Elem::FloatLiteral, Elem::IntLiteral) => Some(Elem::FloatLiteral),
             (Elem::IntLiteral, b) | (b, Elem::IntLiteral) if b.is_numeric() => Some(b.clone()),
             (Elem::FloatLiteral, b) | (b, Elem::FloatLiteral) if b.is_float() => Some(b.clone()),
             _ => None,
@@ -216,9 +214,10 @@ impl Subst {
     pub fn dim(&self, dim: &Dim) -> Dim {
         dim.map_atoms(&mut |atom| match atom {
             Atom::Generic(name) => self.dims.get(name).cloned(),
-            Atom::ShapeSize(name) => self.shapes.get(name).map(|axes| {
-                TensorTy { axes: axes.clone(), elem: Elem::IntLiteral }.element_count()
-            }),
+            Atom::ShapeSize(name) => self
+                .shapes
+                .get(name)
+                .map(|axes| TensorTy { axes: axes.clone(), elem: Elem::IntLiteral }.element_count()),
             _ => None,
         })
     }

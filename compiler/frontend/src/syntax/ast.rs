@@ -119,7 +119,11 @@ pub enum DimExpr {
 impl std::fmt::Display for DimExpr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         fn precedence(op: DimOp) -> u8 {
-            if matches!(op, DimOp::Add | DimOp::Sub) { 1 } else { 2 }
+            if matches!(op, DimOp::Add | DimOp::Sub) {
+                1
+            } else {
+                2
+            }
         }
         match self {
             DimExpr::Int(value, _) => write!(f, "{value}"),
@@ -178,9 +182,17 @@ impl GenericArg {
 #[derive(Clone, Debug)]
 pub enum TypeExpr {
     /// `Tensor[D0, D1, *S; dtype]`
-    Tensor { dims: Vec<DimItem>, elem: Ident, span: Span },
+    Tensor {
+        dims: Vec<DimItem>,
+        elem: Ident,
+        span: Span,
+    },
     /// `i32`, `f32`, `T`, `Option<...>`, `Linear<H, Out, T>`
-    Named { name: Ident, args: Vec<GenericArg>, span: Span },
+    Named {
+        name: Ident,
+        args: Vec<GenericArg>,
+        span: Span,
+    },
     Tuple(Vec<TypeExpr>, Span),
     Error(Span),
 }
@@ -208,9 +220,26 @@ pub struct BlockDecl {
 #[derive(Clone, Debug)]
 pub enum Member {
     /// `sub name: Block<...>` or `sub name: [Block<...>; N]`
-    Sub { doc: Option<String>, name: Ident, block: Ident, args: Vec<GenericArg>, count: Option<DimExpr>, span: Span },
-    Param { doc: Option<String>, name: Ident, ty: TypeExpr, span: Span },
-    State { doc: Option<String>, name: Ident, ty: TypeExpr, span: Span },
+    Sub {
+        doc: Option<String>,
+        name: Ident,
+        block: Ident,
+        args: Vec<GenericArg>,
+        count: Option<DimExpr>,
+        span: Span,
+    },
+    Param {
+        doc: Option<String>,
+        name: Ident,
+        ty: TypeExpr,
+        span: Span,
+    },
+    State {
+        doc: Option<String>,
+        name: Ident,
+        ty: TypeExpr,
+        span: Span,
+    },
     Fn(FnDecl),
 }
 

@@ -46,7 +46,12 @@ fn unclosed(token: &Token, span: Span) -> Diagnostic {
 
 /// Closes what `opened` leaves open down to (not including) the first
 /// `{`, reporting each, with zero-width closers at `at`.
-fn close_brackets(opened: &mut Vec<(Token, Span)>, at: Span, out: &mut Vec<(Token, Span)>, diagnostics: &mut Vec<Diagnostic>) {
+fn close_brackets(
+    opened: &mut Vec<(Token, Span)>,
+    at: Span,
+    out: &mut Vec<(Token, Span)>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
     while let Some((token, span)) = opened.last().cloned() {
         if token == Token::LBrace {
             break;
@@ -64,7 +69,10 @@ pub fn balance(tokens: Vec<(Token, Span)>, end: Span, diagnostics: &mut Vec<Diag
     let mut stray: Option<Span> = None;
     let flush_stray = |stray: &mut Option<Span>, diagnostics: &mut Vec<Diagnostic>| {
         if let Some(span) = stray.take() {
-            diagnostics.push(Diagnostic::error("syntax-error", span, "unmatched closing bracket").with_label("nothing open to close here"));
+            diagnostics.push(
+                Diagnostic::error("syntax-error", span, "unmatched closing bracket")
+                    .with_label("nothing open to close here"),
+            );
         }
     };
     for (token, span) in tokens {
@@ -75,7 +83,10 @@ pub fn balance(tokens: Vec<(Token, Span)>, end: Span, diagnostics: &mut Vec<Diag
                     while opened.len() > at + 1 {
                         let (inner, inner_span) = opened.pop().expect("above the match");
                         diagnostics.push(unclosed(&inner, inner_span));
-                        out.push((closer(&inner).expect("an opener"), Span { file: span.file, start: span.start, end: span.start }));
+                        out.push((
+                            closer(&inner).expect("an opener"),
+                            Span { file: span.file, start: span.start, end: span.start },
+                        ));
                     }
                     opened.pop();
                     flush_stray(&mut stray, diagnostics);

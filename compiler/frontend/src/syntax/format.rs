@@ -29,10 +29,16 @@ pub fn format(text: &str) -> Option<String> {
     let mut pieces: Vec<(u32, Piece)> = lexed
         .tokens
         .into_iter()
-        .map(|(token, span)| (span.start, Piece { text: text[span.range()].to_string(), token: Some(token), line: line_of(span.start) }))
+        .map(|(token, span)| {
+            (span.start, Piece { text: text[span.range()].to_string(), token: Some(token), line: line_of(span.start) })
+        })
         .collect();
     pieces.extend(lexed.comments.into_iter().map(|comment| {
-        let piece = Piece { text: text[comment.span.range()].trim_end().to_string(), token: None, line: line_of(comment.span.start) };
+        let piece = Piece {
+            text: text[comment.span.range()].trim_end().to_string(),
+            token: None,
+            line: line_of(comment.span.start),
+        };
         (comment.span.start, piece)
     }));
     pieces.sort_by_key(|(start, _)| *start);
@@ -65,8 +71,18 @@ fn opens_generics(pieces: &[Piece], at: usize) -> bool {
                 }
             }
             Some(
-                Token::LBrace | Token::RBrace | Token::EqEq | Token::NotEq | Token::Le | Token::Ge | Token::AndAnd
-                | Token::OrOr | Token::Let | Token::Var | Token::Return | Token::RParen,
+                Token::LBrace
+                | Token::RBrace
+                | Token::EqEq
+                | Token::NotEq
+                | Token::Le
+                | Token::Ge
+                | Token::AndAnd
+                | Token::OrOr
+                | Token::Let
+                | Token::Var
+                | Token::Return
+                | Token::RParen,
             ) => return false,
             _ => {}
         }
@@ -89,7 +105,8 @@ enum Open {
 }
 
 fn layout(pieces: &[Piece]) -> String {
-    let generic_openers: Vec<bool> = (0..pieces.len()).map(|at| pieces[at].token == Some(Token::Lt) && opens_generics(pieces, at)).collect();
+    let generic_openers: Vec<bool> =
+        (0..pieces.len()).map(|at| pieces[at].token == Some(Token::Lt) && opens_generics(pieces, at)).collect();
     let mut generic_closers = vec![false; pieces.len()];
     {
         let mut stack = Vec::new();
@@ -169,8 +186,19 @@ fn ends_incomplete(token: &Option<Token>) -> bool {
     matches!(
         token,
         Some(
-            Token::Assign | Token::Plus | Token::Minus | Token::Star | Token::Slash | Token::Percent | Token::AndAnd | Token::OrOr
-                | Token::EqEq | Token::NotEq | Token::Le | Token::Ge | Token::Arrow
+            Token::Assign
+                | Token::Plus
+                | Token::Minus
+                | Token::Star
+                | Token::Slash
+                | Token::Percent
+                | Token::AndAnd
+                | Token::OrOr
+                | Token::EqEq
+                | Token::NotEq
+                | Token::Le
+                | Token::Ge
+                | Token::Arrow
         )
     )
 }
@@ -205,7 +233,14 @@ fn prefix_position(pieces: &[Piece], at: usize, generic_closers: &[bool]) -> boo
 
 /// `inner`: the innermost bracket open before `right` (the one `right`
 /// closes, if it is a closer).
-fn space_between(pieces: &[Piece], left: usize, right: usize, inner: Option<Open>, generic_openers: &[bool], generic_closers: &[bool]) -> bool {
+fn space_between(
+    pieces: &[Piece],
+    left: usize,
+    right: usize,
+    inner: Option<Open>,
+    generic_openers: &[bool],
+    generic_closers: &[bool],
+) -> bool {
     let (a, b) = (&pieces[left].token, &pieces[right].token);
     // A comment after code on its line.
     let Some(b) = b else { return true };
@@ -216,7 +251,15 @@ fn space_between(pieces: &[Piece], left: usize, right: usize, inner: Option<Open
     if generic_closers[left] {
         return !matches!(
             b,
-            Token::LParen | Token::LBracket | Token::Comma | Token::Semi | Token::RParen | Token::RBracket | Token::Gt | Token::Dot | Token::ColonColon
+            Token::LParen
+                | Token::LBracket
+                | Token::Comma
+                | Token::Semi
+                | Token::RParen
+                | Token::RBracket
+                | Token::Gt
+                | Token::Dot
+                | Token::ColonColon
         );
     }
     match (a, b) {

@@ -201,12 +201,8 @@ pub fn lex(file: FileId, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Lexed
             Ok(Token::Comment(text)) => comments.push(Comment { text, span }),
             Ok(token) => tokens.push((token, span)),
             Err(()) => diagnostics.push(
-                Diagnostic::error(
-                    "syntax-error",
-                    span,
-                    format!("unexpected character `{}`", &text[range]),
-                )
-                .with_label("no token starts with this character"),
+                Diagnostic::error("syntax-error", span, format!("unexpected character `{}`", &text[range]))
+                    .with_label("no token starts with this character"),
             ),
         }
     }

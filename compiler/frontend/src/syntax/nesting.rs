@@ -33,7 +33,15 @@ fn separates(token: &Token) -> bool {
     starts_statement(token)
         || matches!(
             token,
-            Token::Comma | Token::Semi | Token::Assign | Token::Colon | Token::ColonColon | Token::Arrow | Token::For | Token::In | Token::Where
+            Token::Comma
+                | Token::Semi
+                | Token::Assign
+                | Token::Colon
+                | Token::ColonColon
+                | Token::Arrow
+                | Token::For
+                | Token::In
+                | Token::Where
         )
 }
 

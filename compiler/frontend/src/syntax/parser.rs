@@ -136,10 +136,7 @@ fn sum_ops<Op: Clone>(add: Op, sub: Op) -> impl Parser<Token, Op, Error = Error>
 }
 
 fn path() -> impl Parser<Token, Path, Error = Error> + Clone {
-    ident()
-        .separated_by(just(Token::Dot))
-        .at_least(1)
-        .map_with_span(|segments, span| Path { segments, span })
+    ident().separated_by(just(Token::Dot)).at_least(1).map_with_span(|segments, span| Path { segments, span })
 }
 
 fn dim_expr() -> impl Parser<Token, DimExpr, Error = Error> + Clone {
@@ -183,10 +180,7 @@ fn where_clauses() -> impl Parser<Token, Vec<WhereClause>, Error = Error> + Clon
 
 fn type_expr() -> impl Parser<Token, TypeExpr, Error = Error> + Clone {
     recursive(|ty| {
-        let dim_item = just(Token::Star)
-            .ignore_then(ident())
-            .map(DimItem::Shape)
-            .or(dim_expr().map(DimItem::Dim));
+        let dim_item = just(Token::Star).ignore_then(ident()).map(DimItem::Shape).or(dim_expr().map(DimItem::Dim));
         let tensor = keyword_ident("Tensor")
             .ignore_then(
                 dim_item
@@ -206,11 +200,7 @@ fn type_expr() -> impl Parser<Token, TypeExpr, Error = Error> + Clone {
                     .delimited_by(just(Token::Lt), just(Token::Gt))
                     .or_not(),
             )
-            .map_with_span(|(name, args), span| TypeExpr::Named {
-                name,
-                args: args.unwrap_or_default(),
-                span,
-            });
+            .map_with_span(|(name, args), span| TypeExpr::Named { name, args: args.unwrap_or_default(), span });
         let tuple = ty
             .separated_by(just(Token::Comma))
             .allow_trailing()
@@ -228,17 +218,11 @@ fn generic_args() -> impl Parser<Token, Vec<GenericArg>, Error = Error> + Clone 
             _ => Err(Simple::custom(span, "not a tensor type")),
         })
         .or(dim_expr().map(GenericArg::Dim));
-    arg.separated_by(just(Token::Comma))
-        .allow_trailing()
-        .at_least(1)
-        .delimited_by(just(Token::Lt), just(Token::Gt))
+    arg.separated_by(just(Token::Comma)).allow_trailing().at_least(1).delimited_by(just(Token::Lt), just(Token::Gt))
 }
 
 fn index_var() -> impl Parser<Token, IndexVar, Error = Error> + Clone {
-    just(Token::Star)
-        .or_not()
-        .then(ident())
-        .map(|(star, name)| IndexVar { name, variadic: star.is_some() })
+    just(Token::Star).or_not().then(ident()).map(|(star, name)| IndexVar { name, variadic: star.is_some() })
 }
 
 fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
@@ -249,9 +233,9 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
                     .parse::<u64>()
                     .map(ExprKind::Int)
                     .map_err(|_| Simple::custom(span, format!("integer `{text}` is too large")))?,
-                Token::Float(text) => ExprKind::Float(text.parse::<f64>().map_err(|_| {
-                    Simple::custom(span, format!("`{text}` is not a number"))
-                })?),
+                Token::Float(text) => ExprKind::Float(
+                    text.parse::<f64>().map_err(|_| Simple::custom(span, format!("`{text}` is not a number")))?,
+                ),
                 Token::True => ExprKind::Bool(true),
                 Token::False => ExprKind::Bool(false),
                 Token::Str(text) => ExprKind::Str(text),
@@ -291,13 +275,12 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
             span,
         });
 
-        let call = ident()
-            .then(generic_args().or_not())
-            .then(args.clone())
-            .map_with_span(|((callee, generics), args), span| Expr {
+        let call = ident().then(generic_args().or_not()).then(args.clone()).map_with_span(
+            |((callee, generics), args), span| Expr {
                 kind: ExprKind::Call { callee, generics: generics.unwrap_or_default(), args },
                 span,
-            });
+            },
+        );
 
         let name = ident().map(|ident| Expr { span: ident.span, kind: ExprKind::Name(ident) });
 
@@ -330,52 +313,42 @@ fn expr() -> impl Parser<Token, Expr, Error = Error> + Clone {
             .then_ignore(just(Token::Else))
             .then(braced)
             .map_with_span(|((cond, then), otherwise), span| Expr {
-                kind: ExprKind::If {
-                    cond: Box::new(cond),
-                    then: Box::new(then),
-                    otherwise: Box::new(otherwise),
-                },
+                kind: ExprKind::If { cond: Box::new(cond), then: Box::new(then), otherwise: Box::new(otherwise) },
                 span,
             });
 
-        let atom = choice((literal, conditional, reduction, call, name, grouped, list))
-            .labelled("an expression")
-            .boxed();
+        let atom =
+            choice((literal, conditional, reduction, call, name, grouped, list)).labelled("an expression").boxed();
 
         // `a`, `a:b`, `a:`, `:b` or `:`, each parsed once: trying a range
         // and then a position would parse `a` twice, and twice again at
         // every level of `x[x[x[…]]]`.
         let index_item = choice((
             just(Token::Star).ignore_then(ident()).map(IndexItem::Variadic),
-            expr.clone()
-                .or_not()
-                .then(just(Token::Colon).ignore_then(expr.clone().or_not()).or_not())
-                .try_map(|(lo, range), span| match (lo, range) {
+            expr.clone().or_not().then(just(Token::Colon).ignore_then(expr.clone().or_not()).or_not()).try_map(
+                |(lo, range), span| match (lo, range) {
                     (Some(at), None) => Ok(IndexItem::At(at)),
                     (None, None) => Err(Simple::custom(span, "expected an index")),
                     (None, Some(None)) => Ok(IndexItem::Full(span)),
                     (lo, Some(hi)) => Ok(IndexItem::Range(lo, hi, span)),
-                }),
+                },
+            ),
         ));
         let index_suffix = index_item
             .separated_by(just(Token::Comma))
             .allow_trailing()
             .delimited_by(just(Token::LBracket), just(Token::RBracket))
             .map_with_span(|items, span: Span| Suffix::Index(items, span));
-        let method_suffix = just(Token::Dot)
-            .ignore_then(ident())
-            .then(generic_args().or_not())
-            .then(args)
-            .map_with_span(|((method, generics), args), span| {
-                Suffix::Method(method, generics.unwrap_or_default(), args, span)
-            });
+        let method_suffix =
+            just(Token::Dot).ignore_then(ident()).then(generic_args().or_not()).then(args).map_with_span(
+                |((method, generics), args), span| Suffix::Method(method, generics.unwrap_or_default(), args, span),
+            );
         let postfix = atom
             .then(index_suffix.or(method_suffix).repeated())
             .foldl(|base, suffix| match suffix {
-                Suffix::Index(items, span) => Expr {
-                    span: base.span.to(span),
-                    kind: ExprKind::Index { base: Box::new(base), items },
-                },
+                Suffix::Index(items, span) => {
+                    Expr { span: base.span.to(span), kind: ExprKind::Index { base: Box::new(base), items } }
+                }
                 Suffix::Method(method, generics, args, span) => Expr {
                     span: base.span.to(span),
                     kind: ExprKind::Method { receiver: Box::new(base), method, generics, args },
@@ -424,7 +397,9 @@ fn not_closing() -> impl Parser<Token, (), Error = Error> + Clone {
 }
 
 /// `{ statements }`; a body that does not parse becomes one error statement.
-fn braced(stmts: impl Parser<Token, Vec<Stmt>, Error = Error> + Clone) -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
+fn braced(
+    stmts: impl Parser<Token, Vec<Stmt>, Error = Error> + Clone,
+) -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
     stmts.delimited_by(just(Token::LBrace), just(Token::RBrace)).recover_with(nested_delimiters(
         Token::LBrace,
         Token::RBrace,
@@ -454,10 +429,10 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
         let pattern = choice((tuple_pattern, indexed_pattern, ident().map(Pattern::Name)));
         // A `let` whose value does not parse still binds its names, so
         // their uses do not add errors to the syntax error.
-        let let_value = expr().recover_with(skip_until(
-            [Token::Let, Token::Var, Token::Return, Token::Static, Token::RBrace],
-            |span| Expr { kind: ExprKind::Error, span },
-        ));
+        let let_value = expr()
+            .recover_with(skip_until([Token::Let, Token::Var, Token::Return, Token::Static, Token::RBrace], |span| {
+                Expr { kind: ExprKind::Error, span }
+            }));
         let let_stmt = just(Token::Let)
             .ignore_then(pattern)
             .then_ignore(just(Token::Assign))
@@ -468,9 +443,8 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
             .then_ignore(just(Token::Assign))
             .then(expr())
             .map_with_span(|(name, value), span| Stmt::Var { name, value, span });
-        let return_stmt = just(Token::Return)
-            .ignore_then(expr())
-            .map_with_span(|value, span| Stmt::Return { value, span });
+        let return_stmt =
+            just(Token::Return).ignore_then(expr()).map_with_span(|value, span| Stmt::Return { value, span });
         let for_stmt = just(Token::Static)
             .ignore_then(just(Token::For))
             .ignore_then(ident())
@@ -494,10 +468,9 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
         "Dim" => Ok((GenericKind::Dim, span)),
         "Shape" => Ok((GenericKind::Shape, span)),
         "Float" => Ok((GenericKind::Float, span)),
-        other => Err(Simple::custom(
-            span,
-            format!("unknown kind `{other}`: a generic is a `Dim`, a `Shape` or a `Float`"),
-        )),
+        other => {
+            Err(Simple::custom(span, format!("unknown kind `{other}`: a generic is a `Dim`, a `Shape` or a `Float`")))
+        }
     });
     let generic = just(Token::Star)
         .or_not()
@@ -523,14 +496,9 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
 }
 
 fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
-    let param = ident()
-        .then_ignore(just(Token::Colon))
-        .then(type_expr())
-        .map(|(name, ty)| FnParam { name, ty });
-    let params = param
-        .separated_by(just(Token::Comma))
-        .allow_trailing()
-        .delimited_by(just(Token::LParen), just(Token::RParen));
+    let param = ident().then_ignore(just(Token::Colon)).then(type_expr()).map(|(name, ty)| FnParam { name, ty });
+    let params =
+        param.separated_by(just(Token::Comma)).allow_trailing().delimited_by(just(Token::LParen), just(Token::RParen));
     let body = braced(statements()).boxed();
     let signature = ident()
         .then(generics())
@@ -574,25 +542,13 @@ fn member() -> impl Parser<Token, Member, Error = Error> + Clone {
         .delimited_by(just(Token::LBracket), just(Token::RBracket))
         .map(|(block, count)| (block, Some(count)))
         .or(block_ref.map(|block| (block, None)));
-    let sub = keyword_ident("sub")
-        .ignore_then(ident())
-        .then_ignore(just(Token::Colon))
-        .then(sub_ty)
-        .map_with_span(|(name, ((block, args), count)), span| Member::Sub {
-            doc: None,
-            name,
-            block,
-            args,
-            count,
-            span,
-        });
-    let typed = |word: &'static str| {
-        keyword_ident(word).ignore_then(ident()).then_ignore(just(Token::Colon)).then(type_expr())
-    };
-    let param = typed("param")
-        .map_with_span(|(name, ty), span| Member::Param { doc: None, name, ty, span });
-    let state = typed("state")
-        .map_with_span(|(name, ty), span| Member::State { doc: None, name, ty, span });
+    let sub = keyword_ident("sub").ignore_then(ident()).then_ignore(just(Token::Colon)).then(sub_ty).map_with_span(
+        |(name, ((block, args), count)), span| Member::Sub { doc: None, name, block, args, count, span },
+    );
+    let typed =
+        |word: &'static str| keyword_ident(word).ignore_then(ident()).then_ignore(just(Token::Colon)).then(type_expr());
+    let param = typed("param").map_with_span(|(name, ty), span| Member::Param { doc: None, name, ty, span });
+    let state = typed("state").map_with_span(|(name, ty), span| Member::State { doc: None, name, ty, span });
     choice((sub, param, state, function().map(Member::Fn)))
         .labelled("a member (`sub`, `param`, `state`, `fn` or `entry`)")
 }
@@ -651,13 +607,9 @@ fn module_parser() -> impl Parser<Token, Module, Error = Error> {
                 .delimited_by(just(Token::LBrace), just(Token::RBrace)),
         )
         .map_with_span(|(path, names), span| Use { path, names, span });
-    let item = choice((
-        block().map(Item::Block),
-        constant().map(Item::Const),
-        function().map(Item::Fn),
-    ))
-    .labelled("an item (`block`, `fn`, `const`)")
-    .recover_with(skip_then_retry_until([]));
+    let item = choice((block().map(Item::Block), constant().map(Item::Const), function().map(Item::Fn)))
+        .labelled("an item (`block`, `fn`, `const`)")
+        .recover_with(skip_then_retry_until([]));
     header
         .then(use_item.repeated())
         .then(any().rewind().ignore_then(item).repeated())
