@@ -4,7 +4,6 @@
 //! matrix kernel) and the bandwidth that achieves.
 
 use crate::generate::batch_rows;
-use linnet_cpu::matmul;
 use linnet_exec::tensor::Tensor;
 use linnet_exec::{Machine, Profile};
 use linnet_ir::Dtype;
@@ -69,7 +68,6 @@ pub fn run(
         prefill_profile: None,
         decode_profile: None,
     };
-    let counted = machine.backend() == "cpu";
     // One unmeasured round first: it compiles (on the CPU backend) and
     // computes what is hoisted.
     for round in 0..=repetitions {
@@ -90,7 +88,7 @@ pub fn run(
         }
         machine.set_profiling(profile && measured);
         let start = Instant::now();
-        let bytes_before = matmul::weight_bytes_read();
+        let bytes_before = machine.weight_bytes_read();
         for step in 0..generate {
             let inputs = vec![
                 Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![(step as i64 * 31) % vocab; rows]),
@@ -100,8 +98,8 @@ pub fn run(
         }
         if measured && generate > 0 {
             report.decode.push((rows * generate) as f64 / start.elapsed().as_secs_f64());
-            if counted {
-                report.step_bytes = Some((matmul::weight_bytes_read() - bytes_before) as f64 / generate as f64);
+            if let (Some(before), Some(after)) = (bytes_before, machine.weight_bytes_read()) {
+                report.step_bytes = Some((after - before) as f64 / generate as f64);
             }
             report.decode_profile = machine.profile();
         }

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 /// Which backend runs a loaded model's entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub enum BackendKind {
     /// The reference interpreter, the semantics of record.
     Interp,
     /// Native code from the artifact (Cranelift, with the CPU kernels).
@@ -90,16 +90,21 @@ pub fn bindings(package: &Package) -> HashMap<String, String> {
 
 /// A package ready to run on the interpreter, or why not, as text.
 pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<Loaded, String> {
-    load_on(package, options, weights, Backend::Interp)
+    load_on(package, options, weights, BackendKind::Interp)
 }
 
 /// A package or artifact ready to run on `backend`, or why not, as text.
 /// A package is built into the artifact cache first, unless an artifact of
 /// the same content is there already.
-pub fn load_on(package: &Path, options: &LoadOptions, weights: &Weights, backend: Backend) -> Result<Loaded, String> {
+pub fn load_on(
+    package: &Path,
+    options: &LoadOptions,
+    weights: &Weights,
+    backend: BackendKind,
+) -> Result<Loaded, String> {
     // The device first, before the weights are read or drawn: a machine
     // without a GPU says so at once.
-    let device = if backend == Backend::Cuda { Some(open_cuda()?) } else { None };
+    let device = if backend == BackendKind::Cuda { Some(open_cuda()?) } else { None };
     let dir = cache::artifact_for(package, options)?;
     let built = artifact::read(&dir)?;
     let Artifact { manifest, model } = &built;
@@ -130,15 +135,15 @@ fn machine(
     built: &Artifact,
     dir: &Path,
     params: Vec<Tensor>,
-    backend: Backend,
+    backend: BackendKind,
     device: Option<CudaDevice>,
 ) -> Result<Machine, String> {
     match backend {
-        Backend::Interp => Ok(linnet_exec::interp::machine(built.model.clone(), params)),
-        Backend::Cpu => linnet_cpu::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?))
+        BackendKind::Interp => Ok(linnet_exec::interp::machine(built.model.clone(), params)),
+        BackendKind::Cpu => linnet_cpu::backend::machine(built.model.clone(), params, Some(built.kernels(dir)?))
             .map_err(|e| e.to_string()),
-        Backend::MlirHost => mlir_host(built.model.clone(), params),
-        Backend::Cuda => cuda(built, dir, params, device),
+        BackendKind::MlirHost => mlir_host(built.model.clone(), params),
+        BackendKind::Cuda => cuda(built, dir, params, device),
     }
 }
 

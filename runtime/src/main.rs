@@ -202,10 +202,10 @@ fn load(model: &Model) -> Result<Loaded, String> {
         },
     };
     let backend = match model.backend {
-        BackendArg::Cpu => linnet_runtime::Backend::Cpu,
-        BackendArg::Interp => linnet_runtime::Backend::Interp,
-        BackendArg::MlirHost => linnet_runtime::Backend::MlirHost,
-        BackendArg::Cuda => linnet_runtime::Backend::Cuda,
+        BackendArg::Cpu => linnet_runtime::BackendKind::Cpu,
+        BackendArg::Interp => linnet_runtime::BackendKind::Interp,
+        BackendArg::MlirHost => linnet_runtime::BackendKind::MlirHost,
+        BackendArg::Cuda => linnet_runtime::BackendKind::Cuda,
     };
     linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
 }

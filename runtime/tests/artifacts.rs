@@ -8,7 +8,7 @@ use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::Machine;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
-use linnet_runtime::Backend;
+use linnet_runtime::BackendKind;
 use linnet_runtime::Weights;
 use std::path::PathBuf;
 
@@ -45,9 +45,9 @@ fn a_built_artifact_runs_like_the_package() {
         non_finite: linnet_runtime::weights::NonFinite::Refuse,
     };
     let mut from_artifact =
-        linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, Backend::Cpu).unwrap().machine;
+        linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, BackendKind::Cpu).unwrap().machine;
     let mut in_process =
-        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, Backend::Interp)
+        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, BackendKind::Interp)
             .unwrap()
             .machine;
     let (native, reference) = (logits(&mut from_artifact), logits(&mut in_process));
@@ -58,7 +58,7 @@ fn a_built_artifact_runs_like_the_package() {
         &out,
         &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() },
         &weights,
-        Backend::Cpu,
+        BackendKind::Cpu,
     );
     assert!(refused.err().unwrap().contains("`--set` apply when building"));
     std::fs::remove_dir_all(&out).unwrap();

@@ -45,11 +45,11 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
     (model, params)
 }
 
-fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::Backend) -> Machine {
+fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::BackendKind) -> Machine {
     let (model, params) = model(config, dtype, lowering);
     match backend {
-        linnet_runtime::Backend::Interp => linnet_exec::interp::machine(model, params),
-        linnet_runtime::Backend::Cpu => {
+        linnet_runtime::BackendKind::Interp => linnet_exec::interp::machine(model, params),
+        linnet_runtime::BackendKind::Cpu => {
             linnet_cpu::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}"))
         }
         other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
@@ -110,7 +110,7 @@ fn kernels_equal_the_bodies_they_replace() {
     }
 }
 
-use linnet_runtime::Backend::{Cpu as OnCpu, Interp};
+use linnet_runtime::BackendKind::{Cpu as OnCpu, Interp};
 
 /// Native code from Cranelift meets the contract against the interpreter
 /// through every entry path, f32 and bf16.
@@ -152,7 +152,7 @@ fn the_routers_ranks_are_recognized() {
 #[test]
 fn fusion_changes_no_result() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
-        let unfused = Lowering { fuse: false, ..Lowering::default() };
+        let unfused = Lowering { optimize: false, ..Lowering::default() };
         let (fused_nodes, unfused_nodes) = (
             nodes(&machine(config, dtype, Lowering::default(), Interp)),
             nodes(&machine(config, dtype, unfused, Interp)),

@@ -173,7 +173,7 @@ fn random_linnet_programs_agree_everywhere() {
             (0..rows).map(|_| (rng.next_u64() % rows as u64) as i64).collect(),
         );
         let inputs = vec![x, idx];
-        let reference = reference_machine(Lowering { fuse: false, ..Lowering::default() })
+        let reference = reference_machine(Lowering { optimize: false, ..Lowering::default() })
             .call("run", inputs.clone())
             .unwrap()
             .remove(0);

@@ -9,7 +9,7 @@
 use super::lowering::Elementwise;
 use super::native::{self, Compiled, NativeKernel};
 use linnet_exec::tensor::{Data, Elements, Tensor};
-use linnet_exec::{dim_value, Backend, BuildError, Machine, NodeError, Site, Values};
+use linnet_exec::{Backend, BuildError, Machine, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Intrinsic, Model, NodeKind, Value};
 use std::collections::HashMap;
@@ -250,7 +250,7 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
             .record
             .dims
             .iter()
-            .map(|d| dim_value(d, site.dims).expect("an entry's dims are bound when it is called"))
+            .map(|d| d.value_under(site.dims).expect("an entry's dims are bound when it is called"))
             .collect(),
     };
     // An elementwise kernel's rows: its first two axes flattened when it

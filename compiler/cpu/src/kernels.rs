@@ -10,7 +10,7 @@
 
 use super::expf;
 use super::matmul::{self, Isa, Rows};
-use super::simd::{self, Lanes, Scalar};
+use super::simd::{self, Lanes, OneLane};
 use super::threads;
 use linnet_exec::reference::{Attention, DeltaRule};
 use linnet_exec::tensor::{Data, Tensor};
@@ -59,7 +59,7 @@ macro_rules! on_host_vectors {
                     Isa::Portable => {}
                 }
             }
-            $kernel::<simd::Scalar>($($arg),*)
+            $kernel::<simd::OneLane>($($arg),*)
         }
     };
 }
@@ -189,13 +189,13 @@ fn state_pass<L: Lanes>(
                     columns_pass::<L, COLUMN_VECTORS, true, true>(memory, value_dim, at, learn, next, read, recalled)
                 }
                 (Some(learn), Some(next), false) => {
-                    columns_pass::<Scalar, 1, true, true>(memory, value_dim, at, learn, next, read, recalled)
+                    columns_pass::<OneLane, 1, true, true>(memory, value_dim, at, learn, next, read, recalled)
                 }
                 (Some(learn), None, true) => columns_pass::<L, COLUMN_VECTORS, true, false>(
                     memory, value_dim, at, learn, &NO_NEXT, read, recalled,
                 ),
                 (Some(learn), None, false) => {
-                    columns_pass::<Scalar, 1, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled)
+                    columns_pass::<OneLane, 1, true, false>(memory, value_dim, at, learn, &NO_NEXT, read, recalled)
                 }
                 (None, Some(next), true) => columns_pass::<L, COLUMN_VECTORS, false, true>(
                     memory,
@@ -207,7 +207,7 @@ fn state_pass<L: Lanes>(
                     recalled,
                 ),
                 (None, Some(next), false) => {
-                    columns_pass::<Scalar, 1, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled)
+                    columns_pass::<OneLane, 1, false, true>(memory, value_dim, at, &NO_LEARNING, next, read, recalled)
                 }
                 (None, None, _) => {}
             }
@@ -418,10 +418,10 @@ fn weighted_values<L: Lanes>(values: &Values, weights: &[f32], heads: usize, sum
                     (4, true) => heads_pass::<L, 4>(values, weights, column, sums),
                     (2, true) => heads_pass::<L, 2>(values, weights, column, sums),
                     (_, true) => heads_pass::<L, 1>(values, weights, column, sums),
-                    (HEADS_AT_ONCE, false) => heads_pass::<Scalar, HEADS_AT_ONCE>(values, weights, column, sums),
-                    (4, false) => heads_pass::<Scalar, 4>(values, weights, column, sums),
-                    (2, false) => heads_pass::<Scalar, 2>(values, weights, column, sums),
-                    (_, false) => heads_pass::<Scalar, 1>(values, weights, column, sums),
+                    (HEADS_AT_ONCE, false) => heads_pass::<OneLane, HEADS_AT_ONCE>(values, weights, column, sums),
+                    (4, false) => heads_pass::<OneLane, 4>(values, weights, column, sums),
+                    (2, false) => heads_pass::<OneLane, 2>(values, weights, column, sums),
+                    (_, false) => heads_pass::<OneLane, 1>(values, weights, column, sums),
                 }
             }
             column += if whole { L::WIDTH } else { 1 };
@@ -492,7 +492,7 @@ mod tests {
     /// lane, each through a function with that set's target features.
     macro_rules! on_every_set {
         ($kernel:ident($($arg:ident: $ty:ty),*) => $run:expr) => {{
-            let mut outputs = vec![("one lane", $run(&|$($arg: $ty),*| $kernel::<super::Scalar>($($arg),*)))];
+            let mut outputs = vec![("one lane", $run(&|$($arg: $ty),*| $kernel::<super::OneLane>($($arg),*)))];
             #[cfg(target_arch = "x86_64")]
             {
                 use crate::matmul::Isa;

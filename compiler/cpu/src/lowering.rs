@@ -966,7 +966,7 @@ fn dims_read(entry: &Entry, shape: &[Dim], scalar: &Scalar) -> Vec<Dim> {
 }
 
 /// The kernel signature: `fn(out, inputs, dims, helpers, error,
-/// first_row, end_row) -> status` (`native::Kernel`).
+/// first_row, end_row) -> status` (`native::KernelFn`).
 fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut signature = Signature::new(call_conv);
     signature.params.extend([AbiParam::new(types::I64); 7]);

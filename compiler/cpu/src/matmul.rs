@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::simd::{Lanes, Scalar};
+use super::simd::{Lanes, OneLane};
 use super::threads;
 
 /// Weight bytes the kernel was given, over the process's life.
@@ -60,7 +60,7 @@ pub enum Isa {
     Avx512,
     /// AVX2 with FMA: eight f32 lanes.
     Avx2,
-    /// Scalar code, for any CPU.
+    /// OneLane code, for any CPU.
     Portable,
 }
 
@@ -254,7 +254,7 @@ unsafe fn columns_on<W: Weight>(
             Isa::Avx512 => x86::columns_avx512(rows, weight, depth, range),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::columns_avx2(rows, weight, depth, range),
-            _ => widened_columns::<Scalar, W>(rows, weight, depth, range),
+            _ => widened_columns::<OneLane, W>(rows, weight, depth, range),
         }
     }
 }

@@ -26,7 +26,7 @@ use std::rc::Rc;
 /// elementwise node computes rows `first_row..end_row` of its first two
 /// axes flattened when it has three or more, else of its first (a
 /// contraction, or a node without axes, computes everything).
-pub type Kernel =
+pub type KernelFn =
     unsafe extern "C" fn(*mut u8, *const *const u8, *const i64, *const *const u8, *mut i64, i64, i64) -> i32;
 
 /// Changes whenever the kernel calling convention or the helper table
@@ -37,7 +37,7 @@ pub const ABI_VERSION: u32 = 7;
 pub type EntryKernels = std::collections::BTreeMap<String, Vec<KernelRecord>>;
 
 pub struct NativeKernel {
-    pub function: Kernel,
+    pub function: KernelFn,
     pub record: KernelRecord,
 }
 
@@ -99,8 +99,8 @@ pub fn jit(entry: &Entry, analysis: &Analysis, elementwise: Elementwise) -> Resu
     let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
     for def in defined {
         let pointer = module.get_finalized_function(def.func);
-        // SAFETY: the function was compiled above with the `Kernel` signature.
-        let function = unsafe { std::mem::transmute::<*const u8, Kernel>(pointer) };
+        // SAFETY: the function was compiled above with the `KernelFn` signature.
+        let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(pointer) };
         let node = def.record.node;
         kernels[node] = Some(NativeKernel { function, record: def.record });
     }
@@ -173,8 +173,8 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
                 return Err(format!("kernel `{}` does not fit its object file or entry", record.symbol));
             }
             // SAFETY: the symbol is a function in the copied text, compiled
-            // with the `Kernel` signature by `emit_object` for this host.
-            let function = unsafe { std::mem::transmute::<*const u8, Kernel>(memory.as_ptr().add(offset as usize)) };
+            // with the `KernelFn` signature by `emit_object` for this host.
+            let function = unsafe { std::mem::transmute::<*const u8, KernelFn>(memory.as_ptr().add(offset as usize)) };
             kernels[record.node] = Some(NativeKernel { function, record: record.clone() });
         }
         compiled.insert(entry.name.clone(), Compiled { _code: Box::new(Rc::clone(&memory)), kernels });
@@ -182,7 +182,7 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
     Ok(compiled)
 }
 
-/// Runs a kernel over `rows` (see [`Kernel`]; a contraction or a node
+/// Runs a kernel over `rows` (see [`KernelFn`]; a contraction or a node
 /// without axes computes everything, whatever is given); the load
 /// that fell outside its tensor, if one did.
 ///
@@ -190,7 +190,7 @@ pub fn load_object(bytes: &[u8], model: &Model, records: &EntryKernels) -> Resul
 /// `inputs` must point at the kernel's loads, `out` at room for the
 /// node's elements, and `dims` at the values of its dims table, all with
 /// the shapes and dtypes the kernel was compiled for; `rows` lies within
-/// the node's rows (see [`Kernel`]).
+/// the node's rows (see [`KernelFn`]).
 pub unsafe fn call(
     kernel: &NativeKernel,
     out: *mut u8,

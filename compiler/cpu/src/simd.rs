@@ -37,9 +37,9 @@ pub trait Lanes {
 }
 
 /// One lane, for CPUs without vectors the kernels know.
-pub struct Scalar;
+pub struct OneLane;
 
-impl Lanes for Scalar {
+impl Lanes for OneLane {
     type V = f32;
     const WIDTH: usize = 1;
     unsafe fn zero() -> f32 {

@@ -5,17 +5,15 @@
 //! as inputs, outputs, parameters at load and a checked assertion's bool.
 
 use crate::tensor::Tensor;
-use linnet_ir::dim::Symbol;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Intrinsic, Model, SourceAt, Value};
-use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
 
 use linnet_ir::analysis::Analysis;
 
 /// An entry's dims, bound from its inputs when it is called.
-pub type Dims = HashMap<Symbol, i64>;
+pub type Dims = linnet_ir::dim::Generics;
 
 /// The values of an entry while it runs, by node: `None` once freed (or
 /// not yet computed).

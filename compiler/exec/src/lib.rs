@@ -73,18 +73,9 @@ impl fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
-/// A dim's value under an entry's bindings.
-pub fn dim_value(dim: &Dim, dims: &Dims) -> Option<i64> {
-    dim.evaluate(&|atom| match atom {
-        Atom::Generic(name) => dims.get(name).copied(),
-        _ => None,
-    })
-    .ok()
-}
-
 /// A shape under an entry's bindings (bound when the entry was called).
 pub fn shape_value(shape: &[Dim], dims: &Dims) -> Vec<usize> {
-    shape.iter().map(|d| dim_value(d, dims).expect("an entry's dims are bound when it is called") as usize).collect()
+    shape.iter().map(|d| d.value_under(dims).expect("an entry's dims are bound when it is called") as usize).collect()
 }
 
 /// Where an entry's time goes, by kind of node, when profiling is on.
@@ -202,7 +193,7 @@ impl<B: Backend> Executor<B> {
         let dims = bind_dims(entry, &inputs)?;
         // Every dim the entry evaluates, once: a divisor that is zero for
         // these inputs is an error here rather than inside a kernel.
-        if let Some(dim) = analysis.dims.iter().find(|dim| dim_value(dim, &dims).is_none()) {
+        if let Some(dim) = analysis.dims.iter().find(|dim| dim.value_under(&dims).is_err()) {
             return Err(RunError::Inputs {
                 entry: entry.name.clone(),
                 message: format!(
@@ -425,12 +416,13 @@ fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<Dims, RunError> {
         }
     }
     for (input, tensor) in entry.inputs.iter().zip(inputs) {
-        let fits = input.shape.iter().zip(&tensor.shape).all(|(dim, &size)| dim_value(dim, &dims) == Some(size as i64));
+        let fits =
+            input.shape.iter().zip(&tensor.shape).all(|(dim, &size)| dim.value_under(&dims).ok() == Some(size as i64));
         if !fits {
             let expected: Vec<String> = input
                 .shape
                 .iter()
-                .map(|d| dim_value(d, &dims).map_or_else(|| d.to_string(), |v| v.to_string()))
+                .map(|d| d.value_under(&dims).ok().map_or_else(|| d.to_string(), |v| v.to_string()))
                 .collect();
             return Err(error(format!(
                 "`{}` must have shape [{}], found {}",
@@ -441,8 +433,8 @@ fn bind_dims(entry: &Entry, inputs: &[Tensor]) -> Result<Dims, RunError> {
         }
     }
     for requirement in &entry.requires {
-        let holds = match (dim_value(&requirement.lhs, &dims), dim_value(&requirement.rhs, &dims)) {
-            (Some(lhs), Some(rhs)) => requirement.op.holds_between(lhs, rhs),
+        let holds = match (requirement.lhs.value_under(&dims), requirement.rhs.value_under(&dims)) {
+            (Ok(lhs), Ok(rhs)) => requirement.op.holds_between(lhs, rhs),
             _ => false,
         };
         if !holds {
@@ -465,6 +457,7 @@ pub struct Machine {
 trait Run {
     fn model(&self) -> &Model;
     fn backend(&self) -> &'static str;
+    fn weight_bytes_read(&self) -> Option<u64>;
     fn reset(&mut self) -> Result<(), RunError>;
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError>;
     fn profile(&mut self) -> &mut Option<Profile>;
@@ -476,6 +469,9 @@ impl<B: Backend + 'static> Run for Executor<B> {
     }
     fn backend(&self) -> &'static str {
         self.backend.name()
+    }
+    fn weight_bytes_read(&self) -> Option<u64> {
+        self.backend.weight_bytes_read()
     }
     fn reset(&mut self) -> Result<(), RunError> {
         Executor::reset(self)
@@ -501,6 +497,12 @@ impl Machine {
     /// The backend's name: `interp`, `cpu`.
     pub fn backend(&self) -> &'static str {
         self.run.backend()
+    }
+
+    /// The bytes of weights the backend's contractions have read so far,
+    /// where the backend counts them (`Backend::weight_bytes_read`).
+    pub fn weight_bytes_read(&self) -> Option<u64> {
+        self.run.weight_bytes_read()
     }
 
     /// Zeroes every state, as at load.

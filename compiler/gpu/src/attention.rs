@@ -34,7 +34,7 @@
 //!
 //! The head's width must be known when the model is built.
 
-use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, LANES};
+use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, WARP_LANES};
 use super::intrinsic::{load_name, Operands, Spread};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -173,8 +173,8 @@ fn spans<'a>(plan: &'a Plan<'a>, stage: usize) -> Emitter<'a> {
             let row_start = e.mul(&row, &s.keys);
             let mut end = e.op("arith.constant 0.0 : f32".into());
             // Each lane's keys in order, so the last admitted is the largest.
-            for step in 0..MASK_CHUNK / i64::from(LANES) {
-                let offset = e.index_constant(step * i64::from(LANES));
+            for step in 0..MASK_CHUNK / i64::from(WARP_LANES) {
+                let offset = e.index_constant(step * i64::from(WARP_LANES));
                 let from = e.add(&chunk_start, &offset);
                 let j = e.add(&from, lane);
                 let inside = e.op(format!("arith.cmpi ult, {j}, {} : index", s.keys));
@@ -220,7 +220,7 @@ fn query_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, row: &str) -> Quer
 /// keys where it admits none. The lanes read the chunks' ends together.
 fn walk_end(e: &mut Emitter<'_>, s: &Sizes, warp: &Warp, row: &QueryRow) -> (String, String) {
     let first = e.mul(&row.mask_row, &s.chunks);
-    let step = e.index_constant(i64::from(LANES));
+    let step = e.index_constant(i64::from(WARP_LANES));
     let largest = e.in_lanes(warp, &[], 1, |e, lane, _| {
         let none = e.op("arith.constant 0.0 : f32".into());
         e.for_steps(lane, &s.chunks, &step, &[(none, "f32")], |e, chunk, so_far| {
@@ -476,7 +476,7 @@ fn combine_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'
         let rounded = e.op(format!("arith.subi {size}, {one} : index"));
         let rounded = e.add(&end, &rounded);
         let used = e.op(format!("arith.divui {rounded}, {size} : index"));
-        let step = e.index_constant(i64::from(LANES));
+        let step = e.index_constant(i64::from(WARP_LANES));
         let tops = e.in_lanes(warp, &[], 1, |e, lane, _| {
             let lowest = e.op("arith.constant 0xFF800000 : f32".into());
             e.for_steps(lane, &used, &step, &[(lowest, "f32")], |e, part, so_far| {

@@ -34,7 +34,7 @@
 //! are used where the depth is a constant multiple of [`RUN`] (rows start
 //! aligned); elsewhere each lane reads every 32nd element.
 
-use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, LANES};
+use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, WARP_LANES};
 use linnet_ir::contraction::{reads_index, Contraction};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -44,7 +44,7 @@ use std::cell::Cell;
 /// Rows an item takes; lane `r` stores row `r`, so no more than a warp's
 /// lanes.
 const ROWS: usize = 8;
-const _: () = assert!(ROWS <= LANES as usize);
+const _: () = assert!(ROWS <= WARP_LANES as usize);
 
 /// Consecutive elements a lane reads at once.
 const RUN: i64 = 8;
@@ -173,7 +173,7 @@ fn order(
         &[Combine::Add],
         |e, row, lane| {
             let mine = weight_row(e, row);
-            let step = e.index_constant(i64::from(LANES));
+            let step = e.index_constant(i64::from(WARP_LANES));
             let none = e.op("arith.constant 0.0 : f32".into());
             e.for_steps(lane, &rows, &step, &[(none, "f32")], |e, other, count| {
                 let theirs = weight_row(e, other);
@@ -364,8 +364,8 @@ struct Operands<'a> {
 }
 
 /// How a lane reads its share of a row: runs of [`RUN`] consecutive
-/// elements (from element `RUN * lane`, every `RUN * LANES`th), or single
-/// elements (from element `lane`, every `LANES`th).
+/// elements (from element `RUN * lane`, every `RUN * WARP_LANES`th), or single
+/// elements (from element `lane`, every `WARP_LANES`th).
 #[derive(Clone, Copy)]
 enum Read {
     Runs,
@@ -447,7 +447,7 @@ fn lane_sums(
 ) -> Vec<String> {
     let width = e.index_constant(read.width());
     let from = e.mul(lane, &width);
-    let step = e.index_constant(read.width() * i64::from(LANES));
+    let step = e.index_constant(read.width() * i64::from(WARP_LANES));
     let zero = e.op(read.zero());
     let register = read.register();
     let carried: Vec<(String, &str)> = starts.iter().map(|_| (zero.clone(), register.as_str())).collect();

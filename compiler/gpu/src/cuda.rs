@@ -21,7 +21,7 @@ use super::layout::{loaded, stored};
 use super::{GroupLaunch, Launch, PtxSet, Role};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use linnet_exec::tensor::Tensor;
-use linnet_exec::{dim_value, shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
+use linnet_exec::{shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Intrinsic, Model};
@@ -269,7 +269,7 @@ impl Cuda {
     /// settles.
     fn launch(&mut self, site: &Site<'_>, out: &DeviceBuffer, args: &[&DeviceBuffer]) -> Result<(), NodeError> {
         self.load(site)?;
-        let bound = |dim: &linnet_ir::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
+        let bound = |dim: &linnet_ir::dim::Dim| dim.value_under(site.dims).expect("an entry's dims are bound");
         let scratch =
             self.kernels(site)[0].0.scratch.as_ref().map(|scratch| (bound(&scratch.elements), scratch.dtype.bytes()));
         if let Some((elements, bytes)) = scratch {
@@ -306,7 +306,7 @@ impl Cuda {
         group: usize,
         values: &Values<DeviceBuffer>,
     ) -> Result<DeviceBuffer, NodeError> {
-        let bound = |dim: &linnet_ir::dim::Dim| dim_value(dim, site.dims).expect("an entry's dims are bound");
+        let bound = |dim: &linnet_ir::dim::Dim| dim.value_under(site.dims).expect("an entry's dims are bound");
         let (members, threads, dims) = {
             let (launch, _) = &self.loaded(site).groups[group];
             (launch.members.clone(), bound(&launch.work), launch.dims.iter().map(bound).collect::<Vec<i64>>())

@@ -38,14 +38,14 @@
 //!   Tokens past the span (in its last chunk) read its last token, have
 //!   no update (0, so they change nothing) and are not stored.
 
-use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, LANES};
+use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, WARP_LANES};
 use super::intrinsic::{load_name, Operands, Spread};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Value};
 
 /// The tokens of a chunk: one to a lane.
-const CHUNK: usize = LANES as usize;
+const CHUNK: usize = WARP_LANES as usize;
 
 /// Where a chunk's shared values lie in its block of the scratch: `A` and
 /// `B` (`[s][t]`, so that the lanes `t` of a step `s` read them together),

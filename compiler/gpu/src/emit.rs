@@ -20,7 +20,7 @@
 //! a `gpu.func` kernel with one thread per item, [`THREADS`] to a block,
 //! that computes everything (sizes included) from its arguments, so a
 //! launch needs only them and the item count. An item may instead be
-//! split across a warp's [`LANES`] ([`Emitter::parallel_in_lanes`]): each
+//! split across a warp's [`WARP_LANES`] ([`Emitter::parallel_in_lanes`]): each
 //! lane reduces its share, and the lanes' shares are combined in one
 //! fixed tree, by shuffles on the device and by the same operations in
 //! order on the host, so both forms compute the same bits.
@@ -47,7 +47,7 @@ pub struct Kernel {
     pub dims: Vec<Dim>,
     /// The work items: as many as the product of these dims.
     pub work: Vec<Dim>,
-    /// The threads each item takes: 1, or [`LANES`].
+    /// The threads each item takes: 1, or [`WARP_LANES`].
     pub lanes: u32,
     /// Whether it can raise a fault (else its faults table is not read).
     pub faults: bool,
@@ -103,7 +103,7 @@ pub const THREADS: u32 = 256;
 
 /// The lanes of a work item split across a warp
 /// ([`Emitter::parallel_in_lanes`]): a warp's threads.
-pub const LANES: u32 = 32;
+pub const WARP_LANES: u32 = 32;
 
 /// A work item's warp ([`Emitter::parallel_in_warps`]): on the device,
 /// this thread's lane (an index); on the host, none (every lane at once).
@@ -626,7 +626,7 @@ impl<'e> Emitter<'e> {
     }
 
     /// The kernel's work items, as many as the product of `work`, each
-    /// split across [`LANES`] lanes. `lane_body` is given the item and the
+    /// split across [`WARP_LANES`] lanes. `lane_body` is given the item and the
     /// lane (indices) and gives that lane's share of each of the item's
     /// f32 reductions (`combines`: how two shares combine); the shares are
     /// combined across the lanes ([`Emitter::combine_lanes`]). Then
@@ -662,13 +662,13 @@ impl<'e> Emitter<'e> {
     /// the elements of vectors ([`Emitter::lane_type`]), and a lane's code
     /// runs for each in turn.
     pub fn parallel_in_warps(&mut self, work: &[Dim], body: impl FnOnce(&mut Self, &str, &Warp)) {
-        self.lanes = LANES;
+        self.lanes = WARP_LANES;
         let count = self.item_count(work);
         let unit = self.open_units(&count);
         match self.form {
             Form::Host => body(self, &unit, &Warp { lane: None }),
             Form::Device => {
-                let lanes = self.index_constant(i64::from(LANES));
+                let lanes = self.index_constant(i64::from(WARP_LANES));
                 let item = self.op(format!("arith.divui {unit}, {lanes} : index"));
                 let lane = self.op(format!("arith.remui {unit}, {lanes} : index"));
                 // Uniform across a warp: its lanes share the item.
@@ -683,7 +683,7 @@ impl<'e> Emitter<'e> {
     /// The type of an f32 each lane holds its own of.
     pub fn lane_type(&self) -> String {
         match self.form {
-            Form::Host => format!("vector<{LANES}xf32>"),
+            Form::Host => format!("vector<{WARP_LANES}xf32>"),
             Form::Device => "f32".into(),
         }
     }
@@ -710,7 +710,7 @@ impl<'e> Emitter<'e> {
     ) -> Vec<String> {
         let Some(lane) = &warp.lane else {
             let ty = self.lane_type();
-            let (zero, lanes) = (self.index_constant(0), self.index_constant(i64::from(LANES)));
+            let (zero, lanes) = (self.index_constant(0), self.index_constant(i64::from(WARP_LANES)));
             let zeros = self.lanes_zero();
             let carried: Vec<(String, &str)> = (0..outputs).map(|_| (zeros.clone(), ty.as_str())).collect();
             return self.for_range(&zero, &lanes, &carried, |e, lane, so_far| {
@@ -743,9 +743,9 @@ impl<'e> Emitter<'e> {
     /// the host the same combinations fold the vector's halves, in the
     /// same order: the two forms compute the same bits.
     pub fn combine_lanes(&mut self, values: &[String], combine: Combine) -> Vec<String> {
-        let halves = std::iter::successors(Some(LANES / 2), |half| (*half > 1).then_some(half / 2));
+        let halves = std::iter::successors(Some(WARP_LANES / 2), |half| (*half > 1).then_some(half / 2));
         let mut values = values.to_vec();
-        let width = (self.form == Form::Device).then(|| self.op(format!("arith.constant {LANES} : i32")));
+        let width = (self.form == Form::Device).then(|| self.op(format!("arith.constant {WARP_LANES} : i32")));
         for half in halves {
             let offset = width.as_ref().map(|_| self.op(format!("arith.constant {half} : i32")));
             for value in &mut values {
@@ -779,10 +779,10 @@ impl<'e> Emitter<'e> {
     /// f32 in every lane: a `gpu.shuffle idx` on the device.
     pub fn lane_value(&mut self, warp: &Warp, value: &str, lane: u32) -> String {
         if warp.lane.is_none() {
-            return self.op(format!("vector.extract {value}[{lane}] : f32 from vector<{LANES}xf32>"));
+            return self.op(format!("vector.extract {value}[{lane}] : f32 from vector<{WARP_LANES}xf32>"));
         }
         let (from, width) =
-            (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {LANES} : i32")));
+            (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {WARP_LANES} : i32")));
         self.shuffle("idx", value, &from, &width)
     }
 
@@ -794,25 +794,25 @@ impl<'e> Emitter<'e> {
         theirs
     }
 
-    /// The sums across the lanes of each of `values` ([`LANES`] of them,
+    /// The sums across the lanes of each of `values` ([`WARP_LANES`] of them,
     /// of [`Emitter::lane_type`]), value `t`'s in lane `t` (a value of that
     /// type), each summed in [`Emitter::combine_lanes`]' tree.
     ///
     /// On the device the lanes halve their values at each step of the
     /// butterfly: at offset `o`, a lane keeps the half whose sums end in
     /// lanes on its side of `o` and sends its partner the other, so the
-    /// [`LANES`] sums take 31 shuffles rather than 31 each. A step pairs
+    /// [`WARP_LANES`] sums take 31 shuffles rather than 31 each. A step pairs
     /// the same lanes' shares as the tree does (only which lane holds a
     /// sum differs), so the host's `combine_lanes` gives the same bits.
     pub fn scatter_sums(&mut self, warp: &Warp, values: &[String]) -> String {
-        assert_eq!(values.len(), LANES as usize, "a sum for each lane");
+        assert_eq!(values.len(), WARP_LANES as usize, "a sum for each lane");
         let Some(lane) = &warp.lane else {
             let totals = self.combine_lanes(values, Combine::Add);
-            return self.op(format!("vector.from_elements {} : vector<{LANES}xf32>", totals.join(", ")));
+            return self.op(format!("vector.from_elements {} : vector<{WARP_LANES}xf32>", totals.join(", ")));
         };
         let lane = self.op(format!("arith.index_cast {lane} : index to i32"));
         let (width, none) =
-            (self.op(format!("arith.constant {LANES} : i32")), self.op("arith.constant 0 : i32".into()));
+            (self.op(format!("arith.constant {WARP_LANES} : i32")), self.op("arith.constant 0 : i32".into()));
         let mut values = values.to_vec();
         while values.len() > 1 {
             let half = values.len() / 2;

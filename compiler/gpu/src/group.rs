@@ -2,9 +2,7 @@
 //! an entry (`ir::schedule` places independent nodes so) and read nothing
 //! the group computes are one launch. A layer's projections of one normed
 //! input, or the small gates beside them, each a kernel of a few blocks,
-//! become one kernel of all their blocks: they took the seed's decode
-//! step from 1,657 launches to 906 (both counting the kernels of hoisted
-//! values, which only a first call launches).
+//! become one kernel of all their blocks.
 //!
 //! The group's kernel is a dispatch: each member's units (its threads on
 //! the device, rounded up to a whole warp so that no warp spans two
@@ -23,7 +21,7 @@
 //! a fault: the call then fails at the node it would fail at alone.
 
 use super::emit::{Emitter, Member};
-use super::{Form, Kernel, LANES};
+use super::{Form, Kernel, WARP_LANES};
 use linnet_ir::dim::Dim;
 use linnet_ir::{Entry, NodeKind, Value};
 use std::collections::HashMap;
@@ -100,7 +98,7 @@ fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<D
     // Each member's loads, as the group's arguments.
     let arguments: Vec<Vec<String>> =
         member_kernels.iter().map(|kernel| kernel.loads.iter().map(|&value| e.argument(value)).collect()).collect();
-    let warp = Dim::constant(i64::from(LANES));
+    let warp = Dim::constant(i64::from(WARP_LANES));
     let member_units: Vec<Dim> = member_kernels
         .iter()
         .map(|kernel| {

@@ -11,7 +11,7 @@
 use super::layout::{loaded, stored};
 use super::{Form, Group, Kernel, Role};
 use linnet_exec::tensor::Tensor;
-use linnet_exec::{dim_value, shape_value, Backend, BuildError, NodeError, Site, Values};
+use linnet_exec::{shape_value, Backend, BuildError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Entry, Intrinsic, Model};
 use melior::ExecutionEngine;
@@ -184,7 +184,7 @@ impl MlirHost {
         let mut inputs = stored_loads(site, &kernels[0].loads, args)?;
         let scratch_elements = kernels[0].scratch.as_ref().map(|scratch| {
             (
-                dim_value(&scratch.elements, site.dims).expect("an entry's dims are bound") as usize,
+                scratch.elements.value_under(site.dims).expect("an entry's dims are bound") as usize,
                 scratch.dtype.bytes(),
             )
         });
@@ -268,7 +268,7 @@ fn call(
 ) -> Result<(), NodeError> {
     let mut table: Vec<u8> = dims
         .iter()
-        .flat_map(|dim| dim_value(dim, site.dims).expect("an entry's dims are bound").to_le_bytes())
+        .flat_map(|dim| dim.value_under(site.dims).expect("an entry's dims are bound").to_le_bytes())
         .collect();
     descriptors.push(Descriptor::of(&mut table, dims.len()));
     descriptors.push(Descriptor::of_faults(faults));

@@ -10,7 +10,7 @@
 //!   [`Fault::OutsideCache`]; after a node of the call raised a fault,
 //!   nothing is written.
 
-use super::emit::{Emitter, Fault, Form, Kernel, Unsupported, LANES};
+use super::emit::{Emitter, Fault, Form, Kernel, Unsupported, WARP_LANES};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Intrinsic, NodeKind, Value};
@@ -91,16 +91,16 @@ impl Spread {
     }
 
     pub(super) fn slots(&self) -> usize {
-        ((self.width + i64::from(LANES) - 1) / i64::from(LANES)) as usize
+        ((self.width + i64::from(WARP_LANES) - 1) / i64::from(WARP_LANES)) as usize
     }
 
     /// Slot `slot`'s element of `lane`: its position in the row (0 past
     /// the width, so that it can be read) and, where the width is no
     /// multiple of a warp, whether it is one of the row's.
     pub(super) fn position(&self, e: &mut Emitter, lane: &str, slot: usize) -> (String, Option<String>) {
-        let first = e.index_constant(slot as i64 * i64::from(LANES));
+        let first = e.index_constant(slot as i64 * i64::from(WARP_LANES));
         let position = e.add(&first, lane);
-        if self.width % i64::from(LANES) == 0 {
+        if self.width % i64::from(WARP_LANES) == 0 {
             return (position, None);
         }
         let within = e.op(format!("arith.cmpi ult, {position}, {} : index", self.size));

@@ -13,7 +13,7 @@
 //! with the language's Euclidean division. The same body runs on the host
 //! (MLIR's CPU lowering) or as PTX.
 
-use super::emit::{register, Check, Combine, Emitter, Form, Kernel, Unsupported, LANES};
+use super::emit::{register, Check, Combine, Emitter, Form, Kernel, Unsupported, WARP_LANES};
 use linnet_ir::invariant::{invariants, Invariant};
 use linnet_ir::CmpOp;
 use linnet_ir::Dtype;
@@ -397,7 +397,7 @@ fn row_kernel(
     let mut e = Emitter::new(entry, at, 0, form);
     let leading_sizes: Vec<String> = leading.iter().map(|dim| e.dim_index(dim)).collect();
     let columns = e.dim_index(&last[0]);
-    let lanes = e.index_constant(i64::from(LANES));
+    let lanes = e.index_constant(i64::from(WARP_LANES));
     let combines: Vec<Combine> = shared
         .iter()
         .map(|reduction| match reduction {

@@ -35,7 +35,7 @@ use linnet_exec::BuildError;
 use linnet_ir::Model;
 use linnet_ir::{Entry, NodeKind};
 
-pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, LANES, THREADS};
+pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, THREADS, WARP_LANES};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use group::{groups, roles, Group, Role};

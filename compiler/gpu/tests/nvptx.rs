@@ -12,7 +12,7 @@ use linnet_exec::Machine;
 use linnet_frontend::driver::lower_package;
 use linnet_frontend::package::LoadOptions;
 use linnet_gpu::host::MlirHost;
-use linnet_gpu::{Form, Kernel, LANES};
+use linnet_gpu::{Form, Kernel, WARP_LANES};
 use linnet_ir::contraction;
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -72,9 +72,9 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
             let shape = &entry.nodes[launch.node].shape;
             if contraction::of(entry, launch.node).is_some() {
                 contractions += 1;
-                assert_eq!(launch.lanes, LANES, "a contraction's item is a warp's");
+                assert_eq!(launch.lanes, WARP_LANES, "a contraction's item is a warp's");
                 assert_eq!(launch.work.last(), shape.last(), "a contraction's items are per column");
-            } else if launch.lanes == LANES {
+            } else if launch.lanes == WARP_LANES {
                 rows += 1;
                 assert_eq!(launch.work, shape[..shape.len() - 1], "a row kernel's items are its rows");
             } else {
@@ -430,7 +430,7 @@ fn rows_sharing_reductions_meet_the_reference() {
         let kernel = &linnet_gpu::node_kernels(&entry, at, Form::Host)
             .expect("a compute node has a kernel")
             .expect("it builds")[0];
-        assert_eq!(kernel.lanes, LANES, "node {at} is not a row kernel: this test covers less than it says");
+        assert_eq!(kernel.lanes, WARP_LANES, "node {at} is not a row kernel: this test covers less than it says");
     }
     let model = Model { name: "rows".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     let input = || vec![Tensor::from_f32(Dtype::F32, vec![rows, columns], wave(rows * columns, 0, 2.0))];
@@ -477,7 +477,7 @@ fn attention_in_warps_meets_the_reference() {
     let entry = entry_of("attend", &inputs, vec![attention]);
     let kernel =
         &linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
-    assert_eq!(kernel.lanes, LANES, "attention is not in warps: this test covers less than it says");
+    assert_eq!(kernel.lanes, WARP_LANES, "attention is not in warps: this test covers less than it says");
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
     let mask: Vec<bool> = (0..queries * keys).map(|at| (at / keys == 1 && at % keys <= 20) || at / keys == 2).collect();
@@ -601,7 +601,7 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
     let kernels =
         linnet_gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has kernels").expect("they build");
     assert!(
-        kernels.iter().all(|kernel| kernel.lanes == LANES),
+        kernels.iter().all(|kernel| kernel.lanes == WARP_LANES),
         "the delta rule is not in warps: this test covers less than it says"
     );
     let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };

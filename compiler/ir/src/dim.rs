@@ -10,6 +10,9 @@ use std::rc::Rc;
 
 pub type Symbol = Rc<str>;
 
+/// Values of generics, by name.
+pub type Generics = std::collections::HashMap<Symbol, i64>;
+
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Atom {
     Generic(Symbol),
@@ -267,6 +270,16 @@ impl Dim {
             total = total.checked_add(product).ok_or(EvalError::Overflow)?;
         }
         Ok(total)
+    }
+
+    /// The value under values of the generics it mentions: the one way a
+    /// dim is evaluated once its generics are bound (a variadic shape's size
+    /// is not a generic's value, and is unknown here).
+    pub fn value_under(&self, generics: &Generics) -> Result<i64, EvalError> {
+        self.evaluate(&|atom| match atom {
+            Atom::Generic(name) => generics.get(name).copied(),
+            _ => None,
+        })
     }
 
     /// Every generic this dim mentions.

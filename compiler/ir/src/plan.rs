@@ -5,7 +5,7 @@
 //! computed once per loaded model rather than per call.
 
 use super::{Entry, Model, NodeKind, Scalar, Value};
-use crate::dim::{Atom, Symbol};
+use crate::dim::Symbol;
 use std::collections::HashMap;
 
 /// The values a node reads, each once.
@@ -52,11 +52,7 @@ pub fn peak_scratch(entry: &Entry, dims: &HashMap<Symbol, i64>) -> Option<usize>
         let node = &entry.nodes[at];
         let mut count = 1usize;
         for dim in &node.shape {
-            let value = dim.evaluate(&|atom| match atom {
-                Atom::Generic(name) => dims.get(name).copied(),
-                _ => None,
-            });
-            count = count.checked_mul(usize::try_from(value.ok()?).ok()?)?;
+            count = count.checked_mul(usize::try_from(dim.value_under(dims).ok()?).ok()?)?;
         }
         count.checked_mul(node.dtype.bytes())
     };

@@ -8,7 +8,7 @@ use linnet_frontend::package::NestValue;
 use linnet_frontend::sema::ty::{Axis, Elem, Ty};
 use linnet_frontend::source::{FileId, Span};
 use linnet_frontend::syntax::ast::{self, Item, Member};
-use linnet_ir::dim::Atom;
+use linnet_ir::dim::Generics;
 use linnet_ir::Dtype;
 use std::collections::HashMap;
 
@@ -44,14 +44,14 @@ pub fn references_at(checked: &Checked, file: FileId, offset: usize) -> Vec<Span
 }
 
 /// The model card's sizes and element types, `[check]` dims included.
-fn card_values(checked: &Checked) -> (HashMap<String, i64>, HashMap<String, Dtype>) {
-    let mut dims = HashMap::new();
+fn card_values(checked: &Checked) -> (Generics, HashMap<String, Dtype>) {
+    let mut dims = Generics::new();
     let mut elems = HashMap::new();
     if let Some(nest) = checked.package.as_ref().and_then(|p| p.nest.as_ref()) {
         for entry in nest.generics.iter().chain(&nest.check) {
             match &entry.value {
                 NestValue::Int(value) => {
-                    dims.insert(entry.name.clone(), *value);
+                    dims.insert(entry.name.as_str().into(), *value);
                 }
                 NestValue::Text(name) => {
                     if let Some(dtype) = Dtype::parse(name) {
@@ -84,13 +84,7 @@ pub fn concrete(checked: &Checked, ty: &Ty) -> Option<String> {
     let mut shape = Vec::new();
     for axis in &tensor.axes {
         let Axis::Dim(dim) = axis else { return None };
-        shape.push(
-            dim.evaluate(&|atom| match atom {
-                Atom::Generic(name) => dims.get(&**name).copied(),
-                _ => None,
-            })
-            .ok()?,
-        );
+        shape.push(dim.value_under(&dims).ok()?);
     }
     let dtype = match &tensor.elem {
         Elem::Known(dtype) => *dtype,

@@ -27,7 +27,7 @@ use std::collections::HashSet;
 type ClValue = cranelift_codegen::ir::Value;
 
 /// Positions computed at once.
-const LANES: i64 = 4;
+const VECTOR_LANES: i64 = 4;
 const F32X4: Type = types::F32X4;
 const I32X4: Type = types::I32X4;
 
@@ -119,7 +119,7 @@ impl Lowerer<'_, '_> {
 
         self.builder.switch_to_block(head);
         let at = self.builder.use_var(axis);
-        let last = self.builder.ins().iadd_imm_s(at, LANES);
+        let last = self.builder.ins().iadd_imm_s(at, VECTOR_LANES);
         let fits = self.builder.ins().icmp(IntCC::SignedLessThanOrEqual, last, end);
         self.builder.def_var(limit, end);
         self.builder.ins().brif(fits, body, &[], scalar, &[]);
@@ -138,10 +138,10 @@ impl Lowerer<'_, '_> {
         let bytes = self.builder.ins().imul_imm_s(flat, 4);
         let address = self.builder.ins().iadd(store.out, bytes);
         self.builder.ins().store(vector_flags(), value, address, 0);
-        let next_flat = self.builder.ins().iadd_imm_s(flat, LANES);
+        let next_flat = self.builder.ins().iadd_imm_s(flat, VECTOR_LANES);
         self.builder.def_var(store.flat, next_flat);
         let at = self.builder.use_var(axis);
-        let next = self.builder.ins().iadd_imm_s(at, LANES);
+        let next = self.builder.ins().iadd_imm_s(at, VECTOR_LANES);
         self.builder.def_var(axis, next);
         self.builder.ins().jump(head, &[]);
 
@@ -150,7 +150,7 @@ impl Lowerer<'_, '_> {
         self.builder.seal_block(fallback);
         let at = self.builder.use_var(four_from);
         self.builder.def_var(axis, at);
-        let four_on = self.builder.ins().iadd_imm_s(at, LANES);
+        let four_on = self.builder.ins().iadd_imm_s(at, VECTOR_LANES);
         self.builder.def_var(limit, four_on);
         self.builder.ins().jump(scalar, &[]);
 
@@ -349,7 +349,7 @@ impl Lowerer<'_, '_> {
         } else {
             self.constant(0.0)
         };
-        for lane in 0..LANES {
+        for lane in 0..VECTOR_LANES {
             let at = self.builder.ins().iadd_imm_s(base, lane);
             self.builder.def_var(index, at);
             let reg = self.scalar(scalar);
@@ -387,7 +387,7 @@ impl Lowerer<'_, '_> {
         let size = shape.last().cloned().expect("a load of positions has axes");
         if !self.inside(last, &size) {
             let size = self.dim(&size);
-            let last_lane = self.builder.ins().iadd_imm_s(first, LANES - 1);
+            let last_lane = self.builder.ins().iadd_imm_s(first, VECTOR_LANES - 1);
             let first_inside = self.builder.ins().icmp(IntCC::UnsignedLessThan, first, size);
             let last_inside = self.builder.ins().icmp(IntCC::UnsignedLessThan, last_lane, size);
             let inside = self.builder.ins().band(first_inside, last_inside);
@@ -473,7 +473,7 @@ impl Lowerer<'_, '_> {
 
         self.builder.switch_to_block(head);
         let first = self.builder.use_var(at);
-        let last = self.builder.ins().iadd_imm_s(first, LANES);
+        let last = self.builder.ins().iadd_imm_s(first, VECTOR_LANES);
         let fits = self.builder.ins().icmp(IntCC::SignedLessThanOrEqual, last, extent);
         self.builder.ins().brif(fits, body_block, &[], rest, &[]);
 
@@ -486,7 +486,7 @@ impl Lowerer<'_, '_> {
         let next = self.builder.ins().fadd(sum, x);
         self.builder.def_var(partial, next);
         let first = self.builder.use_var(at);
-        let next = self.builder.ins().iadd_imm_s(first, LANES);
+        let next = self.builder.ins().iadd_imm_s(first, VECTOR_LANES);
         self.builder.def_var(at, next);
         self.builder.ins().jump(head, &[]);
         self.builder.seal_block(head);
@@ -496,7 +496,7 @@ impl Lowerer<'_, '_> {
         self.builder.seal_block(rest);
         let lanes = self.builder.use_var(partial);
         let mut total = self.builder.ins().extractlane(lanes, 0);
-        for lane in 1..LANES as u8 {
+        for lane in 1..VECTOR_LANES as u8 {
             let value = self.builder.ins().extractlane(lanes, lane);
             total = self.builder.ins().fadd(total, value);
         }

@@ -3,14 +3,14 @@
 //! run at every point of the output shape.
 
 use crate::tensor::{Data, Tensor};
-use crate::{dim_value, Dims, NodeError, Values};
+use crate::{Dims, NodeError, Values};
 use linnet_ir::numerics::{self, bf16_value, math, round, wrap};
 use linnet_ir::Dtype;
 use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use std::collections::HashMap;
 
 fn dim(dim: &linnet_ir::dim::Dim, dims: &Dims) -> i64 {
-    dim_value(dim, dims).expect("an entry's dims are bound when it is called")
+    dim.value_under(dims).expect("an entry's dims are bound when it is called")
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -3,9 +3,9 @@
 //! element-level ones (the bodies of index definitions and reductions),
 //! all into `Compute` nodes.
 
-use super::{unsupported, Builder, Env, Instance, Lowerer, Result, Val};
+use super::{unsupported, Builder, Instance, Lowerer, Result, Val};
 use crate::sema::program::{GenericSig, ItemRef};
-use crate::sema::ty::{Axis, Ty};
+use crate::sema::ty::{self, Axis, Subst, Ty};
 use crate::source::Span;
 use crate::syntax::ast::{self, BinOp, CmpOp, Expr, ExprKind, GenericKind, IndexItem, Stmt, UnOp};
 use linnet_ir::dim::Dim;
@@ -38,7 +38,7 @@ pub(crate) struct Frame<'l, 'p, 'a> {
     builder: &'l mut Builder,
     instance: Option<Instance>,
     module: usize,
-    env: Env,
+    env: Subst,
     locals: Vec<HashMap<String, Val>>,
     indices: Vec<(String, IndexVar)>,
     generics: Vec<GenericSig>,
@@ -103,7 +103,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         builder: &'l mut Builder,
         instance: Option<Instance>,
         module: usize,
-        env: Env,
+        env: Subst,
         locals: HashMap<String, Val>,
     ) -> Self {
         Frame {
@@ -533,7 +533,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             if let Some(dtype) = Dtype::parse(&ident.name) {
                 return Ok(dtype);
             }
-            if let Some(dtype) = self.env.elems.get(ident.name.as_str()) {
+            if let Some(ty::Elem::Known(dtype)) = self.env.elems.get(ident.name.as_str()) {
                 return Ok(*dtype);
             }
         }
@@ -576,7 +576,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
     ) -> Result<Val> {
         let program = self.lowerer.program;
         let function = &program.fns[fn_id];
-        let mut env = instance.as_ref().map_or_else(Env::default, |i| i.env.clone());
+        let mut env = instance.as_ref().map_or_else(Subst::default, |i| i.env.clone());
         for (generic, arg) in function.generics.iter().zip(explicit) {
             match generic.kind {
                 GenericKind::Dim => {
@@ -585,7 +585,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 }
                 GenericKind::Float => {
                     let dtype = self.elem_arg(arg, span)?;
-                    env.elems.insert(generic.name.clone(), dtype);
+                    env.elems.insert(generic.name.clone(), ty::Elem::Known(dtype));
                 }
                 GenericKind::Shape => return Err(unsupported(span, "an explicit variadic shape")),
             }
@@ -595,9 +595,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             if let (Ty::Tensor(param), Val::Tensor(value)) = (param_ty, arg) {
                 let shape = self.builder.shape(*value).to_vec();
                 let dtype = self.builder.dtype(*value);
-                if let crate::sema::ty::Elem::Generic(name) = &param.elem {
+                if let ty::Elem::Generic(name) = &param.elem {
                     if own.contains(name) {
-                        env.elems.entry(name.clone()).or_insert(dtype);
+                        env.elems.entry(name.clone()).or_insert(ty::Elem::Known(dtype));
                     }
                 }
                 let shape_at = param.axes.iter().position(|a| matches!(a, Axis::Shape(_)));
@@ -609,7 +609,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     };
                     match axis {
                         Axis::Shape(name) if own.contains(name) => {
-                            env.shapes.entry(name.clone()).or_insert_with(|| shape[at..shape.len() - after].to_vec());
+                            env.shapes.entry(name.clone()).or_insert_with(|| {
+                                shape[at..shape.len() - after].iter().cloned().map(Axis::Dim).collect()
+                            });
                         }
                         Axis::Dim(dim) => {
                             if let Some(name) = dim.as_generic() {
@@ -657,7 +659,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         for ((name, param_ty, _), arg) in function.params.iter().zip(args) {
             let arg = match (param_ty, arg) {
                 (Ty::Tensor(tensor), Val::Literal(value, is_float)) if tensor.axes.is_empty() => {
-                    let dtype = env.elem(&tensor.elem);
+                    let dtype = env.dtype(&tensor.elem);
                     Val::Tensor(self.builder.compute(Vec::new(), literal(value, is_float, dtype)))
                 }
                 (_, arg) => arg,

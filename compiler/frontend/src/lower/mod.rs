@@ -6,14 +6,12 @@
 //! Lowering runs only on a package that checked clean; what it still
 //! cannot express is an error with a span, never a silent fallback.
 
-mod env;
 mod expr;
 
 use crate::diagnostic::Diagnostic;
 use crate::sema::program::{ItemRef, Program};
-use crate::sema::ty::Ty;
+use crate::sema::ty::{Elem, Subst, Ty};
 use crate::source::{FileId, SourceMap, Span};
-pub use env::Env;
 use linnet_ir::dim::{Dim, Symbol};
 use linnet_ir::Dtype;
 use linnet_ir::{self as ir, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
@@ -32,7 +30,7 @@ pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Box<Diagnostic
 #[derive(Clone, Debug)]
 pub struct Instance {
     pub block: usize,
-    pub env: Env,
+    pub env: Subst,
     pub path: String,
 }
 
@@ -57,16 +55,17 @@ pub struct Lowering {
     /// Run the standard library's attention and cache writes as kernels
     /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
-    /// Inline values read once into their consumer (`ir::fuse`), then
-    /// compute what is left only once (`ir::cse`), read views where they
-    /// lie (`ir::views`) and place independent nodes together
-    /// (`ir::schedule`).
-    pub fuse: bool,
+    /// Run the IR's optimizing passes: inline values read once into their
+    /// consumer (`ir::fuse`), then compute what is left only once
+    /// (`ir::cse`), read views where they lie (`ir::views`) and place
+    /// independent nodes together (`ir::schedule`). Off, the IR is the
+    /// source's as written: the reference that the passes are held to.
+    pub optimize: bool,
 }
 
 impl Default for Lowering {
     fn default() -> Lowering {
-        Lowering { library_kernels: true, fuse: true }
+        Lowering { library_kernels: true, optimize: true }
     }
 }
 
@@ -81,11 +80,11 @@ pub fn lower(
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
     };
-    let mut env = Env::default();
+    let mut env = Subst::default();
     for (name, value) in &values.dims {
         env.dims.insert(name.clone(), Dim::constant(*value));
     }
-    env.elems = values.elems.clone();
+    env.elems = values.elems.iter().map(|(name, dtype)| (name.clone(), Elem::Known(*dtype))).collect();
     let instance = Instance { block: root, env, path: String::new() };
     let mut lowerer = Lowerer {
         program,
@@ -104,7 +103,7 @@ pub fn lower(
         lowerer.model.entries.push(entry);
     }
     let mut model = lowerer.model;
-    if lowering.fuse {
+    if lowering.optimize {
         ir::fuse::fuse(&mut model);
         ir::cse::eliminate(&mut model);
         ir::views::read_through(&mut model);
@@ -132,12 +131,12 @@ impl Lowerer<'_, '_> {
     pub fn sub_instance(&self, parent: &Instance, sub: usize, path: String) -> Option<Instance> {
         let sig = &self.program.blocks[parent.block].subs[sub];
         let (block, args) = sig.target.as_ref()?;
-        let mut env = Env::default();
+        let mut env = Subst::default();
         for (name, dim) in &args.dims {
             env.dims.insert(name.clone(), parent.env.dim(dim));
         }
         for (name, elem) in &args.elems {
-            env.elems.insert(name.clone(), parent.env.elem(elem)?);
+            env.elems.insert(name.clone(), Elem::Known(parent.env.dtype(elem)?));
         }
         Some(Instance { block: *block, env, path })
     }
@@ -187,14 +186,14 @@ impl Lowerer<'_, '_> {
         Ok(())
     }
 
-    pub fn tensor_type(&self, ty: &Ty, env: &Env, span: Span) -> Result<(Vec<Dim>, Dtype)> {
+    pub fn tensor_type(&self, ty: &Ty, env: &Subst, span: Span) -> Result<(Vec<Dim>, Dtype)> {
         match ty {
             Ty::Tensor(tensor) => {
                 let shape = env
                     .shape(tensor)
                     .ok_or_else(|| unsupported(span, format!("the shape of `{ty}` is not known here")))?;
                 let dtype = env
-                    .elem(&tensor.elem)
+                    .dtype(&tensor.elem)
                     .ok_or_else(|| unsupported(span, format!("the element type of `{ty}` is not known here")))?;
                 Ok((shape, dtype))
             }

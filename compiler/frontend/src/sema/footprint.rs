@@ -52,11 +52,7 @@ pub fn human_bytes(bytes: u128) -> String {
 /// A dim's value; an overflow counts as larger than anything, a negative
 /// or unknown value (reported by the clauses) as nothing.
 fn size(dim: &Dim, values: &Values) -> u128 {
-    let value = dim.evaluate(&|atom| match atom {
-        linnet_ir::dim::Atom::Generic(name) => values.dims.get(name).copied(),
-        _ => None,
-    });
-    match value {
+    match dim.value_under(&values.dims) {
         Ok(value) => u128::try_from(value).unwrap_or(0),
         Err(EvalError::Overflow) => u128::MAX,
         Err(_) => 0,

@@ -48,11 +48,7 @@ impl Values {
     }
 
     pub fn eval(&self, dim: &Dim) -> Option<i64> {
-        dim.evaluate(&|atom| match atom {
-            Atom::Generic(name) => self.dims.get(name).copied(),
-            _ => None,
-        })
-        .ok()
+        dim.value_under(&self.dims).ok()
     }
 }
 

@@ -222,6 +222,27 @@ impl Subst {
         })
     }
 
+    /// The element type `elem` stands for, where it is known.
+    pub fn dtype(&self, elem: &Elem) -> Option<Dtype> {
+        match self.elem(elem) {
+            Elem::Known(dtype) => Some(dtype),
+            _ => None,
+        }
+    }
+
+    /// The dims of a tensor type's axes, where no variadic shape is left
+    /// unbound.
+    pub fn shape(&self, tensor: &TensorTy) -> Option<Vec<Dim>> {
+        self.tensor(tensor)
+            .axes
+            .into_iter()
+            .map(|axis| match axis {
+                Axis::Dim(dim) => Some(dim),
+                Axis::Shape(_) => None,
+            })
+            .collect()
+    }
+
     pub fn elem(&self, elem: &Elem) -> Elem {
         match elem {
             Elem::Generic(name) => self.elems.get(name).cloned().unwrap_or_else(|| elem.clone()),
