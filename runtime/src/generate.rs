@@ -93,7 +93,7 @@ pub fn generate(
         if let Some(message) = crate::sampling::not_a_number(row) {
             return Err(RunError::Assertion { entry: if step == 0 { "prefill" } else { "decode" }.into(), message });
         }
-        let next = sampling.choose(row, &history, rng);
+        let next = sampling.choose(row, &history, generated.len(), rng);
         generated.push(next);
         history.push(next);
         if !on_token(next) || stop.contains(&next) || step + 1 == max_tokens {

@@ -4,9 +4,9 @@
 
 use crate::random;
 use linnet_ir::Dtype;
-use linnet_ir::Model;
-use safetensors::tensor::TensorView;
+use linnet_ir::{Model, Param};
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::Path;
 
 fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
@@ -40,8 +40,50 @@ pub fn copy_text_files(package: &Path, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The bytes free on the file system that holds `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `stats` is written by
+    // statvfs before it is read, only when it succeeds.
+    let stats = unsafe {
+        if libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stats.assume_init()
+    };
+    Some(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+/// One shard's safetensors header: each tensor's dtype, shape and place,
+/// padded with spaces to a multiple of 8 bytes, as the format asks.
+fn shard_header(tensors: &[(&str, &Param)]) -> Result<(String, u64), String> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (name, param) in tensors {
+        let bytes = param
+            .shape
+            .iter()
+            .try_fold(param.dtype.bytes() as u64, |total, axis| total.checked_mul(*axis as u64))
+            .ok_or_else(|| format!("`{}` has more bytes than a file can hold", param.path))?;
+        let end = offset.checked_add(bytes).ok_or("the checkpoint has more bytes than a file can hold")?;
+        let dtype = serde_json::to_value(file_dtype(param.dtype)).expect("a dtype's name");
+        header.insert(
+            name.to_string(),
+            serde_json::json!({ "dtype": dtype, "shape": param.shape, "data_offsets": [offset, end] }),
+        );
+        offset = end;
+    }
+    let mut text = serde_json::to_string(&header).expect("JSON");
+    text.extend(std::iter::repeat_n(' ', (8 - text.len() % 8) % 8));
+    Ok((text, offset))
+}
+
 /// Writes `shards` files and `model.safetensors.index.json` into `dir`;
-/// returns the bytes written.
+/// returns the bytes written. Each tensor is drawn and written a chunk at a
+/// time, so a checkpoint larger than memory can be written; one larger
+/// than the disk's free space is refused before anything is written.
 pub fn write(
     model: &Model,
     bindings: &HashMap<String, String>,
@@ -56,39 +98,50 @@ pub fn write(
         return Err(format!("bindings.json names no tensor for: {}", missing.join(", ")));
     }
     let shards = shards.clamp(1, model.params.len().max(1));
-    let per_shard = model.params.len().div_ceil(shards);
-    let progress = indicatif::ProgressBar::new(model.params.len() as u64);
-    let mut weight_map = BTreeMap::new();
-    let mut total = 0;
-    for (shard, params) in model.params.chunks(per_shard).enumerate() {
-        let name = format!("model-{:05}-of-{:05}.safetensors", shard + 1, shards);
-        let offset = shard * per_shard;
-        let data: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = params
-            .iter()
-            .enumerate()
-            .map(|(at, param)| {
-                progress.inc(1);
-                let values = random::values(param, seed, offset + at);
-                (bindings[&param.path].clone(), param.dtype, param.shape.clone(), bytes(&values, param.dtype))
-            })
-            .collect();
-        let views = data
-            .iter()
-            .map(|(tensor, dtype, shape, raw)| {
-                TensorView::new(file_dtype(*dtype), shape.clone(), raw).map(|view| (tensor.clone(), view))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        let serialized = safetensors::serialize(views, None).map_err(|e| e.to_string())?;
-        total += serialized.len();
-        std::fs::write(dir.join(&name), serialized).map_err(|e| format!("{name}: {e}"))?;
-        for (tensor, ..) in &data {
-            weight_map.insert(tensor.clone(), name.clone());
+    let per_shard = model.params.len().div_ceil(shards).max(1);
+    let mut headers = Vec::new();
+    for params in model.params.chunks(per_shard) {
+        let tensors: Vec<(&str, &Param)> = params.iter().map(|p| (bindings[&p.path].as_str(), p)).collect();
+        headers.push(shard_header(&tensors)?);
+    }
+    let needed = headers.iter().try_fold(0u64, |total, (text, data)| total.checked_add(8 + text.len() as u64 + data));
+    let needed = needed.ok_or("the checkpoint has more bytes than a disk can hold")?;
+    if let Some(free) = free_bytes(dir) {
+        if needed > free {
+            return Err(format!(
+                "the checkpoint takes {needed} bytes and {} has {free} free: give a smaller model or another folder",
+                dir.display()
+            ));
         }
     }
+    let progress = indicatif::ProgressBar::new(needed);
+    let mut weight_map = BTreeMap::new();
+    let mut chunk = Vec::new();
+    for (shard, (params, (header, _))) in model.params.chunks(per_shard).zip(&headers).enumerate() {
+        let name = format!("model-{:05}-of-{:05}.safetensors", shard + 1, shards);
+        let path = dir.join(&name);
+        let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path).map_err(failed)?);
+        file.write_all(&(header.len() as u64).to_le_bytes()).map_err(failed)?;
+        file.write_all(header.as_bytes()).map_err(failed)?;
+        for (at, param) in params.iter().enumerate() {
+            let mut draw = random::Draw::new(param, seed, shard * per_shard + at);
+            loop {
+                draw.next_chunk(1 << 20, &mut chunk);
+                if chunk.is_empty() {
+                    break;
+                }
+                let raw = bytes(&chunk, param.dtype);
+                file.write_all(&raw).map_err(failed)?;
+                progress.inc(raw.len() as u64);
+            }
+            weight_map.insert(bindings[&param.path].clone(), name.clone());
+        }
+        file.flush().map_err(failed)?;
+    }
     progress.finish_and_clear();
-    let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+    let index = serde_json::json!({ "metadata": { "total_size": needed }, "weight_map": weight_map });
     std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("JSON"))
         .map_err(|e| e.to_string())?;
-    Ok(total)
+    Ok(needed as usize)
 }

@@ -109,7 +109,7 @@ pub fn load_on(
     let built = artifact::read(&dir)?;
     let Artifact { manifest, model } = &built;
     let params = match weights {
-        Weights::Random(seed) => random::params(model, *seed),
+        Weights::Random(seed) => random::params(model, *seed)?,
         Weights::Checkpoint { dir: given, non_finite } => {
             let source = &manifest.weights;
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;

@@ -126,6 +126,10 @@ enum Command {
         /// `Retry-After` instead of queueing without bound.
         #[arg(long, default_value_t = 256)]
         queue: usize,
+        /// Require `Authorization: Bearer KEY` on every `/v1` route (and
+        /// `/tokenize`, `/detokenize`); else `$LINNET_API_KEY`, if set.
+        #[arg(long)]
+        api_key: Option<String>,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -317,12 +321,23 @@ fn generate_text(
         top_p: sampling.top_p,
         min_p: sampling.min_p,
         repetition_penalty: sampling.repetition_penalty,
+        ..Sampling::default()
     };
     settings.validate()?;
+    if max_tokens == 0 {
+        return Err("--max-tokens must be at least 1".into());
+    }
+    if prompt.as_deref() == Some("") {
+        return Err("--prompt is empty: give the text to continue".into());
+    }
     let Loaded { mut machine, text, .. } = load(model)?;
     let prompt_ids = match (&prompt, &text) {
         (Some(prompt), Some(text)) => {
-            let prompt = if chat { text.chat(&[("user".to_string(), prompt.clone())])? } else { prompt.clone() };
+            let prompt = if chat {
+                text.chat(&[serde_json::json!({ "role": "user", "content": prompt })], &serde_json::Map::new())?
+            } else {
+                prompt.clone()
+            };
             text.encode(&prompt)?
         }
         (Some(_), None) => return Err("--prompt needs a tokenizer.json beside the weights; pass --prompt-ids".into()),
@@ -330,6 +345,9 @@ fn generate_text(
         (None, _) if prompt_ids.is_empty() => return Err("give a prompt: --prompt TEXT or --prompt-ids 1,2,3".into()),
         (None, _) => prompt_ids,
     };
+    if prompt_ids.is_empty() {
+        return Err("the prompt makes no tokens: give text the tokenizer reads as at least one token".into());
+    }
     let stop = text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let mut stream = text.as_ref().filter(|_| !print_ids).map(linnet_runtime::text::Stream::new);
     let mut stdout = std::io::stdout();
@@ -371,9 +389,11 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
-        Command::Serve { model, host, port, queue } => {
+        Command::Serve { model, host, port, queue, api_key } => {
             let loader = model.clone();
-            linnet_runtime::server::serve(move || load(&loader), &host, port, queue)
+            let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
+            let options = linnet_runtime::server::Options { host, port, queue, api_key };
+            linnet_runtime::server::serve(move || load(&loader), options)
         }
         Command::InitWeights { package, nest, overrides, seed, shards, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };

@@ -17,24 +17,12 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
     };
     let header = std::str::from_utf8(bytes.get(start..start + header_len).ok_or("truncated header")?)
         .map_err(|_| "header is not text")?;
-    let field = |key: &str| -> Option<&str> {
-        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
-        Some(header[at..].trim_start().trim_start_matches(':').trim_start())
-    };
-    let descr = field("descr").and_then(|rest| rest.split('\'').nth(1)).ok_or("no descr")?;
-    if field("fortran_order").is_some_and(|rest| rest.starts_with("True")) {
+    let Header { descr, fortran_order, shape } = Header::parse(header)?;
+    if fortran_order {
         return Err("Fortran-ordered arrays are not supported; save with C order".into());
     }
-    let shape_text = field("shape")
-        .and_then(|rest| rest.strip_prefix('('))
-        .and_then(|rest| rest.split(')').next())
-        .ok_or("no shape")?;
-    let shape: Vec<usize> = shape_text
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape `{shape_text}`")))
-        .collect::<Result<_, _>>()?;
+    let shape_text = shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let descr = descr.as_str();
     let body = &bytes[start + header_len..];
     let count = shape.iter().try_fold(1usize, |count, axis| count.checked_mul(*axis));
     let (dtype, width) = match descr {
@@ -70,6 +58,87 @@ pub fn read(bytes: &[u8]) -> Result<Tensor, String> {
 }
 
 /// Writes floats as `<f4`, integers as `<i4`/`<i8`, bools as `|b1`.
+/// An `.npy` header: the Python dict literal `{'descr': '<f4',
+/// 'fortran_order': False, 'shape': (2, 3), }`, read whole and strictly: a
+/// missing bracket, an unknown key or a key given twice is an error.
+struct Header {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<usize>,
+}
+
+impl Header {
+    fn parse(text: &str) -> Result<Header, String> {
+        let malformed = |why: &str| format!("malformed header ({why}): {}", text.trim_end());
+        let mut rest = text.trim_start().strip_prefix('{').ok_or_else(|| malformed("no opening `{`"))?;
+        let (mut descr, mut fortran_order, mut shape) = (None, None, None);
+        loop {
+            rest = rest.trim_start();
+            if rest.is_empty() {
+                return Err(malformed("no closing `}`"));
+            }
+            if let Some(after) = rest.strip_prefix('}') {
+                if !after.trim().is_empty() {
+                    return Err(malformed("text after the closing `}`"));
+                }
+                break;
+            }
+            let (key, after) = quoted(rest).ok_or_else(|| malformed("a key is not a quoted string"))?;
+            rest = after.trim_start().strip_prefix(':').ok_or_else(|| malformed("no `:` after a key"))?.trim_start();
+            let twice = || malformed(&format!("`{key}` given twice"));
+            rest = match key {
+                "descr" => {
+                    let (value, after) = quoted(rest).ok_or_else(|| malformed("`descr` is not a quoted string"))?;
+                    descr.replace(value.to_string()).map_or(Ok(()), |_| Err(twice()))?;
+                    after
+                }
+                "fortran_order" => {
+                    let (value, after) = if let Some(after) = rest.strip_prefix("True") {
+                        (true, after)
+                    } else if let Some(after) = rest.strip_prefix("False") {
+                        (false, after)
+                    } else {
+                        return Err(malformed("`fortran_order` is neither True nor False"));
+                    };
+                    fortran_order.replace(value).map_or(Ok(()), |_| Err(twice()))?;
+                    after
+                }
+                "shape" => {
+                    let inner = rest.strip_prefix('(').ok_or_else(|| malformed("`shape` is not a tuple"))?;
+                    let close = inner.find(')').ok_or_else(|| malformed("`shape` has no closing `)`"))?;
+                    let axes = inner[..close]
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse::<usize>().map_err(|_| malformed(&format!("bad axis `{s}` in `shape`"))))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    shape.replace(axes).map_or(Ok(()), |_| Err(twice()))?;
+                    &inner[close + 1..]
+                }
+                other => return Err(malformed(&format!("unknown key `{other}`"))),
+            };
+            rest = rest.trim_start();
+            match rest.strip_prefix(',') {
+                Some(after) => rest = after,
+                None if rest.starts_with('}') => {}
+                None => return Err(malformed("no `,` or `}` after a value")),
+            }
+        }
+        Ok(Header {
+            descr: descr.ok_or_else(|| malformed("no `descr`"))?,
+            fortran_order: fortran_order.ok_or_else(|| malformed("no `fortran_order`"))?,
+            shape: shape.ok_or_else(|| malformed("no `shape`"))?,
+        })
+    }
+}
+
+/// A single-quoted string at the start of `text`, and what follows it.
+fn quoted(text: &str) -> Option<(&str, &str)> {
+    let inner = text.strip_prefix('\'')?;
+    let end = inner.find('\'')?;
+    Some((&inner[..end], &inner[end + 1..]))
+}
+
 pub fn write(tensor: &Tensor) -> Vec<u8> {
     let descr = match tensor.dtype {
         Dtype::I32 => "<i4",
@@ -112,6 +181,36 @@ mod tests {
         assert_eq!(read(&write(&tensor)).unwrap(), tensor);
         let ints = Tensor::from_i64(Dtype::I32, vec![4], vec![1, 2, -3, 4]);
         assert_eq!(read(&write(&ints)).unwrap(), ints);
+    }
+
+    /// A header missing its closing brackets, or with a key twice or one
+    /// NumPy does not write, is refused, not read as far as it goes.
+    #[test]
+    fn rejects_a_malformed_header() {
+        let good = write(&Tensor::from_f32(Dtype::F32, vec![2], vec![1.0, 2.0]));
+        assert!(read(&good).is_ok());
+        let header = |text: &str| {
+            let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+            bytes.extend((text.len() as u16).to_le_bytes());
+            bytes.extend(text.as_bytes());
+            bytes.extend([0u8; 8]);
+            bytes
+        };
+        for (text, why) in [
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,", "`shape` has no closing `)`"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), ", "no closing `}`"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,) 'x'}", "no `,` or `}`"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,) }x", "text after"),
+            ("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "given twice"),
+            ("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,)}", "neither True nor False"),
+            ("{'descr': '<f4', 'shape': (2,), 'extra': 1}", "unknown key"),
+            ("{'descr': '<f4', 'shape': (2,)}", "no `fortran_order`"),
+        ] {
+            let error = read(&header(text)).unwrap_err();
+            assert!(error.contains(why), "{text}: {error}");
+        }
+        let padded = header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }          \n");
+        assert_eq!(read(&padded).unwrap().shape, vec![2]);
     }
 
     #[test]

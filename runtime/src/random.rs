@@ -11,15 +11,30 @@ use linnet_ir::Dtype;
 use linnet_ir::{Model, Param};
 use rayon::prelude::*;
 
-/// One parameter's values, from its own stream of the seed.
-pub fn values(param: &Param, seed: u64, index: usize) -> Vec<f32> {
-    let mut rng = Rng::new(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let count: usize = param.shape.iter().product();
-    let scale = match param.shape.as_slice() {
-        [] | [_] => 0.1,
-        [.., fan_in] => (3.0 / (*fan_in).max(1) as f64).sqrt(),
-    };
-    (0..count).map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32).collect()
+/// A parameter's values, drawn from its own stream of the seed, in order.
+pub struct Draw {
+    rng: Rng,
+    scale: f64,
+    left: usize,
+}
+
+impl Draw {
+    pub fn new(param: &Param, seed: u64, index: usize) -> Draw {
+        let rng = Rng::new(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let scale = match param.shape.as_slice() {
+            [] | [_] => 0.1,
+            [.., fan_in] => (3.0 / (*fan_in).max(1) as f64).sqrt(),
+        };
+        Draw { rng, scale, left: param.shape.iter().product() }
+    }
+
+    /// The next values, at most `most` of them; empty when all are drawn.
+    pub fn next_chunk(&mut self, most: usize, out: &mut Vec<f32>) {
+        out.clear();
+        let count = most.min(self.left);
+        out.extend((0..count).map(|_| ((self.rng.next_f64() * 2.0 - 1.0) * self.scale) as f32));
+        self.left -= count;
+    }
 }
 
 /// One parameter's draw: bf16 ones as their bits.
@@ -28,23 +43,38 @@ enum Drawn {
     Bits(Vec<u16>),
 }
 
+/// One parameter's values in memory, or why they cannot be held.
+fn draw(param: &Param, seed: u64, index: usize) -> Result<Drawn, String> {
+    let count: usize = param.shape.iter().product();
+    let refused = || format!("cannot hold `{}` ({count} values of {}) in memory", param.path, param.dtype.name());
+    let mut draw = Draw::new(param, seed, index);
+    let mut chunk = Vec::new();
+    if param.dtype == Dtype::Bf16 {
+        let mut bits = Vec::new();
+        bits.try_reserve_exact(count).map_err(|_| refused())?;
+        while draw.left > 0 {
+            draw.next_chunk(1 << 20, &mut chunk);
+            bits.extend(chunk.iter().map(|v| bf16_bits(*v)));
+        }
+        Ok(Drawn::Bits(bits))
+    } else {
+        let mut values = Vec::new();
+        values.try_reserve_exact(count).map_err(|_| refused())?;
+        while draw.left > 0 {
+            draw.next_chunk(1 << 20, &mut chunk);
+            values.extend_from_slice(&chunk);
+        }
+        Ok(Drawn::Floats(values))
+    }
+}
+
 /// Every parameter of `model`, drawn in parallel, bf16 ones held as their
-/// bits (as a checkpoint's are: a full-size model's draw fits in memory).
-pub fn params(model: &Model, seed: u64) -> Vec<Tensor> {
-    let drawn: Vec<Drawn> = model
-        .params
-        .par_iter()
-        .enumerate()
-        .map(|(index, param)| {
-            let values = values(param, seed, index);
-            if param.dtype == Dtype::Bf16 {
-                Drawn::Bits(values.iter().map(|v| bf16_bits(*v)).collect())
-            } else {
-                Drawn::Floats(values)
-            }
-        })
-        .collect();
-    model
+/// bits (as a checkpoint's are: a full-size model's draw fits in memory);
+/// a parameter too large to hold is an error that names it.
+pub fn params(model: &Model, seed: u64) -> Result<Vec<Tensor>, String> {
+    let drawn: Vec<Drawn> =
+        model.params.par_iter().enumerate().map(|(index, param)| draw(param, seed, index)).collect::<Result<_, _>>()?;
+    Ok(model
         .params
         .iter()
         .zip(drawn)
@@ -54,5 +84,5 @@ pub fn params(model: &Model, seed: u64) -> Vec<Tensor> {
                 Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) }
             }
         })
-        .collect()
+        .collect())
 }

@@ -3,6 +3,7 @@
 //! `chat_template.jinja`, rendered with minijinja), and its end-of-sequence
 //! ids (`generation_config.json`, else `config.json`).
 
+use serde_json::{Map, Value};
 use std::path::Path;
 use tokenizers::Tokenizer;
 
@@ -59,19 +60,31 @@ impl TextModel {
         self.chat_template.is_some()
     }
 
-    /// The prompt for a conversation, ready for the assistant's turn.
-    pub fn chat(&self, messages: &[(String, String)]) -> Result<String, String> {
+    /// The prompt for a conversation, ready for the assistant's turn:
+    /// `messages` as the chat API sends them (`role`, `content`, and what
+    /// else the template reads), `options` the template's own variables
+    /// (`chat_template_kwargs`: `enable_thinking`, …).
+    pub fn chat(&self, messages: &[Value], options: &Map<String, Value>) -> Result<String, String> {
         let template = self.chat_template.as_ref().ok_or("the checkpoint has no chat template")?;
-        let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
-        });
-        env.add_template("chat", template).map_err(|e| format!("the chat template does not parse: {e}"))?;
-        let messages: Vec<_> = messages.iter().map(|(role, content)| minijinja::context! { role, content }).collect();
-        env.get_template("chat")
-            .and_then(|t| t.render(minijinja::context! { messages, add_generation_prompt => true }))
-            .map_err(|e| format!("the chat template failed: {e}"))
+        render_chat(template, messages, options)
     }
+}
+
+/// Renders a chat template as Jinja2 in Python would: Python's string and
+/// list methods (`startswith`, `split`, `strip`, …) through minijinja's
+/// Python compatibility, `raise_exception` as templates call it, and
+/// `messages` and `add_generation_prompt` over the caller's options.
+pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Value>) -> Result<String, String> {
+    let mut env = minijinja::Environment::new();
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+    });
+    env.add_template("chat", template).map_err(|e| format!("the chat template does not parse: {e}"))?;
+    let mut context = options.clone();
+    context.insert("messages".into(), Value::Array(messages.to_vec()));
+    context.insert("add_generation_prompt".into(), Value::Bool(true));
+    env.get_template("chat").and_then(|t| t.render(&context)).map_err(|e| format!("the chat template failed: {e}"))
 }
 
 /// Text decoded so far, handing out only what is new each time (a token
@@ -96,5 +109,50 @@ impl<'t> Stream<'t> {
         let new = all[self.shown..].to_string();
         self.shown = all.len();
         new
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen35() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/chat-templates/qwen3.5.jinja");
+        std::fs::read_to_string(path).expect("the Qwen3.5 template fixture")
+    }
+
+    fn messages() -> Vec<Value> {
+        vec![
+            json!({ "role": "system", "content": "You are terse." }),
+            json!({ "role": "user", "content": "Hi" }),
+            json!({ "role": "assistant", "content": "<think>\nhmm\n</think>\n\nHello" }),
+            json!({ "role": "user", "content": [{ "type": "text", "text": "Bye" }] }),
+        ]
+    }
+
+    /// The real template calls Python's string methods (`startswith`,
+    /// `split`, `rstrip`, `lstrip`): it renders, the earlier turn's
+    /// thinking dropped, thinking opened for the answer unless the caller
+    /// turns it off.
+    #[test]
+    fn the_qwen35_template_renders_as_python_jinja_does() {
+        let turns = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                     <|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n";
+        let thinking = render_chat(&qwen35(), &messages(), &Map::new()).unwrap();
+        assert_eq!(thinking, format!("{turns}<think>\n"));
+        let options = json!({ "enable_thinking": false }).as_object().unwrap().clone();
+        let direct = render_chat(&qwen35(), &messages(), &options).unwrap();
+        assert_eq!(direct, format!("{turns}<think>\n\n</think>\n\n"));
+    }
+
+    /// What the template refuses (`raise_exception`) is an error that says
+    /// so, not a panic or an empty prompt.
+    #[test]
+    fn a_template_that_raises_is_an_error_with_its_words() {
+        let error = render_chat(&qwen35(), &[], &Map::new()).unwrap_err();
+        assert!(error.contains("No messages provided"), "{error}");
+        let error = render_chat(&qwen35(), &[json!({ "role": "robot", "content": "x" })], &Map::new()).unwrap_err();
+        assert!(error.contains("No user query found"), "{error}");
     }
 }

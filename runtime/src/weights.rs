@@ -246,18 +246,32 @@ pub fn load(
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
             continue;
         };
-        let parts = stored(name).map(|tensor| vec![vec![tensor]]).or_else(|| {
-            let experts = crate::experts::per_expert_parts(name, *param.shape.first()?)?;
-            experts
-                .iter()
-                .map(|parts| parts.iter().map(|part| stored(part)).collect::<Option<Vec<_>>>())
-                .collect::<Option<Vec<_>>>()
-        });
-        let Some(parts) = parts else {
-            if problems.iter().all(|p| !p.contains("corrupt")) {
-                problems.push(format!("parameter `{}`: the checkpoint has no tensor `{name}`", param.path));
+        let per_expert = || crate::experts::per_expert_parts(name, *param.shape.first()?);
+        let parts = match (stored(name), per_expert()) {
+            (Some(tensor), _) => vec![vec![tensor]],
+            (None, Some(experts)) if experts.iter().flatten().any(|part| stored(part).is_some()) => {
+                // The experts are stored one tensor each: name the parts
+                // that are missing, not the fused tensor.
+                let missing: Vec<&String> = experts.iter().flatten().filter(|part| stored(part).is_none()).collect();
+                if let Some(first) = missing.first() {
+                    let more = match missing.len() {
+                        1 => String::new(),
+                        count => format!(" and {} more", count - 1),
+                    };
+                    problems.push(format!(
+                        "parameter `{}`: the checkpoint stores `{name}` one tensor per expert but has no `{first}`{more}",
+                        param.path
+                    ));
+                    continue;
+                }
+                experts.iter().map(|parts| parts.iter().filter_map(|part| stored(part)).collect()).collect()
             }
-            continue;
+            (None, _) => {
+                if problems.iter().all(|p| !p.contains("corrupt")) {
+                    problems.push(format!("parameter `{}`: the checkpoint has no tensor `{name}`", param.path));
+                }
+                continue;
+            }
         };
         unfinite.extend(
             parts

@@ -53,6 +53,21 @@ fn generate_prints_the_greedy_ids() {
     assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
 }
 
+/// An empty prompt and no tokens to generate are refused by name, before
+/// anything loads: neither is a silent success.
+#[test]
+fn generate_refuses_an_empty_prompt_and_no_tokens() {
+    for (args, expected) in [
+        (&["generate", "--prompt", "", "--max-tokens", "4"][..], "--prompt is empty"),
+        (&["generate", "--prompt-ids", "1,2", "--max-tokens", "0"][..], "--max-tokens must be at least 1"),
+    ] {
+        let output = linnet(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty());
+    }
+}
+
 #[test]
 fn run_writes_npy_and_reports_bad_arguments() {
     let dir = std::env::temp_dir().join(format!("linnet-cli-{}", std::process::id()));
@@ -103,6 +118,28 @@ fn the_cuda_backend_says_plainly_why_it_cannot_run() {
         // A machine with a GPU: the call goes on to the inputs' check.
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+/// A random checkpoint larger than the disk is refused before anything
+/// is written, with the bytes it takes: not an abort on a failed
+/// allocation, not a disk filled to the brim.
+#[test]
+fn init_weights_refuses_a_checkpoint_larger_than_the_disk() {
+    let dir = std::env::temp_dir().join(format!("linnet-huge-{}", std::process::id()));
+    let output = linnet_plain(&[
+        "init-weights",
+        "examples/tiny-qwen",
+        "--set",
+        "Vocab=1099511627776",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("bytes and") && stderr.contains("free"), "{stderr}");
+    let written = std::fs::read_dir(&dir).map_or(0, |entries| entries.count());
+    assert_eq!(written, 0, "nothing is written");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The newcomer's path through the example: random weights, text

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{oracle, oracle_options as options, root};
+use common::{altered, oracle, oracle_options as options, rewritten, root};
 
 fn load(weights: &Path) -> Result<Machine, String> {
     load_with(weights, NonFinite::Refuse)
@@ -23,63 +23,6 @@ fn load(weights: &Path) -> Result<Machine, String> {
 fn load_with(weights: &Path, non_finite: NonFinite) -> Result<Machine, String> {
     let weights = linnet_runtime::Weights::Checkpoint { dir: Some(weights.to_path_buf()), non_finite };
     linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights).map(|loaded| loaded.machine)
-}
-
-type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
-
-/// Every shard of the f32 checkpoint through `change`, into a fresh folder;
-/// the index is rewritten to name each tensor's new shard.
-fn rewritten(case: &str, mut change: impl FnMut(&mut Vec<Stored>)) -> PathBuf {
-    let source = oracle().join("weights-f32");
-    let target = std::env::temp_dir().join(format!("linnet-weights-{case}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&target);
-    std::fs::create_dir_all(&target).unwrap();
-    let mut weight_map = serde_json::Map::new();
-    let mut index = None;
-    for entry in std::fs::read_dir(&source).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        let bytes = std::fs::read(&path).unwrap();
-        if name == "model.safetensors.index.json" {
-            index = Some(serde_json::from_slice::<serde_json::Value>(&bytes).unwrap());
-            continue;
-        }
-        if path.extension().is_none_or(|e| e != "safetensors") {
-            std::fs::write(target.join(name), bytes).unwrap();
-            continue;
-        }
-        let file = SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<Stored> = file
-            .tensors()
-            .into_iter()
-            .map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec()))
-            .collect();
-        change(&mut tensors);
-        for (tensor, ..) in &tensors {
-            weight_map.insert(tensor.clone(), serde_json::Value::String(name.clone()));
-        }
-        let views: Vec<(String, TensorView)> = tensors
-            .iter()
-            .map(|(n, dtype, shape, data)| (n.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap()))
-            .collect();
-        std::fs::write(target.join(name), safetensors::serialize(views, None).unwrap()).unwrap();
-    }
-    if let Some(mut index) = index {
-        index["weight_map"] = serde_json::Value::Object(weight_map);
-        std::fs::write(target.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    }
-    target
-}
-
-/// A copy of the f32 checkpoint in a fresh folder, with `change` applied
-/// to the shard holding `tensor`.
-fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<Stored>)) -> PathBuf {
-    let mut change = Some(change);
-    rewritten(case, |tensors| {
-        if tensors.iter().any(|(name, ..)| name == tensor) {
-            (change.take().expect("one shard holds it"))(tensors);
-        }
-    })
 }
 
 const NORM: &str = "model.language_model.norm.weight";
@@ -232,6 +175,36 @@ fn experts_stored_one_tensor_per_expert_are_stacked() {
     let expected = load(&oracle().join("weights-f32")).unwrap().call("forward", tokens()).unwrap();
     let stacked = load(&dir).unwrap().call("forward", tokens()).unwrap();
     assert_eq!(stacked, expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An expert's part missing from a checkpoint stored one tensor per
+/// expert is named itself, not as the fused tensor the bindings name.
+#[test]
+fn a_missing_experts_part_is_named() {
+    let dir = rewritten("per-expert-missing", |tensors| {
+        let mut split = Vec::new();
+        tensors.retain(|(name, dtype, shape, data)| {
+            let Some((prefix, "down_proj")) = name.rsplit_once(".experts.") else { return true };
+            let row_bytes = data.len() / shape[0];
+            for expert in 0..shape[0] {
+                let part = format!("{prefix}.experts.{expert}.down_proj.weight");
+                if !(expert == 1 && prefix.ends_with("layers.1.mlp")) {
+                    let bytes = data[expert * row_bytes..(expert + 1) * row_bytes].to_vec();
+                    split.push((part, *dtype, shape[1..].to_vec(), bytes));
+                }
+            }
+            false
+        });
+        tensors.extend(split);
+    });
+    let error = load(&dir).err().expect("a part is missing");
+    assert!(
+        error.contains(
+            "one tensor per expert but has no `model.language_model.layers.1.mlp.experts.1.down_proj.weight`"
+        ),
+        "{error}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

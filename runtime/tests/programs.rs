@@ -153,7 +153,7 @@ fn random_linnet_programs_agree_everywhere() {
                         .unwrap();
                     panic!("program {seed} does not build:\n{source}\n{}", String::from_utf8_lossy(&out))
                 });
-            let params = linnet_runtime::random::params(&model, seed);
+            let params = linnet_runtime::random::params(&model, seed).expect("the parameters fit in memory");
             (model, params)
         };
         let reference_machine = |lowering| {
@@ -202,7 +202,7 @@ fn integer_literals_fold_as_the_runtime_divides() {
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|_| panic!("lowers"));
-    let params = linnet_runtime::random::params(&model, 1);
+    let params = linnet_runtime::random::params(&model, 1).expect("the parameters fit in memory");
     let x = Tensor::from_f32(Dtype::F32, vec![3, 8], vec![0.0; 24]);
     let idx = Tensor::from_i64(Dtype::I32, vec![3], vec![0, 1, -2]);
     // 3·idx − 4 + 0 + 2 + 0
@@ -233,7 +233,7 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|_| panic!("lowers"));
-    let params = linnet_runtime::random::params(&model, 1);
+    let params = linnet_runtime::random::params(&model, 1).expect("the parameters fit in memory");
     let row: Vec<f32> = (1..=8).map(|h| h as f32).collect();
     let x = Tensor::from_f32(Dtype::F32, vec![2, 8], [row.clone(), row].concat());
     let idx = Tensor::from_i64(Dtype::I32, vec![2], vec![0, 1]);

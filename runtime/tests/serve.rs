@@ -6,12 +6,11 @@
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
+use common::{altered, root};
 
 struct Server {
     child: Child,
@@ -24,6 +23,10 @@ impl Server {
     }
 
     fn start_with(extra: &[&str]) -> Server {
+        Server::start_on(&root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32"), extra)
+    }
+
+    fn start_on(weights: &Path, extra: &[&str]) -> Server {
         let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
         let mut child = Command::new(env!("CARGO_BIN_EXE_linnet"))
             .arg("serve")
@@ -31,7 +34,7 @@ impl Server {
             .arg("--nest")
             .arg(oracle.join("package/nest-f32.toml"))
             .arg("--weights")
-            .arg(oracle.join("weights-f32"))
+            .arg(weights)
             .args(["--port", "0"])
             .args(extra)
             .env("LINNET_STDLIB", root().join("stdlib"))
@@ -51,10 +54,16 @@ impl Server {
 
     /// Status and body of one request.
     fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.call_with(method, path, body, "")
+    }
+
+    /// Status and body of one request with more header lines (each ending
+    /// in `\r\n`).
+    fn call_with(&self, method: &str, path: &str, body: &str, headers: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(
             stream,
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -146,12 +155,8 @@ fn a_server_session() {
     assert_eq!(status, 400);
     // Fields that would change the answer and are not done yet are refused
     // by name, not ignored; their "not asked for" values are accepted.
-    for (field, value) in [
-        ("n", json!(2)),
-        ("logprobs", json!(true)),
-        ("echo", json!(true)),
-        ("stream_options", json!({ "include_usage": true })),
-    ] {
+    for (field, value) in [("n", json!(2)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))]
+    {
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
         body[field] = value;
         let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
@@ -269,4 +274,170 @@ fn ctrl_c_stops_the_server() {
     assert!(status.success());
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+/// What clients of an OpenAI-compatible server lean on: an API key on every
+/// `/v1` route (not `/health`), a model's own card, tokenize and
+/// detokenize, OpenAI's ranges and whole numbers, penalties, ids that never
+/// repeat, fields not done yet refused by name, and `/metrics`.
+#[test]
+fn the_server_for_clients_and_operators() {
+    let server = Server::start_with(&["--api-key", "sk-test"]);
+    let key = "Authorization: Bearer sk-test\r\n";
+    let body = json!({ "prompt": [1, 2], "max_tokens": 2, "temperature": 0 }).to_string();
+    for headers in ["", "Authorization: Bearer sk-tesT\r\n", "Authorization: sk-test\r\n"] {
+        let (status, response) = server.call_with("POST", "/v1/completions", &body, headers);
+        assert!(status == 401 && response.contains("invalid_api_key"), "{headers:?}: {status} {response}");
+    }
+    assert_eq!(server.call_with("GET", "/v1/models", "", "").0, 401);
+    assert_eq!(server.call("GET", "/health", "").0, 200);
+    let call = |method: &str, path: &str, body: &str| server.call_with(method, path, body, key);
+
+    let (status, first) = call("POST", "/v1/completions", &body);
+    let (_, second) = call("POST", "/v1/completions", &body);
+    assert_eq!(status, 200, "{first}");
+    let id = |response: &str| serde_json::from_str::<Value>(response).unwrap()["id"].as_str().unwrap().to_string();
+    assert_ne!(id(&first), id(&second), "response ids repeat");
+
+    let (_, models) = call("GET", "/v1/models", "");
+    let name = serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"].as_str().unwrap().to_string();
+    let (status, card) = call("GET", &format!("/v1/models/{name}"), "");
+    assert!(status == 200 && card.contains(&format!(r#""id":"{name}""#)), "{card}");
+    assert_eq!(call("GET", "/v1/models/gpt-4", "").0, 404);
+
+    let (status, tokens) = call("POST", "/tokenize", r#"{"prompt": "t5 t17 t42"}"#);
+    let tokens: Value = serde_json::from_str(&tokens).unwrap();
+    assert!(status == 200 && tokens["count"] == 3, "{tokens}");
+    let (status, text) = call("POST", "/detokenize", &json!({ "tokens": tokens["tokens"] }).to_string());
+    assert!(status == 200 && text.contains(r#""prompt":"t5 t17 t42""#), "{text}");
+    assert_eq!(call("POST", "/detokenize", r#"{"tokens": [1, -2]}"#).0, 400);
+    let chat = json!({ "messages": [{ "role": "user", "content": "t5" }] }).to_string();
+    assert_eq!(call("POST", "/tokenize", &chat).0, 200);
+
+    // Whole numbers in OpenAI's ranges, said plainly; penalties honoured.
+    for (field, value, said) in [
+        ("max_tokens", json!(0), "whole number from 1 to"),
+        ("max_tokens", json!(2.7), "whole number from 1 to"),
+        ("seed", json!(18446744073709552000.0), "whole number from 0 to"),
+        ("seed", json!(-1), "whole number from 0 to"),
+        ("frequency_penalty", json!(3), "-2..=2"),
+        ("presence_penalty", json!("high"), "must be a number"),
+        ("tools", json!([{ "type": "function", "function": { "name": "f" } }]), "`tools`"),
+        ("tool_choice", json!("required"), "`tool_choice`"),
+        ("response_format", json!({ "type": "json_object" }), "`response_format`"),
+    ] {
+        let mut request = json!({ "prompt": [1, 2] });
+        request[field] = value.clone();
+        let (status, response) = call("POST", "/v1/completions", &request.to_string());
+        assert!(status == 400 && response.contains(said), "{field} = {value}: {status} {response}");
+        assert!(response.len() < 400, "a plain message: {response}");
+    }
+    let (status, response) = call("POST", "/v1/chat/completions", r#"{"messages": []}"#);
+    assert!(status == 400 && response.contains("`messages` is empty"), "{response}");
+    let penalized = json!({ "prompt": [1, 2], "max_tokens": 4, "temperature": 0, "frequency_penalty": 2, "presence_penalty": 2, "seed": 3 });
+    assert_eq!(call("POST", "/v1/completions", &penalized.to_string()).0, 200);
+    let accepted = json!({ "prompt": [1, 2], "max_tokens": 2.0, "tools": [], "tool_choice": "none", "response_format": { "type": "text" } });
+    assert_eq!(call("POST", "/v1/completions", &accepted.to_string()).0, 200);
+
+    // Log-probabilities: the greedy token is the likeliest, streamed and
+    // whole answers agree, the chat API's shape and the completions API's.
+    let asked = json!({ "prompt": [5, 17, 42], "max_tokens": 4, "temperature": 0, "logprobs": 3 });
+    let (status, whole) = call("POST", "/v1/completions", &asked.to_string());
+    assert_eq!(status, 200, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let found = &whole["choices"][0]["logprobs"];
+    let chosen: Vec<f64> = found["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(chosen.len(), 4, "{found}");
+    for (lp, top) in chosen.iter().zip(found["top_logprobs"].as_array().unwrap()) {
+        let top: Vec<f64> = top.as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
+        assert!(top.len() <= 3 && *lp <= 0.0, "{found}");
+        assert_eq!(*lp, top.iter().cloned().fold(f64::NEG_INFINITY, f64::max), "greedy is the likeliest: {found}");
+    }
+    let mut streamed = asked.clone();
+    streamed["stream"] = json!(true);
+    let (_, events) = call("POST", "/v1/completions", &streamed.to_string());
+    let streamed_lps: Vec<f64> = events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok())
+        .filter_map(|chunk| chunk["choices"][0]["logprobs"]["token_logprobs"][0].as_f64())
+        .collect();
+    assert_eq!(streamed_lps, chosen, "{events}");
+    let chat = json!({ "messages": [{ "role": "user", "content": "t5 t17" }], "max_tokens": 3, "temperature": 0, "logprobs": true, "top_logprobs": 2 });
+    let (status, answer) = call("POST", "/v1/chat/completions", &chat.to_string());
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    let content = answer["choices"][0]["logprobs"]["content"].as_array().unwrap_or_else(|| panic!("{answer}"));
+    assert!(status == 200 && content.len() == 3, "{answer}");
+    for entry in content {
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert!(
+            top.len() == 2 && entry["logprob"] == top[0]["logprob"] && entry["token"] == top[0]["token"],
+            "{entry}"
+        );
+    }
+    for refused in
+        [json!({ "top_logprobs": 2 }), json!({ "logprobs": true, "top_logprobs": 21 }), json!({ "logprobs": 3 })]
+    {
+        let mut request = json!({ "messages": [{ "role": "user", "content": "t5" }] });
+        for (field, value) in refused.as_object().unwrap() {
+            request[field] = value.clone();
+        }
+        let (status, response) = call("POST", "/v1/chat/completions", &request.to_string());
+        assert!(status == 400 && response.contains("logprobs"), "{refused}: {response}");
+    }
+
+    // `/metrics`, open like `/health`, in Prometheus' text format.
+    let (status, metrics) = server.call("GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let sample = |name: &str| -> f64 {
+        let line = metrics.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(sample("linnet_requests_total{endpoint=\"completions\",status=\"200\"}") >= 6.0, "{metrics}");
+    assert!(sample("linnet_requests_total{endpoint=\"completions\",status=\"400\"}") >= 9.0, "{metrics}");
+    assert!(sample("linnet_time_to_first_token_seconds_count") >= 4.0, "{metrics}");
+    assert!(sample("linnet_generation_tokens_total") >= 8.0, "{metrics}");
+    // The gauges follow the scheduler, which frees a row just after its
+    // last token is sent: idle soon after.
+    let idle = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let metrics = server.call("GET", "/metrics", "").1;
+        metrics.contains("\nlinnet_requests_running 0\n") && metrics.contains("\nlinnet_requests_waiting 0\n")
+    });
+    assert!(idle, "the server is idle after its requests");
+    for line in metrics.lines().filter(|line| !line.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
+    }
+}
+
+/// A failure after a stream started is an `error` object in the stream, as
+/// OpenAI's API sends it, never text in the answer; before the first byte
+/// it is a 500.
+#[test]
+fn a_failure_is_an_error_not_an_answer() {
+    const NORM: &str = "model.language_model.norm.weight";
+    let weights = altered("nan-serve", NORM, |tensors| {
+        for (name, _, _, data) in tensors.iter_mut() {
+            if name == NORM {
+                data[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+        }
+    });
+    let server = Server::start_on(&weights, &[]);
+    let body = json!({ "prompt": [1, 2], "max_tokens": 3, "stream": true }).to_string();
+    let (status, response) = server.call("POST", "/v1/completions", &body);
+    assert_eq!(status, 200, "{response}");
+    let events: Vec<Value> =
+        response.lines().filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok()).collect();
+    assert!(
+        events.iter().any(|event| event["error"]["message"].as_str().is_some_and(|m| m.contains("NaN"))),
+        "{response}"
+    );
+    assert!(!response.contains("[error"), "{response}");
+    assert!(events.iter().all(|event| event["choices"][0]["finish_reason"] != "error"), "{response}");
+    let whole = json!({ "prompt": [1, 2], "max_tokens": 3 }).to_string();
+    let (status, response) = server.call("POST", "/v1/completions", &whole);
+    assert!(status == 500 && response.contains("NaN"), "{status} {response}");
+    drop(server);
+    std::fs::remove_dir_all(&weights).unwrap();
 }

@@ -131,7 +131,7 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let mut unformatted = 0;
+    let (mut unformatted, mut unparsed) = (0, 0);
     for file in &files {
         let text = match std::fs::read_to_string(file) {
             Ok(text) => text,
@@ -145,7 +145,7 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
                 "linnetc fmt: {}: has syntax errors, so it is left as it is; run `linnetc check` to see them",
                 file.display()
             );
-            unformatted += 1;
+            unparsed += 1;
             continue;
         };
         if formatted == text {
@@ -161,9 +161,30 @@ fn format_files(paths: Vec<PathBuf>, check: bool) -> ExitCode {
     }
     if check && unformatted > 0 {
         eprintln!("{unformatted} of {} file(s) are not formatted", files.len());
+    }
+    if unparsed > 0 {
+        eprintln!("{unparsed} of {} file(s) have syntax errors and were not formatted", files.len());
+    }
+    if (check && unformatted > 0) || unparsed > 0 {
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS
+}
+
+/// The package a path names: the folder itself, or the package a file or
+/// folder lies in; a file outside any package is not one.
+fn package_of(path: PathBuf, command: &str) -> Result<PathBuf, ExitCode> {
+    match package::enclosing(&path) {
+        Some(package) => Ok(package),
+        None if path.is_file() => {
+            eprintln!(
+                "linnetc {command}: `{}` is a file in no package: give a package's folder (one with a linnet.toml)",
+                path.display()
+            );
+            Err(ExitCode::from(2))
+        }
+        None => Ok(path),
+    }
 }
 
 fn main() -> ExitCode {
@@ -180,7 +201,10 @@ fn main() -> ExitCode {
             format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check)
         }
         Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice } => {
-            let package = package::enclosing(&package).unwrap_or(package);
+            let package = match package_of(package, "build") {
+                Ok(package) => package,
+                Err(code) => return code,
+            };
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             match target {
                 Target::Cpu => build(&package, output, emit, &options),
@@ -188,7 +212,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Check { package, message_format, nest, overrides, color } => {
-            let package = package::enclosing(&package).unwrap_or(package);
+            let package = match package_of(package, "check") {
+                Ok(package) => package,
+                Err(code) => return code,
+            };
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             let checked = driver::check_package(&package, &options);
             let stdout = std::io::stdout();

@@ -91,6 +91,38 @@ fn a_folder_that_is_not_a_package() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not a Linnet package"));
 }
 
+/// A Linnet file in no package (a standard-library module) is named as
+/// such, not read as a folder.
+#[test]
+fn a_file_in_no_package() {
+    let output = linnetc(&["check", "stdlib/nn/activations.linnet"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a file in no package") && !stderr.contains("Not a directory"), "{stderr}");
+}
+
+/// `linnetc fmt` leaves a file with syntax errors as it is, says so, and
+/// fails: a script that formats a tree learns that it did not.
+#[test]
+fn fmt_fails_on_a_file_with_syntax_errors() {
+    let dir = std::env::temp_dir().join(format!("linnetc-fmt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("broken.linnet");
+    std::fs::write(&broken, "fn f(x: Tensor[N; f32] -> Tensor[N; f32] {\n  x\n").unwrap();
+    for check in [false, true] {
+        let mut args = vec!["fmt", broken.to_str().unwrap()];
+        if check {
+            args.push("--check");
+        }
+        let output = linnetc(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("syntax errors"), "{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&broken).unwrap(), "fn f(x: Tensor[N; f32] -> Tensor[N; f32] {\n  x\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn human_output_is_plain_off_a_terminal() {
     let output = linnetc(&["check", "tests/ui/packages/misuse"]);

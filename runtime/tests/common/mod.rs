@@ -1,9 +1,11 @@
 //! What the runtime's test files share: where the repository, the oracle
-//! fixture and its model card are, the golden files' contents, and the
-//! dense oracle checkpoint's generics. Each test file uses a part of it.
+//! fixture and its model card are, the golden files' contents, the dense
+//! oracle checkpoint's generics, and copies of the f32 checkpoint with a
+//! change made (a tensor missing, a NaN). Each test file uses a part of it.
 #![allow(dead_code)]
 
 use linnet_frontend::package::LoadOptions;
+use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
@@ -73,4 +75,61 @@ pub fn golden(dir: &Path, dtype: &str) -> Vec<Golden> {
         });
     }
     sequences
+}
+
+pub type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Every shard of the f32 checkpoint through `change`, into a fresh folder;
+/// the index is rewritten to name each tensor's new shard.
+pub fn rewritten(case: &str, mut change: impl FnMut(&mut Vec<Stored>)) -> PathBuf {
+    let source = oracle().join("weights-f32");
+    let target = std::env::temp_dir().join(format!("linnet-weights-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&target);
+    std::fs::create_dir_all(&target).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    let mut index = None;
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let bytes = std::fs::read(&path).unwrap();
+        if name == "model.safetensors.index.json" {
+            index = Some(serde_json::from_slice::<serde_json::Value>(&bytes).unwrap());
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            std::fs::write(target.join(name), bytes).unwrap();
+            continue;
+        }
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<Stored> = file
+            .tensors()
+            .into_iter()
+            .map(|(n, view)| (n.to_string(), view.dtype(), view.shape().to_vec(), view.data().to_vec()))
+            .collect();
+        change(&mut tensors);
+        for (tensor, ..) in &tensors {
+            weight_map.insert(tensor.clone(), serde_json::Value::String(name.clone()));
+        }
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, dtype, shape, data)| (n.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap()))
+            .collect();
+        std::fs::write(target.join(name), safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+    if let Some(mut index) = index {
+        index["weight_map"] = serde_json::Value::Object(weight_map);
+        std::fs::write(target.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
+    target
+}
+
+/// A copy of the f32 checkpoint in a fresh folder, with `change` applied
+/// to the shard holding `tensor`.
+pub fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<Stored>)) -> PathBuf {
+    let mut change = Some(change);
+    rewritten(case, |tensors| {
+        if tensors.iter().any(|(name, ..)| name == tensor) {
+            (change.take().expect("one shard holds it"))(tensors);
+        }
+    })
 }

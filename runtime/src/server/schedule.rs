@@ -1,0 +1,217 @@
+//! The scheduler: one thread owns the model and runs continuous batching.
+//! New requests are prefilled into free rows with `prefill_slots` while the
+//! others keep decoding with `decode_rows`; `Batch` rows at most, the rest
+//! wait in a queue. Each row computes only from its own tokens, so a
+//! request's tokens do not depend on what else runs. A client that goes
+//! away frees its row.
+
+use crate::sampling::{Logprobs, Rng, Sampling};
+use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
+use linnet_ir::Dtype;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use tokio::sync::mpsc::UnboundedSender;
+
+#[derive(Debug)]
+pub enum Update {
+    /// A token, with its log-probabilities where the request asked.
+    Token(i64, Option<Logprobs>),
+    Finished(&'static str),
+    Failed(String),
+}
+
+pub struct Job {
+    pub prompt: Vec<i64>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    pub stop: Vec<i64>,
+    /// Whether to report each token's log-probability, and how many of the
+    /// likeliest alternatives with it.
+    pub logprobs: Option<usize>,
+    pub updates: UnboundedSender<Update>,
+}
+
+struct Row {
+    job: Job,
+    rng: Rng,
+    history: Vec<i64>,
+    generated: usize,
+    /// The position the next token goes to.
+    position: usize,
+}
+
+/// The model's limits, known to the HTTP side for validation.
+#[derive(Clone)]
+pub struct Limits {
+    pub model: String,
+    pub rows: usize,
+    pub max_seq: usize,
+    pub vocab: usize,
+}
+
+pub fn limits(machine: &Machine) -> Result<Limits, String> {
+    let entry = machine.model().entry("decode_rows").ok_or("the model has no `decode_rows` entry: it cannot serve")?;
+    machine.model().entry("prefill_slots").ok_or("the model has no `prefill_slots` entry: it cannot serve")?;
+    let rows = entry.inputs[0].shape[0].as_constant().ok_or("`decode_rows` takes a batch of unknown size")? as usize;
+    let vocab =
+        entry.nodes[entry.outputs[0].index()].shape.last().and_then(|d| d.as_constant()).ok_or("no vocabulary size")?
+            as usize;
+    let max_seq = crate::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
+    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
+}
+
+fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
+    let width = *logits.shape.last().expect("[rows, vocab]");
+    logits.as_f32().expect("float logits").chunks(width).collect()
+}
+
+/// Sends the chosen token; says whether the row goes on.
+fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
+    if let Some(message) = crate::sampling::not_a_number(logits) {
+        let _ = row.job.updates.send(Update::Failed(message));
+        return false;
+    }
+    let next = row.job.sampling.choose(logits, &row.history, row.generated, &mut row.rng);
+    row.history.push(next);
+    row.generated += 1;
+    let logprobs = row.job.logprobs.map(|top| Logprobs::of(logits, next, top));
+    if row.job.updates.send(Update::Token(next, logprobs)).is_err() {
+        return false;
+    }
+    let reason = if row.job.stop.contains(&next) {
+        Some("stop")
+    } else if row.generated >= row.job.max_tokens || row.position + 1 >= limits.max_seq {
+        Some("length")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        let _ = row.job.updates.send(Update::Finished(reason));
+        return false;
+    }
+    true
+}
+
+/// The scheduler loop: runs until every sender of jobs is gone.
+pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>, load: &Load) {
+    let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    loop {
+        load.note(&rows, &queue);
+        let busy = rows.iter().any(Option::is_some);
+        if !busy && queue.is_empty() {
+            match jobs.recv() {
+                Ok(job) => queue.push_back(job),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            queue.push_back(job);
+        }
+        // A client that went away frees its row and its place in the queue.
+        for slot in rows.iter_mut() {
+            if slot.as_ref().is_some_and(|row| row.job.updates.is_closed()) {
+                *slot = None;
+            }
+        }
+        queue.retain(|job| !job.updates.is_closed());
+        load.note(&rows, &queue);
+        // Admit waiting requests into free rows, in one `prefill_slots`.
+        let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
+        let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
+        if !admitted.is_empty() {
+            tracing::debug!(requests = admitted.len(), waiting = queue.len(), "prefill_slots");
+            let width = admitted.iter().map(|(_, job)| job.prompt.len()).max().unwrap_or(1);
+            let mut tokens = Vec::with_capacity(admitted.len() * width);
+            for (_, job) in &admitted {
+                tokens.extend(job.prompt.iter().copied());
+                tokens.extend(std::iter::repeat_n(0, width - job.prompt.len()));
+            }
+            let inputs = vec![
+                Tensor::from_i64(Dtype::I32, vec![admitted.len(), width], tokens),
+                Tensor::from_i64(
+                    Dtype::I32,
+                    vec![admitted.len()],
+                    admitted.iter().map(|(slot, _)| *slot as i64).collect(),
+                ),
+                Tensor::from_i64(
+                    Dtype::I32,
+                    vec![admitted.len()],
+                    admitted.iter().map(|(_, job)| job.prompt.len() as i64).collect(),
+                ),
+            ];
+            match machine.call("prefill_slots", inputs) {
+                Ok(outputs) => {
+                    let logits = &outputs[0];
+                    for ((slot, job), row_logits) in admitted.into_iter().zip(logits_rows(logits)) {
+                        let mut row = Row {
+                            rng: Rng::new(job.seed),
+                            history: job.prompt.clone(),
+                            generated: 0,
+                            position: job.prompt.len(),
+                            job,
+                        };
+                        if emit(&mut row, row_logits, &limits) {
+                            rows[slot] = Some(row);
+                        }
+                    }
+                }
+                Err(error) => {
+                    for (_, job) in admitted {
+                        let _ = job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+        }
+        load.note(&rows, &queue);
+        if !rows.iter().any(Option::is_some) {
+            continue;
+        }
+        // One step for every row; a free row computes along and is ignored.
+        let tokens: Vec<i64> =
+            rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
+        let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
+        let inputs = vec![
+            Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens),
+            Tensor::from_i64(Dtype::I32, vec![limits.rows], positions),
+        ];
+        match machine.call("decode_rows", inputs) {
+            Ok(outputs) => {
+                let logits = &outputs[0];
+                for (slot, row_logits) in rows.iter_mut().zip(logits_rows(logits)) {
+                    if let Some(row) = slot {
+                        row.position += 1;
+                        if !emit(row, row_logits, &limits) {
+                            *slot = None;
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                for slot in rows.iter_mut() {
+                    if let Some(row) = slot.take() {
+                        let _ = row.job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the scheduler holds now, for `/metrics`: rows decoding and
+/// requests waiting for one.
+#[derive(Default)]
+pub struct Load {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+}
+
+impl Load {
+    fn note(&self, rows: &[Option<Row>], queue: &VecDeque<Job>) {
+        self.running.store(rows.iter().filter(|row| row.is_some()).count(), Ordering::Relaxed);
+        self.waiting.store(queue.len(), Ordering::Relaxed);
+    }
+}
