@@ -80,11 +80,116 @@ pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Val
     env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
     });
+    env.add_filter("tojson", python_json);
     env.add_template("chat", template).map_err(|e| format!("the chat template does not parse: {e}"))?;
     let mut context = options.clone();
     context.insert("messages".into(), Value::Array(messages.to_vec()));
     context.insert("add_generation_prompt".into(), Value::Bool(true));
     env.get_template("chat").and_then(|t| t.render(&context)).map_err(|e| format!("the chat template failed: {e}"))
+}
+
+/// JSON as Python's `json.dumps` writes it, which is what the templates'
+/// `tojson` gives where models are trained (transformers' chat templates):
+/// `", "` between items, `": "` after keys, keys in the order given (or
+/// sorted with `sort_keys=true`), non-ASCII text as it is, `indent=N`.
+fn python_json(
+    value: minijinja::Value,
+    options: minijinja::value::Kwargs,
+) -> Result<minijinja::Value, minijinja::Error> {
+    let indent: Option<usize> = options.get("indent")?;
+    let sort_keys: Option<bool> = options.get("sort_keys")?;
+    // Python's own options that change nothing here.
+    let _: Option<bool> = options.get("ensure_ascii")?;
+    options.assert_all_used()?;
+    let mut json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+    if sort_keys == Some(true) {
+        sort_keys_of(&mut json);
+    }
+    let mut out = Vec::new();
+    let indentation = indent.map(|n| " ".repeat(n));
+    let formatter = PythonFormatter { indent: indentation.as_deref(), written: Vec::new() };
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+    serde::Serialize::serialize(&json, &mut serializer)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(minijinja::Value::from_safe_string(String::from_utf8(out).expect("JSON is UTF-8")))
+}
+
+fn sort_keys_of(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (key, mut item) in entries {
+                sort_keys_of(&mut item);
+                map.insert(key, item);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(sort_keys_of),
+        _ => {}
+    }
+}
+
+/// `json.dumps`' separators: `", "` and `": "`, or with an indent, each
+/// item on its own line and `","` at its end.
+struct PythonFormatter<'a> {
+    indent: Option<&'a str>,
+    /// Per open bracket, whether anything was written inside it.
+    written: Vec<bool>,
+}
+
+impl PythonFormatter<'_> {
+    fn open<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        self.written.push(false);
+        writer.write_all(bracket)
+    }
+
+    fn item<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if let Some(written) = self.written.last_mut() {
+            *written = true;
+        }
+        match self.indent {
+            None if first => Ok(()),
+            None => writer.write_all(b", "),
+            Some(indent) => {
+                writer.write_all(if first { b"\n" } else { b",\n" })?;
+                writer.write_all(indent.repeat(self.written.len()).as_bytes())
+            }
+        }
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        let written = self.written.pop().unwrap_or(false);
+        if let (Some(indent), true) = (self.indent, written) {
+            writer.write_all(b"\n")?;
+            writer.write_all(indent.repeat(self.written.len()).as_bytes())?;
+        }
+        writer.write_all(bracket)
+    }
+}
+
+impl serde_json::ser::Formatter for PythonFormatter<'_> {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        self.item(writer, first)
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        self.item(writer, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
 }
 
 /// Text decoded so far, handing out only what is new each time (a token
@@ -144,6 +249,50 @@ mod tests {
         let options = json!({ "enable_thinking": false }).as_object().unwrap().clone();
         let direct = render_chat(&qwen35(), &messages(), &options).unwrap();
         assert_eq!(direct, format!("{turns}<think>\n\n</think>\n\n"));
+    }
+
+    /// Tools and a past call reach the template as the server passes them
+    /// (arguments as a mapping, the tool's answer as its own turn), and it
+    /// writes them in the model's own format.
+    #[test]
+    fn the_qwen35_template_writes_tools_and_calls() {
+        let tools = json!([{ "type": "function", "function": { "name": "get_weather", "parameters": {} } }]);
+        let messages = vec![
+            json!({ "role": "user", "content": "Weather in Paris?" }),
+            json!({ "role": "assistant", "content": "", "tool_calls": [{ "type": "function",
+                "function": { "name": "get_weather", "arguments": { "city": "Paris" } } }] }),
+            json!({ "role": "tool", "content": "sunny" }),
+        ];
+        let options = json!({ "tools": tools }).as_object().unwrap().clone();
+        let prompt = render_chat(&qwen35(), &messages, &options).unwrap();
+        assert!(
+            prompt.starts_with("<|im_start|>system\n# Tools") && prompt.contains("\"name\": \"get_weather\""),
+            "{prompt}"
+        );
+        assert!(
+            prompt.contains(
+                "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+            ),
+            "{prompt}"
+        );
+        assert!(prompt.contains("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>"), "{prompt}");
+    }
+
+    /// `tojson` writes JSON as Python's `json.dumps` does, keys in the
+    /// order the client sent them.
+    #[test]
+    fn tojson_writes_as_python_does() {
+        let render = |template: &str| render_chat(template, &[], &Map::new()).unwrap();
+        let value: Value =
+            serde_json::from_str(r#"{"type": "function", "function": {"name": "f", "list": [1, 2.5, "é"]}}"#).unwrap();
+        let options = json!({ "tool": value }).as_object().unwrap().clone();
+        let rendered = render_chat("{{ tool | tojson }}", &[], &options).unwrap();
+        assert_eq!(rendered, r#"{"type": "function", "function": {"name": "f", "list": [1, 2.5, "é"]}}"#);
+        let sorted = render_chat("{{ tool | tojson(sort_keys=true) }}", &[], &options).unwrap();
+        assert_eq!(sorted, r#"{"function": {"list": [1, 2.5, "é"], "name": "f"}, "type": "function"}"#);
+        let indented = render_chat("{{ tool.function | tojson(indent=2) }}", &[], &options).unwrap();
+        assert_eq!(indented, "{\n  \"name\": \"f\",\n  \"list\": [\n    1,\n    2.5,\n    \"é\"\n  ]\n}");
+        assert_eq!(render("{{ [] | tojson }}{{ {} | tojson(indent=2) }}"), "[]{}");
     }
 
     /// What the template refuses (`raise_exception`) is an error that says

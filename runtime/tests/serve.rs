@@ -385,6 +385,35 @@ fn the_server_for_clients_and_operators() {
         assert!(status == 400 && response.contains("logprobs"), "{refused}: {response}");
     }
 
+    // Tools: offered to the model through its template (`auto`), a past
+    // call and its result read back; a choice that would force a call is
+    // refused by name, as are tools on the completions API.
+    let weather = json!([{ "type": "function", "function": { "name": "get_weather", "parameters": {
+        "type": "object", "properties": { "city": { "type": "string" } } } } }]);
+    let history = json!([
+        { "role": "user", "content": "t5" },
+        { "role": "assistant", "content": null, "tool_calls": [{ "id": "call_1", "type": "function",
+            "function": { "name": "get_weather", "arguments": "{\"city\": \"Paris\"}" } }] },
+        { "role": "tool", "tool_call_id": "call_1", "content": "t17" },
+    ]);
+    for choice in [json!("auto"), json!("none"), Value::Null] {
+        let request = json!({ "messages": history, "tools": weather, "tool_choice": choice, "max_tokens": 2 });
+        let (status, response) = call("POST", "/v1/chat/completions", &request.to_string());
+        assert_eq!(status, 200, "{choice}: {response}");
+    }
+    for (request, said) in [
+        (json!({ "messages": history, "tools": weather, "tool_choice": "required" }), "`tool_choice`"),
+        (
+            json!({ "messages": history, "tools": weather, "tool_choice": { "type": "function", "function": { "name": "get_weather" } } }),
+            "`tool_choice`",
+        ),
+        (json!({ "messages": history, "tools": [{ "type": "retrieval" }] }), "each tool must be"),
+        (json!({ "messages": history, "tools": "get_weather" }), "`tools` must be an array"),
+    ] {
+        let (status, response) = call("POST", "/v1/chat/completions", &request.to_string());
+        assert!(status == 400 && response.contains(said), "{request}: {response}");
+    }
+
     // `/metrics`, open like `/health`, in Prometheus' text format.
     let (status, metrics) = server.call("GET", "/metrics", "");
     assert_eq!(status, 200);

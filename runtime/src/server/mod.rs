@@ -13,6 +13,7 @@ mod metrics;
 mod reasoning;
 mod request;
 mod schedule;
+mod tools;
 
 pub use schedule::{limits, schedule, Job, Limits, Load, Update};
 
@@ -37,6 +38,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
+use tools::Calls;
 
 /// What the HTTP side knows of the model: enough to read and answer
 /// requests, not to run them.
@@ -172,22 +174,72 @@ fn logprobs_json(text: Option<&TextModel>, tokens: &[(i64, Logprobs)], chat: boo
     json!({ "tokens": pieces, "token_logprobs": chosen, "top_logprobs": top, "text_offset": offsets })
 }
 
-/// A chat answer's message or delta: its `content`, and its
-/// `reasoning_content` where the model thought aloud.
-fn message(parts: reasoning::Parts, delta: bool) -> Value {
+/// A chat answer as it streams: the reasoning split off, then the tool
+/// calls read out of what is left.
+struct ChatAnswer {
+    split: Split,
+    calls: Option<Calls>,
+}
+
+impl ChatAnswer {
+    fn push(&mut self, piece: &str) -> reasoning::Parts {
+        let mut parts = self.split.push(piece);
+        if let Some(calls) = &mut self.calls {
+            parts.answer = calls.push(&parts.answer);
+        }
+        parts
+    }
+
+    /// What was held back, and the calls, at the end.
+    fn finish(&mut self, last: &str) -> (reasoning::Parts, Vec<tools::Call>) {
+        let mut parts = self.push(last);
+        let rest = self.split.finish();
+        parts.reasoning.push_str(&rest.reasoning);
+        let Some(calls) = &mut self.calls else {
+            parts.answer.push_str(&rest.answer);
+            return (parts, Vec::new());
+        };
+        parts.answer.push_str(&calls.push(&rest.answer));
+        let (held, found) = calls.finish();
+        parts.answer.push_str(&held);
+        (parts, found)
+    }
+}
+
+/// A chat answer's message or delta: its `content`, its
+/// `reasoning_content` where the model thought aloud, and its tool calls.
+fn message(parts: reasoning::Parts, calls: &[tools::Call], delta: bool) -> Value {
     let mut message = json!({ "role": "assistant", "content": parts.answer });
     if !parts.reasoning.is_empty() {
         message["reasoning_content"] = json!(parts.reasoning);
     } else if !delta {
         message["reasoning_content"] = Value::Null;
     }
+    if !calls.is_empty() {
+        let calls: Vec<Value> =
+            calls.iter().enumerate().map(|(at, call)| call.to_json(&response_id("call"), at)).collect();
+        message["tool_calls"] = Value::Array(calls);
+        if !delta && message["content"] == "" {
+            message["content"] = Value::Null;
+        }
+    }
     message
+}
+
+/// The finish reason of an answer that made `calls`.
+fn finish_reason(reason: Value, calls: &[tools::Call]) -> Value {
+    if !calls.is_empty() && reason == "stop" {
+        json!("tool_calls")
+    } else {
+        reason
+    }
 }
 
 /// Answers a request: `chat` in the chat API's shapes, `thinking` when its
 /// prompt left the model inside a `<think>` block.
 async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
-    let Request { prompt, job, stream, stops, mut receiver } = request;
+    let Request { prompt, tools, job, stream, stops, mut receiver } = request;
+
     let asked_logprobs = job.logprobs.is_some();
     let Some(admitted) = Admitted::new(&app) else {
         let mut refused = error(
@@ -207,7 +259,8 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
     let mut detokenizer = Detokenizer::new(stops);
-    let mut split = Split::new(thinking);
+    let mut answer_of_chat =
+        ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(&tools)) };
     if stream {
         let mut ended = false;
         let mut streamed = 0;
@@ -242,13 +295,13 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
             };
             ended = !finish.is_null();
             let choice = if chat {
-                let mut parts = split.push(&piece);
-                if !finish.is_null() {
-                    let rest = split.finish();
-                    parts.reasoning.push_str(&rest.reasoning);
-                    parts.answer.push_str(&rest.answer);
-                }
-                json!({ "index": 0, "delta": message(parts, true), "logprobs": logprobs, "finish_reason": finish })
+                let (parts, calls) = if finish.is_null() {
+                    (answer_of_chat.push(&piece), Vec::new())
+                } else {
+                    answer_of_chat.finish(&piece)
+                };
+                let finish = finish_reason(finish, &calls);
+                json!({ "index": 0, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish })
             } else {
                 json!({ "index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish })
             };
@@ -294,11 +347,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         logprobs_json(text, &found_logprobs, chat, 0)
     };
     let choice = if chat {
-        let mut parts = split.push(&answer);
-        let rest = split.finish();
-        parts.reasoning.push_str(&rest.reasoning);
-        parts.answer.push_str(&rest.answer);
-        json!({ "index": 0, "message": message(parts, false), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
+        let (parts, calls) = answer_of_chat.finish(&answer);
+        let finish = finish_reason(json!(finish), &calls);
+        json!({ "index": 0, "message": message(parts, &calls, false), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
     } else {
         json!({ "index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
     };

@@ -13,6 +13,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub struct Request {
     pub prompt: Vec<i64>,
+    /// The tools the model may call (the chat API's `tools`), whose calls
+    /// the answer is read for.
+    pub tools: Vec<Value>,
     pub job: Job,
     pub stream: bool,
     /// Stop strings: the answer ends before the first one generated.
@@ -57,14 +60,12 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 10] = [
+const NOT_YET: [(&str, Unasked); 8] = [
     ("n", |v| v.as_f64() == Some(1.0)),
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("echo", |v| v == &Value::Bool(false)),
     ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
     ("stream_options", |v| v.get("include_usage").is_none_or(|u| u == &Value::Bool(false))),
-    ("tools", |v| v.as_array().is_some_and(Vec::is_empty)),
-    ("tool_choice", |v| v.as_str() == Some("none")),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v.as_str() == Some("none")),
     ("response_format", |v| v.get("type").and_then(Value::as_str) == Some("text")),
@@ -158,9 +159,43 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
     }
     let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let logprobs = logprobs(body, chat)?;
+    let tools = tools(body, chat)?;
     let (updates, receiver) = unbounded_channel();
     let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, logprobs, updates };
-    Ok(Request { prompt, job, stream, stops, receiver })
+    Ok(Request { prompt, tools, job, stream, stops, receiver })
+}
+
+/// The tools a chat may call: `tools`, each `{"type": "function",
+/// "function": {"name", …}}`, unless `tool_choice` is `"none"`. A choice
+/// that forces a call (`"required"`, a named function) needs constrained
+/// decoding, which this server does not do yet: refused by name.
+fn tools(body: &Value, chat: bool) -> Result<Vec<Value>, Response> {
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(tools)) if !chat && !tools.is_empty() => {
+            return Err(bad("`tools` belong to the chat API (/v1/chat/completions)", "tools"))
+        }
+        Some(Value::Array(tools)) => tools.clone(),
+        Some(other) => return Err(bad(format!("`tools` must be an array, got {other}"), "tools")),
+    };
+    if let Some(tool) = tools.iter().find(|tool| {
+        tool.get("type").and_then(Value::as_str) != Some("function")
+            || tool.pointer("/function/name").and_then(Value::as_str).is_none()
+    }) {
+        return Err(bad(
+            format!("each tool must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {tool}"),
+            "tools",
+        ));
+    }
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => Ok(tools),
+        Some(Value::String(choice)) if choice == "auto" => Ok(tools),
+        Some(Value::String(choice)) if choice == "none" => Ok(Vec::new()),
+        Some(other) => Err(bad(
+            format!("`tool_choice` ({other}) is not supported by this server yet: it asks the model (\"auto\"), it cannot make it call"),
+            "tool_choice",
+        )),
+    }
 }
 
 /// `stop`: absent, one string, or up to four non-empty strings.
@@ -235,11 +270,20 @@ fn chat_messages(body: &Value) -> Result<Vec<Value>, Response> {
     messages
         .iter()
         .map(|message| {
-            let content = message.get("content").and_then(text_of);
+            let calls = message.get("tool_calls").and_then(Value::as_array);
+            // An assistant's turn that only called tools has no content.
+            let content = match message.get("content") {
+                None | Some(Value::Null) if calls.is_some() => Some(String::new()),
+                content => content.and_then(text_of),
+            };
             match (message.as_object(), message.get("role").and_then(Value::as_str), content) {
                 (Some(fields), Some(_), Some(content)) => {
                     let mut fields = fields.clone();
                     fields.insert("content".into(), Value::String(content));
+                    if let Some(calls) = calls {
+                        fields
+                            .insert("tool_calls".into(), Value::Array(calls.iter().map(arguments_as_object).collect()));
+                    }
                     Ok(Value::Object(fields))
                 }
                 _ => Err(bad(
@@ -249,6 +293,18 @@ fn chat_messages(body: &Value) -> Result<Vec<Value>, Response> {
             }
         })
         .collect()
+}
+
+/// A past tool call as templates read it: the API sends its arguments as
+/// a JSON string, templates walk them as a mapping.
+fn arguments_as_object(call: &Value) -> Value {
+    let mut call = call.clone();
+    if let Some(arguments) = call.pointer_mut("/function/arguments") {
+        if let Some(parsed) = arguments.as_str().and_then(|text| serde_json::from_str::<Value>(text).ok()) {
+            *arguments = parsed;
+        }
+    }
+    call
 }
 
 /// `chat_template_kwargs`: the template's own variables (`enable_thinking`).
@@ -266,7 +322,11 @@ fn template_options(body: &Value) -> Result<Map<String, Value>, Response> {
 /// (or, without one, the contents joined by lines).
 pub fn chat_text(served: &Served, body: &Value) -> Result<String, Response> {
     let messages = chat_messages(body)?;
-    let options = template_options(body)?;
+    let mut options = template_options(body)?;
+    let tools = tools(body, true)?;
+    if !tools.is_empty() {
+        options.insert("tools".into(), Value::Array(tools));
+    }
     let Some(text) = &served.text else {
         return Err(bad("this model has no tokenizer, so it cannot chat", "messages"));
     };

@@ -1,0 +1,227 @@
+//! Tool calls in the format Qwen3.5 and 3.6 write them (their chat
+//! template teaches it to the model):
+//!
+//! ```text
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Paris
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! [`Calls`] takes the answer's text as it streams: text before the first
+//! `<tool_call>` is content, given out as it comes (holding back what could
+//! still be the tag's start); the rest is held and read into calls at the
+//! end. A parameter's value is JSON where the tool's schema says it is not
+//! a string (or where it has no schema and the text reads as JSON), else
+//! the text itself, as the template writes them.
+
+use serde_json::{json, Map, Value};
+
+const OPEN: &str = "<tool_call>";
+
+/// One call: the function's name and its arguments as a JSON object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub name: String,
+    pub arguments: Map<String, Value>,
+}
+
+impl Call {
+    /// The call as the chat API returns it, with `id`.
+    pub fn to_json(&self, id: &str, index: usize) -> Value {
+        json!({
+            "index": index,
+            "id": id,
+            "type": "function",
+            "function": { "name": self.name, "arguments": Value::Object(self.arguments.clone()).to_string() },
+        })
+    }
+}
+
+/// The longest end of `text` that `tag` could start with.
+fn partial_tag(text: &str, tag: &str) -> usize {
+    (1..tag.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
+}
+
+pub struct Calls {
+    /// Each tool's parameters' JSON types, by tool name, then parameter.
+    types: Map<String, Value>,
+    held: String,
+    calling: bool,
+}
+
+impl Calls {
+    /// For a request's `tools` (the chat API's `[{"type": "function",
+    /// "function": {"name", "parameters"}}]`).
+    pub fn new(tools: &[Value]) -> Calls {
+        let types = tools
+            .iter()
+            .filter_map(|tool| {
+                let function = tool.get("function")?;
+                let name = function.get("name")?.as_str()?;
+                let properties = function.pointer("/parameters/properties").cloned().unwrap_or(json!({}));
+                Some((name.to_string(), properties))
+            })
+            .collect();
+        Calls { types, held: String::new(), calling: false }
+    }
+
+    /// The content that is final, given the next piece of the answer.
+    pub fn push(&mut self, piece: &str) -> String {
+        self.held.push_str(piece);
+        if self.calling {
+            return String::new();
+        }
+        if let Some(at) = self.held.find(OPEN) {
+            self.calling = true;
+            let content: String = self.held.drain(..at).collect();
+            return content.trim_end().to_string();
+        }
+        // Hold back a possible `<tool_call>` and the white space before it.
+        let keep = partial_tag(&self.held, OPEN);
+        let ready = self.held[..self.held.len() - keep].trim_end().len();
+        self.held.drain(..ready).collect()
+    }
+
+    /// At the end of the answer: the content still held, and the calls. A
+    /// call that does not read as one leaves its text as content, as it
+    /// was written (and the log says why).
+    pub fn finish(&mut self) -> (String, Vec<Call>) {
+        let held = std::mem::take(&mut self.held);
+        if !self.calling {
+            return (held, Vec::new());
+        }
+        match self.calls(&held) {
+            Ok(calls) => (String::new(), calls),
+            Err(why) => {
+                tracing::warn!(%why, "a tool call the model wrote does not read as one; returned as text");
+                (held, Vec::new())
+            }
+        }
+    }
+
+    /// The calls in `text`, or why they do not read as calls.
+    fn calls(&self, text: &str) -> Result<Vec<Call>, String> {
+        let mut calls = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find(OPEN) {
+            let body = &rest[start + OPEN.len()..];
+            let end = body.find("</tool_call>").ok_or("a <tool_call> is not closed")?;
+            calls.push(self.call(&body[..end])?);
+            rest = &body[end + "</tool_call>".len()..];
+        }
+        Ok(calls)
+    }
+
+    fn call(&self, text: &str) -> Result<Call, String> {
+        let text = text.trim();
+        let inner =
+            text.strip_prefix("<function=").ok_or_else(|| format!("a tool call without <function=…>: {text}"))?;
+        let close = inner.find('>').ok_or("a <function= tag is not closed")?;
+        let name = inner[..close].trim().to_string();
+        let body = inner[close + 1..].trim_end();
+        let body = body.strip_suffix("</function>").ok_or_else(|| format!("`{name}`'s call has no </function>"))?;
+        let mut arguments = Map::new();
+        let mut rest = body;
+        while let Some(start) = rest.find("<parameter=") {
+            let after = &rest[start + "<parameter=".len()..];
+            let close = after.find('>').ok_or("a <parameter= tag is not closed")?;
+            let parameter = after[..close].trim().to_string();
+            let value_and_rest = &after[close + 1..];
+            let end = value_and_rest
+                .find("</parameter>")
+                .ok_or_else(|| format!("parameter `{parameter}` of `{name}` has no </parameter>"))?;
+            let value = value_and_rest[..end].strip_prefix('\n').unwrap_or(&value_and_rest[..end]);
+            let value = value.strip_suffix('\n').unwrap_or(value);
+            arguments.insert(parameter.clone(), self.value(&name, &parameter, value));
+            rest = &value_and_rest[end + "</parameter>".len()..];
+        }
+        Ok(Call { name, arguments })
+    }
+
+    /// A parameter's text as its schema's type reads it.
+    fn value(&self, tool: &str, parameter: &str, text: &str) -> Value {
+        let declared = self.types.get(tool).and_then(|p| p.get(parameter)).and_then(|p| p.get("type"));
+        match declared.and_then(Value::as_str) {
+            Some("string") => Value::String(text.to_string()),
+            _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<Value> {
+        vec![json!({ "type": "function", "function": { "name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": { "city": { "type": "string" }, "days": { "type": "integer" }, "zip": { "type": "string" } },
+        } } })]
+    }
+
+    /// The answer, given a piece at a time: its content and its calls.
+    fn read(pieces: &[&str]) -> (String, Vec<Call>) {
+        let mut calls = Calls::new(&tools());
+        let mut content: String = pieces.iter().map(|piece| calls.push(piece)).collect();
+        let (rest, found) = calls.finish();
+        content.push_str(&rest);
+        (content, found)
+    }
+
+    #[test]
+    fn calls_are_read_with_their_schema_types_however_the_text_is_cut() {
+        let text = "Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n\
+                    <parameter=days>\n3\n</parameter>\n<parameter=zip>\n94103\n</parameter>\n</function>\n</tool_call>\n\
+                    <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+        let expected = (
+            "Let me look.".to_string(),
+            vec![
+                Call {
+                    name: "get_weather".into(),
+                    arguments: json!({ "city": "San Francisco", "days": 3, "zip": "94103" })
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                },
+                Call { name: "get_weather".into(), arguments: json!({ "city": "Paris" }).as_object().unwrap().clone() },
+            ],
+        );
+        assert_eq!(read(&[text]), expected);
+        for cut in 1..text.len() {
+            assert_eq!(read(&[&text[..cut], &text[cut..]]), expected, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn text_without_calls_is_all_content() {
+        assert_eq!(read(&["a < b, and <tool", " is not a call"]), ("a < b, and <tool is not a call".into(), vec![]));
+        assert_eq!(read(&["ends with <tool_"]), ("ends with <tool_".into(), vec![]));
+    }
+
+    /// A call that does not read as one is said why, and its text is kept
+    /// as the answer's content rather than lost.
+    #[test]
+    fn a_broken_call_stays_text() {
+        let calls = Calls::new(&tools());
+        let unclosed = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n";
+        assert!(calls.calls(unclosed).unwrap_err().contains("not closed"));
+        let unended = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>";
+        assert!(calls.calls(unended).unwrap_err().contains("no </parameter>"));
+        assert_eq!(read(&["So: ", unclosed]), (format!("So:{unclosed}"), vec![]));
+    }
+
+    #[test]
+    fn a_call_is_returned_as_the_chat_api_does() {
+        let call = Call { name: "f".into(), arguments: json!({ "x": 1 }).as_object().unwrap().clone() };
+        let value = call.to_json("call_1", 0);
+        assert_eq!(value["function"]["arguments"], "{\"x\":1}");
+        assert_eq!(value["type"], "function");
+    }
+}
