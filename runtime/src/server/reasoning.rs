@@ -34,8 +34,9 @@ pub struct Split {
     reasoned: bool,
 }
 
-/// The longest end of `text` that a `tag` could start with.
-fn partial_tag(text: &str, tag: &str) -> usize {
+/// The longest end of `text` that a `tag` could start with: what to hold
+/// back while a tag may still be arriving.
+pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))

@@ -18,6 +18,7 @@
 //! a string (or where it has no schema and the text reads as JSON), else
 //! the text itself, as the template writes them.
 
+use super::reasoning::partial_tag;
 use serde_json::{json, Map, Value};
 
 const OPEN: &str = "<tool_call>";
@@ -39,14 +40,6 @@ impl Call {
             "function": { "name": self.name, "arguments": Value::Object(self.arguments.clone()).to_string() },
         })
     }
-}
-
-/// The longest end of `text` that `tag` could start with.
-fn partial_tag(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 pub struct Calls {
