@@ -246,13 +246,22 @@ pub fn load(
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
             continue;
         };
-        let per_expert = || crate::experts::per_expert_parts(name, *param.shape.first()?);
-        let parts = match (stored(name), per_expert()) {
-            (Some(tensor), _) => vec![vec![tensor]],
-            (None, Some(experts)) if experts.iter().flatten().any(|part| stored(part).is_some()) => {
-                // The experts are stored one tensor each: name the parts
-                // that are missing, not the fused tensor.
-                let missing: Vec<&String> = experts.iter().flatten().filter(|part| stored(part).is_none()).collect();
+        // Experts stored one tensor each are looked for only where the fused
+        // tensor is missing, each part once.
+        let per_expert = || {
+            let experts = crate::experts::per_expert_parts(name, *param.shape.first()?)?;
+            let found: Vec<Vec<(String, Option<Stored>)>> = experts
+                .into_iter()
+                .map(|parts| parts.into_iter().map(|part| (part.clone(), stored(&part))).collect())
+                .collect();
+            found.iter().flatten().any(|(_, tensor)| tensor.is_some()).then_some(found)
+        };
+        let parts = match stored(name).map(|tensor| vec![vec![tensor]]).ok_or_else(per_expert) {
+            Ok(fused) => fused,
+            Err(Some(experts)) => {
+                // Name the parts that are missing, not the fused tensor.
+                let missing: Vec<&String> =
+                    experts.iter().flatten().filter(|(_, tensor)| tensor.is_none()).map(|(part, _)| part).collect();
                 if let Some(first) = missing.first() {
                     let more = match missing.len() {
                         1 => String::new(),
@@ -264,9 +273,9 @@ pub fn load(
                     ));
                     continue;
                 }
-                experts.iter().map(|parts| parts.iter().filter_map(|part| stored(part)).collect()).collect()
+                experts.into_iter().map(|parts| parts.into_iter().filter_map(|(_, tensor)| tensor).collect()).collect()
             }
-            (None, _) => {
+            Err(None) => {
                 if problems.iter().all(|p| !p.contains("corrupt")) {
                     problems.push(format!("parameter `{}`: the checkpoint has no tensor `{name}`", param.path));
                 }

@@ -118,7 +118,6 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>,
             }
         }
         queue.retain(|job| !job.updates.is_closed());
-        load.note(&rows, &queue);
         // Admit waiting requests into free rows, in one `prefill_slots`.
         let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
         let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
