@@ -1,8 +1,9 @@
 //! Every path to logits against the reference implementation's: the
 //! random-weight checkpoints and the logits Hugging Face transformers
 //! computes for them (`tests/fixtures/oracle`), through the seed package
-//! (`models/qwen3.6-35b-a3b`) and the dense one (`models/qwen3.8-27b`,
-//! given its generics as `--set` would) on the reference interpreter and
+//! (`models/qwen3.6-35b-a3b`), the dense one (`models/qwen3.8-27b`) and
+//! the plain Qwen3 decoder (`models/qwen3-8b`), these two given their
+//! generics as `--set` would, on the reference interpreter and
 //! the CPU backend, and the seed on the GPU kernels, run on the host by MLIR
 //! (with `--features nvptx`) and on an NVIDIA GPU (with `--features
 //! nvptx,cuda`, ignored unless asked for: the PTX is built when the
@@ -21,7 +22,7 @@ use linnet_ir::Dtype;
 use linnet_runtime::generate::{argmax_rows, greedy};
 
 mod common;
-use common::{root, DENSE_GENERICS};
+use common::{root, DENSE_GENERICS, QWEN3_GENERICS};
 
 struct Oracle {
     machine: Machine,
@@ -57,14 +58,21 @@ struct Sequence {
 struct Fixture {
     config: &'static str,
     package: &'static str,
+    /// The generics, as `--set` gives them, where the folder has no
+    /// model card of its own.
+    generics: &'static [(&'static str, &'static str)],
     /// Block outputs scaled down so that bf16 rounding does not flip
     /// choices: held to 1e-1 on every row.
     calm: bool,
 }
 
-const MOE: Fixture = Fixture { config: "tiny-qwen3.5-moe", package: "models/qwen3.6-35b-a3b", calm: false };
+const MOE: Fixture =
+    Fixture { config: "tiny-qwen3.5-moe", package: "models/qwen3.6-35b-a3b", generics: &[], calm: false };
 const MOE_CALM: Fixture = Fixture { config: "tiny-qwen3.5-moe-calm", calm: true, ..MOE };
-const DENSE: Fixture = Fixture { config: "tiny-qwen3.5-dense", package: "models/qwen3.8-27b", calm: false };
+const DENSE: Fixture =
+    Fixture { config: "tiny-qwen3.5-dense", package: "models/qwen3.8-27b", generics: &DENSE_GENERICS, calm: false };
+const QWEN3: Fixture =
+    Fixture { config: "tiny-qwen3-dense", package: "models/qwen3-8b", generics: &QWEN3_GENERICS, calm: false };
 
 fn load(fixture: Fixture, dtype: &str, backend: linnet_runtime::BackendKind) -> Oracle {
     try_load(fixture, dtype, backend).unwrap_or_else(|e| panic!("{e}"))
@@ -77,7 +85,7 @@ fn try_load(fixture: Fixture, dtype: &str, backend: linnet_runtime::BackendKind)
         LoadOptions { nest: Some(card), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     } else {
         let mut overrides: Vec<(String, String)> =
-            DENSE_GENERICS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            fixture.generics.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         overrides.push(("T".into(), dtype.into()));
         LoadOptions { overrides, stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
     };
@@ -372,6 +380,26 @@ fn dense_bf16_every_path_matches_the_reference_on_cpu() {
     every_path(DENSE, "bf16", linnet_runtime::BackendKind::Cpu);
 }
 
+#[test]
+fn qwen3_f32_every_path_matches_the_reference() {
+    every_path(QWEN3, "f32", linnet_runtime::BackendKind::Interp);
+}
+
+#[test]
+fn qwen3_bf16_every_path_matches_the_reference() {
+    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::Interp);
+}
+
+#[test]
+fn qwen3_f32_every_path_matches_the_reference_on_cpu() {
+    every_path(QWEN3, "f32", linnet_runtime::BackendKind::Cpu);
+}
+
+#[test]
+fn qwen3_bf16_every_path_matches_the_reference_on_cpu() {
+    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::Cpu);
+}
+
 /// The GPU kernels' bodies, run on the host by MLIR (`--features nvptx`):
 /// a wrong index, reduction or rounding in a GPU kernel fails here.
 #[cfg(feature = "nvptx")]
@@ -384,6 +412,18 @@ fn f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
 #[test]
 fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
     every_path(MOE_CALM, "bf16", linnet_runtime::BackendKind::MlirHost);
+}
+
+#[cfg(feature = "nvptx")]
+#[test]
+fn qwen3_f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
+    every_path(QWEN3, "f32", linnet_runtime::BackendKind::MlirHost);
+}
+
+#[cfg(feature = "nvptx")]
+#[test]
+fn qwen3_bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
+    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::MlirHost);
 }
 
 /// What the GPU kernels (run on the host) refuse, they refuse at the node

@@ -122,6 +122,7 @@ pub fn signature(checked: &Checked, span: Span) -> Option<String> {
                 }
             }
             Item::Fn(function) if function.name.span == span => return Some(header(function.span, &function.doc)),
+            Item::Alias(alias) if alias.name.span == span => return Some(header(alias.span, &alias.doc)),
             _ => {}
         }
     }
@@ -141,7 +142,8 @@ pub fn declaration_at(checked: &Checked, file: FileId, offset: usize) -> Option<
         .find(|span| contains(*span, file, offset))
 }
 
-/// A file's outline: blocks with their members, functions, constants.
+/// A file's outline: blocks and traits with their members, functions,
+/// constants, `type`s.
 pub struct Symbol {
     pub name: String,
     pub kind: lsp_types::SymbolKind,
@@ -174,8 +176,13 @@ pub fn outline(module: &ast::Module) -> Vec<Symbol> {
                         Member::Fn(function) => leaf(&function.name, SymbolKind::METHOD, function.span),
                     })
                     .collect();
-                Symbol { children, ..leaf(&block.name, SymbolKind::CLASS, block.span) }
+                let kind = match block.kind {
+                    ast::BlockKind::Block => SymbolKind::CLASS,
+                    ast::BlockKind::Trait => SymbolKind::INTERFACE,
+                };
+                Symbol { children, ..leaf(&block.name, kind, block.span) }
             }
+            Item::Alias(alias) => leaf(&alias.name, SymbolKind::TYPE_PARAMETER, alias.span),
             Item::Fn(function) => leaf(&function.name, SymbolKind::FUNCTION, function.span),
             Item::Const(constant) => leaf(&constant.name, SymbolKind::CONSTANT, constant.span),
         })

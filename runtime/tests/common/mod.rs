@@ -46,6 +46,19 @@ pub const DENSE_GENERICS: [(&str, &str); 14] = [
     ("MaxSeq", "64"),
 ];
 
+/// `tests/fixtures/oracle/tiny-qwen3-dense`'s sizes, for `models/qwen3-8b`.
+pub const QWEN3_GENERICS: [(&str, &str); 9] = [
+    ("Vocab", "512"),
+    ("H", "64"),
+    ("Layers", "4"),
+    ("Heads", "4"),
+    ("KvHeads", "2"),
+    ("HeadDim", "32"),
+    ("Inner", "128"),
+    ("Batch", "2"),
+    ("MaxSeq", "64"),
+];
+
 /// One sequence of an oracle's golden file.
 pub struct Golden {
     pub tokens: Vec<i64>,

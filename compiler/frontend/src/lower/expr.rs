@@ -588,6 +588,8 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     env.elems.insert(generic.name.clone(), ty::Elem::Known(dtype));
                 }
                 GenericKind::Shape => return Err(unsupported(span, "an explicit variadic shape")),
+                // Refused by the checker: a function has no block generics.
+                GenericKind::Block => return Err(unsupported(span, "a block generic of a function")),
             }
         }
         let own: Vec<_> = function.generics.iter().map(|g| g.name.clone()).collect();

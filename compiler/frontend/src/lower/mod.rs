@@ -10,7 +10,7 @@ mod expr;
 
 use crate::diagnostic::Diagnostic;
 use crate::sema::program::{ItemRef, Program};
-use crate::sema::ty::{Elem, Subst, Ty};
+use crate::sema::ty::{Subst, Ty};
 use crate::source::{FileId, SourceMap, Span};
 use linnet_ir::dim::{Dim, Symbol};
 use linnet_ir::Dtype;
@@ -80,12 +80,7 @@ pub fn lower(
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
     };
-    let mut env = Subst::default();
-    for (name, value) in &values.dims {
-        env.dims.insert(name.clone(), Dim::constant(*value));
-    }
-    env.elems = values.elems.iter().map(|(name, dtype)| (name.clone(), Elem::Known(*dtype))).collect();
-    let instance = Instance { block: root, env, path: String::new() };
+    let instance = Instance { block: root, env: values.to_subst(), path: String::new() };
     let mut lowerer = Lowerer {
         program,
         sources,
@@ -130,15 +125,8 @@ impl Lowerer<'_, '_> {
     /// The instance of `sub` inside `parent`.
     pub fn sub_instance(&self, parent: &Instance, sub: usize, path: String) -> Option<Instance> {
         let sig = &self.program.blocks[parent.block].subs[sub];
-        let (block, args) = sig.target.as_ref()?;
-        let mut env = Subst::default();
-        for (name, dim) in &args.dims {
-            env.dims.insert(name.clone(), parent.env.dim(dim));
-        }
-        for (name, elem) in &args.elems {
-            env.elems.insert(name.clone(), Elem::Known(parent.env.dtype(elem)?));
-        }
-        Some(Instance { block: *block, env, path })
+        let target = parent.env.sub(sig.target.as_ref()?);
+        Some(Instance { block: target.block, env: target.args, path })
     }
 
     fn concrete(dims: &[Dim], span: Span) -> Result<Vec<usize>> {

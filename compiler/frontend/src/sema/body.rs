@@ -4,9 +4,9 @@
 //! and the expression becomes [`Ty::Error`], which silences what follows.
 
 use super::facts::Facts;
-use super::program::{bind_generic_args, GenericScope, GenericSig, ItemRef, Program};
+use super::program::{GenericScope, GenericSig, ItemRef, Program};
 use super::suggest;
-use super::ty::{compare, Axis, Elem, Subst, TensorTy, Ty};
+use super::ty::{compare, infer, Axis, Elem, Subst, TensorTy, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, BinOp, CmpOp, Expr, ExprKind, GenericKind, IndexItem, Stmt, UnOp};
@@ -976,21 +976,29 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let block = &self.program.blocks[sub.block];
         let Some(&fn_id) = block.fns.get(&method.name) else {
             let hint = suggest::hint(&method.name, block.fns.keys().map(String::as_str));
+            let (what, label) = match &sub.generic {
+                Some(generic) => (
+                    format!("`{generic}` is bounded by trait `{}`, which", block.name),
+                    "a block generic offers only what its bound promises",
+                ),
+                None => (format!("block `{}`", block.name), "not found"),
+            };
             return self.error(
                 Diagnostic::error(
                     "unknown-method",
                     method.span,
-                    format!("block `{}` has no function `{}`{hint}", block.name, method.name),
+                    format!("{what} has no function `{}`{hint}", method.name),
                 )
-                .with_label("not found")
-                .with_secondary(block.decl.name.span, "block defined here"),
+                .with_label(label)
+                .with_secondary(block.decl.name.span, "defined here"),
             );
         };
         let function = &self.program.fns[fn_id];
         let declared = function.decl.name.span;
         self.define(method.span, declared);
         let function = &self.program.fns[fn_id];
-        if !function.decl.is_pub {
+        let in_trait = block.decl.kind == ast::BlockKind::Trait;
+        if !function.decl.is_pub && !in_trait {
             return self.error(
                 Diagnostic::error("private-item", method.span, format!("`{}.{}` is private", block.name, method.name))
                     .with_label("declare it `pub fn` to call it from outside its block")
@@ -1118,8 +1126,17 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         }
         let scope = GenericScope { layers: vec![&self.generics] };
         let mut diagnostics = Vec::new();
-        let Some(bound) = bind_generic_args(&function.generics, explicit, &scope, span, &name, false, &mut diagnostics)
-        else {
+        let bound = self.program.bind_generic_args(
+            self.module,
+            &function.generics,
+            explicit,
+            &scope,
+            span,
+            &name,
+            false,
+            &mut diagnostics,
+        );
+        let Some(bound) = bound else {
             self.diagnostics.extend(diagnostics);
             return Ty::Error;
         };
@@ -1227,54 +1244,6 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 None
             }
         }
-    }
-}
-
-/// Binds the callee's own generics that appear bare in a parameter type to
-/// what the argument has there.
-fn infer(param: &Ty, arg: &Ty, own: &[linnet_ir::dim::Symbol], subst: &mut Subst) {
-    match (param, arg) {
-        (Ty::Tensor(p), Ty::Tensor(a)) => {
-            if let Elem::Generic(name) = &p.elem {
-                if own.contains(name) && !subst.elems.contains_key(name) && !a.elem.is_literal() {
-                    subst.elems.insert(name.clone(), a.elem.clone());
-                }
-            }
-            let shape_at = p.axes.iter().position(|axis| matches!(axis, Axis::Shape(_)));
-            let pairs: Vec<(&Axis, &Axis)> = match shape_at {
-                Some(at) => {
-                    let after = p.axes.len() - at - 1;
-                    if a.axes.len() < at + after {
-                        return;
-                    }
-                    if let Axis::Shape(name) = &p.axes[at] {
-                        if own.contains(name) && !subst.shapes.contains_key(name) {
-                            subst.shapes.insert(name.clone(), a.axes[at..a.axes.len() - after].to_vec());
-                        }
-                    }
-                    let tail = &a.axes[a.axes.len() - after..];
-                    p.axes[..at].iter().zip(&a.axes[..at]).chain(p.axes[at + 1..].iter().zip(tail)).collect()
-                }
-                None if p.axes.len() == a.axes.len() => p.axes.iter().zip(&a.axes).collect(),
-                None => return,
-            };
-            for (p, a) in pairs {
-                if let (Axis::Dim(p), Axis::Dim(a)) = (p, a) {
-                    if let Some(name) = p.as_generic() {
-                        if own.contains(name) && !subst.dims.contains_key(name) {
-                            subst.dims.insert(name.clone(), a.clone());
-                        }
-                    }
-                }
-            }
-        }
-        (Ty::Tuple(ps), Ty::Tuple(xs)) => {
-            for (p, a) in ps.iter().zip(xs) {
-                infer(p, a, own, subst);
-            }
-        }
-        (Ty::Option(Some(p)), Ty::Option(Some(a))) => infer(p, a, own, subst),
-        _ => {}
     }
 }
 

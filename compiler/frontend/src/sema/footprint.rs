@@ -6,7 +6,7 @@
 
 use super::instantiate::Values;
 use super::program::Program;
-use super::ty::{Axis, Elem, Ty};
+use super::ty::{Axis, Elem, SubTy, Ty};
 use crate::diagnostic::Diagnostic;
 use linnet_ir::dim::{Dim, EvalError, Symbol};
 
@@ -85,13 +85,12 @@ pub fn of(program: &Program, block: usize, values: &Values) -> Footprint {
         total.state_bytes = total.state_bytes.saturating_add(tensor_bytes(ty, values));
     }
     for sub in &sig.subs {
-        let Some((target, args)) = &sub.target else { continue };
-        let inner = values.of_arguments(args);
+        let Some((target, inner)) = sub.target.as_ref().and_then(|target| values.instance(target)) else { continue };
         let count = match &sub.ty {
             Ty::SubArray(_, count) => size(count, values),
             _ => 1,
         };
-        let one = of(program, *target, &inner);
+        let one = of(program, target, &inner);
         total.param_bytes = total.param_bytes.saturating_add(one.param_bytes.saturating_mul(count));
         total.state_bytes = total.state_bytes.saturating_add(one.state_bytes.saturating_mul(count));
         total.tensors = total.tensors.saturating_add(one.tensors.saturating_mul(count));
@@ -101,8 +100,13 @@ pub fn of(program: &Program, block: usize, values: &Values) -> Footprint {
 
 /// Refuses an instantiation over the limits, pointing at the generic whose
 /// value, set to 1, would shrink it most. Returns whether it is within.
-pub fn check(program: &Program, root: usize, values: &Values, diagnostics: &mut Vec<Diagnostic>) -> bool {
-    let footprint = of(program, root, values);
+/// `root` is the root's instance over the generics the model card sets,
+/// `values` their values.
+pub fn check(program: &Program, root: &SubTy, values: &Values, diagnostics: &mut Vec<Diagnostic>) -> bool {
+    let of_root = |values: &Values| {
+        values.instance(root).map_or_else(Footprint::default, |(block, inner)| of(program, block, &inner))
+    };
+    let footprint = of_root(values);
     if footprint.excess() <= 1.0 {
         return true;
     }
@@ -112,7 +116,7 @@ pub fn check(program: &Program, root: usize, values: &Values, diagnostics: &mut 
         let shrunk = |name: &Symbol| {
             let mut trial = values.clone();
             trial.dims.insert(name.clone(), 1);
-            of(program, root, &trial).excess()
+            of_root(&trial).excess()
         };
         shrunk(a).total_cmp(&shrunk(b))
     });
@@ -134,7 +138,7 @@ pub fn check(program: &Program, root: usize, values: &Values, diagnostics: &mut 
     let diagnostic = match at {
         Some((name, span)) => Diagnostic::error("model-too-large", span, message)
             .with_label(format!("`{name} = {}` makes it so", values.dims[name])),
-        None => Diagnostic::error("model-too-large", program.blocks[root].decl.name.span, message),
+        None => Diagnostic::error("model-too-large", program.blocks[root.block].decl.name.span, message),
     };
     diagnostics.push(diagnostic);
     false

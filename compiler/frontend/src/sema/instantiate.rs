@@ -7,31 +7,43 @@
 
 use super::program::{Clause, ItemRef, Program};
 use super::suggest;
-use super::ty::{Elem, Subst, Ty};
+use super::ty::{Elem, SubTy, Subst, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::{Nest, NestValue};
 use crate::source::Span;
-use crate::syntax::ast::GenericKind;
+use super::program::GenericSig;
+use crate::syntax::ast::{BlockKind, GenericKind};
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
 use std::collections::{BTreeSet, HashMap};
 
-/// Concrete generics: sizes and element types, with where each was given.
+/// Concrete generics: sizes, element types and blocks (each with its own
+/// values), with where each size was given.
 #[derive(Default, Clone)]
 pub struct Values {
     pub dims: HashMap<Symbol, i64>,
     pub elems: HashMap<Symbol, Dtype>,
+    pub blocks: HashMap<Symbol, (usize, Values)>,
     pub spans: HashMap<Symbol, Span>,
 }
 
 impl Values {
     /// The values a sub-block's generics take: its arguments evaluated
-    /// with these (those that cannot be are left out).
+    /// with these (those that cannot be are left out). A size given as
+    /// one of these generics keeps the place it was given.
     pub fn of_arguments(&self, args: &Subst) -> Values {
         let mut inner = Values::default();
         for (name, dim) in &args.dims {
             if let Some(value) = self.eval(dim) {
                 inner.dims.insert(name.clone(), value);
+            }
+            if let Some(span) = dim.as_generic().and_then(|outer| self.spans.get(outer)) {
+                inner.spans.insert(name.clone(), *span);
+            }
+        }
+        for (name, block) in &args.blocks {
+            if let Some(instance) = self.instance(block) {
+                inner.blocks.insert(name.clone(), instance);
             }
         }
         for (name, elem) in &args.elems {
@@ -50,16 +62,39 @@ impl Values {
     pub fn eval(&self, dim: &Dim) -> Option<i64> {
         dim.value_under(&self.dims).ok()
     }
+
+    /// The block a sub holds under these values, and its generics' values.
+    pub fn instance(&self, sub: &SubTy) -> Option<(usize, Values)> {
+        match &sub.generic {
+            Some(generic) => self.blocks.get(generic).cloned(),
+            None => Some((sub.block, self.of_arguments(&sub.args))),
+        }
+    }
+
+    /// The same values as a substitution of constants, for lowering.
+    pub fn to_subst(&self) -> Subst {
+        Subst {
+            dims: self.dims.iter().map(|(name, value)| (name.clone(), Dim::constant(*value))).collect(),
+            shapes: HashMap::new(),
+            elems: self.elems.iter().map(|(name, dtype)| (name.clone(), Elem::Known(*dtype))).collect(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|(name, (block, values))| (name.clone(), SubTy::concrete(*block, values.to_subst())))
+                .collect(),
+        }
+    }
 }
 
 /// `source_is_sound`: the modules checked without errors, so the parameter
 /// tree is complete and the bindings can be checked against it.
 pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Diagnostic>) {
     let Some(nest) = &program.package.nest else { return };
-    let Some((root, values)) = root_instance(program, diagnostics) else { return };
+    let Some((instance, given)) = root_generics(program, diagnostics) else { return };
+    let Some((root, values)) = given.instance(&instance) else { return };
     check_clauses(&program.blocks[root].clauses, &values, diagnostics);
     check_entries(program, root, nest, &values, diagnostics);
-    let within_limits = source_is_sound && super::footprint::check(program, root, &values, diagnostics);
+    let within_limits = source_is_sound && super::footprint::check(program, &instance, &given, diagnostics);
     if let (Some(bindings), true) = (&program.package.bindings, within_limits) {
         check_bindings(program, root, &values, bindings, diagnostics);
     }
@@ -67,6 +102,14 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
 
 /// The root block named by the model card and the values of its generics.
 pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(usize, Values)> {
+    let (instance, given) = root_generics(program, diagnostics)?;
+    given.instance(&instance)
+}
+
+/// The root (a block, or a `type` naming one) as an instance over the
+/// generics the model card sets, and the values it sets them to; a
+/// `type`'s clauses are checked against them here.
+pub fn root_generics(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(SubTy, Values)> {
     let Some(nest) = &program.package.nest else {
         diagnostics.push(
             Diagnostic::error(
@@ -85,39 +128,81 @@ pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Op
         );
         return None;
     };
-    let root = match program.scopes.first().and_then(|scope| scope.get(root_name)) {
-        Some(ItemRef::Block(id)) => *id,
+    match program.scopes.first().and_then(|scope| scope.get(root_name)) {
+        Some(ItemRef::Block(id)) if program.blocks[*id].decl.kind == BlockKind::Block => {
+            let block = &program.blocks[*id];
+            let values = root_values(&block.generics, &block.name, block.decl.name.span, nest, diagnostics)?;
+            Some((SubTy::concrete(*id, identity(&block.generics)), values))
+        }
+        Some(ItemRef::Alias(id)) => {
+            let alias = &program.aliases[*id];
+            let values = root_values(&alias.generics, &alias.name, alias.decl.name.span, nest, diagnostics)?;
+            let before = diagnostics.len();
+            check_clauses(&alias.clauses, &values, diagnostics);
+            if diagnostics[before..].iter().any(Diagnostic::is_error) {
+                return None;
+            }
+            Some((alias.target.clone()?, values))
+        }
         _ => {
-            let blocks: Vec<&str> = program.blocks.iter().filter(|b| b.module == 0).map(|b| b.name.as_str()).collect();
+            let roots = program
+                .blocks
+                .iter()
+                .filter(|b| b.module == 0 && b.decl.kind == BlockKind::Block)
+                .map(|b| b.name.as_str())
+                .chain(program.aliases.iter().filter(|a| a.module == 0).map(|a| a.name.as_str()));
             diagnostics.push(
                 Diagnostic::error(
                     "unknown-root",
                     *root_span,
-                    format!("no block `{root_name}` in the root module{}", suggest::hint(root_name, blocks)),
+                    format!("no block or `type` `{root_name}` in the root module{}", suggest::hint(root_name, roots)),
                 )
                 .with_label("the root block is defined in the source file"),
             );
-            return None;
+            None
         }
-    };
-    root_values(program, root, nest, diagnostics).map(|values| (root, values))
+    }
 }
 
-fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Vec<Diagnostic>) -> Option<Values> {
-    let block = &program.blocks[root];
+/// Each generic given as itself.
+fn identity(generics: &[GenericSig]) -> Subst {
+    let mut subst = Subst::default();
+    for generic in generics {
+        match generic.kind {
+            GenericKind::Dim => {
+                subst.dims.insert(generic.name.clone(), Dim::generic(&generic.name));
+            }
+            GenericKind::Float => {
+                subst.elems.insert(generic.name.clone(), Elem::Generic(generic.name.clone()));
+            }
+            GenericKind::Shape | GenericKind::Block => {}
+        }
+    }
+    subst
+}
+
+/// The values `[generics]` gives the root's generics (a block's or a
+/// `type`'s), defaults filling the rest.
+fn root_values(
+    generics: &[GenericSig],
+    root_name: &str,
+    root_span: Span,
+    nest: &Nest,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<Values> {
     let mut values = Values::default();
     let mut ok = true;
     for entry in &nest.generics {
-        let Some(generic) = block.generics.iter().find(|g| *g.name == entry.name) else {
-            let names = block.generics.iter().map(|g| &*g.name);
+        let Some(generic) = generics.iter().find(|g| *g.name == entry.name) else {
+            let names = generics.iter().map(|g| &*g.name);
             diagnostics.push(
                 Diagnostic::error(
                     "unknown-generic",
                     entry.name_span,
-                    format!("`{}` has no generic `{}`{}", block.name, entry.name, suggest::hint(&entry.name, names)),
+                    format!("`{root_name}` has no generic `{}`{}", entry.name, suggest::hint(&entry.name, names)),
                 )
                 .with_label("not a generic of the root block")
-                .with_secondary(block.decl.name.span, "root block"),
+                .with_secondary(root_span, "root block"),
             );
             ok = false;
             continue;
@@ -150,16 +235,32 @@ fn root_values(program: &Program, root: usize, nest: &Nest, diagnostics: &mut Ve
                 diagnostics.push(bad("a variadic shape cannot be set"));
                 ok = false;
             }
+            (GenericKind::Block, _) => {
+                diagnostics.push(bad("a block is chosen in the source: make the root a `type` that names it"));
+                ok = false;
+            }
         }
         values.spans.insert(generic.name.clone(), entry.value_span);
     }
-    for generic in &block.generics {
+    for generic in generics {
         // A value given but refused above is not missing as well.
         let given = values.spans.contains_key(&generic.name);
         match (&generic.default, given) {
             (_, true) => {}
             (Some(super::ty::Elem::Known(dtype)), false) => {
                 values.elems.insert(generic.name.clone(), *dtype);
+            }
+            (_, false) if generic.kind == GenericKind::Block => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "missing-generic",
+                        root_span,
+                        format!("`{root_name}` has a block generic `{}`, which a model card cannot give", generic.name),
+                    )
+                    .with_label("make the root a `type` that names the block: `type Model<...> = Root<..., Block<...>>`")
+                    .with_secondary(generic.span, "declared here"),
+                );
+                ok = false;
             }
             _ => {
                 diagnostics.push(
@@ -288,17 +389,16 @@ fn parameter_paths(
         out.push(format!("{prefix}{name}"));
     }
     for sub in &sig.subs {
-        let Some((target, args)) = &sub.target else { continue };
-        let inner = values.of_arguments(args);
+        let Some((target, inner)) = sub.target.as_ref().and_then(|target| values.instance(target)) else { continue };
         match &sub.ty {
-            Ty::SubArray(_, count) if structural => {
-                parameter_paths(program, *target, &inner, &format!("{prefix}{}.#.", sub.name), structural, out)
+            Ty::SubArray(..) if structural => {
+                parameter_paths(program, target, &inner, &format!("{prefix}{}.#.", sub.name), structural, out)
             }
             Ty::SubArray(_, count) => {
                 for index in 0..values.eval(count).unwrap_or(0) {
                     parameter_paths(
                         program,
-                        *target,
+                        target,
                         &inner,
                         &format!("{prefix}{}.{index}.", sub.name),
                         structural,
@@ -306,7 +406,7 @@ fn parameter_paths(
                     );
                 }
             }
-            _ => parameter_paths(program, *target, &inner, &format!("{prefix}{}.", sub.name), structural, out),
+            _ => parameter_paths(program, target, &inner, &format!("{prefix}{}.", sub.name), structural, out),
         }
     }
 }

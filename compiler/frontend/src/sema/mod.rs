@@ -5,6 +5,7 @@
 //! the model card's generics and checks the bindings.
 
 pub mod body;
+mod bounds;
 mod builtins;
 pub mod facts;
 pub mod footprint;
@@ -81,6 +82,9 @@ pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
     for block_id in 0..program.blocks.len() {
         check_block(&program, block_id, diagnostics);
     }
+    for alias in &program.aliases {
+        check_alias(&program, alias, diagnostics);
+    }
     for fn_id in 0..program.fns.len() {
         check_fn(&program, fn_id, diagnostics, &mut analysis);
     }
@@ -91,40 +95,48 @@ pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
 }
 
 /// Each `sub`'s block must accept its arguments: its `where` clauses must
-/// follow from this block's.
+/// follow from this block's, and its block arguments meet their bounds.
 fn check_block(program: &Program, block_id: usize, diagnostics: &mut Vec<Diagnostic>) {
     let block = &program.blocks[block_id];
+    if block.decl.kind == ast::BlockKind::Trait {
+        return;
+    }
     let mut facts = Facts::default();
     assume_all(&mut facts, &block.clauses);
+    let owner = format!("`{}`", block.name);
     for sub in &block.subs {
-        let Some((target, args)) = &sub.target else { continue };
-        let target = &program.blocks[*target];
-        for clause in &target.clauses {
-            let (lhs, rhs) = (args.dim(&clause.lhs), args.dim(&clause.rhs));
-            if !facts.proves(&lhs, clause.op, &rhs) {
-                diagnostics.push(
-                    Diagnostic::error(
-                        "unsatisfied-where",
-                        sub.span,
-                        format!(
-                            "`{}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses of `{}`",
-                            target.name,
-                            clause.text,
-                            clause.op.symbol(),
-                            block.name
-                        ),
-                    )
-                    .with_label(format!("`{}` declared here", sub.name))
-                    .with_secondary(clause.span, "required by this clause"),
-                );
-            }
-        }
+        let Some(target) = &sub.target else { continue };
+        let args = block.decl.members.iter().find_map(|member| match member {
+            ast::Member::Sub { name, args, .. } if name.span == sub.name_span => Some(args.as_slice()),
+            _ => None,
+        });
+        let site = bounds::Site { facts: &facts, span: sub.span, owner: &owner };
+        bounds::check_instance(program, target, args.unwrap_or_default(), &site, diagnostics);
     }
+}
+
+/// A `type`'s block must accept its arguments under the `type`'s clauses.
+fn check_alias(program: &Program, alias: &program::AliasSig, diagnostics: &mut Vec<Diagnostic>) {
+    let (Some(target), ast::TypeExpr::Named { args, span, .. }) = (&alias.target, &alias.decl.target) else { return };
+    let mut facts = Facts::default();
+    assume_all(&mut facts, &alias.clauses);
+    let owner = format!("`{}`", alias.name);
+    let site = bounds::Site { facts: &facts, span: *span, owner: &owner };
+    bounds::check_instance(program, target, args, &site, diagnostics);
 }
 
 fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
     let function = &program.fns[fn_id];
     let decl = function.decl;
+    if function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait) {
+        if decl.body.is_some() {
+            diagnostics.push(
+                Diagnostic::error("trait-body", decl.name.span, "a trait's function is a signature, without a body")
+                    .with_label("the blocks that meet the trait define it"),
+            );
+        }
+        return;
+    }
     match (decl.kind, function.block, &decl.body) {
         (FnKind::Entry, None, _) => diagnostics.push(
             Diagnostic::error("misplaced-entry", decl.name.span, "an `entry` belongs to a block")

@@ -19,6 +19,9 @@ pub struct GenericSig {
     pub name: Symbol,
     pub kind: GenericKind,
     pub default: Option<Elem>,
+    /// A block generic's bound: its trait, with arguments over the
+    /// generics declared before it.
+    pub bound: Option<SubTy>,
     pub span: Span,
 }
 
@@ -49,8 +52,9 @@ pub struct SubSig {
     pub name_span: Span,
     pub ty: Ty,
     pub span: Span,
-    /// The block's generic arguments, for checking its `where` clauses.
-    pub target: Option<(usize, Subst)>,
+    /// The block and its generic arguments (absent where they did not
+    /// resolve, already reported).
+    pub target: Option<SubTy>,
 }
 
 pub struct BlockSig<'a> {
@@ -65,6 +69,17 @@ pub struct BlockSig<'a> {
     pub fns: HashMap<String, usize>,
 }
 
+/// `type Name<...> = Block<...> where ...`: the block instance it names,
+/// over its own generics and clauses.
+pub struct AliasSig<'a> {
+    pub name: String,
+    pub module: usize,
+    pub decl: &'a ast::AliasDecl,
+    pub generics: Vec<GenericSig>,
+    pub clauses: Vec<Clause>,
+    pub target: Option<SubTy>,
+}
+
 pub struct ConstSig {
     pub ty: Ty,
     pub span: Span,
@@ -75,6 +90,7 @@ pub enum ItemRef {
     Block(usize),
     Fn(usize),
     Const(usize),
+    Alias(usize),
     /// An import that failed, already reported: its uses stay quiet.
     Unresolved,
 }
@@ -84,6 +100,7 @@ pub struct Program<'a> {
     pub blocks: Vec<BlockSig<'a>>,
     pub fns: Vec<FnSig<'a>>,
     pub consts: Vec<ConstSig>,
+    pub aliases: Vec<AliasSig<'a>>,
     /// Per module: the names it can use, with where each was defined.
     pub scopes: Vec<HashMap<String, ItemRef>>,
     /// Per module: its own items only.
@@ -120,7 +137,7 @@ pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut 
         ast::DimExpr::Name(ident) => match scope.find(&ident.name) {
             Some(generic) if generic.kind == GenericKind::Dim => Some(Dim::generic(&ident.name)),
             Some(generic) => {
-                let kind = if generic.kind == GenericKind::Shape { "a Shape" } else { "a Float" };
+                let kind = generic.kind.article();
                 diagnostics.push(
                     Diagnostic::error("kind-mismatch", ident.span, format!("`{}` is {kind}, not a Dim", ident.name))
                         .with_label("a dim is expected here")
@@ -168,7 +185,7 @@ pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut 
                 Diagnostic::error(
                     "kind-mismatch",
                     ident.span,
-                    format!("`{}` is a dim, not an element type", ident.name),
+                    format!("`{}` is {}, not an element type", ident.name, generic.kind.article()),
                 )
                 .with_label("an element type (bf16, f16, f32, i32, i64, bool or a Float generic) is expected here")
                 .with_secondary(generic.span, "declared here"),
@@ -303,6 +320,7 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
             name: Rc::from(generic.name.name.as_str()),
             kind: generic.kind,
             default,
+            bound: None,
             span: generic.name.span,
         });
     }
@@ -332,6 +350,7 @@ impl<'a> Program<'a> {
             blocks: Vec::new(),
             fns: Vec::new(),
             consts: Vec::new(),
+            aliases: Vec::new(),
             scopes: Vec::new(),
             items: Vec::new(),
             definitions: Vec::new(),
@@ -343,18 +362,20 @@ impl<'a> Program<'a> {
         program
     }
 
-    /// Records each generic named in a signature (types, clauses, sub
-    /// arguments) as a use of its declaration.
+    /// Records each generic and block named in a signature (types,
+    /// clauses, sub blocks and their arguments, bounds, a `type`'s target)
+    /// as a use of its declaration.
     fn record_generic_uses(&mut self) {
         let mut uses = Vec::new();
         for block in &self.blocks {
             let decl = block.decl;
             let scope = GenericScope { layers: vec![&block.generics] };
+            self.bound_uses(block.module, &decl.generics, &scope, &mut uses);
             decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
             for member in &decl.members {
                 match member {
-                    ast::Member::Sub { args, count, .. } => {
-                        args.iter().for_each(|arg| garg_uses(arg, &scope, &mut uses));
+                    ast::Member::Sub { block: name, args, count, .. } => {
+                        self.block_uses(block.module, name, args, &scope, &mut uses);
                         if let Some(count) = count {
                             dim_uses(count, &scope, &mut uses);
                         }
@@ -362,6 +383,14 @@ impl<'a> Program<'a> {
                     ast::Member::Param { ty, .. } | ast::Member::State { ty, .. } => type_uses(ty, &scope, &mut uses),
                     ast::Member::Fn(_) => {}
                 }
+            }
+        }
+        for alias in &self.aliases {
+            let scope = GenericScope { layers: vec![&alias.generics] };
+            self.bound_uses(alias.module, &alias.decl.generics, &scope, &mut uses);
+            alias.decl.where_clauses.iter().for_each(|c| clause_uses(c, &scope, &mut uses));
+            if let ast::TypeExpr::Named { name, args, .. } = &alias.decl.target {
+                self.block_uses(alias.module, name, args, &scope, &mut uses);
             }
         }
         for function in &self.fns {
@@ -377,12 +406,57 @@ impl<'a> Program<'a> {
         self.definitions.extend(uses);
     }
 
+    /// The generics named in the arguments of each bound.
+    fn bound_uses(&self, module: usize, generics: &[ast::Generic], scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+        for generic in generics {
+            if let Some((_, args)) = &generic.bound {
+                args.iter().for_each(|arg| self.garg_block_uses(module, arg, scope, uses));
+            }
+        }
+    }
+
+    /// `name<args>` naming a block, a `type` or a block generic.
+    fn block_uses(
+        &self,
+        module: usize,
+        name: &ast::Ident,
+        args: &[ast::GenericArg],
+        scope: &GenericScope,
+        uses: &mut Vec<(Span, Span)>,
+    ) {
+        match scope.find(&name.name) {
+            Some(generic) => uses.push((name.span, generic.span)),
+            None => {
+                if let Some(declared) = self.scopes[module].get(&name.name).and_then(|item| self.item_span(*item)) {
+                    uses.push((name.span, declared));
+                }
+            }
+        }
+        args.iter().for_each(|arg| self.garg_block_uses(module, arg, scope, uses));
+    }
+
+    fn garg_block_uses(&self, module: usize, arg: &ast::GenericArg, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+        match arg {
+            ast::GenericArg::Type(ast::TypeExpr::Named { name, args, .. }) => {
+                self.block_uses(module, name, args, scope, uses)
+            }
+            ast::GenericArg::Dim(ast::DimExpr::Name(name))
+                if scope.find(&name.name).is_none()
+                    && matches!(self.scopes[module].get(&name.name), Some(ItemRef::Block(_) | ItemRef::Alias(_))) =>
+            {
+                self.block_uses(module, name, &[], scope, uses)
+            }
+            other => garg_uses(other, scope, uses),
+        }
+    }
+
     /// Where an item's name is declared.
     pub fn item_span(&self, item: ItemRef) -> Option<Span> {
         match item {
             ItemRef::Block(id) => Some(self.blocks[id].decl.name.span),
             ItemRef::Fn(id) => Some(self.fns[id].decl.name.span),
             ItemRef::Const(id) => Some(self.consts[id].span),
+            ItemRef::Alias(id) => Some(self.aliases[id].decl.name.span),
             ItemRef::Unresolved => None,
         }
     }
@@ -428,6 +502,17 @@ impl<'a> Program<'a> {
                     ast::Item::Const(constant) => {
                         self.consts.push(ConstSig { ty: Ty::Error, span: constant.name.span });
                         (ItemRef::Const(self.consts.len() - 1), constant.is_pub)
+                    }
+                    ast::Item::Alias(decl) => {
+                        self.aliases.push(AliasSig {
+                            name: decl.name.name.clone(),
+                            module: module_index,
+                            decl,
+                            generics: Vec::new(),
+                            clauses: Vec::new(),
+                            target: None,
+                        });
+                        (ItemRef::Alias(self.aliases.len() - 1), decl.is_pub)
                     }
                 };
                 let name = item.name();
@@ -521,6 +606,53 @@ impl<'a> Program<'a> {
         for block in &mut self.blocks {
             block.generics = resolve_generics(&block.decl.generics, diagnostics);
         }
+        for alias in &mut self.aliases {
+            alias.generics = resolve_generics(&alias.decl.generics, diagnostics);
+        }
+        // Bounds name traits, whose generics are now known.
+        for block_id in 0..self.blocks.len() {
+            let (module, decl) = (self.blocks[block_id].module, self.blocks[block_id].decl);
+            let mut generics = std::mem::take(&mut self.blocks[block_id].generics);
+            self.resolve_bounds(module, &decl.generics, &mut generics, diagnostics);
+            self.blocks[block_id].generics = generics;
+        }
+        for alias_id in 0..self.aliases.len() {
+            let (module, decl) = (self.aliases[alias_id].module, self.aliases[alias_id].decl);
+            let mut generics = std::mem::take(&mut self.aliases[alias_id].generics);
+            self.resolve_bounds(module, &decl.generics, &mut generics, diagnostics);
+            let scope = GenericScope { layers: vec![&generics] };
+            let clauses = resolve_clauses(&decl.where_clauses, &scope, diagnostics);
+            let target = match &decl.target {
+                ast::TypeExpr::Named { name, args, span } => {
+                    let target = self.resolve_block_ref(module, name, args, &scope, *span, diagnostics);
+                    match target {
+                        Some(target) if target.generic.is_some() => {
+                            diagnostics.push(
+                                Diagnostic::error(
+                                    "not-a-block",
+                                    name.span,
+                                    format!("`{}` is a generic: a `type` names a block", name.name),
+                                )
+                                .with_label("not a block"),
+                            );
+                            None
+                        }
+                        other => other,
+                    }
+                }
+                other => {
+                    diagnostics.push(
+                        Diagnostic::error("not-a-block", other.span(), "a `type` names a block instance")
+                            .with_label("expected `Block<...>`"),
+                    );
+                    None
+                }
+            };
+            let alias = &mut self.aliases[alias_id];
+            alias.generics = generics;
+            alias.clauses = clauses;
+            alias.target = target;
+        }
         for block_id in 0..self.blocks.len() {
             let decl = self.blocks[block_id].decl;
             let generics = self.blocks[block_id].generics.clone();
@@ -544,19 +676,14 @@ impl<'a> Program<'a> {
                 }
                 match member {
                     ast::Member::Sub { name, block, args, count, span, .. } => {
-                        let target =
-                            self.resolve_sub(self.blocks[block_id].module, block, args, &scope, *span, diagnostics);
+                        let module = self.blocks[block_id].module;
+                        let target = self.resolve_block_ref(module, block, args, &scope, *span, diagnostics);
                         let count = count.as_ref().map(|count| resolve_dim(count, &scope, diagnostics));
                         let ty = match (&target, count) {
-                            (Some((block, args)), None) => Ty::Sub(SubTy { block: *block, args: args.clone() }),
-                            (Some((block, args)), Some(Some(count))) => {
-                                Ty::SubArray(SubTy { block: *block, args: args.clone() }, count)
-                            }
+                            (Some(target), None) => Ty::Sub(target.clone()),
+                            (Some(target), Some(Some(count))) => Ty::SubArray(target.clone(), count),
                             _ => Ty::Error,
                         };
-                        if let Some((block_id, _)) = &target {
-                            self.definitions.push((block.span, self.blocks[*block_id].decl.name.span));
-                        }
                         subs.push(SubSig { name: name.name.clone(), name_span: name.span, ty, span: *span, target });
                     }
                     ast::Member::Param { name, ty, .. } => {
@@ -577,6 +704,16 @@ impl<'a> Program<'a> {
         for fn_id in 0..self.fns.len() {
             let decl = self.fns[fn_id].decl;
             let generics = resolve_generics(&decl.generics, diagnostics);
+            for generic in generics.iter().filter(|g| g.kind == GenericKind::Block) {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "kind-mismatch",
+                        generic.span,
+                        "a function's generics are dims, shapes and floats; a block generic belongs to a block",
+                    )
+                    .with_label("declare it on the block and hold it as a `sub`"),
+                );
+            }
             let block_generics: &[GenericSig] = match self.fns[fn_id].block {
                 Some(block) => &self.blocks[block].generics,
                 None => &[],
@@ -608,142 +745,289 @@ impl<'a> Program<'a> {
         }
     }
 
-    /// A `sub`'s block and its generic arguments, by kind.
-    fn resolve_sub(
+    /// Each block generic's bound: a trait in scope, with arguments over
+    /// the generics declared before it.
+    fn resolve_bounds(
+        &mut self,
+        module: usize,
+        declared: &[ast::Generic],
+        generics: &mut [GenericSig],
+        diagnostics: &mut Vec<Diagnostic>,
+    ) {
+        for at in 0..generics.len() {
+            let Some(decl) = declared.iter().find(|g| g.name.span == generics[at].span) else { continue };
+            let Some((name, args)) = &decl.bound else { continue };
+            let trait_id = match self.scopes[module].get(&name.name) {
+                Some(ItemRef::Block(id)) if self.blocks[*id].decl.kind == ast::BlockKind::Trait => *id,
+                Some(ItemRef::Unresolved) => continue,
+                Some(ItemRef::Block(id)) => {
+                    diagnostics.push(
+                        Diagnostic::error(
+                            "not-a-trait",
+                            name.span,
+                            format!("`{}` is a block; a bound is a trait (`Dim`, `Shape`, `Float` or a trait)", name.name),
+                        )
+                        .with_label("not a trait")
+                        .with_secondary(self.blocks[*id].decl.name.span, "block defined here"),
+                    );
+                    continue;
+                }
+                _ => {
+                    let traits = self.scopes[module]
+                        .iter()
+                        .filter(|(_, item)| {
+                            matches!(item, ItemRef::Block(id) if self.blocks[*id].decl.kind == ast::BlockKind::Trait)
+                        })
+                        .map(|(name, _)| name.as_str())
+                        .chain(["Dim", "Shape", "Float"]);
+                    diagnostics.push(
+                        Diagnostic::error(
+                            "unknown-name",
+                            name.span,
+                            format!("no kind or trait `{}` in scope{}", name.name, suggest::hint(&name.name, traits)),
+                        )
+                        .with_label("a generic is a `Dim`, a `Shape`, a `Float` or a block bounded by a trait"),
+                    );
+                    continue;
+                }
+            };
+            self.definitions.push((name.span, self.blocks[trait_id].decl.name.span));
+            let scope = GenericScope { layers: vec![&generics[..at]] };
+            let trait_name = self.blocks[trait_id].name.clone();
+            let bound = self.bind_generic_args(
+                module,
+                &self.blocks[trait_id].generics,
+                args,
+                &scope,
+                decl.kind_span,
+                &trait_name,
+                true,
+                diagnostics,
+            );
+            if let Some(args) = bound {
+                if let Some(generic) = args.blocks.keys().next() {
+                    diagnostics.push(
+                        Diagnostic::error(
+                            "kind-mismatch",
+                            decl.kind_span,
+                            format!("a trait's generics are dims and floats; `{generic}` of `{trait_name}` is a block"),
+                        )
+                        .with_label("not supported in a bound"),
+                    );
+                    continue;
+                }
+                generics[at].bound = Some(SubTy::concrete(trait_id, args));
+            }
+        }
+    }
+
+    /// The block that `name<args>` stands for in `module` under `scope`: a
+    /// block instance, a `type`'s block with its arguments, or, for a block
+    /// generic in scope, an abstract sub of its bound.
+    pub fn resolve_block_ref(
         &self,
         module: usize,
-        block: &ast::Ident,
+        name: &ast::Ident,
         args: &[ast::GenericArg],
         scope: &GenericScope,
         span: Span,
         diagnostics: &mut Vec<Diagnostic>,
-    ) -> Option<(usize, Subst)> {
-        let target = match self.scopes[module].get(&block.name) {
-            Some(ItemRef::Block(id)) => *id,
-            Some(ItemRef::Unresolved) => return None,
-            Some(_) => {
+    ) -> Option<SubTy> {
+        if let Some(generic) = scope.find(&name.name) {
+            if generic.kind != GenericKind::Block {
                 diagnostics.push(
-                    Diagnostic::error("not-a-block", block.span, format!("`{}` is not a block", block.name))
-                        .with_label("a `sub` holds a block"),
+                    Diagnostic::error(
+                        "kind-mismatch",
+                        name.span,
+                        format!("`{}` is {}, not a block", name.name, generic.kind.article()),
+                    )
+                    .with_label("a block is expected here")
+                    .with_secondary(generic.span, "declared here"),
                 );
                 return None;
+            }
+            if let Some(first) = args.first() {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "generic-count",
+                        first.span(),
+                        format!("`{}` is a block generic: its arguments were given where it is bound", name.name),
+                    )
+                    .with_label("remove the arguments"),
+                );
+                return None;
+            }
+            let bound = generic.bound.as_ref()?;
+            return Some(SubTy { block: bound.block, args: bound.args.clone(), generic: Some(generic.name.clone()) });
+        }
+        match self.scopes[module].get(&name.name) {
+            Some(ItemRef::Block(id)) if self.blocks[*id].decl.kind == ast::BlockKind::Trait => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        "not-a-block",
+                        name.span,
+                        format!("`{}` is a trait: it bounds a block generic, it is not a block", name.name),
+                    )
+                    .with_label(format!("declare a generic `F: {}<...>` and use `F`", name.name))
+                    .with_secondary(self.blocks[*id].decl.name.span, "trait defined here"),
+                );
+                None
+            }
+            Some(ItemRef::Block(id)) => {
+                let target = &self.blocks[*id];
+                let args =
+                    self.bind_generic_args(module, &target.generics, args, scope, span, &target.name, true, diagnostics)?;
+                Some(SubTy::concrete(*id, args))
+            }
+            Some(ItemRef::Alias(id)) => {
+                let alias = &self.aliases[*id];
+                let bound =
+                    self.bind_generic_args(module, &alias.generics, args, scope, span, &alias.name, true, diagnostics)?;
+                let target = alias.target.as_ref();
+                if target.is_none() {
+                    diagnostics.push(
+                        Diagnostic::error(
+                            "not-a-block",
+                            name.span,
+                            format!("`{}` is a `type` whose block is not known here", name.name),
+                        )
+                        .with_label("name the block itself")
+                        .with_secondary(alias.decl.name.span, "type defined here"),
+                    );
+                }
+                Some(bound.sub(target?))
+            }
+            Some(ItemRef::Unresolved) => None,
+            Some(_) => {
+                diagnostics.push(
+                    Diagnostic::error("not-a-block", name.span, format!("`{}` is not a block", name.name))
+                        .with_label("a block is expected here"),
+                );
+                None
             }
             None => {
                 let blocks = self.scopes[module]
                     .iter()
-                    .filter(|(_, item)| matches!(item, ItemRef::Block(_)))
-                    .map(|(name, _)| name.as_str());
+                    .filter(|(_, item)| matches!(item, ItemRef::Block(_) | ItemRef::Alias(_)))
+                    .map(|(name, _)| name.as_str())
+                    .chain(scope.names());
                 diagnostics.push(
                     Diagnostic::error(
                         "unknown-name",
-                        block.span,
-                        format!("no block `{}` in scope{}", block.name, suggest::hint(&block.name, blocks)),
+                        name.span,
+                        format!("no block `{}` in scope{}", name.name, suggest::hint(&name.name, blocks)),
                     )
                     .with_label("not defined or imported in this module"),
                 );
-                return None;
+                None
             }
-        };
-        bind_generic_args(
-            &self.blocks[target].generics,
-            args,
-            scope,
-            span,
-            &self.blocks[target].name,
-            true,
-            diagnostics,
-        )
-        .map(|subst| (target, subst))
+        }
     }
-}
 
-/// Binds explicit generic arguments to a callee's generics, by kind;
-/// missing `Float`s take their defaults, and the rest are left to
-/// inference unless `require_all`. `None` after reporting a problem.
-pub fn bind_generic_args(
-    generics: &[GenericSig],
-    args: &[ast::GenericArg],
-    scope: &GenericScope,
-    span: Span,
-    callee: &str,
-    require_all: bool,
-    diagnostics: &mut Vec<Diagnostic>,
-) -> Option<Subst> {
-    let mut subst = Subst::default();
-    if args.len() > generics.len() {
-        diagnostics.push(
-            Diagnostic::error(
-                "generic-count",
-                args[generics.len()].span(),
-                format!("`{callee}` takes {} generic argument(s), {} given", generics.len(), args.len()),
-            )
-            .with_label("unexpected generic argument"),
-        );
-        return None;
-    }
-    let mut ok = true;
-    for (generic, arg) in generics.iter().zip(args) {
-        match (generic.kind, arg) {
-            (GenericKind::Dim, ast::GenericArg::Dim(expr)) => match resolve_dim(expr, scope, diagnostics) {
-                Some(dim) => {
-                    subst.dims.insert(generic.name.clone(), dim);
-                }
-                None => ok = false,
-            },
-            (GenericKind::Float, ast::GenericArg::Dim(ast::DimExpr::Name(ident))) => {
-                match resolve_elem(ident, scope, diagnostics) {
-                    Some(elem) if elem.is_float() => {
-                        subst.elems.insert(generic.name.clone(), elem);
-                    }
-                    Some(elem) => {
-                        diagnostics.push(
-                            Diagnostic::error(
-                                "kind-mismatch",
-                                ident.span,
-                                format!("`{}` of `{callee}` is a Float, not {elem}", generic.name),
-                            )
-                            .with_label("expected bf16, f16, f32 or a Float generic"),
-                        );
-                        ok = false;
+    /// Binds explicit generic arguments to a callee's generics, by kind;
+    /// missing `Float`s take their defaults, and the rest are left to
+    /// inference unless `require_all`. `None` after reporting a problem.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_generic_args(
+        &self,
+        module: usize,
+        generics: &[GenericSig],
+        args: &[ast::GenericArg],
+        scope: &GenericScope,
+        span: Span,
+        callee: &str,
+        require_all: bool,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<Subst> {
+        let mut subst = Subst::default();
+        if args.len() > generics.len() {
+            diagnostics.push(
+                Diagnostic::error(
+                    "generic-count",
+                    args[generics.len()].span(),
+                    format!("`{callee}` takes {} generic argument(s), {} given", generics.len(), args.len()),
+                )
+                .with_label("unexpected generic argument"),
+            );
+            return None;
+        }
+        let mut ok = true;
+        for (generic, arg) in generics.iter().zip(args) {
+            match (generic.kind, arg) {
+                (GenericKind::Dim, ast::GenericArg::Dim(expr)) => match resolve_dim(expr, scope, diagnostics) {
+                    Some(dim) => {
+                        subst.dims.insert(generic.name.clone(), dim);
                     }
                     None => ok = false,
+                },
+                (GenericKind::Float, ast::GenericArg::Dim(ast::DimExpr::Name(ident))) => {
+                    match resolve_elem(ident, scope, diagnostics) {
+                        Some(elem) if elem.is_float() => {
+                            subst.elems.insert(generic.name.clone(), elem);
+                        }
+                        Some(elem) => {
+                            diagnostics.push(
+                                Diagnostic::error(
+                                    "kind-mismatch",
+                                    ident.span,
+                                    format!("`{}` of `{callee}` is a Float, not {elem}", generic.name),
+                                )
+                                .with_label("expected bf16, f16, f32 or a Float generic"),
+                            );
+                            ok = false;
+                        }
+                        None => ok = false,
+                    }
+                }
+                (GenericKind::Block, ast::GenericArg::Dim(ast::DimExpr::Name(name)))
+                | (GenericKind::Block, ast::GenericArg::Type(ast::TypeExpr::Named { name, .. })) => {
+                    let inner = match arg {
+                        ast::GenericArg::Type(ast::TypeExpr::Named { args, .. }) => args.as_slice(),
+                        _ => &[],
+                    };
+                    match self.resolve_block_ref(module, name, inner, scope, arg.span(), diagnostics) {
+                        Some(block) => {
+                            subst.blocks.insert(generic.name.clone(), block);
+                        }
+                        None => ok = false,
+                    }
+                }
+                (kind, arg) => {
+                    diagnostics.push(
+                        Diagnostic::error(
+                            "kind-mismatch",
+                            arg.span(),
+                            format!("generic `{}` of `{callee}` is {}", generic.name, kind.article()),
+                        )
+                        .with_label(format!("expected {} here", kind.article()))
+                        .with_secondary(generic.span, "declared here"),
+                    );
+                    ok = false;
                 }
             }
-            (kind, arg) => {
-                diagnostics.push(
-                    Diagnostic::error(
-                        "kind-mismatch",
-                        arg.span(),
-                        format!("generic `{}` of `{callee}` is a {kind:?}", generic.name),
-                    )
-                    .with_label(format!("expected a {kind:?} here"))
-                    .with_secondary(generic.span, "declared here"),
-                );
-                ok = false;
+        }
+        let mut missing = Vec::new();
+        for generic in &generics[args.len()..] {
+            match &generic.default {
+                Some(default) => {
+                    subst.elems.insert(generic.name.clone(), default.clone());
+                }
+                None => missing.push(&*generic.name),
             }
         }
-    }
-    let mut missing = Vec::new();
-    for generic in &generics[args.len()..] {
-        match &generic.default {
-            Some(default) => {
-                subst.elems.insert(generic.name.clone(), default.clone());
-            }
-            None => missing.push(&*generic.name),
+        if require_all && !missing.is_empty() {
+            diagnostics.push(
+                Diagnostic::error(
+                    "generic-count",
+                    span,
+                    format!("`{callee}` needs {} more generic argument(s): {}", missing.len(), missing.join(", ")),
+                )
+                .with_label("every generic of a block is given"),
+            );
+            return None;
         }
+        ok.then_some(subst)
     }
-    if require_all && !missing.is_empty() {
-        diagnostics.push(
-            Diagnostic::error(
-                "generic-count",
-                span,
-                format!("`{callee}` needs {} more generic argument(s): {}", missing.len(), missing.join(", ")),
-            )
-            .with_label("a `sub` names every generic of its block"),
-        );
-        return None;
-    }
-    ok.then_some(subst)
 }
 
 fn duplicate(name: &ast::Ident, first: Option<Span>) -> Diagnostic {

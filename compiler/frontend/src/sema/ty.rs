@@ -130,11 +130,21 @@ impl fmt::Display for TensorTy {
     }
 }
 
-/// A sub-block and the generic arguments it was declared with.
+/// A sub-block and the generic arguments it was declared with. A sub
+/// whose block is a generic of the enclosing block (`sub mlp: F`) is
+/// abstract: `generic` names it, and `block` is its bound's trait, whose
+/// signatures are all that the enclosing block may use.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SubTy {
     pub block: usize,
     pub args: Subst,
+    pub generic: Option<Symbol>,
+}
+
+impl SubTy {
+    pub fn concrete(block: usize, args: Subst) -> SubTy {
+        SubTy { block, args, generic: None }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -198,17 +208,21 @@ impl fmt::Display for Ty {
     }
 }
 
-/// Values for generics: dims, variadic shapes and element types.
+/// Values for generics: dims, variadic shapes, element types and blocks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Subst {
     pub dims: HashMap<Symbol, Dim>,
     pub shapes: HashMap<Symbol, Vec<Axis>>,
     pub elems: HashMap<Symbol, Elem>,
+    pub blocks: HashMap<Symbol, SubTy>,
 }
 
 impl Subst {
     pub fn is_bound(&self, name: &Symbol) -> bool {
-        self.dims.contains_key(name) || self.shapes.contains_key(name) || self.elems.contains_key(name)
+        self.dims.contains_key(name)
+            || self.shapes.contains_key(name)
+            || self.elems.contains_key(name)
+            || self.blocks.contains_key(name)
     }
 
     pub fn dim(&self, dim: &Dim) -> Dim {
@@ -276,13 +290,67 @@ impl Subst {
         }
     }
 
-    fn sub(&self, sub: &SubTy) -> SubTy {
+    /// A sub's block and arguments with these values: an abstract sub
+    /// becomes the block its generic is bound to here.
+    pub fn sub(&self, sub: &SubTy) -> SubTy {
+        if let Some(bound) = sub.generic.as_ref().and_then(|generic| self.blocks.get(generic)) {
+            return bound.clone();
+        }
         let args = Subst {
             dims: sub.args.dims.iter().map(|(k, v)| (k.clone(), self.dim(v))).collect(),
             shapes: sub.args.shapes.clone(),
             elems: sub.args.elems.iter().map(|(k, v)| (k.clone(), self.elem(v))).collect(),
+            blocks: sub.args.blocks.iter().map(|(k, v)| (k.clone(), self.sub(v))).collect(),
         };
-        SubTy { block: sub.block, args }
+        SubTy { block: sub.block, args, generic: sub.generic.clone() }
+    }
+}
+
+/// Binds the callee's own generics that appear bare in a parameter type to
+/// what the argument has there.
+pub fn infer(param: &Ty, arg: &Ty, own: &[Symbol], subst: &mut Subst) {
+    match (param, arg) {
+        (Ty::Tensor(p), Ty::Tensor(a)) => {
+            if let Elem::Generic(name) = &p.elem {
+                if own.contains(name) && !subst.elems.contains_key(name) && !a.elem.is_literal() {
+                    subst.elems.insert(name.clone(), a.elem.clone());
+                }
+            }
+            let shape_at = p.axes.iter().position(|axis| matches!(axis, Axis::Shape(_)));
+            let pairs: Vec<(&Axis, &Axis)> = match shape_at {
+                Some(at) => {
+                    let after = p.axes.len() - at - 1;
+                    if a.axes.len() < at + after {
+                        return;
+                    }
+                    if let Axis::Shape(name) = &p.axes[at] {
+                        if own.contains(name) && !subst.shapes.contains_key(name) {
+                            subst.shapes.insert(name.clone(), a.axes[at..a.axes.len() - after].to_vec());
+                        }
+                    }
+                    let tail = &a.axes[a.axes.len() - after..];
+                    p.axes[..at].iter().zip(&a.axes[..at]).chain(p.axes[at + 1..].iter().zip(tail)).collect()
+                }
+                None if p.axes.len() == a.axes.len() => p.axes.iter().zip(&a.axes).collect(),
+                None => return,
+            };
+            for (p, a) in pairs {
+                if let (Axis::Dim(p), Axis::Dim(a)) = (p, a) {
+                    if let Some(name) = p.as_generic() {
+                        if own.contains(name) && !subst.dims.contains_key(name) {
+                            subst.dims.insert(name.clone(), a.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (Ty::Tuple(ps), Ty::Tuple(xs)) => {
+            for (p, a) in ps.iter().zip(xs) {
+                infer(p, a, own, subst);
+            }
+        }
+        (Ty::Option(Some(p)), Ty::Option(Some(a))) => infer(p, a, own, subst),
+        _ => {}
     }
 }
 

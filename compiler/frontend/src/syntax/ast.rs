@@ -45,9 +45,11 @@ pub struct Use {
 
 #[derive(Clone, Debug)]
 pub enum Item {
+    /// A `block` or a `trait` (a block's signatures only).
     Block(BlockDecl),
     Fn(FnDecl),
     Const(ConstDecl),
+    Alias(AliasDecl),
 }
 
 impl Item {
@@ -56,6 +58,7 @@ impl Item {
             Item::Block(block) => &block.name,
             Item::Fn(function) => &function.name,
             Item::Const(constant) => &constant.name,
+            Item::Alias(alias) => &alias.name,
         }
     }
 }
@@ -65,14 +68,30 @@ pub enum GenericKind {
     Dim,
     Shape,
     Float,
+    /// A block type, bounded by a trait: `F: FeedForward<H, T>`.
+    Block,
 }
 
-/// `B: Dim`, `*S: Shape`, `T: Float = bf16`.
+impl GenericKind {
+    /// The kind as a message names it: "a Dim", "a block".
+    pub fn article(self) -> &'static str {
+        match self {
+            GenericKind::Dim => "a Dim",
+            GenericKind::Shape => "a Shape",
+            GenericKind::Float => "a Float",
+            GenericKind::Block => "a block",
+        }
+    }
+}
+
+/// `B: Dim`, `*S: Shape`, `T: Float = bf16`, `F: FeedForward<H, T>`.
 #[derive(Clone, Debug)]
 pub struct Generic {
     pub name: Ident,
     pub kind: GenericKind,
     pub kind_span: Span,
+    /// The trait a block generic must satisfy, with its arguments.
+    pub bound: Option<(Ident, Vec<GenericArg>)>,
     pub default: Option<Ident>,
     pub span: Span,
 }
@@ -162,8 +181,9 @@ pub enum DimItem {
     Shape(Ident),
 }
 
-/// A generic argument as written: `H`, `HeadDim / 4`, `bf16`, `Tensor[...]`.
-/// Whether it is a dim, a dtype or a type is decided by the parameter's kind.
+/// A generic argument as written: `H`, `HeadDim / 4`, `bf16`, `Tensor[...]`,
+/// `SwiGlu<H, Inner, T>`. Whether a bare name is a dim, a dtype or a block
+/// is decided by the parameter's kind; `Name<...>` is a block instance.
 #[derive(Clone, Debug)]
 pub enum GenericArg {
     Dim(DimExpr),
@@ -206,10 +226,19 @@ impl TypeExpr {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    Block,
+    /// `trait Name<...> { fn ...; }`: what a block generic's argument must
+    /// provide. Its members are functions without bodies.
+    Trait,
+}
+
 #[derive(Clone, Debug)]
 pub struct BlockDecl {
     pub doc: Option<String>,
     pub is_pub: bool,
+    pub kind: BlockKind,
     pub name: Ident,
     pub generics: Vec<Generic>,
     pub where_clauses: Vec<WhereClause>,
@@ -269,6 +298,20 @@ pub struct FnDecl {
     pub where_clauses: Vec<WhereClause>,
     /// Absent for intrinsics.
     pub body: Option<Vec<Stmt>>,
+    pub span: Span,
+}
+
+/// `type Model<...> = Decoder<...> where ...`: a block instance under a
+/// name with generics of its own, as a package's root or a sub.
+#[derive(Clone, Debug)]
+pub struct AliasDecl {
+    pub doc: Option<String>,
+    pub is_pub: bool,
+    pub name: Ident,
+    pub generics: Vec<Generic>,
+    /// The block and its arguments (a `TypeExpr::Named`).
+    pub target: TypeExpr,
+    pub where_clauses: Vec<WhereClause>,
     pub span: Span,
 }
 

@@ -34,6 +34,8 @@ pub(super) fn starts_statement(token: &Token) -> bool {
             | Token::Intrinsic
             | Token::Pub
             | Token::Block
+            | Token::Trait
+            | Token::Type
             | Token::Module
             | Token::Use
             | Token::Const

@@ -22,6 +22,10 @@ pub enum Token {
     Pub,
     #[token("block")]
     Block,
+    #[token("trait")]
+    Trait,
+    #[token("type")]
+    Type,
     #[token("fn")]
     Fn,
     #[token("entry")]
@@ -133,6 +137,8 @@ impl fmt::Display for Token {
             Token::Use => "use",
             Token::Pub => "pub",
             Token::Block => "block",
+            Token::Trait => "trait",
+            Token::Type => "type",
             Token::Fn => "fn",
             Token::Entry => "entry",
             Token::Intrinsic => "intrinsic",

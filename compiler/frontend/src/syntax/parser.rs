@@ -210,15 +210,23 @@ fn type_expr() -> impl Parser<Token, TypeExpr, Error = Error> + Clone {
     })
 }
 
-/// `<H, HeadDim / 4, T>` after a name, as in `tables<S, HeadDim / 4, T>(...)`.
+/// `<H, HeadDim / 4, T>` after a name, as in `tables<S, HeadDim / 4, T>(...)`;
+/// a block instance `SwiGlu<H, Inner, T>` is an argument too.
 fn generic_args() -> impl Parser<Token, Vec<GenericArg>, Error = Error> + Clone {
-    let arg = type_expr()
-        .try_map(|ty, span| match ty {
+    recursive(|args| {
+        let tensor = type_expr().try_map(|ty, span| match ty {
             TypeExpr::Tensor { .. } => Ok(GenericArg::Type(ty)),
             _ => Err(Simple::custom(span, "not a tensor type")),
-        })
-        .or(dim_expr().map(GenericArg::Dim));
-    arg.separated_by(just(Token::Comma)).allow_trailing().at_least(1).delimited_by(just(Token::Lt), just(Token::Gt))
+        });
+        let instance = ident()
+            .then(args)
+            .map_with_span(|(name, args), span| GenericArg::Type(TypeExpr::Named { name, args, span }));
+        let arg = choice((tensor, instance, dim_expr().map(GenericArg::Dim)));
+        arg.separated_by(just(Token::Comma))
+            .allow_trailing()
+            .at_least(1)
+            .delimited_by(just(Token::Lt), just(Token::Gt))
+    })
 }
 
 fn index_var() -> impl Parser<Token, IndexVar, Error = Error> + Clone {
@@ -464,13 +472,15 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
 }
 
 fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
-    let kind = ident().try_map(|ident, span| match ident.name.as_str() {
-        "Dim" => Ok((GenericKind::Dim, span)),
-        "Shape" => Ok((GenericKind::Shape, span)),
-        "Float" => Ok((GenericKind::Float, span)),
-        other => {
-            Err(Simple::custom(span, format!("unknown kind `{other}`: a generic is a `Dim`, a `Shape` or a `Float`")))
-        }
+    // `Dim`, `Shape`, `Float`, or a trait that bounds a block generic.
+    let kind = ident().then(generic_args().or_not()).map_with_span(|(ident, args), span| {
+        let kind = match (ident.name.as_str(), &args) {
+            ("Dim", None) => GenericKind::Dim,
+            ("Shape", None) => GenericKind::Shape,
+            ("Float", None) => GenericKind::Float,
+            _ => return (GenericKind::Block, span, Some((ident, args.unwrap_or_default()))),
+        };
+        (kind, span, None)
     });
     let generic = just(Token::Star)
         .or_not()
@@ -478,14 +488,14 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
         .then_ignore(just(Token::Colon))
         .then(kind)
         .then(just(Token::Assign).ignore_then(ident()).or_not())
-        .try_map(|(((star, name), (kind, kind_span)), default), span| {
+        .try_map(|(((star, name), (kind, kind_span, bound)), default), span| {
             if star.is_some() != (kind == GenericKind::Shape) {
                 return Err(Simple::custom(
                     span,
                     "a variadic generic is written `*S: Shape`, and only a `Shape` is variadic",
                 ));
             }
-            Ok(Generic { name, kind, kind_span, default, span })
+            Ok(Generic { name, kind, kind_span, bound, default, span })
         });
     generic
         .separated_by(just(Token::Comma))
@@ -495,42 +505,51 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
         .map(Option::unwrap_or_default)
 }
 
-fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
+type Signature = ((((Ident, Vec<Generic>), Vec<FnParam>), Option<TypeExpr>), Vec<WhereClause>);
+
+/// `name<generics>(params) -> ret where clauses`.
+fn signature() -> impl Parser<Token, Signature, Error = Error> + Clone {
     let param = ident().then_ignore(just(Token::Colon)).then(type_expr()).map(|(name, ty)| FnParam { name, ty });
     let params =
         param.separated_by(just(Token::Comma)).allow_trailing().delimited_by(just(Token::LParen), just(Token::RParen));
+    ident().then(generics()).then(params).then(just(Token::Arrow).ignore_then(type_expr()).or_not()).then(where_clauses())
+}
+
+fn fn_decl(
+    (is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)): (
+        Option<Token>,
+        ((FnKind, Signature), Option<Vec<Stmt>>),
+    ),
+    span: Span,
+) -> FnDecl {
+    FnDecl { doc: None, is_pub: is_pub.is_some(), kind, name, generics, params, ret, where_clauses, body, span }
+}
+
+fn function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
     let body = braced(statements()).boxed();
-    let signature = ident()
-        .then(generics())
-        .then(params)
-        .then(just(Token::Arrow).ignore_then(type_expr()).or_not())
-        .then(where_clauses());
     // A body is required unless the function is an intrinsic: making it
     // optional would let a body with a syntax error pass for a missing one.
     let defined = choice((just(Token::Fn).to(FnKind::Fn), just(Token::Entry).to(FnKind::Entry)))
-        .then(signature.clone())
+        .then(signature())
         .then(body.clone().map(Some));
     // An intrinsic with a body is parsed, so the checker can say so.
     let intrinsic = just(Token::Intrinsic)
         .ignore_then(just(Token::Fn))
         .to(FnKind::Intrinsic)
-        .then(signature)
+        .then(signature())
         .then(body.or_not())
         .then_ignore(just(Token::Semi).or_not());
-    just(Token::Pub).or_not().then(defined.or(intrinsic)).map_with_span(
-        |(is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)), span| FnDecl {
-            doc: None,
-            is_pub: is_pub.is_some(),
-            kind,
-            name,
-            generics,
-            params,
-            ret,
-            where_clauses,
-            body,
-            span,
-        },
-    )
+    just(Token::Pub).or_not().then(defined.or(intrinsic)).map_with_span(fn_decl)
+}
+
+/// A trait's function: a signature; a body is parsed so that the checker
+/// can say it does not belong.
+fn trait_function() -> impl Parser<Token, FnDecl, Error = Error> + Clone {
+    just(Token::Pub)
+        .or_not()
+        .then(just(Token::Fn).to(FnKind::Fn).then(signature()).then(braced(statements()).or_not()))
+        .then_ignore(just(Token::Semi).or_not())
+        .map_with_span(fn_decl)
 }
 
 fn member() -> impl Parser<Token, Member, Error = Error> + Clone {
@@ -558,20 +577,51 @@ fn block() -> impl Parser<Token, BlockDecl, Error = Error> + Clone {
         .ignore_then(member().recover_with(skip_then_retry_until([Token::RBrace])))
         .repeated()
         .delimited_by(just(Token::LBrace), just(Token::RBrace));
-    just(Token::Pub)
-        .or_not()
-        .then_ignore(just(Token::Block))
+    let signatures = not_closing()
+        .ignore_then(trait_function().map(Member::Fn).recover_with(skip_then_retry_until([Token::RBrace])))
+        .repeated()
+        .delimited_by(just(Token::LBrace), just(Token::RBrace));
+    let block = just(Token::Block).to(BlockKind::Block).then(ident()).then(generics()).then(where_clauses()).then(members);
+    let bound = just(Token::Trait)
+        .to(BlockKind::Trait)
         .then(ident())
         .then(generics())
         .then(where_clauses())
-        .then(members)
-        .map_with_span(|((((is_pub, name), generics), where_clauses), members), span| BlockDecl {
+        .then(signatures);
+    just(Token::Pub).or_not().then(block.or(bound)).map_with_span(
+        |(is_pub, ((((kind, name), generics), where_clauses), members)), span| BlockDecl {
             doc: None,
             is_pub: is_pub.is_some(),
+            kind,
             name,
             generics,
             where_clauses,
             members,
+            span,
+        },
+    )
+}
+
+/// `pub type Model<...> = Decoder<...> where ...`
+fn alias() -> impl Parser<Token, AliasDecl, Error = Error> + Clone {
+    let target = ident()
+        .then(generic_args().or_not())
+        .map_with_span(|(name, args), span| TypeExpr::Named { name, args: args.unwrap_or_default(), span });
+    just(Token::Pub)
+        .or_not()
+        .then_ignore(just(Token::Type))
+        .then(ident())
+        .then(generics())
+        .then_ignore(just(Token::Assign))
+        .then(target)
+        .then(where_clauses())
+        .map_with_span(|((((is_pub, name), generics), target), where_clauses), span| AliasDecl {
+            doc: None,
+            is_pub: is_pub.is_some(),
+            name,
+            generics,
+            target,
+            where_clauses,
             span,
         })
 }
@@ -607,8 +657,13 @@ fn module_parser() -> impl Parser<Token, Module, Error = Error> {
                 .delimited_by(just(Token::LBrace), just(Token::RBrace)),
         )
         .map_with_span(|(path, names), span| Use { path, names, span });
-    let item = choice((block().map(Item::Block), constant().map(Item::Const), function().map(Item::Fn)))
-        .labelled("an item (`block`, `fn`, `const`)")
+    let item = choice((
+        block().map(Item::Block),
+        alias().map(Item::Alias),
+        constant().map(Item::Const),
+        function().map(Item::Fn),
+    ))
+    .labelled("an item (`block`, `trait`, `type`, `fn`, `const`)")
         .recover_with(skip_then_retry_until([]));
     header
         .then(use_item.repeated())
@@ -658,6 +713,7 @@ fn attach_docs(module: &mut Module, text: &str, comments: &[Comment]) {
             }
             Item::Fn(function) => function.doc = doc(function.span),
             Item::Const(constant) => constant.doc = doc(constant.span),
+            Item::Alias(alias) => alias.doc = doc(alias.span),
         }
     }
 }
