@@ -124,6 +124,25 @@ fn dense_package_is_clean_with_its_card_and_other_generics() {
     assert!(check_package(&dense, &LoadOptions { overrides, ..options() }).has_errors());
 }
 
+/// The Qwen3 package checks clean under its card (Qwen3-8B's sizes), the
+/// oracle checkpoint's, and a Llama-like shape (no key/value sharing, one
+/// layer); a size that breaks its `type`'s clauses is refused.
+#[test]
+fn qwen3_package_is_clean_with_its_card_and_other_generics() {
+    let qwen3 = root().join("models/qwen3-8b");
+    assert_clean(&check_package(&qwen3, &options()));
+    let oracle = [("Vocab", "512"), ("H", "64"), ("Layers", "4"), ("Heads", "4"), ("KvHeads", "2"), ("HeadDim", "32")];
+    let other = [("Layers", "1"), ("Heads", "6"), ("KvHeads", "6"), ("HeadDim", "48"), ("Inner", "7"), ("T", "f32")];
+    for sizes in [&oracle[..], &other[..]] {
+        let overrides = sizes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_clean(&check_package(&qwen3, &LoadOptions { overrides, ..options() }));
+    }
+    let overrides = vec![("KvHeads".to_string(), "3".to_string())];
+    let checked = check_package(&qwen3, &LoadOptions { overrides, ..options() });
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(codes, ["unsatisfied-where"], "{}", render(&checked));
+}
+
 /// An editor's or a harness's unsaved text applies however its path is
 /// written: here with a `..` step through the package that uses it.
 #[test]

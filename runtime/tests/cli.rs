@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 mod common;
-use common::{root, DENSE_GENERICS};
+use common::{root, DENSE_GENERICS, QWEN3_GENERICS};
 
 fn linnet(args: &[&str]) -> Output {
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
@@ -237,18 +237,17 @@ fn generate_runs_a_built_artifact() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
-/// The dense package on the dense oracle checkpoint, with its generics
-/// given on the command line as a user gives them to a checkpoint of
-/// another size: `generate` appends transformers' greedy tokens, and `run`
-/// writes transformers' logits (within the f32 bound of 1e-4 of the largest).
-#[test]
-fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
-    let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-dense");
+/// A package on an oracle checkpoint, with its generics given on the
+/// command line as a user gives them to a checkpoint of another size:
+/// `generate` appends transformers' greedy tokens, and `run` writes
+/// transformers' logits (within the f32 bound of 1e-4 of the largest).
+fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: &[(&str, &str)]) {
+    let oracle = root().join("tests/fixtures/oracle").join(config);
     let weights = oracle.join("weights-f32");
-    let dense = |args: &[&str]| {
+    let linnet = |args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
-        command.args(&args[..1]).arg(root().join("models/qwen3.8-27b")).arg("--weights").arg(&weights);
-        for (name, value) in DENSE_GENERICS.iter().chain(&[("T", "f32")]) {
+        command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(&weights);
+        for (name, value) in generics.iter().chain(&[("T", "f32")]) {
             command.arg("--set").arg(format!("{name}={value}"));
         }
         let output = command
@@ -262,18 +261,18 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     };
     let sequence = common::golden(&oracle, "f32").swap_remove(2);
     let listed: Vec<String> = sequence.tokens.iter().map(i64::to_string).collect();
-    let stdout = dense(&["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"]);
+    let stdout = linnet(&["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"]);
     let ids: Vec<i64> = String::from_utf8(stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
     assert_eq!(ids, sequence.greedy);
 
-    let dir = std::env::temp_dir().join(format!("linnet-cli-dense-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("linnet-cli-{config}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
     let tensor =
         linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
-    dense(&[
+    linnet(&[
         "run",
         "--entry",
         "forward",
@@ -289,4 +288,14 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     assert_eq!(ours.as_f32().unwrap().len(), reference.len());
     assert!(worst / scale <= 1e-4, "max|diff|/max|ref| = {:.2e}", worst / scale);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
+    runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS);
+}
+
+#[test]
+fn the_qwen3_package_runs_the_qwen3_checkpoint_with_set_generics() {
+    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS);
 }

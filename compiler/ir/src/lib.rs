@@ -21,6 +21,7 @@ pub mod fuse;
 pub mod invariant;
 pub mod numerics;
 pub mod plan;
+pub mod quant;
 pub mod ranking;
 pub mod schedule;
 mod text;

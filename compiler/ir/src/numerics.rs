@@ -70,6 +70,48 @@ pub fn bf16_value(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
+/// An f16 value from its bits, exactly.
+pub fn f16_value(bits: u16) -> f32 {
+    let sign = u32::from(bits & 0x8000) << 16;
+    let exponent = u32::from(bits >> 10) & 0x1f;
+    let mantissa = u32::from(bits & 0x3ff);
+    match exponent {
+        0 => {
+            let magnitude = mantissa as f32 * f32::from_bits(0x3380_0000); // 2^-24
+            f32::from_bits(sign | magnitude.to_bits())
+        }
+        0x1f => f32::from_bits(sign | 0x7f80_0000 | (mantissa << 13)),
+        _ => f32::from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13)),
+    }
+}
+
+/// The bits of `value` rounded to f16, nearest-even (past the largest
+/// finite f16 an infinity; a NaN stays a quiet NaN).
+pub fn f16_bits(value: f32) -> u16 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let magnitude = bits & 0x7fff_ffff;
+    if magnitude > 0x7f80_0000 {
+        return sign | 0x7e00;
+    }
+    if magnitude >= 0x477f_f000 {
+        return sign | 0x7c00;
+    }
+    if magnitude < 0x3880_0000 {
+        // Below the smallest normal: a multiple of 2^-24, exact in f32.
+        let units = (f32::from_bits(magnitude) * 16_777_216.0).round_ties_even();
+        return sign | units as u16;
+    }
+    let exponent = (magnitude >> 23) + 15 - 127;
+    let mantissa = magnitude & 0x7f_ffff;
+    let mut half = (exponent << 10) | (mantissa >> 13);
+    let rest = mantissa & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && half & 1 == 1) {
+        half += 1;
+    }
+    sign | half as u16
+}
+
 /// The bits of `value` rounded to bf16 (a NaN stays a quiet NaN).
 pub fn bf16_bits(value: f32) -> u16 {
     if value.is_nan() {

@@ -153,7 +153,7 @@ fn an_editor_session_on_the_dense_package() {
 
     // Go to definition across modules: `tables` lives in rope.linnet,
     // `grouped_attention` in the standard library.
-    let at = position_of(&text, "tables<S, HeadDim / 4, T>(THETA)", 1);
+    let at = position_of(&text, "tables<S, HeadDim / 4, T>()", 1);
     let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": uri }, "position": at }));
     assert!(target["uri"].as_str().unwrap().ends_with("src/rope.linnet"), "{target}");
     let at = position_of(&text, "grouped_attention(\n", 1);
@@ -182,7 +182,7 @@ fn an_editor_session_on_the_dense_package() {
     // A size the card sets shows its value, where it is declared and used.
     let shown = hover(&mut client, &uri, &text, "KvHeads: Dim");
     assert!(shown.contains("KvHeads = 4"), "{shown}");
-    let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>(THETA)");
+    let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>()");
     assert!(shown.contains("HeadDim = 256"), "{shown}");
 
     // Outline.
@@ -379,18 +379,18 @@ fn a_dependency_is_followed_and_its_changes_recheck_its_users() {
     );
     assert!(client.diagnostics_for(&lib_uri).is_empty());
 
-    let at = position_of(&lib_text, "GatedAttention<H, Heads", 1);
+    let at = position_of(&lib_text, "LayerGroup<\n", 1);
     let target =
         client.request("textDocument/definition", json!({ "textDocument": { "uri": lib_uri }, "position": at }));
-    let attention = models.join("qwen3.8-27b/src/attention.linnet");
-    assert_eq!(target["uri"].as_str().unwrap(), format!("file://{}", attention.display()), "{target}");
+    let dense = models.join("qwen3.8-27b/src/lib.linnet");
+    assert_eq!(target["uri"].as_str().unwrap(), format!("file://{}", dense.display()), "{target}");
     let shown = hover(&mut client, &lib_uri, &lib_text, "KvHeads: Dim");
     assert!(shown.contains("KvHeads = 2"), "the MoE card's value: {shown}");
 
     // Renaming the block in the dependency breaks the import in the user.
-    let attention_uri = format!("file://{}", attention.display());
-    let attention_text = std::fs::read_to_string(&attention).unwrap();
-    let renamed = attention_text.replacen("pub block GatedAttention<", "pub block GatedAttn<", 1);
+    let attention_uri = format!("file://{}", dense.display());
+    let attention_text = std::fs::read_to_string(&dense).unwrap();
+    let renamed = attention_text.replacen("pub block LayerGroup<", "pub block Group<", 1);
     client.notify("textDocument/didOpen", json!({ "textDocument": { "uri": attention_uri, "languageId": "linnet", "version": 1, "text": attention_text } }));
     client.notify(
         "textDocument/didChange",
@@ -402,3 +402,48 @@ fn a_dependency_is_followed_and_its_changes_recheck_its_users() {
     assert!(client.diagnostics_for(&lib_uri).is_empty());
     std::fs::remove_dir_all(&models).unwrap();
 }
+
+/// Block generics, seen through: in the dense stack, `mlp.forward` on a sub
+/// whose block is the generic `F` goes to the signature its bound
+/// promises, `F` to its declaration (and its references are its uses, each
+/// block's `F` its own), the bound to its trait; the root `type` shows its
+/// declaration.
+#[test]
+fn definitions_see_through_block_generics() {
+    let mut client = Client::start();
+    let (uri, text) = file("qwen3.8-27b/src/lib.linnet");
+    client.notify(
+        "textDocument/didOpen",
+        json!({ "textDocument": { "uri": uri, "languageId": "linnet", "version": 1, "text": text } }),
+    );
+    assert!(client.diagnostics_for(&uri).is_empty(), "the package opens clean");
+    let definition = |client: &mut Client, needle: &str, within: usize| {
+        let at = position_of(&text, needle, within);
+        client.request("textDocument/definition", json!({ "textDocument": { "uri": uri }, "position": at }))
+    };
+    let target = definition(&mut client, "mlp.forward(post_attention_layernorm", 5);
+    assert!(target["uri"].as_str().unwrap().ends_with("stdlib/nn/mlp.linnet"), "{target}");
+    let target = definition(&mut client, "sub mlp: F", 9);
+    let declared = position_of(&text, "F: FeedForward<H, T>,", 0);
+    assert_eq!(target["range"]["start"], declared, "{target}");
+    let target = definition(&mut client, "F: FeedForward<H, T>,", 4);
+    assert!(target["uri"].as_str().unwrap().ends_with("stdlib/nn/mlp.linnet"), "{target}");
+    let found = client.request(
+        "textDocument/references",
+        json!({ "textDocument": { "uri": uri }, "position": declared, "context": { "includeDeclaration": false } }),
+    );
+    assert_eq!(found.as_array().unwrap().len(), 1, "`DeltaLayer`'s `F` is used by `sub mlp` alone: {found}");
+    let group = text.find("pub block LayerGroup<").unwrap();
+    let group_generic = &text[..group + text[group..].find("F: FeedForward").unwrap()];
+    let at = json!({ "line": group_generic.matches('\n').count(), "character": 4 });
+    let found = client.request(
+        "textDocument/references",
+        json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": false } }),
+    );
+    assert_eq!(found.as_array().unwrap().len(), 2, "`LayerGroup`'s `F`, given to both kinds of layer: {found}");
+    let target = definition(&mut client, "SwiGlu<H, Inner, T>>", 1);
+    assert!(target["uri"].as_str().unwrap().ends_with("stdlib/nn/mlp.linnet"), "{target}");
+    let shown = hover(&mut client, &uri, &text, "Model<\n");
+    assert!(shown.contains("pub type Model<") && shown.contains("= Decoder<"), "{shown}");
+}
+

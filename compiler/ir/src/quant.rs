@@ -1,0 +1,390 @@
+//! Block formats: how a quantized parameter is stored, bit for bit as
+//! llama.cpp (GGML) lays it out, so that a tensor quantized by either tool
+//! reads the same in the other. A row is a run of blocks; each block holds
+//! `BLOCK` values as small integers with scales. What a stored parameter
+//! means is its dequantized values: [`dequantize`] is the definition, in
+//! f32 with the operations in the order written below (no fused
+//! multiply-add), which is also what llama.cpp's `gguf` Python package
+//! computes.
+//!
+//! - `Q8_0`: 32 values; an f16 scale `d`, then 32 `i8`: `d · q`.
+//! - `Q4_K`: 256 values in 8 groups of 32; f16 `d` and `dmin`, 12 bytes of
+//!   6-bit group scales and mins, 128 bytes of 4-bit values:
+//!   `(d · scale) · q − dmin · min`.
+//! - `Q6_K`: 256 values in 16 groups of 16; 128 bytes of low 4 bits, 64 of
+//!   high 2 bits, 16 `i8` group scales, f16 `d`: `(d · scale) · (q − 32)`.
+//!
+//! [`quantize`] writes Q8_0 exactly as llama.cpp's reference quantizer
+//! does. For Q4_K and Q6_K it is Linnet's own: each group's range (Q4_K)
+//! or extreme (Q6_K) sets its scale, the scales are quantized, and the
+//! values are rounded with the quantized scales. It is simpler than
+//! llama.cpp's iterative search, so its files are a little less accurate;
+//! they are valid blocks, read the same by both.
+
+use crate::numerics::{f16_bits, f16_value};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BlockFormat {
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl BlockFormat {
+    pub const ALL: [BlockFormat; 3] = [BlockFormat::Q8_0, BlockFormat::Q4K, BlockFormat::Q6K];
+
+    /// Values per block.
+    pub fn block_values(self) -> usize {
+        match self {
+            BlockFormat::Q8_0 => 32,
+            BlockFormat::Q4K | BlockFormat::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q8_0 => 34,
+            BlockFormat::Q4K => 144,
+            BlockFormat::Q6K => 210,
+        }
+    }
+
+    /// The name GGML and the command line give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockFormat::Q8_0 => "q8_0",
+            BlockFormat::Q4K => "q4_k",
+            BlockFormat::Q6K => "q6_k",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<BlockFormat> {
+        BlockFormat::ALL.into_iter().find(|format| format.name().eq_ignore_ascii_case(name))
+    }
+
+    /// GGML's type id (`ggml_type`), as GGUF files record it.
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            BlockFormat::Q8_0 => 8,
+            BlockFormat::Q4K => 12,
+            BlockFormat::Q6K => 14,
+        }
+    }
+
+    pub fn from_ggml_type(id: u32) -> Option<BlockFormat> {
+        BlockFormat::ALL.into_iter().find(|format| format.ggml_type() == id)
+    }
+
+    /// Bytes of a row of `values` values, if the block divides it.
+    pub fn row_bytes(self, values: usize) -> Option<usize> {
+        (values % self.block_values() == 0).then(|| values / self.block_values() * self.block_bytes())
+    }
+
+    /// Bits per value, scales included.
+    pub fn bits_per_value(self) -> f64 {
+        (self.block_bytes() * 8) as f64 / self.block_values() as f64
+    }
+}
+
+impl fmt::Display for BlockFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A row that is not a whole number of blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaggedRow {
+    pub format: BlockFormat,
+    pub len: usize,
+}
+
+impl fmt::Display for RaggedRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (format, unit) = (self.format, self.format.block_values());
+        write!(f, "{} is not a whole number of {format} blocks ({unit} values, {} bytes each)", self.len, {
+            format.block_bytes()
+        })
+    }
+}
+
+/// Writes the values `blocks` stores into `out` (`out.len()` values).
+pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result<(), RaggedRow> {
+    let (values, bytes) = (format.block_values(), format.block_bytes());
+    if out.len() % values != 0 || blocks.len() != out.len() / values * bytes {
+        return Err(RaggedRow { format, len: blocks.len() });
+    }
+    for (block, out) in blocks.chunks_exact(bytes).zip(out.chunks_exact_mut(values)) {
+        match format {
+            BlockFormat::Q8_0 => dequantize_q8_0(block, out),
+            BlockFormat::Q4K => dequantize_q4_k(block, out),
+            BlockFormat::Q6K => dequantize_q6_k(block, out),
+        }
+    }
+    Ok(())
+}
+
+/// The blocks that store `values` (a whole number of blocks).
+pub fn quantize(format: BlockFormat, values: &[f32]) -> Result<Vec<u8>, RaggedRow> {
+    let (unit, bytes) = (format.block_values(), format.block_bytes());
+    if values.len() % unit != 0 {
+        return Err(RaggedRow { format, len: values.len() });
+    }
+    let mut out = vec![0u8; values.len() / unit * bytes];
+    for (block, values) in out.chunks_exact_mut(bytes).zip(values.chunks_exact(unit)) {
+        match format {
+            BlockFormat::Q8_0 => quantize_q8_0(values, block),
+            BlockFormat::Q4K => quantize_q4_k(values, block),
+            BlockFormat::Q6K => quantize_q6_k(values, block),
+        }
+    }
+    Ok(out)
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16_value(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+fn put_half(bytes: &mut [u8], at: usize, value: f32) -> f32 {
+    let bits = f16_bits(value);
+    bytes[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+    f16_value(bits)
+}
+
+fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
+    let d = half(block, 0);
+    for (value, q) in out.iter_mut().zip(&block[2..34]) {
+        *value = d * f32::from(*q as i8);
+    }
+}
+
+/// llama.cpp's reference: the largest magnitude maps to ±127, values are
+/// rounded half away from zero with the f32 scale, the scale stored as f16.
+fn quantize_q8_0(values: &[f32], block: &mut [u8]) {
+    let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = largest / 127.0;
+    let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_half(block, 0, d);
+    for (q, value) in block[2..34].iter_mut().zip(values) {
+        *q = (value * inverse).round() as i8 as u8;
+    }
+}
+
+/// Group `j`'s 6-bit scale and min from Q4_K's 12 packed bytes.
+fn q4_k_scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (packed[j] & 63, packed[j + 4] & 63)
+    } else {
+        ((packed[j + 4] & 0xf) | ((packed[j - 4] >> 6) << 4), (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4))
+    }
+}
+
+fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (half(block, 0), half(block, 2));
+    let (packed, quants) = (&block[4..16], &block[16..144]);
+    for chunk in 0..4 {
+        let nibbles = &quants[chunk * 32..chunk * 32 + 32];
+        for (part, shift) in [(0usize, 0u8), (1, 4)] {
+            let (scale, min) = q4_k_scale_min(chunk * 2 + part, packed);
+            let (step, offset) = (d * f32::from(scale), dmin * f32::from(min));
+            let out = &mut out[chunk * 64 + part * 32..chunk * 64 + part * 32 + 32];
+            for (value, q) in out.iter_mut().zip(nibbles) {
+                *value = step * f32::from((q >> shift) & 0xf) - offset;
+            }
+        }
+    }
+}
+
+/// Each group of 32 spans `[-offset, 15 · step - offset]`, its lowest value
+/// (or zero, if all are positive) at the bottom.
+fn quantize_q4_k(values: &[f32], block: &mut [u8]) {
+    let mut steps = [0f32; 8];
+    let mut offsets = [0f32; 8];
+    for (group, values) in values.chunks_exact(32).enumerate() {
+        let low = values.iter().fold(0f32, |m, v| m.min(*v));
+        let high = values.iter().fold(f32::MIN, |m, v| m.max(*v));
+        steps[group] = (high - low).max(0.0) / 15.0;
+        offsets[group] = -low;
+    }
+    let d = put_half(block, 0, steps.iter().fold(0f32, |m, s| m.max(*s)) / 63.0);
+    let dmin = put_half(block, 2, offsets.iter().fold(0f32, |m, s| m.max(*s)) / 63.0);
+    let six_bits = |value: f32, unit: f32| if unit > 0.0 { (value / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let scales: Vec<u8> = steps.iter().map(|s| six_bits(*s, d)).collect();
+    let mins: Vec<u8> = offsets.iter().map(|m| six_bits(*m, dmin)).collect();
+    let packed = &mut block[4..16];
+    for j in 0..4 {
+        packed[j] = scales[j] | ((scales[j + 4] >> 4) << 6);
+        packed[j + 4] = mins[j] | ((mins[j + 4] >> 4) << 6);
+        packed[j + 8] = (scales[j + 4] & 0xf) | ((mins[j + 4] & 0xf) << 4);
+    }
+    let mut quants = [0u8; 256];
+    for (group, values) in values.chunks_exact(32).enumerate() {
+        let step = d * f32::from(scales[group]);
+        let offset = dmin * f32::from(mins[group]);
+        for (q, value) in quants[group * 32..group * 32 + 32].iter_mut().zip(values) {
+            *q = if step > 0.0 { ((value + offset) / step).round().clamp(0.0, 15.0) as u8 } else { 0 };
+        }
+    }
+    for chunk in 0..4 {
+        for l in 0..32 {
+            block[16 + chunk * 32 + l] = quants[chunk * 64 + l] | (quants[chunk * 64 + 32 + l] << 4);
+        }
+    }
+}
+
+fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
+    let (low, high, scales) = (&block[0..128], &block[128..192], &block[192..208]);
+    let d = half(block, 208);
+    for half_block in 0..2 {
+        let (low, high) = (&low[half_block * 64..], &high[half_block * 32..]);
+        for l in 0..32 {
+            let quants = [
+                (low[l] & 0xf) | ((high[l] & 3) << 4),
+                (low[l + 32] & 0xf) | (((high[l] >> 2) & 3) << 4),
+                (low[l] >> 4) | (((high[l] >> 4) & 3) << 4),
+                (low[l + 32] >> 4) | (((high[l] >> 6) & 3) << 4),
+            ];
+            for (part, q) in quants.into_iter().enumerate() {
+                let at = half_block * 128 + part * 32 + l;
+                let scale = d * f32::from(scales[at / 16] as i8);
+                out[at] = scale * f32::from(q as i8 - 32);
+            }
+        }
+    }
+}
+
+/// Each group of 16 maps its value of largest magnitude to -32; the group
+/// scales are `i8` steps of `d`, the largest mapped to -128.
+fn quantize_q6_k(values: &[f32], block: &mut [u8]) {
+    let mut group_scales = [0f32; 16];
+    for (group, values) in values.chunks_exact(16).enumerate() {
+        let extreme = values.iter().fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+        group_scales[group] = extreme / -32.0;
+    }
+    let largest = group_scales.iter().fold(0f32, |m, s| if s.abs() > m.abs() { *s } else { m });
+    let d = put_half(block, 208, largest / -128.0);
+    let scales: Vec<i8> = group_scales
+        .iter()
+        .map(|s| if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 })
+        .collect();
+    for (slot, scale) in block[192..208].iter_mut().zip(&scales) {
+        *slot = *scale as u8;
+    }
+    let mut quants = [0u8; 256];
+    for (at, value) in values.iter().enumerate() {
+        let step = d * f32::from(scales[at / 16]);
+        let q = if step != 0.0 { (value / step).round().clamp(-32.0, 31.0) } else { 0.0 };
+        quants[at] = (q as i8 + 32) as u8;
+    }
+    for half_block in 0..2 {
+        for l in 0..32 {
+            let q = |part: usize| quants[half_block * 128 + part * 32 + l];
+            block[half_block * 64 + l] = (q(0) & 0xf) | ((q(2) & 0xf) << 4);
+            block[half_block * 64 + l + 32] = (q(1) & 0xf) | ((q(3) & 0xf) << 4);
+            block[128 + half_block * 32 + l] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic spread of values: signs, magnitudes over decades,
+    /// zeros, and a group of equal values.
+    fn sample(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..len)
+            .map(|at| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                match at % 97 {
+                    0 => 0.0,
+                    1..=16 if at < 97 => 0.25,
+                    _ => unit * 10f32.powi((at % 5) as i32 - 2),
+                }
+            })
+            .collect()
+    }
+
+    fn round_trip(format: BlockFormat, values: &[f32]) -> Vec<f32> {
+        let blocks = quantize(format, values).unwrap();
+        assert_eq!(blocks.len(), format.row_bytes(values.len()).unwrap());
+        let mut out = vec![0f32; values.len()];
+        dequantize(format, &blocks, &mut out).unwrap();
+        out
+    }
+
+    /// Each group's error is within half its step (plus the scale's own
+    /// rounding), relative to the group's largest magnitude.
+    #[test]
+    fn quantized_values_come_back_within_their_step() {
+        for (format, group, levels) in [(BlockFormat::Q8_0, 32, 254.0), (BlockFormat::Q4K, 32, 15.0), (BlockFormat::Q6K, 16, 63.0)]
+        {
+            let values = sample(4096, 7);
+            let back = round_trip(format, &values);
+            for (original, back) in values.chunks(group).zip(back.chunks(group)) {
+                let low = original.iter().fold(0f32, |m, v| m.min(*v));
+                let high = original.iter().fold(0f32, |m, v| m.max(*v));
+                let bound = (high - low) / levels * 1.2 + high.abs().max(low.abs()) * 0.02 + 1e-6;
+                for (a, b) in original.iter().zip(back) {
+                    assert!((a - b).abs() <= bound, "{format}: {a} came back as {b} (bound {bound})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zeros_stay_zeros_and_blocks_are_the_ggml_sizes() {
+        for format in BlockFormat::ALL {
+            let back = round_trip(format, &vec![0.0; 512]);
+            assert!(back.iter().all(|v| *v == 0.0), "{format}");
+            assert_eq!(BlockFormat::from_ggml_type(format.ggml_type()), Some(format));
+            assert_eq!(BlockFormat::parse(&format.name().to_uppercase()), Some(format));
+        }
+        assert_eq!(BlockFormat::Q4K.row_bytes(2048), Some(8 * 144));
+        assert_eq!(BlockFormat::Q6K.row_bytes(100), None);
+        assert!((BlockFormat::Q4K.bits_per_value() - 4.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_ragged_row_is_an_error() {
+        assert_eq!(quantize(BlockFormat::Q8_0, &[1.0; 33]).unwrap_err(), RaggedRow { format: BlockFormat::Q8_0, len: 33 });
+        let mut out = [0f32; 32];
+        assert!(dequantize(BlockFormat::Q8_0, &[0; 33], &mut out).is_err());
+    }
+
+    /// Q8_0 of known values, worked by hand: the scale is 127 / 127 = 1,
+    /// stored as f16 1.0 (0x3c00), and -0.5 rounds away from zero.
+    #[test]
+    fn q8_0_rounds_as_llama_cpp_does() {
+        let mut values = [0f32; 32];
+        values[0] = 127.0;
+        values[1] = -0.5;
+        values[2] = 2.5;
+        let blocks = quantize(BlockFormat::Q8_0, &values).unwrap();
+        assert_eq!(&blocks[..5], &[0x00, 0x3c, 127, (-1i8) as u8, 3]);
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_and_rounds_to_nearest_even() {
+        for bits in 0..=u16::MAX {
+            let value = f16_value(bits);
+            if value.is_nan() {
+                assert!(f16_value(f16_bits(value)).is_nan());
+            } else {
+                assert_eq!(f16_bits(value), bits, "{bits:#06x} {value}");
+            }
+        }
+        assert_eq!(f16_bits(65519.0), 0x7bff);
+        assert_eq!(f16_bits(65520.0), 0x7c00);
+        // Halfway between 1 and its successor 1 + 2^-10 goes to the even 1.
+        assert_eq!(f16_bits(1.0 + 2f32.powi(-11)), 0x3c00);
+        assert_eq!(f16_bits(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
+        assert_eq!(f16_bits(2f32.powi(-25)), 0);
+        assert_eq!(f16_bits(3.0 * 2f32.powi(-25)), 2);
+    }
+}
