@@ -51,6 +51,11 @@ fn npy() {
 }
 
 #[test]
+fn gguf() {
+    fuzz("gguf");
+}
+
+#[test]
 fn request() {
     fuzz("request");
 }

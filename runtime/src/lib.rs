@@ -7,10 +7,12 @@ pub mod bench;
 pub mod cache;
 pub mod experts;
 pub mod generate;
+pub mod gguf;
 #[cfg(feature = "cuda")]
 mod gpu_ptx;
 pub mod init;
 pub mod npy;
+pub mod quantize;
 pub mod random;
 pub mod sampling;
 pub mod server;

@@ -1,7 +1,7 @@
 //! `linnet`, the runtime CLI: one call of an entry (`run`), text or token
 //! generation (`generate`), an OpenAI-compatible server (`serve`), random
-//! checkpoints (`init-weights`) and throughput (`bench`), on the reference
-//! interpreter.
+//! checkpoints (`init-weights`), quantized GGUF files (`quantize`) and
+//! throughput (`bench`).
 
 use clap::{Args, Parser, Subcommand};
 use linnet_exec::tensor::{Data, Tensor};
@@ -143,6 +143,28 @@ enum Command {
         seed: u64,
         #[arg(long, default_value_t = 2)]
         shards: usize,
+        /// Write one GGUF file in this format (`q8_0`, `q4_k`, `q4_k_m`,
+        /// `q6_k`) instead of safetensors: `-o` names the file.
+        #[arg(long = "type", value_name = "FORMAT", value_parser = recipe)]
+        recipe: Option<linnet_runtime::quantize::Recipe>,
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+    /// Quantize a checkpoint, read through the package's bindings, into a
+    /// GGUF file whose tensors are named as the checkpoint names them.
+    Quantize {
+        package: PathBuf,
+        /// The checkpoint folder; else the Hugging Face cache at the card's repo.
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        #[arg(long)]
+        nest: Option<PathBuf>,
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = assignment)]
+        overrides: Vec<(String, String)>,
+        /// `q8_0`, `q4_k`, `q6_k`, or `q4_k_m` (Q4_K with Q6_K where
+        /// llama.cpp's Q4_K_M puts it).
+        #[arg(long = "type", value_name = "FORMAT", value_parser = recipe)]
+        recipe: linnet_runtime::quantize::Recipe,
         #[arg(short = 'o', long)]
         output: PathBuf,
     },
@@ -191,6 +213,11 @@ fn assignment(text: &str) -> Result<(String, String), String> {
         Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.trim().to_string())),
         _ => Err(format!("expected NAME=VALUE, found `{text}`")),
     }
+}
+
+fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, String> {
+    linnet_runtime::quantize::Recipe::parse(text)
+        .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k"))
 }
 
 fn options(model: &Model) -> LoadOptions {
@@ -395,7 +422,50 @@ fn main() -> ExitCode {
             let options = linnet_runtime::server::Options { host, port, queue, api_key };
             linnet_runtime::server::serve(move || load(&loader), options)
         }
-        Command::InitWeights { package, nest, overrides, seed, shards, output } => {
+        Command::InitWeights { package, nest, overrides, seed, recipe: Some(recipe), output, .. } => {
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
+                let bindings = linnet_runtime::bindings(&package);
+                let summary = linnet_runtime::quantize::random(&model, &bindings, seed, recipe, &output)?;
+                println!(
+                    "wrote random `{}` as {} to {}\n{}",
+                    model.name,
+                    recipe.name(),
+                    output.display(),
+                    summary.report()
+                );
+                Ok(())
+            })
+        }
+        Command::Quantize { package, weights, nest, overrides, recipe, output } => {
+            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
+                let bindings = linnet_runtime::bindings(&package);
+                let card = package.nest.as_ref();
+                let (repo, revision) = (card.and_then(|n| n.repo.as_deref()), card.and_then(|n| n.revision.as_deref()));
+                let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
+                let files = card.map(|n| n.weight_files.clone()).unwrap_or_default();
+                let params = linnet_runtime::weights::load(&model, &bindings, &dir, &files, NonFinite::Refuse)
+                    .map_err(|problems| {
+                        format!(
+                            "the weights in {} do not fit `{}`:\n  {}",
+                            dir.display(),
+                            model.name,
+                            problems.join("\n  ")
+                        )
+                    })?;
+                let summary = linnet_runtime::quantize::from_params(&model, &bindings, &params, recipe, &output)?;
+                println!(
+                    "quantized `{}` to {} in {}\n{}",
+                    model.name,
+                    recipe.name(),
+                    output.display(),
+                    summary.report()
+                );
+                Ok(())
+            })
+        }
+        Command::InitWeights { package, nest, overrides, seed, shards, recipe: None, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
                 let written =

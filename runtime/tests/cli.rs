@@ -299,3 +299,63 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
 fn the_qwen3_package_runs_the_qwen3_checkpoint_with_set_generics() {
     runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS);
 }
+
+/// `linnet quantize` on the oracle checkpoint: every tensor under its
+/// checkpoint name; Q8_0 where rows are whole blocks, each value back
+/// within half a step of its block's scale (and the scale's rounding); the rest (norms, decays,
+/// convolution taps) byte for byte as stored. A format it does not write
+/// is refused by name.
+#[test]
+fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
+    let out = std::env::temp_dir().join(format!("linnet-quantize-{}.gguf", std::process::id()));
+    let output = linnet(&["quantize", "--type", "q8_0", "-o", out.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(report.contains("q8_0:") && report.contains("smaller"), "{report}");
+    let (file, gguf) = linnet_runtime::gguf::read_file(&out).unwrap();
+    let dir = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32");
+    let mut checkpoint = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            checkpoint.insert(path.clone(), std::fs::read(&path).unwrap());
+        }
+    }
+    let mut quantized = 0;
+    for tensor in &gguf.tensors {
+        let stored = checkpoint
+            .values()
+            .find_map(|bytes| {
+                let tensors = safetensors::SafeTensors::deserialize(bytes).unwrap();
+                tensors.tensor(&tensor.name).ok().map(|view| (view.shape().to_vec(), view.data().to_vec()))
+            })
+            .unwrap_or_else(|| panic!("`{}` is not a checkpoint tensor", tensor.name));
+        assert_eq!(tensor.shape(), stored.0.iter().map(|d| *d as u64).collect::<Vec<_>>(), "{}", tensor.name);
+        let bytes = gguf.tensor_bytes(&file, tensor);
+        match tensor.storage {
+            linnet_runtime::gguf::Storage::Blocks(format) => {
+                quantized += 1;
+                let original: Vec<f32> =
+                    stored.1.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                let mut back = vec![0f32; original.len()];
+                linnet_ir::quant::dequantize(format, bytes, &mut back).unwrap();
+                for (original, back) in original.chunks(32).zip(back.chunks(32)) {
+                    // Half a step, and the scale's own rounding to f16
+                    // (2^-11 of it) over up to 127 steps.
+                    let step = original.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                    for (a, b) in original.iter().zip(back) {
+                        let bound = step * (0.5 + 127.0 / 2048.0);
+                        assert!((a - b).abs() <= bound, "{}: {a} came back as {b}", tensor.name);
+                    }
+                }
+            }
+            linnet_runtime::gguf::Storage::Plain(_) => assert_eq!(bytes, stored.1, "{}", tensor.name),
+        }
+    }
+    assert!(quantized >= 90, "{quantized} tensors quantized");
+    std::fs::remove_file(&out).unwrap();
+
+    let refused = linnet(&["quantize", "--type", "q5_k", "-o", out.to_str().unwrap()]);
+    assert!(!refused.status.success() && !out.exists());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("`q5_k` is not a format"));
+}

@@ -6,6 +6,7 @@ use linnet_exec::tensor::Tensor;
 use linnet_frontend::driver::{check_package, lower_checked, lower_package};
 use linnet_frontend::package::LoadOptions;
 use linnet_frontend::source::FileId;
+use linnet_ir::quant::{dequantize, quantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::Model;
 use linnet_runtime::server::{Limits, Served};
@@ -22,6 +23,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "safetensors", seeds: small_checkpoints, run: safetensors },
     Target { name: "npy", seeds: npy_files, run: npy },
     Target { name: "request", seeds: request_bodies, run: request },
+    Target { name: "gguf", seeds: gguf_files, run: gguf },
 ];
 
 pub fn target(name: &str) -> Option<&'static Target> {
@@ -173,6 +175,48 @@ fn npy_files() -> Vec<Vec<u8>> {
 
 fn npy(input: &[u8]) {
     let _ = linnet_runtime::npy::read(input);
+}
+
+/// Small GGUF files: a few of the oracle's tensors quantized, with
+/// metadata of several kinds.
+fn gguf_files() -> Vec<Vec<u8>> {
+    use linnet_runtime::gguf::{Meta, Planned, Storage, Writer};
+    let path = std::env::temp_dir().join(format!("linnet-fuzz-seed-{}.gguf", std::process::id()));
+    let metadata = vec![
+        ("general.name".to_string(), Meta::Str("seed".into())),
+        ("tokens".to_string(), Meta::Array(vec![Meta::Str("a".into()), Meta::Str("bc".into())])),
+        ("n".to_string(), Meta::U64(3)),
+    ];
+    let rows: Vec<f32> = (0..512).map(|at| (at as f32 * 0.37).sin()).collect();
+    let formats =
+        [Storage::Blocks(BlockFormat::Q8_0), Storage::Blocks(BlockFormat::Q4K), Storage::Blocks(BlockFormat::Q6K)];
+    let mut seeds = Vec::new();
+    for storage in formats {
+        let Storage::Blocks(format) = storage else { continue };
+        let tensors = vec![
+            Planned { name: "norm".into(), shape: vec![4], storage: Storage::Plain(Dtype::F32) },
+            Planned { name: "w".into(), shape: vec![2, 256], storage },
+        ];
+        let mut writer = Writer::create(&path, &metadata, &tensors).expect("a seed file");
+        writer.write_tensor(&[0u8; 16]).expect("written");
+        writer.write_tensor(&quantize(format, &rows).expect("whole blocks")).expect("written");
+        writer.finish().expect("written");
+        seeds.push(read(path.clone()));
+    }
+    let _ = std::fs::remove_file(&path);
+    seeds
+}
+
+/// The bytes as a GGUF file: the table read, every tensor dequantized.
+fn gguf(input: &[u8]) {
+    let Ok(gguf) = linnet_runtime::gguf::read(input) else { return };
+    for tensor in &gguf.tensors {
+        if let linnet_runtime::gguf::Storage::Blocks(format) = tensor.storage {
+            let bytes = gguf.tensor_bytes(input, tensor);
+            let mut out = vec![0f32; (bytes.len() / format.block_bytes()) * format.block_values()];
+            dequantize(format, bytes, &mut out).expect("a tensor the reader accepted is whole blocks");
+        }
+    }
 }
 
 fn request_bodies() -> Vec<Vec<u8>> {

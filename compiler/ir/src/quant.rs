@@ -80,7 +80,7 @@ impl BlockFormat {
 
     /// Bytes of a row of `values` values, if the block divides it.
     pub fn row_bytes(self, values: usize) -> Option<usize> {
-        (values % self.block_values() == 0).then(|| values / self.block_values() * self.block_bytes())
+        values.is_multiple_of(self.block_values()).then(|| values / self.block_values() * self.block_bytes())
     }
 
     /// Bits per value, scales included.
@@ -114,7 +114,7 @@ impl fmt::Display for RaggedRow {
 /// Writes the values `blocks` stores into `out` (`out.len()` values).
 pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result<(), RaggedRow> {
     let (values, bytes) = (format.block_values(), format.block_bytes());
-    if out.len() % values != 0 || blocks.len() != out.len() / values * bytes {
+    if !out.len().is_multiple_of(values) || blocks.len() != out.len() / values * bytes {
         return Err(RaggedRow { format, len: blocks.len() });
     }
     for (block, out) in blocks.chunks_exact(bytes).zip(out.chunks_exact_mut(values)) {
@@ -130,7 +130,7 @@ pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result
 /// The blocks that store `values` (a whole number of blocks).
 pub fn quantize(format: BlockFormat, values: &[f32]) -> Result<Vec<u8>, RaggedRow> {
     let (unit, bytes) = (format.block_values(), format.block_bytes());
-    if values.len() % unit != 0 {
+    if !values.len().is_multiple_of(unit) {
         return Err(RaggedRow { format, len: values.len() });
     }
     let mut out = vec![0u8; values.len() / unit * bytes];
@@ -266,10 +266,8 @@ fn quantize_q6_k(values: &[f32], block: &mut [u8]) {
     }
     let largest = group_scales.iter().fold(0f32, |m, s| if s.abs() > m.abs() { *s } else { m });
     let d = put_half(block, 208, largest / -128.0);
-    let scales: Vec<i8> = group_scales
-        .iter()
-        .map(|s| if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 })
-        .collect();
+    let scales: Vec<i8> =
+        group_scales.iter().map(|s| if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 }).collect();
     for (slot, scale) in block[192..208].iter_mut().zip(&scales) {
         *slot = *scale as u8;
     }
@@ -284,7 +282,8 @@ fn quantize_q6_k(values: &[f32], block: &mut [u8]) {
             let q = |part: usize| quants[half_block * 128 + part * 32 + l];
             block[half_block * 64 + l] = (q(0) & 0xf) | ((q(2) & 0xf) << 4);
             block[half_block * 64 + l + 32] = (q(1) & 0xf) | ((q(3) & 0xf) << 4);
-            block[128 + half_block * 32 + l] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+            block[128 + half_block * 32 + l] =
+                (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
         }
     }
 }
@@ -322,7 +321,8 @@ mod tests {
     /// rounding), relative to the group's largest magnitude.
     #[test]
     fn quantized_values_come_back_within_their_step() {
-        for (format, group, levels) in [(BlockFormat::Q8_0, 32, 254.0), (BlockFormat::Q4K, 32, 15.0), (BlockFormat::Q6K, 16, 63.0)]
+        for (format, group, levels) in
+            [(BlockFormat::Q8_0, 32, 254.0), (BlockFormat::Q4K, 32, 15.0), (BlockFormat::Q6K, 16, 63.0)]
         {
             let values = sample(4096, 7);
             let back = round_trip(format, &values);
@@ -352,7 +352,10 @@ mod tests {
 
     #[test]
     fn a_ragged_row_is_an_error() {
-        assert_eq!(quantize(BlockFormat::Q8_0, &[1.0; 33]).unwrap_err(), RaggedRow { format: BlockFormat::Q8_0, len: 33 });
+        assert_eq!(
+            quantize(BlockFormat::Q8_0, &[1.0; 33]).unwrap_err(),
+            RaggedRow { format: BlockFormat::Q8_0, len: 33 }
+        );
         let mut out = [0f32; 32];
         assert!(dequantize(BlockFormat::Q8_0, &[0; 33], &mut out).is_err());
     }

@@ -27,7 +27,11 @@ fn every_format_dequantizes_as_llama_cpp_does() {
         dequantize(format, &blocks, &mut ours).unwrap();
         for (at, (ours, theirs)) in ours.iter().zip(&expected).enumerate() {
             let same = ours.to_bits() == theirs.to_bits() || ours.is_nan() && theirs.is_nan();
-            assert!(same, "{format}: value {at} (block {}): ours {ours:e}, gguf {theirs:e}", at / format.block_values());
+            assert!(
+                same,
+                "{format}: value {at} (block {}): ours {ours:e}, gguf {theirs:e}",
+                at / format.block_values()
+            );
         }
     }
 }

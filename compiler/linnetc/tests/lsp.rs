@@ -446,4 +446,3 @@ fn definitions_see_through_block_generics() {
     let shown = hover(&mut client, &uri, &text, "Model<\n");
     assert!(shown.contains("pub type Model<") && shown.contains("= Decoder<"), "{shown}");
 }
-

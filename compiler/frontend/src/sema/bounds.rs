@@ -73,7 +73,11 @@ pub fn check_instance(
         let problems = match &argument.generic {
             Some(_) if same_bound(argument, &required, site.facts) => Vec::new(),
             Some(name) => {
-                vec![format!("`{name}` is bounded by `{}`, not `{}`", describe(program, argument), describe(program, &required))]
+                vec![format!(
+                    "`{name}` is bounded by `{}`, not `{}`",
+                    describe(program, argument),
+                    describe(program, &required)
+                )]
             }
             None => {
                 check_instance(program, argument, inner_args, &Site { span, ..*site }, diagnostics);

@@ -5,13 +5,13 @@
 //! other block's clauses follow from the root's. Then `bindings.json` must
 //! name a checkpoint tensor for every parameter of this instantiation.
 
+use super::program::GenericSig;
 use super::program::{Clause, ItemRef, Program};
 use super::suggest;
 use super::ty::{Elem, SubTy, Subst, Ty};
 use crate::diagnostic::Diagnostic;
 use crate::package::{Nest, NestValue};
 use crate::source::Span;
-use super::program::GenericSig;
 use crate::syntax::ast::{BlockKind, GenericKind};
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
@@ -257,7 +257,9 @@ fn root_values(
                         root_span,
                         format!("`{root_name}` has a block generic `{}`, which a model card cannot give", generic.name),
                     )
-                    .with_label("make the root a `type` that names the block: `type Model<...> = Root<..., Block<...>>`")
+                    .with_label(
+                        "make the root a `type` that names the block: `type Model<...> = Root<..., Block<...>>`",
+                    )
                     .with_secondary(generic.span, "declared here"),
                 );
                 ok = false;

@@ -435,7 +435,13 @@ impl<'a> Program<'a> {
         args.iter().for_each(|arg| self.garg_block_uses(module, arg, scope, uses));
     }
 
-    fn garg_block_uses(&self, module: usize, arg: &ast::GenericArg, scope: &GenericScope, uses: &mut Vec<(Span, Span)>) {
+    fn garg_block_uses(
+        &self,
+        module: usize,
+        arg: &ast::GenericArg,
+        scope: &GenericScope,
+        uses: &mut Vec<(Span, Span)>,
+    ) {
         match arg {
             ast::GenericArg::Type(ast::TypeExpr::Named { name, args, .. }) => {
                 self.block_uses(module, name, args, scope, uses)
@@ -765,7 +771,10 @@ impl<'a> Program<'a> {
                         Diagnostic::error(
                             "not-a-trait",
                             name.span,
-                            format!("`{}` is a block; a bound is a trait (`Dim`, `Shape`, `Float` or a trait)", name.name),
+                            format!(
+                                "`{}` is a block; a bound is a trait (`Dim`, `Shape`, `Float` or a trait)",
+                                name.name
+                            ),
                         )
                         .with_label("not a trait")
                         .with_secondary(self.blocks[*id].decl.name.span, "block defined here"),
@@ -875,8 +884,16 @@ impl<'a> Program<'a> {
             }
             Some(ItemRef::Block(id)) => {
                 let target = &self.blocks[*id];
-                let args =
-                    self.bind_generic_args(module, &target.generics, args, scope, span, &target.name, true, diagnostics)?;
+                let args = self.bind_generic_args(
+                    module,
+                    &target.generics,
+                    args,
+                    scope,
+                    span,
+                    &target.name,
+                    true,
+                    diagnostics,
+                )?;
                 Some(SubTy::concrete(*id, args))
             }
             Some(ItemRef::Alias(id)) => {

@@ -222,10 +222,7 @@ fn generic_args() -> impl Parser<Token, Vec<GenericArg>, Error = Error> + Clone 
             .then(args)
             .map_with_span(|(name, args), span| GenericArg::Type(TypeExpr::Named { name, args, span }));
         let arg = choice((tensor, instance, dim_expr().map(GenericArg::Dim)));
-        arg.separated_by(just(Token::Comma))
-            .allow_trailing()
-            .at_least(1)
-            .delimited_by(just(Token::Lt), just(Token::Gt))
+        arg.separated_by(just(Token::Comma)).allow_trailing().at_least(1).delimited_by(just(Token::Lt), just(Token::Gt))
     })
 }
 
@@ -512,14 +509,18 @@ fn signature() -> impl Parser<Token, Signature, Error = Error> + Clone {
     let param = ident().then_ignore(just(Token::Colon)).then(type_expr()).map(|(name, ty)| FnParam { name, ty });
     let params =
         param.separated_by(just(Token::Comma)).allow_trailing().delimited_by(just(Token::LParen), just(Token::RParen));
-    ident().then(generics()).then(params).then(just(Token::Arrow).ignore_then(type_expr()).or_not()).then(where_clauses())
+    ident()
+        .then(generics())
+        .then(params)
+        .then(just(Token::Arrow).ignore_then(type_expr()).or_not())
+        .then(where_clauses())
 }
 
+/// What a function's parser yields: `pub`, the kind and signature, the body.
+type ParsedFn = (Option<Token>, ((FnKind, Signature), Option<Vec<Stmt>>));
+
 fn fn_decl(
-    (is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)): (
-        Option<Token>,
-        ((FnKind, Signature), Option<Vec<Stmt>>),
-    ),
+    (is_pub, ((kind, ((((name, generics), params), ret), where_clauses)), body)): ParsedFn,
     span: Span,
 ) -> FnDecl {
     FnDecl { doc: None, is_pub: is_pub.is_some(), kind, name, generics, params, ret, where_clauses, body, span }
@@ -581,13 +582,10 @@ fn block() -> impl Parser<Token, BlockDecl, Error = Error> + Clone {
         .ignore_then(trait_function().map(Member::Fn).recover_with(skip_then_retry_until([Token::RBrace])))
         .repeated()
         .delimited_by(just(Token::LBrace), just(Token::RBrace));
-    let block = just(Token::Block).to(BlockKind::Block).then(ident()).then(generics()).then(where_clauses()).then(members);
-    let bound = just(Token::Trait)
-        .to(BlockKind::Trait)
-        .then(ident())
-        .then(generics())
-        .then(where_clauses())
-        .then(signatures);
+    let block =
+        just(Token::Block).to(BlockKind::Block).then(ident()).then(generics()).then(where_clauses()).then(members);
+    let bound =
+        just(Token::Trait).to(BlockKind::Trait).then(ident()).then(generics()).then(where_clauses()).then(signatures);
     just(Token::Pub).or_not().then(block.or(bound)).map_with_span(
         |(is_pub, ((((kind, name), generics), where_clauses), members)), span| BlockDecl {
             doc: None,
@@ -604,9 +602,11 @@ fn block() -> impl Parser<Token, BlockDecl, Error = Error> + Clone {
 
 /// `pub type Model<...> = Decoder<...> where ...`
 fn alias() -> impl Parser<Token, AliasDecl, Error = Error> + Clone {
-    let target = ident()
-        .then(generic_args().or_not())
-        .map_with_span(|(name, args), span| TypeExpr::Named { name, args: args.unwrap_or_default(), span });
+    let target = ident().then(generic_args().or_not()).map_with_span(|(name, args), span| TypeExpr::Named {
+        name,
+        args: args.unwrap_or_default(),
+        span,
+    });
     just(Token::Pub)
         .or_not()
         .then_ignore(just(Token::Type))
@@ -664,7 +664,7 @@ fn module_parser() -> impl Parser<Token, Module, Error = Error> {
         function().map(Item::Fn),
     ))
     .labelled("an item (`block`, `trait`, `type`, `fn`, `const`)")
-        .recover_with(skip_then_retry_until([]));
+    .recover_with(skip_then_retry_until([]));
     header
         .then(use_item.repeated())
         .then(any().rewind().ignore_then(item).repeated())
