@@ -124,7 +124,8 @@ pub fn load_on(
                         problems.join("\n  ")
                     )
                 })?;
-            let text = text::TextModel::load(&found)?;
+            // A GGUF file's tokenizer files are the ones beside it.
+            let text = text::TextModel::load(if found.is_file() { found.parent().unwrap_or(&found) } else { &found })?;
             let machine = machine(&built, &dir, params, backend, device)?;
             return Ok(Loaded { machine, weights_dir: Some(found), text });
         }

@@ -25,7 +25,8 @@ struct Cli {
 struct Model {
     /// The package directory.
     package: PathBuf,
-    /// The checkpoint folder; else the Hugging Face cache at the card's repo.
+    /// The checkpoint folder, or a `.gguf` file `linnet quantize` wrote;
+    /// else the Hugging Face cache at the card's repo.
     #[arg(long, conflicts_with = "random_weights")]
     weights: Option<PathBuf>,
     /// Refuse a checkpoint holding NaN or infinite weights (without it,

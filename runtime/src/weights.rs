@@ -30,14 +30,21 @@ fn hub_caches() -> Vec<PathBuf> {
     caches
 }
 
-/// The weights folder: the one given, else the model card's snapshot in
-/// the Hugging Face cache; otherwise an error saying where it looked.
+/// Whether `path` is a GGUF file (by its name), which is read in place of
+/// a checkpoint folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The weights: the folder or GGUF file given, else the model card's
+/// snapshot in the Hugging Face cache; otherwise an error saying where it
+/// looked.
 pub fn locate(explicit: Option<&Path>, repo: Option<&str>, revision: Option<&str>) -> Result<PathBuf, String> {
     if let Some(dir) = explicit {
-        return if dir.is_dir() {
+        return if dir.is_dir() || is_gguf(dir) && dir.is_file() {
             Ok(dir.to_path_buf())
         } else {
-            Err(format!("--weights {}: no such folder", dir.display()))
+            Err(format!("--weights {}: no such folder or .gguf file", dir.display()))
         };
     }
     let Some(repo) = repo else {
@@ -186,7 +193,8 @@ impl Stored<'_> {
 /// as is a tensor not aligned for its type, and fused expert tensors the
 /// checkpoint stores per expert are stacked (see [`crate::experts`]).
 /// NaN or infinite weights are named on stderr, or refused (`non_finite`).
-/// Errors list every problem found.
+/// Errors list every problem found. A `.gguf` file in place of the folder
+/// is read by [`crate::gguf::load`].
 pub fn load(
     model: &Model,
     bindings: &HashMap<String, String>,
@@ -194,6 +202,9 @@ pub fn load(
     card_files: &[String],
     non_finite: NonFinite,
 ) -> Result<Vec<Tensor>, Vec<String>> {
+    if is_gguf(dir) {
+        return crate::gguf::load::load(model, bindings, dir, non_finite);
+    }
     let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e])?;
     let mut problems = Vec::new();
     let mut maps = Vec::new();

@@ -3,12 +3,14 @@
 //! of tensors (name, dims, GGML type, offset), then the tensors' bytes,
 //! aligned. [`read`] parses a file's table and metadata without trusting
 //! any count or offset in it; [`Writer`] writes one, streaming each tensor
-//! as it is made. Version 3, little-endian.
+//! as it is made; [`load`] binds a file's tensors to a model's parameters.
+//! Version 3, little-endian.
 //!
 //! GGUF lists a tensor's dims fastest-varying first (`ne[0]` is a row's
 //! length): `[In, Out]` for a matrix that safetensors and Linnet call
 //! `[Out, In]`. [`TensorInfo::shape`] gives Linnet's order.
 
+pub mod load;
 mod read;
 mod write;
 
