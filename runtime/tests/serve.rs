@@ -157,6 +157,7 @@ fn a_server_session() {
     // by name, not ignored; their "not asked for" values are accepted.
     for (field, value) in [("n", json!(2)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))]
     {
+        // (`stream_options` belongs to a stream: refused without one.)
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
         body[field] = value;
         let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
@@ -202,6 +203,27 @@ fn a_server_session() {
         .map(|chunk| chunk["choices"][0]["text"].as_str().unwrap_or_default().to_string())
         .collect();
     assert!(status == 200 && pieces == expected && response.contains(r#""finish_reason":"stop""#), "{response}");
+    // Streamed usage, asked for: every chunk says `usage: null`, then one
+    // without choices carries the counts of the answer the stream gave.
+    let asked = json!({ "prompt": "t5 t17 t42", "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": { "include_usage": true } });
+    let (status, response) = server.call("POST", "/v1/completions", &asked.to_string());
+    let chunks: Vec<Value> =
+        response.lines().filter_map(|line| serde_json::from_str(line.strip_prefix("data: ")?).ok()).collect();
+    let (last, answer) = chunks.split_last().unwrap();
+    assert!(
+        status == 200 && answer.iter().all(|c| c["usage"].is_null() && c["choices"].as_array().unwrap().len() == 1)
+    );
+    assert_eq!(last["choices"], json!([]), "{response}");
+    assert_eq!(last["usage"], json!({ "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7 }), "{response}");
+    let not_asked =
+        json!({ "prompt": [1, 2], "max_tokens": 2, "stream": true, "stream_options": { "include_usage": false } });
+    let (_, response) = server.call("POST", "/v1/completions", &not_asked.to_string());
+    assert!(!response.contains("usage"), "{response}");
+    for bad in [json!({ "include_usage": 1 }), json!({ "continuous_usage_stats": true }), json!("yes")] {
+        let body = json!({ "prompt": [1, 2], "stream": true, "stream_options": bad });
+        let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
+        assert!(status == 400 && response.contains("stream_options"), "{bad}: {status} {response}");
+    }
     for refused in [json!(["a", "b", "c", "d", "e"]), json!([""]), json!(7)] {
         let (status, response) =
             server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "stop": refused }).to_string());

@@ -238,7 +238,7 @@ fn finish_reason(reason: Value, calls: &[tools::Call]) -> Value {
 /// Answers a request: `chat` in the chat API's shapes, `thinking` when its
 /// prompt left the model inside a `<think>` block.
 async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
-    let Request { prompt, tools, job, stream, stops, mut receiver } = request;
+    let Request { prompt, tools, job, stream, stream_usage, stops, mut receiver } = request;
 
     let asked_logprobs = job.logprobs.is_some();
     let Some(admitted) = Admitted::new(&app) else {
@@ -264,6 +264,11 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     if stream {
         let mut ended = false;
         let mut streamed = 0;
+        // The tokens of the answer, once it ended well: the usage chunk's.
+        let answered = Arc::new(std::sync::Mutex::new(None::<usize>));
+        let answer_tokens = answered.clone();
+        let usage_field = if stream_usage { Some(Value::Null) } else { None };
+        let (usage_id, usage_model, prompt_tokens) = (id.clone(), model.clone(), prompt.len());
         let events = UnboundedReceiverStream::new(receiver).map_while(move |update| {
             // Dropping the stream (here, or when the client goes) drops
             // the receiver, which frees the row.
@@ -294,6 +299,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                 }
             };
             ended = !finish.is_null();
+            if ended {
+                *answer_tokens.lock().expect("not poisoned") = Some(detokenizer.ids().len());
+            }
             let choice = if chat {
                 let (parts, calls) = if finish.is_null() {
                     (answer_of_chat.push(&piece), Vec::new())
@@ -305,11 +313,23 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
             } else {
                 json!({ "index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish })
             };
-            let chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [choice] });
+            let mut chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [choice] });
+            if let Some(usage) = &usage_field {
+                chunk["usage"] = usage.clone();
+            }
             Some(Ok(Event::default().data(chunk.to_string())))
         });
+        // Asked for, and the answer ended well: its usage, in a last chunk
+        // without choices, as OpenAI's API sends it.
+        let usage = std::iter::once_with(move || {
+            let completion = (*answered.lock().expect("not poisoned")).filter(|_| stream_usage)?;
+            let usage = usage_json(prompt_tokens, completion);
+            let chunk = json!({ "id": usage_id, "object": format!("{object}.chunk"), "created": now(), "model": usage_model, "choices": [], "usage": usage });
+            Some(Ok(Event::default().data(chunk.to_string())))
+        })
+        .flatten();
         let done = tokio_stream::once(Ok(Event::default().data("[DONE]")));
-        return Sse::new(events.chain(done)).into_response();
+        return Sse::new(events.chain(tokio_stream::iter(usage)).chain(done)).into_response();
     }
     let text = app.served.text.as_ref();
     let mut answer = String::new();
@@ -353,9 +373,13 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     } else {
         json!({ "index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
     };
-    let usage = json!({ "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() });
+    let usage = usage_json(prompt.len(), ids.len());
     Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage }))
         .into_response()
+}
+
+fn usage_json(prompt: usize, completion: usize) -> Value {
+    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
 }
 
 /// One request counted against the server's capacity while it is held.

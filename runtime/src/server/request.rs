@@ -18,6 +18,8 @@ pub struct Request {
     pub tools: Vec<Value>,
     pub job: Job,
     pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage.
+    pub stream_usage: bool,
     /// Stop strings: the answer ends before the first one generated.
     pub stops: Vec<String>,
     pub receiver: UnboundedReceiver<Update>,
@@ -60,12 +62,11 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 8] = [
+const NOT_YET: [(&str, Unasked); 7] = [
     ("n", |v| v.as_f64() == Some(1.0)),
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("echo", |v| v == &Value::Bool(false)),
     ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
-    ("stream_options", |v| v.get("include_usage").is_none_or(|u| u == &Value::Bool(false))),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v.as_str() == Some("none")),
     ("response_format", |v| v.get("type").and_then(Value::as_str) == Some("text")),
@@ -153,6 +154,7 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(bad(format!("`stream` must be a boolean, got {other}"), "stream")),
     };
+    let stream_usage = stream_usage(body, stream)?;
     let stops = stop_strings(body)?;
     if !stops.is_empty() && served.text.is_none() {
         return Err(bad("`stop` strings need a tokenizer, and this model has none", "stop"));
@@ -162,7 +164,27 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
     let tools = tools(body, chat)?;
     let (updates, receiver) = unbounded_channel();
     let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, logprobs, updates };
-    Ok(Request { prompt, tools, job, stream, stops, receiver })
+    Ok(Request { prompt, tools, job, stream, stream_usage, stops, receiver })
+}
+
+/// `stream_options: {"include_usage": bool}`, which only a stream takes.
+fn stream_usage(body: &Value, stream: bool) -> Result<bool, Response> {
+    let options = match body.get("stream_options") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(options)) if stream => options,
+        Some(Value::Object(_)) => return Err(bad("`stream_options` is for `stream: true`", "stream_options")),
+        Some(other) => return Err(bad(format!("`stream_options` must be an object, got {other}"), "stream_options")),
+    };
+    if let Some(unknown) = options.keys().find(|key| *key != "include_usage") {
+        return Err(bad(format!("`stream_options.{unknown}` is not supported by this server yet"), "stream_options"));
+    }
+    match options.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(asked)) => Ok(*asked),
+        Some(other) => {
+            Err(bad(format!("`stream_options.include_usage` must be a boolean, got {other}"), "stream_options"))
+        }
+    }
 }
 
 /// The tools a chat may call: `tools`, each `{"type": "function",
