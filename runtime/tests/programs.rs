@@ -217,6 +217,39 @@ fn integer_literals_fold_as_the_runtime_divides() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A reduction to a scalar lowers as an index definition without indices,
+/// and an assertion names the block instance it failed in: the check of a
+/// sub in an array says which element, on the interpreter and natively.
+#[test]
+fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
+    let source = "module fuzz\n\nblock Check<H: Dim, T: Float> {\n    param v: Tensor[H; T]\n\n    \
+                  pub fn total<N: Dim>(x: Tensor[N, H; f32]) -> f32 {\n        \
+                  let sum_all = sum[n] sum[h] x[n, h] * cast<f32>(v[h])\n        \
+                  assert(sum_all < 100.0, \"the total is too large\")\n        return sum_all\n    }\n}\n\n\
+                  pub block Prog<H: Dim, T: Float> {\n    sub checks: [Check<H, T>; 2]\n\n    \
+                  pub entry run<N: Dim>(x: Tensor[N, H; f32]) -> f32 {\n        var total = cast<f32>(0.0)\n        \
+                  static for check in checks {\n            total = total + check.total(x)\n        }\n        return total\n    }\n}\n";
+    let dir = package(9_001, source);
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
+        .unwrap_or_else(|checked| panic!("lowers: {:?}", checked.diagnostics));
+    let ones = |dtype, len| Tensor::from_f32(dtype, vec![len], vec![1.0; len]);
+    let t = model.params[0].dtype;
+    let params = vec![ones(t, 8), ones(t, 8)];
+    let small = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![0.5; 16]);
+    let large = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![10.0; 16]);
+    let mut interpreted = linnet_exec::interp::machine(model.clone(), params.clone());
+    let mut native = linnet_cpu::backend::machine(model, params, None).unwrap();
+    let sum = Tensor::from_f32(Dtype::F32, vec![], vec![16.0]);
+    assert_eq!(interpreted.call("run", vec![small.clone()]).unwrap().remove(0), sum);
+    assert_eq!(native.call("run", vec![small]).unwrap().remove(0), sum);
+    for error in [interpreted.call("run", vec![large.clone()]), native.call("run", vec![large])] {
+        let error = error.unwrap_err().to_string();
+        assert!(error.contains("the total is too large (in `checks.0`)"), "{error}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A select whose branch reads at a position the lanes compute one by one
 /// (`(h - 0) + 1`, no unit stride), outside its value in the last lane:
 /// those four positions go to the scalar code, which must start at the

@@ -42,6 +42,9 @@ pub(crate) struct Frame<'l, 'p, 'a> {
     locals: Vec<HashMap<String, Val>>,
     indices: Vec<(String, IndexVar)>,
     generics: Vec<GenericSig>,
+    /// The path of the innermost block instance the code runs in (a free
+    /// function runs in its caller's), for messages: `groups.0.linear.1.mlp`.
+    place: String,
 }
 
 fn unary_op(name: &str) -> Option<UnaryOp> {
@@ -106,6 +109,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         env: Subst,
         locals: HashMap<String, Val>,
     ) -> Self {
+        let place = instance.as_ref().map(|i| i.path.trim_end_matches('.').to_string()).unwrap_or_default();
         Frame {
             lowerer,
             builder,
@@ -115,6 +119,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             locals: vec![locals],
             indices: Vec::new(),
             generics: Vec::new(),
+            place,
         }
     }
 
@@ -360,7 +365,8 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let base = self.tensor(base, expr.span, None)?;
                 self.slice(base, items, expr.span)
             }
-            ExprKind::Reduce { .. } => Err(unsupported(expr.span, "a reduction outside an index definition")),
+            // A reduction to a scalar: an index definition without indices.
+            ExprKind::Reduce { .. } => Ok(Val::Tensor(self.index_definition(&[], expr)?)),
             ExprKind::List(_) | ExprKind::Str(_) | ExprKind::Error => Err(unsupported(expr.span, "not a value")),
         }
     }
@@ -673,7 +679,11 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             generics.extend(program.blocks[block].generics.iter().cloned());
         }
         let body = function.decl.body.as_deref().unwrap_or_default();
+        let caller_place = self.place.clone();
         let mut frame = Frame::new(self.lowerer, self.builder, instance, function.module, env, locals);
+        if frame.place.is_empty() {
+            frame.place = caller_place;
+        }
         frame.generics = generics;
         frame.body(body)
     }
@@ -787,8 +797,11 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let ExprKind::Str(message) = &positional[1].kind else {
                     return Err(unsupported(span, "assert takes a message"));
                 };
+                // Which instance failed: the same check runs in every layer.
+                let message =
+                    if self.place.is_empty() { message.clone() } else { format!("{message} (in `{}`)", self.place) };
                 self.builder.push(Node {
-                    kind: NodeKind::Assert(cond, message.clone()),
+                    kind: NodeKind::Assert(cond, message),
                     shape: Vec::new(),
                     dtype: Dtype::Bool,
                     source: None,
