@@ -155,7 +155,7 @@ fn a_server_session() {
     assert_eq!(status, 400);
     // Fields that would change the answer and are not done yet are refused
     // by name, not ignored; their "not asked for" values are accepted.
-    for (field, value) in [("n", json!(2)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))]
+    for (field, value) in [("n", json!(0)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))]
     {
         // (`stream_options` belongs to a stream: refused without one.)
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
@@ -203,6 +203,40 @@ fn a_server_session() {
         .map(|chunk| chunk["choices"][0]["text"].as_str().unwrap_or_default().to_string())
         .collect();
     assert!(status == 200 && pieces == expected && response.contains(r#""finish_reason":"stop""#), "{response}");
+    // `n` choices, each sampled from its own seed (`seed + i`): the same
+    // request gives the same choices, the first is the `n: 1` answer, and a
+    // stream gives each choice's text under its index. Three choices on
+    // two rows: the third waits for a row.
+    let sampled = json!({ "prompt": "t5 t17 t42", "max_tokens": 6, "temperature": 1.0, "seed": 11, "n": 3 });
+    let texts = |response: &str| -> Vec<String> {
+        let answer: Value = serde_json::from_str(response).unwrap();
+        let choices = answer["choices"].as_array().unwrap();
+        assert!(choices.iter().enumerate().all(|(at, c)| c["index"] == at), "{response}");
+        assert_eq!(answer["usage"]["completion_tokens"], 18, "{response}");
+        choices.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
+    };
+    let (status, first) = server.call("POST", "/v1/completions", &sampled.to_string());
+    assert_eq!(status, 200, "{first}");
+    let (_, again) = server.call("POST", "/v1/completions", &sampled.to_string());
+    let choices = texts(&first);
+    assert_eq!(choices, texts(&again));
+    assert!(choices[0] != choices[1] || choices[1] != choices[2], "three samples, all alike: {choices:?}");
+    let mut one = sampled.clone();
+    one["n"] = json!(1);
+    let (_, single) = server.call("POST", "/v1/completions", &one.to_string());
+    let single: Value = serde_json::from_str(&single).unwrap();
+    assert_eq!(single["choices"][0]["text"], choices[0].as_str());
+    let mut streamed = sampled.clone();
+    streamed["stream"] = json!(true);
+    let (_, response) = server.call("POST", "/v1/completions", &streamed.to_string());
+    let mut pieces = vec![String::new(); 3];
+    for chunk in response.lines().filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok()) {
+        let delta = &chunk["choices"][0];
+        pieces[delta["index"].as_u64().unwrap() as usize].push_str(delta["text"].as_str().unwrap());
+    }
+    assert_eq!(pieces, choices, "{response}");
+    let (status, response) = server.call("POST", "/v1/completions", &json!({ "prompt": [1], "n": 17 }).to_string());
+    assert!(status == 400 && response.contains("`n`"), "{status} {response}");
     // Streamed usage, asked for: every chunk says `usage: null`, then one
     // without choices carries the counts of the answer the stream gave.
     let asked = json!({ "prompt": "t5 t17 t42", "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": { "include_usage": true } });

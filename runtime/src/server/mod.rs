@@ -235,12 +235,31 @@ fn finish_reason(reason: Value, calls: &[tools::Call]) -> Value {
     }
 }
 
-/// Answers a request: `chat` in the chat API's shapes, `thinking` when its
-/// prompt left the model inside a `<think>` block.
-async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
-    let Request { prompt, tools, job, stream, stream_usage, stops, mut receiver } = request;
+/// One choice of an answer as it is made: its tokens to text, stop
+/// strings applied; for chat, reasoning and tool calls split out.
+struct Choice {
+    detokenizer: Detokenizer,
+    chat: ChatAnswer,
+    /// Bytes of text streamed so far (log-probabilities' offsets).
+    streamed: usize,
+    /// A finish reason was sent.
+    ended: bool,
+}
 
-    let asked_logprobs = job.logprobs.is_some();
+impl Choice {
+    fn new(stops: &[String], thinking: bool, tools: &[Value]) -> Choice {
+        let chat = ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(tools)) };
+        Choice { detokenizer: Detokenizer::new(stops.to_vec()), chat, streamed: 0, ended: false }
+    }
+}
+
+/// Answers a request: `chat` in the chat API's shapes, `thinking` when its
+/// prompt left the model inside a `<think>` block. Each of its `n` choices
+/// is a row of its own, sampled from a seed of its own.
+async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
+    let Request { prompt, tools, jobs, stream, stream_usage, stops, receivers } = request;
+
+    let asked_logprobs = jobs[0].logprobs.is_some();
     let Some(admitted) = Admitted::new(&app) else {
         let mut refused = error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -250,7 +269,11 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         refused.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return refused;
     };
-    if app.jobs.lock().map(|jobs| jobs.send(job)).is_err() {
+    let sent = match app.jobs.lock() {
+        Ok(sender) => jobs.into_iter().try_for_each(|job| sender.send(job)).is_ok(),
+        Err(_) => false,
+    };
+    if !sent {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the model is not running", None);
     }
     app.metrics.prompt(prompt.len());
@@ -258,66 +281,67 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let id = response_id(if chat { "chatcmpl" } else { "cmpl" });
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
-    let mut detokenizer = Detokenizer::new(stops);
-    let mut answer_of_chat =
-        ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(&tools)) };
+    let mut choices: Vec<Choice> = receivers.iter().map(|_| Choice::new(&stops, thinking, &tools)).collect();
     if stream {
-        let mut ended = false;
-        let mut streamed = 0;
-        // The tokens of the answer, once it ended well: the usage chunk's.
+        let mut failed = false;
+        // The tokens of the answer, once every choice ended well: the usage
+        // chunk's.
         let answered = Arc::new(std::sync::Mutex::new(None::<usize>));
         let answer_tokens = answered.clone();
         let usage_field = if stream_usage { Some(Value::Null) } else { None };
         let (usage_id, usage_model, prompt_tokens) = (id.clone(), model.clone(), prompt.len());
-        let events = UnboundedReceiverStream::new(receiver).map_while(move |update| {
+        let mut updates = tokio_stream::StreamMap::new();
+        for (index, receiver) in receivers.into_iter().enumerate() {
+            updates.insert(index, UnboundedReceiverStream::new(receiver));
+        }
+        let events = updates.map_while(move |(index, update)| {
             // Dropping the stream (here, or when the client goes) drops
-            // the receiver, which frees the row.
+            // the receivers, which frees the rows.
             let _admitted = &admitted;
-            if ended {
-                return None;
+            if failed || choices[index].ended {
+                return if failed { None } else { Some(None) };
             }
             let text = app.served.text.as_ref();
+            let choice = &mut choices[index];
             let mut logprobs = Value::Null;
             let (piece, finish) = match update {
                 Update::Token(token, found) => {
                     clock.tick(&app.metrics);
                     if let Some(found) = found {
-                        logprobs = logprobs_json(text, &[(token, found)], chat, streamed);
+                        logprobs = logprobs_json(text, &[(token, found)], chat, choice.streamed);
                     }
-                    let (piece, stopped) = detokenizer.push(text, token);
-                    streamed += piece.len();
+                    let (piece, stopped) = choice.detokenizer.push(text, token);
+                    choice.streamed += piece.len();
                     (piece, if stopped { json!("stop") } else { Value::Null })
                 }
-                Update::Finished(reason) => (detokenizer.finish(text), json!(reason)),
+                Update::Finished(reason) => (choice.detokenizer.finish(text), json!(reason)),
                 Update::Failed(message) => {
                     // After the stream started, a failure is an error
                     // object in the stream, as OpenAI's API sends it,
                     // never text in the answer.
-                    ended = true;
+                    failed = true;
                     let failure = error_object(StatusCode::INTERNAL_SERVER_ERROR, message, None);
-                    return Some(Ok::<_, std::convert::Infallible>(Event::default().data(failure.to_string())));
+                    return Some(Some(Ok::<_, std::convert::Infallible>(Event::default().data(failure.to_string()))));
                 }
             };
-            ended = !finish.is_null();
-            if ended {
-                *answer_tokens.lock().expect("not poisoned") = Some(detokenizer.ids().len());
-            }
-            let choice = if chat {
-                let (parts, calls) = if finish.is_null() {
-                    (answer_of_chat.push(&piece), Vec::new())
-                } else {
-                    answer_of_chat.finish(&piece)
-                };
+            choice.ended = !finish.is_null();
+            let delta = if chat {
+                let (parts, calls) =
+                    if finish.is_null() { (choice.chat.push(&piece), Vec::new()) } else { choice.chat.finish(&piece) };
                 let finish = finish_reason(finish, &calls);
-                json!({ "index": 0, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish })
+                json!({ "index": index, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish })
             } else {
-                json!({ "index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish })
+                json!({ "index": index, "text": piece, "logprobs": logprobs, "finish_reason": finish })
             };
-            let mut chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [choice] });
+            if choices.iter().all(|choice| choice.ended) {
+                let tokens = choices.iter().map(|choice| choice.detokenizer.ids().len()).sum();
+                *answer_tokens.lock().expect("not poisoned") = Some(tokens);
+            }
+            let mut chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [delta] });
             if let Some(usage) = &usage_field {
                 chunk["usage"] = usage.clone();
             }
-            Some(Ok(Event::default().data(chunk.to_string())))
+            Some(Some(Ok(Event::default().data(chunk.to_string()))))
         });
         // Asked for, and the answer ended well: its usage, in a last chunk
         // without choices, as OpenAI's API sends it.
@@ -329,52 +353,59 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         })
         .flatten();
         let done = tokio_stream::once(Ok(Event::default().data("[DONE]")));
+        let events = events.filter_map(|event| event);
         return Sse::new(events.chain(tokio_stream::iter(usage)).chain(done)).into_response();
     }
     let text = app.served.text.as_ref();
-    let mut answer = String::new();
-    let mut finish = "length";
-    let mut found_logprobs = Vec::new();
-    while let Some(update) = receiver.recv().await {
-        match update {
-            Update::Token(token, found) => {
-                clock.tick(&app.metrics);
-                found_logprobs.extend(found.map(|found| (token, found)));
-                let (piece, stopped) = detokenizer.push(text, token);
-                answer.push_str(&piece);
-                if stopped {
-                    finish = "stop";
+    let mut answers = Vec::with_capacity(choices.len());
+    let mut completion_tokens = 0;
+    for (index, (mut receiver, choice)) in receivers.into_iter().zip(&mut choices).enumerate() {
+        let mut answer = String::new();
+        let mut finish = "length";
+        let mut found_logprobs = Vec::new();
+        while let Some(update) = receiver.recv().await {
+            match update {
+                Update::Token(token, found) => {
+                    clock.tick(&app.metrics);
+                    found_logprobs.extend(found.map(|found| (token, found)));
+                    let (piece, stopped) = choice.detokenizer.push(text, token);
+                    answer.push_str(&piece);
+                    if stopped {
+                        finish = "stop";
+                        break;
+                    }
+                }
+                Update::Finished(reason) => {
+                    finish = reason;
+                    answer.push_str(&choice.detokenizer.finish(text));
                     break;
                 }
+                Update::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message, None),
             }
-            Update::Finished(reason) => {
-                finish = reason;
-                answer.push_str(&detokenizer.finish(text));
-                break;
-            }
-            Update::Failed(message) => return error(StatusCode::INTERNAL_SERVER_ERROR, message, None),
         }
+        drop(receiver);
+        if text.is_none() {
+            answer.clear();
+        }
+        let ids = choice.detokenizer.ids();
+        completion_tokens += ids.len();
+        found_logprobs.truncate(ids.len());
+        let logprobs = if found_logprobs.is_empty() && !asked_logprobs {
+            Value::Null
+        } else {
+            logprobs_json(text, &found_logprobs, chat, 0)
+        };
+        answers.push(if chat {
+            let (parts, calls) = choice.chat.finish(&answer);
+            let finish = finish_reason(json!(finish), &calls);
+            json!({ "index": index, "message": message(parts, &calls, false), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
+        } else {
+            json!({ "index": index, "text": answer, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
+        });
     }
-    drop((receiver, admitted));
-    if text.is_none() {
-        answer.clear();
-    }
-    let ids = detokenizer.ids();
-    found_logprobs.truncate(ids.len());
-    let logprobs = if found_logprobs.is_empty() && !asked_logprobs {
-        Value::Null
-    } else {
-        logprobs_json(text, &found_logprobs, chat, 0)
-    };
-    let choice = if chat {
-        let (parts, calls) = answer_of_chat.finish(&answer);
-        let finish = finish_reason(json!(finish), &calls);
-        json!({ "index": 0, "message": message(parts, &calls, false), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
-    } else {
-        json!({ "index": 0, "text": answer, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
-    };
-    let usage = usage_json(prompt.len(), ids.len());
-    Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage }))
+    drop(admitted);
+    let usage = usage_json(prompt.len(), completion_tokens);
+    Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": answers, "usage": usage }))
         .into_response()
 }
 

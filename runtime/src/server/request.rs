@@ -16,14 +16,19 @@ pub struct Request {
     /// The tools the model may call (the chat API's `tools`), whose calls
     /// the answer is read for.
     pub tools: Vec<Value>,
-    pub job: Job,
+    /// One job per choice (`n`), each with its own seed.
+    pub jobs: Vec<Job>,
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub stream_usage: bool,
     /// Stop strings: the answer ends before the first one generated.
     pub stops: Vec<String>,
-    pub receiver: UnboundedReceiver<Update>,
+    /// Each choice's updates, in the order of `jobs`.
+    pub receivers: Vec<UnboundedReceiver<Update>>,
 }
+
+/// The most choices a request may ask for (each takes a row).
+const MOST_CHOICES: u64 = 16;
 
 /// A field that must be a number in a range, or absent.
 fn number(body: &Value, name: &str, default: f64, range: std::ops::RangeInclusive<f64>) -> Result<f64, Response> {
@@ -62,8 +67,7 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 7] = [
-    ("n", |v| v.as_f64() == Some(1.0)),
+const NOT_YET: [(&str, Unasked); 6] = [
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("echo", |v| v == &Value::Bool(false)),
     ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
@@ -162,9 +166,26 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
     let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let logprobs = logprobs(body, chat)?;
     let tools = tools(body, chat)?;
-    let (updates, receiver) = unbounded_channel();
-    let job = Job { prompt: prompt.clone(), max_tokens, sampling, seed, stop, logprobs, updates };
-    Ok(Request { prompt, tools, job, stream, stream_usage, stops, receiver })
+    let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
+    // Choice `i` samples from `seed + i`: the first is the answer `n: 1`
+    // gives, and the same request gives the same choices.
+    let (jobs, receivers) = (0..choices)
+        .map(|choice| {
+            let (updates, receiver) = unbounded_channel();
+            let seed = seed.wrapping_add(choice);
+            let job = Job {
+                prompt: prompt.clone(),
+                max_tokens,
+                sampling: sampling.clone(),
+                seed,
+                stop: stop.clone(),
+                logprobs,
+                updates,
+            };
+            (job, receiver)
+        })
+        .unzip();
+    Ok(Request { prompt, tools, jobs, stream, stream_usage, stops, receivers })
 }
 
 /// `stream_options: {"include_usage": bool}`, which only a stream takes.
