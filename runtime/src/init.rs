@@ -40,6 +40,18 @@ pub fn copy_text_files(package: &Path, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Every parameter has a tensor name in `bindings`, or the error naming
+/// those that have none.
+pub fn every_param_bound(model: &Model, bindings: &HashMap<String, String>) -> Result<(), String> {
+    let missing: Vec<&str> =
+        model.params.iter().filter(|p| !bindings.contains_key(&p.path)).map(|p| p.path.as_str()).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("bindings.json names no tensor for: {}", missing.join(", ")))
+    }
+}
+
 /// The bytes free on the file system that holds `dir`.
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -92,11 +104,7 @@ pub fn write(
     dir: &Path,
 ) -> Result<usize, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let missing: Vec<&str> =
-        model.params.iter().filter(|p| !bindings.contains_key(&p.path)).map(|p| p.path.as_str()).collect();
-    if !missing.is_empty() {
-        return Err(format!("bindings.json names no tensor for: {}", missing.join(", ")));
-    }
+    every_param_bound(model, bindings)?;
     let shards = shards.clamp(1, model.params.len().max(1));
     let per_shard = model.params.len().div_ceil(shards).max(1);
     let mut headers = Vec::new();

@@ -113,11 +113,7 @@ fn human(bytes: u64) -> String {
 
 /// What each parameter becomes: its checkpoint name and storage.
 fn plan(model: &Model, bindings: &HashMap<String, String>, recipe: Recipe) -> Result<Vec<Planned>, String> {
-    let missing: Vec<&str> =
-        model.params.iter().filter(|p| !bindings.contains_key(&p.path)).map(|p| p.path.as_str()).collect();
-    if !missing.is_empty() {
-        return Err(format!("bindings.json names no tensor for: {}", missing.join(", ")));
-    }
+    crate::init::every_param_bound(model, bindings)?;
     let layers = layer_count(model.params.iter().map(|p| bindings[&p.path].as_str()));
     Ok(model
         .params
