@@ -53,7 +53,7 @@ pub fn every_param_bound(model: &Model, bindings: &HashMap<String, String>) -> R
 }
 
 /// The bytes free on the file system that holds `dir`.
-fn free_bytes(dir: &Path) -> Option<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();

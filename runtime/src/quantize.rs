@@ -11,7 +11,7 @@ use linnet_exec::tensor::Tensor;
 use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_ir::{Dtype, Model, Param};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Which format each tensor gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,11 +159,49 @@ fn write(
     mut values_of: impl FnMut(usize) -> Result<Vec<f32>, String>,
 ) -> Result<Summary, String> {
     let planned = plan(model, bindings, recipe)?;
-    let mut writer = gguf::Writer::create(out, &metadata(model, recipe), &planned)?;
+    let needed: u64 = model
+        .params
+        .iter()
+        .zip(&planned)
+        .filter_map(|(param, planned)| {
+            planned
+                .storage
+                .bytes(param.shape.iter().product::<usize>() as u64, planned.shape.last().copied().unwrap_or(1))
+        })
+        .sum();
+    let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if let Some(free) = crate::init::free_bytes(folder) {
+        if needed > free {
+            return Err(format!("the file takes about {needed} bytes and {} has {free} free", folder.display()));
+        }
+    }
+    // Written aside and renamed into place: a failure leaves no half file.
+    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let written = write_to(model, &planned, recipe, &partial, &mut values_of);
+    match written {
+        Ok(summary) => {
+            std::fs::rename(&partial, out).map_err(|e| format!("{}: {e}", out.display()))?;
+            Ok(summary)
+        }
+        Err(problem) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(problem)
+        }
+    }
+}
+
+fn write_to(
+    model: &Model,
+    planned: &[Planned],
+    recipe: Recipe,
+    out: &Path,
+    values_of: &mut impl FnMut(usize) -> Result<Vec<f32>, String>,
+) -> Result<Summary, String> {
+    let mut writer = gguf::Writer::create(out, &metadata(model, recipe), planned)?;
     let progress =
         indicatif::ProgressBar::new(planned.len() as u64).with_message(format!("quantizing to {}", recipe.name()));
     let mut summary = Summary::default();
-    for (at, (param, planned)) in model.params.iter().zip(&planned).enumerate() {
+    for (at, (param, planned)) in model.params.iter().zip(planned).enumerate() {
         let values = values_of(at)?;
         let bytes = encode(param, &values, planned.storage)?;
         writer.write_tensor(&bytes)?;

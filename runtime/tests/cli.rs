@@ -353,6 +353,7 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
         }
     }
     assert!(quantized >= 90, "{quantized} tensors quantized");
+    assert!(!PathBuf::from(format!("{}.partial", out.display())).exists(), "written aside, then renamed");
     std::fs::remove_file(&out).unwrap();
 
     let refused = linnet(&["quantize", "--type", "q5_k", "-o", out.to_str().unwrap()]);
