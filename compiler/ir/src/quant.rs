@@ -16,10 +16,10 @@
 //!
 //! [`quantize`] writes Q8_0 exactly as llama.cpp's reference quantizer
 //! does. For Q4_K and Q6_K it is Linnet's own: each group's range (Q4_K)
-//! or extreme (Q6_K) sets its scale, the scales are quantized, and the
-//! values are rounded with the quantized scales. It is simpler than
-//! llama.cpp's iterative search, so its files are a little less accurate;
-//! they are valid blocks, read the same by both.
+//! or extreme (Q6_K) sets its scale, refined by a few rounds of least
+//! squares, the scales are quantized, and the values are rounded with the
+//! quantized scales. It is not llama.cpp's search, so the files differ in
+//! their bytes; they are valid blocks, read the same by both.
 
 use crate::numerics::{f16_bits, f16_value};
 use serde::{Deserialize, Serialize};
@@ -198,16 +198,13 @@ fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Each group of 32 spans `[-offset, 15 · step - offset]`, its lowest value
-/// (or zero, if all are positive) at the bottom.
+/// Each group of 32 spans `[-offset, 15 · step - offset]` ([`fit_affine`]);
+/// the steps and offsets are 6-bit multiples of `d` and `dmin`.
 fn quantize_q4_k(values: &[f32], block: &mut [u8]) {
     let mut steps = [0f32; 8];
     let mut offsets = [0f32; 8];
     for (group, values) in values.chunks_exact(32).enumerate() {
-        let low = values.iter().fold(0f32, |m, v| m.min(*v));
-        let high = values.iter().fold(f32::MIN, |m, v| m.max(*v));
-        steps[group] = (high - low).max(0.0) / 15.0;
-        offsets[group] = -low;
+        (steps[group], offsets[group]) = fit_affine(values, 15.0);
     }
     let d = put_half(block, 0, steps.iter().fold(0f32, |m, s| m.max(*s)) / 63.0);
     let dmin = put_half(block, 2, offsets.iter().fold(0f32, |m, s| m.max(*s)) / 63.0);
@@ -235,6 +232,76 @@ fn quantize_q4_k(values: &[f32], block: &mut [u8]) {
     }
 }
 
+/// A group's step and offset for levels `0..=top` (`value ≈ step · q −
+/// offset`, the offset at least 0): from the group's range, then refined
+/// by least squares on the levels that range gives, kept only where it
+/// lowers the squared error.
+fn fit_affine(values: &[f32], top: f32) -> (f32, f32) {
+    let low = values.iter().fold(0f32, |m, v| m.min(*v));
+    let high = values.iter().fold(f32::MIN, |m, v| m.max(*v));
+    let mut best = ((high - low).max(0.0) / top, -low);
+    let error = |(step, offset): (f32, f32)| -> f32 {
+        values
+            .iter()
+            .map(|v| {
+                let q = if step > 0.0 { ((v + offset) / step).round().clamp(0.0, top) } else { 0.0 };
+                (step * q - offset - v).powi(2)
+            })
+            .sum()
+    };
+    let mut best_error = error(best);
+    for _ in 0..4 {
+        let (step, offset) = best;
+        if step <= 0.0 {
+            break;
+        }
+        let levels: Vec<f32> = values.iter().map(|v| ((v + offset) / step).round().clamp(0.0, top)).collect();
+        let n = values.len() as f32;
+        let (mean_q, mean_v) = (levels.iter().sum::<f32>() / n, values.iter().sum::<f32>() / n);
+        let covariance: f32 = levels.iter().zip(values).map(|(q, v)| (q - mean_q) * (v - mean_v)).sum();
+        let variance: f32 = levels.iter().map(|q| (q - mean_q).powi(2)).sum();
+        if variance <= 0.0 {
+            break;
+        }
+        let fitted_step = covariance / variance;
+        let fitted = (fitted_step, (fitted_step * mean_q - mean_v).max(0.0));
+        let fitted_error = error(fitted);
+        if !(fitted.0 > 0.0 && fitted_error < best_error) {
+            break;
+        }
+        (best, best_error) = (fitted, fitted_error);
+    }
+    best
+}
+
+/// A group's step for levels `-32..=31` (`value ≈ step · q`): its value
+/// of largest magnitude at -32, then refined by least squares on the
+/// levels that gives, kept only where it lowers the squared error.
+fn fit_symmetric(values: &[f32]) -> f32 {
+    let extreme = values.iter().fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+    let levels = |step: f32| values.iter().map(move |v| (v / step).round().clamp(-32.0, 31.0));
+    let error = |step: f32| -> f32 {
+        if step == 0.0 {
+            return values.iter().map(|v| v * v).sum();
+        }
+        levels(step).zip(values).map(|(q, v)| (step * q - v).powi(2)).sum()
+    };
+    let (mut best, mut best_error) = (extreme / -32.0, error(extreme / -32.0));
+    for _ in 0..4 {
+        if best == 0.0 {
+            break;
+        }
+        let (products, squares) = levels(best).zip(values).fold((0f32, 0f32), |(p, s), (q, v)| (p + q * v, s + q * q));
+        let fitted = if squares > 0.0 { products / squares } else { break };
+        let fitted_error = error(fitted);
+        if !(fitted != 0.0 && fitted_error < best_error) {
+            break;
+        }
+        (best, best_error) = (fitted, fitted_error);
+    }
+    best
+}
+
 fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
     let (low, high, scales) = (&block[0..128], &block[128..192], &block[192..208]);
     let d = half(block, 208);
@@ -256,13 +323,12 @@ fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Each group of 16 maps its value of largest magnitude to -32; the group
-/// scales are `i8` steps of `d`, the largest mapped to -128.
+/// Each group of 16 gets its step ([`fit_symmetric`]); the group scales
+/// are `i8` steps of `d`, the largest mapped to -128.
 fn quantize_q6_k(values: &[f32], block: &mut [u8]) {
     let mut group_scales = [0f32; 16];
     for (group, values) in values.chunks_exact(16).enumerate() {
-        let extreme = values.iter().fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
-        group_scales[group] = extreme / -32.0;
+        group_scales[group] = fit_symmetric(values);
     }
     let largest = group_scales.iter().fold(0f32, |m, s| if s.abs() > m.abs() { *s } else { m });
     let d = put_half(block, 208, largest / -128.0);
@@ -334,6 +400,27 @@ mod tests {
                     assert!((a - b).abs() <= bound, "{format}: {a} came back as {b} (bound {bound})");
                 }
             }
+        }
+    }
+
+    /// Bell-shaped values (a sum of four uniforms), as weights are.
+    fn bell(len: usize) -> Vec<f32> {
+        let uniform = sample(len * 4, 11);
+        uniform.chunks(4).map(|four| four.iter().map(|v| v.clamp(-5.0, 5.0)).sum()).collect()
+    }
+
+    /// The error of each format on bell-shaped values, relative to their
+    /// spread: what a quantized model's weights lose.
+    #[test]
+    fn each_format_keeps_its_share_of_the_signal() {
+        let values = bell(1 << 16);
+        let mean = values.iter().sum::<f32>() / values.len() as f32;
+        let spread = (values.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / values.len() as f32).sqrt();
+        for (format, most) in [(BlockFormat::Q8_0, 0.005), (BlockFormat::Q6K, 0.016), (BlockFormat::Q4K, 0.065)] {
+            let back = round_trip(format, &values);
+            let squared: f32 = values.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum();
+            let relative = (squared / values.len() as f32).sqrt() / spread;
+            assert!(relative < most, "{format}: rmse/σ {relative:.4}, more than {most}");
         }
     }
 
