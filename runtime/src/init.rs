@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 
-fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
+/// Values as little-endian elements of `dtype` (bf16 and f16 rounded to
+/// nearest; any other dtype f32).
+pub(crate) fn bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
         Dtype::F16 => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),

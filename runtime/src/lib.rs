@@ -115,15 +115,8 @@ pub fn load_on(
         Weights::Checkpoint { dir: given, non_finite } => {
             let source = &manifest.weights;
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
-            let params =
-                weights::load(model, &built.bindings(), &found, &source.files, *non_finite).map_err(|problems| {
-                    format!(
-                        "the weights in {} do not fit `{}`:\n  {}",
-                        found.display(),
-                        model.name,
-                        problems.join("\n  ")
-                    )
-                })?;
+            let params = weights::load(model, &built.bindings(), &found, &source.files, *non_finite)
+                .map_err(|problems| weights::unfit(&found, model, &problems))?;
             // A GGUF file's tokenizer files are the ones beside it.
             let text = text::TextModel::load(if found.is_file() { found.parent().unwrap_or(&found) } else { &found })?;
             let machine = machine(&built, &dir, params, backend, device)?;

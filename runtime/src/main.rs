@@ -447,14 +447,7 @@ fn main() -> ExitCode {
                 let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
                 let files = card.map(|n| n.weight_files.clone()).unwrap_or_default();
                 let params = linnet_runtime::weights::load(&model, &bindings, &dir, &files, NonFinite::Refuse)
-                    .map_err(|problems| {
-                        format!(
-                            "the weights in {} do not fit `{}`:\n  {}",
-                            dir.display(),
-                            model.name,
-                            problems.join("\n  ")
-                        )
-                    })?;
+                    .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
                 let summary = linnet_runtime::quantize::from_params(&model, &bindings, &params, recipe, &output)?;
                 println!(
                     "quantized `{}` to {} in {}\n{}",

@@ -9,7 +9,7 @@
 use crate::gguf::{self, Meta, Planned, Storage};
 use linnet_exec::tensor::Tensor;
 use linnet_ir::quant::{quantize, BlockFormat};
-use linnet_ir::{Dtype, Model, Param};
+use linnet_ir::{Model, Param};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -133,9 +133,7 @@ fn plan(model: &Model, bindings: &HashMap<String, String>, recipe: Recipe) -> Re
 fn encode(param: &Param, values: &[f32], storage: Storage) -> Result<Vec<u8>, String> {
     Ok(match storage {
         Storage::Blocks(format) => quantize(format, values).map_err(|e| format!("`{}`: {e}", param.path))?,
-        Storage::Plain(Dtype::Bf16) => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-        Storage::Plain(Dtype::F16) => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-        Storage::Plain(Dtype::F32) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Storage::Plain(dtype) if dtype.is_float() => crate::init::bytes(values, dtype),
         Storage::Plain(other) => return Err(format!("`{}` is {other:?}: not a weight to store", param.path)),
     })
 }
@@ -159,22 +157,6 @@ fn write(
     mut values_of: impl FnMut(usize) -> Result<Vec<f32>, String>,
 ) -> Result<Summary, String> {
     let planned = plan(model, bindings, recipe)?;
-    let needed: u64 = model
-        .params
-        .iter()
-        .zip(&planned)
-        .filter_map(|(param, planned)| {
-            planned
-                .storage
-                .bytes(param.shape.iter().product::<usize>() as u64, planned.shape.last().copied().unwrap_or(1))
-        })
-        .sum();
-    let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if let Some(free) = crate::init::free_bytes(folder) {
-        if needed > free {
-            return Err(format!("the file takes about {needed} bytes and {} has {free} free", folder.display()));
-        }
-    }
     // Written aside and renamed into place: a failure leaves no half file.
     let partial = PathBuf::from(format!("{}.partial", out.display()));
     let written = write_to(model, &planned, recipe, &partial, &mut values_of);
@@ -239,17 +221,7 @@ pub fn random(
     recipe: Recipe,
     out: &Path,
 ) -> Result<Summary, String> {
-    write(model, bindings, recipe, out, |at| {
-        let mut draw = crate::random::Draw::new(&model.params[at], seed, at);
-        let (mut all, mut chunk) = (Vec::new(), Vec::new());
-        loop {
-            draw.next_chunk(1 << 20, &mut chunk);
-            if chunk.is_empty() {
-                return Ok(all);
-            }
-            all.extend_from_slice(&chunk);
-        }
-    })
+    write(model, bindings, recipe, out, |at| crate::random::values(&model.params[at], seed, at))
 }
 
 #[cfg(test)]

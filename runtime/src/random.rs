@@ -43,29 +43,37 @@ enum Drawn {
     Bits(Vec<u16>),
 }
 
+fn refused(param: &Param) -> String {
+    let count: usize = param.shape.iter().product();
+    format!("cannot hold `{}` ({count} values of {}) in memory", param.path, param.dtype.name())
+}
+
 /// One parameter's values in memory, or why they cannot be held.
 fn draw(param: &Param, seed: u64, index: usize) -> Result<Drawn, String> {
-    let count: usize = param.shape.iter().product();
-    let refused = || format!("cannot hold `{}` ({count} values of {}) in memory", param.path, param.dtype.name());
-    let mut draw = Draw::new(param, seed, index);
-    let mut chunk = Vec::new();
-    if param.dtype == Dtype::Bf16 {
-        let mut bits = Vec::new();
-        bits.try_reserve_exact(count).map_err(|_| refused())?;
-        while draw.left > 0 {
-            draw.next_chunk(1 << 20, &mut chunk);
-            bits.extend(chunk.iter().map(|v| bf16_bits(*v)));
-        }
-        Ok(Drawn::Bits(bits))
-    } else {
-        let mut values = Vec::new();
-        values.try_reserve_exact(count).map_err(|_| refused())?;
-        while draw.left > 0 {
-            draw.next_chunk(1 << 20, &mut chunk);
-            values.extend_from_slice(&chunk);
-        }
-        Ok(Drawn::Floats(values))
+    if param.dtype != Dtype::Bf16 {
+        return values(param, seed, index).map(Drawn::Floats);
     }
+    let mut draw = Draw::new(param, seed, index);
+    let (mut bits, mut chunk) = (Vec::new(), Vec::new());
+    bits.try_reserve_exact(draw.left).map_err(|_| refused(param))?;
+    while draw.left > 0 {
+        draw.next_chunk(1 << 20, &mut chunk);
+        bits.extend(chunk.iter().map(|v| bf16_bits(*v)));
+    }
+    Ok(Drawn::Bits(bits))
+}
+
+/// Parameter number `index`'s values as drawn (not rounded to its dtype),
+/// or why they cannot be held in memory.
+pub fn values(param: &Param, seed: u64, index: usize) -> Result<Vec<f32>, String> {
+    let mut draw = Draw::new(param, seed, index);
+    let (mut values, mut chunk) = (Vec::new(), Vec::new());
+    values.try_reserve_exact(draw.left).map_err(|_| refused(param))?;
+    while draw.left > 0 {
+        draw.next_chunk(1 << 20, &mut chunk);
+        values.extend_from_slice(&chunk);
+    }
+    Ok(values)
 }
 
 /// Every parameter of `model`, drawn in parallel, bf16 ones held as their

@@ -116,7 +116,8 @@ fn dtype_of(dtype: safetensors::Dtype) -> Option<Dtype> {
     })
 }
 
-fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
+/// Little-endian f32, f16 or bf16 elements, exactly as f32.
+pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
     match dtype {
         Dtype::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
@@ -330,6 +331,12 @@ pub fn load(
     } else {
         Err(problems)
     }
+}
+
+/// Why the weights in `dir` do not fit `model`: every problem [`load`]
+/// found, one a line.
+pub fn unfit(dir: &Path, model: &Model, problems: &[String]) -> String {
+    format!("the weights in {} do not fit `{}`:\n  {}", dir.display(), model.name, problems.join("\n  "))
 }
 
 /// `want` matches the parameter's shape and dtype, or the problem.

@@ -113,11 +113,10 @@ impl fmt::Display for RaggedRow {
 
 /// Writes the values `blocks` stores into `out` (`out.len()` values).
 pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result<(), RaggedRow> {
-    let (values, bytes) = (format.block_values(), format.block_bytes());
-    if !out.len().is_multiple_of(values) || blocks.len() != out.len() / values * bytes {
+    if format.row_bytes(out.len()) != Some(blocks.len()) {
         return Err(RaggedRow { format, len: blocks.len() });
     }
-    for (block, out) in blocks.chunks_exact(bytes).zip(out.chunks_exact_mut(values)) {
+    for (block, out) in blocks.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(format.block_values())) {
         match format {
             BlockFormat::Q8_0 => dequantize_q8_0(block, out),
             BlockFormat::Q4K => dequantize_q4_k(block, out),
@@ -129,12 +128,9 @@ pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result
 
 /// The blocks that store `values` (a whole number of blocks).
 pub fn quantize(format: BlockFormat, values: &[f32]) -> Result<Vec<u8>, RaggedRow> {
-    let (unit, bytes) = (format.block_values(), format.block_bytes());
-    if !values.len().is_multiple_of(unit) {
-        return Err(RaggedRow { format, len: values.len() });
-    }
-    let mut out = vec![0u8; values.len() / unit * bytes];
-    for (block, values) in out.chunks_exact_mut(bytes).zip(values.chunks_exact(unit)) {
+    let len = format.row_bytes(values.len()).ok_or(RaggedRow { format, len: values.len() })?;
+    let mut out = vec![0u8; len];
+    for (block, values) in out.chunks_exact_mut(format.block_bytes()).zip(values.chunks_exact(format.block_values())) {
         match format {
             BlockFormat::Q8_0 => quantize_q8_0(values, block),
             BlockFormat::Q4K => quantize_q4_k(values, block),

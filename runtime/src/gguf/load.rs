@@ -31,12 +31,8 @@ fn values(param: &Param, name: &str, storage: Storage, bytes: &[u8]) -> Result<V
             param.path,
             dtype.name()
         )),
-        (Storage::Plain(stored), wanted) if stored == wanted || stored.is_float() && wanted == Dtype::F32 => {
-            Ok(match stored {
-                Dtype::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-                Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-                _ => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            })
+        (Storage::Plain(stored), wanted) if stored.is_float() && (stored == wanted || wanted == Dtype::F32) => {
+            Ok(crate::weights::to_f32(stored, bytes))
         }
         (Storage::Plain(stored), wanted) => {
             Err(format!("`{name}` is {}, and `{}` is {}", stored.name(), param.path, wanted.name()))

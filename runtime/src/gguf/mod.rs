@@ -66,9 +66,8 @@ impl Storage {
         match self {
             Storage::Plain(dtype) => elements.checked_mul(dtype.bytes() as u64),
             Storage::Blocks(format) => {
-                let unit = format.block_values() as u64;
-                row.is_multiple_of(unit).then_some(())?;
-                (elements / unit).checked_mul(format.block_bytes() as u64)
+                format.row_bytes(usize::try_from(row).ok()?)?;
+                (elements / format.block_values() as u64).checked_mul(format.block_bytes() as u64)
             }
         }
     }

@@ -51,7 +51,8 @@ fn put_value(out: &mut Vec<u8>, value: &Meta) {
 impl Writer {
     /// Creates `path` and writes the header, `metadata` and the table of
     /// `tensors`. A tensor whose rows its storage cannot hold is refused,
-    /// by name, before anything is written.
+    /// by name, and a file larger than the disk's free space, before
+    /// anything is written.
     pub fn create(path: &Path, metadata: &[(String, Meta)], tensors: &[Planned]) -> Result<Writer, String> {
         let alignment = DEFAULT_ALIGNMENT;
         let mut head = Vec::new();
@@ -90,6 +91,17 @@ impl Writer {
             offset += bytes.div_ceil(alignment) * alignment;
         }
         head.resize(head.len().div_ceil(alignment as usize) * alignment as usize, 0);
+        let needed = head.len() as u64 + offset;
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if let Some(free) = crate::init::free_bytes(folder) {
+            if needed > free {
+                return Err(format!(
+                    "{} would take {needed} bytes and {} has {free} free",
+                    path.display(),
+                    folder.display()
+                ));
+            }
+        }
         let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         out.write_all(&head).map_err(|e| format!("{}: {e}", path.display()))?;

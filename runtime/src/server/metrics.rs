@@ -79,21 +79,29 @@ impl Metrics {
         for ((endpoint, status), count) in self.requests.lock().expect("metrics").iter() {
             let _ = writeln!(out, "linnet_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {count}");
         }
-        let counters = [
-            ("linnet_prompt_tokens_total", "Prompt tokens of requests admitted.", &self.prompt_tokens),
-            ("linnet_generation_tokens_total", "Tokens generated.", &self.generated_tokens),
+        let samples = [
+            (
+                "linnet_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of requests admitted.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "linnet_generation_tokens_total",
+                "counter",
+                "Tokens generated.",
+                self.generated_tokens.load(Ordering::Relaxed),
+            ),
+            ("linnet_requests_running", "gauge", "Rows decoding now.", load.running.load(Ordering::Relaxed) as u64),
+            (
+                "linnet_requests_waiting",
+                "gauge",
+                "Requests waiting for a row.",
+                load.waiting.load(Ordering::Relaxed) as u64,
+            ),
         ];
-        for (name, help, value) in counters {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
-        }
-        let gauges = [
-            ("linnet_requests_running", "Rows decoding now.", &load.running),
-            ("linnet_requests_waiting", "Requests waiting for a row.", &load.waiting),
-        ];
-        for (name, help, value) in gauges {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", value.load(Ordering::Relaxed));
+        for (name, kind, help, value) in samples {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
         self.first_token.lock().expect("metrics").write(
             &mut out,

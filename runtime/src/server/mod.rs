@@ -298,8 +298,11 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
             // Dropping the stream (here, or when the client goes) drops
             // the receivers, which frees the rows.
             let _admitted = &admitted;
-            if failed || choices[index].ended {
-                return if failed { None } else { Some(None) };
+            if failed {
+                return None;
+            }
+            if choices[index].ended {
+                return Some(None);
             }
             let text = app.served.text.as_ref();
             let choice = &mut choices[index];

@@ -5,8 +5,7 @@
 //! other block's clauses follow from the root's. Then `bindings.json` must
 //! name a checkpoint tensor for every parameter of this instantiation.
 
-use super::program::GenericSig;
-use super::program::{Clause, ItemRef, Program};
+use super::program::{Clause, GenericSig, ItemRef, Program};
 use super::suggest;
 use super::ty::{Elem, SubTy, Subst, Ty};
 use crate::diagnostic::Diagnostic;
