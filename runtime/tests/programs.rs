@@ -229,7 +229,7 @@ fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
                   pub block Prog<H: Dim, T: Float> {\n    sub checks: [Check<H, T>; 2]\n\n    \
                   pub entry run<N: Dim>(x: Tensor[N, H; f32]) -> f32 {\n        var total = cast<f32>(0.0)\n        \
                   static for check in checks {\n            total = total + check.total(x)\n        }\n        return total\n    }\n}\n";
-    let dir = package(9_001, source);
+    let dir = package(9_002, source);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|checked| panic!("lowers: {:?}", checked.diagnostics));
