@@ -68,3 +68,34 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
     tracing::info!(artifact = %dir.display(), seconds = started.elapsed().as_secs_f64(), "built");
     Ok(dir)
 }
+
+/// The artifact of `base` for a checkpoint that stores the
+/// parameters of `formats` in those block formats: built beside it on
+/// first use in the cache, keyed by `base`'s key and the formats, so that each
+/// quantization of a model has its own code.
+pub fn stored_variant(
+    _: &Path,
+    base: &linnet_artifact::Artifact,
+    formats: &std::collections::BTreeMap<String, linnet_ir::quant::BlockFormat>,
+) -> Result<PathBuf, String> {
+    let parts: Vec<(&str, &str)> = formats.iter().map(|(path, format)| (path.as_str(), format.name())).collect();
+    let key = linnet_artifact::variant_key(&base.manifest.key, &parts);
+    let variant = cache_dir()?.join(&key);
+    if linnet_artifact::is_artifact(&variant) {
+        return Ok(variant);
+    }
+    let model = base.model.clone().stored_as(formats).map_err(|problems| {
+        format!("the checkpoint's block formats do not fit the model:\n  {}", problems.join("\n  "))
+    })?;
+    let partial = variant.with_extension(format!("partial-{}", std::process::id()));
+    let started = std::time::Instant::now();
+    linnet_artifact::write_variant(base, &model, key, &partial)?;
+    if std::fs::rename(&partial, &variant).is_err() {
+        let _ = std::fs::remove_dir_all(&partial);
+        if !linnet_artifact::is_artifact(&variant) {
+            return Err(format!("cannot move the built artifact to {}", variant.display()));
+        }
+    }
+    tracing::info!(artifact = %variant.display(), seconds = started.elapsed().as_secs_f64(), "built for the checkpoint's block formats");
+    Ok(variant)
+}

@@ -107,14 +107,23 @@ pub fn load_on(
     // The device first, before the weights are read or drawn: a machine
     // without a GPU says so at once.
     let device = if backend == BackendKind::Cuda { Some(open_cuda()?) } else { None };
-    let dir = cache::artifact_for(package, options)?;
-    let built = artifact::read(&dir)?;
-    let Artifact { manifest, model } = &built;
+    let mut dir = cache::artifact_for(package, options)?;
+    let mut built = artifact::read(&dir)?;
     let params = match weights {
-        Weights::Random(seed) => random::params(model, *seed)?,
+        Weights::Random(seed) => random::params(&built.model, *seed)?,
         Weights::Checkpoint { dir: given, non_finite } => {
-            let source = &manifest.weights;
+            let source = built.manifest.weights.clone();
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
+            if weights::is_gguf(&found) {
+                // A quantized file's parameters are read in its blocks: the
+                // model is built for its formats.
+                let formats = gguf::load::formats(&built.model, &built.bindings(), &found)?;
+                if !formats.is_empty() {
+                    dir = cache::stored_variant(&dir, &built, &formats)?;
+                    built = artifact::read(&dir)?;
+                }
+            }
+            let model = &built.model;
             let params = weights::load(model, &built.bindings(), &found, &source.files, *non_finite)
                 .map_err(|problems| weights::unfit(&found, model, &problems))?;
             // A GGUF file's tokenizer files are the ones beside it.

@@ -315,9 +315,9 @@ fn run(
 
 fn summary(tensor: &Tensor) -> String {
     let shape: Vec<String> = tensor.shape.iter().map(ToString::to_string).collect();
-    let values: Vec<f64> = match &tensor.data {
+    let values: Vec<f64> = match &tensor.widened().data {
         Data::F32(v) => v.iter().map(|x| *x as f64).collect(),
-        Data::Bf16(v) => v.iter().map(|x| linnet_ir::numerics::bf16_value(*x) as f64).collect(),
+        Data::Bf16(_) | Data::Blocks(..) => unreachable!("widened to f32"),
         Data::I64(v) => v.iter().map(|x| *x as f64).collect(),
         Data::Bool(v) => v.iter().map(|x| f64::from(u8::from(*x))).collect(),
     };

@@ -159,9 +159,9 @@ pub fn write(tensor: &Tensor) -> Vec<u8> {
     out.extend([1, 0]);
     out.extend((header.len() as u16).to_le_bytes());
     out.extend(header.as_bytes());
-    match &tensor.data {
+    match &tensor.widened().data {
         Data::F32(values) => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        Data::Bf16(bits) => bits.iter().for_each(|b| out.extend(linnet_ir::numerics::bf16_value(*b).to_le_bytes())),
+        Data::Bf16(_) | Data::Blocks(..) => unreachable!("widened to f32"),
         Data::I64(values) if tensor.dtype == Dtype::I32 => {
             values.iter().for_each(|v| out.extend((*v as i32).to_le_bytes()))
         }

@@ -255,7 +255,7 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let mut compiled = std::collections::HashMap::new();
     for entry in &model.entries {
         let analysis = Analysis::of(entry);
-        let code = linnet_cpu::native::jit(entry, &analysis, Elementwise::default()).unwrap();
+        let code = linnet_cpu::native::jit(&model.params, entry, &analysis, Elementwise::default()).unwrap();
         let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).count();
         assert_eq!(
             code.kernels.iter().flatten().count(),

@@ -20,6 +20,7 @@ use linnet_frontend::sema::footprint::human_bytes;
 use linnet_frontend::source::SourceMap;
 use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::Symbol;
+use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
 use linnet_ir::{plan, Model};
 use serde::{Deserialize, Serialize};
@@ -100,6 +101,10 @@ pub struct ParamRecord {
     pub tensor: Option<String>,
     pub shape: Vec<usize>,
     pub dtype: Dtype,
+    /// The block format it is stored in, for a quantized checkpoint's
+    /// build (`write_variant`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<BlockFormat>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,6 +185,20 @@ pub fn content_key(sources: &SourceMap) -> Result<String, String> {
     Ok(hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
+/// The key of a variant of the artifact keyed `base`: the same sources
+/// built with what `parts` says (a parameter's block format each).
+pub fn variant_key(base: &str, parts: &[(&str, &str)]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(base.as_bytes());
+    for (name, value) in parts {
+        for part in [name, value] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part.as_bytes());
+        }
+    }
+    hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 fn manifest(
     model: &Model,
     package: &Package,
@@ -242,6 +261,7 @@ fn manifest(
                 tensor: bindings.get(p.path.as_str()).map(|t| t.to_string()),
                 shape: p.shape.clone(),
                 dtype: p.dtype,
+                storage: p.storage,
             })
             .collect(),
         states: model
@@ -266,14 +286,42 @@ fn manifest(
 /// Compiles `model` and writes its artifact into `dir` (created if need
 /// be). Returns the manifest written.
 pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
+    let (ir, object, kernels) = compile(model)?;
+    let files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
+    let manifest = manifest(model, package, key, kernels, files)?;
+    store(dir, &ir, &object, manifest)
+}
+
+/// Compiles `model`, `base`'s model with its parameters stored as a
+/// checkpoint stores them (`Model::stored_as`), and writes its artifact,
+/// `base`'s manifest with the new code, storage and weight bytes, into
+/// `dir` under `key`.
+pub fn write_variant(base: &Artifact, model: &Model, key: String, dir: &Path) -> Result<Manifest, String> {
+    let (ir, object, kernels) = compile(model)?;
+    let mut manifest = base.manifest.clone();
+    manifest.key = key;
+    manifest.kernels = kernels;
+    manifest.files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
+    for (record, param) in manifest.params.iter_mut().zip(&model.params) {
+        record.storage = param.storage;
+    }
+    manifest.plan.weight_bytes = model.param_bytes();
+    store(dir, &ir, &object, manifest.sealed()?)
+}
+
+/// The IR's JSON, the object file, and the records of its kernels.
+fn compile(model: &Model) -> Result<(Vec<u8>, Vec<u8>, native::EntryKernels), String> {
     let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
     let (object, kernels) = native::emit_object(model, &analyses).map_err(|error| match error.entry {
         Some(entry) => BuildError::new("cpu", &model.entries[entry], error.node, error.message).to_string(),
         None => format!("the cpu backend cannot compile `{}`: {}", model.name, error.message),
     })?;
     let ir = serde_json::to_vec(model).map_err(|e| e.to_string())?;
-    let files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
-    let manifest = manifest(model, package, key, kernels, files)?;
+    Ok((ir, object, kernels))
+}
+
+/// Writes an artifact's files into `dir` (created if need be).
+fn store(dir: &Path, ir: &[u8], object: &[u8], manifest: Manifest) -> Result<Manifest, String> {
     let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());
     std::fs::create_dir_all(dir).map_err(|e| io("", e))?;
     std::fs::write(dir.join(IR), ir).map_err(|e| io(IR, e))?;

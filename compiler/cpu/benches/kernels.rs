@@ -11,7 +11,8 @@
 //! intrinsics, elementwise).
 
 use linnet_cpu::lowering::Elementwise;
-use linnet_cpu::matmul::{matmul_groups, matmul_on, Isa, Rows};
+use linnet_cpu::matmul::{matmul_groups, matmul_on, Isa, Matrix, Rows};
+use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_cpu::{backend, kernels};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::dim::Dim;
@@ -56,6 +57,20 @@ fn matrix_kernels() {
         let gbs = (columns * depth * 2) as f64 / seconds / 1e9;
         println!("matrix-vector bf16 {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of weights", isa.name());
     }
+    // The same head in each block format (quantized from the same values),
+    // read where it lies: GB/s of the blocks' bytes, and values per second.
+    let head: Vec<f32> = weight.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
+    for format in BlockFormat::ALL {
+        let blocks = quantize(format, &head).expect("rows of whole blocks");
+        for isa in Isa::available() {
+            let input = values(depth, 2);
+            let mut out = vec![0f32; columns];
+            let seconds = fastest(5, || matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut out, 1));
+            let gbs = blocks.len() as f64 / seconds / 1e9;
+            let values_per_second = (columns * depth) as f64 / seconds / 1e9;
+            println!("matrix-vector {format} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
+        }
+    }
     // A prefill's projection: 512 rows through 2048 × 2048.
     let (rows, columns, depth) = (512, 2048, 2048);
     let weight: Vec<u16> = values(columns * depth, 3).into_iter().map(bf16_bits).collect();
@@ -65,6 +80,15 @@ fn matrix_kernels() {
         let seconds = fastest(3, || matmul_on(isa, &input, &weight, &mut out, rows));
         let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
         println!("matrix bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+    }
+    let projection: Vec<f32> = weight.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
+    for format in BlockFormat::ALL {
+        let blocks = quantize(format, &projection).expect("rows of whole blocks");
+        let isa = Isa::host();
+        let mut out = vec![0f32; rows * columns];
+        let seconds = fastest(3, || matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut out, rows));
+        let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+        println!("matrix {format} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
     }
 }
 
@@ -113,10 +137,10 @@ fn expert_kernels() {
         let mut call = 0;
         let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
             call += 1;
-            let groups: Vec<(&Rows, &[u16])> = batches
+            let groups: Vec<(&Rows, Matrix)> = batches
                 .iter()
                 .enumerate()
-                .map(|(e, rows)| (rows, weights[(call * chosen + e) % experts].as_slice()))
+                .map(|(e, rows)| (rows, Matrix::Bf16(&weights[(call * chosen + e) % experts])))
                 .collect();
             // SAFETY: every row points into a live vector of the right
             // length, and the output rows are distinct.

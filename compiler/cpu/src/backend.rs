@@ -111,6 +111,7 @@ fn host(tensor: &Tensor) -> *const u8 {
     match &tensor.data {
         Data::F32(x) => x.as_ptr() as *const u8,
         Data::Bf16(x) => x.as_ptr() as *const u8,
+        Data::Blocks(_, x) => x.as_ptr(),
         Data::I64(x) => x.as_ptr() as *const u8,
         Data::Bool(x) => x.as_ptr() as *const u8,
     }
@@ -132,7 +133,7 @@ impl Backend for Cpu {
                     given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?
                 }
                 None => {
-                    native::jit(entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?
+                    native::jit(&model.params, entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?
                 }
             };
             for (at, node) in entry.nodes.iter().enumerate() {
@@ -186,6 +187,10 @@ impl Backend for Cpu {
         self.pool.keep(buffer);
     }
 
+    fn reads_blocks(&self) -> bool {
+        true
+    }
+
     fn weight_bytes_read(&self) -> Option<u64> {
         Some(super::matmul::weight_bytes_read())
     }
@@ -235,7 +240,7 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
         Data::F32(x) => x.as_mut_ptr() as *mut u8,
         Data::I64(x) => x.as_mut_ptr() as *mut u8,
         Data::Bool(x) => x.as_mut_ptr() as *mut u8,
-        Data::Bf16(_) => unreachable!("computed values are held as f32"),
+        Data::Bf16(_) | Data::Blocks(..) => unreachable!("computed values are held as f32"),
     };
     let call = Call {
         kernel,

@@ -5,7 +5,10 @@
 //! fourth argument, so compiled code has no symbols to resolve: the same
 //! bytes run from the JIT and from an artifact's object file.
 
+use super::lowering::Stored;
+use super::matmul::Matrix;
 use linnet_ir::numerics::{self, math};
+use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::Dtype;
 
 /// A helper's slot in the table; the order is part of the kernel ABI
@@ -26,9 +29,13 @@ pub enum Helper {
     RemEuclid,
     MatMul,
     MatMulBf16,
+    MatMulQ8_0,
+    MatMulQ4K,
+    MatMulQ6K,
     BatchStart,
     BatchRow,
     BatchRun,
+    BlockValue,
 }
 
 /// The argument and result kinds of a helper.
@@ -45,6 +52,9 @@ pub enum Shape {
     MatMul,
     /// `fn(i64, i64, i64) -> i64`
     Int3,
+    /// `fn(format, blocks, index) -> f64`: one value of a quantized
+    /// parameter.
+    BlockValue,
 }
 
 impl Helper {
@@ -63,8 +73,11 @@ impl Helper {
             | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
-            Helper::MatMul | Helper::MatMulBf16 => Shape::MatMul,
+            Helper::MatMul | Helper::MatMulBf16 | Helper::MatMulQ8_0 | Helper::MatMulQ4K | Helper::MatMulQ6K => {
+                Shape::MatMul
+            }
             Helper::BatchStart | Helper::BatchRow | Helper::BatchRun => Shape::Int3,
+            Helper::BlockValue => Shape::BlockValue,
         }
     }
 }
@@ -106,14 +119,52 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
     numerics::rem_euclid(x, y)
 }
 
-/// `matmul` over raw parts, for weights of element type `W`.
+/// The weights a kernel was given, by their code (`weight_code`): f32,
+/// bf16 bits, or blocks of a format.
+fn matrix<'a>(code: i64, weight: *const u8, columns: usize, depth: usize) -> Matrix<'a> {
+    // SAFETY (of each slice): generated code passes a weight matrix of
+    // `columns × depth` values held as `code` says.
+    unsafe {
+        match code {
+            WEIGHT_F32 => Matrix::F32(std::slice::from_raw_parts(weight as *const f32, columns * depth)),
+            WEIGHT_BF16 => Matrix::Bf16(std::slice::from_raw_parts(weight as *const u16, columns * depth)),
+            _ => {
+                let format = BlockFormat::ALL[(code - WEIGHT_BLOCKS) as usize];
+                let bytes = columns * format.row_bytes(depth).expect("rows of whole blocks");
+                Matrix::Blocks(format, std::slice::from_raw_parts(weight, bytes))
+            }
+        }
+    }
+}
+
+const WEIGHT_F32: i64 = 0;
+const WEIGHT_BF16: i64 = 1;
+/// Blocks of `BlockFormat::ALL[code - WEIGHT_BLOCKS]`.
+const WEIGHT_BLOCKS: i64 = 2;
+
+/// How generated code names a weight matrix's elements to the kernels.
+pub(crate) fn weight_code(stored: Stored) -> i64 {
+    match stored {
+        Stored::Bf16Bits => WEIGHT_BF16,
+        Stored::Blocks(format) => WEIGHT_BLOCKS + format_code(format),
+        Stored::F32 | Stored::Int | Stored::Bool => WEIGHT_F32,
+    }
+}
+
+/// A block format's number in the helpers' arguments.
+pub(crate) fn format_code(format: BlockFormat) -> i64 {
+    BlockFormat::ALL.iter().position(|f| *f == format).expect("a known format") as i64
+}
+
+/// `matmul` over raw parts, for weights held as `code` says.
 ///
 /// # Safety
 /// `input` points at `rows × depth` values, `weight` at `columns × depth`,
 /// `out` at room for `rows × columns`: generated code passes checked rows.
-unsafe fn matmul_parts<W: super::matmul::Weight + Sync>(
+unsafe fn matmul_parts(
+    code: i64,
     input: *const f32,
-    weight: *const W,
+    weight: *const u8,
     out: *mut f32,
     columns: i64,
     depth: i64,
@@ -123,28 +174,35 @@ unsafe fn matmul_parts<W: super::matmul::Weight + Sync>(
     // SAFETY: as the caller promises.
     unsafe {
         let input = std::slice::from_raw_parts(input, rows * depth);
-        let weight = std::slice::from_raw_parts(weight, columns * depth);
         let out = std::slice::from_raw_parts_mut(out, rows * columns);
-        super::matmul::matmul(input, weight, out, rows);
+        super::matmul::matmul(input, matrix(code, weight, columns, depth), out, rows);
     }
     0
 }
 
-extern "C" fn matmul(input: *const f32, weight: *const f32, out: *mut f32, columns: i64, depth: i64, rows: i64) -> i64 {
-    // SAFETY: generated code passes checked rows (see `matmul_parts`).
-    unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
-}
-
-extern "C" fn matmul_bf16(
+/// The kernel entry for weights held as `CODE` says.
+extern "C" fn matmul<const CODE: i64>(
     input: *const f32,
-    weight: *const u16,
+    weight: *const u8,
     out: *mut f32,
     columns: i64,
     depth: i64,
     rows: i64,
 ) -> i64 {
     // SAFETY: generated code passes checked rows (see `matmul_parts`).
-    unsafe { matmul_parts(input, weight, out, columns, depth, rows) }
+    unsafe { matmul_parts(CODE, input, weight, out, columns, depth, rows) }
+}
+
+/// Value `index` of the blocks at `blocks` (format number `format`):
+/// generated code passes an index inside the parameter.
+extern "C" fn block_value(format: i64, blocks: i64, index: i64) -> f64 {
+    let format = BlockFormat::ALL[format as usize];
+    let block = index as usize / format.block_values();
+    // SAFETY: the block holding the value lies inside the parameter.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((blocks as *const u8).add(block * format.block_bytes()), format.block_bytes())
+    };
+    f64::from(quant::value_at(format, bytes, index as usize % format.block_values()))
 }
 
 thread_local! {
@@ -165,8 +223,8 @@ extern "C" fn batch_row(input: i64, weight: i64, out: i64) -> i64 {
 
 /// Runs the recorded rows, the rows of each weight matrix together (so
 /// that a prefill reads each expert's weights once), every matrix in one
-/// parallel pass.
-extern "C" fn batch_run(columns: i64, depth: i64, bf16: i64) -> i64 {
+/// parallel pass; the weights are held as `code` says (`weight_code`).
+extern "C" fn batch_run(columns: i64, depth: i64, code: i64) -> i64 {
     let mut rows = BATCH.with_borrow_mut(std::mem::take);
     rows.sort_by_key(|(_, weight, _)| *weight);
     let (columns, depth) = (columns as usize, depth as usize);
@@ -180,29 +238,17 @@ extern "C" fn batch_run(columns: i64, depth: i64, bf16: i64) -> i64 {
             (batch, group[0].1)
         })
         .collect();
+    let groups: Vec<_> =
+        batches.iter().map(|(batch, weight)| (batch, matrix(code, *weight as *const u8, columns, depth))).collect();
     // SAFETY: generated code recorded checked rows: `depth` inputs, room
-    // for `columns` outputs, each a `columns × depth` weight matrix of
-    // bf16 bits or f32 as `bf16` says; rows of distinct outputs.
-    unsafe {
-        if bf16 != 0 {
-            let groups: Vec<_> = batches
-                .iter()
-                .map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const u16, columns * depth)))
-                .collect();
-            super::matmul::matmul_groups(&groups, columns, depth);
-        } else {
-            let groups: Vec<_> = batches
-                .iter()
-                .map(|(batch, weight)| (batch, std::slice::from_raw_parts(*weight as *const f32, columns * depth)))
-                .collect();
-            super::matmul::matmul_groups(&groups, columns, depth);
-        }
-    }
+    // for `columns` outputs, each a `columns × depth` weight matrix held as
+    // `code` says; rows of distinct outputs.
+    unsafe { super::matmul::matmul_groups(&groups, columns, depth) };
     0
 }
 
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 17] {
+pub fn table() -> [*const u8; 21] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -216,10 +262,14 @@ pub fn table() -> [*const u8; 17] {
         rem as *const u8,
         div_euclid as *const u8,
         rem_euclid as *const u8,
-        matmul as *const u8,
-        matmul_bf16 as *const u8,
+        matmul::<WEIGHT_F32> as *const u8,
+        matmul::<WEIGHT_BF16> as *const u8,
+        matmul::<{ WEIGHT_BLOCKS }> as *const u8,
+        matmul::<{ WEIGHT_BLOCKS + 1 }> as *const u8,
+        matmul::<{ WEIGHT_BLOCKS + 2 }> as *const u8,
         batch_start as *const u8,
         batch_row as *const u8,
         batch_run as *const u8,
+        block_value as *const u8,
     ]
 }

@@ -13,6 +13,7 @@
 //! that links Cranelift.
 
 pub mod backend;
+mod decode;
 pub mod expf;
 pub mod helpers;
 pub mod kernels;

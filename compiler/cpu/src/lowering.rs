@@ -11,7 +11,7 @@
 //! function serves every call; the model's dims are constants. The same
 //! definitions go into a JIT or an object file (`native`).
 
-use super::helpers::{Helper, Shape};
+use super::helpers::{self, Helper, Shape};
 use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, SigRef, Signature};
@@ -25,7 +25,8 @@ use linnet_ir::dim::Dim;
 use linnet_ir::invariant::{self, Invariant};
 use linnet_ir::CmpOp;
 use linnet_ir::Dtype;
-use linnet_ir::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_ir::quant::BlockFormat;
+use linnet_ir::{BinaryOp, Entry, NodeKind, Param, ReduceOp, Scalar, UnaryOp, Value};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -481,6 +482,22 @@ impl Lowerer<'_, '_> {
     /// its axes: then of the first element of that row), after checking
     /// every position.
     fn address(&mut self, value: Value, positions: &[Scalar]) -> ClValue {
+        let (base, offset, stored) = self.element(value, positions);
+        let bytes = match stored {
+            // A row's first element starts a block: its bytes are the
+            // blocks before it.
+            Stored::Blocks(format) => {
+                let blocks = self.builder.ins().udiv_imm_u(offset, format.block_values() as i64);
+                self.builder.ins().imul_imm_s(blocks, format.block_bytes() as i64)
+            }
+            _ => self.builder.ins().imul_imm_s(offset, stored.bytes()),
+        };
+        self.builder.ins().iadd(base, bytes)
+    }
+
+    /// The base address of `value`, the flat index of its element at
+    /// `positions` (as [`Self::address`]), and how it is held.
+    fn element(&mut self, value: Value, positions: &[Scalar]) -> (ClValue, ClValue, Stored) {
         let argument = self.loads.iter().position(|(v, ..)| *v == value).expect("loads are listed first");
         let (shape, stored) = (self.loads[argument].1.clone(), self.loads[argument].2);
         let load_number = self.sites.len() as i64;
@@ -527,8 +544,7 @@ impl Lowerer<'_, '_> {
             offset = self.builder.ins().imul(offset, size);
         }
         let base = self.builder.ins().load(types::I64, pointer_table(), self.inputs, (argument * 8) as i32);
-        let bytes = self.builder.ins().imul_imm_s(offset, stored.bytes());
-        self.builder.ins().iadd(base, bytes)
+        (base, offset, stored)
     }
 
     /// Whether `position` lies in `0..size` whatever the indices are
@@ -538,6 +554,12 @@ impl Lowerer<'_, '_> {
     }
 
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
+        if let Stored::Blocks(format) = self.stored(value) {
+            // One value of a block (a gather's rows): decoded by the helper.
+            let (base, offset, _) = self.element(value, positions);
+            let format = self.builder.ins().iconst(types::I64, helpers::format_code(format));
+            return Reg::F(self.call(Helper::BlockValue, &[format, base, offset]));
+        }
         let address = self.address(value, positions);
         match self.stored(value) {
             Stored::Bool => Reg::B(self.builder.ins().load(types::I8, self.flags, address, 0)),
@@ -552,6 +574,7 @@ impl Lowerer<'_, '_> {
                 let narrow = self.builder.ins().bitcast(types::F32, MemFlagsData::new(), high);
                 Reg::F(self.builder.ins().fpromote(types::F64, narrow))
             }
+            Stored::Blocks(_) => unreachable!("decoded above"),
         }
     }
 
@@ -741,8 +764,9 @@ impl Lowerer<'_, '_> {
         self.builder.def_var(row, zero);
         let call = RowCall { contraction, row, out, columns };
         self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
-        let bf16 = self.builder.ins().iconst(types::I64, i64::from(kernel == Helper::MatMulBf16));
-        self.call(Helper::BatchRun, &[columns, depth, bf16]);
+        let code = helpers::weight_code(self.stored(contraction.weight.value));
+        let weights = self.builder.ins().iconst(types::I64, code);
+        self.call(Helper::BatchRun, &[columns, depth, weights]);
     }
 
     /// Where the total a contraction's product left for the output at
@@ -763,10 +787,12 @@ impl Lowerer<'_, '_> {
     }
 
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
-        if self.stored(contraction.weight.value) == Stored::Bf16Bits {
-            Helper::MatMulBf16
-        } else {
-            Helper::MatMul
+        match self.stored(contraction.weight.value) {
+            Stored::Bf16Bits => Helper::MatMulBf16,
+            Stored::Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0,
+            Stored::Blocks(BlockFormat::Q4K) => Helper::MatMulQ4K,
+            Stored::Blocks(BlockFormat::Q6K) => Helper::MatMulQ6K,
+            Stored::F32 | Stored::Int | Stored::Bool => Helper::MatMul,
         }
     }
 
@@ -887,32 +913,39 @@ impl Lowerer<'_, '_> {
     }
 }
 
-/// How a loaded value's elements are held (`interp::tensor`): floats as
-/// f32 but bf16 parameters as their bits, integers as i64, bools as bytes.
+/// How a loaded value's elements are held (`exec::tensor`): floats as
+/// f32 but bf16 parameters as their bits and quantized parameters as
+/// their blocks, integers as i64, bools as bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stored {
+pub(crate) enum Stored {
     F32,
     Bf16Bits,
+    Blocks(BlockFormat),
     Int,
     Bool,
 }
 
 impl Stored {
-    fn of(node: &linnet_ir::Node) -> Stored {
-        match node.dtype {
-            _ if linnet_exec::tensor::holds_bits(node) => Stored::Bf16Bits,
-            Dtype::Bool => Stored::Bool,
-            Dtype::I32 | Dtype::I64 => Stored::Int,
+    fn of(node: &linnet_ir::Node, params: &[Param]) -> Stored {
+        match (&node.kind, node.dtype) {
+            (NodeKind::Param(at), _) if params[*at].storage.is_some() => {
+                Stored::Blocks(params[*at].storage.expect("checked"))
+            }
+            (NodeKind::Param(_), Dtype::Bf16) => Stored::Bf16Bits,
+            (_, Dtype::Bool) => Stored::Bool,
+            (_, Dtype::I32 | Dtype::I64) => Stored::Int,
             _ => Stored::F32,
         }
     }
 
+    /// Bytes per element (blocks are addressed by row: `address`).
     fn bytes(self) -> i64 {
         match self {
             Stored::Bool => 1,
             Stored::Bf16Bits => 2,
             Stored::F32 => 4,
             Stored::Int => 8,
+            Stored::Blocks(_) => unreachable!("blocks are addressed by row"),
         }
     }
 }
@@ -982,9 +1015,10 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
         Shape::Int2 => (types::I64, 2),
         Shape::MatMul => (types::I64, 6),
         Shape::Int3 => (types::I64, 3),
+        Shape::BlockValue => (types::I64, 3),
     };
     signature.params.extend(std::iter::repeat_n(AbiParam::new(kind), arity));
-    signature.returns.push(AbiParam::new(kind));
+    signature.returns.push(AbiParam::new(if shape == Shape::BlockValue { types::F64 } else { kind }));
     signature
 }
 
@@ -997,6 +1031,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
 /// of a build's time.
 pub fn define_kernels<M: Module>(
     module: &mut M,
+    params: &[Param],
     entry: &Entry,
     analysis: &Analysis,
     prefix: &str,
@@ -1014,7 +1049,7 @@ pub fn define_kernels<M: Module>(
         loaded.dedup();
         let loads: Vec<(Value, Vec<Dim>, Stored)> = loaded
             .iter()
-            .map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()])))
+            .map(|v| (*v, entry.nodes[v.index()].shape.clone(), Stored::of(&entry.nodes[v.index()], params)))
             .collect();
         let table = dims_read(entry, &node.shape, scalar);
         // Each function keeps its own context until it is compiled.
@@ -1042,7 +1077,7 @@ pub fn define_kernels<M: Module>(
                 .enumerate()
                 .map(|(k, dim)| (dim.clone(), builder.ins().load(types::I64, flags, dims_table, (k * 8) as i32)))
                 .collect();
-            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul, Shape::Int3]
+            let signatures = [Shape::Float1, Shape::Float2, Shape::Int2, Shape::MatMul, Shape::Int3, Shape::BlockValue]
                 .into_iter()
                 .map(|shape| (shape, builder.import_signature(helper_signature(call_conv, shape))))
                 .collect();

@@ -17,8 +17,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use super::decode;
 use super::simd::{Lanes, OneLane};
 use super::threads;
+use linnet_ir::quant::BlockFormat;
 
 /// Weight bytes the kernel was given, over the process's life.
 static WEIGHT_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -110,20 +112,74 @@ const PARALLEL_PRODUCTS: usize = 1 << 18;
 /// of a thread's share passes over them.
 const ROW_BLOCK: usize = 64;
 
+/// A weight matrix, `columns × depth` values in rows: f32, bf16 bits, or
+/// rows of blocks of a format (`linnet_ir::quant`), read where it lies.
+#[derive(Clone, Copy, Debug)]
+pub enum Matrix<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+    Blocks(BlockFormat, &'a [u8]),
+}
+
+impl Matrix<'_> {
+    /// Its bytes, which a product streams from memory.
+    fn bytes(&self) -> usize {
+        match self {
+            Matrix::F32(values) => std::mem::size_of_val(*values),
+            Matrix::Bf16(bits) => std::mem::size_of_val(*bits),
+            Matrix::Blocks(_, bytes) => bytes.len(),
+        }
+    }
+
+    /// Whether it holds `columns × depth` values.
+    fn holds(&self, columns: usize, depth: usize) -> bool {
+        match self {
+            Matrix::F32(values) => values.len() == columns * depth,
+            Matrix::Bf16(bits) => bits.len() == columns * depth,
+            Matrix::Blocks(format, bytes) => format.row_bytes(depth).map(|row| row * columns) == Some(bytes.len()),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for Matrix<'a> {
+    fn from(values: &'a [f32]) -> Matrix<'a> {
+        Matrix::F32(values)
+    }
+}
+
+impl<'a> From<&'a [u16]> for Matrix<'a> {
+    fn from(bits: &'a [u16]) -> Matrix<'a> {
+        Matrix::Bf16(bits)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for Matrix<'a> {
+    fn from(values: &'a Vec<f32>) -> Matrix<'a> {
+        Matrix::F32(values)
+    }
+}
+
+impl<'a> From<&'a Vec<u16>> for Matrix<'a> {
+    fn from(bits: &'a Vec<u16>) -> Matrix<'a> {
+        Matrix::Bf16(bits)
+    }
+}
+
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
 /// (`out` is `rows × columns`, `weight` `columns × depth`).
-pub fn matmul<W: Weight>(input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+pub fn matmul<'a>(input: &[f32], weight: impl Into<Matrix<'a>>, out: &mut [f32], rows: usize) {
     matmul_on(Isa::host(), input, weight, out, rows)
 }
 
 /// [`matmul`] on a given instruction set, which the CPU must have.
-pub fn matmul_on<W: Weight>(isa: Isa, input: &[f32], weight: &[W], out: &mut [f32], rows: usize) {
+pub fn matmul_on<'a>(isa: Isa, input: &[f32], weight: impl Into<Matrix<'a>>, out: &mut [f32], rows: usize) {
     if rows == 0 {
         return;
     }
+    let weight = weight.into();
     let (depth, columns) = (input.len() / rows, out.len() / rows);
     assert!(
-        input.len() == rows * depth && out.len() == rows * columns && weight.len() == columns * depth,
+        input.len() == rows * depth && out.len() == rows * columns && weight.holds(columns, depth),
         "operands of matching sizes"
     );
     assert!(Isa::available().contains(&isa), "this CPU cannot run {}", isa.name());
@@ -157,7 +213,7 @@ unsafe impl Sync for Rows {}
 /// # Safety
 /// Each input row has `depth` readable values and each output row room
 /// for `columns`; no output row overlaps another or an input.
-pub unsafe fn matmul_groups<W: Weight>(groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
+pub unsafe fn matmul_groups(groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
     count_weight_bytes(groups);
     // SAFETY: as the caller promises.
     unsafe { run(Isa::host(), groups, columns, depth) }
@@ -171,12 +227,12 @@ pub unsafe fn matmul_groups<W: Weight>(groups: &[(&Rows, &[W])], columns: usize,
 /// As [`matmul_groups`].
 pub unsafe fn products(rows: &Rows, other: &[f32], columns: usize, depth: usize) {
     // SAFETY: as the caller promises.
-    unsafe { run(Isa::host(), &[(rows, other)], columns, depth) }
+    unsafe { run(Isa::host(), &[(rows, Matrix::F32(other))], columns, depth) }
 }
 
 /// Every matrix of `groups` read once: what a decode step streams.
-fn count_weight_bytes<W: Weight>(groups: &[(&Rows, &[W])]) {
-    let bytes: usize = groups.iter().map(|(_, weight)| std::mem::size_of_val(*weight)).sum();
+fn count_weight_bytes(groups: &[(&Rows, Matrix)]) {
+    let bytes: usize = groups.iter().map(|(_, weight)| weight.bytes()).sum();
     WEIGHT_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
@@ -194,19 +250,24 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
-unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, depth: usize) {
+unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
     // Per group: bf16 dot products pay off where tiles of four rows reuse
     // each weight load; a matrix–vector product streams faster widening
     // the weights. The inputs are converted on every thread (a prefill's
     // experts have thousands of rows between them).
-    let converts = |rows: &Rows| isa == Isa::Avx512Bf16 && W::BF16 && depth.is_multiple_of(2) && rows.inputs.len() >= 4;
+    let converts = |rows: &Rows, weight: &Matrix| {
+        isa == Isa::Avx512Bf16
+            && matches!(weight, Matrix::Bf16(_))
+            && depth.is_multiple_of(2)
+            && rows.inputs.len() >= 4
+    };
     let plan = |group: usize| {
-        let (rows, weight) = groups[group];
-        assert_eq!(weight.len(), columns * depth, "a weight row per column");
-        let bf16_inputs = if converts(rows) { as_bf16(rows, depth) } else { None };
+        let (rows, weight) = &groups[group];
+        assert!(weight.holds(columns, depth), "a weight row per column");
+        let bf16_inputs = if converts(rows, weight) { as_bf16(rows, depth) } else { None };
         (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
     };
-    let plans: Vec<(Isa, Option<Vec<u16>>)> = if groups.iter().any(|(rows, _)| converts(rows)) {
+    let plans: Vec<(Isa, Option<Vec<u16>>)> = if groups.iter().any(|(rows, weight)| converts(rows, weight)) {
         threads::map(groups.len(), &plan)
     } else {
         (0..groups.len()).map(plan).collect()
@@ -215,7 +276,13 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
         let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
         // bf16 inputs, when given, are `rows` converted.
-        unsafe { columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, range) }
+        unsafe {
+            match weight {
+                Matrix::F32(weight) => columns_on(*isa, rows, None, weight, depth, 0, range),
+                Matrix::Bf16(weight) => columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, 0, range),
+                Matrix::Blocks(format, blocks) => decoded_columns(*isa, rows, *format, blocks, depth, range),
+            }
+        }
     };
     let threads = threads::threads();
     let products: usize = groups.iter().map(|(rows, _)| rows.inputs.len() * columns * depth).sum();
@@ -232,7 +299,50 @@ unsafe fn run<W: Weight>(isa: Isa, groups: &[(&Rows, &[W])], columns: usize, dep
     });
 }
 
-/// Columns `range` of every output row, on `isa`.
+/// Weight rows decoded from blocks at a time: their values (f32) stay in
+/// L2 while every input row of the share passes over them.
+const DECODED_ROWS: usize = 16;
+
+thread_local! {
+    /// A thread's decoded weight rows ([`decoded_columns`]).
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Columns `range` of every output row from weight rows in blocks: the
+/// rows are decoded [`DECODED_ROWS`] at a time into a thread's buffer (the
+/// matrix is never dequantized whole), then multiplied as f32 weights.
+///
+/// # Safety
+/// As [`columns_on`].
+unsafe fn decoded_columns(
+    isa: Isa,
+    rows: &Rows,
+    format: BlockFormat,
+    blocks: &[u8],
+    depth: usize,
+    range: std::ops::Range<usize>,
+) {
+    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+    // Decoded weights are f32: the bf16 dot product does not apply.
+    let isa = if isa == Isa::Avx512Bf16 { Isa::Avx512 } else { isa };
+    DECODED.with_borrow_mut(|decoded| {
+        decoded.resize(DECODED_ROWS * depth, 0.0);
+        let mut first = range.start;
+        while first < range.end {
+            let end = (first + DECODED_ROWS).min(range.end);
+            for (n, out) in (first..end).zip(decoded.chunks_exact_mut(depth.max(1))) {
+                decode::row(isa, format, &blocks[n * row_bytes..(n + 1) * row_bytes], out);
+            }
+            // SAFETY: as the caller promises; weight row `n` of the
+            // decoded rows is column `first + n`.
+            unsafe { columns_on(isa, rows, None, &decoded[..(end - first) * depth], depth, first, first..end) };
+            first = end;
+        }
+    });
+}
+
+/// Columns `range` of every output row, on `isa`; weight row `n - first`
+/// of `weight` makes column `n`.
 ///
 /// # Safety
 /// As [`matmul_groups`], the CPU has `isa`, and no other thread writes
@@ -243,18 +353,21 @@ unsafe fn columns_on<W: Weight>(
     bf16_inputs: Option<&[u16]>,
     weight: &[W],
     depth: usize,
+    first: usize,
     range: std::ops::Range<usize>,
 ) {
     // SAFETY: the caller's promises.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 => x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, range),
+            Isa::Avx512Bf16 => {
+                x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, first, range)
+            }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::columns_avx512(rows, weight, depth, range),
+            Isa::Avx512 => x86::columns_avx512(rows, weight, depth, first, range),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::columns_avx2(rows, weight, depth, range),
-            _ => widened_columns::<OneLane, W>(rows, weight, depth, range),
+            Isa::Avx2 => x86::columns_avx2(rows, weight, depth, first, range),
+            _ => widened_columns::<OneLane, W>(rows, weight, depth, first, range),
         }
     }
 }
@@ -316,6 +429,8 @@ struct Widened<'a, L, W> {
     rows: &'a Rows,
     weight: *const W,
     depth: usize,
+    /// The column of the first weight row.
+    first: usize,
     lanes: std::marker::PhantomData<L>,
 }
 
@@ -330,7 +445,7 @@ impl<L: Lanes, W: Weight> Tiles for Widened<'_, L, W> {
                 *input = self.rows.inputs[m + r];
             }
             for (j, weight) in weights.iter_mut().enumerate() {
-                *weight = self.weight.add((n + j) * self.depth);
+                *weight = self.weight.add((n - self.first + j) * self.depth);
             }
             tile::<L, W, R, N>(inputs, weights, self.depth)
         }
@@ -397,8 +512,14 @@ unsafe fn columns<T: Tiles>(tiles: &T, rows: &Rows, range: std::ops::Range<usize
 /// # Safety
 /// As [`columns_on`]; the CPU runs `L`.
 #[inline(always)]
-unsafe fn widened_columns<L: Lanes, W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
-    let tiles = Widened::<L, W> { rows, weight: weight.as_ptr(), depth, lanes: std::marker::PhantomData };
+unsafe fn widened_columns<L: Lanes, W: Weight>(
+    rows: &Rows,
+    weight: &[W],
+    depth: usize,
+    first: usize,
+    range: std::ops::Range<usize>,
+) {
+    let tiles = Widened::<L, W> { rows, weight: weight.as_ptr(), depth, first, lanes: std::marker::PhantomData };
     unsafe { columns(&tiles, rows, range) }
 }
 
@@ -422,15 +543,27 @@ mod x86 {
     /// # Safety
     /// As `super::columns_on`; the CPU has AVX-512 F.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    pub unsafe fn columns_avx512<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
-        unsafe { widened_columns::<Avx512, W>(rows, weight, depth, range) }
+    pub unsafe fn columns_avx512<W: Weight>(
+        rows: &Rows,
+        weight: &[W],
+        depth: usize,
+        first: usize,
+        range: std::ops::Range<usize>,
+    ) {
+        unsafe { widened_columns::<Avx512, W>(rows, weight, depth, first, range) }
     }
 
     /// # Safety
     /// As `super::columns_on`; the CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn columns_avx2<W: Weight>(rows: &Rows, weight: &[W], depth: usize, range: std::ops::Range<usize>) {
-        unsafe { widened_columns::<Avx2, W>(rows, weight, depth, range) }
+    pub unsafe fn columns_avx2<W: Weight>(
+        rows: &Rows,
+        weight: &[W],
+        depth: usize,
+        first: usize,
+        range: std::ops::Range<usize>,
+    ) {
+        unsafe { widened_columns::<Avx2, W>(rows, weight, depth, first, range) }
     }
 
     /// bf16 input rows (converted) against bf16 weight rows: thirty-two
@@ -439,6 +572,7 @@ mod x86 {
         inputs: *const u16,
         weight: *const u16,
         depth: usize,
+        first: usize,
         rows: std::marker::PhantomData<&'a [u16]>,
     }
 
@@ -453,7 +587,7 @@ mod x86 {
                     *input = self.inputs.add((m + r) * depth);
                 }
                 for (j, weight) in weights.iter_mut().enumerate() {
-                    *weight = self.weight.add((n + j) * depth);
+                    *weight = self.weight.add((n - self.first + j) * depth);
                 }
                 let load =
                     |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
@@ -529,6 +663,7 @@ mod x86 {
         inputs: &[u16],
         weight: &[W],
         depth: usize,
+        first: usize,
         range: std::ops::Range<usize>,
     ) {
         debug_assert!(W::BF16);
@@ -536,6 +671,7 @@ mod x86 {
             inputs: inputs.as_ptr(),
             weight: weight.as_ptr() as *const u16,
             depth,
+            first,
             rows: std::marker::PhantomData,
         };
         unsafe { columns(&tiles, rows, range) }
@@ -544,7 +680,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{matmul, matmul_groups, matmul_on, Isa, Rows};
+    use super::{matmul, matmul_groups, matmul_on, Isa, Matrix, Rows};
 
     /// Every output within the bound on f32 dot products of its length
     /// (`depth · 2⁻²³ · Σ|aₖ·wₖ|`) of the exact sum, on every instruction
@@ -593,6 +729,33 @@ mod tests {
         }
     }
 
+    /// Weights in blocks give bit for bit what their dequantized values
+    /// give as f32 weights, on every instruction set, for every format, a
+    /// lone row and many (the threads too).
+    #[test]
+    fn blocks_give_what_their_values_give() {
+        use linnet_ir::quant::{dequantize, quantize, BlockFormat};
+        let value = |seed: usize| ((seed * 2654435761) % 2001) as f32 / 1000.0 - 1.0;
+        for format in BlockFormat::ALL {
+            for (rows, columns, depth) in [(1, 37, 512), (3, 20, 256), (70, 300, 1024)] {
+                let weights: Vec<f32> = (0..columns * depth).map(|at| value(at * 7 + 3)).collect();
+                let blocks = quantize(format, &weights).unwrap();
+                let mut values = vec![0f32; columns * depth];
+                dequantize(format, &blocks, &mut values).unwrap();
+                let input: Vec<f32> = (0..rows * depth).map(|at| value(at * 13 + 1)).collect();
+                for isa in Isa::available() {
+                    let mut from_blocks = vec![f32::NAN; rows * columns];
+                    matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut from_blocks, rows);
+                    let mut from_values = vec![f32::NAN; rows * columns];
+                    let f32_isa = if isa == Isa::Avx512Bf16 { Isa::Avx512 } else { isa };
+                    matmul_on(f32_isa, &input, values.as_slice(), &mut from_values, rows);
+                    let same = from_blocks.iter().zip(&from_values).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format} on {isa:?}, {rows} rows of {depth} against {columns} columns");
+                }
+            }
+        }
+    }
+
     /// Several matrices at once, each with its own rows (one, four, none,
     /// many), give what each gives alone, large enough to share threads.
     #[test]
@@ -614,8 +777,8 @@ mod tests {
                 outs: (0..rows_per_group[g]).map(|m| grouped[g][m * columns..].as_mut_ptr()).collect(),
             })
             .collect();
-        let groups: Vec<(&Rows, &[f32])> =
-            batches.iter().zip(&weights).map(|(rows, weight)| (rows, weight.as_slice())).collect();
+        let groups: Vec<(&Rows, Matrix)> =
+            batches.iter().zip(&weights).map(|(rows, weight)| (rows, Matrix::F32(weight))).collect();
         // SAFETY: every row points into a live vector of the right length.
         unsafe { matmul_groups(&groups, columns, depth) };
         for g in 0..rows_per_group.len() {

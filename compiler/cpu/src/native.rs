@@ -14,7 +14,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::default_libcall_names;
 use cranelift_object::{ObjectBuilder, ObjectModule};
 use linnet_ir::analysis::Analysis;
-use linnet_ir::{Entry, Model};
+use linnet_ir::{Entry, Model, Param};
 use object::{Object, ObjectSection, ObjectSymbol};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -31,7 +31,7 @@ pub type KernelFn =
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// Per entry, its kernels' records.
 pub type EntryKernels = std::collections::BTreeMap<String, Vec<KernelRecord>>;
@@ -87,10 +87,10 @@ pub fn host_target() -> Result<String, String> {
 /// Compiles every `Compute` node of `entry` in this process, elementwise
 /// nodes as `elementwise` says (an error names no entry: the caller knows
 /// it).
-pub fn jit(entry: &Entry, analysis: &Analysis, elementwise: Elementwise) -> Result<Compiled, EmitError> {
+pub fn jit(params: &[Param], entry: &Entry, analysis: &Analysis, elementwise: Elementwise) -> Result<Compiled, EmitError> {
     let builder = JITBuilder::with_isa(host_isa(false).map_err(EmitError::whole)?, default_libcall_names());
     let mut module = JITModule::new(builder);
-    let defined = define_kernels(&mut module, entry, analysis, "", elementwise).map_err(|(at, message)| EmitError {
+    let defined = define_kernels(&mut module, params, entry, analysis, "", elementwise).map_err(|(at, message)| EmitError {
         entry: None,
         node: Some(at),
         message,
@@ -131,7 +131,7 @@ pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, Ent
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
-        let defined = define_kernels(&mut module, entry, analysis, &format!("linnet_e{number}_"), Elementwise::Lanes)
+        let defined = define_kernels(&mut module, &model.params, entry, analysis, &format!("linnet_e{number}_"), Elementwise::Lanes)
             .map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
         records.insert(entry.name.clone(), defined.into_iter().map(|def| def.record).collect());
     }

@@ -171,4 +171,11 @@ pub trait Backend {
     fn weight_bytes_read(&self) -> Option<u64> {
         None
     }
+
+    /// Whether it reads parameters stored in block formats (`Param::
+    /// storage`) where they lie; a model with such parameters is refused
+    /// by a backend that does not.
+    fn reads_blocks(&self) -> bool {
+        false
+    }
 }

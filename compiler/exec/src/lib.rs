@@ -157,8 +157,22 @@ impl<B: Backend> Executor<B> {
     /// backend readies every entry first.
     pub fn new(model: Model, params: Vec<Tensor>, mut backend: B) -> Result<Executor<B>, BuildError> {
         let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
-        backend.prepare(&model, &analyses)?;
         let name = backend.name();
+        let whole = |message: String| BuildError::memory(name, MemoryError(message));
+        if let Some(param) = model.params.iter().find(|p| p.storage.is_some()).filter(|_| !backend.reads_blocks()) {
+            return Err(whole(format!(
+                "`{}` is stored as {}, and this backend does not read block formats (run it on the cpu backend or the interpreter)",
+                param.path,
+                param.storage.expect("found by its storage")
+            )));
+        }
+        if params.len() != model.params.len() {
+            return Err(whole(format!("{} parameters given for the model's {}", params.len(), model.params.len())));
+        }
+        if let Some((param, given)) = params.iter().zip(&model.params).find(|(given, param)| !tensor::holds(given, param)) {
+            return Err(whole(format!("`{}` was given a tensor of shape {:?} that is not held as it is stored", given.path, param.shape)));
+        }
+        backend.prepare(&model, &analyses)?;
         let params = params
             .into_iter()
             .map(|param| backend.upload(param.into_bits()).map(Rc::new))
@@ -268,8 +282,8 @@ impl<B: Backend> Executor<B> {
                 NodeKind::WriteState(k, value) => {
                     let written = values[value.index()].as_ref().expect("a value is read only while it is live");
                     // A state holds floats as f32, even when it takes a
-                    // parameter's value (held as bf16 bits).
-                    let holds_bits = crate::tensor::holds_bits(&entry.nodes[value.index()]);
+                    // parameter's value (held as stored).
+                    let holds_bits = crate::tensor::held_as_stored(&entry.nodes[value.index()], &self.model.params);
                     writes.push((
                         *k,
                         if holds_bits {

@@ -4,14 +4,17 @@
 //! the elements. Floats of every width are held as f32 (a bf16 or f16
 //! value is exact in f32), and integers as i64, so that one evaluator
 //! serves every dtype; the one
-//! exception is a bf16 parameter, held as its bf16 bits ([`holds_bits`]),
-//! which halves the memory weights take. Elements may be read where they
-//! lie in a mapped checkpoint ([`Elements::Mapped`]), not copied.
+//! exceptions are parameters, held as stored ([`held_as_stored`]): a bf16
+//! parameter as its bf16 bits, which halves the memory weights take, and a
+//! quantized one as its blocks ([`Data::Blocks`]). Elements may be read
+//! where they lie in a mapped checkpoint ([`Elements::Mapped`]), not
+//! copied.
 
 use linnet_ir::numerics::round;
 pub use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::Dtype;
-use linnet_ir::{Node, NodeKind};
+use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::{Node, NodeKind, Param};
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
@@ -20,6 +23,7 @@ use std::rc::Rc;
 pub trait Plain: Copy + PartialEq + std::fmt::Debug + 'static {}
 impl Plain for f32 {}
 impl Plain for u16 {}
+impl Plain for u8 {}
 
 /// Elements: owned, or in place in mapped bytes (a checkpoint's tensor of
 /// the right dtype is not copied). Writing to mapped elements copies them
@@ -105,10 +109,35 @@ impl<T: Plain> PartialEq for Elements<T> {
     }
 }
 
-/// Whether a node's value is held as bf16 bits: bf16 parameters are.
+/// Whether a node's value is held as stored rather than as f32: bf16
+/// parameters (as their bits) and quantized ones (as their blocks) are.
 /// Backends address and widen such values themselves.
-pub fn holds_bits(node: &Node) -> bool {
-    matches!(node.kind, NodeKind::Param(_)) && node.dtype == Dtype::Bf16
+pub fn held_as_stored(node: &Node, params: &[Param]) -> bool {
+    match node.kind {
+        NodeKind::Param(at) => node.dtype == Dtype::Bf16 || params[at].storage.is_some(),
+        _ => false,
+    }
+}
+
+/// Whether `tensor` can be `param`'s value: its shape, and its elements
+/// held as the parameter is stored (blocks of its format, whole).
+pub fn holds(tensor: &Tensor, param: &Param) -> bool {
+    let held = match (&tensor.data, param.storage) {
+        (Data::Blocks(format, bytes), Some(stored)) => *format == stored && bytes.len() == param.bytes(),
+        (Data::Blocks(..), None) | (_, Some(_)) => false,
+        (data, None) => data_len(data) == tensor.len(),
+    };
+    tensor.shape == param.shape && held
+}
+
+fn data_len(data: &Data) -> usize {
+    match data {
+        Data::F32(values) => values.len(),
+        Data::Bf16(bits) => bits.len(),
+        Data::Blocks(_, bytes) => bytes.len(),
+        Data::I64(values) => values.len(),
+        Data::Bool(values) => values.len(),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +145,9 @@ pub enum Data {
     F32(Floats),
     /// bf16 values as their bits (bf16 parameters only).
     Bf16(Elements<u16>),
+    /// Values in blocks of a format (quantized parameters only): they mean
+    /// their dequantized values (`quant::dequantize`).
+    Blocks(BlockFormat, Elements<u8>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
 }
@@ -166,7 +198,8 @@ impl Tensor {
         }
     }
 
-    /// A bf16 tensor held as its bits (as bf16 parameters are).
+    /// A bf16 tensor held as its bits (as bf16 parameters are); blocks
+    /// stay blocks.
     pub fn into_bits(self) -> Tensor {
         match self.data {
             Data::F32(values) if self.dtype == Dtype::Bf16 => {
@@ -177,11 +210,21 @@ impl Tensor {
         }
     }
 
-    /// The tensor with floats held as f32, widened if it is held as bits.
+    /// The tensor with floats held as f32, widened if it is held as bits or
+    /// dequantized if it is held as blocks.
     pub fn widened(&self) -> std::borrow::Cow<'_, Tensor> {
         match &self.data {
             Data::Bf16(bits) => {
                 let values: Vec<f32> = bits.iter().map(|b| bf16_value(*b)).collect();
+                std::borrow::Cow::Owned(Tensor {
+                    dtype: self.dtype,
+                    shape: self.shape.clone(),
+                    data: Data::F32(values.into()),
+                })
+            }
+            Data::Blocks(format, blocks) => {
+                let mut values = vec![0f32; self.len()];
+                quant::dequantize(*format, blocks, &mut values).expect("blocks are checked when they are loaded");
                 std::borrow::Cow::Owned(Tensor {
                     dtype: self.dtype,
                     shape: self.shape.clone(),

@@ -51,6 +51,22 @@ pub struct Param {
     pub path: String,
     pub shape: Vec<usize>,
     pub dtype: Dtype,
+    /// The block format the checkpoint stores it in (`quant`), when it is
+    /// quantized: its values are then the blocks' dequantized values, and
+    /// backends read the blocks where they lie. `None`: `dtype` elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<quant::BlockFormat>,
+}
+
+impl Param {
+    /// The bytes it takes where it is stored.
+    pub fn bytes(&self) -> usize {
+        let count = self.shape.iter().product::<usize>();
+        match self.storage {
+            Some(format) => count / format.block_values() * format.block_bytes(),
+            None => count * self.dtype.bytes(),
+        }
+    }
 }
 
 /// A tensor that persists across calls of one loaded model; zero at load.
@@ -393,7 +409,37 @@ impl Model {
     }
 
     pub fn param_bytes(&self) -> usize {
-        self.params.iter().map(|p| p.shape.iter().product::<usize>() * p.dtype.bytes()).sum()
+        self.params.iter().map(Param::bytes).sum()
+    }
+
+    /// The model with the parameters named in `formats` stored in those
+    /// block formats (the checkpoint's, known when it is opened), or every
+    /// reason it cannot be: a parameter the model lacks, one that is not a
+    /// float, or one whose rows the block does not divide.
+    pub fn stored_as(mut self, formats: &std::collections::BTreeMap<String, quant::BlockFormat>) -> Result<Model, Vec<String>> {
+        let mut problems = Vec::new();
+        for (path, format) in formats {
+            let Some(param) = self.params.iter_mut().find(|p| &p.path == path) else {
+                problems.push(format!("the model has no parameter `{path}`"));
+                continue;
+            };
+            let row = param.shape.last().copied().unwrap_or(1);
+            if !param.dtype.is_float() {
+                problems.push(format!("`{path}` is {}, and only floats are stored in blocks", param.dtype.name()));
+            } else if format.row_bytes(row).is_none() {
+                problems.push(format!(
+                    "`{path}` has rows of {row} values, not a whole number of {format} blocks ({} values)",
+                    format.block_values()
+                ));
+            } else {
+                param.storage = Some(*format);
+            }
+        }
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(problems)
+        }
     }
 
     pub fn state_bytes(&self) -> usize {

@@ -126,6 +126,41 @@ pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result
     Ok(())
 }
 
+/// The first block of `blocks` whose scales are not finite (then so are
+/// its values): a block's values are finite exactly when its f16 scales
+/// are, the levels being small integers.
+pub fn first_non_finite_scale(format: BlockFormat, blocks: &[u8]) -> Option<usize> {
+    let scales: &[usize] = match format {
+        BlockFormat::Q8_0 => &[0],
+        BlockFormat::Q4K => &[0, 2],
+        BlockFormat::Q6K => &[208],
+    };
+    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| !half(block, *at).is_finite()))
+}
+
+/// Value `index` of the blocks `blocks` (the index must be inside them):
+/// what [`dequantize`] writes there, computed alone.
+pub fn value_at(format: BlockFormat, blocks: &[u8], index: usize) -> f32 {
+    let (block, at) = (index / format.block_values(), index % format.block_values());
+    let block = &blocks[block * format.block_bytes()..(block + 1) * format.block_bytes()];
+    match format {
+        BlockFormat::Q8_0 => half(block, 0) * f32::from(block[2 + at] as i8),
+        BlockFormat::Q4K => {
+            let (chunk, part, l) = (at / 64, at % 64 / 32, at % 32);
+            let (scale, min) = q4_k_scale_min(chunk * 2 + part, &block[4..16]);
+            let (step, offset) = (half(block, 0) * f32::from(scale), half(block, 2) * f32::from(min));
+            step * f32::from((block[16 + chunk * 32 + l] >> (4 * part)) & 0xf) - offset
+        }
+        BlockFormat::Q6K => {
+            let (half_block, rest) = (at / 128, at % 128);
+            let (quarter, l) = (rest / 32, rest % 32);
+            let level = q6_k_level(&block[half_block * 64..], &block[128 + half_block * 32..], quarter, l);
+            let scale = block[192 + at / 16] as i8;
+            half(block, 208) * f32::from(scale) * f32::from(level)
+        }
+    }
+}
+
 /// The blocks that store `values` (a whole number of blocks).
 pub fn quantize(format: BlockFormat, values: &[f32]) -> Result<Vec<u8>, RaggedRow> {
     let len = format.row_bytes(values.len()).ok_or(RaggedRow { format, len: values.len() })?;
@@ -298,22 +333,23 @@ fn fit_symmetric(values: &[f32]) -> f32 {
     best
 }
 
+/// Q6_K's level of value `l` of quarter `part` of a half block (from its
+/// 64 bytes of low bits and 32 of high bits), minus 32.
+fn q6_k_level(low: &[u8], high: &[u8], part: usize, l: usize) -> i8 {
+    let low = (low[l + 32 * (part % 2)] >> (4 * (part / 2))) & 0xf;
+    let high = (high[l] >> (2 * part)) & 3;
+    (low | (high << 4)) as i8 - 32
+}
+
 fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
-    let (low, high, scales) = (&block[0..128], &block[128..192], &block[192..208]);
-    let d = half(block, 208);
+    let (scales, d) = (&block[192..208], half(block, 208));
     for half_block in 0..2 {
-        let (low, high) = (&low[half_block * 64..], &high[half_block * 32..]);
-        for l in 0..32 {
-            let quants = [
-                (low[l] & 0xf) | ((high[l] & 3) << 4),
-                (low[l + 32] & 0xf) | (((high[l] >> 2) & 3) << 4),
-                (low[l] >> 4) | (((high[l] >> 4) & 3) << 4),
-                (low[l + 32] >> 4) | (((high[l] >> 6) & 3) << 4),
-            ];
-            for (part, q) in quants.into_iter().enumerate() {
+        let (low, high) = (&block[half_block * 64..], &block[128 + half_block * 32..]);
+        for part in 0..4 {
+            for l in 0..32 {
                 let at = half_block * 128 + part * 32 + l;
                 let scale = d * f32::from(scales[at / 16] as i8);
-                out[at] = scale * f32::from(q as i8 - 32);
+                out[at] = scale * f32::from(q6_k_level(low, high, part, l));
             }
         }
     }
@@ -377,6 +413,33 @@ mod tests {
         let mut out = vec![0f32; values.len()];
         dequantize(format, &blocks, &mut out).unwrap();
         out
+    }
+
+    /// Every value read alone is the bit pattern `dequantize` writes, for
+    /// arbitrary bytes (whatever scales and levels they hold; the scales'
+    /// exponents kept finite).
+    #[test]
+    fn a_value_read_alone_is_what_dequantize_writes() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for format in BlockFormat::ALL {
+            let mut blocks: Vec<u8> = (0..format.block_bytes() * 3)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            for block in blocks.chunks_exact_mut(format.block_bytes()) {
+                let scales = if format == BlockFormat::Q6K { vec![208] } else { vec![0, 2] };
+                scales.into_iter().for_each(|at| block[at + 1] &= 0x3b);
+            }
+            let mut all = vec![0f32; 3 * format.block_values()];
+            dequantize(format, &blocks, &mut all).unwrap();
+            for (index, value) in all.iter().enumerate() {
+                assert_eq!(value_at(format, &blocks, index).to_bits(), value.to_bits(), "{format} value {index}");
+            }
+        }
     }
 
     /// Each group's error is within half its step (plus the scale's own

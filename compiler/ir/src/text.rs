@@ -12,7 +12,8 @@ impl Display for Model {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         writeln!(f, "model {}", self.name)?;
         for (at, param) in self.params.iter().enumerate() {
-            writeln!(f, "  param p{at} {}: [{}; {}]", param.path, dims(&param.shape), param.dtype.name())?;
+            let stored = param.storage.map(|format| format!(" in {format}")).unwrap_or_default();
+            writeln!(f, "  param p{at} {}: [{}; {}]{stored}", param.path, dims(&param.shape), param.dtype.name())?;
         }
         for (at, state) in self.states.iter().enumerate() {
             writeln!(f, "  state s{at} {}: [{}; {}]", state.path, dims(&state.shape), state.dtype.name())?;

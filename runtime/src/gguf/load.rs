@@ -3,40 +3,62 @@
 //! bindings. Every parameter is checked (present, its shape, its storage)
 //! and all problems are reported at once, before anything runs.
 //!
-//! A tensor in a block format is dequantized exactly, as the block formats
-//! define it, into an f32 parameter. Until the backends' kernels read
-//! blocks in place, quantized tensors load into an f32 instantiation only
-//! (`--set T=f32`): a bf16 parameter would round the dequantized values,
-//! and that is not what the file means.
+//! A tensor in a block format binds to a parameter stored in that format
+//! (the model built for the file's formats: [`formats`],
+//! `cache::stored_variant`) and is read where it lies in the mapped file;
+//! its values are the blocks' dequantized values, whatever the parameter's
+//! dtype. Plain tensors load as safetensors' do.
 
 use super::{read_file, Storage};
 use crate::weights::NonFinite;
-use linnet_exec::tensor::Tensor;
-use linnet_ir::quant::dequantize;
-use linnet_ir::{Dtype, Model, Param};
-use std::collections::HashMap;
+use linnet_exec::tensor::{Data, Elements, Tensor};
+use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::{Model, Param};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::rc::Rc;
 
-/// The values a stored tensor gives `param`, or why it cannot.
+/// The block format of each parameter whose bound tensor in the file at
+/// `path` is quantized: what the model is built for before it loads.
+pub fn formats(
+    model: &Model,
+    bindings: &HashMap<String, String>,
+    path: &Path,
+) -> Result<BTreeMap<String, BlockFormat>, String> {
+    let (_, gguf) = read_file(path)?;
+    Ok(model
+        .params
+        .iter()
+        .filter_map(|param| match gguf.tensor(bindings.get(&param.path)?)?.storage {
+            Storage::Blocks(format) => Some((param.path.clone(), format)),
+            Storage::Plain(_) => None,
+        })
+        .collect())
+}
+
+/// The values of a plain stored tensor for `param`, or why it cannot
+/// give them.
 fn values(param: &Param, name: &str, storage: Storage, bytes: &[u8]) -> Result<Vec<f32>, String> {
-    let count: usize = param.shape.iter().product();
-    match (storage, param.dtype) {
-        (Storage::Blocks(format), Dtype::F32) => {
-            let mut out = vec![0f32; count];
-            dequantize(format, bytes, &mut out).map_err(|e| format!("`{name}`: {e}"))?;
-            Ok(out)
-        }
-        (Storage::Blocks(format), dtype) => Err(format!(
-            "`{name}` is stored as {format}, and `{}` is {}: quantized tensors load into an f32 instantiation (`--set T=f32`) until the block kernels land",
-            param.path,
-            dtype.name()
-        )),
-        (Storage::Plain(stored), wanted) if stored.is_float() && (stored == wanted || wanted == Dtype::F32) => {
+    match storage {
+        Storage::Plain(stored) if stored.is_float() && (stored == param.dtype || param.dtype == linnet_ir::Dtype::F32) => {
             Ok(crate::weights::to_f32(stored, bytes))
         }
-        (Storage::Plain(stored), wanted) => {
-            Err(format!("`{name}` is {}, and `{}` is {}", stored.name(), param.path, wanted.name()))
-        }
+        Storage::Plain(stored) => Err(format!("`{name}` is {}, and `{}` is {}", stored.name(), param.path, param.dtype.name())),
+        Storage::Blocks(format) => Err(format!(
+            "`{name}` is stored as {format}, and the model was built for `{}` stored as {}",
+            param.path,
+            param.storage.map_or("plain elements", BlockFormat::name)
+        )),
+    }
+}
+
+/// Where a non-finite value is reported.
+fn non_finite_found(param: &Param, name: &str, first: usize, non_finite: NonFinite, problems: &mut Vec<String>) {
+    let found =
+        format!("parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}", param.path);
+    match non_finite {
+        NonFinite::Warn => eprintln!("warning: {found} (--strict refuses such a file)"),
+        NonFinite::Refuse => problems.push(format!("{found} (refused under --strict)")),
     }
 }
 
@@ -48,6 +70,7 @@ pub fn load(
     non_finite: NonFinite,
 ) -> Result<Vec<Tensor>, Vec<String>> {
     let (file, gguf) = read_file(path).map_err(|e| vec![e])?;
+    let file = Rc::new(file);
     let mut problems = Vec::new();
     let mut params = Vec::with_capacity(model.params.len());
     for param in &model.params {
@@ -68,22 +91,31 @@ pub fn load(
             ));
             continue;
         }
-        match values(param, name, tensor.storage, gguf.tensor_bytes(&file, tensor)) {
-            Ok(values) => {
-                if let Some(first) = values.iter().position(|v| !v.is_finite()) {
-                    let found = format!(
-                        "parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}",
-                        param.path
-                    );
-                    match non_finite {
-                        NonFinite::Warn => eprintln!("warning: {found} (--strict refuses such a file)"),
-                        NonFinite::Refuse => problems.push(format!("{found} (refused under --strict)")),
-                    }
+        let bytes = gguf.tensor_bytes(&file, tensor);
+        match (param.storage, tensor.storage) {
+            (Some(format), Storage::Blocks(stored)) if stored == format => {
+                if let Some(block) = quant::first_non_finite_scale(format, bytes) {
+                    let first = block * format.block_values();
+                    non_finite_found(param, name, first, non_finite, &mut problems);
                 }
-                let tensor = Tensor::from_f32(param.dtype, param.shape.clone(), values);
-                params.push(if param.dtype == Dtype::Bf16 { tensor.into_bits() } else { tensor });
+                let offset = (gguf.data_offset + tensor.offset) as usize;
+                let blocks = Elements::mapped(Rc::clone(&file) as Rc<dyn AsRef<[u8]>>, offset, bytes.len())
+                    .expect("a tensor the reader checked lies inside the file");
+                params.push(Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Blocks(format, blocks) });
             }
-            Err(problem) => problems.push(format!("parameter `{}`: {problem}", param.path)),
+            (Some(format), stored) => problems.push(format!(
+                "parameter `{}`: `{name}` is {stored}, and the model was built for {format} blocks",
+                param.path
+            )),
+            (None, storage) => match values(param, name, storage, bytes) {
+                Ok(values) => {
+                    if let Some(first) = values.iter().position(|v| !v.is_finite()) {
+                        non_finite_found(param, name, first, non_finite, &mut problems);
+                    }
+                    params.push(Tensor::from_f32(param.dtype, param.shape.clone(), values).into_bits());
+                }
+                Err(problem) => problems.push(format!("parameter `{}`: {problem}", param.path)),
+            },
         }
     }
     if problems.is_empty() {

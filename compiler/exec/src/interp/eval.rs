@@ -5,6 +5,7 @@
 use crate::tensor::{Data, Tensor};
 use crate::{Dims, NodeError, Values};
 use linnet_ir::numerics::{self, bf16_value, math, round, wrap};
+use linnet_ir::quant;
 use linnet_ir::Dtype;
 use linnet_ir::{BinaryOp, ReduceOp, Scalar, UnaryOp, Value};
 use std::collections::HashMap;
@@ -182,6 +183,7 @@ impl Runner<'_> {
                 match &self.tensors[*tensor].data {
                     Data::F32(values) => V::F(values[offset] as f64),
                     Data::Bf16(bits) => V::F(bf16_value(bits[offset]) as f64),
+                    Data::Blocks(format, blocks) => V::F(quant::value_at(*format, blocks, offset) as f64),
                     Data::I64(values) => V::I(values[offset]),
                     Data::Bool(values) => V::B(values[offset]),
                 }
@@ -317,7 +319,7 @@ pub fn compute(
             Data::F32(values) => values[flat] = round(v.f(), dtype) as f32,
             Data::I64(values) => values[flat] = wrap(v.i(), dtype),
             Data::Bool(values) => values[flat] = v.b(),
-            Data::Bf16(_) => unreachable!("computed values are held as f32"),
+            Data::Bf16(_) | Data::Blocks(..) => unreachable!("computed values are held as f32"),
         }
     }
     Ok(out)

@@ -23,6 +23,10 @@ pub fn machine(model: Model, params: Vec<Tensor>) -> Machine {
 }
 
 impl Backend for Interpreter {
+    fn reads_blocks(&self) -> bool {
+        true
+    }
+
     type Buffer = Tensor;
 
     fn name(&self) -> &'static str {

@@ -143,7 +143,7 @@ impl Lowerer<'_, '_> {
             let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;
             let path = format!("{}{name}", instance.path);
             self.params.insert(path.clone(), self.model.params.len());
-            self.model.params.push(ir::Param { path, shape: Self::concrete(&shape, *span)?, dtype });
+            self.model.params.push(ir::Param { path, shape: Self::concrete(&shape, *span)?, dtype, storage: None });
         }
         for (name, ty, span) in &block.states {
             let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;
