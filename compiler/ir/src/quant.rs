@@ -135,7 +135,7 @@ pub fn first_non_finite_scale(format: BlockFormat, blocks: &[u8]) -> Option<usiz
         BlockFormat::Q4K => &[0, 2],
         BlockFormat::Q6K => &[208],
     };
-    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| !half(block, *at).is_finite()))
+    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| !f16_at(block, *at).is_finite()))
 }
 
 /// Value `index` of the blocks `blocks` (the index must be inside them):
@@ -144,11 +144,11 @@ pub fn value_at(format: BlockFormat, blocks: &[u8], index: usize) -> f32 {
     let (block, at) = (index / format.block_values(), index % format.block_values());
     let block = &blocks[block * format.block_bytes()..(block + 1) * format.block_bytes()];
     match format {
-        BlockFormat::Q8_0 => half(block, 0) * f32::from(block[2 + at] as i8),
+        BlockFormat::Q8_0 => f16_at(block, 0) * f32::from(block[2 + at] as i8),
         BlockFormat::Q4K => {
             let (chunk, part, l) = (at / 64, at % 64 / 32, at % 32);
             let (scale, min) = q4_k_scale_min(chunk * 2 + part, &block[4..16]);
-            let (step, offset) = (half(block, 0) * f32::from(scale), half(block, 2) * f32::from(min));
+            let (step, offset) = (f16_at(block, 0) * f32::from(scale), f16_at(block, 2) * f32::from(min));
             step * f32::from((block[16 + chunk * 32 + l] >> (4 * part)) & 0xf) - offset
         }
         BlockFormat::Q6K => {
@@ -156,7 +156,7 @@ pub fn value_at(format: BlockFormat, blocks: &[u8], index: usize) -> f32 {
             let (quarter, l) = (rest / 32, rest % 32);
             let level = q6_k_level(&block[half_block * 64..], &block[128 + half_block * 32..], quarter, l);
             let scale = block[192 + at / 16] as i8;
-            half(block, 208) * f32::from(scale) * f32::from(level)
+            f16_at(block, 208) * f32::from(scale) * f32::from(level)
         }
     }
 }
@@ -175,7 +175,8 @@ pub fn quantize(format: BlockFormat, values: &[f32]) -> Result<Vec<u8>, RaggedRo
     Ok(out)
 }
 
-fn half(bytes: &[u8], at: usize) -> f32 {
+/// The f16 at byte `at` of `bytes` (a block's scale), as f32.
+pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16_value(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
@@ -186,7 +187,7 @@ fn put_half(bytes: &mut [u8], at: usize, value: f32) -> f32 {
 }
 
 fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
-    let d = half(block, 0);
+    let d = f16_at(block, 0);
     for (value, q) in out.iter_mut().zip(&block[2..34]) {
         *value = d * f32::from(*q as i8);
     }
@@ -205,7 +206,7 @@ fn quantize_q8_0(values: &[f32], block: &mut [u8]) {
 }
 
 /// Group `j`'s 6-bit scale and min from Q4_K's 12 packed bytes.
-fn q4_k_scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
+pub fn q4_k_scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
     if j < 4 {
         (packed[j] & 63, packed[j + 4] & 63)
     } else {
@@ -214,7 +215,7 @@ fn q4_k_scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
 }
 
 fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
-    let (d, dmin) = (half(block, 0), half(block, 2));
+    let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
     let (packed, quants) = (&block[4..16], &block[16..144]);
     for chunk in 0..4 {
         let nibbles = &quants[chunk * 32..chunk * 32 + 32];
@@ -342,7 +343,7 @@ fn q6_k_level(low: &[u8], high: &[u8], part: usize, l: usize) -> i8 {
 }
 
 fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
-    let (scales, d) = (&block[192..208], half(block, 208));
+    let (scales, d) = (&block[192..208], f16_at(block, 208));
     for half_block in 0..2 {
         let (low, high) = (&block[half_block * 64..], &block[128 + half_block * 32..]);
         for part in 0..4 {
