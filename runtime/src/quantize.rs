@@ -10,6 +10,7 @@ use crate::gguf::{self, Meta, Planned, Storage};
 use linnet_exec::tensor::Tensor;
 use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_ir::{Model, Param};
+use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -132,7 +133,17 @@ fn plan(model: &Model, bindings: &HashMap<String, String>, recipe: Recipe) -> Re
 /// A parameter's bytes as `storage` holds them.
 fn encode(param: &Param, values: &[f32], storage: Storage) -> Result<Vec<u8>, String> {
     Ok(match storage {
-        Storage::Blocks(format) => quantize(format, values).map_err(|e| format!("`{}`: {e}", param.path))?,
+        Storage::Blocks(format) => {
+            // Rows of whole blocks, quantized on every core in runs of rows.
+            let row = param.shape.last().copied().unwrap_or(1).max(1);
+            let run = row * (1usize << 16).div_ceil(row);
+            let parts: Vec<Vec<u8>> = values
+                .par_chunks(run)
+                .map(|values| quantize(format, values))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("`{}`: {e}", param.path))?;
+            parts.concat()
+        }
         Storage::Plain(dtype) if dtype.is_float() => crate::init::bytes(values, dtype),
         Storage::Plain(other) => return Err(format!("`{}` is {other:?}: not a weight to store", param.path)),
     })

@@ -11,9 +11,9 @@
 //! for is refused by name.
 
 use linnet_exec::tensor::Tensor;
+use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
-use linnet_frontend::package::LoadOptions;
 use linnet_runtime::generate::greedy;
 use linnet_runtime::quantize::{from_params, Recipe};
 use linnet_runtime::weights::NonFinite;
@@ -65,9 +65,9 @@ fn entry_paths(weights: &Weights, backend: BackendKind, options: &LoadOptions) -
     let slots = Tensor::from_i64(Dtype::I32, vec![1], vec![1]);
     let lengths = Tensor::from_i64(Dtype::I32, vec![1], vec![5]);
     outputs.push(call("prefill_slots", vec![tokens(&[&long[..5]]), slots, lengths]));
-    for at in 5..long.len() {
+    for (at, token) in long.iter().enumerate().skip(5) {
         let steps = Tensor::from_i64(Dtype::I32, vec![2], vec![0, at as i64]);
-        outputs.push(call("decode_rows", vec![tokens(&[&[0], &[long[at]]]), steps]));
+        outputs.push(call("decode_rows", vec![tokens(&[&[0], &[*token]]), steps]));
     }
     machine.reset().unwrap();
     let greedy = golden.iter().map(|seq| greedy(&mut machine, &seq.tokens, seq.greedy.len()).unwrap()).collect();
@@ -77,14 +77,10 @@ fn entry_paths(weights: &Weights, backend: BackendKind, options: &LoadOptions) -
 /// `forward` on the golden sequences 0 and 1, flattened, on the
 /// interpreter.
 fn logits(weights: &Weights, options: &LoadOptions) -> Vec<f32> {
-    let mut machine = linnet_runtime::load_on(
-        &root().join("models/qwen3.6-35b-a3b"),
-        options,
-        weights,
-        BackendKind::Interp,
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-    .machine;
+    let mut machine =
+        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), options, weights, BackendKind::Interp)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .machine;
     let golden = common::golden(&oracle(), "f32");
     let out = machine.call("forward", vec![tokens(&[&golden[0].tokens, &golden[1].tokens])]).unwrap().swap_remove(0);
     out.widened().as_f32().unwrap().to_vec()
@@ -123,8 +119,7 @@ fn quantized(recipe: Recipe, options: &LoadOptions, dir: &Path) -> PathBuf {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), options).unwrap();
     let bindings = linnet_runtime::bindings(&package);
     let params = if options.overrides.is_empty() {
-        linnet_runtime::weights::load(&model, &bindings, &oracle().join("weights-f32"), &[], NonFinite::Refuse)
-            .unwrap()
+        linnet_runtime::weights::load(&model, &bindings, &oracle().join("weights-f32"), &[], NonFinite::Refuse).unwrap()
     } else {
         linnet_runtime::random::params(&model, 7).unwrap()
     };
@@ -271,4 +266,3 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     assert!(problems[0].contains("no tensor `no.such.tensor`"), "{problems:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
-

@@ -12,11 +12,11 @@
 
 use linnet_cpu::lowering::Elementwise;
 use linnet_cpu::matmul::{matmul_groups, matmul_on, Isa, Matrix, Rows};
-use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_cpu::{backend, kernels};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::dim::Dim;
 use linnet_ir::numerics::bf16_bits;
+use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::time::Instant;

@@ -132,9 +132,8 @@ impl Backend for Cpu {
                 Some(given) => {
                     given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?
                 }
-                None => {
-                    native::jit(&model.params, entry, analysis, self.elementwise).map_err(|error| failed(error.node, error.message))?
-                }
+                None => native::jit(&model.params, entry, analysis, self.elementwise)
+                    .map_err(|error| failed(error.node, error.message))?,
             };
             for (at, node) in entry.nodes.iter().enumerate() {
                 if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {

@@ -52,7 +52,6 @@ trait ByteLanes: Lanes {
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
 }
 
-
 /// `d · q` for each of a Q8_0 block's 32 values, to `sink` by position.
 #[inline(always)]
 unsafe fn q8_0<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
@@ -100,7 +99,8 @@ unsafe fn q6_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
                 for l in (0..32).step_by(L::WIDTH) {
                     let at = half_block * 128 + part * 32 + l;
                     let scale = L::splat(d * f32::from(block[192 + at / 16] as i8));
-                    let low = L::and(L::shift_right(L::load_u8(low.add(l + 32 * (part % 2))), 4 * (part / 2) as u32), 0xf);
+                    let low =
+                        L::and(L::shift_right(L::load_u8(low.add(l + 32 * (part % 2))), 4 * (part / 2) as u32), 0xf);
                     let high = L::shift_left(L::and(L::shift_right(L::load_u8(high.add(l)), 2 * part as u32), 3), 4);
                     let level = L::float(L::minus(L::or(low, high), 32));
                     sink(at, L::mul(scale, level));

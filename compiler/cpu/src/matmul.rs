@@ -256,10 +256,7 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
     // the weights. The inputs are converted on every thread (a prefill's
     // experts have thousands of rows between them).
     let converts = |rows: &Rows, weight: &Matrix| {
-        isa == Isa::Avx512Bf16
-            && matches!(weight, Matrix::Bf16(_))
-            && depth.is_multiple_of(2)
-            && rows.inputs.len() >= 4
+        isa == Isa::Avx512Bf16 && matches!(weight, Matrix::Bf16(_)) && depth.is_multiple_of(2) && rows.inputs.len() >= 4
     };
     let plan = |group: usize| {
         let (rows, weight) = &groups[group];
@@ -377,9 +374,7 @@ unsafe fn columns_on<W: Weight>(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 => {
-                x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, first, range)
-            }
+            Isa::Avx512Bf16 => x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, first, range),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::columns_avx512(rows, weight, depth, first, range),
             #[cfg(target_arch = "x86_64")]
@@ -777,7 +772,10 @@ mod tests {
                             let products = input[m * depth..(m + 1) * depth].iter().zip(&values[n * depth..]);
                             let magnitude: f64 = products.map(|(x, w)| (f64::from(*x) * f64::from(*w)).abs()).sum();
                             let bound = depth as f64 * 2f64.powi(-23) * magnitude;
-                            assert!((f64::from(*ours) - f64::from(*decoded)).abs() <= 2.0 * bound, "{what}: {ours} vs {decoded}");
+                            assert!(
+                                (f64::from(*ours) - f64::from(*decoded)).abs() <= 2.0 * bound,
+                                "{what}: {ours} vs {decoded}"
+                            );
                         }
                     }
                 }

@@ -87,14 +87,16 @@ pub fn host_target() -> Result<String, String> {
 /// Compiles every `Compute` node of `entry` in this process, elementwise
 /// nodes as `elementwise` says (an error names no entry: the caller knows
 /// it).
-pub fn jit(params: &[Param], entry: &Entry, analysis: &Analysis, elementwise: Elementwise) -> Result<Compiled, EmitError> {
+pub fn jit(
+    params: &[Param],
+    entry: &Entry,
+    analysis: &Analysis,
+    elementwise: Elementwise,
+) -> Result<Compiled, EmitError> {
     let builder = JITBuilder::with_isa(host_isa(false).map_err(EmitError::whole)?, default_libcall_names());
     let mut module = JITModule::new(builder);
-    let defined = define_kernels(&mut module, params, entry, analysis, "", elementwise).map_err(|(at, message)| EmitError {
-        entry: None,
-        node: Some(at),
-        message,
-    })?;
+    let defined = define_kernels(&mut module, params, entry, analysis, "", elementwise)
+        .map_err(|(at, message)| EmitError { entry: None, node: Some(at), message })?;
     module.finalize_definitions().map_err(EmitError::whole)?;
     let mut kernels: Vec<Option<NativeKernel>> = (0..entry.nodes.len()).map(|_| None).collect();
     for def in defined {
@@ -131,8 +133,15 @@ pub fn emit_object(model: &Model, analyses: &[Analysis]) -> Result<(Vec<u8>, Ent
     let mut module = ObjectModule::new(builder);
     let mut records = EntryKernels::new();
     for (number, (entry, analysis)) in model.entries.iter().zip(analyses).enumerate() {
-        let defined = define_kernels(&mut module, &model.params, entry, analysis, &format!("linnet_e{number}_"), Elementwise::Lanes)
-            .map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
+        let defined = define_kernels(
+            &mut module,
+            &model.params,
+            entry,
+            analysis,
+            &format!("linnet_e{number}_"),
+            Elementwise::Lanes,
+        )
+        .map_err(|(at, message)| EmitError { entry: Some(number), node: Some(at), message })?;
         records.insert(entry.name.clone(), defined.into_iter().map(|def| def.record).collect());
     }
     let bytes = module.finish().emit().map_err(EmitError::whole)?;

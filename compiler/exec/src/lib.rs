@@ -169,8 +169,13 @@ impl<B: Backend> Executor<B> {
         if params.len() != model.params.len() {
             return Err(whole(format!("{} parameters given for the model's {}", params.len(), model.params.len())));
         }
-        if let Some((param, given)) = params.iter().zip(&model.params).find(|(given, param)| !tensor::holds(given, param)) {
-            return Err(whole(format!("`{}` was given a tensor of shape {:?} that is not held as it is stored", given.path, param.shape)));
+        if let Some((param, given)) =
+            params.iter().zip(&model.params).find(|(given, param)| !tensor::holds(given, param))
+        {
+            return Err(whole(format!(
+                "`{}` was given a tensor of shape {:?} that is not held as it is stored",
+                given.path, param.shape
+            )));
         }
         backend.prepare(&model, &analyses)?;
         let params = params

@@ -12,8 +12,8 @@
 
 use linnet_ir::numerics::round;
 pub use linnet_ir::numerics::{bf16_bits, bf16_value};
-use linnet_ir::Dtype;
 use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::Dtype;
 use linnet_ir::{Node, NodeKind, Param};
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;

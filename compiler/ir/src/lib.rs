@@ -416,7 +416,10 @@ impl Model {
     /// block formats (the checkpoint's, known when it is opened), or every
     /// reason it cannot be: a parameter the model lacks, one that is not a
     /// float, or one whose rows the block does not divide.
-    pub fn stored_as(mut self, formats: &std::collections::BTreeMap<String, quant::BlockFormat>) -> Result<Model, Vec<String>> {
+    pub fn stored_as(
+        mut self,
+        formats: &std::collections::BTreeMap<String, quant::BlockFormat>,
+    ) -> Result<Model, Vec<String>> {
         let mut problems = Vec::new();
         for (path, format) in formats {
             let Some(param) = self.params.iter_mut().find(|p| &p.path == path) else {

@@ -40,10 +40,14 @@ pub fn formats(
 /// give them.
 fn values(param: &Param, name: &str, storage: Storage, bytes: &[u8]) -> Result<Vec<f32>, String> {
     match storage {
-        Storage::Plain(stored) if stored.is_float() && (stored == param.dtype || param.dtype == linnet_ir::Dtype::F32) => {
+        Storage::Plain(stored)
+            if stored.is_float() && (stored == param.dtype || param.dtype == linnet_ir::Dtype::F32) =>
+        {
             Ok(crate::weights::to_f32(stored, bytes))
         }
-        Storage::Plain(stored) => Err(format!("`{name}` is {}, and `{}` is {}", stored.name(), param.path, param.dtype.name())),
+        Storage::Plain(stored) => {
+            Err(format!("`{name}` is {}, and `{}` is {}", stored.name(), param.path, param.dtype.name()))
+        }
         Storage::Blocks(format) => Err(format!(
             "`{name}` is stored as {format}, and the model was built for `{}` stored as {}",
             param.path,
@@ -101,7 +105,11 @@ pub fn load(
                 let offset = (gguf.data_offset + tensor.offset) as usize;
                 let blocks = Elements::mapped(Rc::clone(&file) as Rc<dyn AsRef<[u8]>>, offset, bytes.len())
                     .expect("a tensor the reader checked lies inside the file");
-                params.push(Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Blocks(format, blocks) });
+                params.push(Tensor {
+                    dtype: param.dtype,
+                    shape: param.shape.clone(),
+                    data: Data::Blocks(format, blocks),
+                });
             }
             (Some(format), stored) => problems.push(format!(
                 "parameter `{}`: `{name}` is {stored}, and the model was built for {format} blocks",
