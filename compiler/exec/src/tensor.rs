@@ -245,7 +245,8 @@ impl Tensor {
 
 /// The memory half of `exec::Backend` for the backends that compute on
 /// host tensors (the interpreter, the CPU): inputs and parameters are used
-/// where they are, values come back with floats as f32, copies too.
+/// where they are (`dequantized`: blocks are dequantized exactly when
+/// uploaded), values come back with floats as f32, copies too.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __host_memory {
@@ -253,7 +254,21 @@ macro_rules! __host_memory {
         fn upload(&mut self, tensor: $crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
             Ok(tensor)
         }
-
+        $crate::tensor::host_memory!(@rest);
+    };
+    // Blocks held dequantized (exactly), for a backend that reads values
+    // one at a time: decoding a value from its block on every read would
+    // cost as much as a block's worth of reads.
+    (dequantized) => {
+        fn upload(&mut self, tensor: $crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            Ok(match tensor.data {
+                $crate::tensor::Data::Blocks(..) => tensor.widened().into_owned(),
+                _ => tensor,
+            })
+        }
+        $crate::tensor::host_memory!(@rest);
+    };
+    (@rest) => {
         fn download(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
             Ok(buffer.widened().into_owned())
         }

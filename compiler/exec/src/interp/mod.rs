@@ -37,7 +37,7 @@ impl Backend for Interpreter {
         Ok(())
     }
 
-    crate::tensor::host_memory!();
+    crate::tensor::host_memory!(dequantized);
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
         let node = &site.entry.nodes[site.at];
