@@ -51,14 +51,22 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
     let (model, checked) = driver::lower_checked(checked, linnet_frontend::lower::Lowering::default())
         .map_err(|checked| crate::render(&checked))?;
     let package = checked.package.as_ref().expect("a lowered package was loaded");
-    // Built aside and renamed into place, so a reader never sees half an
-    // artifact; when another process got there first, its copy is kept.
+    build_into(dir, |partial| linnet_artifact::write(&model, package, key, partial))
+}
+
+/// An artifact written by `write` beside `dir`, then renamed into place,
+/// so that a reader never sees half an artifact; when another process got
+/// there first, its copy is kept.
+fn build_into(
+    dir: PathBuf,
+    write: impl FnOnce(&Path) -> Result<linnet_artifact::Manifest, String>,
+) -> Result<PathBuf, String> {
     // Unique to this build: another thread or process may build the same.
     static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let partial = dir.with_extension(format!("partial-{}-{build}", std::process::id()));
     let started = std::time::Instant::now();
-    linnet_artifact::write(&model, package, key, &partial)?;
+    write(&partial)?;
     if std::fs::rename(&partial, &dir).is_err() {
         let _ = std::fs::remove_dir_all(&partial);
         if !linnet_artifact::is_artifact(&dir) {
@@ -69,12 +77,11 @@ pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> 
     Ok(dir)
 }
 
-/// The artifact of `base` for a checkpoint that stores the
-/// parameters of `formats` in those block formats: built beside it on
-/// first use in the cache, keyed by `base`'s key and the formats, so that each
-/// quantization of a model has its own code.
+/// The artifact of `base` for a checkpoint that stores the parameters of
+/// `formats` in those block formats: built in the cache on first use,
+/// keyed by `base`'s key and the formats, so that each quantization of a
+/// model has its own code.
 pub fn stored_variant(
-    _: &Path,
     base: &linnet_artifact::Artifact,
     formats: &std::collections::BTreeMap<String, linnet_ir::quant::BlockFormat>,
 ) -> Result<PathBuf, String> {
@@ -87,15 +94,5 @@ pub fn stored_variant(
     let model = base.model.clone().stored_as(formats).map_err(|problems| {
         format!("the checkpoint's block formats do not fit the model:\n  {}", problems.join("\n  "))
     })?;
-    let partial = variant.with_extension(format!("partial-{}", std::process::id()));
-    let started = std::time::Instant::now();
-    linnet_artifact::write_variant(base, &model, key, &partial)?;
-    if std::fs::rename(&partial, &variant).is_err() {
-        let _ = std::fs::remove_dir_all(&partial);
-        if !linnet_artifact::is_artifact(&variant) {
-            return Err(format!("cannot move the built artifact to {}", variant.display()));
-        }
-    }
-    tracing::info!(artifact = %variant.display(), seconds = started.elapsed().as_secs_f64(), "built for the checkpoint's block formats");
-    Ok(variant)
+    build_into(variant, |partial| linnet_artifact::write_variant(base, &model, key, partial))
 }

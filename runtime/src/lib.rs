@@ -119,7 +119,7 @@ pub fn load_on(
                 // model is built for its formats.
                 let formats = gguf::load::formats(&built.model, &built.bindings(), &found)?;
                 if !formats.is_empty() {
-                    dir = cache::stored_variant(&dir, &built, &formats)?;
+                    dir = cache::stored_variant(&built, &formats)?;
                     built = artifact::read(&dir)?;
                 }
             }

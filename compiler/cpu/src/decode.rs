@@ -326,21 +326,8 @@ mod tests {
     /// levels) to exactly `quant::dequantize`'s values, bit for bit.
     #[test]
     fn every_isa_decodes_exactly_as_the_definition() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
         for format in BlockFormat::ALL {
-            let mut bytes: Vec<u8> = (0..format.block_bytes() * 4)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            // Finite scales (the f16 exponent below its maximum).
-            for block in bytes.chunks_exact_mut(format.block_bytes()) {
-                let scales: &[usize] = if format == BlockFormat::Q6K { &[208] } else { &[0, 2] };
-                scales.iter().for_each(|at| block[at + 1] &= 0x7b);
-            }
+            let bytes = linnet_ir::quant::arbitrary_blocks(format, 4, 0x9e37_79b9_7f4a_7c15);
             let mut expected = vec![0f32; 4 * format.block_values()];
             linnet_ir::quant::dequantize(format, &bytes, &mut expected).unwrap();
             for isa in Isa::available() {

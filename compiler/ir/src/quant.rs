@@ -126,6 +126,26 @@ pub fn dequantize(format: BlockFormat, blocks: &[u8], out: &mut [f32]) -> Result
     Ok(())
 }
 
+/// `count` blocks of arbitrary bytes from `seed` (any levels, any scales
+/// but finite ones): what the tests of the formats' readers decode.
+pub fn arbitrary_blocks(format: BlockFormat, count: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut blocks: Vec<u8> = (0..format.block_bytes() * count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let scales: &[usize] = if format == BlockFormat::Q6K { &[208] } else { &[0, 2] };
+    for block in blocks.chunks_exact_mut(format.block_bytes()) {
+        // An f16 exponent below its maximum: finite.
+        scales.iter().for_each(|at| block[at + 1] &= 0x7b);
+    }
+    blocks
+}
+
 /// The first block of `blocks` whose scales are not finite (then so are
 /// its values): a block's values are finite exactly when its f16 scales
 /// are, the levels being small integers.
@@ -421,20 +441,8 @@ mod tests {
     /// exponents kept finite).
     #[test]
     fn a_value_read_alone_is_what_dequantize_writes() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
         for format in BlockFormat::ALL {
-            let mut blocks: Vec<u8> = (0..format.block_bytes() * 3)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
-            for block in blocks.chunks_exact_mut(format.block_bytes()) {
-                let scales = if format == BlockFormat::Q6K { vec![208] } else { vec![0, 2] };
-                scales.into_iter().for_each(|at| block[at + 1] &= 0x3b);
-            }
+            let blocks = arbitrary_blocks(format, 3, 0x2545_f491_4f6c_dd1d);
             let mut all = vec![0f32; 3 * format.block_values()];
             dequantize(format, &blocks, &mut all).unwrap();
             for (index, value) in all.iter().enumerate() {
