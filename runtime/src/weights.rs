@@ -165,6 +165,18 @@ pub enum NonFinite {
     Refuse,
 }
 
+impl NonFinite {
+    /// `found` (a tensor's NaN or infinite values, as a sentence) named on
+    /// stderr, or made a problem that refuses the `source` (`checkpoint`,
+    /// `file`) holding it.
+    pub fn report(self, found: String, source: &str, problems: &mut Vec<String>) {
+        match self {
+            NonFinite::Warn => eprintln!("warning: {found} (--strict refuses such a {source})"),
+            NonFinite::Refuse => problems.push(format!("{found} (refused under --strict)")),
+        }
+    }
+}
+
 /// One checkpoint tensor as the safetensors header describes it.
 struct Stored<'a> {
     name: String,
@@ -312,14 +324,7 @@ pub fn load(
             Err(problem) => problems.push(problem),
         }
     }
-    match non_finite {
-        NonFinite::Warn => {
-            unfinite.iter().for_each(|found| eprintln!("warning: {found} (--strict refuses such a checkpoint)"))
-        }
-        NonFinite::Refuse => {
-            problems.extend(unfinite.into_iter().map(|found| format!("{found} (refused under --strict)")))
-        }
-    }
+    unfinite.into_iter().for_each(|found| non_finite.report(found, "checkpoint", &mut problems));
     progress.finish_and_clear();
     tracing::info!(
         mapped,

@@ -53,7 +53,7 @@ fn matrix_kernels() {
     for isa in Isa::available() {
         let input = values(depth, 2);
         let mut out = vec![0f32; columns];
-        let seconds = fastest(5, || matmul_on(isa, &input, &weight, &mut out, 1));
+        let seconds = fastest(5, || matmul_on(isa, &input, weight.as_slice(), &mut out, 1));
         let gbs = (columns * depth * 2) as f64 / seconds / 1e9;
         println!("matrix-vector bf16 {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of weights", isa.name());
     }
@@ -77,7 +77,7 @@ fn matrix_kernels() {
     let input = values(rows * depth, 4);
     for isa in Isa::available() {
         let mut out = vec![0f32; rows * columns];
-        let seconds = fastest(3, || matmul_on(isa, &input, &weight, &mut out, rows));
+        let seconds = fastest(3, || matmul_on(isa, &input, weight.as_slice(), &mut out, rows));
         let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
         println!("matrix bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
     }

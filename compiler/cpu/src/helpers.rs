@@ -196,13 +196,13 @@ extern "C" fn matmul<const CODE: i64>(
 /// Value `index` of the blocks at `blocks` (format number `format`):
 /// generated code passes an index inside the parameter.
 extern "C" fn block_value(format: i64, blocks: i64, index: i64) -> f64 {
-    let format = BlockFormat::ALL[format as usize];
-    let block = index as usize / format.block_values();
-    // SAFETY: the block holding the value lies inside the parameter.
-    let bytes = unsafe {
-        std::slice::from_raw_parts((blocks as *const u8).add(block * format.block_bytes()), format.block_bytes())
-    };
-    f64::from(quant::value_at(format, bytes, index as usize % format.block_values()))
+    let (format, index) = (BlockFormat::ALL[format as usize], index as usize);
+    // The blocks up to the one holding the value, which lie inside the
+    // parameter.
+    let len = (index / format.block_values() + 1) * format.block_bytes();
+    // SAFETY: as above.
+    let bytes = unsafe { std::slice::from_raw_parts(blocks as *const u8, len) };
+    f64::from(quant::value_at(format, bytes, index))
 }
 
 thread_local! {

@@ -927,10 +927,12 @@ pub(crate) enum Stored {
 
 impl Stored {
     fn of(node: &linnet_ir::Node, params: &[Param]) -> Stored {
-        match (&node.kind, node.dtype) {
-            (NodeKind::Param(at), _) if params[*at].storage.is_some() => {
-                Stored::Blocks(params[*at].storage.expect("checked"))
+        if let NodeKind::Param(at) = node.kind {
+            if let Some(format) = params[at].storage {
+                return Stored::Blocks(format);
             }
+        }
+        match (&node.kind, node.dtype) {
             (NodeKind::Param(_), Dtype::Bf16) => Stored::Bf16Bits,
             (_, Dtype::Bool) => Stored::Bool,
             (_, Dtype::I32 | Dtype::I64) => Stored::Int,

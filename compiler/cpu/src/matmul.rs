@@ -153,18 +153,6 @@ impl<'a> From<&'a [u16]> for Matrix<'a> {
     }
 }
 
-impl<'a> From<&'a Vec<f32>> for Matrix<'a> {
-    fn from(values: &'a Vec<f32>) -> Matrix<'a> {
-        Matrix::F32(values)
-    }
-}
-
-impl<'a> From<&'a Vec<u16>> for Matrix<'a> {
-    fn from(bits: &'a Vec<u16>) -> Matrix<'a> {
-        Matrix::Bf16(bits)
-    }
-}
-
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
 /// (`out` is `rows × columns`, `weight` `columns × depth`).
 pub fn matmul<'a>(input: &[f32], weight: impl Into<Matrix<'a>>, out: &mut [f32], rows: usize) {
@@ -722,9 +710,9 @@ mod tests {
                     let mut out = vec![f32::NAN; rows * columns];
                     let reference = if bf16 { &widened } else { &weight };
                     if bf16 {
-                        matmul_on(isa, input, &bits, &mut out, rows);
+                        matmul_on(isa, input, bits.as_slice(), &mut out, rows);
                     } else {
-                        matmul_on(isa, input, &weight, &mut out, rows);
+                        matmul_on(isa, input, weight.as_slice(), &mut out, rows);
                     }
                     for (at, value) in out.iter().enumerate() {
                         let (m, n) = (at / columns, at % columns);
@@ -810,7 +798,7 @@ mod tests {
         unsafe { matmul_groups(&groups, columns, depth) };
         for g in 0..rows_per_group.len() {
             let mut alone = vec![f32::NAN; rows_per_group[g] * columns];
-            matmul(&inputs[g], &weights[g], &mut alone, rows_per_group[g]);
+            matmul(&inputs[g], weights[g].as_slice(), &mut alone, rows_per_group[g]);
             assert_eq!(grouped[g], alone, "group {g}");
         }
     }

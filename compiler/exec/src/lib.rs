@@ -169,12 +169,12 @@ impl<B: Backend> Executor<B> {
         if params.len() != model.params.len() {
             return Err(whole(format!("{} parameters given for the model's {}", params.len(), model.params.len())));
         }
-        if let Some((param, given)) =
-            params.iter().zip(&model.params).find(|(given, param)| !tensor::holds(given, param))
+        if let Some((tensor, param)) =
+            params.iter().zip(&model.params).find(|(tensor, param)| !tensor::holds(tensor, param))
         {
             return Err(whole(format!(
                 "`{}` was given a tensor of shape {:?} that is not held as it is stored",
-                given.path, param.shape
+                param.path, tensor.shape
             )));
         }
         backend.prepare(&model, &analyses)?;

@@ -56,14 +56,9 @@ fn values(param: &Param, name: &str, storage: Storage, bytes: &[u8]) -> Result<V
     }
 }
 
-/// Where a non-finite value is reported.
-fn non_finite_found(param: &Param, name: &str, first: usize, non_finite: NonFinite, problems: &mut Vec<String>) {
-    let found =
-        format!("parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}", param.path);
-    match non_finite {
-        NonFinite::Warn => eprintln!("warning: {found} (--strict refuses such a file)"),
-        NonFinite::Refuse => problems.push(format!("{found} (refused under --strict)")),
-    }
+/// `param`'s tensor `name` holding NaN or infinite values, as a sentence.
+fn unfinite(param: &Param, name: &str, first: usize) -> String {
+    format!("parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}", param.path)
 }
 
 /// Every parameter of `model` from the GGUF file at `path`.
@@ -100,7 +95,7 @@ pub fn load(
             (Some(format), Storage::Blocks(stored)) if stored == format => {
                 if let Some(block) = quant::first_non_finite_scale(format, bytes) {
                     let first = block * format.block_values();
-                    non_finite_found(param, name, first, non_finite, &mut problems);
+                    non_finite.report(unfinite(param, name, first), "file", &mut problems);
                 }
                 let offset = (gguf.data_offset + tensor.offset) as usize;
                 let blocks = Elements::mapped(Rc::clone(&file) as Rc<dyn AsRef<[u8]>>, offset, bytes.len())
@@ -118,7 +113,7 @@ pub fn load(
             (None, storage) => match values(param, name, storage, bytes) {
                 Ok(values) => {
                     if let Some(first) = values.iter().position(|v| !v.is_finite()) {
-                        non_finite_found(param, name, first, non_finite, &mut problems);
+                        non_finite.report(unfinite(param, name, first), "file", &mut problems);
                     }
                     params.push(Tensor::from_f32(param.dtype, param.shape.clone(), values).into_bits());
                 }
