@@ -20,6 +20,7 @@ pub mod stops;
 pub mod text;
 pub mod weights;
 
+use gguf::load::Naming;
 use linnet_artifact::{self as artifact, Artifact};
 use linnet_exec::tensor::Tensor;
 use linnet_exec::Machine;
@@ -117,14 +118,14 @@ pub fn load_on(
             if weights::is_gguf(&found) {
                 // A quantized file's parameters are read in its blocks: the
                 // model is built for its formats.
-                let formats = gguf::load::formats(&built.model, &built.bindings(), &found)?;
+                let formats = gguf::load::formats(&built.model, &Naming::of_artifact(&built), &found)?;
                 if !formats.is_empty() {
                     dir = cache::stored_variant(&built, &formats)?;
                     built = artifact::read(&dir)?;
                 }
             }
             let model = &built.model;
-            let params = weights::load(model, &built.bindings(), &found, &source.files, *non_finite)
+            let params = weights::load(model, &Naming::of_artifact(&built), &found, &source.files, *non_finite)
                 .map_err(|problems| weights::unfit(&found, model, &problems))?;
             // A GGUF file's tokenizer files are the ones beside it.
             let text = text::TextModel::load(if found.is_file() { found.parent().unwrap_or(&found) } else { &found })?;

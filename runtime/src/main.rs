@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
+use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{bench, generate, npy, Loaded, Weights};
@@ -446,8 +447,9 @@ fn main() -> ExitCode {
                 let (repo, revision) = (card.and_then(|n| n.repo.as_deref()), card.and_then(|n| n.revision.as_deref()));
                 let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
                 let files = card.map(|n| n.weight_files.clone()).unwrap_or_default();
-                let params = linnet_runtime::weights::load(&model, &bindings, &dir, &files, NonFinite::Refuse)
-                    .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
+                let params =
+                    linnet_runtime::weights::load(&model, &Naming::of(&package), &dir, &files, NonFinite::Refuse)
+                        .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
                 let summary = linnet_runtime::quantize::from_params(&model, &bindings, &params, recipe, &output)?;
                 println!(
                     "quantized `{}` to {} in {}\n{}",

@@ -5,6 +5,7 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
+use crate::gguf::load::Naming;
 use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
 use linnet_ir::Dtype;
 use linnet_ir::Model;
@@ -207,17 +208,19 @@ impl Stored<'_> {
 /// checkpoint stores per expert are stacked (see [`crate::experts`]).
 /// NaN or infinite weights are named on stderr, or refused (`non_finite`).
 /// Errors list every problem found. A `.gguf` file in place of the folder
-/// is read by [`crate::gguf::load`].
+/// is read by [`crate::gguf::load`], through `naming`'s `gguf.json` when it
+/// is llama.cpp's.
 pub fn load(
     model: &Model,
-    bindings: &HashMap<String, String>,
+    naming: &Naming,
     dir: &Path,
     card_files: &[String],
     non_finite: NonFinite,
 ) -> Result<Vec<Tensor>, Vec<String>> {
     if is_gguf(dir) {
-        return crate::gguf::load::load(model, bindings, dir, non_finite);
+        return crate::gguf::load::load(model, naming, dir, non_finite);
     }
+    let bindings = &naming.bindings;
     let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e])?;
     let mut problems = Vec::new();
     let mut maps = Vec::new();

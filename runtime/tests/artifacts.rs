@@ -177,7 +177,7 @@ fn weights_are_used_in_place() {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::bindings(&package),
+        &linnet_runtime::gguf::load::Naming::of(&package),
         &oracle().join("weights-f32"),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,
@@ -195,7 +195,7 @@ fn weights_are_used_in_place() {
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::bindings(&package),
+        &linnet_runtime::gguf::load::Naming::of(&package),
         &calm.join("weights-bf16"),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,

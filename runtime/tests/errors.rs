@@ -9,7 +9,6 @@ use linnet_ir::Dtype;
 use linnet_runtime::weights::{self, NonFinite};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 mod common;
@@ -106,9 +105,9 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let error = linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 100).unwrap_err().to_string();
     assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");
     assert_eq!(linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 62).unwrap().len(), 62);
-    let bindings: HashMap<String, String> = HashMap::new();
+    let unbound = linnet_runtime::gguf::load::Naming::default();
     let problems =
-        weights::load(machine.model(), &bindings, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse)
+        weights::load(machine.model(), &unbound, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse)
             .unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
 }

@@ -36,7 +36,7 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
     let package = checked.package.unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::bindings(&package),
+        &linnet_runtime::gguf::load::Naming::of(&package),
         &dir.join(format!("weights-{dtype}")),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,

@@ -15,6 +15,7 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
+use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::quantize::{from_params, Recipe};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
@@ -128,7 +129,14 @@ fn quantized(package: &str, recipe: Recipe, options: &LoadOptions, dir: &Path) -
     let (model, package) = linnet_runtime::lower(&root().join(package), options).unwrap();
     let bindings = linnet_runtime::bindings(&package);
     let params = if options.overrides.is_empty() && options.nest.is_some() {
-        linnet_runtime::weights::load(&model, &bindings, &oracle().join("weights-f32"), &[], NonFinite::Refuse).unwrap()
+        linnet_runtime::weights::load(
+            &model,
+            &Naming::of(&package),
+            &oracle().join("weights-f32"),
+            &[],
+            NonFinite::Refuse,
+        )
+        .unwrap()
     } else {
         linnet_runtime::random::params(&model, 7).unwrap()
     };
@@ -257,8 +265,8 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     let dir = scratch("formats");
     let file = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &oracle_options()).unwrap();
-    let bindings = linnet_runtime::bindings(&package);
-    let formats = linnet_runtime::gguf::load::formats(&model, &bindings, &file).unwrap();
+    let naming = Naming::of(&package);
+    let formats = linnet_runtime::gguf::load::formats(&model, &naming, &file).unwrap();
     // Norms and 1-D tensors stay plain; every matrix is q8_0.
     assert!(formats.values().all(|f| *f == BlockFormat::Q8_0) && formats.contains_key("lm_head.weight"), "{formats:?}");
     assert!(!formats.keys().any(|path| path.ends_with("norm.weight")), "{formats:?}");
@@ -267,13 +275,16 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     let plain_bytes: usize = model.params.iter().filter(|p| formats.contains_key(&p.path)).map(|p| p.bytes()).sum();
     assert_eq!(quantized_bytes * 128, plain_bytes * 34, "q8_0 is 34 bytes per 32 f32 values (128 bytes)");
     // The plain model, given the quantized file: refused by name.
-    let problems = linnet_runtime::weights::load(&model, &bindings, &file, &[], NonFinite::Refuse).err().unwrap();
-    assert!(problems[0].contains("is stored as q8_0, and the model was built for"), "{problems:?}");
+    let problems = linnet_runtime::weights::load(&model, &naming, &file, &[], NonFinite::Refuse).err().unwrap();
+    assert!(
+        problems[0].contains("the file gives it as q8_0, and the model was built for plain elements"),
+        "{problems:?}"
+    );
     assert_eq!(problems.len(), formats.len(), "{problems:?}");
     // A file without the head: named, alone.
-    let mut bindings = bindings.clone();
-    bindings.insert("lm_head.weight".into(), "no.such.tensor".into());
-    let problems = linnet_runtime::weights::load(&stored, &bindings, &file, &[], NonFinite::Refuse).err().unwrap();
+    let mut naming = naming.clone();
+    naming.bindings.insert("lm_head.weight".into(), "no.such.tensor".into());
+    let problems = linnet_runtime::weights::load(&stored, &naming, &file, &[], NonFinite::Refuse).err().unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("no tensor `no.such.tensor`"), "{problems:?}");
     std::fs::remove_dir_all(&dir).unwrap();

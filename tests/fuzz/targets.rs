@@ -9,6 +9,7 @@ use linnet_frontend::source::FileId;
 use linnet_ir::quant::{dequantize, quantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::Model;
+use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::server::{Limits, Served};
 use linnet_runtime::weights::NonFinite;
 use std::collections::HashMap;
@@ -161,7 +162,8 @@ fn safetensors(input: &[u8]) {
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     std::fs::write(dir.join("model.safetensors"), input).expect("the shard is written");
     ORACLE_MODEL.with(|(model, bindings)| {
-        let _ = linnet_runtime::weights::load(model, bindings, &dir, &[], NonFinite::Refuse);
+        let naming = Naming::bindings(bindings.clone());
+        let _ = linnet_runtime::weights::load(model, &naming, &dir, &[], NonFinite::Refuse);
     });
 }
 

@@ -15,6 +15,7 @@
 
 use linnet_cpu::native::{self, Compiled};
 use linnet_exec::BuildError;
+use linnet_frontend::package::gguf_names::{self, GgufNames};
 use linnet_frontend::package::Package;
 use linnet_frontend::sema::footprint::human_bytes;
 use linnet_frontend::source::SourceMap;
@@ -47,6 +48,10 @@ pub struct Manifest {
     pub model: String,
     pub weights: WeightSource,
     pub params: Vec<ParamRecord>,
+    /// Where llama.cpp's GGUF files keep the parameters (the package's
+    /// `gguf.json`, evaluated for this instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gguf_names: Option<GgufNames>,
     pub states: Vec<StateRecord>,
     pub entries: Vec<EntrySignature>,
     pub plan: MemoryPlan,
@@ -253,6 +258,15 @@ fn manifest(
             revision: nest.and_then(|n| n.revision.clone()),
             files: nest.map(|n| n.weight_files.clone()).unwrap_or_default(),
         },
+        gguf_names: package
+            .gguf_names
+            .as_ref()
+            .map(|file| {
+                let values = gguf_names::generic_values(nest.map_or(&[][..], |n| &n.generics));
+                gguf_names::resolve(file, &values, &mut Vec::new())
+                    .ok_or_else(|| format!("{}: gguf.json does not evaluate: run `linnetc check`", model.name))
+            })
+            .transpose()?,
         params: model
             .params
             .iter()

@@ -50,6 +50,8 @@ pub struct Nest {
     pub generics_span: Span,
     pub check: Vec<NestEntry>,
     pub bindings_path: Option<(String, Span)>,
+    /// `[weights] gguf`: where llama.cpp's GGUF files keep the parameters.
+    pub gguf_names_path: Option<(String, Span)>,
     pub weight_files: Vec<String>,
     pub repo: Option<String>,
     pub revision: Option<String>,
@@ -190,6 +192,7 @@ struct RawWeights {
     #[serde(default)]
     files: Vec<String>,
     bindings: Option<Spanned<String>>,
+    gguf: Option<Spanned<String>>,
 }
 
 fn nest_value(value: &toml::Value) -> NestValue {
@@ -254,6 +257,7 @@ pub fn parse_nest(
         generics_span,
         check,
         bindings_path: weights.as_ref().and_then(|w| named(&w.bindings)),
+        gguf_names_path: weights.as_ref().and_then(|w| named(&w.gguf)),
         weight_files: weights.as_ref().map(|w| w.files.clone()).unwrap_or_default(),
         repo: weights.as_ref().and_then(|w| w.repo.clone()),
         revision: weights.and_then(|w| w.revision),

@@ -5,13 +5,14 @@
 //! library. All file IO of the frontend happens here; unsaved editor texts
 //! come in through an overlay and win over the disk.
 
+pub mod gguf_names;
 mod link;
 mod manifest;
 mod modules;
 mod stdlib;
 
 pub use link::{join_normalized, Member};
-pub use manifest::{Bindings, Nest, NestValue};
+pub use manifest::{Bindings, Nest, NestEntry, NestValue};
 pub use stdlib::stdlib_dir;
 
 use crate::diagnostic::Diagnostic;
@@ -57,6 +58,8 @@ pub struct LoadedModule {
 pub struct Package {
     pub nest: Option<Nest>,
     pub bindings: Option<Bindings>,
+    /// `gguf.json`, when the card names one.
+    pub gguf_names: Option<gguf_names::GgufFile>,
     /// This package first, then the packages it depends on, transitively.
     pub members: Vec<Member>,
     /// The root module first, then every module reached through `use`.
@@ -189,6 +192,18 @@ pub fn load(
         }
     });
 
+    let gguf_names = nest.as_ref().and_then(|nest| {
+        let (relative, span) = nest.gguf_names_path.clone()?;
+        let path = nest_dir.join(relative);
+        match options.read(&path) {
+            Ok(text) => gguf_names::parse(sources.add(&path, text), sources, diagnostics),
+            Err(error) => {
+                diagnostics.push(unreadable(span, &path, &error));
+                None
+            }
+        }
+    });
+
     let root = Member {
         name: manifest.name,
         dir: dir.to_path_buf(),
@@ -202,5 +217,5 @@ pub fn load(
         modules::ModuleLoader { members: &members, stdlib, options, sources, diagnostics, modules: Vec::new() };
     loader.load_all(nest.as_ref().map(|nest| nest.source_span));
     let modules = loader.modules;
-    Some(Package { nest, bindings, members, modules })
+    Some(Package { nest, bindings, gguf_names, members, modules })
 }

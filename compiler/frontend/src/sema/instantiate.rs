@@ -9,7 +9,7 @@ use super::program::{Clause, GenericSig, ItemRef, Program};
 use super::suggest;
 use super::ty::{Elem, SubTy, Subst, Ty};
 use crate::diagnostic::Diagnostic;
-use crate::package::{Nest, NestValue};
+use crate::package::{gguf_names, Nest, NestValue};
 use crate::source::Span;
 use crate::syntax::ast::{BlockKind, GenericKind};
 use linnet_ir::dim::{Atom, Dim, Symbol};
@@ -94,9 +94,31 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
     check_clauses(&program.blocks[root].clauses, &values, diagnostics);
     check_entries(program, root, nest, &values, diagnostics);
     let within_limits = source_is_sound && super::footprint::check(program, &instance, &given, diagnostics);
-    if let (Some(bindings), true) = (&program.package.bindings, within_limits) {
-        check_bindings(program, root, &values, bindings, diagnostics);
+    if !within_limits {
+        return;
     }
+    if let Some(bindings) = &program.package.bindings {
+        let entries = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
+        let covers = Covers { file: bindings.file, name: "bindings.json", missing: "missing-binding", what: "binding" };
+        check_coverage(program, root, &values, &covers, entries, diagnostics);
+    }
+    if let Some(names) = &program.package.gguf_names {
+        gguf_names::resolve(names, &gguf_names::generic_values(&nest.generics), diagnostics);
+        let entries = names.tensors.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
+        let covers = Covers { file: names.file, name: "gguf.json", missing: "missing-gguf-name", what: "GGUF source" };
+        check_coverage(program, root, &values, &covers, entries, diagnostics);
+    }
+}
+
+/// A file that says something of every parameter, for the messages of
+/// [`check_coverage`].
+struct Covers {
+    file: crate::source::FileId,
+    name: &'static str,
+    /// The code of the diagnostic for parameters it leaves out.
+    missing: &'static str,
+    /// What it gives a parameter.
+    what: &'static str,
 }
 
 /// The root block named by the model card and the values of its generics.
@@ -412,11 +434,14 @@ fn parameter_paths(
     }
 }
 
-fn check_bindings(
+/// Every parameter of the root has an entry in `covers` (`entries`: each
+/// path and its key's place), and every entry names a parameter.
+fn check_coverage(
     program: &Program,
     root: usize,
     values: &Values,
-    bindings: &crate::package::Bindings,
+    covers: &Covers,
+    entries: Vec<(&str, Span)>,
     diagnostics: &mut Vec<Diagnostic>,
 ) {
     let mut paths = Vec::new();
@@ -424,7 +449,7 @@ fn check_bindings(
     let mut shapes = Vec::new();
     parameter_paths(program, root, values, "", true, &mut shapes);
     let shapes: BTreeSet<String> = shapes.into_iter().collect();
-    let bound: HashMap<&str, Span> = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
+    let bound: HashMap<&str, Span> = entries.iter().copied().collect();
     let missing: Vec<&String> = paths.iter().filter(|path| !bound.contains_key(path.as_str())).collect();
     if !missing.is_empty() {
         let shown: Vec<&str> = missing.iter().take(8).map(|p| p.as_str()).collect();
@@ -435,14 +460,14 @@ fn check_bindings(
         };
         diagnostics.push(
             Diagnostic::error(
-                "missing-binding",
-                Span::new(bindings.file, 0..1),
-                format!("{} parameter(s) have no binding: {}{more}", missing.len(), shown.join(", ")),
+                covers.missing,
+                Span::new(covers.file, 0..1),
+                format!("{} parameter(s) have no {}: {}{more}", missing.len(), covers.what, shown.join(", ")),
             )
-            .with_label("bindings.json maps every parameter path to a checkpoint tensor"),
+            .with_label(format!("{} says where every parameter's tensor is", covers.name)),
         );
     }
-    for (path, _, span) in &bindings.entries {
+    for (path, span) in entries {
         let structural: Vec<&str> =
             path.split('.').map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part }).collect();
         if !shapes.contains(&structural.join(".")) {
@@ -450,7 +475,7 @@ fn check_bindings(
             diagnostics.push(
                 Diagnostic::warning(
                     "unknown-binding",
-                    *span,
+                    span,
                     format!("`{path}` is not a parameter of this model{hint}"),
                 )
                 .with_label("binds nothing"),

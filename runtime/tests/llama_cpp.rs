@@ -1,0 +1,150 @@
+//! GGUF files as llama.cpp makes them: the f32 oracle checkpoint converted
+//! by llama.cpp's own `convert_hf_to_gguf.py` (renamed tensors, the
+//! experts' gate and up split, norms plus one, `-exp(A_log)`, value heads
+//! tiled), read through the package's `gguf.json`, gives transformers'
+//! logits and greedy tokens on the interpreter and the CPU; its Q8_0
+//! rewrite (llama.cpp's `gguf` package) keeps its blocks where whole
+//! blocks move and runs bit for bit as its values dequantized into a
+//! plain file, on the CPU within the f32 contract; a card whose generics disagree with the file's metadata, and a
+//! package for another architecture, are refused with both values named.
+//! The files and how they were made: `tests/fixtures/llama-cpp`.
+
+use linnet_exec::tensor::Tensor;
+use linnet_frontend::package::LoadOptions;
+use linnet_ir::quant::{dequantize, BlockFormat};
+use linnet_ir::Dtype;
+use linnet_runtime::generate::greedy;
+use linnet_runtime::gguf::load::Naming;
+use linnet_runtime::gguf::{read_file, Planned, Storage, Writer};
+use linnet_runtime::weights::NonFinite;
+use linnet_runtime::{BackendKind, Weights};
+use std::path::PathBuf;
+
+mod common;
+use common::{oracle, oracle_options, root, QWEN3_GENERICS};
+
+const MOE: &str = "models/qwen3.6-35b-a3b";
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("tests/fixtures/llama-cpp").join(name)
+}
+
+fn file(name: &str) -> Weights {
+    Weights::Checkpoint { dir: Some(fixture(name)), non_finite: NonFinite::Refuse }
+}
+
+fn distance(ours: &[f32], reference: &[f32]) -> f32 {
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+/// Each golden sequence's `forward` logits, flattened, and the greedy
+/// tokens after sequence 0.
+fn run(weights: &Weights, backend: BackendKind) -> (Vec<Vec<f32>>, Vec<i64>) {
+    let mut machine = linnet_runtime::load_on(&root().join(MOE), &oracle_options(), weights, backend)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .machine;
+    let golden = common::golden(&oracle(), "f32");
+    let logits = golden
+        .iter()
+        .map(|seq| {
+            let tokens = Tensor::from_i64(Dtype::I32, vec![1, seq.tokens.len()], seq.tokens.clone());
+            let out = machine.call("forward", vec![tokens]).unwrap().swap_remove(0);
+            out.widened().as_f32().unwrap().to_vec()
+        })
+        .collect();
+    machine.reset().unwrap();
+    let tokens = greedy(&mut machine, &golden[0].tokens, golden[0].greedy.len()).unwrap();
+    (logits, tokens)
+}
+
+#[test]
+fn llama_cpp_f32_file_gives_the_oracle_logits() {
+    let golden = common::golden(&oracle(), "f32");
+    for backend in [BackendKind::Interp, BackendKind::Cpu] {
+        let (logits, tokens) = run(&file("tiny-qwen3.5-moe-f32.gguf"), backend);
+        for (n, (ours, seq)) in logits.iter().zip(&golden).enumerate() {
+            let reference: Vec<f32> = seq.logits.concat();
+            let distance = distance(ours, &reference);
+            assert!(distance <= 1e-4, "{backend:?}: sequence {n} is {distance:.2e} of the scale from transformers");
+        }
+        assert_eq!(tokens, golden[0].greedy, "{backend:?}: greedy tokens");
+    }
+}
+
+#[test]
+fn llama_cpp_q8_0_file_keeps_whole_blocks_and_runs() {
+    let (model, package) = linnet_runtime::lower(&root().join(MOE), &oracle_options()).unwrap();
+    let formats =
+        linnet_runtime::gguf::load::formats(&model, &Naming::of(&package), &fixture("tiny-qwen3.5-moe-q8_0.gguf"))
+            .unwrap();
+    let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
+    // Concatenated rows (gate and up) and heads moved as whole rows keep
+    // their blocks; heads moved within rows of 32-value blocks by 16
+    // values do not; changed values (norms) are plain.
+    assert_eq!(at("mlp.gate_up_proj"), Some(BlockFormat::Q8_0));
+    assert_eq!(at("linear_attn.in_proj_qkv.weight"), Some(BlockFormat::Q8_0));
+    assert_eq!(at("linear_attn.in_proj_b.weight"), Some(BlockFormat::Q8_0));
+    assert_eq!(at("linear_attn.out_proj.weight"), None);
+    assert_eq!(at("input_layernorm.weight"), None);
+    // The reference: the same file with every block dequantized, read as
+    // plain values (each change undone on values, not blocks).
+    let plain = dequantized(&fixture("tiny-qwen3.5-moe-q8_0.gguf"));
+    let weights = Weights::Checkpoint { dir: Some(plain.clone()), non_finite: NonFinite::Refuse };
+    let (expected, expected_tokens) = run(&weights, BackendKind::Interp);
+    std::fs::remove_file(&plain).unwrap();
+    let (reference, reference_tokens) = run(&file("tiny-qwen3.5-moe-q8_0.gguf"), BackendKind::Interp);
+    assert!(reference.concat().iter().zip(expected.concat()).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert_eq!(reference_tokens, expected_tokens);
+    let (on_cpu, cpu_tokens) = run(&file("tiny-qwen3.5-moe-q8_0.gguf"), BackendKind::Cpu);
+    for (n, (cpu, interp)) in on_cpu.iter().zip(&reference).enumerate() {
+        let apart = distance(cpu, interp);
+        assert!(apart <= 1e-4, "sequence {n}: the cpu is {apart:.2e} of the scale from the interpreter");
+    }
+    assert_eq!(cpu_tokens, reference_tokens);
+}
+
+/// `path` rewritten with its blocks dequantized to f32, beside it.
+fn dequantized(path: &std::path::Path) -> PathBuf {
+    let (bytes, gguf) = read_file(path).unwrap();
+    let plain = |tensor: &linnet_runtime::gguf::TensorInfo| match tensor.storage {
+        Storage::Blocks(_) => Storage::Plain(Dtype::F32),
+        other => other,
+    };
+    let planned: Vec<Planned> =
+        gguf.tensors.iter().map(|t| Planned { name: t.name.clone(), shape: t.shape(), storage: plain(t) }).collect();
+    let out = std::env::temp_dir().join(format!("linnet-llama-cpp-dequantized-{}.gguf", std::process::id()));
+    let mut writer = Writer::create(&out, &gguf.metadata, &planned).unwrap();
+    for tensor in &gguf.tensors {
+        let stored = gguf.tensor_bytes(&bytes, tensor);
+        match tensor.storage {
+            Storage::Blocks(format) => {
+                let mut values = vec![0f32; tensor.elements() as usize];
+                dequantize(format, stored, &mut values).unwrap();
+                writer.write_tensor(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+            }
+            Storage::Plain(_) => writer.write_tensor(stored).unwrap(),
+        }
+    }
+    writer.finish().unwrap();
+    out
+}
+
+#[test]
+fn metadata_and_architecture_must_agree_with_the_card() {
+    let options = LoadOptions { overrides: vec![("TopK".into(), "1".into())], ..oracle_options() };
+    let error = linnet_runtime::load(&root().join(MOE), &options, &file("tiny-qwen3.5-moe-f32.gguf")).err().unwrap();
+    assert!(
+        error.contains("metadata `qwen35moe.expert_used_count` is 2 in the file, and the model card makes it 1"),
+        "{error}"
+    );
+    let options = LoadOptions {
+        overrides: QWEN3_GENERICS.map(|(name, value)| (name.into(), value.into())).to_vec(),
+        stdlib: Some(root().join("stdlib")),
+        ..LoadOptions::default()
+    };
+    let error = linnet_runtime::load(&root().join("models/qwen3-8b"), &options, &file("tiny-qwen3.5-moe-f32.gguf"))
+        .err()
+        .unwrap();
+    assert!(error.contains("for the `qwen35moe` architecture; this package reads `qwen3` files"), "{error}");
+}
