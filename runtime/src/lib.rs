@@ -18,6 +18,7 @@ pub mod sampling;
 pub mod server;
 pub mod stops;
 pub mod text;
+pub mod vocab;
 pub mod weights;
 
 use gguf::load::Naming;
@@ -127,8 +128,14 @@ pub fn load_on(
             let model = &built.model;
             let params = weights::load(model, &Naming::of_artifact(&built), &found, &source.files, *non_finite)
                 .map_err(|problems| weights::unfit(&found, model, &problems))?;
-            // A GGUF file's tokenizer files are the ones beside it.
-            let text = text::TextModel::load(if found.is_file() { found.parent().unwrap_or(&found) } else { &found })?;
+            // A GGUF file's own vocabulary, else the tokenizer files beside it.
+            let text = match weights::is_gguf(&found) {
+                true => match text::TextModel::from_gguf(&found)? {
+                    Some(text) => Some(text),
+                    None => text::TextModel::load(found.parent().unwrap_or(&found))?,
+                },
+                false => text::TextModel::load(&found)?,
+            };
             let machine = machine(&built, &dir, params, backend, device)?;
             return Ok(Loaded { machine, weights_dir: Some(found), text });
         }

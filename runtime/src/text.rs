@@ -1,7 +1,8 @@
 //! Text in and out: the checkpoint's `tokenizer.json` (the `tokenizers`
 //! crate), its chat template (`tokenizer_config.json` or
 //! `chat_template.jinja`, rendered with minijinja), and its end-of-sequence
-//! ids (`generation_config.json`, else `config.json`).
+//! ids (`generation_config.json`, else `config.json`); or all three from
+//! a GGUF file's metadata ([`crate::vocab`]).
 
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -44,6 +45,20 @@ impl TextModel {
             .and_then(|config| config["chat_template"].as_str().map(str::to_string))
             .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
         Ok(Some(TextModel { tokenizer, chat_template, end_ids }))
+    }
+
+    /// The text side of the GGUF file at `path`, from its own metadata
+    /// (see [`crate::vocab`]); `None` when it has no vocabulary.
+    pub fn from_gguf(path: &Path) -> Result<Option<TextModel>, String> {
+        let (_, gguf) = crate::gguf::read_file(path)?;
+        let Some(tokenizer) = crate::vocab::tokenizer(&gguf).map_err(|e| format!("{}: {e}", path.display()))? else {
+            return Ok(None);
+        };
+        Ok(Some(TextModel {
+            tokenizer,
+            chat_template: crate::vocab::chat_template(&gguf),
+            end_ids: crate::vocab::end_ids(&gguf),
+        }))
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<i64>, String> {
