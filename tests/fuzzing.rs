@@ -59,3 +59,8 @@ fn gguf() {
 fn request() {
     fuzz("request");
 }
+
+#[test]
+fn llama_gguf() {
+    fuzz("llama-gguf");
+}

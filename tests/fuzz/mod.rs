@@ -2,7 +2,9 @@
 //! takes bytes and drives one reader of untrusted input the way the tools
 //! do: the lexer and parser, the checker over the seed package with one
 //! file replaced, the model card and bindings readers, the safetensors
-//! loader, the `.npy` reader, and the server's request reader. The runner
+//! loader, the GGUF reader (with its vocabulary) and the loader of
+//! llama.cpp's files through `gguf.json`, the `.npy` reader, and the
+//! server's request reader. The runner
 //! mutates a corpus seeded from the repository's own files and fails on a
 //! panic or on an input slower than [`SLOW`]; a stack overflow aborts the
 //! process, so the input being tried is always on disk first (see

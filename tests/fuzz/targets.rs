@@ -25,6 +25,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "npy", seeds: npy_files, run: npy },
     Target { name: "request", seeds: request_bodies, run: request },
     Target { name: "gguf", seeds: gguf_files, run: gguf },
+    Target { name: "llama-gguf", seeds: llama_cpp_files, run: llama_cpp_file },
 ];
 
 pub fn target(name: &str) -> Option<&'static Target> {
@@ -126,17 +127,16 @@ fn bindings(input: &[u8]) {
     let _ = check_package(&model_dir(), &options(overlay));
 }
 
-/// The oracle model and its bindings.
-fn oracle_model() -> (Model, HashMap<String, String>) {
+/// The oracle model and its names (bindings and gguf.json).
+fn oracle_model() -> (Model, Naming) {
     let options = LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), ..options(HashMap::new()) };
     let (model, checked) = lower_package(&model_dir(), &options).unwrap_or_else(|_| panic!("the oracle model lowers"));
-    let bindings = linnet_runtime::bindings(checked.package.as_ref().expect("a package"));
-    (model, bindings)
+    (model, Naming::of(checked.package.as_ref().expect("a package")))
 }
 
 thread_local! {
     /// Lowered once per thread (the IR is not shared between threads).
-    static ORACLE_MODEL: (Model, HashMap<String, String>) = oracle_model();
+    static ORACLE_MODEL: (Model, Naming) = oracle_model();
 }
 
 /// Small checkpoints: a few of the oracle's tensors, serialized.
@@ -161,9 +161,8 @@ fn safetensors(input: &[u8]) {
     let dir = std::env::temp_dir().join(format!("linnet-fuzz-safetensors-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     std::fs::write(dir.join("model.safetensors"), input).expect("the shard is written");
-    ORACLE_MODEL.with(|(model, bindings)| {
-        let naming = Naming::bindings(bindings.clone());
-        let _ = linnet_runtime::weights::load(model, &naming, &dir, &[], NonFinite::Refuse);
+    ORACLE_MODEL.with(|(model, naming)| {
+        let _ = linnet_runtime::weights::load(model, naming, &dir, &[], NonFinite::Refuse);
     });
 }
 
@@ -184,9 +183,15 @@ fn npy(input: &[u8]) {
 fn gguf_files() -> Vec<Vec<u8>> {
     use linnet_runtime::gguf::{Meta, Planned, Storage, Writer};
     let path = std::env::temp_dir().join(format!("linnet-fuzz-seed-{}.gguf", std::process::id()));
+    let strings = |items: &[&str]| Meta::Array(items.iter().map(|s| Meta::Str(s.to_string())).collect());
     let metadata = vec![
         ("general.name".to_string(), Meta::Str("seed".into())),
-        ("tokens".to_string(), Meta::Array(vec![Meta::Str("a".into()), Meta::Str("bc".into())])),
+        ("tokenizer.ggml.model".to_string(), Meta::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), Meta::Str("qwen35".into())),
+        ("tokenizer.ggml.tokens".to_string(), strings(&["a", "b", "c", "ab", "abc", "<|im_end|>"])),
+        ("tokenizer.ggml.token_type".to_string(), Meta::Array([1, 1, 1, 1, 1, 3].map(Meta::I32).to_vec())),
+        ("tokenizer.ggml.merges".to_string(), strings(&["a b", "ab c"])),
+        ("tokenizer.ggml.eos_token_id".to_string(), Meta::U32(5)),
         ("n".to_string(), Meta::U64(3)),
     ];
     let rows: Vec<f32> = (0..512).map(|at| (at as f32 * 0.37).sin()).collect();
@@ -209,9 +214,13 @@ fn gguf_files() -> Vec<Vec<u8>> {
     seeds
 }
 
-/// The bytes as a GGUF file: the table read, every tensor dequantized.
+/// The bytes as a GGUF file: the table read, every tensor dequantized,
+/// the vocabulary made a tokenizer that encodes a line.
 fn gguf(input: &[u8]) {
     let Ok(gguf) = linnet_runtime::gguf::read(input) else { return };
+    if let Ok(Some(tokenizer)) = linnet_runtime::vocab::tokenizer(&gguf) {
+        let _ = tokenizer.encode("abc ab<|im_end|>", false);
+    }
     for tensor in &gguf.tensors {
         if let linnet_runtime::gguf::Storage::Blocks(format) = tensor.storage {
             let bytes = gguf.tensor_bytes(input, tensor);
@@ -219,6 +228,23 @@ fn gguf(input: &[u8]) {
             dequantize(format, bytes, &mut out).expect("a tensor the reader accepted is whole blocks");
         }
     }
+}
+
+/// llama.cpp's Q8_0 file of the oracle checkpoint (`tests/fixtures/llama-cpp`).
+fn llama_cpp_files() -> Vec<Vec<u8>> {
+    vec![read(repository().join("tests/fixtures/llama-cpp/tiny-qwen3.5-moe-q8_0.gguf"))]
+}
+
+/// The bytes as llama.cpp's file of the oracle model, read through its
+/// gguf.json: the formats planned, the model built for them loaded.
+fn llama_cpp_file(input: &[u8]) {
+    let path = std::env::temp_dir().join(format!("linnet-fuzz-llama-{}.gguf", std::process::id()));
+    std::fs::write(&path, input).expect("the file is written");
+    ORACLE_MODEL.with(|(model, naming)| {
+        let Ok(formats) = linnet_runtime::gguf::load::formats(model, naming, &path) else { return };
+        let Ok(stored) = model.clone().stored_as(&formats) else { return };
+        let _ = linnet_runtime::weights::load(&stored, naming, &path, &[], NonFinite::Refuse);
+    });
 }
 
 fn request_bodies() -> Vec<Vec<u8>> {
