@@ -26,7 +26,9 @@ struct Cli {
 struct Model {
     /// The package directory.
     package: PathBuf,
-    /// The checkpoint folder, or a `.gguf` file `linnet quantize` wrote;
+    /// The checkpoint folder; or GGUF weights: a `.gguf` file (llama.cpp's,
+    /// read through the package's gguf.json, or one `linnet quantize`
+    /// wrote), one of a split model's files, or the folder holding them;
     /// else the Hugging Face cache at the card's repo.
     #[arg(long, conflicts_with = "random_weights")]
     weights: Option<PathBuf>,

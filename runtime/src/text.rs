@@ -50,14 +50,15 @@ impl TextModel {
     /// The text side of the GGUF file at `path`, from its own metadata
     /// (see [`crate::vocab`]); `None` when it has no vocabulary.
     pub fn from_gguf(path: &Path) -> Result<Option<TextModel>, String> {
-        let (_, gguf) = crate::gguf::read_file(path)?;
-        let Some(tokenizer) = crate::vocab::tokenizer(&gguf).map_err(|e| format!("{}: {e}", path.display()))? else {
+        let files = crate::gguf::Files::open(path)?;
+        let gguf = files.first();
+        let Some(tokenizer) = crate::vocab::tokenizer(gguf).map_err(|e| format!("{}: {e}", path.display()))? else {
             return Ok(None);
         };
         Ok(Some(TextModel {
             tokenizer,
-            chat_template: crate::vocab::chat_template(&gguf),
-            end_ids: crate::vocab::end_ids(&gguf),
+            chat_template: crate::vocab::chat_template(gguf),
+            end_ids: crate::vocab::end_ids(gguf),
         }))
     }
 

@@ -54,7 +54,11 @@ pub fn tokenizer(gguf: &Gguf) -> Result<Option<Tokenizer>, String> {
     let (pattern, normalizer) = pre_tokenizer(pre)
         .ok_or_else(|| format!("the file's pre-tokenizer `{pre}` is not one linnet knows (qwen2, qwen35)"))?;
     let tokens = strings(gguf, "tokenizer.ggml.tokens")?;
-    let merges = strings(gguf, "tokenizer.ggml.merges")?;
+    // A vocabulary without merges is one of single symbols.
+    let merges = match gguf.meta("tokenizer.ggml.merges") {
+        Some(_) => strings(gguf, "tokenizer.ggml.merges")?,
+        None => Vec::new(),
+    };
     let types: Vec<u64> = match gguf.meta("tokenizer.ggml.token_type") {
         Some(Meta::Array(items)) => items.iter().map(|t| t.as_u64().unwrap_or(1)).collect(),
         _ => vec![1; tokens.len()],

@@ -31,10 +31,23 @@ fn hub_caches() -> Vec<PathBuf> {
     caches
 }
 
-/// Whether `path` is a GGUF file (by its name), which is read in place of
-/// a checkpoint folder.
-pub fn is_gguf(path: &Path) -> bool {
+/// Whether `path` is named as a GGUF file.
+pub fn is_gguf_file(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Whether `path` holds GGUF weights, read in place of a safetensors
+/// checkpoint: a GGUF file, or a folder of them (the splits of one model)
+/// without safetensors files.
+pub fn is_gguf(path: &Path) -> bool {
+    if path.is_dir() {
+        let names: Vec<PathBuf> = std::fs::read_dir(path)
+            .map(|entries| entries.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
+        let safetensors = names.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
+        return !safetensors && names.iter().any(|p| is_gguf_file(p));
+    }
+    is_gguf_file(path)
 }
 
 /// The weights: the folder or GGUF file given, else the model card's
@@ -42,7 +55,7 @@ pub fn is_gguf(path: &Path) -> bool {
 /// looked.
 pub fn locate(explicit: Option<&Path>, repo: Option<&str>, revision: Option<&str>) -> Result<PathBuf, String> {
     if let Some(dir) = explicit {
-        return if dir.is_dir() || is_gguf(dir) && dir.is_file() {
+        return if dir.is_dir() || is_gguf_file(dir) && dir.is_file() {
             Ok(dir.to_path_buf())
         } else {
             Err(format!("--weights {}: no such folder or .gguf file", dir.display()))

@@ -1,6 +1,6 @@
 //! `linnet run` and `linnet generate` as a user runs them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
@@ -241,9 +241,9 @@ fn generate_runs_a_built_artifact() {
 /// command line as a user gives them to a checkpoint of another size:
 /// `generate` appends transformers' greedy tokens, and `run` writes
 /// transformers' logits (within the f32 bound of 1e-4 of the largest).
-fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: &[(&str, &str)]) {
+/// `weights`: the checkpoint's folder, or a GGUF file made of it.
+fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: &[(&str, &str)], weights: &Path) {
     let oracle = root().join("tests/fixtures/oracle").join(config);
-    let weights = oracle.join("weights-f32");
     let linnet = |args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
         command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(&weights);
@@ -292,12 +292,50 @@ fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: 
 
 #[test]
 fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
-    runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS);
+    let weights = root().join("tests/fixtures/oracle/tiny-qwen3.5-dense/weights-f32");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS, &weights);
 }
 
 #[test]
 fn the_qwen3_package_runs_the_qwen3_checkpoint_with_set_generics() {
-    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS);
+    let weights = root().join("tests/fixtures/oracle/tiny-qwen3-dense/weights-f32");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS, &weights);
+}
+
+/// The oracle checkpoints as llama.cpp's converter writes them
+/// (`tests/fixtures/llama-cpp`), through each package's `gguf.json`.
+#[test]
+fn each_package_runs_llama_cpp_s_file_of_its_checkpoint() {
+    let file = |name: &str| root().join("tests/fixtures/llama-cpp").join(name);
+    let moe = [
+        ("Vocab", "512"),
+        ("H", "64"),
+        ("Heads", "4"),
+        ("KvHeads", "2"),
+        ("HeadDim", "32"),
+        ("KeyHeads", "2"),
+        ("ValueHeads", "4"),
+        ("KeyDim", "16"),
+        ("ValueDim", "16"),
+        ("Conv", "128"),
+        ("Experts", "8"),
+        ("TopK", "2"),
+        ("ExpertInner", "32"),
+        ("SharedInner", "32"),
+        ("Groups", "2"),
+        ("Batch", "2"),
+        ("MaxSeq", "64"),
+    ];
+    let moe_file = file("tiny-qwen3.5-moe-f32.gguf");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3.5-moe", "models/qwen3.6-35b-a3b", &moe, &moe_file);
+    let dense_file = file("tiny-qwen3.5-dense-f32.gguf");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS, &dense_file);
+    // Split in three by the converter (`--split-max-tensors`): given as
+    // the folder, and as one of its files.
+    let split = file("tiny-qwen3-dense-f32");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS, &split);
+    let second = split.join("tiny-qwen3-dense-f32-00002-of-00003.gguf");
+    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS, &second);
 }
 
 /// `linnet quantize` on the oracle checkpoint: every tensor under its

@@ -14,7 +14,7 @@
 //! blocks reads plain values (blocks dequantized), the converter's changes
 //! undone in f32, rounded to the parameter's dtype.
 
-use super::{read_file, Gguf, Meta, Storage, TensorInfo};
+use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
 use crate::weights::NonFinite;
 use linnet_artifact::Artifact;
 use linnet_exec::tensor::{Data, Elements, Tensor};
@@ -147,7 +147,8 @@ fn metadata_problems(names: &GgufNames, gguf: &Gguf) -> Vec<String> {
 
 /// How a parameter is read from its tensors.
 struct Plan<'g> {
-    parts: Vec<&'g TensorInfo>,
+    /// Each tensor, and the file it is in.
+    parts: Vec<(&'g Part, &'g TensorInfo)>,
     /// Each part's length along the source's axis.
     lengths: Vec<usize>,
     /// The block format the parameter keeps, when it keeps its blocks.
@@ -171,7 +172,7 @@ fn whole_blocks(shape: &[usize], axis: usize, start: usize, length: usize, value
 }
 
 /// How `param` is read from `source`'s tensors in `gguf`, or why it cannot be.
-fn plan<'g>(param: &Param, source: &Source<i64>, gguf: &'g Gguf) -> Result<Plan<'g>, String> {
+fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Plan<'g>, String> {
     let shape = &param.shape;
     let axis = source.axis;
     if axis >= shape.len().max(1) {
@@ -179,12 +180,12 @@ fn plan<'g>(param: &Param, source: &Source<i64>, gguf: &'g Gguf) -> Result<Plan<
     }
     let mut parts = Vec::new();
     for name in &source.tensors {
-        parts.push(gguf.tensor(name).ok_or_else(|| format!("the file has no tensor `{name}`"))?);
+        parts.push(files.tensor(name).ok_or_else(|| format!("the file has no tensor `{name}`"))?);
     }
     let along = shape.get(axis).copied().unwrap_or(1);
     let across = elements(shape) / along.max(1);
     let mut lengths = Vec::new();
-    for part in &parts {
+    for (_, part) in &parts {
         let count = usize::try_from(part.elements()).map_err(|_| format!("`{}` is too large", part.name))?;
         let mut wanted = shape.clone();
         if let Some(slot) = wanted.get_mut(axis) {
@@ -198,7 +199,7 @@ fn plan<'g>(param: &Param, source: &Source<i64>, gguf: &'g Gguf) -> Result<Plan<
         lengths.push(wanted.get(axis).copied().unwrap_or(1));
     }
     if lengths.iter().sum::<usize>() != along {
-        let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+        let names: Vec<&str> = parts.iter().map(|(_, p)| p.name.as_str()).collect();
         return Err(format!("{} hold {:?} along axis {axis}, and the parameter {along}", names.join(" + "), lengths));
     }
     for change in &source.changes {
@@ -213,8 +214,10 @@ fn plan<'g>(param: &Param, source: &Source<i64>, gguf: &'g Gguf) -> Result<Plan<
             }
         }
     }
-    let format = match parts.first().map(|p| p.storage) {
-        Some(Storage::Blocks(format)) if parts.iter().all(|p| p.storage == Storage::Blocks(format)) => Some(format),
+    let format = match parts.first().map(|(_, p)| p.storage) {
+        Some(Storage::Blocks(format)) if parts.iter().all(|(_, p)| p.storage == Storage::Blocks(format)) => {
+            Some(format)
+        }
         _ => None,
     };
     let keeps = |format: BlockFormat| {
@@ -242,10 +245,10 @@ fn plan<'g>(param: &Param, source: &Source<i64>, gguf: &'g Gguf) -> Result<Plan<
 fn plans<'g>(
     model: &Model,
     naming: &Naming,
-    gguf: &'g Gguf,
+    files: &'g Files,
     path: &Path,
 ) -> Result<Vec<(Source<i64>, Plan<'g>)>, Vec<String>> {
-    let sources = naming.sources(gguf, path)?;
+    let sources = naming.sources(files.first(), path)?;
     let mut problems = Vec::new();
     let mut plans = Vec::new();
     for param in &model.params {
@@ -254,7 +257,7 @@ fn plans<'g>(
             problems.push(format!("parameter `{}` has no entry in {file}", param.path));
             continue;
         };
-        match plan(param, source, gguf) {
+        match plan(param, source, files) {
             Ok(plan) => plans.push((source.clone(), plan)),
             Err(why) => problems.push(format!("parameter `{}`: {why} (in {})", param.path, path.display())),
         }
@@ -269,8 +272,8 @@ fn plans<'g>(
 /// The block format of each parameter that keeps its blocks from the file
 /// at `path`: what the model is built for before it loads.
 pub fn formats(model: &Model, naming: &Naming, path: &Path) -> Result<BTreeMap<String, BlockFormat>, String> {
-    let (_, gguf) = read_file(path)?;
-    let plans = plans(model, naming, &gguf, path).map_err(|problems| problems.join("\n"))?;
+    let files = Files::open(path)?;
+    let plans = plans(model, naming, &files, path).map_err(|problems| problems.join("\n"))?;
     Ok(model
         .params
         .iter()
@@ -355,28 +358,27 @@ fn unfinite(param: &Param, name: &str, first: usize) -> String {
     format!("parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}", param.path)
 }
 
-/// Reads `param` as `plan` says from the mapped `file`.
+/// Reads `param` as `plan` says from its mapped files.
 fn read(
     param: &Param,
     source: &Source<i64>,
     plan: &Plan,
-    gguf: &Gguf,
-    file: &Rc<memmap2::Mmap>,
     non_finite: NonFinite,
     problems: &mut Vec<String>,
 ) -> Option<Tensor> {
-    let bytes: Vec<&[u8]> = plan.parts.iter().map(|part| gguf.tensor_bytes(file, part)).collect();
-    let names: Vec<&str> = plan.parts.iter().map(|p| p.name.as_str()).collect();
+    let bytes: Vec<&[u8]> = plan.parts.iter().map(|(file, tensor)| file.bytes(tensor)).collect();
+    let names: Vec<&str> = plan.parts.iter().map(|(_, p)| p.name.as_str()).collect();
     let name = names.join(" + ");
     if let Some(format) = plan.blocks {
-        for (part, bytes) in plan.parts.iter().zip(&bytes) {
+        for ((_, part), bytes) in plan.parts.iter().zip(&bytes) {
             if let Some(block) = quant::first_non_finite_scale(format, bytes) {
                 non_finite.report(unfinite(param, &part.name, block * format.block_values()), "file", problems);
             }
         }
         let blocks = if plan.parts.len() == 1 && source.changes.is_empty() {
-            let offset = (gguf.data_offset + plan.parts[0].offset) as usize;
-            Elements::mapped(Rc::clone(file) as Rc<dyn AsRef<[u8]>>, offset, bytes[0].len())
+            let (file, tensor) = plan.parts[0];
+            let offset = (file.gguf.data_offset + tensor.offset) as usize;
+            Elements::mapped(Rc::clone(&file.map) as Rc<dyn AsRef<[u8]>>, offset, bytes[0].len())
                 .expect("a tensor the reader checked lies inside the file")
         } else {
             // Runs of whole blocks: the last axis counts blocks.
@@ -399,7 +401,7 @@ fn read(
         return Some(Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Blocks(format, blocks) });
     }
     let mut parts = Vec::new();
-    for (part, bytes) in plan.parts.iter().zip(&bytes) {
+    for ((_, part), bytes) in plan.parts.iter().zip(&bytes) {
         match part_values(param, part, bytes) {
             Ok(values) => parts.push(values),
             Err(why) => {
@@ -437,9 +439,8 @@ fn in_blocks(change: &Change<i64>, shape: &[usize], values: usize) -> Change<i64
 
 /// Every parameter of `model` from the GGUF file at `path`.
 pub fn load(model: &Model, naming: &Naming, path: &Path, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
-    let (file, gguf) = read_file(path).map_err(|e| vec![e])?;
-    let file = Rc::new(file);
-    let plans = plans(model, naming, &gguf, path)?;
+    let files = Files::open(path).map_err(|e| vec![e])?;
+    let plans = plans(model, naming, &files, path)?;
     let mut problems = Vec::new();
     let mut params = Vec::with_capacity(model.params.len());
     for (param, (source, plan)) in model.params.iter().zip(&plans) {
@@ -452,7 +453,7 @@ pub fn load(model: &Model, naming: &Naming, path: &Path, non_finite: NonFinite) 
             ));
             continue;
         }
-        if let Some(tensor) = read(param, source, plan, &gguf, &file, non_finite, &mut problems) {
+        if let Some(tensor) = read(param, source, plan, non_finite, &mut problems) {
             params.push(tensor);
         }
     }

@@ -12,9 +12,11 @@
 
 pub mod load;
 mod read;
+mod split;
 mod write;
 
 pub use read::{read, read_file};
+pub use split::{Files, Part};
 pub use write::{Planned, Writer};
 
 use linnet_ir::quant::BlockFormat;
