@@ -58,6 +58,28 @@ fn a_wrong_shape_and_a_wrong_dtype_are_both_reported() {
     );
 }
 
+/// NaN weights in one expert: the rows routed to it turn NaN, and the next
+/// layer's router refuses to rank them, naming its layer (not an
+/// out-of-range read of an expert that does not exist).
+#[test]
+fn nan_router_scores_are_named_with_their_layer() {
+    const EXPERTS: &str = "model.language_model.layers.0.mlp.experts.gate_up_proj";
+    let dir = altered("nan-expert", EXPERTS, |tensors| {
+        for (name, _, _, data) in tensors.iter_mut() {
+            if name == EXPERTS {
+                // Every weight of every expert: whichever is chosen.
+                for word in data.chunks_exact_mut(4) {
+                    word.copy_from_slice(&f32::NAN.to_le_bytes());
+                }
+            }
+        }
+    });
+    let mut machine = load_with(&dir, NonFinite::Warn).unwrap();
+    let tokens = Tensor::from_i64(Dtype::I32, vec![1, 3], vec![1, 2, 3]);
+    let error = machine.call("forward", vec![tokens]).unwrap_err().to_string();
+    assert!(error.contains("the router's scores hold NaN") && error.contains("in `groups.0.linear.1.mlp`"), "{error}");
+}
+
 #[test]
 fn a_truncated_file_is_a_clear_error() {
     let dir = altered("truncated", NORM, |_| {});
