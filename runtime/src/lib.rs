@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cache;
+pub mod constrain;
 pub mod experts;
 pub mod generate;
 pub mod gguf;

@@ -39,6 +39,13 @@ struct Model {
     /// Parameters drawn at random from this seed instead of a checkpoint.
     #[arg(long, value_name = "SEED")]
     random_weights: Option<u64>,
+    /// The text side from elsewhere than the weights: a GGUF file's
+    /// vocabulary, or a folder with `tokenizer.json` (and its configs).
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
+    /// A Jinja chat template in place of the tokenizer's own.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// A model card other than `PACKAGE/nest.toml`.
     #[arg(long)]
     nest: Option<PathBuf>,
@@ -242,7 +249,18 @@ fn load(model: &Model) -> Result<Loaded, String> {
         BackendArg::MlirHost => linnet_runtime::BackendKind::MlirHost,
         BackendArg::Cuda => linnet_runtime::BackendKind::Cuda,
     };
-    linnet_runtime::load_on(&model.package, &options(model), &weights, backend)
+    let mut loaded = linnet_runtime::load_on(&model.package, &options(model), &weights, backend)?;
+    if let Some(path) = &model.tokenizer {
+        let text = linnet_runtime::text::TextModel::open(path)?;
+        loaded.text = Some(text.ok_or_else(|| format!("--tokenizer {}: no tokenizer there", path.display()))?);
+    }
+    if let Some(path) = &model.chat_template {
+        let template = std::fs::read_to_string(path).map_err(|e| format!("--chat-template {}: {e}", path.display()))?;
+        let text =
+            loaded.text.as_mut().ok_or("--chat-template needs a tokenizer: the weights have none (--tokenizer)")?;
+        text.set_chat_template(template);
+    }
+    Ok(loaded)
 }
 
 /// An integer array converted to the integer type an input wants.

@@ -72,6 +72,28 @@ impl TextModel {
         self.tokenizer.decode(&ids, true).unwrap_or_default()
     }
 
+    /// The text side at `path`: a GGUF file's vocabulary, or a folder's
+    /// (or a `tokenizer.json` file's folder's) tokenizer files.
+    pub fn open(path: &Path) -> Result<Option<TextModel>, String> {
+        if crate::weights::is_gguf(path) {
+            return TextModel::from_gguf(path);
+        }
+        match path.is_dir() {
+            true => TextModel::load(path),
+            false => TextModel::load(path.parent().unwrap_or(Path::new("."))),
+        }
+    }
+
+    /// Uses `template` as the chat template.
+    pub fn set_chat_template(&mut self, template: String) {
+        self.chat_template = Some(template);
+    }
+
+    /// The tokenizer itself, for what reads its vocabulary.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }

@@ -27,16 +27,21 @@ impl Server {
     }
 
     fn start_on(weights: &Path, extra: &[&str]) -> Server {
+        let mut args = vec!["--weights", weights.to_str().unwrap()];
+        args.extend(extra);
+        Server::spawn(&args)
+    }
+
+    /// The oracle's model card, with `args` saying where its weights are.
+    fn spawn(args: &[&str]) -> Server {
         let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
         let mut child = Command::new(env!("CARGO_BIN_EXE_linnet"))
             .arg("serve")
             .arg(root().join("models/qwen3.6-35b-a3b"))
             .arg("--nest")
             .arg(oracle.join("package/nest-f32.toml"))
-            .arg("--weights")
-            .arg(weights)
             .args(["--port", "0"])
-            .args(extra)
+            .args(args)
             .env("LINNET_STDLIB", root().join("stdlib"))
             .stderr(Stdio::piped())
             .spawn()
@@ -379,8 +384,9 @@ fn the_server_for_clients_and_operators() {
         ("frequency_penalty", json!(3), "-2..=2"),
         ("presence_penalty", json!("high"), "must be a number"),
         ("tools", json!([{ "type": "function", "function": { "name": "f" } }]), "`tools`"),
-        ("tool_choice", json!("required"), "`tool_choice`"),
-        ("response_format", json!({ "type": "json_object" }), "`response_format`"),
+        ("tool_choice", json!("required"), "`tool_choice`: there are no tools to call"),
+        // The oracle's word-level tokenizer cannot constrain output.
+        ("response_format", json!({ "type": "json_object" }), "byte-level BPE tokenizer"),
     ] {
         let mut request = json!({ "prompt": [1, 2] });
         request[field] = value.clone();
@@ -458,10 +464,11 @@ fn the_server_for_clients_and_operators() {
         assert_eq!(status, 200, "{choice}: {response}");
     }
     for (request, said) in [
-        (json!({ "messages": history, "tools": weather, "tool_choice": "required" }), "`tool_choice`"),
+        // A forced call needs constrained output: not over a word-level tokenizer.
+        (json!({ "messages": history, "tools": weather, "tool_choice": "required" }), "byte-level BPE tokenizer"),
         (
             json!({ "messages": history, "tools": weather, "tool_choice": { "type": "function", "function": { "name": "get_weather" } } }),
-            "`tool_choice`",
+            "byte-level BPE tokenizer",
         ),
         (json!({ "messages": history, "tools": [{ "type": "retrieval" }] }), "each tool must be"),
         (json!({ "messages": history, "tools": "get_weather" }), "`tools` must be an array"),
@@ -525,4 +532,134 @@ fn a_failure_is_an_error_not_an_answer() {
     assert!(status == 500 && response.contains("NaN"), "{status} {response}");
     drop(server);
     std::fs::remove_dir_all(&weights).unwrap();
+}
+
+/// Constrained output over Qwen3.5's real vocabulary (llama.cpp's
+/// vocabulary file) and chat template, with random weights: every answer
+/// to a JSON schema parses and holds to it, a regex's matches it, thinking
+/// is closed before the answer, a forced tool choice gets a call of the
+/// template's format with arguments under the tool's schema; a schema
+/// that does not compile, a tool that is not there, and a
+/// tokenizer that is not byte-level, are refused by name.
+#[test]
+fn structured_output_holds_on_a_real_vocabulary() {
+    let vocab = root().join("tests/fixtures/llama-cpp/ggml-vocab-qwen35.gguf");
+    let template = root().join("tests/fixtures/chat-templates/qwen3.5.jinja");
+    let server = Server::spawn(&[
+        "--random-weights",
+        "7",
+        "--set",
+        "Vocab=151936",
+        "--set",
+        "MaxSeq=640",
+        "--tokenizer",
+        vocab.to_str().unwrap(),
+        "--chat-template",
+        template.to_str().unwrap(),
+    ]);
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": { "type": "string", "maxLength": 8 },
+            "age": { "type": "integer", "minimum": 0, "maximum": 150 },
+            "pet": { "enum": ["cat", "dog"] },
+        },
+        "required": ["name", "age", "pet"],
+        "additionalProperties": false,
+    });
+    let chat = |extra: Value| {
+        let mut body = json!({
+            "messages": [{ "role": "user", "content": "Who are you? Answer in JSON." }],
+            "max_tokens": 60,
+            "temperature": 1.0,
+            "n": 4,
+            "seed": 3,
+        });
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, response) = server.call("POST", "/v1/chat/completions", &body.to_string());
+        (status, serde_json::from_str::<Value>(&response).unwrap_or(Value::String(response)))
+    };
+    let format =
+        json!({ "response_format": { "type": "json_schema", "json_schema": { "name": "who", "schema": schema } } });
+    for thinking in [false, true] {
+        let mut extra = format.clone();
+        extra["chat_template_kwargs"] = json!({ "enable_thinking": thinking });
+        let (status, response) = chat(extra);
+        assert_eq!(status, 200, "{response}");
+        for choice in response["choices"].as_array().unwrap() {
+            let content = choice["message"]["content"].as_str().unwrap();
+            let answer: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+            let object = answer.as_object().unwrap();
+            assert_eq!(object.len(), 3, "{answer}");
+            assert!(object["name"].as_str().is_some_and(|name| name.chars().count() <= 8), "{answer}");
+            assert!(object["age"].as_u64().is_some_and(|age| age <= 150), "{answer}");
+            assert!(["cat", "dog"].contains(&object["pet"].as_str().unwrap()), "{answer}");
+            assert_eq!(choice["finish_reason"], "stop", "{response}");
+        }
+    }
+    let (status, response) = chat(json!({ "response_format": { "type": "json_object" } }));
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        let content = choice["message"]["content"].as_str().unwrap();
+        let parsed: Result<Value, _> = serde_json::from_str(content);
+        // An object may be cut at `max_tokens`; one that ended must parse.
+        if choice["finish_reason"] == "stop" {
+            assert!(parsed.is_ok_and(|v| v.is_object()), "{content:?}");
+        }
+    }
+    let (status, response) = chat(json!({ "structured_outputs": { "regex": "[0-9]{3}-[a-z]{2}" } }));
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        let content = choice["message"]["content"].as_str().unwrap();
+        let bytes = content.as_bytes();
+        let shaped = bytes.len() == 6
+            && bytes[..3].iter().all(u8::is_ascii_digit)
+            && bytes[3] == b'-'
+            && bytes[4..].iter().all(u8::is_ascii_lowercase);
+        assert!(shaped, "{content:?}");
+    }
+    // Forced tool calls: the grammar of the template's call format.
+    let tools = json!([
+        { "type": "function", "function": { "name": "get_weather", "parameters": { "type": "object",
+            "properties": { "city": { "type": "string", "maxLength": 10 },
+                            "days": { "type": "integer", "minimum": 1, "maximum": 7 } },
+            "required": ["city", "days"] } } },
+        { "type": "function", "function": { "name": "get_time", "parameters": { "type": "object",
+            "properties": { "zone": { "type": "string", "enum": ["UTC", "CET"] } }, "required": ["zone"] } } },
+    ]);
+    for (choice, names) in [
+        (json!("required"), vec!["get_weather", "get_time"]),
+        (json!({ "type": "function", "function": { "name": "get_time" } }), vec!["get_time"]),
+    ] {
+        let (status, response) = chat(json!({ "tools": tools, "tool_choice": choice, "parallel_tool_calls": false }));
+        assert_eq!(status, 200, "{response}");
+        for choice in response["choices"].as_array().unwrap() {
+            assert_eq!(choice["finish_reason"], "tool_calls", "{response}");
+            let calls = choice["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{response}");
+            let name = calls[0]["function"]["name"].as_str().unwrap();
+            assert!(names.contains(&name), "{response}");
+            let arguments: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            match name {
+                "get_time" => assert!(["UTC", "CET"].contains(&arguments["zone"].as_str().unwrap()), "{arguments}"),
+                _ => {
+                    assert!(arguments["city"].as_str().is_some_and(|c| c.chars().count() <= 10), "{arguments}");
+                    assert!(arguments["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)), "{arguments}");
+                }
+            }
+        }
+    }
+    let (status, response) =
+        chat(json!({ "tools": tools, "tool_choice": { "type": "function", "function": { "name": "nope" } } }));
+    assert!(status == 400 && response["error"]["message"].as_str().unwrap().contains("no tool is named `nope`"));
+    let (status, response) = chat(json!({ "guided_json": { "type": "object", "properties": { "a": { "type": 7 } } } }));
+    assert_eq!(status, 400, "{response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("`guided_json` does not compile"), "{response}");
+    drop(server);
+
+    // The oracle's word-level tokenizer spells no bytes: refused by name.
+    let server = Server::start();
+    let body = json!({ "prompt": "t1 t2", "max_tokens": 3, "response_format": { "type": "json_object" } });
+    let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
+    assert!(status == 400 && response.contains("byte-level BPE tokenizer"), "{status} {response}");
 }

@@ -263,9 +263,11 @@ fn request_bodies() -> Vec<Vec<u8>> {
 /// mentions `messages`), with the oracle's tokenizer.
 fn request(input: &[u8]) {
     static SERVED: OnceLock<Served> = OnceLock::new();
-    let served = SERVED.get_or_init(|| Served {
-        limits: Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 512 },
-        text: linnet_runtime::text::TextModel::load(&oracle().join("weights-f32")).expect("the oracle's tokenizer"),
+    let served = SERVED.get_or_init(|| {
+        Served::new(
+            Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 512 },
+            linnet_runtime::text::TextModel::load(&oracle().join("weights-f32")).expect("the oracle's tokenizer"),
+        )
     });
     let chat = input.windows(8).any(|window| window == b"messages");
     let _ = served.read(input, chat);

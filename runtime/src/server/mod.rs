@@ -17,6 +17,7 @@ mod tools;
 
 pub use schedule::{limits, schedule, Job, Limits, Load, Update};
 
+use crate::constrain::Grammars;
 use crate::sampling::Logprobs;
 use crate::stops::Detokenizer;
 use crate::text::TextModel;
@@ -45,9 +46,21 @@ use tools::Calls;
 pub struct Served {
     pub limits: Limits,
     pub text: Option<TextModel>,
+    /// Constrained output over the model's tokenizer, or why there is none.
+    pub grammars: Result<Grammars, String>,
 }
 
 impl Served {
+    pub fn new(limits: Limits, text: Option<TextModel>) -> Served {
+        let grammars = match &text {
+            Some(text) => {
+                Grammars::new(text.tokenizer(), limits.vocab, text.end_ids.first().map_or(0, |&id| id as u32))
+            }
+            None => Err("constrained output needs a tokenizer, and this model has none".to_string()),
+        };
+        Served { limits, text, grammars }
+    }
+
     /// Reads a request body as `/v1/completions` (or, with `chat`,
     /// `/v1/chat/completions`) does, without running it: the prompt's
     /// token ids, or the refusal's HTTP status. For fuzzing and tests.
@@ -55,7 +68,7 @@ impl Served {
         let body: Value = serde_json::from_slice(body).map_err(|_| StatusCode::BAD_REQUEST.as_u16())?;
         let prompt = if chat { chat_prompt(self, &body) } else { prompt_of(self, &body) };
         prompt
-            .and_then(|(prompt, _)| parse_request(self, &body, prompt, chat))
+            .and_then(|(prompt, thinking)| parse_request(self, &body, prompt, chat, thinking))
             .map(|request| request.prompt)
             .map_err(|refusal| refusal.status().as_u16())
     }
@@ -452,7 +465,7 @@ async fn complete(
 ) -> Response {
     let request = json_body(body).and_then(|body| {
         let (prompt, thinking) = prompt(&app.served, &body)?;
-        parse_request(&app.served, &body, prompt, chat).map(|request| (request, thinking))
+        parse_request(&app.served, &body, prompt, chat, thinking).map(|request| (request, thinking))
     });
     let response = match request {
         Ok((request, thinking)) => respond(app.clone(), request, chat, thinking).await,
@@ -601,7 +614,7 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, opt
     let capacity = limits.rows + options.queue;
     let app = Arc::new(App {
         jobs: std::sync::Mutex::new(jobs),
-        served: Served { limits, text },
+        served: Served::new(limits, text),
         held: Arc::new(AtomicUsize::new(0)),
         capacity,
         metrics: Metrics::default(),

@@ -5,6 +5,7 @@
 
 use super::schedule::{Job, Update};
 use super::{bad, error, Served};
+use crate::constrain::Spec;
 use crate::sampling::Sampling;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -67,13 +68,12 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 6] = [
+const NOT_YET: [(&str, Unasked); 5] = [
     ("best_of", |v| v.as_f64() == Some(1.0)),
     ("echo", |v| v == &Value::Bool(false)),
     ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v.as_str() == Some("none")),
-    ("response_format", |v| v.get("type").and_then(Value::as_str) == Some("text")),
 ];
 
 /// The most alternatives a token's log-probabilities come with, as OpenAI
@@ -102,7 +102,15 @@ fn logprobs(body: &Value, chat: bool) -> Result<Option<usize>, Response> {
     Ok(asked.then_some(top))
 }
 
-pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool) -> Result<Request, Response> {
+/// `thinking`: the prompt leaves the model inside a `<think>` block (a
+/// constrained answer closes it first).
+pub fn parse_request(
+    served: &Served,
+    body: &Value,
+    prompt: Vec<i64>,
+    chat: bool,
+    thinking: bool,
+) -> Result<Request, Response> {
     let limits = &served.limits;
     match body.get("model") {
         None | Some(Value::Null) => {}
@@ -165,14 +173,30 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
     }
     let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let logprobs = logprobs(body, chat)?;
-    let tools = tools(body, chat)?;
+    let (tools, forced_calls) = tools(body, chat)?;
     let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
+    let structured = match (structured(body)?, forced_calls) {
+        (Some((_, field)), Some(_)) => {
+            return Err(bad(format!("`{field}` and a forced `tool_choice` cannot both constrain the answer"), field))
+        }
+        (structured, forced) => structured.or(forced.map(|spec| (spec, "tool_choice"))),
+    };
     // Choice `i` samples from `seed + i`: the first is the answer `n: 1`
     // gives, and the same request gives the same choices.
     let (jobs, receivers) = (0..choices)
         .map(|choice| {
             let (updates, receiver) = unbounded_channel();
             let seed = seed.wrapping_add(choice);
+            let constraint = structured
+                .as_ref()
+                .map(|(spec, field)| {
+                    let grammars = served.grammars.as_ref().map_err(|why| bad(format!("`{field}`: {why}"), field))?;
+                    let after = thinking.then_some("</think>\n\n");
+                    grammars
+                        .constraint(spec, after)
+                        .map_err(|why| bad(format!("`{field}` does not compile: {why}"), field))
+                })
+                .transpose()?;
             let job = Job {
                 prompt: prompt.clone(),
                 max_tokens,
@@ -180,12 +204,85 @@ pub fn parse_request(served: &Served, body: &Value, prompt: Vec<i64>, chat: bool
                 seed,
                 stop: stop.clone(),
                 logprobs,
+                constraint,
                 updates,
             };
-            (job, receiver)
+            Ok((job, receiver))
         })
+        .collect::<Result<Vec<_>, Response>>()?
+        .into_iter()
         .unzip();
     Ok(Request { prompt, tools, jobs, stream, stream_usage, stops, receivers })
+}
+
+/// What the answer must match, and the field that says so: OpenAI's
+/// `response_format` (`json_object`, `json_schema`), or vLLM's
+/// `structured_outputs` (`json`, `regex`, `grammar`) and its older
+/// `guided_json`, `guided_regex`, `guided_grammar`. At most one of them.
+fn structured(body: &Value) -> Result<Option<(Spec, &'static str)>, Response> {
+    let mut found = Vec::new();
+    if let Some(format) = body.get("response_format").filter(|v| !v.is_null()) {
+        let spec = match format.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Spec::JsonSchema(serde_json::json!({ "type": "object" }))),
+            Some("json_schema") => match format.get("json_schema").and_then(|j| j.get("schema")) {
+                Some(schema) if schema.is_object() || schema.is_boolean() => Some(Spec::JsonSchema(schema.clone())),
+                _ => return Err(bad("`response_format.json_schema.schema` must be a JSON schema", "response_format")),
+            },
+            _ => {
+                return Err(bad(
+                    format!("`response_format` must have `type` text, json_object or json_schema, got {format}"),
+                    "response_format",
+                ))
+            }
+        };
+        found.extend(spec.map(|spec| (spec, "response_format")));
+    }
+    let text = |value: &Value, field: &'static str| match value {
+        Value::String(text) => Ok(text.clone()),
+        other => Err(bad(format!("`{field}` must be a string, got {other}"), field)),
+    };
+    // A schema given as an object, or as its JSON text.
+    let schema = |value: &Value, field: &'static str| match value {
+        Value::String(text) => serde_json::from_str::<Value>(text)
+            .map(Spec::JsonSchema)
+            .map_err(|e| bad(format!("`{field}` is not JSON: {e}"), field)),
+        Value::Object(_) | Value::Bool(_) => Ok(Spec::JsonSchema(value.clone())),
+        other => Err(bad(format!("`{field}` must be a JSON schema, got {other}"), field)),
+    };
+    for (field, value) in ["guided_json", "guided_regex", "guided_grammar"]
+        .iter()
+        .filter_map(|&field| Some((field, body.get(field).filter(|v| !v.is_null())?)))
+    {
+        found.push(match field {
+            "guided_json" => (schema(value, field)?, field),
+            "guided_regex" => (Spec::Regex(text(value, field)?), field),
+            _ => (Spec::Lark(text(value, field)?), field),
+        });
+    }
+    if let Some(outputs) = body.get("structured_outputs").filter(|v| !v.is_null()) {
+        let field = "structured_outputs";
+        let Some(outputs) = outputs.as_object() else {
+            return Err(bad(format!("`{field}` must be an object, got {outputs}"), field));
+        };
+        for (key, value) in outputs {
+            found.push(match key.as_str() {
+                "json" => (schema(value, field)?, field),
+                "regex" => (Spec::Regex(text(value, field)?), field),
+                "grammar" => (Spec::Lark(text(value, field)?), field),
+                other => {
+                    return Err(bad(format!("`{field}.{other}` is not supported by this server yet"), field));
+                }
+            });
+        }
+    }
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => {
+            let fields: Vec<&str> = found.iter().map(|(_, field)| *field).collect();
+            Err(bad(format!("give one output constraint, not {}", fields.join(" and ")), fields[1]))
+        }
+    }
 }
 
 /// `stream_options: {"include_usage": bool}`, which only a stream takes.
@@ -209,10 +306,10 @@ fn stream_usage(body: &Value, stream: bool) -> Result<bool, Response> {
 }
 
 /// The tools a chat may call: `tools`, each `{"type": "function",
-/// "function": {"name", …}}`, unless `tool_choice` is `"none"`. A choice
-/// that forces a call (`"required"`, a named function) needs constrained
-/// decoding, which this server does not do yet: refused by name.
-fn tools(body: &Value, chat: bool) -> Result<Vec<Value>, Response> {
+/// "function": {"name", …}}`, unless `tool_choice` is `"none"`; and, for
+/// a choice that forces a call (`"required"`, a named function), the
+/// grammar of such calls that constrains the answer.
+fn tools(body: &Value, chat: bool) -> Result<(Vec<Value>, Option<Spec>), Response> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(tools)) if !chat && !tools.is_empty() => {
@@ -230,15 +327,30 @@ fn tools(body: &Value, chat: bool) -> Result<Vec<Value>, Response> {
             "tools",
         ));
     }
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => Ok(tools),
-        Some(Value::String(choice)) if choice == "auto" => Ok(tools),
-        Some(Value::String(choice)) if choice == "none" => Ok(Vec::new()),
-        Some(other) => Err(bad(
-            format!("`tool_choice` ({other}) is not supported by this server yet: it asks the model (\"auto\"), it cannot make it call"),
-            "tool_choice",
-        )),
-    }
+    // A forced call is a grammar of calls (one, or several unless
+    // `parallel_tool_calls` is false).
+    let several = body.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
+    let forced = |only: Option<&str>| {
+        super::tools::call_grammar(&tools, only, several)
+            .map(|grammar| Some(Spec::Lark(grammar)))
+            .map_err(|why| bad(format!("`tool_choice`: {why}"), "tool_choice"))
+    };
+    let spec = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(choice)) if choice == "auto" => None,
+        Some(Value::String(choice)) if choice == "none" => return Ok((Vec::new(), None)),
+        Some(Value::String(choice)) if choice == "required" => forced(None)?,
+        Some(choice) => match choice.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) if choice.get("type").and_then(Value::as_str) == Some("function") => forced(Some(name))?,
+            _ => {
+                return Err(bad(
+                    format!("`tool_choice` must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {choice}"),
+                    "tool_choice",
+                ))
+            }
+        },
+    };
+    Ok((tools, spec))
 }
 
 /// `stop`: absent, one string, or up to four non-empty strings.
@@ -366,7 +478,7 @@ fn template_options(body: &Value) -> Result<Map<String, Value>, Response> {
 pub fn chat_text(served: &Served, body: &Value) -> Result<String, Response> {
     let messages = chat_messages(body)?;
     let mut options = template_options(body)?;
-    let tools = tools(body, true)?;
+    let (tools, _) = tools(body, true)?;
     if !tools.is_empty() {
         options.insert("tools".into(), Value::Array(tools));
     }

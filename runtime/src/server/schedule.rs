@@ -5,6 +5,7 @@
 //! request's tokens do not depend on what else runs. A client that goes
 //! away frees its row.
 
+use crate::constrain::Constraint;
 use crate::sampling::{Logprobs, Rng, Sampling};
 use linnet_exec::tensor::Tensor;
 use linnet_exec::Machine;
@@ -31,6 +32,8 @@ pub struct Job {
     /// Whether to report each token's log-probability, and how many of the
     /// likeliest alternatives with it.
     pub logprobs: Option<usize>,
+    /// What the answer must match (a JSON schema, a regex, a grammar).
+    pub constraint: Option<Constraint>,
     pub updates: UnboundedSender<Update>,
 }
 
@@ -74,6 +77,16 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
         let _ = row.job.updates.send(Update::Failed(message));
         return false;
     }
+    // Under a constraint, the tokens it does not allow are out of reach.
+    let masked = match row.job.constraint.as_mut().map(|constraint| constraint.mask(logits)) {
+        Some(Ok(masked)) => Some(masked),
+        Some(Err(message)) => {
+            let _ = row.job.updates.send(Update::Failed(format!("the output constraint failed: {message}")));
+            return false;
+        }
+        None => None,
+    };
+    let logits = masked.as_deref().unwrap_or(logits);
     let next = row.job.sampling.choose(logits, &row.history, row.generated, &mut row.rng);
     row.history.push(next);
     row.generated += 1;
@@ -81,7 +94,15 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
     if row.job.updates.send(Update::Token(next, logprobs)).is_err() {
         return false;
     }
-    let reason = if row.job.stop.contains(&next) {
+    let complete = match row.job.constraint.as_mut().map(|constraint| constraint.advance(next)) {
+        Some(Ok(complete)) => complete,
+        Some(Err(message)) => {
+            let _ = row.job.updates.send(Update::Failed(format!("the output constraint failed: {message}")));
+            return false;
+        }
+        None => false,
+    };
+    let reason = if complete || row.job.stop.contains(&next) {
         Some("stop")
     } else if row.generated >= row.job.max_tokens || row.position + 1 >= limits.max_seq {
         Some("length")

@@ -42,6 +42,76 @@ impl Call {
     }
 }
 
+/// Whether a parameter's value is written as text (its schema's type is
+/// `string`).
+fn is_text(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("string")
+}
+
+/// A value of text: anything without `</` (where its closing tag starts).
+const TEXT: &str = r"TEXT: /([^<]|<[^\/])*/";
+
+/// A Lark grammar (llguidance's dialect) of calls in this format to
+/// `tools`, or only to the one named `only`: one call, or with `several`
+/// one or more; each function's parameters in the order its schema lists
+/// them, the required ones present; a string's value as text, another's
+/// as compact JSON under its schema, as the chat template writes them.
+pub fn call_grammar(tools: &[Value], only: Option<&str>, several: bool) -> Result<String, String> {
+    let quote = |text: &str| serde_json::to_string(text).expect("a string serializes");
+    let mut rules = Vec::new();
+    let mut functions = Vec::new();
+    for (at, function) in tools.iter().filter_map(|tool| tool.get("function")).enumerate() {
+        let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+        if only.is_some_and(|only| only != name) {
+            continue;
+        }
+        let required: Vec<&str> = function
+            .pointer("/parameters/required")
+            .and_then(Value::as_array)
+            .map(|names| names.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut body = vec![quote(&format!("{name}>\n"))];
+        let properties = function.pointer("/parameters/properties").and_then(Value::as_object);
+        for (index, (parameter, schema)) in properties.into_iter().flatten().enumerate() {
+            let rule = format!("f{at}_p{index}");
+            let value = if let Some(Value::Array(choices)) = schema.get("enum").filter(|_| is_text(schema)) {
+                // The template writes a string as itself: one of the choices.
+                let choices: Vec<String> = choices.iter().filter_map(Value::as_str).map(quote).collect();
+                format!("({})", choices.join(" | "))
+            } else if is_text(schema) {
+                match schema.get("maxLength").and_then(Value::as_u64) {
+                    Some(most) => {
+                        rules.push(format!("{}: /([^<]|<[^\\/]){{0,{most}}}/", rule.to_uppercase()));
+                        rule.to_uppercase()
+                    }
+                    None => "TEXT".to_string(),
+                }
+            } else {
+                let mut schema = schema.clone();
+                if let Value::Object(object) = &mut schema {
+                    object.entry("x-guidance").or_insert_with(|| json!({ "whitespace_flexible": false }));
+                }
+                rules.push(format!("{rule}_value: %json {schema}"));
+                format!("{rule}_value")
+            };
+            let open = quote(&format!("<parameter={parameter}>\n"));
+            rules.push(format!("{rule}: {open} {value} \"\\n</parameter>\\n\""));
+            body.push(if required.contains(&parameter.as_str()) { rule } else { format!("{rule}?") });
+        }
+        rules.push(format!("f{at}: {}", body.join(" ")));
+        functions.push(format!("f{at}"));
+    }
+    if functions.is_empty() {
+        return Err(match only {
+            Some(name) => format!("no tool is named `{name}`"),
+            None => "there are no tools to call".into(),
+        });
+    }
+    let start = if several { "start: call (\"\\n\" call)*" } else { "start: call" };
+    let call = format!("call: \"<tool_call>\\n<function=\" ({}) \"</function>\\n</tool_call>\"", functions.join(" | "));
+    Ok([start.to_string(), call].into_iter().chain(rules).chain([TEXT.to_string()]).collect::<Vec<_>>().join("\n"))
+}
+
 pub struct Calls {
     /// Each tool's parameters' JSON types, by tool name, then parameter.
     types: Map<String, Value>,

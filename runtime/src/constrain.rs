@@ -1,0 +1,182 @@
+//! Constrained decoding: output that must match a JSON schema, a regular
+//! expression or a Lark grammar, through llguidance (the engine vLLM,
+//! SGLang and llama.cpp use). A [`Grammars`] is made once per served model
+//! from its tokenizer (each token's bytes, special tokens marked so no text
+//! matches them); a [`Constraint`] per request says at each step which
+//! tokens may come next, and follows the tokens chosen.
+//!
+//! Only a byte-level tokenizer (BPE over bytes, as Qwen's) spells its text
+//! as the concatenation of its tokens' bytes, which the engine assumes;
+//! another is refused by name.
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use std::sync::Arc;
+use tokenizers::{DecoderWrapper, Tokenizer};
+
+/// What the output must match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Spec {
+    /// A JSON value valid under the schema (`{"type": "object"}` for any
+    /// object).
+    JsonSchema(Value),
+    Regex(String),
+    /// A grammar in llguidance's Lark dialect.
+    Lark(String),
+}
+
+/// GPT-2's map of bytes to the printable characters byte-level BPE spells
+/// them with, inverted: character to byte.
+fn byte_of_char() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|byte| {
+            let c = if printable(byte) {
+                char::from(byte)
+            } else {
+                let c = char::from_u32(next).expect("below the surrogates");
+                next += 1;
+                c
+            };
+            (c, byte)
+        })
+        .collect()
+}
+
+/// `schema` asking for compact JSON (no whitespace between tokens) unless
+/// it says otherwise (llguidance's `x-guidance` options): a model cannot
+/// then spend its answer on whitespace.
+fn compact(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Value::Object(object) = &mut schema {
+        object.entry("x-guidance").or_insert_with(|| serde_json::json!({ "whitespace_flexible": false }));
+    }
+    schema
+}
+
+/// The model's vocabulary as the engine sees it, tokenizing with the
+/// model's own tokenizer.
+struct Vocabulary {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for Vocabulary {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, bytes: &[u8]) -> Vec<TokenId> {
+        let text = String::from_utf8_lossy(bytes);
+        self.tokenizer.encode(text.as_ref(), false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+    }
+}
+
+/// The parser factory of one model.
+pub struct Grammars {
+    factory: ParserFactory,
+    tokenizer: Tokenizer,
+}
+
+impl Grammars {
+    /// For a model of `vocab` tokens whose text is `tokenizer`'s, ending
+    /// with `end` (its end-of-sequence id), or why it cannot be.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize, end: u32) -> Result<Grammars, String> {
+        if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+            return Err("constrained output needs a byte-level BPE tokenizer, and this model's is not one".into());
+        }
+        let bytes = byte_of_char();
+        let specials: std::collections::HashSet<u32> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| match tokenizer.id_to_token(id) {
+                Some(token) if specials.contains(&id) => {
+                    std::iter::once(TokTrie::SPECIAL_TOKEN_MARKER).chain(token.bytes()).collect()
+                }
+                // A token of plain text (an added one too) spelled in the
+                // byte alphabet, or as itself where it is not.
+                Some(token) => match token.chars().map(|c| bytes.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                    Some(spelled) => spelled,
+                    None => token.into_bytes(),
+                },
+                // Ids past the tokenizer's (a padded embedding) never come.
+                None => Vec::new(),
+            })
+            .collect();
+        let info = TokRxInfo::new(vocab as u32, end);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(Vocabulary { trie, tokenizer: tokenizer.clone() });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Grammars { factory, tokenizer: tokenizer.clone() })
+    }
+
+    /// A constraint for one answer, or why `spec` does not compile;
+    /// `after`: text the answer starts with before what `spec` constrains
+    /// (the end of a thinking block a chat template opened).
+    pub fn constraint(&self, spec: &Spec, after: Option<&str>) -> Result<Constraint, String> {
+        let grammar = match spec {
+            Spec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact(schema)),
+            Spec::Regex(regex) => TopLevelGrammar::from_regex(regex),
+            Spec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let parser = self.factory.create_parser(grammar).map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(error);
+        }
+        let forced = match after {
+            Some(text) => self.tokenizer.encode(text, false).map_err(|e| e.to_string())?.get_ids().to_vec(),
+            None => Vec::new(),
+        };
+        Ok(Constraint { forced: forced.into(), matcher })
+    }
+}
+
+/// One answer's constraint, step by step.
+pub struct Constraint {
+    /// Tokens the answer starts with, before the grammar applies.
+    forced: std::collections::VecDeque<TokenId>,
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// `logits` with every token that may not come next pushed to minus
+    /// infinity.
+    pub fn mask(&mut self, logits: &[f32]) -> Result<Vec<f32>, String> {
+        if let Some(&next) = self.forced.front() {
+            let only = |id: usize| id == next as usize;
+            return Ok(logits
+                .iter()
+                .enumerate()
+                .map(|(id, &l)| if only(id) { l } else { f32::NEG_INFINITY })
+                .collect());
+        }
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        Ok(logits
+            .iter()
+            .enumerate()
+            .map(|(id, &logit)| if allowed.is_allowed(id as TokenId) { logit } else { f32::NEG_INFINITY })
+            .collect())
+    }
+
+    /// Follows the token chosen; says whether the output is complete (the
+    /// grammar admits nothing more).
+    pub fn advance(&mut self, token: i64) -> Result<bool, String> {
+        if let Some(next) = self.forced.pop_front() {
+            return match token == i64::from(next) {
+                true => Ok(false),
+                false => Err(format!("token {token} came where the constraint put {next}")),
+            };
+        }
+        self.matcher.consume_token(token as TokenId).map_err(|e| e.to_string())?;
+        Ok(self.matcher.is_stopped())
+    }
+}
