@@ -16,7 +16,8 @@
 //! still be the tag's start); the rest is held and read into calls at the
 //! end. A parameter's value is JSON where the tool's schema says it is not
 //! a string (or where it has no schema and the text reads as JSON), else
-//! the text itself, as the template writes them.
+//! the text itself, as the template writes them. [`call_grammar`] is the
+//! same format as a grammar, for a `tool_choice` that forces a call.
 
 use super::reasoning::partial_tag;
 use serde_json::{json, Map, Value};
