@@ -246,7 +246,7 @@ fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: 
     let oracle = root().join("tests/fixtures/oracle").join(config);
     let linnet = |args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
-        command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(&weights);
+        command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(weights);
         for (name, value) in generics.iter().chain(&[("T", "f32")]) {
             command.arg("--set").arg(format!("{name}={value}"));
         }

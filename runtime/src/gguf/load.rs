@@ -168,7 +168,7 @@ fn squeezed(shape: &[usize]) -> Vec<usize> {
 /// Whether a run of `length` elements starting at `start` along `axis` of
 /// `shape` is made of whole blocks of `values` elements.
 fn whole_blocks(shape: &[usize], axis: usize, start: usize, length: usize, values: usize) -> bool {
-    axis + 1 < shape.len() || (start % values == 0 && length % values == 0)
+    axis + 1 < shape.len() || (start.is_multiple_of(values) && length.is_multiple_of(values))
 }
 
 /// How `param` is read from `source`'s tensors in `gguf`, or why it cannot be.
@@ -189,7 +189,7 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
         let count = usize::try_from(part.elements()).map_err(|_| format!("`{}` is too large", part.name))?;
         let mut wanted = shape.clone();
         if let Some(slot) = wanted.get_mut(axis) {
-            *slot = if across == 0 { 0 } else { count / across };
+            *slot = count.checked_div(across).unwrap_or(0);
         }
         let file_shape: Vec<usize> = part.shape().iter().map(|&d| d as usize).collect();
         if squeezed(&file_shape) != squeezed(&wanted) || elements(&wanted) != count {
