@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::{root, DENSE_GENERICS, QWEN3_GENERICS};
+use common::{card_generics, root, DENSE_GENERICS, QWEN3_GENERICS};
 
 fn linnet(args: &[&str]) -> Output {
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
@@ -307,26 +307,9 @@ fn the_qwen3_package_runs_the_qwen3_checkpoint_with_set_generics() {
 #[test]
 fn each_package_runs_llama_cpp_s_file_of_its_checkpoint() {
     let file = |name: &str| root().join("tests/fixtures/llama-cpp").join(name);
-    let moe = [
-        ("Vocab", "512"),
-        ("H", "64"),
-        ("Heads", "4"),
-        ("KvHeads", "2"),
-        ("HeadDim", "32"),
-        ("KeyHeads", "2"),
-        ("ValueHeads", "4"),
-        ("KeyDim", "16"),
-        ("ValueDim", "16"),
-        ("Conv", "128"),
-        ("Experts", "8"),
-        ("TopK", "2"),
-        ("ExpertInner", "32"),
-        ("SharedInner", "32"),
-        ("Groups", "2"),
-        ("Batch", "2"),
-        ("MaxSeq", "64"),
-    ];
     let moe_file = file("tiny-qwen3.5-moe-f32.gguf");
+    let moe = card_generics(&common::oracle().join("package/nest-f32.toml"));
+    let moe: Vec<(&str, &str)> = moe.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
     runs_the_checkpoint_with_set_generics("tiny-qwen3.5-moe", "models/qwen3.6-35b-a3b", &moe, &moe_file);
     let dense_file = file("tiny-qwen3.5-dense-f32.gguf");
     runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS, &dense_file);

@@ -46,6 +46,19 @@ pub const DENSE_GENERICS: [(&str, &str); 14] = [
     ("MaxSeq", "64"),
 ];
 
+/// The integer generics of the model card at `path` (its `[generics]`
+/// lines `Name = 123`), as `--set` gives them.
+pub fn card_generics(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let section = text.split("[generics]").nth(1).expect("a [generics] table").split("\n[").next().unwrap();
+    section
+        .lines()
+        .filter_map(|line| line.split_once(" = "))
+        .filter(|(_, value)| value.parse::<i64>().is_ok())
+        .map(|(name, value)| (name.trim().to_string(), value.trim().to_string()))
+        .collect()
+}
+
 /// `tests/fixtures/oracle/tiny-qwen3-dense`'s sizes, for `models/qwen3-8b`.
 pub const QWEN3_GENERICS: [(&str, &str); 9] = [
     ("Vocab", "512"),

@@ -178,31 +178,23 @@ pub fn load(
     };
 
     let source_path = nest.as_ref().map_or_else(|| PathBuf::from("src/lib.linnet"), |nest| nest.source_path.clone());
-    // `bindings` is relative to the model card that names it.
+    // `bindings` and `gguf` are relative to the model card that names them.
     let nest_dir = nest_path.parent().map_or_else(|| dir.to_path_buf(), Path::to_path_buf);
-    let bindings = nest.as_ref().and_then(|nest| {
-        let (relative, span) = nest.bindings_path.clone()?;
+    let mut beside = |named: Option<(String, Span)>| {
+        let (relative, span) = named?;
         let path = nest_dir.join(relative);
         match options.read(&path) {
-            Ok(text) => manifest::parse_bindings(sources.add(&path, text), sources, diagnostics),
+            Ok(text) => Some(sources.add(&path, text)),
             Err(error) => {
                 diagnostics.push(unreadable(span, &path, &error));
                 None
             }
         }
-    });
-
-    let gguf_names = nest.as_ref().and_then(|nest| {
-        let (relative, span) = nest.gguf_names_path.clone()?;
-        let path = nest_dir.join(relative);
-        match options.read(&path) {
-            Ok(text) => gguf_names::parse(sources.add(&path, text), sources, diagnostics),
-            Err(error) => {
-                diagnostics.push(unreadable(span, &path, &error));
-                None
-            }
-        }
-    });
+    };
+    let bindings_file = beside(nest.as_ref().and_then(|nest| nest.bindings_path.clone()));
+    let gguf_file = beside(nest.as_ref().and_then(|nest| nest.gguf_names_path.clone()));
+    let bindings = bindings_file.and_then(|file| manifest::parse_bindings(file, sources, diagnostics));
+    let gguf_names = gguf_file.and_then(|file| gguf_names::parse(file, sources, diagnostics));
 
     let root = Member {
         name: manifest.name,
