@@ -245,6 +245,7 @@ fn llama_cpp_file(input: &[u8]) {
         let Ok(stored) = model.clone().stored_as(&formats) else { return };
         let _ = linnet_runtime::weights::load(&stored, naming, &path, &[], NonFinite::Refuse);
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 fn request_bodies() -> Vec<Vec<u8>> {
