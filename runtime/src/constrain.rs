@@ -148,6 +148,12 @@ pub struct Constraint {
 }
 
 impl Constraint {
+    /// An independent copy in the same state (another choice of the same
+    /// request).
+    pub fn copy(&self) -> Constraint {
+        Constraint { forced: self.forced.clone(), matcher: self.matcher.deep_clone() }
+    }
+
     /// `logits` with every token that may not come next pushed to minus
     /// infinity.
     pub fn mask(&mut self, logits: &[f32]) -> Result<Vec<f32>, String> {

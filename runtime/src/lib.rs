@@ -117,25 +117,31 @@ pub fn load_on(
         Weights::Checkpoint { dir: given, non_finite } => {
             let source = built.manifest.weights.clone();
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
-            if weights::is_gguf(&found) {
+            // GGUF weights are opened once: their formats, parameters and text.
+            let gguf_files = if weights::is_gguf(&found) { Some(gguf::Files::open(&found)?) } else { None };
+            if let Some(files) = &gguf_files {
                 // A quantized file's parameters are read in its blocks: the
                 // model is built for its formats.
-                let formats = gguf::load::formats(&built.model, &Naming::of_artifact(&built), &found)?;
+                let formats = gguf::load::formats(&built.model, &Naming::of_artifact(&built), files)?;
                 if !formats.is_empty() {
                     dir = cache::stored_variant(&built, &formats)?;
                     built = artifact::read(&dir)?;
                 }
             }
             let model = &built.model;
-            let params = weights::load(model, &Naming::of_artifact(&built), &found, &source.files, *non_finite)
-                .map_err(|problems| weights::unfit(&found, model, &problems))?;
+            let naming = Naming::of_artifact(&built);
+            let params = match &gguf_files {
+                Some(files) => gguf::load::load(model, &naming, files, *non_finite),
+                None => weights::load(model, &naming, &found, &source.files, *non_finite),
+            }
+            .map_err(|problems| weights::unfit(&found, model, &problems))?;
             // A GGUF file's own vocabulary, else the tokenizer files beside it.
-            let text = match weights::is_gguf(&found) {
-                true => match text::TextModel::from_gguf(&found)? {
+            let text = match &gguf_files {
+                Some(files) => match text::TextModel::of_gguf(files)? {
                     Some(text) => Some(text),
                     None => text::TextModel::load(found.parent().unwrap_or(&found))?,
                 },
-                false => text::TextModel::load(&found)?,
+                None => text::TextModel::load(&found)?,
             };
             let machine = machine(&built, &dir, params, backend, device)?;
             return Ok(Loaded { machine, weights_dir: Some(found), text });

@@ -50,9 +50,14 @@ impl TextModel {
     /// The text side of the GGUF file at `path`, from its own metadata
     /// (see [`crate::vocab`]); `None` when it has no vocabulary.
     pub fn from_gguf(path: &Path) -> Result<Option<TextModel>, String> {
-        let files = crate::gguf::Files::open(path)?;
+        TextModel::of_gguf(&crate::gguf::Files::open(path)?)
+    }
+
+    /// The text side of GGUF `files` already open (see [`Self::from_gguf`]).
+    pub fn of_gguf(files: &crate::gguf::Files) -> Result<Option<TextModel>, String> {
         let gguf = files.first();
-        let Some(tokenizer) = crate::vocab::tokenizer(gguf).map_err(|e| format!("{}: {e}", path.display()))? else {
+        let Some(tokenizer) = crate::vocab::tokenizer(gguf).map_err(|e| format!("{}: {e}", files.path().display()))?
+        else {
             return Ok(None);
         };
         Ok(Some(TextModel {

@@ -231,7 +231,8 @@ pub fn load(
     non_finite: NonFinite,
 ) -> Result<Vec<Tensor>, Vec<String>> {
     if is_gguf(dir) {
-        return crate::gguf::load::load(model, naming, dir, non_finite);
+        let files = crate::gguf::Files::open(dir).map_err(|e| vec![e])?;
+        return crate::gguf::load::load(model, naming, &files, non_finite);
     }
     let bindings = &naming.bindings;
     let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e])?;

@@ -15,7 +15,7 @@ use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
 use linnet_runtime::gguf::load::Naming;
-use linnet_runtime::gguf::{read_file, Planned, Storage, Writer};
+use linnet_runtime::gguf::{read_file, Files, Planned, Storage, Writer};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
 use std::path::PathBuf;
@@ -75,9 +75,8 @@ fn llama_cpp_f32_file_gives_the_oracle_logits() {
 #[test]
 fn llama_cpp_q8_0_file_keeps_whole_blocks_and_runs() {
     let (model, package) = linnet_runtime::lower(&root().join(MOE), &oracle_options()).unwrap();
-    let formats =
-        linnet_runtime::gguf::load::formats(&model, &Naming::of(&package), &fixture("tiny-qwen3.5-moe-q8_0.gguf"))
-            .unwrap();
+    let files = Files::open(&fixture("tiny-qwen3.5-moe-q8_0.gguf")).unwrap();
+    let formats = linnet_runtime::gguf::load::formats(&model, &Naming::of(&package), &files).unwrap();
     let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
     // Concatenated rows (gate and up) and heads moved as whole rows keep
     // their blocks; heads moved within rows of 32-value blocks by 16

@@ -16,6 +16,7 @@ use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
 use linnet_runtime::gguf::load::Naming;
+use linnet_runtime::gguf::Files;
 use linnet_runtime::quantize::{from_params, Recipe};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
@@ -266,7 +267,7 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     let file = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
     let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &oracle_options()).unwrap();
     let naming = Naming::of(&package);
-    let formats = linnet_runtime::gguf::load::formats(&model, &naming, &file).unwrap();
+    let formats = linnet_runtime::gguf::load::formats(&model, &naming, &Files::open(&file).unwrap()).unwrap();
     // Norms and 1-D tensors stay plain; every matrix is q8_0.
     assert!(formats.values().all(|f| *f == BlockFormat::Q8_0) && formats.contains_key("lm_head.weight"), "{formats:?}");
     assert!(!formats.keys().any(|path| path.ends_with("norm.weight")), "{formats:?}");

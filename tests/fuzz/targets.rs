@@ -241,7 +241,8 @@ fn llama_cpp_file(input: &[u8]) {
     let path = std::env::temp_dir().join(format!("linnet-fuzz-llama-{}.gguf", std::process::id()));
     std::fs::write(&path, input).expect("the file is written");
     ORACLE_MODEL.with(|(model, naming)| {
-        let Ok(formats) = linnet_runtime::gguf::load::formats(model, naming, &path) else { return };
+        let Ok(files) = linnet_runtime::gguf::Files::open(&path) else { return };
+        let Ok(formats) = linnet_runtime::gguf::load::formats(model, naming, &files) else { return };
         let Ok(stored) = model.clone().stored_as(&formats) else { return };
         let _ = linnet_runtime::weights::load(&stored, naming, &path, &[], NonFinite::Refuse);
     });

@@ -258,15 +258,10 @@ fn manifest(
             revision: nest.and_then(|n| n.revision.clone()),
             files: nest.map(|n| n.weight_files.clone()).unwrap_or_default(),
         },
-        gguf_names: package
-            .gguf_names
-            .as_ref()
-            .map(|file| {
-                let values = gguf_names::generic_values(nest.map_or(&[][..], |n| &n.generics));
-                gguf_names::resolve(file, &values, &mut Vec::new())
-                    .ok_or_else(|| format!("{}: gguf.json does not evaluate: run `linnetc check`", model.name))
-            })
-            .transpose()?,
+        gguf_names: match (&package.gguf_names, gguf_names::of_package(package, &mut Vec::new())) {
+            (Some(_), None) => return Err(format!("{}: gguf.json does not evaluate: run `linnetc check`", model.name)),
+            (_, names) => names,
+        },
         params: model
             .params
             .iter()

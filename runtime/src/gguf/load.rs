@@ -23,7 +23,6 @@ use linnet_frontend::package::Package;
 use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::{Model, Param};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::rc::Rc;
 
 /// `general.architecture` of the files `linnet quantize` writes.
@@ -45,11 +44,7 @@ impl Naming {
 
     /// A package's names for its instance.
     pub fn of(package: &Package) -> Naming {
-        let gguf_names = package.gguf_names.as_ref().and_then(|names| {
-            let generics = package.nest.as_ref().map_or(&[][..], |nest| &nest.generics);
-            gguf_names::resolve(names, &gguf_names::generic_values(generics), &mut Vec::new())
-        });
-        Naming { bindings: crate::bindings(package), gguf_names }
+        Naming { bindings: crate::bindings(package), gguf_names: gguf_names::of_package(package, &mut Vec::new()) }
     }
 
     /// An artifact's names, as it was built with them.
@@ -57,10 +52,11 @@ impl Naming {
         Naming { bindings: built.bindings(), gguf_names: built.manifest.gguf_names.clone() }
     }
 
-    /// Where each parameter is in `gguf` (read from `path`): the bindings
-    /// for `linnet quantize`'s files, `gguf.json` for a file of its
-    /// architecture, whose metadata must then agree with the card.
-    fn sources(&self, gguf: &Gguf, path: &Path) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
+    /// Where each parameter is in `files`: the bindings for `linnet
+    /// quantize`'s files, `gguf.json` for a file of its architecture, whose
+    /// metadata must then agree with the card.
+    fn sources(&self, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
+        let (gguf, path) = (files.first(), files.path());
         let architecture = gguf.meta("general.architecture").and_then(Meta::as_str).unwrap_or("");
         if architecture == LINNET_ARCHITECTURE {
             return Ok(self
@@ -240,15 +236,10 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
     Ok(Plan { parts, lengths, blocks })
 }
 
-/// Where each parameter of `model` is in the file at `path`, and how it
-/// reads: every problem at once.
-fn plans<'g>(
-    model: &Model,
-    naming: &Naming,
-    files: &'g Files,
-    path: &Path,
-) -> Result<Vec<(Source<i64>, Plan<'g>)>, Vec<String>> {
-    let sources = naming.sources(files.first(), path)?;
+/// Where each parameter of `model` is in `files`, and how it reads: every
+/// problem at once.
+fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(Source<i64>, Plan<'g>)>, Vec<String>> {
+    let sources = naming.sources(files)?;
     let mut problems = Vec::new();
     let mut plans = Vec::new();
     for param in &model.params {
@@ -259,7 +250,7 @@ fn plans<'g>(
         };
         match plan(param, source, files) {
             Ok(plan) => plans.push((source.clone(), plan)),
-            Err(why) => problems.push(format!("parameter `{}`: {why} (in {})", param.path, path.display())),
+            Err(why) => problems.push(format!("parameter `{}`: {why} (in {})", param.path, files.path().display())),
         }
     }
     if problems.is_empty() {
@@ -269,11 +260,10 @@ fn plans<'g>(
     }
 }
 
-/// The block format of each parameter that keeps its blocks from the file
-/// at `path`: what the model is built for before it loads.
-pub fn formats(model: &Model, naming: &Naming, path: &Path) -> Result<BTreeMap<String, BlockFormat>, String> {
-    let files = Files::open(path)?;
-    let plans = plans(model, naming, &files, path).map_err(|problems| problems.join("\n"))?;
+/// The block format of each parameter that keeps its blocks from
+/// `files`: what the model is built for before it loads.
+pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, String> {
+    let plans = plans(model, naming, files).map_err(|problems| problems.join("\n"))?;
     Ok(model
         .params
         .iter()
@@ -437,10 +427,9 @@ fn in_blocks(change: &Change<i64>, shape: &[usize], values: usize) -> Change<i64
     }
 }
 
-/// Every parameter of `model` from the GGUF file at `path`.
-pub fn load(model: &Model, naming: &Naming, path: &Path, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
-    let files = Files::open(path).map_err(|e| vec![e])?;
-    let plans = plans(model, naming, &files, path)?;
+/// Every parameter of `model` from `files`.
+pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
+    let plans = plans(model, naming, files)?;
     let mut problems = Vec::new();
     let mut params = Vec::with_capacity(model.params.len());
     for (param, (source, plan)) in model.params.iter().zip(&plans) {

@@ -104,6 +104,11 @@ impl Files {
         Ok(Files { parts, index })
     }
 
+    /// The first file's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.parts[0].path
+    }
+
     /// The model's metadata: the first file's.
     pub fn first(&self) -> &Gguf {
         &self.parts[0].gguf

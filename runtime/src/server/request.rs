@@ -5,7 +5,7 @@
 
 use super::schedule::{Job, Update};
 use super::{bad, error, Served};
-use crate::constrain::Spec;
+use crate::constrain::{Constraint, Spec};
 use crate::sampling::Sampling;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -183,20 +183,18 @@ pub fn parse_request(
     };
     // Choice `i` samples from `seed + i`: the first is the answer `n: 1`
     // gives, and the same request gives the same choices.
+    // Compiled once; each choice follows its own copy.
+    let constraint = structured
+        .map(|(spec, field)| {
+            let grammars = served.grammars.as_ref().map_err(|why| bad(format!("`{field}`: {why}"), field))?;
+            let after = thinking.then_some("</think>\n\n");
+            grammars.constraint(&spec, after).map_err(|why| bad(format!("`{field}` does not compile: {why}"), field))
+        })
+        .transpose()?;
     let (jobs, receivers) = (0..choices)
         .map(|choice| {
             let (updates, receiver) = unbounded_channel();
             let seed = seed.wrapping_add(choice);
-            let constraint = structured
-                .as_ref()
-                .map(|(spec, field)| {
-                    let grammars = served.grammars.as_ref().map_err(|why| bad(format!("`{field}`: {why}"), field))?;
-                    let after = thinking.then_some("</think>\n\n");
-                    grammars
-                        .constraint(spec, after)
-                        .map_err(|why| bad(format!("`{field}` does not compile: {why}"), field))
-                })
-                .transpose()?;
             let job = Job {
                 prompt: prompt.clone(),
                 max_tokens,
@@ -204,13 +202,11 @@ pub fn parse_request(
                 seed,
                 stop: stop.clone(),
                 logprobs,
-                constraint,
+                constraint: constraint.as_ref().map(Constraint::copy),
                 updates,
             };
-            Ok((job, receiver))
+            (job, receiver)
         })
-        .collect::<Result<Vec<_>, Response>>()?
-        .into_iter()
         .unzip();
     Ok(Request { prompt, tools, jobs, stream, stream_usage, stops, receivers })
 }

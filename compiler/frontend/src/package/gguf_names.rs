@@ -189,15 +189,21 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
     Some(GgufFile { file, architecture: architecture.to_string(), metadata, tensors })
 }
 
-/// The card's integer generics, by name (after `--set`).
-pub fn generic_values(generics: &[super::NestEntry]) -> HashMap<String, i64> {
-    generics
+/// `package`'s `gguf.json` for the instance its card makes (its integer
+/// generics, after `--set`); `None` without one, or when an entry does not
+/// evaluate (each such a diagnostic at its key).
+pub fn of_package(package: &super::Package, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
+    let file = package.gguf_names.as_ref()?;
+    let values = package
+        .nest
         .iter()
+        .flat_map(|nest| &nest.generics)
         .filter_map(|entry| match entry.value {
             NestValue::Int(value) => Some((entry.name.clone(), value)),
             _ => None,
         })
-        .collect()
+        .collect();
+    resolve(file, &values, diagnostics)
 }
 
 /// `text` evaluated over `values`: integers, names, `+ - * / %` and

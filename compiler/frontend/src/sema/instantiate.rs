@@ -103,7 +103,7 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
         check_coverage(program, root, &values, &covers, entries, diagnostics);
     }
     if let Some(names) = &program.package.gguf_names {
-        gguf_names::resolve(names, &gguf_names::generic_values(&nest.generics), diagnostics);
+        gguf_names::of_package(program.package, diagnostics);
         let entries = names.tensors.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
         let covers = Covers { file: names.file, name: "gguf.json", missing: "missing-gguf-name", what: "GGUF source" };
         check_coverage(program, root, &values, &covers, entries, diagnostics);
