@@ -6,7 +6,7 @@ use crate::sampling::{Rng, Sampling};
 use linnet_exec::tensor::Tensor;
 use linnet_exec::{Machine, RunError};
 use linnet_ir::Dtype;
-use linnet_ir::{Intrinsic, Model, NodeKind};
+use linnet_ir::Model;
 
 /// The index of the largest value of each row of a `[rows, n]` tensor;
 /// ties go to the lower index.
@@ -34,22 +34,18 @@ pub fn batch_rows(machine: &Machine) -> Result<usize, String> {
 }
 
 /// How many positions the model's caches hold: the length axis of every
-/// state an entry writes at token positions (`write_at`, `write_span`,
-/// `write_rows` into `[rows, heads, positions, width]`); `None` for a model
-/// without such caches.
+/// state an entry writes at token positions (`rows::positional_states`:
+/// `[rows, heads, positions, width]`); `None` for a model without such
+/// caches.
 pub fn cache_positions(model: &Model) -> Option<usize> {
-    let written = model.entries.iter().flat_map(|entry| {
-        entry.nodes.iter().filter_map(move |node| match &node.kind {
-            NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) => {
-                match entry.nodes[args.first()?.index()].kind {
-                    NodeKind::State(state) => Some(state),
-                    _ => None,
-                }
-            }
-            _ => None,
-        })
-    });
-    written.filter_map(|state| model.states[state].shape.get(2).copied()).min()
+    let positional = linnet_exec::rows::positional_states(model);
+    model
+        .states
+        .iter()
+        .zip(positional)
+        .filter(|(_, positional)| *positional)
+        .filter_map(|(state, _)| state.shape.get(2).copied())
+        .min()
 }
 
 /// Appends `max_tokens` greedy tokens to `prompt`; returns the new ones.

@@ -141,6 +141,14 @@ enum Command {
         /// `/tokenize`, `/detokenize`); else `$LINNET_API_KEY`, if set.
         #[arg(long)]
         api_key: Option<String>,
+        /// Memory for the prefix cache's snapshots of prompts' states, in
+        /// MiB (0: no prefix cache).
+        #[arg(long, default_value_t = 1024)]
+        prefix_cache_mb: usize,
+        /// The prefix cache's block, in tokens: snapshots are taken at its
+        /// multiples.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+        prefix_block: u32,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -438,10 +446,13 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
-        Command::Serve { model, host, port, queue, api_key } => {
+        Command::Serve { model, host, port, queue, api_key, prefix_cache_mb, prefix_block } => {
             let loader = model.clone();
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
-            let options = linnet_runtime::server::Options { host, port, queue, api_key };
+            let prefix_cache_bytes = prefix_cache_mb.saturating_mul(1 << 20);
+            let prefix_block = prefix_block as usize;
+            let options =
+                linnet_runtime::server::Options { host, port, queue, api_key, prefix_cache_bytes, prefix_block };
             linnet_runtime::server::serve(move || load(&loader), options)
         }
         Command::InitWeights { package, nest, overrides, seed, recipe: Some(recipe), output, .. } => {

@@ -82,16 +82,16 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
     for position in 4..8 {
         call(machine, "decode", vec![ints(vec![2, 1], vec![position * 3, position * 5]), ints(vec![], vec![position])]);
     }
-    call(
-        machine,
-        "prefill_slots",
-        vec![ints(vec![2, 3], vec![11, 12, 13, 21, 22, 0]), ints(vec![2], vec![1, 0]), ints(vec![2], vec![3, 2])],
-    );
+    let (slots, starts, lengths) = (ints(vec![2], vec![1, 0]), ints(vec![2], vec![0, 0]), ints(vec![2], vec![3, 2]));
+    call(machine, "prefill_slots", vec![ints(vec![2, 3], vec![11, 12, 13, 21, 22, 0]), slots, starts, lengths]);
+    // Row 0 continued from position 2, as after a prefix cache's restore.
+    let (slots, starts, lengths) = (ints(vec![1], vec![0]), ints(vec![1], vec![2]), ints(vec![1], vec![2]));
+    call(machine, "prefill_slots", vec![ints(vec![1, 2], vec![23, 24]), slots, starts, lengths]);
     for step in 0..3 {
         call(
             machine,
             "decode_rows",
-            vec![ints(vec![2, 1], vec![30 + step, 40 + step]), ints(vec![2], vec![2 + step, 3 + step])],
+            vec![ints(vec![2, 1], vec![30 + step, 40 + step]), ints(vec![2], vec![4 + step, 3 + step])],
         );
     }
     out

@@ -74,8 +74,9 @@ fn entry_paths(
     }
     let long = &golden[2].tokens;
     let slots = Tensor::from_i64(Dtype::I32, vec![1], vec![1]);
+    let starts = Tensor::from_i64(Dtype::I32, vec![1], vec![0]);
     let lengths = Tensor::from_i64(Dtype::I32, vec![1], vec![5]);
-    outputs.push(call("prefill_slots", vec![tokens(&[&long[..5]]), slots, lengths]));
+    outputs.push(call("prefill_slots", vec![tokens(&[&long[..5]]), slots, starts, lengths]));
     for (at, token) in long.iter().enumerate().skip(5) {
         let steps = Tensor::from_i64(Dtype::I32, vec![2], vec![0, at as i64]);
         outputs.push(call("decode_rows", vec![tokens(&[&[0], &[*token]]), steps]));

@@ -253,7 +253,8 @@ fn a_server_session() {
         status == 200 && answer.iter().all(|c| c["usage"].is_null() && c["choices"].as_array().unwrap().len() == 1)
     );
     assert_eq!(last["choices"], json!([]), "{response}");
-    assert_eq!(last["usage"], json!({ "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7 }), "{response}");
+    let usage = json!({ "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7, "prompt_tokens_details": { "cached_tokens": 0 } });
+    assert_eq!(last["usage"], usage, "{response}");
     let not_asked =
         json!({ "prompt": [1, 2], "max_tokens": 2, "stream": true, "stream_options": { "include_usage": false } });
     let (_, response) = server.call("POST", "/v1/completions", &not_asked.to_string());
@@ -662,4 +663,52 @@ fn structured_output_holds_on_a_real_vocabulary() {
     let body = json!({ "prompt": "t1 t2", "max_tokens": 3, "response_format": { "type": "json_object" } });
     let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
     assert!(status == 400 && response.contains("byte-level BPE tokenizer"), "{status} {response}");
+}
+
+/// Prompts that share a prefix: the later ones find it in the prefix cache
+/// (`usage.prompt_tokens_details.cached_tokens`, `/metrics`) and answer as
+/// a server without the cache does, to the same greedy tokens and
+/// log-probabilities within the numerics contract.
+#[test]
+fn a_shared_prefix_is_prefilled_once() {
+    let shared: Vec<i64> = (0..20).map(|at| 3 + at * 7 % 200).collect();
+    let first = [&shared[..], &[401, 402, 403]].concat();
+    let second = [&shared[..], &[404, 405]].concat();
+    let answer = |server: &Server, prompt: &[i64]| {
+        let body = json!({ "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0 }).to_string();
+        let (status, body) = server.call("POST", "/v1/completions", &body);
+        assert_eq!(status, 200, "{body}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        let choice = &value["choices"][0];
+        let ids: Vec<i64> = choice["token_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        let logprobs: Vec<f64> =
+            choice["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        (ids, logprobs, value["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    };
+    let cached = Server::start_with(&["--prefix-block", "8"]);
+    let uncached = Server::start_with(&["--prefix-cache-mb", "0"]);
+    let (first_ids, first_logprobs, found) = answer(&cached, &first);
+    assert_eq!(found, 0, "nothing is cached yet");
+    // The next turn of the conversation continues the first prompt.
+    let turn = [&first[..], &first_ids[..], &[406]].concat();
+    let mut hits = Vec::new();
+    for prompt in [&first, &second, &turn] {
+        let (ids, logprobs, found) = answer(&cached, prompt);
+        let (expected_ids, expected_logprobs, none) = answer(&uncached, prompt);
+        assert_eq!(none, 0);
+        assert_eq!(ids, expected_ids, "{prompt:?}");
+        for (got, expected) in logprobs.iter().zip(&expected_logprobs) {
+            assert!((got - expected).abs() < 1e-3, "{got} vs {expected}");
+        }
+        hits.push(found);
+    }
+    assert_eq!(first_logprobs.len(), 6);
+    // The first prompt (23 tokens) was kept at 16; the second parts from
+    // it after the shared 20 tokens and finds the same 16; the next turn
+    // finds the first's 16 too (the first ran twice: the second time it
+    // found its own 16).
+    assert_eq!(hits, [16, 16, 16]);
+    let (_, metrics) = cached.call("GET", "/metrics", "");
+    assert!(metrics.contains("linnet_prefix_cache_hits_total 3\n"), "{metrics}");
+    assert!(metrics.contains("linnet_prefix_cache_tokens_total 48\n"), "{metrics}");
 }

@@ -327,7 +327,12 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
         .clone()
         .map(|i| {
             let mut keys_of = Vec::new();
-            let any = linnet_exec::reference::admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut keys_of);
+            let any = linnet_exec::reference::admitted_keys(
+                mask,
+                if rows_mask { b * queries + i } else { i },
+                keys,
+                &mut keys_of,
+            );
             (any, keys_of)
         })
         .collect();

@@ -147,6 +147,21 @@ pub trait Backend {
         args: &[&Self::Buffer],
     ) -> Result<(), NodeError>;
 
+    /// Row `row` (axis 0) of a state on the host, only its first `length`
+    /// along axis 2 where given (`rows::read_row`).
+    fn read_row(&mut self, buffer: &Self::Buffer, row: usize, length: Option<usize>) -> Result<Tensor, MemoryError> {
+        crate::rows::read_row(&self.download(buffer)?, row, length)
+    }
+
+    /// A row as [`Backend::read_row`] gives it, written over row `row` of a
+    /// state.
+    fn write_row(&mut self, buffer: &mut Self::Buffer, row: usize, part: &Tensor) -> Result<(), MemoryError> {
+        let mut whole = self.download(buffer)?;
+        crate::rows::write_row(&mut whole, row, part)?;
+        *buffer = self.upload(whole)?;
+        Ok(())
+    }
+
     /// A value the executor holds no more: the backend may keep its memory
     /// for a later value (by default it is freed).
     fn release(&mut self, buffer: Self::Buffer) {

@@ -19,6 +19,7 @@
 pub mod backend;
 pub mod interp;
 pub mod reference;
+pub mod rows;
 pub mod tensor;
 pub mod tolerance;
 
@@ -479,6 +480,8 @@ trait Run {
     fn weight_bytes_read(&self) -> Option<u64>;
     fn reset(&mut self) -> Result<(), RunError>;
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError>;
+    fn state_rows(&mut self, row: usize, positions: usize) -> Result<Vec<Tensor>, RunError>;
+    fn set_state_rows(&mut self, row: usize, rows: &[Tensor]) -> Result<(), RunError>;
     fn profile(&mut self) -> &mut Option<Profile>;
 }
 
@@ -497,6 +500,12 @@ impl<B: Backend + 'static> Run for Executor<B> {
     }
     fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
         Executor::call(self, entry, inputs)
+    }
+    fn state_rows(&mut self, row: usize, positions: usize) -> Result<Vec<Tensor>, RunError> {
+        Executor::state_rows(self, row, positions)
+    }
+    fn set_state_rows(&mut self, row: usize, rows: &[Tensor]) -> Result<(), RunError> {
+        Executor::set_state_rows(self, row, rows)
     }
     fn profile(&mut self) -> &mut Option<Profile> {
         &mut self.profile
@@ -531,6 +540,19 @@ impl Machine {
 
     pub fn call(&mut self, entry: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RunError> {
         self.run.call(entry, inputs)
+    }
+
+    /// Row `row` of every state, the caches written at token positions only
+    /// their first `positions` (`rows::positional_states`): what a prompt
+    /// of `positions` tokens left in the row.
+    pub fn state_rows(&mut self, row: usize, positions: usize) -> Result<Vec<Tensor>, RunError> {
+        self.run.state_rows(row, positions)
+    }
+
+    /// Rows that [`Machine::state_rows`] gave, written back into row `row`
+    /// (of this machine or another of the same model).
+    pub fn set_state_rows(&mut self, row: usize, rows: &[Tensor]) -> Result<(), RunError> {
+        self.run.set_state_rows(row, rows)
     }
 
     /// Starts timing every node by kind (from empty), or stops.

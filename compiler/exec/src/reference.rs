@@ -138,7 +138,7 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
             // One pass over the mask row; the heads then visit only the
             // admitted keys. When none is, every key holds -1e30 and the
             // softmax is uniform over all of them, as the body computes.
-            let any = admitted_keys(mask, if rows_mask { b } else { i }, keys, &mut admitted);
+            let any = admitted_keys(mask, if rows_mask { b * queries + i } else { i }, keys, &mut admitted);
             for h in 0..heads {
                 let kv = h / group;
                 let q_at = ((b * heads + h) * queries + i) * width;
@@ -246,19 +246,22 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
             }
         }
         Intrinsic::WriteSlots => {
-            let (slots, start) = (ints(args[1]), ints(args[2])[0]);
-            let count = x.shape[2];
-            if start < 0 || start as usize + count > length {
-                return Err("write_slots: span outside the cache".into());
+            let (slots, starts) = (ints(args[1]), ints(args[2]));
+            if starts.iter().any(|&start| start < 0 || start as usize > length) {
+                return Err("write_slots: a start outside the cache".into());
             }
             for row in 0..rows {
-                // As the Linnet body: 1 + the request for this row, summed.
-                let owner: i64 =
-                    slots.iter().enumerate().filter(|(_, &s)| s == row as i64).map(|(m, _)| m as i64 + 1).sum();
+                // As the Linnet body: 1 + the request for this row and its
+                // start, each summed over the slots that name the row.
+                let named = || slots.iter().enumerate().filter(|(_, &s)| s == row as i64).map(|(m, _)| m);
+                let owner: i64 = named().map(|m| m as i64 + 1).sum();
                 if owner > 0 {
                     if owner as usize > x.shape[0] {
                         return Err(format!("write_slots: position {} is outside 0..{}", owner - 1, x.shape[0]));
                     }
+                    let start: i64 = named().map(|m| starts[m]).sum();
+                    // The positions past the cache's end are not written.
+                    let count = x.shape[2].min(length.saturating_sub(start as usize));
                     copy(cells, row, owner as usize - 1, start as usize, count);
                 }
             }

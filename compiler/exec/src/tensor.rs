@@ -284,6 +284,24 @@ macro_rules! __host_memory {
         fn copy(&mut self, buffer: &$crate::tensor::Tensor) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
             Ok(buffer.widened().into_owned())
         }
+
+        fn read_row(
+            &mut self,
+            buffer: &$crate::tensor::Tensor,
+            row: usize,
+            length: Option<usize>,
+        ) -> Result<$crate::tensor::Tensor, $crate::MemoryError> {
+            $crate::rows::read_row(buffer, row, length)
+        }
+
+        fn write_row(
+            &mut self,
+            buffer: &mut $crate::tensor::Tensor,
+            row: usize,
+            part: &$crate::tensor::Tensor,
+        ) -> Result<(), $crate::MemoryError> {
+            $crate::rows::write_row(buffer, row, part)
+        }
     };
 }
 pub use crate::__host_memory as host_memory;

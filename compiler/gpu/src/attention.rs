@@ -90,7 +90,13 @@ pub fn attention_kernels(
         rows_mask,
         width,
         dtype: entry.nodes[at].dtype,
-        mask_rows: operands.shape(0)[if rows_mask { 0 } else { 2 }].clone(),
+        // A mask row per query row of each batch row (`[B, Q, K]`), or one
+        // for all batch rows (`[Q, K]`).
+        mask_rows: if rows_mask {
+            operands.shape(0)[0].mul(&operands.shape(0)[2])
+        } else {
+            operands.shape(0)[2].clone()
+        },
         chunks: within(MASK_CHUNK),
         parts: (operands.shape(0)[2].as_constant() == Some(1)).then(|| within(PART_KEYS)),
         operands,
@@ -212,7 +218,13 @@ fn query_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, row: &str) -> Quer
     let width = &s.spread.size;
     let query_at = e.mul(row, width);
     let [b, h, i] = [0, 1, 2].map(|axis| position[axis].clone());
-    QueryRow { mask_row: if plan.rows_mask { b.clone() } else { i }, b, h, query_at }
+    let mask_row = if plan.rows_mask {
+        let before = e.mul(&b, &s.queries);
+        e.add(&before, &i)
+    } else {
+        i
+    };
+    QueryRow { mask_row, b, h, query_at }
 }
 
 /// Where a query row's walk ends (an index) and whether its mask row

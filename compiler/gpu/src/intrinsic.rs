@@ -153,90 +153,115 @@ impl Spread {
 
 /// The cache writes: `write_at` and `write_span` (x `[R, A, S, W]` at
 /// `pos..pos + S` of every row), `write_rows` (x `[R, A, 1, W]`, row `r` at
-/// `positions[r]`, skipped when outside), `write_slots` (x `[M, A, S, W]`,
-/// request `m` into row `slots[m]` at `start..start + S`).
+/// `positions[r]`, skipped when outside); `write_slots` has its own.
 fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic) {
+    if intrinsic == Intrinsic::WriteSlots {
+        return write_slots(emitter, operands);
+    }
     let dtype = operands.dtype(0);
     let x = load_name(0);
-    let [cache_rows, axis, length, width] = [0, 1, 2, 3].map(|at| operands.size(emitter, 0, at));
-    let [x_rows, _, span, _] = [0, 1, 2, 3].map(|at| operands.size(emitter, 1, at));
+    let [_, axis, length, width] = [0, 1, 2, 3].map(|at| operands.size(emitter, 0, at));
+    let [rows, _, span, _] = [0, 1, 2, 3].map(|at| operands.size(emitter, 1, at));
     let zero = emitter.index_constant(0);
-    // Each work item is one element of `x` (one of a cache row's span for
-    // `write_slots`, whose rows are the cache's).
-    let rows = if intrinsic == Intrinsic::WriteSlots { cache_rows.clone() } else { x_rows.clone() };
-    let mut work = operands.shape(1).to_vec();
-    if intrinsic == Intrinsic::WriteSlots {
-        work[0] = operands.shape(0)[0].clone();
-    }
-    let (start_dtype, start_load) = match intrinsic {
-        Intrinsic::WriteAt | Intrinsic::WriteSpan => (Some(operands.dtype(2)), load_name(1)),
-        Intrinsic::WriteSlots => (Some(operands.dtype(3)), load_name(2)),
-        _ => (None, String::new()),
-    };
+    // Each work item is one element of `x`.
+    let work = operands.shape(1).to_vec();
+    let shared_start = matches!(intrinsic, Intrinsic::WriteAt | Intrinsic::WriteSpan);
     // A write after the node a call fails at writes nothing.
     emitter.parallel(&work, |e, item| {
         e.unless_faulted(|e| {
             let position = e.split(item, &[&rows, &axis, &span, &width]);
             let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
-            // The first position written: `pos`/`start`, checked against the
+            // The first position written: `pos`, checked against the
             // cache; `write_rows`' own row's position, skipped when outside.
-            let (first, inside) = match start_dtype {
-                Some(start_dtype) => {
-                    // `start + span <= length`: `start` in `0..length - span + 1`.
-                    let start = e.load_element(&start_load, &zero, start_dtype);
-                    let room = e.op(format!("arith.subi {length}, {span} : index"));
-                    let room = e.op(format!("arith.index_cast {room} : index to i64"));
-                    let one = e.op("arith.constant 1 : i64".into());
-                    let starts = e.op(format!("arith.addi {room}, {one} : i64"));
-                    let inside = e.inside(&start, &starts);
-                    let outside = e.not(&inside);
-                    e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
-                    (start, inside)
-                }
-                None => {
-                    let at = e.load_element(&load_name(1), row, operands.dtype(2));
-                    let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
-                    let inside = e.inside(&at, &length_i64);
-                    (at, inside)
-                }
+            let (first, inside) = if shared_start {
+                // `pos + span <= length`: `pos` in `0..length - span + 1`.
+                let start = e.load_element(&load_name(1), &zero, operands.dtype(2));
+                let room = e.op(format!("arith.subi {length}, {span} : index"));
+                let room = e.op(format!("arith.index_cast {room} : index to i64"));
+                let one = e.op("arith.constant 1 : i64".into());
+                let starts = e.op(format!("arith.addi {room}, {one} : i64"));
+                let inside = e.inside(&start, &starts);
+                let outside = e.not(&inside);
+                e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
+                (start, inside)
+            } else {
+                let at = e.load_element(&load_name(1), row, operands.dtype(2));
+                let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
+                let inside = e.inside(&at, &length_i64);
+                (at, inside)
             };
             e.when(&inside, |e| {
                 let first = e.op(format!("arith.index_cast {first} : i64 to index"));
                 let to_position = e.add(&first, l);
-                let to = e.flat(&[row, a, &to_position, w], &[&cache_rows, &axis, &length, &width]);
-                if intrinsic != Intrinsic::WriteSlots {
-                    copy(e, &x, item, &to, dtype);
-                    return;
-                }
-                // The request written into this row: 1 + its number, summed
-                // over the slots that name the row (as the Linnet body), or 0.
-                let slots = load_name(1);
-                let (row_i64, none) =
-                    (e.op(format!("arith.index_cast {row} : index to i64")), e.op("arith.constant 0 : i64".into()));
-                let owner = e.for_range(&zero, &x_rows, &[(none.clone(), "i64")], |e, m, carried| {
+                let to = e.flat(&[row, a, &to_position, w], &[&rows, &axis, &length, &width]);
+                copy(e, &x, item, &to, dtype);
+            });
+        })
+    });
+}
+
+/// `write_slots` (x `[M, A, S, W]`, request `m` into row `slots[m]` at
+/// `starts[m]..starts[m] + S`, positions past the cache's end kept): one
+/// work item per element of a cache row's span. A start outside
+/// `0..=length` raises [`Fault::OutsideCache`], a row whose requests sum
+/// past `x` [`Fault::RequestOutsideX`].
+fn write_slots(emitter: &mut Emitter, operands: &Operands) {
+    let dtype = operands.dtype(0);
+    let x = load_name(0);
+    let [cache_rows, axis, length, width] = [0, 1, 2, 3].map(|at| operands.size(emitter, 0, at));
+    let [x_rows, _, span, _] = [0, 1, 2, 3].map(|at| operands.size(emitter, 1, at));
+    let zero = emitter.index_constant(0);
+    let mut work = operands.shape(1).to_vec();
+    work[0] = operands.shape(0)[0].clone();
+    let (slots, starts) = (load_name(1), load_name(2));
+    emitter.parallel(&work, |e, item| {
+        e.unless_faulted(|e| {
+            let position = e.split(item, &[&cache_rows, &axis, &span, &width]);
+            let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
+            let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
+            let one = e.op("arith.constant 1 : i64".into());
+            let starts_end = e.op(format!("arith.addi {length_i64}, {one} : i64"));
+            // The request written into this row (1 + its number) and its
+            // start, each summed over the slots that name the row (as the
+            // Linnet body), or 0; every start checked on the way.
+            let (row_i64, none) =
+                (e.op(format!("arith.index_cast {row} : index to i64")), e.op("arith.constant 0 : i64".into()));
+            let found =
+                e.for_range(&zero, &x_rows, &[(none.clone(), "i64"), (none.clone(), "i64")], |e, m, carried| {
                     let slot = e.load_element(&slots, m, operands.dtype(2));
+                    let start = e.load_element(&starts, m, operands.dtype(3));
+                    let inside = e.inside(&start, &starts_end);
+                    let outside = e.not(&inside);
+                    e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
                     let named = e.op(format!("arith.cmpi eq, {slot}, {row_i64} : i64"));
                     let m = e.op(format!("arith.index_cast {m} : index to i64"));
-                    let one = e.op("arith.constant 1 : i64".into());
                     let request = e.op(format!("arith.addi {m}, {one} : i64"));
-                    let sum = e.op(format!("arith.addi {}, {request} : i64", carried[0]));
-                    vec![e.op(format!("arith.select {named}, {sum}, {} : i64", carried[0]))]
-                })[0]
-                    .clone();
-                let written = e.op(format!("arith.cmpi sgt, {owner}, {none} : i64"));
-                e.when(&written, |e| {
-                    let x_rows_i64 = e.op(format!("arith.index_cast {x_rows} : index to i64"));
-                    let beyond = e.op(format!("arith.cmpi sgt, {owner}, {x_rows_i64} : i64"));
-                    let one = e.op("arith.constant 1 : i64".into());
-                    let request = e.op(format!("arith.subi {owner}, {one} : i64"));
-                    e.line(format!("scf.if {beyond} {{"));
-                    e.fault(Fault::RequestOutsideX, &[&request, &x_rows_i64]);
-                    e.line("} else {".into());
-                    let request = e.op(format!("arith.index_cast {request} : i64 to index"));
-                    let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);
-                    copy(e, &x, &from, &to, dtype);
-                    e.line("}".into());
+                    let owner = e.op(format!("arith.addi {}, {request} : i64", carried[0]));
+                    let first = e.op(format!("arith.addi {}, {start} : i64", carried[1]));
+                    vec![
+                        e.op(format!("arith.select {named}, {owner}, {} : i64", carried[0])),
+                        e.op(format!("arith.select {named}, {first}, {} : i64", carried[1])),
+                    ]
                 });
+            let (owner, first) = (&found[0], &found[1]);
+            let l_i64 = e.op(format!("arith.index_cast {l} : index to i64"));
+            let to_position = e.op(format!("arith.addi {first}, {l_i64} : i64"));
+            let within = e.inside(&to_position, &length_i64);
+            let named = e.op(format!("arith.cmpi sgt, {owner}, {none} : i64"));
+            let written = e.op(format!("arith.andi {named}, {within} : i1"));
+            e.when(&written, |e| {
+                let x_rows_i64 = e.op(format!("arith.index_cast {x_rows} : index to i64"));
+                let beyond = e.op(format!("arith.cmpi sgt, {owner}, {x_rows_i64} : i64"));
+                let request = e.op(format!("arith.subi {owner}, {one} : i64"));
+                e.line(format!("scf.if {beyond} {{"));
+                e.fault(Fault::RequestOutsideX, &[&request, &x_rows_i64]);
+                e.line("} else {".into());
+                let request = e.op(format!("arith.index_cast {request} : i64 to index"));
+                let from = e.flat(&[&request, a, l, w], &[&x_rows, &axis, &span, &width]);
+                let to_position = e.op(format!("arith.index_cast {to_position} : i64 to index"));
+                let to = e.flat(&[row, a, &to_position, w], &[&cache_rows, &axis, &length, &width]);
+                copy(e, &x, &from, &to, dtype);
+                e.line("}".into());
             });
         })
     });

@@ -216,7 +216,11 @@ fn raised<'k>(
             )),
         }
     } else if raised(Fault::OutsideCache) {
-        let what = if intrinsic == Some(Intrinsic::WriteAt) { "position" } else { "span" };
+        let what = match intrinsic {
+            Some(Intrinsic::WriteAt) => "position",
+            Some(Intrinsic::WriteSlots) => "a start",
+            _ => "span",
+        };
         NodeError::Check(format!("{writer}: {what} outside the cache"))
     } else if raised(Fault::RequestOutsideX) {
         NodeError::Check(format!(

@@ -1,7 +1,8 @@
 //! `/metrics`: what the server did and holds, in Prometheus' text format
 //! (version 0.0.4): requests by endpoint and status, prompt and generated
-//! tokens, rows decoding and requests waiting, and the time to the first
-//! token and per output token as histograms.
+//! tokens, rows decoding and requests waiting, the prefix cache's lookups,
+//! hits, tokens and bytes, and the time to the first token and per output
+//! token as histograms.
 
 use super::schedule::Load;
 use std::fmt::Write;
@@ -98,6 +99,30 @@ impl Metrics {
                 "gauge",
                 "Requests waiting for a row.",
                 load.waiting.load(Ordering::Relaxed) as u64,
+            ),
+            (
+                "linnet_prefix_cache_queries_total",
+                "counter",
+                "Prompts looked up in the prefix cache.",
+                load.prefix_queries.load(Ordering::Relaxed),
+            ),
+            (
+                "linnet_prefix_cache_hits_total",
+                "counter",
+                "Prompts that found a prefix in the prefix cache.",
+                load.prefix_hits.load(Ordering::Relaxed),
+            ),
+            (
+                "linnet_prefix_cache_tokens_total",
+                "counter",
+                "Prompt tokens found in the prefix cache, not prefilled again.",
+                load.prefix_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "linnet_prefix_cache_bytes",
+                "gauge",
+                "Bytes the prefix cache's snapshots hold.",
+                load.cache_bytes.load(Ordering::Relaxed),
             ),
         ];
         for (name, kind, help, value) in samples {

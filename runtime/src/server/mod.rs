@@ -1,6 +1,7 @@
 //! `linnet serve`: an OpenAI-compatible HTTP server (axum on tokio) with
 //! continuous batching through the model's own entries (`schedule`).
-//! `request` reads what a client asks for, `metrics` counts what was done.
+//! `request` reads what a client asks for, `metrics` counts what was done,
+//! `prefix` keeps what prompts left in their rows for the prompts after.
 //! Routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models` and
 //! `/v1/models/{id}`, `/tokenize`, `/detokenize`, `/metrics`, `/health`.
 //! With an API key, every route but `/health` and `/metrics` needs it.
@@ -10,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 mod metrics;
+mod prefix;
 mod reasoning;
 mod request;
 mod schedule;
@@ -84,6 +86,10 @@ pub struct Options {
     /// The bearer token every `/v1` route (and `/tokenize`, `/detokenize`)
     /// requires, if any.
     pub api_key: Option<String>,
+    /// The prefix cache's budget in bytes (0: no prefix cache) and its
+    /// block, in tokens: snapshots are taken at multiples of it.
+    pub prefix_cache_bytes: usize,
+    pub prefix_block: usize,
 }
 
 struct App {
@@ -273,6 +279,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let Request { prompt, tools, jobs, stream, stream_usage, stops, receivers } = request;
 
     let asked_logprobs = jobs[0].logprobs.is_some();
+    // The prompt is prefilled for each choice; its first's cache hit is
+    // the request's.
+    let cached = jobs[0].cached.clone();
     let Some(admitted) = Admitted::new(&app) else {
         let mut refused = error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -363,7 +372,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         // without choices, as OpenAI's API sends it.
         let usage = std::iter::once_with(move || {
             let completion = (*answered.lock().expect("not poisoned")).filter(|_| stream_usage)?;
-            let usage = usage_json(prompt_tokens, completion);
+            let usage = usage_json(prompt_tokens, cached.load(Ordering::Acquire), completion);
             let chunk = json!({ "id": usage_id, "object": format!("{object}.chunk"), "created": now(), "model": usage_model, "choices": [], "usage": usage });
             Some(Ok(Event::default().data(chunk.to_string())))
         })
@@ -420,13 +429,20 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         });
     }
     drop(admitted);
-    let usage = usage_json(prompt.len(), completion_tokens);
+    let usage = usage_json(prompt.len(), cached.load(Ordering::Acquire), completion_tokens);
     Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": answers, "usage": usage }))
         .into_response()
 }
 
-fn usage_json(prompt: usize, completion: usize) -> Value {
-    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion })
+/// OpenAI's usage object; `cached` of the prompt's tokens came from the
+/// prefix cache.
+fn usage_json(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": { "cached_tokens": cached },
+    })
 }
 
 /// One request counted against the server's capacity while it is held.
@@ -598,6 +614,7 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, opt
     let (ready, started) = mpsc::channel::<Result<(Limits, Option<TextModel>), String>>();
     let scheduler_load = Arc::new(Load::default());
     let held_load = scheduler_load.clone();
+    let (cache_bytes, cache_block) = (options.prefix_cache_bytes, options.prefix_block);
     let scheduler = std::thread::spawn(move || {
         let loaded = match load().and_then(|loaded| limits(&loaded.machine).map(|limits| (loaded, limits))) {
             Ok(loaded) => loaded,
@@ -608,7 +625,8 @@ pub fn serve(load: impl FnOnce() -> Result<Loaded, String> + Send + 'static, opt
         };
         let (Loaded { machine, text, .. }, limits) = loaded;
         let _ = ready.send(Ok((limits.clone(), text)));
-        schedule(machine, limits, receiver, &scheduler_load);
+        let cache = prefix::PrefixCache::new(cache_bytes, cache_block);
+        schedule(machine, limits, receiver, &scheduler_load, cache);
     });
     let (limits, text) = started.recv().map_err(|_| "the model thread stopped".to_string())??;
     let capacity = limits.rows + options.queue;

@@ -204,6 +204,7 @@ pub fn parse_request(
                 logprobs,
                 constraint: constraint.as_ref().map(Constraint::copy),
                 updates,
+                cached: Default::default(),
             };
             (job, receiver)
         })

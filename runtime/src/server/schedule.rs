@@ -3,16 +3,21 @@
 //! others keep decoding with `decode_rows`; `Batch` rows at most, the rest
 //! wait in a queue. Each row computes only from its own tokens, so a
 //! request's tokens do not depend on what else runs. A client that goes
-//! away frees its row.
+//! away frees its row. A prompt that starts with a prefix in the prefix
+//! cache (`prefix`) has the prefix's states written into its row and
+//! prefills only the rest; prompts are prefilled in parts where the cache
+//! takes snapshots of them.
 
+use super::prefix::PrefixCache;
 use crate::constrain::Constraint;
 use crate::sampling::{Logprobs, Rng, Sampling};
 use linnet_exec::tensor::Tensor;
 use linnet_exec::Machine;
 use linnet_ir::Dtype;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 #[derive(Debug)]
@@ -35,6 +40,9 @@ pub struct Job {
     /// What the answer must match (a JSON schema, a regex, a grammar).
     pub constraint: Option<Constraint>,
     pub updates: UnboundedSender<Update>,
+    /// The prompt's tokens found in the prefix cache, set before its first
+    /// token is sent.
+    pub cached: Arc<AtomicUsize>,
 }
 
 struct Row {
@@ -117,7 +125,7 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
 }
 
 /// The scheduler loop: runs until every sender of jobs is gone.
-pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>, load: &Load) {
+pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>, load: &Load, mut cache: PrefixCache) {
     let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
@@ -139,34 +147,16 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>,
             }
         }
         queue.retain(|job| !job.updates.is_closed());
-        // Admit waiting requests into free rows, in one `prefill_slots`.
+        // Admit waiting requests into free rows.
         let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
         let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
         if !admitted.is_empty() {
             tracing::debug!(requests = admitted.len(), waiting = queue.len(), "prefill_slots");
-            let width = admitted.iter().map(|(_, job)| job.prompt.len()).max().unwrap_or(1);
-            let mut tokens = Vec::with_capacity(admitted.len() * width);
-            for (_, job) in &admitted {
-                tokens.extend(job.prompt.iter().copied());
-                tokens.extend(std::iter::repeat_n(0, width - job.prompt.len()));
-            }
-            let inputs = vec![
-                Tensor::from_i64(Dtype::I32, vec![admitted.len(), width], tokens),
-                Tensor::from_i64(
-                    Dtype::I32,
-                    vec![admitted.len()],
-                    admitted.iter().map(|(slot, _)| *slot as i64).collect(),
-                ),
-                Tensor::from_i64(
-                    Dtype::I32,
-                    vec![admitted.len()],
-                    admitted.iter().map(|(_, job)| job.prompt.len() as i64).collect(),
-                ),
-            ];
-            match machine.call("prefill_slots", inputs) {
-                Ok(outputs) => {
-                    let logits = &outputs[0];
-                    for ((slot, job), row_logits) in admitted.into_iter().zip(logits_rows(logits)) {
+            let prompts: Vec<(usize, &[i64])> = admitted.iter().map(|(slot, job)| (*slot, &job.prompt[..])).collect();
+            match prefill(&mut machine, &mut cache, &prompts, load) {
+                Ok(prefilled) => {
+                    for ((slot, job), (cached, row_logits)) in admitted.into_iter().zip(prefilled) {
+                        job.cached.store(cached, Ordering::Release);
                         let mut row = Row {
                             rng: Rng::new(job.seed),
                             history: job.prompt.clone(),
@@ -174,17 +164,18 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>,
                             position: job.prompt.len(),
                             job,
                         };
-                        if emit(&mut row, row_logits, &limits) {
+                        if emit(&mut row, &row_logits, &limits) {
                             rows[slot] = Some(row);
                         }
                     }
                 }
                 Err(error) => {
                     for (_, job) in admitted {
-                        let _ = job.updates.send(Update::Failed(error.to_string()));
+                        let _ = job.updates.send(Update::Failed(error.clone()));
                     }
                 }
             }
+            load.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
         }
         load.note(&rows, &queue);
         if !rows.iter().any(Option::is_some) {
@@ -221,12 +212,86 @@ pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>,
     }
 }
 
-/// What the scheduler holds now, for `/metrics`: rows decoding and
-/// requests waiting for one.
+/// Prefills `prompts` (each with its row) through `prefill_slots`: each
+/// from the longest prefix the cache holds, in parts that end where the
+/// cache takes snapshots, the last part of every prompt giving its logits.
+/// Returns, for each prompt, its tokens found in the cache and its logits.
+fn prefill(
+    machine: &mut Machine,
+    cache: &mut PrefixCache,
+    prompts: &[(usize, &[i64])],
+    load: &Load,
+) -> Result<Vec<(usize, Vec<f32>)>, String> {
+    let mut starts = Vec::with_capacity(prompts.len());
+    let mut ends: Vec<Vec<usize>> = Vec::with_capacity(prompts.len());
+    for &(slot, prompt) in prompts {
+        let start = match cache.find(prompt) {
+            Some(hit) => {
+                machine.set_state_rows(slot, hit.rows).map_err(|error| error.to_string())?;
+                hit.tokens
+            }
+            None => 0,
+        };
+        load.prefix_queries.fetch_add(1, Ordering::Relaxed);
+        if start > 0 {
+            load.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            load.prefix_tokens.fetch_add(start as u64, Ordering::Relaxed);
+        }
+        let mut parts = cache.save_points(prompt, start);
+        parts.push(prompt.len());
+        starts.push(start);
+        ends.push(parts);
+    }
+    let found = starts.clone();
+    let mut logits: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    for part in 0.. {
+        let taking: Vec<usize> = (0..prompts.len()).filter(|&at| part < ends[at].len()).collect();
+        if taking.is_empty() {
+            break;
+        }
+        let span = |at: usize| starts[at]..ends[at][part];
+        let width = taking.iter().map(|&at| span(at).len()).max().unwrap_or(1);
+        let mut tokens = Vec::with_capacity(taking.len() * width);
+        for &at in &taking {
+            tokens.extend_from_slice(&prompts[at].1[span(at)]);
+            tokens.extend(std::iter::repeat_n(0, width - span(at).len()));
+        }
+        let column = |value: &dyn Fn(usize) -> usize| {
+            Tensor::from_i64(Dtype::I32, vec![taking.len()], taking.iter().map(|&at| value(at) as i64).collect())
+        };
+        let inputs = vec![
+            Tensor::from_i64(Dtype::I32, vec![taking.len(), width], tokens),
+            column(&|at| prompts[at].0),
+            column(&|at| starts[at]),
+            column(&|at| span(at).len()),
+        ];
+        let outputs = machine.call("prefill_slots", inputs).map_err(|error| error.to_string())?;
+        for (&at, row_logits) in taking.iter().zip(logits_rows(&outputs[0])) {
+            let (slot, prompt) = prompts[at];
+            let end = ends[at][part];
+            if end == prompt.len() {
+                logits[at] = row_logits.to_vec();
+            } else {
+                let rows = machine.state_rows(slot, end).map_err(|error| error.to_string())?;
+                cache.insert(&prompt[..end], rows);
+            }
+            starts[at] = end;
+        }
+    }
+    Ok(found.into_iter().zip(logits).collect())
+}
+
+/// What the scheduler holds now and what its prefix cache did, for
+/// `/metrics`: rows decoding and requests waiting for one; prompts looked
+/// up, those that found a prefix, the tokens found, the bytes cached.
 #[derive(Default)]
 pub struct Load {
     pub running: AtomicUsize,
     pub waiting: AtomicUsize,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub prefix_tokens: AtomicU64,
+    pub cache_bytes: AtomicU64,
 }
 
 impl Load {
