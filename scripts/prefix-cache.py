@@ -34,10 +34,10 @@ TOPICS = [
 ]
 
 
-def system_prompt(words):
-    """About `words` words of varied plain text (roughly as many tokens)."""
+def system_prompt(tokens):
+    """About `tokens` tokens of varied plain text (some 20 a sentence)."""
     sentences = []
-    for at in range(words // 12 + 1):
+    for at in range(tokens // 20):
         topic = TOPICS[at % len(TOPICS)]
         sentences.append(f"Rule {at}: when the user asks about {topic}, answer briefly and cite item {at * 7 % 97}.")
     return " ".join(sentences)
@@ -93,7 +93,8 @@ def ask(port, system, question, max_tokens):
 def run(args, cache_mb, system):
     server, port = start(args, cache_mb)
     try:
-        return [ask(port, system, f"Tell me about {topic}, please ({at}).", args.max_tokens)
+        # Questions that differ from their first word, as users' do.
+        return [ask(port, system, f"{topic.capitalize()}: what should I know? Question {at}.", args.max_tokens)
                 for at, topic in enumerate(TOPICS[: args.requests])]
     finally:
         server.kill()
@@ -108,7 +109,7 @@ def main():
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--linnet", default=os.path.join(ROOT, "target/release/linnet"))
     parser.add_argument("--requests", type=int, default=20)
-    parser.add_argument("--system", type=int, default=2000, help="words of system prompt")
+    parser.add_argument("--system", type=int, default=2000, help="tokens of system prompt, about")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--cache-mb", type=int, default=1024)
     parser.add_argument("--compare", action="store_true", help="also run without the cache; answers must equal")

@@ -12,12 +12,13 @@
 //! The formats are written once over [`ByteLanes`], small integers widened
 //! to i32 lanes and converted, each block's vectors handed in order to a
 //! sink (stored, or summed), and instantiated for AVX-512 (sixteen lanes)
-//! and AVX2 (eight) inside functions with those target features; other
-//! CPUs decode with `quant::dequantize` itself.
+//! and AVX2 (eight) inside functions with those target features (the
+//! blocks' f16 scales widened by F16C, exactly); other CPUs decode with
+//! `quant::dequantize` itself.
 
 use super::matmul::Isa;
 use super::simd::Lanes;
-use linnet_ir::quant::{self, f16_at, q4_k_scale_min, BlockFormat};
+use linnet_ir::quant::{self, q4_k_scale_min, BlockFormat};
 
 /// Row `blocks` (whole blocks of `format`) decoded into `out`, on `isa`.
 pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
@@ -52,11 +53,27 @@ trait ByteLanes: Lanes {
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
 }
 
+/// The f16 at byte `at` of `bytes`, widened by F16C: exactly
+/// `quant::f16_at`'s value, without its branches.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+#[inline]
+fn half_at(bytes: &[u8], at: usize) -> f32 {
+    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn half_at(bytes: &[u8], at: usize) -> f32 {
+    quant::f16_at(bytes, at)
+}
+
 /// `d · q` for each of a Q8_0 block's 32 values, to `sink` by position.
 #[inline(always)]
 unsafe fn q8_0<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
     unsafe {
-        let d = L::splat(f16_at(block, 0));
+        let d = L::splat(half_at(block, 0));
         for at in (0..32).step_by(L::WIDTH) {
             let q = L::float(L::load_i8(block.as_ptr().add(2 + at)));
             sink(at, L::mul(d, q));
@@ -69,7 +86,7 @@ unsafe fn q8_0<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
 #[inline(always)]
 unsafe fn q4_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
     unsafe {
-        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let (d, dmin) = (half_at(block, 0), half_at(block, 2));
         let packed = &block[4..16];
         for chunk in 0..4 {
             for part in 0..2 {
@@ -92,7 +109,7 @@ unsafe fn q4_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
 #[inline(always)]
 unsafe fn q6_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
     unsafe {
-        let d = f16_at(block, 208);
+        let d = half_at(block, 208);
         for half_block in 0..2 {
             let (low, high) = (block.as_ptr().add(half_block * 64), block.as_ptr().add(128 + half_block * 32));
             for part in 0..4 {
@@ -290,28 +307,28 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX-512 F and BW; `out` holds the row's values.
-    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     pub unsafe fn row_avx512(format: BlockFormat, row: &[u8], out: &mut [f32]) {
         unsafe { decode_row::<Avx512>(format, row, out) }
     }
 
     /// # Safety
     /// As `super::dot`; the CPU has AVX-512 F and BW.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     pub unsafe fn dot_avx512(format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
         unsafe { dot_any::<Avx512>(format, row, inputs, out) }
     }
 
     /// # Safety
     /// The CPU has AVX2; `out` holds the row's values.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_avx2(format: BlockFormat, row: &[u8], out: &mut [f32]) {
         unsafe { decode_row::<Avx2>(format, row, out) }
     }
 
     /// # Safety
     /// As `super::dot`; the CPU has AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_avx2(format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
         unsafe { dot_any::<Avx2>(format, row, inputs, out) }
     }

@@ -78,16 +78,19 @@ impl Isa {
         let mut found = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            // The AVX-512 kernels use BW's 16-bit widening as well as F.
-            let avx512 =
-                std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
+            // The AVX-512 kernels use BW's 16-bit widening as well as F;
+            // the block decoders widen halves with F16C (`decode`).
+            let f16c = std::arch::is_x86_feature_detected!("f16c");
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && f16c;
             if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
                 found.push(Isa::Avx512Bf16);
             }
             if avx512 {
                 found.push(Isa::Avx512);
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && f16c {
                 found.push(Isa::Avx2);
             }
         }
