@@ -33,7 +33,7 @@ ORACLE = os.path.join(ROOT, "tests/fixtures/oracle/tiny-qwen3.5-moe")
 def start(args):
     command = [
         args.linnet, "serve", args.package, "--nest", args.nest, "--weights", args.weights,
-        "--port", "0", "--queue", str(args.queue),
+        "--port", "0", "--queue", str(args.queue), "--prefix-block", str(args.prefix_block),
     ]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     for line in server.stderr:
@@ -86,6 +86,8 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--vanishing", type=float, default=0.05, help="share of clients that disconnect mid-stream")
     parser.add_argument("--queue", type=int, default=256)
+    parser.add_argument("--prefix-block", type=int, default=4,
+                        help="the prefix cache's block: small, so that the short prompts here are cached")
     parser.add_argument("--linnet", default=os.path.join(ROOT, "target/release/linnet"))
     parser.add_argument("--package", default=os.path.join(ROOT, "models/qwen3.6-35b-a3b"))
     parser.add_argument("--nest", default=os.path.join(ORACLE, "package/nest-f32.toml"))
