@@ -146,6 +146,9 @@ pub struct Executor<B: Backend> {
     analyses: Vec<Analysis>,
     params: Vec<Rc<B::Buffer>>,
     states: Vec<Rc<B::Buffer>>,
+    /// Which states are written at token positions
+    /// (`rows::positional_states`), found once.
+    positional: Vec<bool>,
     /// Values that depend on no input or state (the rotary tables for
     /// every position), computed on first use, by entry and node.
     hoisted: HashMap<(usize, usize), Rc<B::Buffer>>,
@@ -190,7 +193,8 @@ impl<B: Backend> Executor<B> {
             .map(|s| backend.zeros(s.dtype, &s.shape).map(Rc::new))
             .collect::<Result<_, _>>()
             .map_err(|e| BuildError::memory(name, e))?;
-        Ok(Executor { model, backend, analyses, params, states, hoisted: HashMap::new(), profile: None })
+        let positional = rows::positional_states(&model);
+        Ok(Executor { model, backend, analyses, params, states, positional, hoisted: HashMap::new(), profile: None })
     }
 
     /// Zeroes every state, as at load.

@@ -107,10 +107,9 @@ impl<B: Backend> Executor<B> {
     /// Row `row` of every state, the positional ones (`positional_states`)
     /// only their first `positions`.
     pub fn state_rows(&mut self, row: usize, positions: usize) -> Result<Vec<Tensor>, RunError> {
-        let positional = positional_states(&self.model);
         self.states
             .iter()
-            .zip(positional)
+            .zip(&self.positional)
             .map(|(state, positional)| {
                 self.backend.read_row(state, row, positional.then_some(positions)).map_err(RunError::Memory)
             })
@@ -124,17 +123,13 @@ impl<B: Backend> Executor<B> {
             return Err(RunError::Memory(MemoryError(message)));
         }
         for (state, part) in self.states.iter_mut().zip(rows) {
-            // Written in place where nothing else holds the state.
-            let written = match Rc::get_mut(state) {
-                Some(buffer) => self.backend.write_row(buffer, row, part),
-                None => {
-                    let mut buffer = self.backend.copy(state).map_err(RunError::Memory)?;
-                    let written = self.backend.write_row(&mut buffer, row, part);
-                    *state = Rc::new(buffer);
-                    written
-                }
-            };
-            written.map_err(RunError::Memory)?;
+            // Written in place, on a copy of its own where another holds
+            // the state.
+            if Rc::get_mut(state).is_none() {
+                *state = Rc::new(self.backend.copy(state).map_err(RunError::Memory)?);
+            }
+            let buffer = Rc::get_mut(state).expect("the state is held here alone");
+            self.backend.write_row(buffer, row, part).map_err(RunError::Memory)?;
         }
         Ok(())
     }

@@ -38,9 +38,13 @@ pub fn intrinsic_kernels(entry: &Entry, at: usize, form: Form) -> Result<Vec<Ker
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
             return super::delta::delta_rule_kernels(entry, at, form, args, *intrinsic == Intrinsic::GatedDeltaRule);
         }
-        Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows | Intrinsic::WriteSlots => {
+        Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows => {
             emitter.loads = args[1..].to_vec();
             write_cache(&mut emitter, &operands, *intrinsic);
+        }
+        Intrinsic::WriteSlots => {
+            emitter.loads = args[1..].to_vec();
+            write_slots(&mut emitter, &operands);
         }
     }
     Ok(vec![emitter.finish(node.dtype)])
@@ -153,11 +157,8 @@ impl Spread {
 
 /// The cache writes: `write_at` and `write_span` (x `[R, A, S, W]` at
 /// `pos..pos + S` of every row), `write_rows` (x `[R, A, 1, W]`, row `r` at
-/// `positions[r]`, skipped when outside); `write_slots` has its own.
+/// `positions[r]`, skipped when outside).
 fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic) {
-    if intrinsic == Intrinsic::WriteSlots {
-        return write_slots(emitter, operands);
-    }
     let dtype = operands.dtype(0);
     let x = load_name(0);
     let [_, axis, length, width] = [0, 1, 2, 3].map(|at| operands.size(emitter, 0, at));
