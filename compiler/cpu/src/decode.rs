@@ -4,21 +4,24 @@
 //! same operations in the same order, no fused multiply-add), so a product
 //! over decoded rows has the numerics of a product over f32 weights.
 //!
-//! A few input rows against a weight row ([`dot`], a decode step's
-//! products) take the decoded values straight from registers into their
-//! sums: f32 fused multiply-adds over the lanes, as `matmul`'s tiles
-//! compute over decoded values, in another order (two sums a lane).
+//! A few input rows against many weight rows ([`dot_columns`], a decode
+//! step's products) take the values straight from registers into their
+//! sums, in f32 fused multiply-adds over the lanes. Q6_K multiplies its
+//! decoded values; Q8_0 and Q4_K apply each block's (group's) scale once
+//! to the block's sum of levels times inputs, and Q4_K its minimum to the
+//! inputs' sum, as `docs/language.md` allows.
 //!
-//! The formats are written once over [`ByteLanes`], small integers widened
-//! to i32 lanes and converted, each block's vectors handed in order to a
-//! sink (stored, or summed), and instantiated for AVX-512 (sixteen lanes)
-//! and AVX2 (eight) inside functions with those target features (the
-//! blocks' f16 scales widened by F16C, exactly); other CPUs decode with
-//! `quant::dequantize` itself.
+//! The formats are written once over [`ByteLanes`] (a [`Decoder`] each),
+//! small integers widened to i32 lanes and converted, and instantiated for
+//! AVX-512 (sixteen lanes) and AVX2 (eight) inside functions with those
+//! target features (the blocks' f16 scales widened by F16C, exactly);
+//! other CPUs decode with `quant::dequantize` itself. Everything the
+//! decoders call is inlined into those functions (no closures over arrays:
+//! a call out of them would lose the features).
 
 use super::matmul::Isa;
 use super::simd::Lanes;
-use linnet_ir::quant::{self, q4_k_scale_min, BlockFormat};
+use linnet_ir::quant::{self, BlockFormat};
 
 /// Row `blocks` (whole blocks of `format`) decoded into `out`, on `isa`.
 pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
@@ -45,104 +48,272 @@ trait ByteLanes: Lanes {
     /// `WIDTH` bytes at `at`, sign-extended.
     unsafe fn load_i8(at: *const u8) -> Self::I;
     unsafe fn shift_right(v: Self::I, bits: u32) -> Self::I;
-    unsafe fn shift_left(v: Self::I, bits: u32) -> Self::I;
     unsafe fn and(v: Self::I, mask: i32) -> Self::I;
-    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
-    unsafe fn minus(v: Self::I, k: i32) -> Self::I;
     unsafe fn float(v: Self::I) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// Every lane the f16 at `at`, widened exactly (see [`half_at`]).
+    unsafe fn splat_half(at: *const u8) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
+    /// others kept).
+    unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
 }
 
-/// The f16 at byte `at` of `bytes`, widened by F16C: exactly
-/// `quant::f16_at`'s value, without its branches.
+/// The f16 at byte `at` of `block` (which has it), widened by F16C:
+/// exactly `quant::f16_at`'s value, without its branches. The half is
+/// broadcast into a whole register first: an insert into a register's low
+/// lane (what a scalar load compiles to) would wait on the register's
+/// last writer, often the sum the previous block added into.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
 #[inline]
-fn half_at(bytes: &[u8], at: usize) -> f32 {
-    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
-    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+unsafe fn half_at(block: *const u8, at: usize) -> f32 {
+    use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtss_f32, _mm_set1_epi16};
+    // SAFETY: as the caller promises.
+    let bits = unsafe { block.add(at).cast::<i16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn half_at(bytes: &[u8], at: usize) -> f32 {
-    quant::f16_at(bytes, at)
+unsafe fn half_at(block: *const u8, at: usize) -> f32 {
+    // SAFETY: as the caller promises.
+    quant::f16_at(unsafe { std::slice::from_raw_parts(block, at + 2) }, at)
 }
 
-/// `d · q` for each of a Q8_0 block's 32 values, to `sink` by position.
-#[inline(always)]
-unsafe fn q8_0<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
-    unsafe {
-        let d = L::splat(half_at(block, 0));
-        for at in (0..32).step_by(L::WIDTH) {
-            let q = L::float(L::load_i8(block.as_ptr().add(2 + at)));
-            sink(at, L::mul(d, q));
-        }
-    }
-}
+/// A block format's decoder: a block's values in pairs of vectors (`2 ·
+/// WIDTH` values from `at`), handed to `sink` in order.
+trait Decoder {
+    const VALUES: usize;
+    const BYTES: usize;
+    /// Whether [`Decoder::dot`] reads the sums of each 32 inputs.
+    const INPUT_SUMS: bool = false;
+    unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V));
 
-/// `(d · scale) · q − dmin · min` for each of a Q4_K block's 256 values:
-/// four chunks of 32 bytes, the low nibbles one group, the high the next.
-#[inline(always)]
-unsafe fn q4_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
-    unsafe {
-        let (d, dmin) = (half_at(block, 0), half_at(block, 2));
-        let packed = &block[4..16];
-        for chunk in 0..4 {
-            for part in 0..2 {
-                let (scale, min) = q4_k_scale_min(chunk * 2 + part, packed);
-                let step = L::splat(d * f32::from(scale));
-                let offset = L::splat(dmin * f32::from(min));
-                for l in (0..32).step_by(L::WIDTH) {
-                    let bytes = L::load_u8(block.as_ptr().add(16 + chunk * 32 + l));
-                    let q = L::float(L::and(L::shift_right(bytes, 4 * part as u32), 0xf));
-                    sink(chunk * 64 + part * 32 + l, L::sub(L::mul(step, q), offset));
-                }
-            }
-        }
-    }
-}
-
-/// `(d · scale) · (q − 32)` for each of a Q6_K block's 256 values: two
-/// halves of four quarters, each value's low four bits from `ql` and high
-/// two from `qh`.
-#[inline(always)]
-unsafe fn q6_k<L: ByteLanes>(block: &[u8], sink: &mut impl FnMut(usize, L::V)) {
-    unsafe {
-        let d = half_at(block, 208);
-        for half_block in 0..2 {
-            let (low, high) = (block.as_ptr().add(half_block * 64), block.as_ptr().add(128 + half_block * 32));
-            for part in 0..4 {
-                for l in (0..32).step_by(L::WIDTH) {
-                    let at = half_block * 128 + part * 32 + l;
-                    let scale = L::splat(d * f32::from(block[192 + at / 16] as i8));
-                    let low =
-                        L::and(L::shift_right(L::load_u8(low.add(l + 32 * (part % 2))), 4 * (part / 2) as u32), 0xf);
-                    let high = L::shift_left(L::and(L::shift_right(L::load_u8(high.add(l)), 2 * part as u32), 3), 4);
-                    let level = L::float(L::minus(L::or(low, high), 32));
-                    sink(at, L::mul(scale, level));
-                }
-            }
-        }
-    }
-}
-
-/// A row of blocks, each block's vectors handed to `sink` with their
-/// position in the row, in order (the decoders are called directly, so
-/// that they are inlined with the caller's features).
-#[inline(always)]
-unsafe fn each_vector<L: ByteLanes>(format: BlockFormat, row: &[u8], mut sink: impl FnMut(usize, L::V)) {
-    let values = format.block_values();
-    for (number, block) in row.chunks_exact(format.block_bytes()).enumerate() {
-        let mut at_block = |at: usize, v: L::V| sink(number * values + at, v);
-        // SAFETY: the decoders read inside their block.
+    /// Adds `Σₖ inputs[r][k] · value[k]` over the block to `sums[r]` (two
+    /// vectors a row; what counts is their lanes' total) for `R` input
+    /// rows from the block's first value, `input_sums[r]` their sums over
+    /// each 32 values when `INPUT_SUMS`. By default the decoded values
+    /// times the inputs, in fused multiply-adds, a chain for each vector
+    /// of a pair.
+    #[inline(always)]
+    unsafe fn dot<L: ByteLanes, const R: usize>(
+        block: *const u8,
+        inputs: [*const f32; R],
+        _input_sums: [*const f32; R],
+        sums: &mut [[L::V; R]; 2],
+    ) {
         unsafe {
-            match format {
-                BlockFormat::Q8_0 => q8_0::<L>(block, &mut at_block),
-                BlockFormat::Q4K => q4_k::<L>(block, &mut at_block),
-                BlockFormat::Q6K => q6_k::<L>(block, &mut at_block),
+            Self::pairs::<L>(block, &mut |at, even, odd| {
+                for r in 0..R {
+                    sums[0][r] = L::fma(L::load(inputs[r].add(at)), even, sums[0][r]);
+                    sums[1][r] = L::fma(L::load(inputs[r].add(at + L::WIDTH)), odd, sums[1][r]);
+                }
+            })
+        }
+    }
+}
+
+struct Q8_0;
+struct Q4K;
+struct Q6K;
+
+impl Decoder for Q8_0 {
+    const VALUES: usize = 32;
+    const BYTES: usize = 34;
+
+    /// `d · q` for each of the block's 32 values.
+    #[inline(always)]
+    unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        unsafe {
+            let d = L::splat_half(block);
+            let value = |at: usize| L::mul(d, L::float(L::load_i8(block.add(2 + at))));
+            for at in (0..32).step_by(2 * L::WIDTH) {
+                sink(at, value(at), value(at + L::WIDTH));
             }
         }
+    }
+
+    /// `d · Σₖ qₖ · inputₖ`: the scale applied once to the block's sum.
+    #[inline(always)]
+    unsafe fn dot<L: ByteLanes, const R: usize>(
+        block: *const u8,
+        inputs: [*const f32; R],
+        _input_sums: [*const f32; R],
+        sums: &mut [[L::V; R]; 2],
+    ) {
+        unsafe {
+            let mut parts = [[L::zero(); R]; 2];
+            for at in (0..32).step_by(2 * L::WIDTH) {
+                let (even, odd) =
+                    (L::float(L::load_i8(block.add(2 + at))), L::float(L::load_i8(block.add(2 + at + L::WIDTH))));
+                for r in 0..R {
+                    parts[0][r] = L::fma(even, L::load(inputs[r].add(at)), parts[0][r]);
+                    parts[1][r] = L::fma(odd, L::load(inputs[r].add(at + L::WIDTH)), parts[1][r]);
+                }
+            }
+            let d = L::splat_half(block);
+            for r in 0..R {
+                sums[0][r] = L::fma(d, L::add(parts[0][r], parts[1][r]), sums[0][r]);
+            }
+        }
+    }
+}
+
+impl Decoder for Q4K {
+    const VALUES: usize = 256;
+    const BYTES: usize = 144;
+    const INPUT_SUMS: bool = true;
+
+    /// `(d · scale) · q − dmin · min` for each of the block's 256 values:
+    /// four chunks of 32 bytes, the low nibbles one group, the high the
+    /// next (each chunk's bytes loaded once for both).
+    #[inline(always)]
+    unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        unsafe {
+            let steps = q4_k_steps::<L>(block);
+            for chunk in 0..4 {
+                let (low_step, low_offset) = (L::splat(steps[chunk * 2]), L::splat(steps[8 + chunk * 2]));
+                let (high_step, high_offset) = (L::splat(steps[chunk * 2 + 1]), L::splat(steps[9 + chunk * 2]));
+                for l in (0..32).step_by(2 * L::WIDTH) {
+                    let at = block.add(16 + chunk * 32 + l);
+                    let (even, odd) = (L::load_u8(at), L::load_u8(at.add(L::WIDTH)));
+                    let low = |b| L::sub(L::mul(low_step, L::float(L::and(b, 0xf))), low_offset);
+                    sink(chunk * 64 + l, low(even), low(odd));
+                    // Bytes widened to 32 bits: the high nibble is the byte shifted.
+                    let high = |b| L::sub(L::mul(high_step, L::float(L::shift_right(b, 4))), high_offset);
+                    sink(chunk * 64 + 32 + l, high(even), high(odd));
+                }
+            }
+        }
+    }
+
+    /// `(d · scale) · Σₖ qₖ · inputₖ − (dmin · min) · Σₖ inputₖ` for each
+    /// group of 32: each group's step applied once to its sum, its offset
+    /// to the inputs' sum.
+    #[inline(always)]
+    unsafe fn dot<L: ByteLanes, const R: usize>(
+        block: *const u8,
+        inputs: [*const f32; R],
+        input_sums: [*const f32; R],
+        sums: &mut [[L::V; R]; 2],
+    ) {
+        unsafe {
+            let steps = q4_k_steps::<L>(block);
+            for chunk in 0..4 {
+                let (mut low, mut high) = ([L::zero(); R], [L::zero(); R]);
+                for l in (0..32).step_by(L::WIDTH) {
+                    let bytes = L::load_u8(block.add(16 + chunk * 32 + l));
+                    // Bytes widened to 32 bits: the high nibble is the byte shifted.
+                    let (low_q, high_q) = (L::float(L::and(bytes, 0xf)), L::float(L::shift_right(bytes, 4)));
+                    for r in 0..R {
+                        low[r] = L::fma(low_q, L::load(inputs[r].add(chunk * 64 + l)), low[r]);
+                        high[r] = L::fma(high_q, L::load(inputs[r].add(chunk * 64 + 32 + l)), high[r]);
+                    }
+                }
+                let (low_step, high_step) = (L::splat(steps[chunk * 2]), L::splat(steps[chunk * 2 + 1]));
+                for r in 0..R {
+                    sums[0][r] = L::fma(low_step, low[r], sums[0][r]);
+                    sums[1][r] = L::fma(high_step, high[r], sums[1][r]);
+                }
+            }
+            for r in 0..R {
+                sums[1][r] = L::minus_products8(sums[1][r], steps.as_ptr().add(8), input_sums[r]);
+            }
+        }
+    }
+}
+
+/// A Q4_K block's eight groups' `d · scale`, then their `dmin · min`
+/// (exact: an f16 times a six-bit integer), to be splat as needed.
+#[inline(always)]
+unsafe fn q4_k_steps<L: ByteLanes>(block: *const u8) -> [f32; 16] {
+    unsafe {
+        let levels = q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
+        let (d, dmin) = (half_at(block, 0), half_at(block, 2));
+        let factors: [f32; 16] = std::array::from_fn(|at| if at < 8 { d } else { dmin });
+        let mut steps = [0f32; 16];
+        for at in (0..16).step_by(L::WIDTH) {
+            let level = L::float(L::load_u8(levels.as_ptr().add(at)));
+            L::store(steps.as_mut_ptr().add(at), L::mul(L::load(factors.as_ptr().add(at)), level));
+        }
+        steps
+    }
+}
+
+/// A Q4_K block's eight six-bit scales then eight six-bit minimums, from
+/// its twelve packed bytes (`quant::q4_k_scale_min` for every group at
+/// once, four bytes to a word).
+#[inline(always)]
+fn q4_k_scales_mins(packed: &[u8]) -> [u8; 16] {
+    let word = |at: usize| u32::from_le_bytes([packed[at], packed[at + 1], packed[at + 2], packed[at + 3]]);
+    let (first, second, third) = (word(0), word(4), word(8));
+    let scales_low = first & 0x3f3f_3f3f;
+    let mins_low = second & 0x3f3f_3f3f;
+    let scales_high = (third & 0x0f0f_0f0f) | (((first >> 6) & 0x0303_0303) << 4);
+    let mins_high = ((third >> 4) & 0x0f0f_0f0f) | (((second >> 6) & 0x0303_0303) << 4);
+    let mut out = [0u8; 16];
+    for (at, word) in [scales_low, scales_high, mins_low, mins_high].into_iter().enumerate() {
+        out[at * 4..at * 4 + 4].copy_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+impl Decoder for Q6K {
+    const VALUES: usize = 256;
+    const BYTES: usize = 210;
+
+    /// `(d · scale) · (q − 32)` for each of the block's 256 values: their
+    /// levels `q − 32` assembled as bytes first ([`q6_k_levels`]), then
+    /// widened sixteen or eight at a time.
+    #[inline(always)]
+    unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        unsafe {
+            // The sixteen `d · scale` (exact: an f16 times an i8), one per
+            // sixteen values, splat from here as needed.
+            let d = L::splat_half(block.add(208));
+            let mut steps = [0f32; 16];
+            for at in (0..16).step_by(L::WIDTH) {
+                L::store(steps.as_mut_ptr().add(at), L::mul(d, L::float(L::load_i8(block.add(192 + at)))));
+            }
+            let levels = q6_k_levels(std::slice::from_raw_parts(block, 192));
+            let value =
+                |at: usize| L::mul(L::splat(steps[at / 16]), L::float(L::load_i8(levels.as_ptr().add(at).cast())));
+            for at in (0..256).step_by(2 * L::WIDTH) {
+                sink(at, value(at), value(at + L::WIDTH));
+            }
+        }
+    }
+}
+
+/// A Q6_K block's 256 levels `q − 32`, from its `ql` (bytes 0–127) and
+/// `qh` (128–191): in each half of 128 values, quarter `p`'s value `l`
+/// has its low four bits from `ql[l]` (quarters 0 and 2: the low and the
+/// high nibble) or `ql[32 + l]` (quarters 1 and 3), its high two from
+/// bits `2p` of `qh[l]`. A loop over bytes, which the compiler vectorizes
+/// with the caller's features.
+#[inline(always)]
+fn q6_k_levels(bits: &[u8]) -> [i8; 256] {
+    let mut levels = [0i8; 256];
+    for (half, levels) in levels.chunks_exact_mut(128).enumerate() {
+        let (low, high) = (&bits[half * 64..half * 64 + 64], &bits[128 + half * 32..128 + half * 32 + 32]);
+        for l in 0..32 {
+            let (first, second, top) = (low[l], low[32 + l], high[l]);
+            levels[l] = (first & 0xf | (top & 3) << 4) as i8 - 32;
+            levels[32 + l] = (second & 0xf | (top >> 2 & 3) << 4) as i8 - 32;
+            levels[64 + l] = (first >> 4 | (top >> 4 & 3) << 4) as i8 - 32;
+            levels[96 + l] = (second >> 4 | (top >> 6) << 4) as i8 - 32;
+        }
+    }
+    levels
+}
+
+/// A row of `D`'s blocks, each block's pairs of vectors handed to `sink`
+/// with their position in the row, in order.
+#[inline(always)]
+unsafe fn each_pair<L: ByteLanes, D: Decoder>(row: &[u8], mut sink: impl FnMut(usize, L::V, L::V)) {
+    for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
+        // SAFETY: the decoders read inside their block.
+        unsafe { D::pairs::<L>(block.as_ptr(), &mut |at, even, odd| sink(number * D::VALUES + at, even, odd)) }
     }
 }
 
@@ -150,70 +321,157 @@ unsafe fn each_vector<L: ByteLanes>(format: BlockFormat, row: &[u8], mut sink: i
 #[inline(always)]
 unsafe fn decode_row<L: ByteLanes>(format: BlockFormat, row: &[u8], out: &mut [f32]) {
     let out = out.as_mut_ptr();
+    let store = |at: usize, even: L::V, odd: L::V| unsafe {
+        L::store(out.add(at), even);
+        L::store(out.add(at + L::WIDTH), odd);
+    };
     // SAFETY: `out` has the row's values' room.
-    unsafe { each_vector::<L>(format, row, |at, v| L::store(out.add(at), v)) }
+    unsafe {
+        match format {
+            BlockFormat::Q8_0 => each_pair::<L, Q8_0>(row, store),
+            BlockFormat::Q4K => each_pair::<L, Q4K>(row, store),
+            BlockFormat::Q6K => each_pair::<L, Q6K>(row, store),
+        }
+    }
 }
 
-/// `Σₖ input[r][k] · value[k]` over a row of blocks for each of `R`
-/// input rows, in f32 fused multiply-adds over the lanes.
+/// `Σₖ input[r][k] · value[k]` over a row of `D`'s blocks for each of `R`
+/// input rows ([`Decoder::dot`]), `input_sums[r]` the sums of each 32
+/// inputs of row `r` when `D` reads them.
 #[inline(always)]
-unsafe fn dot_rows<L: ByteLanes, const R: usize>(format: BlockFormat, row: &[u8], inputs: [*const f32; R]) -> [f32; R] {
+unsafe fn dot_rows<L: ByteLanes, D: Decoder, const R: usize>(
+    row: &[u8],
+    inputs: [*const f32; R],
+    input_sums: [*const f32; R],
+) -> [f32; R] {
     unsafe {
-        // Two sums a row, for alternate vectors: two chains of fused
-        // multiply-adds in flight instead of one.
-        let (mut even, mut odd) = ([L::zero(); R], [L::zero(); R]);
-        each_vector::<L>(format, row, |at, w| {
-            let sums = if (at / L::WIDTH) % 2 == 0 { &mut even } else { &mut odd };
-            for (sum, input) in sums.iter_mut().zip(&inputs) {
-                *sum = L::fma(L::load(input.add(at)), w, *sum);
+        let mut sums = [[L::zero(); R]; 2];
+        for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
+            let at = number * D::VALUES;
+            D::dot::<L, R>(
+                block.as_ptr(),
+                inputs.map(|input| input.add(at)),
+                input_sums.map(|sums| sums.wrapping_add(at / 32)),
+                &mut sums,
+            );
+        }
+        let mut totals = [L::zero(); R];
+        for (total, (even, odd)) in totals.iter_mut().zip(sums[0].iter().zip(&sums[1])) {
+            *total = L::add(*even, *odd);
+        }
+        L::sums(&totals)
+    }
+}
+
+/// Columns `range` of `R` output rows: weight row `n` (of `row_bytes`
+/// bytes in `blocks`, `D`'s blocks) against each input row.
+#[inline(always)]
+unsafe fn dot_columns_of<L: ByteLanes, D: Decoder, const R: usize>(
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &[*const f32],
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    let inputs: [*const f32; R] = inputs.try_into().expect("R input rows");
+    let depth = row_bytes / D::BYTES * D::VALUES;
+    // The sums of each 32 inputs, once for every weight row (when read).
+    let chunks = if D::INPUT_SUMS { depth / 32 } else { 0 };
+    let mut input_sums = vec![0f32; R * chunks];
+    for (r, sums) in input_sums.chunks_exact_mut(chunks.max(1)).enumerate() {
+        for (chunk, sum) in sums.iter_mut().enumerate() {
+            // SAFETY: each input row has `depth` values.
+            *sum = unsafe { std::slice::from_raw_parts(inputs[r].add(chunk * 32), 32) }.iter().sum();
+        }
+    }
+    let input_sums: [*const f32; R] = std::array::from_fn(|r| input_sums.as_ptr().wrapping_add(r * chunks));
+    for n in range {
+        // SAFETY: as `dot_columns`' caller promises.
+        unsafe {
+            let sums = dot_rows::<L, D, R>(&blocks[n * row_bytes..(n + 1) * row_bytes], inputs, input_sums);
+            for (out, sum) in outs.iter().zip(sums) {
+                *out.add(n) = sum;
             }
-        });
-        let mut sums = [L::zero(); R];
-        for ((sum, even), odd) in sums.iter_mut().zip(even).zip(odd) {
-            *sum = L::fma(even, L::splat(1.0), odd);
         }
-        L::sums(&sums)
     }
 }
 
-/// [`dot_rows`] for as many rows as `inputs` holds (one to four), the
-/// sums into `out`.
+/// [`dot_columns_of`] for `format` and as many rows as `inputs` holds
+/// (one to [`DOT_ROWS`]).
 #[inline(always)]
-unsafe fn dot_any<L: ByteLanes>(format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
+unsafe fn dot_columns_in<L: ByteLanes>(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &[*const f32],
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    macro_rules! rows {
+        ($d:ty) => {
+            match inputs.len() {
+                1 => dot_columns_of::<L, $d, 1>(blocks, row_bytes, inputs, outs, range),
+                2 => dot_columns_of::<L, $d, 2>(blocks, row_bytes, inputs, outs, range),
+                3 => dot_columns_of::<L, $d, 3>(blocks, row_bytes, inputs, outs, range),
+                4 => dot_columns_of::<L, $d, 4>(blocks, row_bytes, inputs, outs, range),
+                _ => unreachable!("one to four rows at a time"),
+            }
+        };
+    }
+    // SAFETY: as `dot_columns`' caller promises.
     unsafe {
-        match *inputs {
-            [a] => out.copy_from_slice(&dot_rows::<L, 1>(format, row, [a])),
-            [a, b] => out.copy_from_slice(&dot_rows::<L, 2>(format, row, [a, b])),
-            [a, b, c] => out.copy_from_slice(&dot_rows::<L, 3>(format, row, [a, b, c])),
-            [a, b, c, d] => out.copy_from_slice(&dot_rows::<L, 4>(format, row, [a, b, c, d])),
-            _ => unreachable!("one to four rows at a time"),
+        match format {
+            BlockFormat::Q8_0 => rows!(Q8_0),
+            BlockFormat::Q4K => rows!(Q4K),
+            BlockFormat::Q6K => rows!(Q6K),
         }
     }
 }
 
-/// The most input rows [`dot`] takes at once.
+/// The most input rows [`dot_columns`] takes at once.
 pub const DOT_ROWS: usize = 4;
 
-/// Whether [`dot`] runs on `isa` (else rows are decoded and multiplied).
+/// Whether [`dot_columns`] runs on `isa` (else rows are decoded and
+/// multiplied).
 pub fn dots_on(isa: Isa) -> bool {
     isa != Isa::Portable
 }
 
-/// `out[r] = Σₖ inputs[r][k] · value[k]` for the values of `row` (whole
-/// blocks of `format`) and one to [`DOT_ROWS`] input rows, on `isa`
-/// ([`dots_on`]): the numerics of `matmul` over the decoded row.
+/// `outs[r][n] = Σₖ inputs[r][k] · value[n, k]` for the columns `n` in
+/// `range`, where weight row `n` is `blocks[n · row_bytes..]` (whole
+/// blocks of `format`), for one to [`DOT_ROWS`] input rows, on `isa`
+/// ([`dots_on`]): each weight row's values go from the registers they are
+/// decoded in straight into the rows' sums, with the numerics of `matmul`
+/// over the decoded rows.
 ///
 /// # Safety
-/// Each input row has the row's values' count of readable values.
-pub unsafe fn dot(isa: Isa, format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
-    assert!(!inputs.is_empty() && inputs.len() <= DOT_ROWS && out.len() == inputs.len(), "one to four rows");
+/// Each input row has `row_bytes`' values' count of readable values; each
+/// output row has room for the columns of `range`, which no other thread
+/// writes.
+pub unsafe fn dot_columns(
+    isa: Isa,
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &[*const f32],
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    assert!(
+        !inputs.is_empty() && inputs.len() <= DOT_ROWS && outs.len() == inputs.len(),
+        "one to {DOT_ROWS} input rows, an output row each"
+    );
+    assert!(
+        range.end * row_bytes <= blocks.len() && row_bytes.is_multiple_of(format.block_bytes()),
+        "whole rows of blocks"
+    );
     // SAFETY: as the caller promises, on a CPU with `isa`.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 | Isa::Avx512 => x86::dot_avx512(format, row, inputs, out),
+            Isa::Avx512Bf16 | Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::dot_avx2(format, row, inputs, out),
+            Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => unreachable!("no dot products on {}", isa.name()),
         }
     }
@@ -221,7 +479,7 @@ pub unsafe fn dot(isa: Isa, format: BlockFormat, row: &[u8], inputs: &[*const f3
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{decode_row, dot_any, BlockFormat, ByteLanes};
+    use super::{decode_row, dot_columns_in, BlockFormat, ByteLanes};
     use crate::simd::{Avx2, Avx512};
     use std::arch::x86_64::*;
 
@@ -240,20 +498,8 @@ mod x86 {
             unsafe { _mm512_srlv_epi32(v, _mm512_set1_epi32(bits as i32)) }
         }
         #[inline(always)]
-        unsafe fn shift_left(v: __m512i, bits: u32) -> __m512i {
-            unsafe { _mm512_sllv_epi32(v, _mm512_set1_epi32(bits as i32)) }
-        }
-        #[inline(always)]
         unsafe fn and(v: __m512i, mask: i32) -> __m512i {
             unsafe { _mm512_and_si512(v, _mm512_set1_epi32(mask)) }
-        }
-        #[inline(always)]
-        unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
-            unsafe { _mm512_or_si512(a, b) }
-        }
-        #[inline(always)]
-        unsafe fn minus(v: __m512i, k: i32) -> __m512i {
-            unsafe { _mm512_sub_epi32(v, _mm512_set1_epi32(k)) }
         }
         #[inline(always)]
         unsafe fn float(v: __m512i) -> __m512 {
@@ -262,6 +508,19 @@ mod x86 {
         #[inline(always)]
         unsafe fn sub(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn splat_half(at: *const u8) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le(at.cast::<i16>().read_unaligned()))) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn minus_products8(acc: __m512, a: *const f32, b: *const f32) -> __m512 {
+            // Lanes past the eighth load zeros (and read nothing).
+            unsafe { _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(0xff, a), _mm512_maskz_loadu_ps(0xff, b), acc) }
         }
     }
 
@@ -280,20 +539,8 @@ mod x86 {
             unsafe { _mm256_srlv_epi32(v, _mm256_set1_epi32(bits as i32)) }
         }
         #[inline(always)]
-        unsafe fn shift_left(v: __m256i, bits: u32) -> __m256i {
-            unsafe { _mm256_sllv_epi32(v, _mm256_set1_epi32(bits as i32)) }
-        }
-        #[inline(always)]
         unsafe fn and(v: __m256i, mask: i32) -> __m256i {
             unsafe { _mm256_and_si256(v, _mm256_set1_epi32(mask)) }
-        }
-        #[inline(always)]
-        unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
-            unsafe { _mm256_or_si256(a, b) }
-        }
-        #[inline(always)]
-        unsafe fn minus(v: __m256i, k: i32) -> __m256i {
-            unsafe { _mm256_sub_epi32(v, _mm256_set1_epi32(k)) }
         }
         #[inline(always)]
         unsafe fn float(v: __m256i) -> __m256 {
@@ -302,6 +549,18 @@ mod x86 {
         #[inline(always)]
         unsafe fn sub(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn splat_half(at: *const u8) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le(at.cast::<i16>().read_unaligned()))) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn minus_products8(acc: __m256, a: *const f32, b: *const f32) -> __m256 {
+            unsafe { _mm256_fnmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc) }
         }
     }
 
@@ -313,10 +572,17 @@ mod x86 {
     }
 
     /// # Safety
-    /// As `super::dot`; the CPU has AVX-512 F and BW.
+    /// As `super::dot_columns`; the CPU has AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    pub unsafe fn dot_avx512(format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
-        unsafe { dot_any::<Avx512>(format, row, inputs, out) }
+    pub unsafe fn dot_columns_avx512(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &[*const f32],
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        unsafe { dot_columns_in::<Avx512>(format, blocks, row_bytes, inputs, outs, range) }
     }
 
     /// # Safety
@@ -327,10 +593,17 @@ mod x86 {
     }
 
     /// # Safety
-    /// As `super::dot`; the CPU has AVX2 and FMA.
+    /// As `super::dot_columns`; the CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_avx2(format: BlockFormat, row: &[u8], inputs: &[*const f32], out: &mut [f32]) {
-        unsafe { dot_any::<Avx2>(format, row, inputs, out) }
+    pub unsafe fn dot_columns_avx2(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &[*const f32],
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        unsafe { dot_columns_in::<Avx2>(format, blocks, row_bytes, inputs, outs, range) }
     }
 }
 

@@ -317,18 +317,9 @@ unsafe fn decoded_columns(
     if count <= decode::DOT_ROWS && decode::dots_on(isa) {
         // A decode step's few rows: each weight row's values go from the
         // registers they are decoded in straight into the rows' sums.
-        let mut sums = [0f32; decode::DOT_ROWS];
-        for n in range {
-            // SAFETY: as the caller promises: `depth` values per input row,
-            // room for column `n` in each output row, no other writer.
-            unsafe {
-                decode::dot(isa, format, &blocks[n * row_bytes..(n + 1) * row_bytes], &rows.inputs, &mut sums[..count]);
-                for (out, sum) in rows.outs.iter().zip(&sums) {
-                    *out.add(n) = *sum;
-                }
-            }
-        }
-        return;
+        // SAFETY: as the caller promises: `depth` values per input row,
+        // room for the range's columns in each output row, no other writer.
+        return unsafe { decode::dot_columns(isa, format, blocks, row_bytes, &rows.inputs, &rows.outs, range) };
     }
     DECODED.with_borrow_mut(|decoded| {
         decoded.resize(DECODED_ROWS * depth, 0.0);
@@ -736,7 +727,8 @@ mod tests {
     /// weights, on every instruction set, for every format: bit for bit
     /// where rows are decoded and multiplied (many rows, the threads too),
     /// within the bound on f32 dot products where a few rows take the
-    /// values from registers (`decode::dot`).
+    /// values from registers (`decode::dot_columns`), its magnitudes
+    /// counting Q4_K's steps and offsets apart (`docs/language.md`).
     #[test]
     fn blocks_give_what_their_values_give() {
         use linnet_ir::quant::{dequantize, quantize, BlockFormat};
@@ -747,6 +739,16 @@ mod tests {
                 let blocks = quantize(format, &weights).unwrap();
                 let mut values = vec![0f32; columns * depth];
                 dequantize(format, &blocks, &mut values).unwrap();
+                // Q4_K's offsets `dmin · min`: the values of the blocks with
+                // `d` zeroed are their negatives (other formats: none).
+                let mut offsets = vec![0f32; columns * depth];
+                if format == BlockFormat::Q4K {
+                    let mut without_steps = blocks.clone();
+                    for block in without_steps.chunks_exact_mut(format.block_bytes()) {
+                        block[..2].fill(0);
+                    }
+                    dequantize(format, &without_steps, &mut offsets).unwrap();
+                }
                 let input: Vec<f32> = (0..rows * depth).map(|at| value(at * 13 + 1)).collect();
                 for isa in Isa::available() {
                     let mut from_blocks = vec![f32::NAN; rows * columns];
@@ -760,8 +762,15 @@ mod tests {
                             assert_eq!(ours.to_bits(), decoded.to_bits(), "{what}");
                         } else {
                             let (m, n) = (at / columns, at % columns);
-                            let products = input[m * depth..(m + 1) * depth].iter().zip(&values[n * depth..]);
-                            let magnitude: f64 = products.map(|(x, w)| (f64::from(*x) * f64::from(*w)).abs()).sum();
+                            // |step · q| ≤ |value| + |offset|, and the offset's own term.
+                            let weights = values[n * depth..].iter().zip(&offsets[n * depth..]);
+                            let magnitude: f64 = input[m * depth..(m + 1) * depth]
+                                .iter()
+                                .zip(weights)
+                                .map(|(x, (w, offset))| {
+                                    f64::from(*x).abs() * (f64::from(*w).abs() + 2.0 * f64::from(*offset).abs())
+                                })
+                                .sum();
                             let bound = depth as f64 * 2f64.powi(-23) * magnitude;
                             assert!(
                                 (f64::from(*ours) - f64::from(*decoded)).abs() <= 2.0 * bound,

@@ -119,7 +119,10 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn sum(v: __m512) -> f32 {
         unsafe {
-            let half = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+            // The upper half moved down by F's shuffle (DQ's extract would
+            // need a target feature the kernels do not enable).
+            let upper = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+            let half = _mm256_add_ps(_mm512_castps512_ps256(v), upper);
             Avx2::sum(half)
         }
     }
