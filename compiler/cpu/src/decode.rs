@@ -54,6 +54,13 @@ trait ByteLanes: Lanes {
     /// Every lane the f16 at `at`, widened exactly (see [`half_at`]).
     unsafe fn splat_half(at: *const u8) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// Every lane the f32 at `at`, broadcast by a load even where the
+    /// compiler knows the value (a shuffle would take the port the
+    /// widening and converting need).
+    unsafe fn splat_from(at: *const f32) -> Self::V;
+    /// [`ByteLanes::load_i8`] as a load even where the compiler knows the
+    /// bytes (for the same reason).
+    unsafe fn load_i8_from(at: *const i8) -> Self::I;
     /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
     /// others kept).
     unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
@@ -210,7 +217,7 @@ impl Decoder for Q4K {
                         high[r] = L::fma(high_q, L::load(inputs[r].add(chunk * 64 + 32 + l)), high[r]);
                     }
                 }
-                let (low_step, high_step) = (L::splat(steps[chunk * 2]), L::splat(steps[chunk * 2 + 1]));
+                let (low_step, high_step) = (L::splat_from(&steps[chunk * 2]), L::splat_from(&steps[chunk * 2 + 1]));
                 for r in 0..R {
                     sums[0][r] = L::fma(low_step, low[r], sums[0][r]);
                     sums[1][r] = L::fma(high_step, high[r], sums[1][r]);
@@ -277,7 +284,7 @@ impl Decoder for Q6K {
             }
             let levels = q6_k_levels(std::slice::from_raw_parts(block, 192));
             let value =
-                |at: usize| L::mul(L::splat(steps[at / 16]), L::float(L::load_i8(levels.as_ptr().add(at).cast())));
+                |at: usize| L::mul(L::splat_from(&steps[at / 16]), L::float(L::load_i8_from(levels.as_ptr().add(at))));
             for at in (0..256).step_by(2 * L::WIDTH) {
                 sink(at, value(at), value(at + L::WIDTH));
             }
@@ -481,6 +488,7 @@ pub unsafe fn dot_columns(
 mod x86 {
     use super::{decode_row, dot_columns_in, BlockFormat, ByteLanes};
     use crate::simd::{Avx2, Avx512};
+    use std::arch::asm;
     use std::arch::x86_64::*;
 
     impl ByteLanes for Avx512 {
@@ -516,6 +524,24 @@ mod x86 {
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn splat_from(at: *const f32) -> __m512 {
+            let v: __m512;
+            unsafe {
+                asm!("vbroadcastss {v}, dword ptr [{at}]", v = out(zmm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+            };
+            v
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn load_i8_from(at: *const i8) -> __m512i {
+            let v: __m512i;
+            unsafe {
+                asm!("vpmovsxbd {v}, xmmword ptr [{at}]", v = out(zmm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+            };
+            v
         }
         #[inline(always)]
         unsafe fn minus_products8(acc: __m512, a: *const f32, b: *const f32) -> __m512 {
@@ -557,6 +583,24 @@ mod x86 {
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn splat_from(at: *const f32) -> __m256 {
+            let v: __m256;
+            unsafe {
+                asm!("vbroadcastss {v}, dword ptr [{at}]", v = out(ymm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+            };
+            v
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load_i8_from(at: *const i8) -> __m256i {
+            let v: __m256i;
+            unsafe {
+                asm!("vpmovsxbd {v}, qword ptr [{at}]", v = out(ymm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+            };
+            v
         }
         #[inline(always)]
         unsafe fn minus_products8(acc: __m256, a: *const f32, b: *const f32) -> __m256 {
