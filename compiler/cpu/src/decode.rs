@@ -64,6 +64,11 @@ trait ByteLanes: Lanes {
     /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
     /// others kept).
     unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
+    /// A Q6_K block's 256 levels `q − 32` ([`q6_k_levels`]).
+    unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
+        // SAFETY: as the caller promises, the block is whole.
+        q6_k_levels(unsafe { std::slice::from_raw_parts(block, 192) })
+    }
 }
 
 /// The f16 at byte `at` of `block` (which has it), widened by F16C:
@@ -282,7 +287,7 @@ impl Decoder for Q6K {
             for at in (0..16).step_by(L::WIDTH) {
                 L::store(steps.as_mut_ptr().add(at), L::mul(d, L::float(L::load_i8(block.add(192 + at)))));
             }
-            let levels = q6_k_levels(std::slice::from_raw_parts(block, 192));
+            let levels = L::q6_k_levels(block);
             let value =
                 |at: usize| L::mul(L::splat_from(&steps[at / 16]), L::float(L::load_i8_from(levels.as_ptr().add(at))));
             for at in (0..256).step_by(2 * L::WIDTH) {
@@ -542,6 +547,41 @@ mod x86 {
                 asm!("vpmovsxbd {v}, xmmword ptr [{at}]", v = out(zmm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
             };
             v
+        }
+        /// Sixty-four levels an instruction: `ql`'s nibbles masked, `qh`
+        /// (in both halves of a register) shifted per half by word so that
+        /// each quarter's two bits land at bits 4–5, the two merged.
+        #[inline(always)]
+        unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
+            let mut levels = [0i8; 256];
+            unsafe {
+                let (nibble, high_bits, offset) =
+                    (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30), _mm512_set1_epi8(32));
+                // Words of the lower half (quarters 0 and 2) and of the upper (1 and 3).
+                let (left, right) = (
+                    _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2)),
+                    _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2)),
+                );
+                for half in 0..2 {
+                    let low = _mm512_loadu_si512(block.add(half * 64).cast());
+                    let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + half * 32).cast()));
+                    // A | (B & C): the nibbles, and the two bits at 4–5.
+                    let first = _mm512_ternarylogic_epi32::<0xf8>(
+                        _mm512_and_si512(low, nibble),
+                        _mm512_sllv_epi16(high, left),
+                        high_bits,
+                    );
+                    let second = _mm512_ternarylogic_epi32::<0xf8>(
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble),
+                        _mm512_srlv_epi16(high, right),
+                        high_bits,
+                    );
+                    let out = levels.as_mut_ptr().add(half * 128);
+                    _mm512_storeu_si512(out.cast(), _mm512_sub_epi8(first, offset));
+                    _mm512_storeu_si512(out.add(64).cast(), _mm512_sub_epi8(second, offset));
+                }
+            }
+            levels
         }
         #[inline(always)]
         unsafe fn minus_products8(acc: __m512, a: *const f32, b: *const f32) -> __m512 {
