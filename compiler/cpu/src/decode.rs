@@ -496,6 +496,32 @@ mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
+    /// `splat_from` and `load_i8_from` in inline assembly (the compiler
+    /// cannot turn an instruction it does not see into a shuffle), for
+    /// vectors `$v`/`$i` in register class `$reg`, `$width` bytes widened.
+    macro_rules! loads_from_memory {
+        ($v:ty, $i:ty, $reg:ident, $feature:literal, $width:literal) => {
+            #[inline]
+            #[target_feature(enable = $feature)]
+            unsafe fn splat_from(at: *const f32) -> $v {
+                let v: $v;
+                unsafe {
+                    asm!("vbroadcastss {v}, dword ptr [{at}]", v = out($reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+                };
+                v
+            }
+            #[inline]
+            #[target_feature(enable = $feature)]
+            unsafe fn load_i8_from(at: *const i8) -> $i {
+                let v: $i;
+                unsafe {
+                    asm!(concat!("vpmovsxbd {v}, ", $width, " ptr [{at}]"), v = out($reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
+                };
+                v
+            }
+        };
+    }
+
     impl ByteLanes for Avx512 {
         type I = __m512i;
         #[inline(always)]
@@ -530,24 +556,7 @@ mod x86 {
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_add_ps(a, b) }
         }
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn splat_from(at: *const f32) -> __m512 {
-            let v: __m512;
-            unsafe {
-                asm!("vbroadcastss {v}, dword ptr [{at}]", v = out(zmm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
-            };
-            v
-        }
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn load_i8_from(at: *const i8) -> __m512i {
-            let v: __m512i;
-            unsafe {
-                asm!("vpmovsxbd {v}, xmmword ptr [{at}]", v = out(zmm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
-            };
-            v
-        }
+        loads_from_memory!(__m512, __m512i, zmm_reg, "avx512f", "xmmword");
         /// Sixty-four levels an instruction: `ql`'s nibbles masked, `qh`
         /// (in both halves of a register) shifted per half by word so that
         /// each quarter's two bits land at bits 4–5, the two merged.
@@ -624,24 +633,7 @@ mod x86 {
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_add_ps(a, b) }
         }
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        unsafe fn splat_from(at: *const f32) -> __m256 {
-            let v: __m256;
-            unsafe {
-                asm!("vbroadcastss {v}, dword ptr [{at}]", v = out(ymm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
-            };
-            v
-        }
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        unsafe fn load_i8_from(at: *const i8) -> __m256i {
-            let v: __m256i;
-            unsafe {
-                asm!("vpmovsxbd {v}, qword ptr [{at}]", v = out(ymm_reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
-            };
-            v
-        }
+        loads_from_memory!(__m256, __m256i, ymm_reg, "avx2", "qword");
         #[inline(always)]
         unsafe fn minus_products8(acc: __m256, a: *const f32, b: *const f32) -> __m256 {
             unsafe { _mm256_fnmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc) }
