@@ -65,6 +65,7 @@ trait ByteLanes: Lanes {
     /// others kept).
     unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
     /// A Q6_K block's 256 levels `q − 32` ([`q6_k_levels`]).
+    #[inline(always)]
     unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
         // SAFETY: as the caller promises, the block is whole.
         q6_k_levels(unsafe { std::slice::from_raw_parts(block, 192) })
