@@ -64,11 +64,11 @@ trait ByteLanes: Lanes {
     /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
     /// others kept).
     unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
-    /// A Q6_K block's 256 levels `q − 32` ([`q6_k_levels`]).
+    /// A Q6_K block's 256 levels `q − 32` (`quant::q6_k_levels`).
     #[inline(always)]
     unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
         // SAFETY: as the caller promises, the block is whole.
-        q6_k_levels(unsafe { std::slice::from_raw_parts(block, 192) })
+        quant::q6_k_levels(unsafe { std::slice::from_raw_parts(block, 192) })
     }
 }
 
@@ -241,7 +241,7 @@ impl Decoder for Q4K {
 #[inline(always)]
 unsafe fn q4_k_steps<L: ByteLanes>(block: *const u8) -> [f32; 16] {
     unsafe {
-        let levels = q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
+        let levels = quant::q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
         let (d, dmin) = (half_at(block, 0), half_at(block, 2));
         let factors: [f32; 16] = std::array::from_fn(|at| if at < 8 { d } else { dmin });
         let mut steps = [0f32; 16];
@@ -253,30 +253,12 @@ unsafe fn q4_k_steps<L: ByteLanes>(block: *const u8) -> [f32; 16] {
     }
 }
 
-/// A Q4_K block's eight six-bit scales then eight six-bit minimums, from
-/// its twelve packed bytes (`quant::q4_k_scale_min` for every group at
-/// once, four bytes to a word).
-#[inline(always)]
-fn q4_k_scales_mins(packed: &[u8]) -> [u8; 16] {
-    let word = |at: usize| u32::from_le_bytes([packed[at], packed[at + 1], packed[at + 2], packed[at + 3]]);
-    let (first, second, third) = (word(0), word(4), word(8));
-    let scales_low = first & 0x3f3f_3f3f;
-    let mins_low = second & 0x3f3f_3f3f;
-    let scales_high = (third & 0x0f0f_0f0f) | (((first >> 6) & 0x0303_0303) << 4);
-    let mins_high = ((third >> 4) & 0x0f0f_0f0f) | (((second >> 6) & 0x0303_0303) << 4);
-    let mut out = [0u8; 16];
-    for (at, word) in [scales_low, scales_high, mins_low, mins_high].into_iter().enumerate() {
-        out[at * 4..at * 4 + 4].copy_from_slice(&word.to_le_bytes());
-    }
-    out
-}
-
 impl Decoder for Q6K {
     const VALUES: usize = 256;
     const BYTES: usize = 210;
 
     /// `(d · scale) · (q − 32)` for each of the block's 256 values: their
-    /// levels `q − 32` assembled as bytes first ([`q6_k_levels`]), then
+    /// levels `q − 32` assembled as bytes first ([`ByteLanes::q6_k_levels`]), then
     /// widened sixteen or eight at a time.
     #[inline(always)]
     unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
@@ -296,28 +278,6 @@ impl Decoder for Q6K {
             }
         }
     }
-}
-
-/// A Q6_K block's 256 levels `q − 32`, from its `ql` (bytes 0–127) and
-/// `qh` (128–191): in each half of 128 values, quarter `p`'s value `l`
-/// has its low four bits from `ql[l]` (quarters 0 and 2: the low and the
-/// high nibble) or `ql[32 + l]` (quarters 1 and 3), its high two from
-/// bits `2p` of `qh[l]`. A loop over bytes, which the compiler vectorizes
-/// with the caller's features.
-#[inline(always)]
-fn q6_k_levels(bits: &[u8]) -> [i8; 256] {
-    let mut levels = [0i8; 256];
-    for (half, levels) in levels.chunks_exact_mut(128).enumerate() {
-        let (low, high) = (&bits[half * 64..half * 64 + 64], &bits[128 + half * 32..128 + half * 32 + 32]);
-        for l in 0..32 {
-            let (first, second, top) = (low[l], low[32 + l], high[l]);
-            levels[l] = (first & 0xf | (top & 3) << 4) as i8 - 32;
-            levels[32 + l] = (second & 0xf | (top >> 2 & 3) << 4) as i8 - 32;
-            levels[64 + l] = (first >> 4 | (top >> 4 & 3) << 4) as i8 - 32;
-            levels[96 + l] = (second >> 4 | (top >> 6) << 4) as i8 - 32;
-        }
-    }
-    levels
 }
 
 /// A row of `D`'s blocks, each block's pairs of vectors handed to `sink`

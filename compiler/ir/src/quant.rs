@@ -167,8 +167,9 @@ pub fn value_at(format: BlockFormat, blocks: &[u8], index: usize) -> f32 {
         BlockFormat::Q8_0 => f16_at(block, 0) * f32::from(block[2 + at] as i8),
         BlockFormat::Q4K => {
             let (chunk, part, l) = (at / 64, at % 64 / 32, at % 32);
-            let (scale, min) = q4_k_scale_min(chunk * 2 + part, &block[4..16]);
-            let (step, offset) = (f16_at(block, 0) * f32::from(scale), f16_at(block, 2) * f32::from(min));
+            let (group, levels) = (chunk * 2 + part, q4_k_scales_mins(&block[4..16]));
+            let (step, offset) =
+                (f16_at(block, 0) * f32::from(levels[group]), f16_at(block, 2) * f32::from(levels[8 + group]));
             step * f32::from((block[16 + chunk * 32 + l] >> (4 * part)) & 0xf) - offset
         }
         BlockFormat::Q6K => {
@@ -225,23 +226,36 @@ fn quantize_q8_0(values: &[f32], block: &mut [u8]) {
     }
 }
 
-/// Group `j`'s 6-bit scale and min from Q4_K's 12 packed bytes.
-pub fn q4_k_scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (packed[j] & 63, packed[j + 4] & 63)
-    } else {
-        ((packed[j + 4] & 0xf) | ((packed[j - 4] >> 6) << 4), (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4))
+/// Q4_K's eight 6-bit scales, then its eight 6-bit mins, from the block's
+/// 12 packed bytes: groups 0–3 have their scale in the low six bits of
+/// byte `j` and their min in those of byte `j + 4`; groups 4–7 have the
+/// low four bits of each in byte `j + 4` (scale low nibble, min high) and
+/// the top two in the two high bits of bytes `j - 4` (scale) and `j`
+/// (min). Taken four bytes to a word. (Inlined into the CPU backend's
+/// kernels, so that it is compiled with their features.)
+#[inline]
+pub fn q4_k_scales_mins(packed: &[u8]) -> [u8; 16] {
+    let word = |at: usize| u32::from_le_bytes([packed[at], packed[at + 1], packed[at + 2], packed[at + 3]]);
+    let (first, second, third) = (word(0), word(4), word(8));
+    let scales_low = first & 0x3f3f_3f3f;
+    let mins_low = second & 0x3f3f_3f3f;
+    let scales_high = (third & 0x0f0f_0f0f) | (((first >> 6) & 0x0303_0303) << 4);
+    let mins_high = ((third >> 4) & 0x0f0f_0f0f) | (((second >> 6) & 0x0303_0303) << 4);
+    let mut out = [0u8; 16];
+    for (at, word) in [scales_low, scales_high, mins_low, mins_high].into_iter().enumerate() {
+        out[at * 4..at * 4 + 4].copy_from_slice(&word.to_le_bytes());
     }
+    out
 }
 
 fn dequantize_q4_k(block: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-    let (packed, quants) = (&block[4..16], &block[16..144]);
+    let (levels, quants) = (q4_k_scales_mins(&block[4..16]), &block[16..144]);
     for chunk in 0..4 {
         let nibbles = &quants[chunk * 32..chunk * 32 + 32];
         for (part, shift) in [(0usize, 0u8), (1, 4)] {
-            let (scale, min) = q4_k_scale_min(chunk * 2 + part, packed);
-            let (step, offset) = (d * f32::from(scale), dmin * f32::from(min));
+            let group = chunk * 2 + part;
+            let (step, offset) = (d * f32::from(levels[group]), dmin * f32::from(levels[8 + group]));
             let out = &mut out[chunk * 64 + part * 32..chunk * 64 + part * 32 + 32];
             for (value, q) in out.iter_mut().zip(nibbles) {
                 *value = step * f32::from((q >> shift) & 0xf) - offset;
@@ -362,17 +376,26 @@ fn q6_k_level(low: &[u8], high: &[u8], part: usize, l: usize) -> i8 {
     (low | (high << 4)) as i8 - 32
 }
 
-fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
-    let (scales, d) = (&block[192..208], f16_at(block, 208));
-    for half_block in 0..2 {
-        let (low, high) = (&block[half_block * 64..], &block[128 + half_block * 32..]);
-        for part in 0..4 {
-            for l in 0..32 {
-                let at = half_block * 128 + part * 32 + l;
-                let scale = d * f32::from(scales[at / 16] as i8);
-                out[at] = scale * f32::from(q6_k_level(low, high, part, l));
+/// A Q6_K block's 256 levels ([`q6_k_level`]), in order. (Inlined into
+/// the CPU backend's kernels, so that it is compiled with their features.)
+#[inline]
+pub fn q6_k_levels(block: &[u8]) -> [i8; 256] {
+    let mut levels = [0i8; 256];
+    for (half_block, levels) in levels.chunks_exact_mut(128).enumerate() {
+        let (low, high) = (&block[half_block * 64..half_block * 64 + 64], &block[128 + half_block * 32..][..32]);
+        for (part, levels) in levels.chunks_exact_mut(32).enumerate() {
+            for (l, level) in levels.iter_mut().enumerate() {
+                *level = q6_k_level(low, high, part, l);
             }
         }
+    }
+    levels
+}
+
+fn dequantize_q6_k(block: &[u8], out: &mut [f32]) {
+    let (scales, d) = (&block[192..208], f16_at(block, 208));
+    for (at, (value, level)) in out.iter_mut().zip(q6_k_levels(block)).enumerate() {
+        *value = d * f32::from(scales[at / 16] as i8) * f32::from(level);
     }
 }
 
