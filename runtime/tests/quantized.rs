@@ -4,7 +4,8 @@
 //! interpreter (which dequantizes them at load) its logits are bit for bit those of a safetensors
 //! checkpoint holding the dequantized values; the CPU backend, whose
 //! kernels read the blocks in place, meets them within the f32 contract
-//! on every entry path, greedy tokens equal; the quantized model stays
+//! on every entry path, greedy tokens equal, and so do the GPU kernels
+//! run on the host (with `nvptx`), which decode them in registers; the quantized model stays
 //! near the unquantized one. The build for the file stores its
 //! parameters in their formats and plans their real bytes; a file missing
 //! a tensor names it, and a tensor in a format the model was not built
@@ -181,32 +182,49 @@ fn dequantized(file: &Path, dir: &Path) -> PathBuf {
     dir.join("dequantized")
 }
 
-/// A file of `recipe` against its dequantized values and the CPU (Q4_K_M
-/// holds both K-quants).
-fn runs_as_its_dequantized_values(recipe: Recipe, options: &LoadOptions, name: &str) {
+/// A file of `recipe` against its dequantized values, and `backend`
+/// reading its blocks (Q4_K_M holds both K-quants).
+fn runs_as_its_dequantized_values(recipe: Recipe, options: &LoadOptions, name: &str, backend: BackendKind) {
     let dir = scratch(name);
     let file = quantized(MOE, recipe, options, &dir);
     let from_file = logits(&checkpoint(&file), options);
     let dequantized = logits(&checkpoint(&dequantized(&file, &dir)), options);
     assert!(from_file.iter().zip(&dequantized).all(|(a, b)| a.to_bits() == b.to_bits()), "the interpreter differs");
     let (reference, reference_greedy) = entry_paths(MOE, &checkpoint(&file), BackendKind::Interp, options);
-    let (on_cpu, cpu_greedy) = entry_paths(MOE, &checkpoint(&file), BackendKind::Cpu, options);
-    for (at, (ours, reference)) in on_cpu.iter().zip(&reference).enumerate() {
+    let (ours, greedy) = entry_paths(MOE, &checkpoint(&file), backend, options);
+    for (at, (ours, reference)) in ours.iter().zip(&reference).enumerate() {
         let distance = distance(ours, reference);
-        assert!(distance <= 1e-4, "{name}: cpu call {at} is {distance:.2e} of the scale away from the interpreter");
+        assert!(
+            distance <= 1e-4,
+            "{name}: {backend:?} call {at} is {distance:.2e} of the scale away from the interpreter"
+        );
     }
-    assert_eq!(cpu_greedy, reference_greedy, "{name}: greedy tokens on the cpu");
+    assert_eq!(greedy, reference_greedy, "{name}: greedy tokens on {backend:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_q8_0_file_runs_as_its_dequantized_values() {
-    runs_as_its_dequantized_values(Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), "q8_0");
+    runs_as_its_dequantized_values(Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), "q8_0", BackendKind::Cpu);
 }
 
 #[test]
 fn a_q4_k_m_file_runs_as_its_dequantized_values() {
-    runs_as_its_dequantized_values(Recipe::Q4KM, &wide_options(), "q4_k_m");
+    runs_as_its_dequantized_values(Recipe::Q4KM, &wide_options(), "q4_k_m", BackendKind::Cpu);
+}
+
+/// The GPU kernels, run on the host, decoding the blocks in registers.
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_run_a_q8_0_file_as_its_dequantized_values() {
+    let (q8_0, options) = (Recipe::Uniform(BlockFormat::Q8_0), oracle_options());
+    runs_as_its_dequantized_values(q8_0, &options, "q8_0", BackendKind::MlirHost);
+}
+
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_run_a_q4_k_m_file_as_its_dequantized_values() {
+    runs_as_its_dequantized_values(Recipe::Q4KM, &wide_options(), "q4_k_m", BackendKind::MlirHost);
 }
 
 /// The oracle's model quantized stays near the unquantized one (the
@@ -231,7 +249,17 @@ fn the_quantized_oracle_stays_near_it() {
 /// K-quants divide.
 #[test]
 fn a_bf16_model_reads_the_same_blocks() {
-    let dir = scratch("bf16");
+    a_bf16_model_reads_the_same_blocks_on(BackendKind::Cpu, "bf16");
+}
+
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_of_a_bf16_model_read_the_same_blocks() {
+    a_bf16_model_reads_the_same_blocks_on(BackendKind::MlirHost, "bf16-gpu");
+}
+
+fn a_bf16_model_reads_the_same_blocks_on(backend: BackendKind, name: &str) {
+    let dir = scratch(name);
     let wide = [
         ("Vocab", "512"),
         ("H", "256"),
@@ -251,10 +279,13 @@ fn a_bf16_model_reads_the_same_blocks() {
     };
     let file = quantized(DENSE, Recipe::Q4KM, &bf16, &dir);
     let (reference, _) = entry_paths(DENSE, &checkpoint(&file), BackendKind::Interp, &bf16);
-    let (on_cpu, _) = entry_paths(DENSE, &checkpoint(&file), BackendKind::Cpu, &bf16);
-    for (at, (ours, reference)) in on_cpu.iter().zip(&reference).enumerate() {
+    let (ours, _) = entry_paths(DENSE, &checkpoint(&file), backend, &bf16);
+    for (at, (ours, reference)) in ours.iter().zip(&reference).enumerate() {
         let distance = distance(ours, reference);
-        assert!(distance <= 3e-2, "bf16: cpu call {at} is {distance:.2e} of the scale away from the interpreter");
+        assert!(
+            distance <= 3e-2,
+            "bf16: {backend:?} call {at} is {distance:.2e} of the scale away from the interpreter"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

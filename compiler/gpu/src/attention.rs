@@ -34,11 +34,11 @@
 //!
 //! The head's width must be known when the model is built.
 
-use super::emit::{Combine, Emitter, Form, Kernel, Scratch, Unsupported, Warp, WARP_LANES};
+use super::emit::{Combine, Emitter, Form, Kernel, Program, Scratch, Unsupported, Warp, WARP_LANES};
 use super::intrinsic::{load_name, Operands, Spread};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
-use linnet_ir::{Entry, Value};
+use linnet_ir::Value;
 
 /// The keys of a mask row one item of `spans` checks: each lane every
 /// 32nd, one load each.
@@ -54,7 +54,7 @@ const KEYS_PER_STEP: usize = 4;
 /// layout (each mask row's chunks' ends, then each part's maximum, total
 /// and sums).
 struct Plan<'a> {
-    entry: &'a Entry,
+    entry: Program<'a>,
     at: usize,
     form: Form,
     args: &'a [Value],
@@ -70,7 +70,7 @@ struct Plan<'a> {
 
 /// The kernels of attention node `at` of `entry`, in launch order.
 pub fn attention_kernels(
-    entry: &Entry,
+    entry: Program<'_>,
     at: usize,
     form: Form,
     args: &[Value],

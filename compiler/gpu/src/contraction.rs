@@ -34,11 +34,11 @@
 //! are used where the depth is a constant multiple of [`RUN`] (rows start
 //! aligned); elsewhere each lane reads every 32nd element.
 
-use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Scratch, Unsupported, WARP_LANES};
+use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Program, Scratch, Unsupported, WARP_LANES};
 use linnet_ir::contraction::{reads_index, Contraction};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
-use linnet_ir::{Entry, Scalar, Value};
+use linnet_ir::{Scalar, Value};
 use std::cell::Cell;
 
 /// Rows an item takes; lane `r` stores row `r`, so no more than a warp's
@@ -91,7 +91,7 @@ struct Layout<'a> {
 
 /// The kernels of contraction node `at` of `entry`, in launch order.
 pub fn contraction_kernels(
-    entry: &Entry,
+    entry: Program<'_>,
     at: usize,
     form: Form,
     contraction: &Contraction<'_>,
@@ -146,7 +146,7 @@ fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, sizes: &[String], row: &st
 /// that rank in the scratch. The count is an f32 sum of ones, exact below
 /// 2^24 rows.
 fn order(
-    entry: &Entry,
+    entry: Program<'_>,
     form: Form,
     contraction: &Contraction<'_>,
     layout: &Layout<'_>,
@@ -210,7 +210,7 @@ fn order(
 /// The products: one item per output column and [`ROWS`] rows (one
 /// where they are [`Rows::Gathered`]), found as `kind` says.
 fn products(
-    entry: &Entry,
+    entry: Program<'_>,
     form: Form,
     contraction: &Contraction<'_>,
     layout: &Layout<'_>,
@@ -399,9 +399,13 @@ impl Read {
     /// device a run's load says it is aligned (a row starts at a multiple
     /// of the run, and device buffers at 256 bytes), so it is one vector
     /// load; the host's buffers promise nothing.
+    /// A quantized parameter's run is decoded in registers.
     fn load(self, e: &mut Emitter<'_>, argument: &str, at: &str, dtype: Dtype) -> String {
         if let Read::Elements = self {
             return e.load_element(argument, at, dtype);
+        }
+        if let Some(format) = e.blocks_of(argument) {
+            return e.decoded(argument, at, format, RUN as usize);
         }
         let element = stored(dtype);
         let alignment = match e.form() {

@@ -20,24 +20,33 @@
 use super::layout::{loaded, stored};
 use super::{GroupLaunch, Launch, PtxSet, Role};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use linnet_exec::tensor::Tensor;
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
+use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Intrinsic, Model};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// A value in device memory: its stored bytes, its type and shape.
+/// A value in device memory: its stored bytes, its type and shape, and
+/// the block format a quantized parameter is stored in.
 pub struct DeviceBuffer {
     bytes: CudaSlice<u8>,
     dtype: Dtype,
     shape: Vec<usize>,
+    blocks: Option<BlockFormat>,
 }
 
 impl DeviceBuffer {
+    /// The elements of its memref: values, or a quantized parameter's
+    /// bytes.
     fn elements(&self) -> usize {
-        self.shape.iter().product()
+        let values = self.shape.iter().product();
+        match self.blocks {
+            Some(format) => format.row_bytes(values).expect("blocks are whole when they are loaded"),
+            None => values,
+        }
     }
 }
 
@@ -189,7 +198,7 @@ impl Cuda {
             // SAFETY: bytes, which the caller writes whole before they are read.
             None => unsafe { self.stream.alloc::<u8>(bytes) }.map_err(failed)?,
         };
-        Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec() })
+        Ok(DeviceBuffer { bytes: slice, dtype, shape: shape.to_vec(), blocks: None })
     }
 
     /// Device memory for node `site`'s value, which its kernel writes whole
@@ -382,6 +391,12 @@ impl Cuda {
 impl Backend for Cuda {
     type Buffer = DeviceBuffer;
 
+    /// Quantized parameters are uploaded as their blocks, which the
+    /// kernels decode where they read them.
+    fn reads_blocks(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "cuda"
     }
@@ -415,10 +430,17 @@ impl Backend for Cuda {
             .stream
             .clone_htod(&if bytes.is_empty() { vec![0] } else { bytes })
             .map_err(|e| MemoryError(driver("uploading to the device", e)))?;
-        Ok(DeviceBuffer { bytes: slice, dtype: tensor.dtype, shape: tensor.shape })
+        let blocks = match tensor.data {
+            Data::Blocks(format, _) => Some(format),
+            _ => None,
+        };
+        Ok(DeviceBuffer { bytes: slice, dtype: tensor.dtype, shape: tensor.shape, blocks })
     }
 
     fn download(&mut self, buffer: &DeviceBuffer) -> Result<Tensor, MemoryError> {
+        if let Some(format) = buffer.blocks {
+            return Err(MemoryError(format!("a parameter stored in {format} blocks is not read back from the device")));
+        }
         let mut bytes =
             self.stream.clone_dtoh(&buffer.bytes).map_err(|e| MemoryError(driver("reading from the device", e)))?;
         bytes.truncate(buffer.elements() * buffer.dtype.bytes());
@@ -434,6 +456,9 @@ impl Backend for Cuda {
     }
 
     fn copy(&mut self, buffer: &DeviceBuffer) -> Result<DeviceBuffer, MemoryError> {
+        if let Some(format) = buffer.blocks {
+            return Err(MemoryError(format!("a parameter stored in {format} blocks is not copied on the device")));
+        }
         let mut copy = self.allocate(buffer.dtype, &buffer.shape, false)?;
         self.stream
             .memcpy_dtod(&buffer.bytes, &mut copy.bytes)

@@ -27,9 +27,39 @@
 
 use linnet_ir::bounds::Ranges;
 use linnet_ir::dim::Dim;
+use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
-use linnet_ir::{Entry, Scalar, Value};
+use linnet_ir::{Entry, NodeKind, Param, Scalar, Value};
 use std::collections::HashMap;
+
+/// An entry as its kernels are written from it: with its model's
+/// parameters, whose storage says how a parameter's elements are read (a
+/// quantized one's blocks are a `memref<?xi8>`, decoded where they are
+/// read: `decode`). It reads as the entry.
+#[derive(Clone, Copy)]
+pub struct Program<'m> {
+    pub entry: &'m Entry,
+    pub params: &'m [Param],
+}
+
+impl Program<'_> {
+    /// The block format `value` is stored in, if it is a quantized
+    /// parameter.
+    pub fn blocks(&self, value: Value) -> Option<BlockFormat> {
+        match self.entry.nodes[value.index()].kind {
+            NodeKind::Param(at) => self.params[at].storage,
+            _ => None,
+        }
+    }
+}
+
+impl std::ops::Deref for Program<'_> {
+    type Target = Entry;
+
+    fn deref(&self) -> &Entry {
+        self.entry
+    }
+}
 
 /// A node's kernel: its MLIR function and what it is called with.
 pub struct Kernel {
@@ -244,7 +274,7 @@ pub fn register(dtype: Dtype) -> &'static str {
 
 /// Emits the body of one kernel, one SSA value at a time.
 pub struct Emitter<'e> {
-    pub entry: &'e Entry,
+    pub entry: Program<'e>,
     /// The node this kernel computes and its place among the node's
     /// kernels.
     node: usize,
@@ -278,7 +308,7 @@ pub struct Emitter<'e> {
 impl<'e> Emitter<'e> {
     /// The emitter of stage `stage` (its place in launch order) of node
     /// `node`'s kernels.
-    pub fn new(entry: &'e Entry, node: usize, stage: usize, form: Form) -> Emitter<'e> {
+    pub fn new(entry: Program<'e>, node: usize, stage: usize, form: Form) -> Emitter<'e> {
         assert!(stage < MAX_STAGES, "a node is at most {MAX_STAGES} kernels");
         Emitter {
             entry,
@@ -494,9 +524,20 @@ impl<'e> Emitter<'e> {
 
     /// Element `at` (an index) of `argument`, a `memref<?xT>` of `dtype`,
     /// as a register.
+    /// A quantized parameter's element is decoded from its blocks.
     pub fn load_element(&mut self, argument: &str, at: &str, dtype: Dtype) -> String {
+        if let Some(format) = self.blocks_of(argument) {
+            return self.decoded(argument, at, format, 1);
+        }
         let element = self.op(format!("memref.load {argument}[{at}] : memref<?x{}>", stored(dtype)));
         self.widened(element, dtype)
+    }
+
+    /// The block format of `argument` (`%inK`), if it is a quantized
+    /// parameter.
+    pub fn blocks_of(&self, argument: &str) -> Option<BlockFormat> {
+        let load = argument.strip_prefix("%in")?.parse::<usize>().ok()?;
+        self.entry.blocks(*self.loads.get(load)?)
     }
 
     /// Stores register `value` as element `at` of `argument` (of `dtype`).
@@ -977,14 +1018,20 @@ impl<'e> Emitter<'e> {
     /// if it has one, the dims and faults tables.
     fn arguments(&self, outputs: &[(String, Dtype)]) -> String {
         let outputs = outputs.iter().map(|(name, dtype)| format!("{name}: memref<?x{}>", stored(*dtype)));
-        let loads = self
-            .loads
-            .iter()
-            .enumerate()
-            .map(|(at, value)| format!("%in{at}: memref<?x{}>", stored(self.entry.nodes[value.index()].dtype)));
+        let loads =
+            self.loads.iter().enumerate().map(|(at, value)| format!("%in{at}: memref<?x{}>", self.stored_type(*value)));
         let scratch = self.scratch.iter().map(|scratch| format!("%scratch: memref<?x{}>", stored(scratch.dtype)));
         let tables = [format!("%dims: memref<?xi64>, %error: memref<{FAULT_SLOTS}xi64>")];
         outputs.chain(loads).chain(scratch).chain(tables).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The element type `value` is stored in: a quantized parameter's
+    /// blocks are bytes.
+    fn stored_type(&self, value: Value) -> &'static str {
+        match self.entry.blocks(value) {
+            Some(_) => "i8",
+            None => stored(self.entry.nodes[value.index()].dtype),
+        }
     }
 
     /// The body emitted so far as function `name` of `arguments` (MLIR

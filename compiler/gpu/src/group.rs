@@ -20,10 +20,10 @@
 //! prefix of the group's (they share one). At most one member can raise
 //! a fault: the call then fails at the node it would fail at alone.
 
-use super::emit::{Emitter, Member};
+use super::emit::{Emitter, Member, Program};
 use super::{Form, Kernel, WARP_LANES};
 use linnet_ir::dim::Dim;
-use linnet_ir::{Entry, NodeKind, Value};
+use linnet_ir::{NodeKind, Value};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -51,7 +51,7 @@ pub struct Group {
 
 /// The launch groups of `entry`, whose nodes' kernels are `kernels` (in
 /// `form`) and whose hoisted nodes `hoisted` marks.
-pub fn groups(entry: &Entry, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Form) -> Vec<Group> {
+pub fn groups(entry: Program<'_>, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Form) -> Vec<Group> {
     let mut groups = Vec::new();
     let mut members: Vec<usize> = Vec::new();
     let mut table: Vec<Dim> = Vec::new();
@@ -91,7 +91,7 @@ pub fn groups(entry: &Entry, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Fo
 }
 
 /// The group of `members` sharing dims table `table`: its dispatch.
-fn group(entry: &Entry, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<Dim>, form: Form) -> Group {
+fn group(entry: Program<'_>, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<Dim>, form: Form) -> Group {
     let first = members[0];
     let mut e = Emitter::new(entry, first, 0, form).with_dims(table);
     let member_kernels: Vec<&Kernel> = members.iter().map(|&member| &kernels[member][0]).collect();
@@ -201,11 +201,11 @@ pub fn roles<'g>(members: impl Iterator<Item = &'g [usize]>) -> HashMap<usize, R
 #[cfg(test)]
 mod tests {
     use super::{groups, Group};
-    use crate::{node_kernels, Form};
+    use crate::{node_kernels, Form, Program};
     use linnet_ir::dim::Dim;
     use linnet_ir::CmpOp;
     use linnet_ir::Dtype;
-    use linnet_ir::{BinaryOp, Entry, Input, Node, NodeKind, Scalar, Value};
+    use linnet_ir::{BinaryOp, Entry, Input, Node, NodeKind, Param, Scalar, Value};
 
     fn node(kind: NodeKind, length: i64, dtype: Dtype) -> Node {
         Node { kind, shape: vec![Dim::constant(length)], dtype, source: None }
@@ -258,14 +258,25 @@ mod tests {
         }
     }
 
+    /// The parameter `w: [4]` every entry of these tests has.
+    static PARAMS: std::sync::LazyLock<[Param; 1]> =
+        std::sync::LazyLock::new(|| [Param { path: "w".into(), shape: vec![4], dtype: Dtype::F32, storage: None }]);
+
+    /// `entry` as its kernels are written from it.
+    fn program(entry: &Entry) -> Program<'_> {
+        Program { entry, params: &*PARAMS }
+    }
+
     fn grouped(entry: &Entry) -> Vec<Group> {
         let kernels: Vec<_> = (0..entry.nodes.len())
             .map(|at| {
-                node_kernels(entry, at, Form::Device).map(|kernels| kernels.expect("a kernel")).unwrap_or_default()
+                node_kernels(program(entry), at, Form::Device)
+                    .map(|kernels| kernels.expect("a kernel"))
+                    .unwrap_or_default()
             })
             .collect();
         let hoisted = linnet_ir::plan::hoistable(entry);
-        groups(entry, &kernels, &hoisted, Form::Device)
+        groups(program(entry), &kernels, &hoisted, Form::Device)
     }
 
     /// A node that reads the one before it starts a launch, which the
@@ -316,7 +327,7 @@ mod tests {
     #[test]
     fn reads_a_branch_keeps_inside_are_not_checked() {
         let entry = entry(vec![rotated(), rotated()]);
-        let kernels = node_kernels(&entry, 3, Form::Device).expect("a compute node").expect("a kernel");
+        let kernels = node_kernels(program(&entry), 3, Form::Device).expect("a compute node").expect("a kernel");
         assert!(!kernels[0].faults && kernels[0].checks.is_empty());
         assert_eq!(grouped(&entry).iter().map(|group| group.members.clone()).collect::<Vec<_>>(), [vec![3, 4]]);
     }

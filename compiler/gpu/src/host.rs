@@ -10,7 +10,7 @@
 
 use super::layout::{loaded, stored};
 use super::{Form, Group, Kernel, Role};
-use linnet_exec::tensor::Tensor;
+use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{shape_value, Backend, BuildError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::{Entry, Intrinsic, Model};
@@ -76,8 +76,9 @@ impl Descriptor {
 fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Compiled, BuildError> {
     let entry = &model.entries[entry_number];
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
-    let kernels = super::entry_kernels(entry, Form::Host, "mlir-host")?;
-    let groups = super::groups(entry, &kernels, &analysis.hoistable, Form::Host);
+    let program = super::Program { entry, params: &model.params };
+    let kernels = super::entry_kernels(program, Form::Host, "mlir-host")?;
+    let groups = super::groups(program, &kernels, &analysis.hoistable, Form::Host);
     let roles = super::roles(groups.iter().map(|group| group.members.as_slice()));
     let module = format!("module {{\n{}}}\n", super::functions(&kernels, &groups).join("\n"));
     // The engine holds the code it compiled; the module may go.
@@ -115,6 +116,12 @@ impl Backend for MlirHost {
     }
 
     linnet_exec::tensor::host_memory!();
+
+    /// Quantized parameters are uploaded as their blocks, which the
+    /// kernels decode where they read them.
+    fn reads_blocks(&self) -> bool {
+        true
+    }
 
     fn compute(&mut self, site: Site<'_>, values: &Values<Tensor>) -> Result<Tensor, NodeError> {
         match self.entries[site.entry_number].roles.get(&site.at) {
@@ -249,8 +256,12 @@ fn stored_loads(
         .iter()
         .zip(args)
         .map(|(value, tensor)| {
+            let elements = match &tensor.data {
+                Data::Blocks(_, blocks) => blocks.len(),
+                _ => tensor.len(),
+            };
             stored(tensor, site.entry.nodes[value.index()].dtype)
-                .map(|bytes| (bytes, tensor.len()))
+                .map(|bytes| (bytes, elements))
                 .map_err(NodeError::Check)
         })
         .collect()

@@ -7,8 +7,12 @@ use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::Dtype;
 
 /// A value as its kernel stores it: little-endian elements of its dtype
-/// (bf16 and f16 as bits, bool as one byte).
+/// (bf16 and f16 as bits, bool as one byte); a quantized parameter's
+/// blocks as they are (`decode` reads them).
 pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, String> {
+    if let Data::Blocks(_, blocks) = &tensor.data {
+        return Ok(blocks.to_vec());
+    }
     let widened = tensor.widened();
     Ok(match (&widened.data, dtype) {
         (Data::F32(values), Dtype::F32) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),

@@ -16,6 +16,7 @@ mod attention;
 mod contraction;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod decode;
 mod delta;
 mod emit;
 mod group;
@@ -33,9 +34,9 @@ mod ptx_set;
 use linnet_exec::BuildError;
 #[cfg(feature = "nvptx")]
 use linnet_ir::Model;
-use linnet_ir::{Entry, NodeKind};
+use linnet_ir::NodeKind;
 
-pub use emit::{Check, Fault, Form, Kernel, Member, Scratch, Unsupported, FAULT_SLOTS, THREADS, WARP_LANES};
+pub use emit::{Check, Fault, Form, Kernel, Member, Program, Scratch, Unsupported, FAULT_SLOTS, THREADS, WARP_LANES};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use group::{groups, roles, Group, Role};
@@ -44,9 +45,9 @@ pub use ptx_set::{GroupLaunch, Launch, PtxSet};
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
 /// one), if it is a `Compute` node or an intrinsic (other nodes move
 /// values and need none).
-pub fn node_kernels(entry: &Entry, at: usize, form: Form) -> Option<Result<Vec<Kernel>, Unsupported>> {
+pub fn node_kernels(entry: Program<'_>, at: usize, form: Form) -> Option<Result<Vec<Kernel>, Unsupported>> {
     match &entry.nodes[at].kind {
-        NodeKind::Compute(_) => Some(match linnet_ir::contraction::of(entry, at) {
+        NodeKind::Compute(_) => Some(match linnet_ir::contraction::of(&entry, at) {
             Some(contraction) => contraction::contraction_kernels(entry, at, form, &contraction),
             None => kernel::kernel(entry, at, form).map(|kernel| vec![kernel]),
         }),
@@ -70,17 +71,17 @@ pub fn default_libdevice() -> std::path::PathBuf {
 /// backend `backend` to run: a node with no kernel, or of a type the
 /// kernels' buffers do not hold (f16), is an error.
 #[cfg(feature = "nvptx")]
-fn entry_kernels(entry: &Entry, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
+fn entry_kernels(entry: Program<'_>, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
         let node_kernels = node_kernels(entry, at, form)
             .transpose()
-            .map_err(|why| BuildError::new(backend, entry, Some(at), why.0))?
+            .map_err(|why| BuildError::new(backend, &entry, Some(at), why.0))?
             .unwrap_or_default();
         if !node_kernels.is_empty() && node.dtype == linnet_ir::Dtype::F16 {
             return Err(BuildError::new(
                 backend,
-                entry,
+                &entry,
                 Some(at),
                 "f16 values are not held by the GPU kernels' buffers".into(),
             ));
@@ -135,9 +136,10 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
     let mut missing = Vec::new();
     let mut modules = Vec::new();
     for entry in &model.entries {
+        let program = Program { entry, params: &model.params };
         let mut kernels = Vec::with_capacity(entry.nodes.len());
         for at in 0..entry.nodes.len() {
-            kernels.push(match node_kernels(entry, at, Form::Device) {
+            kernels.push(match node_kernels(program, at, Form::Device) {
                 Some(Ok(node_kernels)) => node_kernels,
                 Some(Err(Unsupported(why))) => {
                     missing.push(BuildError::new("nvptx", entry, Some(at), format!("no GPU kernel: {why}")));
@@ -148,7 +150,7 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
         }
         if kernels.iter().any(|node_kernels| !node_kernels.is_empty()) {
             let hoisted = linnet_ir::plan::hoistable(entry);
-            let groups = groups(entry, &kernels, &hoisted, Form::Device);
+            let groups = groups(program, &kernels, &hoisted, Form::Device);
             modules.push((entry, kernels, groups, hoisted));
         }
     }
@@ -193,7 +195,7 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 fn raised<'k>(
     faults: &[i64; FAULT_SLOTS],
-    entry: &Entry,
+    entry: &linnet_ir::Entry,
     checks: impl Fn(usize, usize) -> Option<&'k [Check]>,
 ) -> Option<(usize, linnet_exec::NodeError)> {
     use linnet_exec::NodeError;

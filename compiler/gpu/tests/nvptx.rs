@@ -12,9 +12,10 @@ use linnet_exec::Machine;
 use linnet_frontend::driver::lower_package;
 use linnet_frontend::package::LoadOptions;
 use linnet_gpu::host::MlirHost;
-use linnet_gpu::{Form, Kernel, WARP_LANES};
+use linnet_gpu::{Form, Kernel, Program, WARP_LANES};
 use linnet_ir::contraction;
 use linnet_ir::dim::Dim;
+use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
 use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
 use std::path::PathBuf;
@@ -137,7 +138,8 @@ fn ptxas_accepts(entries: &[linnet_gpu::BuiltEntry]) {
 /// The seed at the bf16 oracle's sizes: every node that computes (bf16
 /// rounding, Euclidean division, lazy selects, reductions, gathers, and
 /// the intrinsics: attention, the delta rule, cache writes) has a kernel,
-/// and every kernel is PTX that ptxas accepts.
+/// and every kernel is PTX that ptxas accepts; so is every kernel of the
+/// seed with its matrices in Q8_0 blocks.
 #[test]
 fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     let card = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe-calm/package/nest-bf16.toml");
@@ -177,6 +179,27 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
         assert!(used, "the seed no longer uses `{}`: this test covers less than it says", intrinsic.name());
     }
     assert!(built.entries.iter().all(|entry| !entry.groups.is_empty()), "every entry of the seed launches groups");
+    ptxas_accepts(&built.entries);
+    // Every matrix in Q8_0 blocks (the oracle's rows are whole blocks of
+    // it only): the products, the experts' and the embeddings' gathers
+    // decode them.
+    let q8_0: std::collections::BTreeMap<String, BlockFormat> = model
+        .params
+        .iter()
+        .filter(|param| param.shape.len() >= 2 && param.shape.last().is_some_and(|row| row % 32 == 0))
+        .map(|param| (param.path.clone(), BlockFormat::Q8_0))
+        .collect();
+    assert!(
+        q8_0.contains_key("embed_tokens.weight"),
+        "the embeddings are not in blocks: this test covers less than it says"
+    );
+    let quantized = model.stored_as(&q8_0).unwrap_or_else(|problems| panic!("{problems:?}"));
+    let built = linnet_gpu::build(&quantized, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        built.missing.is_empty(),
+        "{}",
+        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    );
     ptxas_accepts(&built.entries);
 }
 
@@ -342,7 +365,10 @@ fn contractions_split_across_lanes_meet_the_reference() {
         );
     }
     let stages = |at| {
-        linnet_gpu::node_kernels(&entry, at, Form::Host).expect("a compute node has kernels").expect("they build").len()
+        linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, at, Form::Host)
+            .expect("a compute node has kernels")
+            .expect("they build")
+            .len()
     };
     assert_eq!(
         (stages(5), stages(6)),
@@ -427,7 +453,7 @@ fn rows_sharing_reductions_meet_the_reference() {
     ];
     let entry = entry_of("rows", &[("x", vec![rows, columns], Dtype::F32)], computed);
     for at in 1..3 {
-        let kernel = &linnet_gpu::node_kernels(&entry, at, Form::Host)
+        let kernel = &linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, at, Form::Host)
             .expect("a compute node has a kernel")
             .expect("it builds")[0];
         assert_eq!(kernel.lanes, WARP_LANES, "node {at} is not a row kernel: this test covers less than it says");
@@ -475,8 +501,9 @@ fn attention_in_warps_meets_the_reference() {
         source: None,
     };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernel =
-        &linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has a kernel").expect("it builds")[0];
+    let kernel = &linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 5, Form::Host)
+        .expect("an intrinsic has a kernel")
+        .expect("it builds")[0];
     assert_eq!(kernel.lanes, WARP_LANES, "attention is not in warps: this test covers less than it says");
     let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
@@ -539,8 +566,9 @@ fn attention_split_over_keys_meets_the_reference() {
         source: None,
     };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernels =
-        linnet_gpu::node_kernels(&entry, 5, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    let kernels = linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 5, Form::Host)
+        .expect("an intrinsic has kernels")
+        .expect("they build");
     assert_eq!(
         kernels.len(),
         3,
@@ -598,8 +626,9 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
         source: None,
     };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernels =
-        linnet_gpu::node_kernels(&entry, 7, Form::Host).expect("an intrinsic has kernels").expect("they build");
+    let kernels = linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 7, Form::Host)
+        .expect("an intrinsic has kernels")
+        .expect("they build");
     assert!(
         kernels.iter().all(|kernel| kernel.lanes == WARP_LANES),
         "the delta rule is not in warps: this test covers less than it says"
@@ -637,4 +666,78 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
         assert!((e - g).abs() <= 1e-5 * (1.0 + e.abs()), "element {at}: {g}, the reference {e}");
     }
     kernels.len()
+}
+
+/// Parameters stored in blocks (`gpu::decode`), run on the host: a
+/// contraction's runs (an identity against the weights gives back every
+/// weight, exactly: one product of 1 each, the rest of 0, summed from +0)
+/// and single
+/// elements (a copy) decode each format bit for bit as the reference
+/// dequantizes it, from blocks of arbitrary levels and scales; and ptxas
+/// accepts both kernels of every format.
+#[test]
+fn parameters_in_blocks_read_their_values_exactly() {
+    use linnet_ir::quant::{arbitrary_blocks, dequantize};
+    use linnet_ir::Param;
+    let (columns, depth) = (3usize, 512usize);
+    let index = |k: u32| Scalar::Index(k, Dtype::I64);
+    let product = Scalar::Reduce {
+        op: ReduceOp::Sum,
+        index: 2,
+        extent: Dim::constant(depth as i64),
+        body: Box::new(Scalar::Binary(
+            BinaryOp::Mul,
+            Box::new(Scalar::Load(Value(0), vec![index(0), index(2)], Dtype::F32)),
+            Box::new(Scalar::Load(Value(1), vec![index(1), index(2)], Dtype::F32)),
+            Dtype::F32,
+        )),
+        dtype: Dtype::F32,
+    };
+    let copy = Scalar::Load(Value(1), vec![index(0), index(1)], Dtype::F32);
+    let mut entry = entry_of("blocks", &[("x", vec![depth, depth], Dtype::F32)], Vec::new());
+    entry.nodes.push(Node {
+        kind: NodeKind::Param(0),
+        shape: dims(&[columns, depth]),
+        dtype: Dtype::F32,
+        source: None,
+    });
+    for (scalar, shape) in [(product, [depth, columns]), (copy, [columns, depth])] {
+        entry.nodes.push(Node {
+            kind: NodeKind::Compute(scalar),
+            shape: dims(&shape),
+            dtype: Dtype::F32,
+            source: None,
+        });
+    }
+    entry.outputs = vec![Value(2), Value(3)];
+    assert!(contraction::of(&entry, 2).is_some(), "the product is no contraction: this test covers less than it says");
+    let identity: Vec<f32> = (0..depth * depth).map(|at| f32::from(u8::from(at / depth == at % depth))).collect();
+    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
+    for (seed, format) in BlockFormat::ALL.into_iter().enumerate() {
+        let param = Param { path: "w".into(), shape: vec![columns, depth], dtype: Dtype::F32, storage: Some(format) };
+        let model =
+            Model { name: "blocks".into(), params: vec![param], states: Vec::new(), entries: vec![entry.clone()] };
+        let blocks = arbitrary_blocks(format, columns * depth / format.block_values(), seed as u64 + 3);
+        let mut values = vec![0f32; columns * depth];
+        dequantize(format, &blocks, &mut values).unwrap();
+        let weights =
+            Tensor { dtype: Dtype::F32, shape: vec![columns, depth], data: Data::Blocks(format, blocks.into()) };
+        let mut host = Machine::new(model.clone(), vec![weights], MlirHost::default()).expect("the kernels build");
+        let x = Tensor::from_f32(Dtype::F32, vec![depth, depth], identity.clone());
+        let outputs = host.call("blocks", vec![x]).expect("the kernels run");
+        let (product, copy) = (outputs[0].as_f32().unwrap(), outputs[1].as_f32().unwrap());
+        for (at, value) in values.iter().enumerate() {
+            let (n, k) = (at / depth, at % depth);
+            assert_eq!(copy[at].to_bits(), value.to_bits(), "{format}: element {n}, {k} read alone");
+            // A sum from +0 gives -0 as +0.
+            assert_eq!(
+                product[k * columns + n].to_bits(),
+                (value + 0.0).to_bits(),
+                "{format}: element {n}, {k} in a run"
+            );
+        }
+        let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
+        assert!(built.missing.is_empty());
+        ptxas_accepts(&built.entries);
+    }
 }
