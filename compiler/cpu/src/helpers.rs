@@ -32,6 +32,10 @@ pub enum Helper {
     MatMulQ8_0,
     MatMulQ4K,
     MatMulQ6K,
+    /// The same, for a parameter declared bf16 (`Matrix::Bf16Blocks`).
+    MatMulQ8_0Bf16,
+    MatMulQ4KBf16,
+    MatMulQ6KBf16,
     BatchStart,
     BatchRow,
     BatchRun,
@@ -73,9 +77,14 @@ impl Helper {
             | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
-            Helper::MatMul | Helper::MatMulBf16 | Helper::MatMulQ8_0 | Helper::MatMulQ4K | Helper::MatMulQ6K => {
-                Shape::MatMul
-            }
+            Helper::MatMul
+            | Helper::MatMulBf16
+            | Helper::MatMulQ8_0
+            | Helper::MatMulQ4K
+            | Helper::MatMulQ6K
+            | Helper::MatMulQ8_0Bf16
+            | Helper::MatMulQ4KBf16
+            | Helper::MatMulQ6KBf16 => Shape::MatMul,
             Helper::BatchStart | Helper::BatchRow | Helper::BatchRun => Shape::Int3,
             Helper::BlockValue => Shape::BlockValue,
         }
@@ -120,7 +129,7 @@ extern "C" fn rem_euclid(x: i64, y: i64) -> i64 {
 }
 
 /// The weights a kernel was given, by their code (`weight_code`): f32,
-/// bf16 bits, or blocks of a format.
+/// bf16 bits, or blocks of a format (of a parameter declared bf16 or not).
 fn matrix<'a>(code: i64, weight: *const u8, columns: usize, depth: usize) -> Matrix<'a> {
     // SAFETY (of each slice): generated code passes a weight matrix of
     // `columns × depth` values held as `code` says.
@@ -129,9 +138,14 @@ fn matrix<'a>(code: i64, weight: *const u8, columns: usize, depth: usize) -> Mat
             WEIGHT_F32 => Matrix::F32(std::slice::from_raw_parts(weight as *const f32, columns * depth)),
             WEIGHT_BF16 => Matrix::Bf16(std::slice::from_raw_parts(weight as *const u16, columns * depth)),
             _ => {
-                let format = BlockFormat::ALL[(code - WEIGHT_BLOCKS) as usize];
+                let formats = BlockFormat::ALL.len() as i64;
+                let format = BlockFormat::ALL[((code - WEIGHT_BLOCKS) % formats) as usize];
                 let bytes = columns * format.row_bytes(depth).expect("rows of whole blocks");
-                Matrix::Blocks(format, std::slice::from_raw_parts(weight, bytes))
+                let blocks = std::slice::from_raw_parts(weight, bytes);
+                match code >= WEIGHT_BF16_BLOCKS {
+                    true => Matrix::Bf16Blocks(format, blocks),
+                    false => Matrix::Blocks(format, blocks),
+                }
             }
         }
     }
@@ -141,12 +155,16 @@ const WEIGHT_F32: i64 = 0;
 const WEIGHT_BF16: i64 = 1;
 /// Blocks of `BlockFormat::ALL[code - WEIGHT_BLOCKS]`.
 const WEIGHT_BLOCKS: i64 = 2;
+/// Blocks of `BlockFormat::ALL[code - WEIGHT_BF16_BLOCKS]`, of a
+/// parameter declared bf16.
+const WEIGHT_BF16_BLOCKS: i64 = WEIGHT_BLOCKS + BlockFormat::ALL.len() as i64;
 
 /// How generated code names a weight matrix's elements to the kernels.
 pub(crate) fn weight_code(stored: Stored) -> i64 {
     match stored {
         Stored::Bf16Bits => WEIGHT_BF16,
-        Stored::Blocks(format) => WEIGHT_BLOCKS + format_code(format),
+        Stored::Blocks(format, Dtype::Bf16) => WEIGHT_BF16_BLOCKS + format_code(format),
+        Stored::Blocks(format, _) => WEIGHT_BLOCKS + format_code(format),
         Stored::F32 | Stored::Int | Stored::Bool => WEIGHT_F32,
     }
 }
@@ -248,7 +266,7 @@ extern "C" fn batch_run(columns: i64, depth: i64, code: i64) -> i64 {
 }
 
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 21] {
+pub fn table() -> [*const u8; 24] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -267,6 +285,9 @@ pub fn table() -> [*const u8; 21] {
         matmul::<{ WEIGHT_BLOCKS }> as *const u8,
         matmul::<{ WEIGHT_BLOCKS + 1 }> as *const u8,
         matmul::<{ WEIGHT_BLOCKS + 2 }> as *const u8,
+        matmul::<WEIGHT_BF16_BLOCKS> as *const u8,
+        matmul::<{ WEIGHT_BF16_BLOCKS + 1 }> as *const u8,
+        matmul::<{ WEIGHT_BF16_BLOCKS + 2 }> as *const u8,
         batch_start as *const u8,
         batch_row as *const u8,
         batch_run as *const u8,

@@ -486,7 +486,7 @@ impl Lowerer<'_, '_> {
         let bytes = match stored {
             // A row's first element starts a block: its bytes are the
             // blocks before it.
-            Stored::Blocks(format) => {
+            Stored::Blocks(format, _) => {
                 let blocks = self.builder.ins().udiv_imm_u(offset, format.block_values() as i64);
                 self.builder.ins().imul_imm_s(blocks, format.block_bytes() as i64)
             }
@@ -554,7 +554,7 @@ impl Lowerer<'_, '_> {
     }
 
     fn load(&mut self, value: Value, positions: &[Scalar]) -> Reg {
-        if let Stored::Blocks(format) = self.stored(value) {
+        if let Stored::Blocks(format, _) = self.stored(value) {
             // One value of a block (a gather's rows): decoded by the helper.
             let (base, offset, _) = self.element(value, positions);
             let format = self.builder.ins().iconst(types::I64, helpers::format_code(format));
@@ -574,7 +574,7 @@ impl Lowerer<'_, '_> {
                 let narrow = self.builder.ins().bitcast(types::F32, MemFlagsData::new(), high);
                 Reg::F(self.builder.ins().fpromote(types::F64, narrow))
             }
-            Stored::Blocks(_) => unreachable!("decoded above"),
+            Stored::Blocks(..) => unreachable!("decoded above"),
         }
     }
 
@@ -789,9 +789,12 @@ impl Lowerer<'_, '_> {
     fn kernel_for(&self, contraction: &Contraction) -> Helper {
         match self.stored(contraction.weight.value) {
             Stored::Bf16Bits => Helper::MatMulBf16,
-            Stored::Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0,
-            Stored::Blocks(BlockFormat::Q4K) => Helper::MatMulQ4K,
-            Stored::Blocks(BlockFormat::Q6K) => Helper::MatMulQ6K,
+            Stored::Blocks(BlockFormat::Q8_0, Dtype::Bf16) => Helper::MatMulQ8_0Bf16,
+            Stored::Blocks(BlockFormat::Q4K, Dtype::Bf16) => Helper::MatMulQ4KBf16,
+            Stored::Blocks(BlockFormat::Q6K, Dtype::Bf16) => Helper::MatMulQ6KBf16,
+            Stored::Blocks(BlockFormat::Q8_0, _) => Helper::MatMulQ8_0,
+            Stored::Blocks(BlockFormat::Q4K, _) => Helper::MatMulQ4K,
+            Stored::Blocks(BlockFormat::Q6K, _) => Helper::MatMulQ6K,
             Stored::F32 | Stored::Int | Stored::Bool => Helper::MatMul,
         }
     }
@@ -920,7 +923,8 @@ impl Lowerer<'_, '_> {
 pub(crate) enum Stored {
     F32,
     Bf16Bits,
-    Blocks(BlockFormat),
+    /// Blocks of a format, of a parameter declared of a type.
+    Blocks(BlockFormat, Dtype),
     Int,
     Bool,
 }
@@ -929,7 +933,7 @@ impl Stored {
     fn of(node: &linnet_ir::Node, params: &[Param]) -> Stored {
         if let NodeKind::Param(at) = node.kind {
             if let Some(format) = params[at].storage {
-                return Stored::Blocks(format);
+                return Stored::Blocks(format, node.dtype);
             }
         }
         match (&node.kind, node.dtype) {
@@ -947,7 +951,7 @@ impl Stored {
             Stored::Bf16Bits => 2,
             Stored::F32 => 4,
             Stored::Int => 8,
-            Stored::Blocks(_) => unreachable!("blocks are addressed by row"),
+            Stored::Blocks(..) => unreachable!("blocks are addressed by row"),
         }
     }
 }

@@ -122,6 +122,10 @@ pub enum Matrix<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
     Blocks(BlockFormat, &'a [u8]),
+    /// Blocks of a parameter declared bf16: a product over more rows than
+    /// a decode step's may take its values rounded to bf16
+    /// (`docs/language.md`), then multiply them in bf16 dot products.
+    Bf16Blocks(BlockFormat, &'a [u8]),
 }
 
 impl Matrix<'_> {
@@ -130,7 +134,7 @@ impl Matrix<'_> {
         match self {
             Matrix::F32(values) => std::mem::size_of_val(*values),
             Matrix::Bf16(bits) => std::mem::size_of_val(*bits),
-            Matrix::Blocks(_, bytes) => bytes.len(),
+            Matrix::Blocks(_, bytes) | Matrix::Bf16Blocks(_, bytes) => bytes.len(),
         }
     }
 
@@ -139,7 +143,9 @@ impl Matrix<'_> {
         match self {
             Matrix::F32(values) => values.len() == columns * depth,
             Matrix::Bf16(bits) => bits.len() == columns * depth,
-            Matrix::Blocks(format, bytes) => format.row_bytes(depth).map(|row| row * columns) == Some(bytes.len()),
+            Matrix::Blocks(format, bytes) | Matrix::Bf16Blocks(format, bytes) => {
+                format.row_bytes(depth).map(|row| row * columns) == Some(bytes.len())
+            }
         }
     }
 }
@@ -244,10 +250,16 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
     // Per group: bf16 dot products pay off where tiles of four rows reuse
     // each weight load; a matrix–vector product streams faster widening
-    // the weights. The inputs are converted on every thread (a prefill's
-    // experts have thousands of rows between them).
+    // the weights (blocks: decoding them into its sums, exactly). The
+    // inputs are converted on every thread (a prefill's experts have
+    // thousands of rows between them).
     let converts = |rows: &Rows, weight: &Matrix| {
-        isa == Isa::Avx512Bf16 && matches!(weight, Matrix::Bf16(_)) && depth.is_multiple_of(2) && rows.inputs.len() >= 4
+        let enough = match weight {
+            Matrix::Bf16(_) => rows.inputs.len() >= 4,
+            Matrix::Bf16Blocks(..) => rows.inputs.len() > decode::DOT_ROWS,
+            _ => false,
+        };
+        isa == Isa::Avx512Bf16 && enough && depth.is_multiple_of(2)
     };
     let plan = |group: usize| {
         let (rows, weight) = &groups[group];
@@ -269,6 +281,10 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
                 Matrix::F32(weight) => columns_on(*isa, rows, None, weight, depth, 0, range),
                 Matrix::Bf16(weight) => columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, 0, range),
                 Matrix::Blocks(format, blocks) => decoded_columns(*isa, rows, *format, blocks, depth, range),
+                Matrix::Bf16Blocks(format, blocks) => match bf16_inputs {
+                    Some(inputs) => rounded_columns(rows, inputs, *format, blocks, depth, range),
+                    None => decoded_columns(*isa, rows, *format, blocks, depth, range),
+                },
             }
         }
     };
@@ -291,9 +307,18 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
 /// L2 while every input row of the share passes over them.
 const DECODED_ROWS: usize = 16;
 
+/// Weight rows decoded and rounded to bf16 at a time ([`rounded_columns`]):
+/// half as many bytes a row, and each block of input rows read from L2
+/// for more of them.
+const ROUNDED_ROWS: usize = 64;
+
 thread_local! {
     /// A thread's decoded weight rows ([`decoded_columns`]).
     static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A thread's decoded row and the rows rounded to bf16 bits
+    /// ([`rounded_columns`]).
+    static ROUNDED: std::cell::RefCell<(Vec<f32>, Vec<u16>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Columns `range` of every output row from weight rows in blocks: the
@@ -335,6 +360,60 @@ unsafe fn decoded_columns(
             first = end;
         }
     });
+}
+
+/// [`decoded_columns`] for a parameter declared bf16 against bf16 inputs
+/// (`inputs`, the rows of `rows` converted), on `Avx512Bf16`: the decoded
+/// rows are rounded to bf16 ([`Matrix::Bf16Blocks`]), then multiplied in
+/// bf16 dot products as bf16 weights are.
+///
+/// # Safety
+/// As [`columns_on`]; the CPU has AVX-512 BF16.
+unsafe fn rounded_columns(
+    rows: &Rows,
+    inputs: &[u16],
+    format: BlockFormat,
+    blocks: &[u8],
+    depth: usize,
+    range: std::ops::Range<usize>,
+) {
+    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+    ROUNDED.with_borrow_mut(|(values, rounded)| {
+        values.resize(depth, 0.0);
+        rounded.resize(ROUNDED_ROWS * depth, 0);
+        let mut first = range.start;
+        while first < range.end {
+            let end = (first + ROUNDED_ROWS).min(range.end);
+            for (n, out) in (first..end).zip(rounded.chunks_exact_mut(depth.max(1))) {
+                decode::row(Isa::Avx512, format, &blocks[n * row_bytes..(n + 1) * row_bytes], values);
+                // SAFETY: the CPU has AVX-512 (it has AVX-512 BF16).
+                unsafe { x86::rounded_to_bf16(values, out) };
+            }
+            // SAFETY: as the caller promises; weight row `n` of the
+            // rounded rows is column `first + n`.
+            unsafe {
+                columns_on(
+                    Isa::Avx512Bf16,
+                    rows,
+                    Some(inputs),
+                    &rounded[..(end - first) * depth],
+                    depth,
+                    first,
+                    first..end,
+                )
+            };
+            first = end;
+        }
+    });
+}
+
+/// A finite f32 rounded to the nearest bf16, ties to even (as
+/// `numerics::bf16_bits`; decoded values are finite), in integer
+/// operations the compiler vectorizes.
+#[inline(always)]
+fn nearest_bf16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
 /// Columns `range` of every output row, on `isa`; weight row `n - first`
@@ -617,6 +696,16 @@ mod x86 {
         }
     }
 
+    /// `values` rounded to bf16 bits ([`super::nearest_bf16`]) in AVX-512
+    /// lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BW.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn rounded_to_bf16(values: &[f32], out: &mut [u16]) {
+        out.iter_mut().zip(values).for_each(|(bits, value)| *bits = super::nearest_bf16(*value));
+    }
+
     /// `super::as_bf16` in AVX-512 lanes: a row's values are converted
     /// whole, with the bits that bf16 drops or-ed together on the way,
     /// instead of one branch per value.
@@ -781,6 +870,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Blocks of a parameter declared bf16 (`Matrix::Bf16Blocks`) are
+    /// rounded to bf16 only where the contract lets them be and the CPU
+    /// gains by it: more rows than a decode step's, bf16 inputs, AVX-512
+    /// BF16; there they give bit for bit what their values rounded to bf16
+    /// give as bf16 weights, and elsewhere what the blocks give exactly.
+    #[test]
+    fn bf16_declared_blocks_round_only_where_they_may() {
+        use linnet_ir::numerics::{bf16_bits, bf16_value};
+        use linnet_ir::quant::{dequantize, quantize, BlockFormat};
+        let value = |seed: usize| ((seed * 2654435761) % 2001) as f32 / 1000.0 - 1.0;
+        let (columns, depth) = (40, 512);
+        let mut rounded_somewhere = false;
+        for format in BlockFormat::ALL {
+            let weights: Vec<f32> = (0..columns * depth).map(|at| value(at * 7 + 3)).collect();
+            let blocks = quantize(format, &weights).unwrap();
+            let mut values = vec![0f32; columns * depth];
+            dequantize(format, &blocks, &mut values).unwrap();
+            let rounded: Vec<u16> = values.iter().map(|v| bf16_bits(*v)).collect();
+            for rows in [3, 70] {
+                let input: Vec<f32> = (0..rows * depth).map(|at| value(at * 13 + 1)).collect();
+                let bf16_input: Vec<f32> = input.iter().map(|x| bf16_value(bf16_bits(*x))).collect();
+                for isa in Isa::available() {
+                    for (input, bf16) in [(&input, false), (&bf16_input, true)] {
+                        let product = |weight: Matrix| {
+                            let mut out = vec![f32::NAN; rows * columns];
+                            matmul_on(isa, input, weight, &mut out, rows);
+                            out
+                        };
+                        let ours = product(Matrix::Bf16Blocks(format, &blocks));
+                        let rounds = bf16 && isa == Isa::Avx512Bf16 && rows > crate::decode::DOT_ROWS;
+                        let expected = if rounds {
+                            product(Matrix::Bf16(&rounded))
+                        } else {
+                            product(Matrix::Blocks(format, &blocks))
+                        };
+                        let what = format!("{format} on {isa:?}, {rows} rows, bf16 inputs {bf16}");
+                        assert!(ours.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}");
+                        if rounds {
+                            let exact = product(Matrix::Blocks(format, &blocks));
+                            rounded_somewhere |= ours.iter().zip(&exact).any(|(a, b)| a != b);
+                        }
+                    }
+                }
+            }
+        }
+        let bf16_host = Isa::available().contains(&Isa::Avx512Bf16);
+        assert_eq!(rounded_somewhere, bf16_host, "rounding is taken exactly where the CPU has bf16 dot products");
     }
 
     /// Several matrices at once, each with its own rows (one, four, none,

@@ -406,7 +406,7 @@ impl Lowerer<'_, '_> {
                 let high = self.builder.ins().ishl_imm_u(bits, 16);
                 self.builder.ins().bitcast(F32X4, lane_order(), high)
             }
-            Stored::Int | Stored::Bool | Stored::Blocks(_) => {
+            Stored::Int | Stored::Bool | Stored::Blocks(..) => {
                 unreachable!("computes_in_lanes admits f32 and bf16 loads only")
             }
         }
