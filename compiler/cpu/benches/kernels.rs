@@ -81,26 +81,24 @@ fn matrix_kernels() {
         let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
         println!("matrix bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
     }
+    // The same values in blocks, and those blocks as a parameter declared
+    // bf16 against bf16 inputs (a bf16 model's prefill): rounded to bf16
+    // where the CPU has bf16 dot products (`docs/language.md`).
     let projection: Vec<f32> = weight.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
-    for format in BlockFormat::ALL {
-        let blocks = quantize(format, &projection).expect("rows of whole blocks");
-        let isa = Isa::host();
-        let mut out = vec![0f32; rows * columns];
-        let seconds = fastest(3, || matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut out, rows));
-        let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
-        println!("matrix {format} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
-    }
-    // The same blocks of a parameter declared bf16 against bf16 inputs (a
-    // bf16 model's prefill): rounded to bf16 where the CPU has bf16 dot
-    // products (`docs/language.md`).
     let bf16_input: Vec<f32> = input.iter().map(|x| linnet_ir::numerics::bf16_value(bf16_bits(*x))).collect();
     for format in BlockFormat::ALL {
         let blocks = quantize(format, &projection).expect("rows of whole blocks");
         let isa = Isa::host();
-        let mut out = vec![0f32; rows * columns];
-        let seconds = fastest(3, || matmul_on(isa, &bf16_input, Matrix::Bf16Blocks(format, &blocks), &mut out, rows));
-        let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
-        println!("matrix {format} declared bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+        let kinds = [
+            ("", &input, Matrix::Blocks(format, &blocks)),
+            (" declared bf16", &bf16_input, Matrix::Bf16Blocks(format, &blocks)),
+        ];
+        for (kind, input, matrix) in kinds {
+            let mut out = vec![0f32; rows * columns];
+            let seconds = fastest(3, || matmul_on(isa, input, matrix, &mut out, rows));
+            let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+            println!("matrix {format}{kind} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+        }
     }
 }
 
