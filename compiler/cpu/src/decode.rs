@@ -39,6 +39,27 @@ pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Row `blocks` (whole blocks of `format`) decoded, each value rounded to
+/// the nearest bf16, ties to even (`numerics::bf16_bits` of [`row`]'s
+/// values), into `out` as bits, on `isa`. On AVX-512 BF16 in one pass, the
+/// values never stored as f32: its conversion rounds so (it would flush
+/// subnormal values to zero, but no decoded value is one: each is a
+/// multiple of 2⁻²⁴, the least step of an f16 scale); elsewhere the
+/// decoded row is rounded value by value.
+pub fn row_bf16(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [u16]) {
+    assert_eq!(format.row_bytes(out.len()), Some(blocks.len()), "rows of whole blocks");
+    match isa {
+        // SAFETY: the CPU has `isa`'s features, the sizes were checked.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 => unsafe { x86::row_bf16_avx512(format, blocks, out) },
+        _ => {
+            let mut values = vec![0f32; out.len()];
+            row(isa, format, blocks, &mut values);
+            out.iter_mut().zip(values).for_each(|(bits, value)| *bits = linnet_ir::numerics::bf16_bits(value));
+        }
+    }
+}
+
 /// i32 lanes of small integers and their conversion to the f32 lanes of
 /// `Lanes`.
 trait ByteLanes: Lanes {
@@ -299,11 +320,18 @@ unsafe fn decode_row<L: ByteLanes>(format: BlockFormat, row: &[u8], out: &mut [f
         L::store(out.add(at + L::WIDTH), odd);
     };
     // SAFETY: `out` has the row's values' room.
+    unsafe { each_pair_of::<L>(format, row, store) }
+}
+
+/// Each pair of vectors of a row of `format`'s blocks, to `sink`.
+#[inline(always)]
+unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl FnMut(usize, L::V, L::V)) {
+    // SAFETY: as the caller promises.
     unsafe {
         match format {
-            BlockFormat::Q8_0 => each_pair::<L, Q8_0>(row, store),
-            BlockFormat::Q4K => each_pair::<L, Q4K>(row, store),
-            BlockFormat::Q6K => each_pair::<L, Q6K>(row, store),
+            BlockFormat::Q8_0 => each_pair::<L, Q8_0>(row, sink),
+            BlockFormat::Q4K => each_pair::<L, Q4K>(row, sink),
+            BlockFormat::Q6K => each_pair::<L, Q6K>(row, sink),
         }
     }
 }
@@ -452,7 +480,7 @@ pub unsafe fn dot_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{decode_row, dot_columns_in, BlockFormat, ByteLanes};
+    use super::{decode_row, dot_columns_in, each_pair_of, BlockFormat, ByteLanes};
     use crate::simd::{Avx2, Avx512};
     use std::arch::asm;
     use std::arch::x86_64::*;
@@ -609,6 +637,20 @@ mod x86 {
     }
 
     /// # Safety
+    /// The CPU has AVX-512 BF16; `out` holds the row's values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,f16c")]
+    pub unsafe fn row_bf16_avx512(format: BlockFormat, row: &[u8], out: &mut [u16]) {
+        let out = out.as_mut_ptr();
+        // SAFETY: `out` has the row's values' room.
+        unsafe {
+            each_pair_of::<Avx512>(format, row, |at, even, odd| {
+                let bits = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(odd, even));
+                _mm512_storeu_si512(out.add(at).cast(), bits);
+            })
+        }
+    }
+
+    /// # Safety
     /// As `super::dot_columns`; the CPU has AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     pub unsafe fn dot_columns_avx512(
@@ -646,7 +688,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{row, BlockFormat};
+    use super::{row, row_bf16, BlockFormat};
     use crate::matmul::Isa;
 
     /// Every instruction set decodes arbitrary blocks (any scales, any
@@ -662,6 +704,29 @@ mod tests {
                 row(isa, format, &bytes, &mut out);
                 for (at, (a, b)) in out.iter().zip(&expected).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{format} on {isa:?}, value {at}");
+                }
+            }
+        }
+    }
+
+    /// Rows decoded and rounded (`row_bf16`) are the decoded values rounded
+    /// to the nearest bf16, bit for bit, subnormal f16 scales and extreme
+    /// ones included, on every instruction set (AVX-512 BF16's in one pass).
+    #[test]
+    fn rounded_rows_are_the_values_rounded() {
+        for format in BlockFormat::ALL {
+            let bytes = linnet_ir::quant::arbitrary_blocks(format, 64, 0x2545_f491_4f6c_dd1d);
+            let mut values = vec![0f32; 64 * format.block_values()];
+            linnet_ir::quant::dequantize(format, &bytes, &mut values).unwrap();
+            for isa in Isa::available() {
+                let mut rounded = vec![0u16; values.len()];
+                row_bf16(isa, format, &bytes, &mut rounded);
+                for (at, (bits, value)) in rounded.iter().zip(&values).enumerate() {
+                    assert_eq!(
+                        *bits,
+                        linnet_ir::numerics::bf16_bits(*value),
+                        "{format} on {isa:?}, value {at}: {value}"
+                    );
                 }
             }
         }

@@ -315,10 +315,8 @@ const ROUNDED_ROWS: usize = 64;
 thread_local! {
     /// A thread's decoded weight rows ([`decoded_columns`]).
     static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// A thread's decoded row and the rows rounded to bf16 bits
-    /// ([`rounded_columns`]).
-    static ROUNDED: std::cell::RefCell<(Vec<f32>, Vec<u16>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// A thread's rows decoded and rounded to bf16 bits ([`rounded_columns`]).
+    static ROUNDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Columns `range` of every output row from weight rows in blocks: the
@@ -378,16 +376,13 @@ unsafe fn rounded_columns(
     range: std::ops::Range<usize>,
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-    ROUNDED.with_borrow_mut(|(values, rounded)| {
-        values.resize(depth, 0.0);
+    ROUNDED.with_borrow_mut(|rounded| {
         rounded.resize(ROUNDED_ROWS * depth, 0);
         let mut first = range.start;
         while first < range.end {
             let end = (first + ROUNDED_ROWS).min(range.end);
             for (n, out) in (first..end).zip(rounded.chunks_exact_mut(depth.max(1))) {
-                decode::row(Isa::Avx512, format, &blocks[n * row_bytes..(n + 1) * row_bytes], values);
-                // SAFETY: the CPU has AVX-512 (it has AVX-512 BF16).
-                unsafe { x86::rounded_to_bf16(values, out) };
+                decode::row_bf16(Isa::Avx512Bf16, format, &blocks[n * row_bytes..(n + 1) * row_bytes], out);
             }
             // SAFETY: as the caller promises; weight row `n` of the
             // rounded rows is column `first + n`.
@@ -405,15 +400,6 @@ unsafe fn rounded_columns(
             first = end;
         }
     });
-}
-
-/// A finite f32 rounded to the nearest bf16, ties to even (as
-/// `numerics::bf16_bits`; decoded values are finite), in integer
-/// operations the compiler vectorizes.
-#[inline(always)]
-fn nearest_bf16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
 /// Columns `range` of every output row, on `isa`; weight row `n - first`
@@ -694,16 +680,6 @@ mod x86 {
                 out
             }
         }
-    }
-
-    /// `values` rounded to bf16 bits ([`super::nearest_bf16`]) in AVX-512
-    /// lanes.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 BW.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn rounded_to_bf16(values: &[f32], out: &mut [u16]) {
-        out.iter_mut().zip(values).for_each(|(bits, value)| *bits = super::nearest_bf16(*value));
     }
 
     /// `super::as_bf16` in AVX-512 lanes: a row's values are converted
