@@ -18,9 +18,12 @@ use melior::ExecutionEngine;
 use std::collections::HashMap;
 
 /// MLIR's lowering of the kernels for the host (math functions as LLVM
-/// intrinsics, `tanh` expanded first: libm has no `rsqrtf` to call).
+/// intrinsics, `tanh` expanded first: libm has no `rsqrtf` to call; bf16
+/// conversions expanded into integer operations, rounding to nearest even:
+/// on a CPU without AVX-512 BF16, LLVM would call compiler-rt's
+/// `__truncsfbf2`, which the execution engine cannot find).
 const HOST_PIPELINE: &str =
-    "builtin.module(func.func(math-expand-ops,convert-scf-to-cf),convert-math-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
+    "builtin.module(func.func(math-expand-ops,arith-expand{include-bf16=true},convert-scf-to-cf),convert-math-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
 
 /// One entry's kernels, compiled for the host.
 struct Compiled {
