@@ -58,17 +58,22 @@ fn matrix_kernels() {
         println!("matrix-vector bf16 {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of weights", isa.name());
     }
     // The same head in each block format (quantized from the same values),
-    // read where it lies: GB/s of the blocks' bytes, and values per second.
+    // read where it lies: GB/s of the blocks' bytes, and values per second;
+    // exact, and as a parameter declared bf16 (the K-quants' products then
+    // over inputs quantized to 8 bits, `docs/language.md`).
     let head: Vec<f32> = weight.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
     for format in BlockFormat::ALL {
         let blocks = quantize(format, &head).expect("rows of whole blocks");
-        for isa in Isa::available() {
+        let kinds = [("", Matrix::Blocks(format, &blocks)), (" declared bf16", Matrix::Bf16Blocks(format, &blocks))];
+        for ((kind, matrix), isa) in
+            kinds.into_iter().flat_map(|kind| Isa::available().into_iter().map(move |isa| (kind, isa)))
+        {
             let input = values(depth, 2);
             let mut out = vec![0f32; columns];
-            let seconds = fastest(5, || matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut out, 1));
+            let seconds = fastest(5, || matmul_on(isa, &input, matrix, &mut out, 1));
             let gbs = blocks.len() as f64 / seconds / 1e9;
             let values_per_second = (columns * depth) as f64 / seconds / 1e9;
-            println!("matrix-vector {format} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
+            println!("matrix-vector {format}{kind} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
         }
     }
     // A prefill's projection: 512 rows through 2048 × 2048.

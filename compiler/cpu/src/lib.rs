@@ -2,7 +2,8 @@
 //! Cranelift function that reads the entry's dims at run time; `native`
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call,
-//! `matmul` the hand-tuned kernel contractions run on, `kernels` the
+//! `matmul` the hand-tuned kernel contractions run on (`decode` and
+//! `int8` its products over block formats), `kernels` the
 //! kernels of attention and the delta rule, `simd` the vectors both are
 //! written in, `threads` the pool they share their work on; `backend` is
 //! what the executor drives. Numerics follow `linnet_ir::numerics`, the
@@ -16,6 +17,7 @@ pub mod backend;
 mod decode;
 pub mod expf;
 pub mod helpers;
+mod int8;
 pub mod kernels;
 pub mod lowering;
 pub mod matmul;

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::decode;
+use super::int8;
 use super::simd::{Lanes, OneLane};
 use super::threads;
 use linnet_ir::quant::BlockFormat;
@@ -245,46 +246,104 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
     unreachable!("bf16 dot products are x86's ({} rows of {depth})", rows.inputs.len())
 }
 
+/// A group's inputs as a product over its weights takes them, made once
+/// per call before the threads share out its columns.
+enum Prepared {
+    /// The f32 rows as they are.
+    AsGiven,
+    /// The rows as bf16 bits, for bf16 dot products (`Avx512Bf16`).
+    Bf16(Vec<u16>),
+    /// The rows quantized to 8 bits, for integer dot products (`int8`).
+    Int8(int8::QuantizedRows),
+}
+
+/// How `count` rows against `weight` are best multiplied on `isa`: bf16
+/// dot products pay off where tiles of four rows reuse each weight load;
+/// a decode step's few rows against a K-quant parameter declared bf16
+/// take integer dot products over their quantized values (the contract's
+/// freedom: decoding each weight into an f32 lane costs more than reading
+/// it); other matrix–vector products stream faster widening the weights
+/// (blocks: decoding them into their sums, exactly).
+fn preparation(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> Preparation {
+    let bf16_dots = isa == Isa::Avx512Bf16 && depth.is_multiple_of(2);
+    match weight {
+        Matrix::Bf16Blocks(format, _) if count <= int8::DOT_ROWS && int8::takes(*format) => Preparation::Int8,
+        Matrix::Bf16Blocks(..) if bf16_dots && count > decode::DOT_ROWS => Preparation::Bf16,
+        Matrix::Bf16(_) if bf16_dots && count >= 4 => Preparation::Bf16,
+        _ => Preparation::AsGiven,
+    }
+}
+
+/// What [`preparation`] chose, for a group's inputs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Preparation {
+    AsGiven,
+    Bf16,
+    Int8,
+}
+
+/// `rows` prepared as `kind` says ([`Prepared`]).
+fn prepare(kind: Preparation, rows: &Rows, depth: usize) -> Prepared {
+    match kind {
+        Preparation::AsGiven => Prepared::AsGiven,
+        Preparation::Bf16 => as_bf16(rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16),
+        Preparation::Int8 => {
+            // SAFETY: each input row has `depth` readable values.
+            let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
+            Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
+        }
+    }
+}
+
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
 unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
-    // Per group: bf16 dot products pay off where tiles of four rows reuse
-    // each weight load; a matrix–vector product streams faster widening
-    // the weights (blocks: decoding them into its sums, exactly). The
-    // inputs are converted on every thread (a prefill's experts have
-    // thousands of rows between them).
-    let converts = |rows: &Rows, weight: &Matrix| {
-        let enough = match weight {
-            Matrix::Bf16(_) => rows.inputs.len() >= 4,
-            Matrix::Bf16Blocks(..) => rows.inputs.len() > decode::DOT_ROWS,
-            _ => false,
-        };
-        isa == Isa::Avx512Bf16 && enough && depth.is_multiple_of(2)
-    };
-    let plan = |group: usize| {
-        let (rows, weight) = &groups[group];
-        assert!(weight.holds(columns, depth), "a weight row per column");
-        let bf16_inputs = if converts(rows, weight) { as_bf16(rows, depth) } else { None };
-        (if isa == Isa::Avx512Bf16 && bf16_inputs.is_none() { Isa::Avx512 } else { isa }, bf16_inputs)
-    };
-    let plans: Vec<(Isa, Option<Vec<u16>>)> = if groups.iter().any(|(rows, weight)| converts(rows, weight)) {
+    let kinds: Vec<Preparation> = groups
+        .iter()
+        .map(|(rows, weight)| {
+            assert!(weight.holds(columns, depth), "a weight row per column");
+            preparation(isa, rows.inputs.len(), weight, depth)
+        })
+        .collect();
+    // Conversions to bf16 on every thread (a prefill's experts have
+    // thousands of rows between them); a decode step's few rows here.
+    let plan = |group: usize| prepare(kinds[group], groups[group].0, depth);
+    let plans: Vec<Prepared> = if kinds.contains(&Preparation::Bf16) {
         threads::map(groups.len(), &plan)
     } else {
         (0..groups.len()).map(plan).collect()
     };
+    // bf16 dot products only where the inputs were converted.
+    let isa_of = |prepared: &Prepared| match prepared {
+        Prepared::Bf16(_) => isa,
+        _ if isa == Isa::Avx512Bf16 => Isa::Avx512,
+        _ => isa,
+    };
     let share = |group: usize, range: std::ops::Range<usize>| {
-        let ((rows, weight), (isa, bf16_inputs)) = (&groups[group], &plans[group]);
+        let ((rows, weight), prepared) = (&groups[group], &plans[group]);
+        let (isa, bf16_inputs) = (
+            isa_of(prepared),
+            match prepared {
+                Prepared::Bf16(inputs) => Some(inputs.as_slice()),
+                _ => None,
+            },
+        );
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
-        // bf16 inputs, when given, are `rows` converted.
+        // prepared inputs are `rows` converted.
         unsafe {
-            match weight {
-                Matrix::F32(weight) => columns_on(*isa, rows, None, weight, depth, 0, range),
-                Matrix::Bf16(weight) => columns_on(*isa, rows, bf16_inputs.as_deref(), weight, depth, 0, range),
-                Matrix::Blocks(format, blocks) => decoded_columns(*isa, rows, *format, blocks, depth, range),
-                Matrix::Bf16Blocks(format, blocks) => match bf16_inputs {
-                    Some(inputs) => rounded_columns(rows, inputs, *format, blocks, depth, range),
-                    None => decoded_columns(*isa, rows, *format, blocks, depth, range),
-                },
+            match (weight, prepared) {
+                (Matrix::F32(weight), _) => columns_on(isa, rows, None, weight, depth, 0, range),
+                (Matrix::Bf16(weight), _) => columns_on(isa, rows, bf16_inputs, weight, depth, 0, range),
+                (Matrix::Bf16Blocks(format, blocks), Prepared::Int8(inputs)) => {
+                    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+                    int8::dot_columns(isa, *format, blocks, row_bytes, inputs, &rows.outs, range)
+                }
+                (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
+                    rounded_columns(rows, inputs, *format, blocks, depth, range)
+                }
+                (Matrix::Blocks(format, blocks) | Matrix::Bf16Blocks(format, blocks), _) => {
+                    decoded_columns(isa, rows, *format, blocks, depth, range)
+                }
             }
         }
     };

@@ -1,0 +1,523 @@
+//! Products of K-quant weight rows (Q4_K, Q6_K) against input rows
+//! quantized to 8 bits, in integer dot products: the freedom
+//! `docs/language.md` gives a parameter declared bf16 ("Quantized
+//! inputs"), taken in a decode step's products, where decoding each
+//! weight into an f32 lane costs more than reading it.
+//!
+//! An input row is quantized per [`SPAN`] values (a K-quant block's):
+//! `step = max|x| / 127`, each level `round(x / step)` (ties to even) in
+//! `-127..=127`, with the levels' sums over each 16 values. A block's
+//! products are then integers, summed exactly in i32 with its small
+//! integer scales (Q4_K's mins against the levels' sums, Q6_K's offset of
+//! 32 likewise), and the block's f16 scales and the span's step are
+//! applied once per block, in f32, in one order. Integer sums are the
+//! same in any order, so every instruction set computes the same bits:
+//! AVX2's `vpmaddubsw`/`vpmaddwd` (on AVX-512 CPUs too) and the portable
+//! loops, which the tests hold the vector code to.
+
+use super::matmul::Isa;
+use linnet_ir::quant::{self, BlockFormat};
+
+/// Input values quantized with one step: a K-quant block's span.
+pub const SPAN: usize = 256;
+
+/// Values a level sum covers: Q6_K's scale groups; Q4_K's groups of 32
+/// add two.
+const SUM_VALUES: usize = 16;
+
+/// Whether weights of `format` multiply quantized inputs here.
+pub fn takes(format: BlockFormat) -> bool {
+    matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+}
+
+/// Input rows quantized to 8-bit levels per [`SPAN`] values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedRows {
+    depth: usize,
+    levels: Vec<i8>,
+    /// A step per span of each row.
+    steps: Vec<f32>,
+    /// The levels' sum over each [`SUM_VALUES`] of each row.
+    sums: Vec<i16>,
+}
+
+impl QuantizedRows {
+    /// `rows` (each of `depth` values, a whole number of spans)
+    /// quantized. A span holding an infinity or NaN gets a NaN step, so
+    /// that the products over it are NaN as the exact ones would be.
+    pub fn new<'a>(rows: impl ExactSizeIterator<Item = &'a [f32]>, depth: usize) -> QuantizedRows {
+        assert!(depth.is_multiple_of(SPAN), "rows of whole spans");
+        let count = rows.len();
+        let mut quantized = QuantizedRows {
+            depth,
+            levels: vec![0; count * depth],
+            steps: vec![0.0; count * depth / SPAN],
+            sums: vec![0; count * depth / SUM_VALUES],
+        };
+        let spans = quantized
+            .levels
+            .chunks_exact_mut(SPAN)
+            .zip(&mut quantized.steps)
+            .zip(quantized.sums.chunks_exact_mut(SPAN / SUM_VALUES));
+        let values = rows.flat_map(|row| {
+            assert_eq!(row.len(), depth, "rows of the depth");
+            row.chunks_exact(SPAN)
+        });
+        for (((levels, step), sums), values) in spans.zip(values) {
+            *step = quantize_span(values, levels);
+            for (sum, levels) in sums.iter_mut().zip(levels.chunks_exact(SUM_VALUES)) {
+                *sum = levels.iter().map(|level| i16::from(*level)).sum();
+            }
+        }
+        quantized
+    }
+
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.steps.len() * SPAN / self.depth.max(1)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// `values`' levels into `levels`, and their step.
+fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
+    if !values.iter().all(|value| value.is_finite()) {
+        levels.fill(0);
+        return f32::NAN;
+    }
+    let largest = values.iter().fold(0f32, |largest, value| largest.max(value.abs()));
+    if largest == 0.0 {
+        levels.fill(0);
+        return 0.0;
+    }
+    let inverse = 127.0 / largest;
+    for (level, value) in levels.iter_mut().zip(values) {
+        *level = (value * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    largest / 127.0
+}
+
+/// A block's integer products for `R` rows of levels (each from the
+/// block's first value), on one instruction set.
+trait BlockDots {
+    /// `Σ_g scale[g] · Σ_{k in g} q[k] · level[k]` over Q4_K's eight
+    /// groups of 32, `q` the nibbles of `quants` (the block's 128 bytes
+    /// of them), `scales` the groups' 6-bit scales.
+    unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R];
+
+    /// `Σ_g scale[g] · Σ_{k in g} u[k] · level[k]` over Q6_K's sixteen
+    /// groups of 16, `u` the block's unsigned 6-bit levels (its level
+    /// plus 32).
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R];
+}
+
+/// Plain loops over `quant`'s definitions of the levels: any CPU.
+struct Portable;
+
+impl BlockDots for Portable {
+    #[inline(always)]
+    unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R] {
+        // SAFETY: as the caller promises, the block and the levels are whole.
+        let quants = unsafe { std::slice::from_raw_parts(quants, 128) };
+        levels.map(|levels| {
+            let levels = unsafe { std::slice::from_raw_parts(levels, SPAN) };
+            (0..8)
+                .map(|group| {
+                    let (chunk, shift) = (group / 2, 4 * (group % 2));
+                    let products: i32 = quants[chunk * 32..chunk * 32 + 32]
+                        .iter()
+                        .zip(&levels[group * 32..group * 32 + 32])
+                        .map(|(q, level)| i32::from((q >> shift) & 0xf) * i32::from(*level))
+                        .sum();
+                    i32::from(scales[group]) * products
+                })
+                .sum()
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R] {
+        // SAFETY: as the caller promises, the block and the levels are whole.
+        let block = unsafe { std::slice::from_raw_parts(block, 210) };
+        let unsigned = quant::q6_k_levels(block).map(|level| i32::from(level) + 32);
+        levels.map(|levels| {
+            let levels = unsafe { std::slice::from_raw_parts(levels, SPAN) };
+            (0..16)
+                .map(|group| {
+                    let span = group * SUM_VALUES..(group + 1) * SUM_VALUES;
+                    let products: i32 =
+                        unsigned[span.clone()].iter().zip(&levels[span]).map(|(u, level)| u * i32::from(*level)).sum();
+                    i32::from(block[192 + group] as i8) * products
+                })
+                .sum()
+        })
+    }
+}
+
+/// Row `n`'s products against `R` quantized input rows: the block's
+/// integer sums ([`BlockDots`]) with its mins' or offset's share taken
+/// from the levels' sums, then `step · (d · sum − dmin · mins)` added per
+/// block in f32.
+#[inline(always)]
+unsafe fn dot_row<B: BlockDots, const R: usize>(format: BlockFormat, row: &[u8], inputs: &QuantizedRows) -> [f32; R] {
+    let mut totals = [0f32; R];
+    for (number, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+        let at = |r: usize| r * inputs.depth + number * SPAN;
+        let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[at(r)..].as_ptr());
+        let sums: [&[i16]; R] = std::array::from_fn(|r| &inputs.sums[at(r) / SUM_VALUES..][..SPAN / SUM_VALUES]);
+        let scaled: [f32; R] = match format {
+            BlockFormat::Q4K => {
+                let (d, dmin) = (quant::f16_at(block, 0), quant::f16_at(block, 2));
+                let packed = quant::q4_k_scales_mins(&block[4..16]);
+                let scales: [u8; 8] = packed[..8].try_into().expect("eight scales");
+                // SAFETY: the block is whole, each row has a span from `at`.
+                let products = unsafe { B::q4_k::<R>(block[16..].as_ptr(), &scales, levels) };
+                std::array::from_fn(|r| {
+                    let mins: i32 = (0..8)
+                        .map(|group| {
+                            let sum = i32::from(sums[r][2 * group]) + i32::from(sums[r][2 * group + 1]);
+                            i32::from(packed[8 + group]) * sum
+                        })
+                        .sum();
+                    d * products[r] as f32 - dmin * mins as f32
+                })
+            }
+            BlockFormat::Q6K => {
+                let d = quant::f16_at(block, 208);
+                // SAFETY: as above.
+                let products = unsafe { B::q6_k::<R>(block.as_ptr(), levels) };
+                std::array::from_fn(|r| {
+                    let offsets: i32 =
+                        (0..16).map(|group| i32::from(block[192 + group] as i8) * i32::from(sums[r][group])).sum();
+                    d * (products[r] - 32 * offsets) as f32
+                })
+            }
+            BlockFormat::Q8_0 => unreachable!("Q8_0 weights multiply f32 inputs"),
+        };
+        for (r, total) in totals.iter_mut().enumerate() {
+            *total += inputs.steps[at(r) / SPAN] * scaled[r];
+        }
+    }
+    totals
+}
+
+/// [`dot_row`] for the columns of `range`.
+#[inline(always)]
+unsafe fn dot_columns_of<B: BlockDots, const R: usize>(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    for n in range {
+        // SAFETY: as `dot_columns`' caller promises.
+        unsafe {
+            let sums = dot_row::<B, R>(format, &blocks[n * row_bytes..(n + 1) * row_bytes], inputs);
+            for (out, sum) in outs.iter().zip(sums) {
+                *out.add(n) = sum;
+            }
+        }
+    }
+}
+
+/// [`dot_columns_of`] for as many rows as `inputs` holds (one to four).
+#[inline(always)]
+unsafe fn dot_columns_in<B: BlockDots>(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    // SAFETY: as `dot_columns`' caller promises.
+    unsafe {
+        match inputs.len() {
+            1 => dot_columns_of::<B, 1>(format, blocks, row_bytes, inputs, outs, range),
+            2 => dot_columns_of::<B, 2>(format, blocks, row_bytes, inputs, outs, range),
+            3 => dot_columns_of::<B, 3>(format, blocks, row_bytes, inputs, outs, range),
+            4 => dot_columns_of::<B, 4>(format, blocks, row_bytes, inputs, outs, range),
+            _ => unreachable!("one to four rows at a time"),
+        }
+    }
+}
+
+/// The most input rows [`dot_columns`] takes at once.
+pub const DOT_ROWS: usize = 4;
+
+/// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
+/// where weight row `n` is `blocks[n · row_bytes..]` (whole blocks of
+/// `format`, one [`takes`]) and `x̂` the quantized input rows (one to
+/// [`DOT_ROWS`]), on `isa`.
+///
+/// # Safety
+/// Each output row has room for the columns of `range`, which no other
+/// thread writes.
+pub unsafe fn dot_columns(
+    isa: Isa,
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    assert!(takes(format), "{format} weights multiply f32 inputs");
+    assert!(
+        !inputs.is_empty() && inputs.len() <= DOT_ROWS && outs.len() == inputs.len(),
+        "one to {DOT_ROWS} input rows, an output row each"
+    );
+    assert!(
+        range.end * row_bytes <= blocks.len() && format.row_bytes(inputs.depth) == Some(row_bytes),
+        "whole rows of blocks, as deep as the inputs"
+    );
+    // SAFETY: as the caller promises, on a CPU with `isa`.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 | Isa::Avx512 | Isa::Avx2 => {
+                x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range)
+            }
+            _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows};
+    use std::arch::x86_64::*;
+
+    /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
+    /// levels by the signed input levels and adds pairs into i16 (at most
+    /// 2 · 63 · 127, no saturation), `vpmaddwd` multiplies those by the
+    /// groups' scales and adds pairs into i32.
+    struct Avx2;
+
+    /// The eight i32 lanes of `v` added.
+    #[inline(always)]
+    unsafe fn total(v: __m256i) -> i32 {
+        unsafe {
+            let quarter = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let eighth = _mm_add_epi32(quarter, _mm_unpackhi_epi64(quarter, quarter));
+            _mm_cvtsi128_si32(_mm_add_epi32(eighth, _mm_shuffle_epi32::<0b01>(eighth)))
+        }
+    }
+
+    /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
+    #[inline(always)]
+    unsafe fn scaled_products(weights: __m256i, inputs: *const i8, scales: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
+    }
+
+    impl BlockDots for Avx2 {
+        #[inline(always)]
+        unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R] {
+            unsafe {
+                let nibble = _mm256_set1_epi8(0x0f);
+                let mut sums = [_mm256_setzero_si256(); R];
+                for chunk in 0..4 {
+                    let q = _mm256_loadu_si256(quants.add(32 * chunk).cast());
+                    let (low, high) =
+                        (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble));
+                    let low_scale = _mm256_set1_epi16(i16::from(scales[2 * chunk]));
+                    let high_scale = _mm256_set1_epi16(i16::from(scales[2 * chunk + 1]));
+                    for (sum, levels) in sums.iter_mut().zip(levels) {
+                        let low = scaled_products(low, levels.add(64 * chunk), low_scale);
+                        let high = scaled_products(high, levels.add(64 * chunk + 32), high_scale);
+                        *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
+                    }
+                }
+                sums.map(|sum| total(sum))
+            }
+        }
+
+        /// A half block's 128 levels from its 64 bytes of low bits and 32
+        /// of high bits, as `quant::q6_k_levels` lays them out: quarter `p`
+        /// takes the nibbles of low bytes `32 (p % 2)..` (the upper ones
+        /// for `p ≥ 2`) and bits `2p..2p + 2` of the high bytes.
+        #[inline(always)]
+        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R] {
+            unsafe {
+                let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+                let scale = |group: usize| i16::from(*block.add(192 + group) as i8);
+                let mut sums = [_mm256_setzero_si256(); R];
+                for half in 0..2 {
+                    let low = [
+                        _mm256_loadu_si256(block.add(64 * half).cast()),
+                        _mm256_loadu_si256(block.add(64 * half + 32).cast()),
+                    ];
+                    let high = _mm256_loadu_si256(block.add(128 + 32 * half).cast());
+                    let quarters = [
+                        (_mm256_and_si256(low[0], nibble), high),
+                        (_mm256_and_si256(low[1], nibble), _mm256_srli_epi16::<2>(high)),
+                        (_mm256_and_si256(_mm256_srli_epi16::<4>(low[0]), nibble), _mm256_srli_epi16::<4>(high)),
+                        (_mm256_and_si256(_mm256_srli_epi16::<4>(low[1]), nibble), _mm256_srli_epi16::<6>(high)),
+                    ];
+                    for (part, (low, high)) in quarters.into_iter().enumerate() {
+                        let unsigned = _mm256_or_si256(low, _mm256_slli_epi16::<4>(_mm256_and_si256(high, two_bits)));
+                        // Values 0–15 of the quarter are group `g`, 16–31 group `g + 1`.
+                        let group = 8 * half + 2 * part;
+                        let scales = _mm256_set_m128i(_mm_set1_epi16(scale(group + 1)), _mm_set1_epi16(scale(group)));
+                        for (sum, levels) in sums.iter_mut().zip(levels) {
+                            let products = scaled_products(unsigned, levels.add(128 * half + 32 * part), scales);
+                            *sum = _mm256_add_epi32(*sum, products);
+                        }
+                    }
+                }
+                sums.map(|sum| total(sum))
+            }
+        }
+    }
+
+    /// `super::dot_columns` on AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx2(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe { dot_columns_in::<Avx2>(format, blocks, row_bytes, inputs, outs, range) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dot_columns, QuantizedRows, DOT_ROWS, SPAN};
+    use crate::matmul::Isa;
+    use linnet_ir::quant::{self, BlockFormat};
+
+    /// Rows of values like a model's activations: mostly small, a few
+    /// large, of both signs, from `seed`.
+    fn activations(count: usize, depth: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..count * depth)
+            .map(|at| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                if at % 97 == 5 {
+                    unit * 40.0
+                } else {
+                    unit
+                }
+            })
+            .collect()
+    }
+
+    /// The value level `k` of row `row` stands for.
+    fn value(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
+        let at = row * inputs.depth + k;
+        inputs.steps[at / SPAN] * f32::from(inputs.levels[at])
+    }
+
+    fn products(isa: Isa, format: BlockFormat, blocks: &[u8], inputs: &QuantizedRows, columns: usize) -> Vec<Vec<f32>> {
+        let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
+        let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+        let row_bytes = blocks.len() / columns;
+        // SAFETY: each output row has `columns` values, written by this thread only.
+        unsafe { dot_columns(isa, format, blocks, row_bytes, inputs, &pointers, 0..columns) };
+        outs
+    }
+
+    /// Quantizing is as stated: each level within half a step of its
+    /// value, the largest magnitude at ±127, sums of 16 levels; zeros
+    /// stay zeros, and a NaN spoils its span's step only.
+    #[test]
+    fn inputs_are_quantized_per_span() {
+        let depth = 2 * SPAN;
+        let mut values = activations(1, depth, 7);
+        values[3] = f32::NAN;
+        values[SPAN..SPAN + 16].fill(0.0);
+        let quantized = QuantizedRows::new([values.as_slice()].into_iter(), depth);
+        assert!(quantized.steps[0].is_nan());
+        let step = quantized.steps[1];
+        let largest = values[SPAN..].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(step, largest / 127.0);
+        assert!(quantized.levels[SPAN..].iter().any(|level| level.unsigned_abs() == 127));
+        for (k, exact) in values.iter().enumerate().skip(SPAN) {
+            assert!((value(&quantized, 0, k) - exact).abs() <= step / 2.0 * 1.000_01, "value {k}");
+        }
+        assert_eq!(quantized.sums[SPAN / 16], 0, "a span of zeros");
+        let sum: i16 = quantized.levels[SPAN + 16..SPAN + 32].iter().map(|l| i16::from(*l)).sum();
+        assert_eq!(quantized.sums[SPAN / 16 + 1], sum);
+    }
+
+    /// Every instruction set computes the portable loops' bits, for every
+    /// row count, over arbitrary blocks (any levels, any scales).
+    #[test]
+    fn every_isa_computes_the_same_bits() {
+        let (columns, depth) = (5, 4 * SPAN);
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K] {
+            let blocks = quant::arbitrary_blocks(format, columns * depth / SPAN, 0x5851_f42d_4c95_7f2d);
+            for rows in 1..=DOT_ROWS {
+                let values = activations(rows, depth, rows as u64);
+                let inputs = QuantizedRows::new(values.chunks_exact(depth), depth);
+                let expected = products(Isa::Portable, format, &blocks, &inputs, columns);
+                for isa in Isa::available() {
+                    let ours = products(isa, format, &blocks, &inputs, columns);
+                    for (r, (ours, expected)) in ours.iter().zip(&expected).enumerate() {
+                        for (n, (a, b)) in ours.iter().zip(expected).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{format} on {isa:?}, {rows} rows: row {r} column {n}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The products are those of the quantized inputs (up to f32
+    /// rounding of their scales), and so within the contract's bound of
+    /// the exact ones: `Σₖ |wₖ| · step / 2` for each span.
+    #[test]
+    fn products_meet_the_contracts_bound() {
+        let (columns, depth) = (7, 8 * SPAN);
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K] {
+            let values: Vec<f32> = activations(1, columns * depth, 11);
+            let blocks = quant::quantize(format, &values).unwrap();
+            let mut weights = vec![0f32; columns * depth];
+            quant::dequantize(format, &blocks, &mut weights).unwrap();
+            let inputs = activations(DOT_ROWS, depth, 3);
+            let quantized = QuantizedRows::new(inputs.chunks_exact(depth), depth);
+            let ours = products(Isa::host(), format, &blocks, &quantized, columns);
+            for (r, ours) in ours.iter().enumerate() {
+                for (n, ours) in ours.iter().enumerate() {
+                    let weights = &weights[n * depth..(n + 1) * depth];
+                    let input = &inputs[r * depth..(r + 1) * depth];
+                    let (mut exact, mut of_quantized, mut bound, mut magnitude) = (0f64, 0f64, 0f64, 0f64);
+                    for (k, (w, x)) in weights.iter().zip(input).enumerate() {
+                        let step = f64::from(quantized.steps[(r * depth + k) / SPAN]);
+                        exact += f64::from(*w) * f64::from(*x);
+                        of_quantized += f64::from(*w) * f64::from(value(&quantized, r, k));
+                        bound += f64::from(w.abs()) * step / 2.0;
+                        magnitude += f64::from(w.abs()) * f64::from(value(&quantized, r, k).abs());
+                    }
+                    let ours = f64::from(*ours);
+                    assert!(
+                        (ours - of_quantized).abs() <= magnitude * 1e-5,
+                        "{format} row {r} column {n}: {ours} vs {of_quantized}"
+                    );
+                    assert!(
+                        (ours - exact).abs() <= bound * 1.001,
+                        "{format} row {r} column {n}: {ours} vs {exact}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+}
