@@ -101,18 +101,26 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
     largest / 127.0
 }
 
-/// A block's integer products for `R` rows of levels (each from the
-/// block's first value), on one instruction set.
+/// A block's integer sums against `R` rows of levels and their sums over
+/// each 16 (each from the block's first value), on one instruction set.
 trait BlockDots {
-    /// `Σ_g scale[g] · Σ_{k in g} q[k] · level[k]` over Q4_K's eight
-    /// groups of 32, `q` the nibbles of `quants` (the block's 128 bytes
-    /// of them), `scales` the groups' 6-bit scales.
-    unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R];
+    /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
+    unsafe fn half(block: *const u8, at: usize) -> f32;
 
-    /// `Σ_g scale[g] · Σ_{k in g} u[k] · level[k]` over Q6_K's sixteen
-    /// groups of 16, `u` the block's unsigned 6-bit levels (its level
-    /// plus 32).
-    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R];
+    /// Q4_K: `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its eight
+    /// groups of 32 (`q` the nibbles), and `Σ_g min[g] · Σ_{k∈g} level[k]`;
+    /// `scales_mins` the groups' 6-bit scales, then their mins.
+    unsafe fn q4_k<const R: usize>(
+        block: *const u8,
+        scales_mins: &[u8; 16],
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [(i32, i32); R];
+
+    /// Q6_K: `Σ_g scale[g] · Σ_{k∈g} (u[k] − 32) · level[k]` over its
+    /// sixteen groups of 16, `u` the unsigned 6-bit levels: the products
+    /// of `u`, less 32 times each group's scaled sum of levels.
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R];
 }
 
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
@@ -120,113 +128,145 @@ struct Portable;
 
 impl BlockDots for Portable {
     #[inline(always)]
-    unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R] {
-        // SAFETY: as the caller promises, the block and the levels are whole.
-        let quants = unsafe { std::slice::from_raw_parts(quants, 128) };
-        levels.map(|levels| {
-            let levels = unsafe { std::slice::from_raw_parts(levels, SPAN) };
-            (0..8)
-                .map(|group| {
-                    let (chunk, shift) = (group / 2, 4 * (group % 2));
-                    let products: i32 = quants[chunk * 32..chunk * 32 + 32]
-                        .iter()
-                        .zip(&levels[group * 32..group * 32 + 32])
-                        .map(|(q, level)| i32::from((q >> shift) & 0xf) * i32::from(*level))
-                        .sum();
-                    i32::from(scales[group]) * products
-                })
-                .sum()
+    unsafe fn half(block: *const u8, at: usize) -> f32 {
+        // SAFETY: as the caller promises, the block has the half.
+        quant::f16_at(unsafe { std::slice::from_raw_parts(block, at + 2) }, at)
+    }
+
+    #[inline(always)]
+    unsafe fn q4_k<const R: usize>(
+        block: *const u8,
+        scales_mins: &[u8; 16],
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [(i32, i32); R] {
+        // SAFETY: as the caller promises, the block and the rows' span are whole.
+        let quants = unsafe { std::slice::from_raw_parts(block.add(16), 128) };
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+            (0..8).fold((0, 0), |(products, mins), group| {
+                let (chunk, shift) = (group / 2, 4 * (group % 2));
+                let group_products: i32 = quants[chunk * 32..chunk * 32 + 32]
+                    .iter()
+                    .zip(&levels[group * 32..group * 32 + 32])
+                    .map(|(q, level)| i32::from((q >> shift) & 0xf) * i32::from(*level))
+                    .sum();
+                let group_sum = i32::from(sums[2 * group]) + i32::from(sums[2 * group + 1]);
+                (
+                    products + i32::from(scales_mins[group]) * group_products,
+                    mins + i32::from(scales_mins[8 + group]) * group_sum,
+                )
+            })
         })
     }
 
     #[inline(always)]
-    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R] {
-        // SAFETY: as the caller promises, the block and the levels are whole.
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
+        // SAFETY: as above.
         let block = unsafe { std::slice::from_raw_parts(block, 210) };
         let unsigned = quant::q6_k_levels(block).map(|level| i32::from(level) + 32);
-        levels.map(|levels| {
-            let levels = unsafe { std::slice::from_raw_parts(levels, SPAN) };
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
             (0..16)
                 .map(|group| {
                     let span = group * SUM_VALUES..(group + 1) * SUM_VALUES;
                     let products: i32 =
                         unsigned[span.clone()].iter().zip(&levels[span]).map(|(u, level)| u * i32::from(*level)).sum();
-                    i32::from(block[192 + group] as i8) * products
+                    i32::from(block[192 + group] as i8) * (products - 32 * i32::from(sums[group]))
                 })
                 .sum()
         })
     }
 }
 
-/// Row `n`'s products against `R` quantized input rows: the block's
-/// integer sums ([`BlockDots`]) with its mins' or offset's share taken
-/// from the levels' sums, then `step · (d · sum − dmin · mins)` added per
-/// block in f32.
-#[inline(always)]
-unsafe fn dot_row<B: BlockDots, const R: usize>(format: BlockFormat, row: &[u8], inputs: &QuantizedRows) -> [f32; R] {
-    let mut totals = [0f32; R];
-    for (number, block) in row.chunks_exact(format.block_bytes()).enumerate() {
-        let at = |r: usize| r * inputs.depth + number * SPAN;
-        let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[at(r)..].as_ptr());
-        let sums: [&[i16]; R] = std::array::from_fn(|r| &inputs.sums[at(r) / SUM_VALUES..][..SPAN / SUM_VALUES]);
-        let scaled: [f32; R] = match format {
-            BlockFormat::Q4K => {
-                let (d, dmin) = (quant::f16_at(block, 0), quant::f16_at(block, 2));
-                let packed = quant::q4_k_scales_mins(&block[4..16]);
-                let scales: [u8; 8] = packed[..8].try_into().expect("eight scales");
-                // SAFETY: the block is whole, each row has a span from `at`.
-                let products = unsafe { B::q4_k::<R>(block[16..].as_ptr(), &scales, levels) };
-                std::array::from_fn(|r| {
-                    let mins: i32 = (0..8)
-                        .map(|group| {
-                            let sum = i32::from(sums[r][2 * group]) + i32::from(sums[r][2 * group + 1]);
-                            i32::from(packed[8 + group]) * sum
-                        })
-                        .sum();
-                    d * products[r] as f32 - dmin * mins as f32
-                })
-            }
-            BlockFormat::Q6K => {
-                let d = quant::f16_at(block, 208);
-                // SAFETY: as above.
-                let products = unsafe { B::q6_k::<R>(block.as_ptr(), levels) };
-                std::array::from_fn(|r| {
-                    let offsets: i32 =
-                        (0..16).map(|group| i32::from(block[192 + group] as i8) * i32::from(sums[r][group])).sum();
-                    d * (products[r] - 32 * offsets) as f32
-                })
-            }
-            BlockFormat::Q8_0 => unreachable!("Q8_0 weights multiply f32 inputs"),
-        };
-        for (r, total) in totals.iter_mut().enumerate() {
-            *total += inputs.steps[at(r) / SPAN] * scaled[r];
-        }
-    }
-    totals
+/// The K-quant formats, each a block's share of a product.
+trait KQuant {
+    const BYTES: usize;
+    /// `d · sum − dmin · mins` of the block (Q6_K: `d · sum`) against
+    /// each row's span, before the span's step.
+    unsafe fn scaled<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [f32; R];
 }
 
-/// [`dot_row`] for the columns of `range`.
+struct Q4K;
+struct Q6K;
+
+impl KQuant for Q4K {
+    const BYTES: usize = 144;
+    #[inline(always)]
+    unsafe fn scaled<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [f32; R] {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let (d, dmin) = (B::half(block, 0), B::half(block, 2));
+            let scales_mins = quant::q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
+            B::q4_k::<R>(block, &scales_mins, levels, sums)
+                .map(|(products, mins)| d * products as f32 - dmin * mins as f32)
+        }
+    }
+}
+
+impl KQuant for Q6K {
+    const BYTES: usize = 210;
+    #[inline(always)]
+    unsafe fn scaled<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [f32; R] {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let d = B::half(block, 208);
+            B::q6_k::<R>(block, levels, sums).map(|products| d * products as f32)
+        }
+    }
+}
+
+/// Columns `range` of `R` output rows: each block's share ([`KQuant`])
+/// times its span's step, added in f32 block by block.
 #[inline(always)]
-unsafe fn dot_columns_of<B: BlockDots, const R: usize>(
-    format: BlockFormat,
+unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
     blocks: &[u8],
     row_bytes: usize,
     inputs: &QuantizedRows,
     outs: &[*mut f32],
     range: std::ops::Range<usize>,
 ) {
+    let spans = inputs.depth / SPAN;
+    let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[r * inputs.depth..].as_ptr());
+    let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[r * inputs.depth / SUM_VALUES..].as_ptr());
+    let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[r * spans..(r + 1) * spans]);
     for n in range {
-        // SAFETY: as `dot_columns`' caller promises.
-        unsafe {
-            let sums = dot_row::<B, R>(format, &blocks[n * row_bytes..(n + 1) * row_bytes], inputs);
-            for (out, sum) in outs.iter().zip(sums) {
-                *out.add(n) = sum;
+        let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
+        let mut totals = [0f32; R];
+        for (number, block) in row.chunks_exact(F::BYTES).enumerate() {
+            // SAFETY: the block is whole; each row has `spans` spans.
+            let scaled = unsafe {
+                F::scaled::<B, R>(
+                    block.as_ptr(),
+                    levels.map(|levels| levels.add(number * SPAN)),
+                    sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
+                )
+            };
+            for r in 0..R {
+                totals[r] += steps[r][number] * scaled[r];
             }
         }
+        // SAFETY: as `dot_columns`' caller promises.
+        unsafe { outs.iter().zip(totals).for_each(|(out, total)| *out.add(n) = total) };
     }
 }
 
-/// [`dot_columns_of`] for as many rows as `inputs` holds (one to four).
+/// [`dot_columns_of`] for `format` and as many rows as `inputs` holds
+/// (one to four).
 #[inline(always)]
 unsafe fn dot_columns_in<B: BlockDots>(
     format: BlockFormat,
@@ -236,14 +276,23 @@ unsafe fn dot_columns_in<B: BlockDots>(
     outs: &[*mut f32],
     range: std::ops::Range<usize>,
 ) {
+    macro_rules! rows {
+        ($f:ty) => {
+            match inputs.len() {
+                1 => dot_columns_of::<B, $f, 1>(blocks, row_bytes, inputs, outs, range),
+                2 => dot_columns_of::<B, $f, 2>(blocks, row_bytes, inputs, outs, range),
+                3 => dot_columns_of::<B, $f, 3>(blocks, row_bytes, inputs, outs, range),
+                4 => dot_columns_of::<B, $f, 4>(blocks, row_bytes, inputs, outs, range),
+                _ => unreachable!("one to four rows at a time"),
+            }
+        };
+    }
     // SAFETY: as `dot_columns`' caller promises.
     unsafe {
-        match inputs.len() {
-            1 => dot_columns_of::<B, 1>(format, blocks, row_bytes, inputs, outs, range),
-            2 => dot_columns_of::<B, 2>(format, blocks, row_bytes, inputs, outs, range),
-            3 => dot_columns_of::<B, 3>(format, blocks, row_bytes, inputs, outs, range),
-            4 => dot_columns_of::<B, 4>(format, blocks, row_bytes, inputs, outs, range),
-            _ => unreachable!("one to four rows at a time"),
+        match format {
+            BlockFormat::Q4K => rows!(Q4K),
+            BlockFormat::Q6K => rows!(Q6K),
+            BlockFormat::Q8_0 => unreachable!("Q8_0 weights multiply f32 inputs"),
         }
     }
 }
@@ -281,9 +330,9 @@ pub unsafe fn dot_columns(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 | Isa::Avx512 | Isa::Avx2 => {
-                x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range)
-            }
+            Isa::Avx512Bf16 | Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),
         }
     }
@@ -316,25 +365,76 @@ mod x86 {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
     }
 
+    /// The f16 at byte `at` of `block`, widened by F16C.
+    #[inline(always)]
+    unsafe fn half(block: *const u8, at: usize) -> f32 {
+        unsafe {
+            let bits = block.add(at).cast::<i16>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
+        }
+    }
+
+    /// Sixteen i16 lanes: the first eight byte `low` of `bytes` widened,
+    /// the last eight byte `high`.
+    #[inline(always)]
+    unsafe fn spread(bytes: __m128i, low: i8, high: i8) -> __m256i {
+        unsafe {
+            let pick = _mm_set_epi64x(i64::from_le_bytes([high as u8; 8]), i64::from_le_bytes([low as u8; 8]));
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, pick))
+        }
+    }
+
+    /// Q4_K's `Σ_g min[g] · Σ_{k∈g} level[k]`, `packed` its scales then
+    /// its mins, `sums` the levels' sums of each 16: each min twice, beside
+    /// the two sums of its group, by `vpmaddwd`.
+    #[inline(always)]
+    unsafe fn q4_k_mins(packed: __m128i, sums: *const i16) -> i32 {
+        unsafe {
+            let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed));
+            total(_mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), mins))
+        }
+    }
+
+    /// Q6_K's `Σ_g scale[g] · Σ_{k∈g} level[k]`, `scales` its sixteen.
+    #[inline(always)]
+    unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> i32 {
+        unsafe { total(_mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales))) }
+    }
+
     impl BlockDots for Avx2 {
         #[inline(always)]
-        unsafe fn q4_k<const R: usize>(quants: *const u8, scales: &[u8; 8], levels: [*const i8; R]) -> [i32; R] {
+        unsafe fn half(block: *const u8, at: usize) -> f32 {
+            // SAFETY: as the caller promises.
+            unsafe { half(block, at) }
+        }
+
+        /// The mins against each 32 levels' sum (each 16's, in pairs)
+        /// by `vpmaddwd`, added beside the products.
+        #[inline(always)]
+        unsafe fn q4_k<const R: usize>(
+            block: *const u8,
+            scales_mins: &[u8; 16],
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(i32, i32); R] {
             unsafe {
                 let nibble = _mm256_set1_epi8(0x0f);
-                let mut sums = [_mm256_setzero_si256(); R];
+                let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
+                let mut products = [_mm256_setzero_si256(); R];
                 for chunk in 0..4 {
-                    let q = _mm256_loadu_si256(quants.add(32 * chunk).cast());
+                    let q = _mm256_loadu_si256(block.add(16 + 32 * chunk).cast());
                     let (low, high) =
                         (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble));
-                    let low_scale = _mm256_set1_epi16(i16::from(scales[2 * chunk]));
-                    let high_scale = _mm256_set1_epi16(i16::from(scales[2 * chunk + 1]));
-                    for (sum, levels) in sums.iter_mut().zip(levels) {
+                    let (low_group, high_group) = (2 * chunk as i8, 2 * chunk as i8 + 1);
+                    let low_scale = spread(packed, low_group, low_group);
+                    let high_scale = spread(packed, high_group, high_group);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
                         let low = scaled_products(low, levels.add(64 * chunk), low_scale);
                         let high = scaled_products(high, levels.add(64 * chunk + 32), high_scale);
                         *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
                     }
                 }
-                sums.map(|sum| total(sum))
+                std::array::from_fn(|r| (total(products[r]), q4_k_mins(packed, sums[r])))
             }
         }
 
@@ -343,11 +443,11 @@ mod x86 {
         /// takes the nibbles of low bytes `32 (p % 2)..` (the upper ones
         /// for `p ≥ 2`) and bits `2p..2p + 2` of the high bytes.
         #[inline(always)]
-        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R]) -> [i32; R] {
+        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
             unsafe {
                 let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-                let scale = |group: usize| i16::from(*block.add(192 + group) as i8);
-                let mut sums = [_mm256_setzero_si256(); R];
+                let scales = _mm_loadu_si128(block.add(192).cast());
+                let mut products = [_mm256_setzero_si256(); R];
                 for half in 0..2 {
                     let low = [
                         _mm256_loadu_si256(block.add(64 * half).cast()),
@@ -363,17 +463,125 @@ mod x86 {
                     for (part, (low, high)) in quarters.into_iter().enumerate() {
                         let unsigned = _mm256_or_si256(low, _mm256_slli_epi16::<4>(_mm256_and_si256(high, two_bits)));
                         // Values 0–15 of the quarter are group `g`, 16–31 group `g + 1`.
-                        let group = 8 * half + 2 * part;
-                        let scales = _mm256_set_m128i(_mm_set1_epi16(scale(group + 1)), _mm_set1_epi16(scale(group)));
-                        for (sum, levels) in sums.iter_mut().zip(levels) {
-                            let products = scaled_products(unsigned, levels.add(128 * half + 32 * part), scales);
-                            *sum = _mm256_add_epi32(*sum, products);
+                        let group = (8 * half + 2 * part) as i8;
+                        let group_scales = spread(scales, group, group + 1);
+                        for (sum, levels) in products.iter_mut().zip(levels) {
+                            let quarter = scaled_products(unsigned, levels.add(128 * half + 32 * part), group_scales);
+                            *sum = _mm256_add_epi32(*sum, quarter);
                         }
                     }
                 }
-                sums.map(|sum| total(sum))
+                std::array::from_fn(|r| total(products[r]) - 32 * q6_k_offsets(scales, sums[r]))
             }
         }
+    }
+
+    /// AVX-512 BW's byte products, sixty-four bytes an instruction: a
+    /// register holds 64 consecutive values of either format (Q4_K's 32
+    /// nibble bytes in both halves, the upper half shifted by a nibble;
+    /// Q6_K's high bits likewise by two bits), each group's scale spread
+    /// over its lanes by `vpermw`.
+    struct Avx512;
+
+    /// The sixteen i32 lanes of `v` added.
+    #[inline(always)]
+    unsafe fn total_wide(v: __m512i) -> i32 {
+        unsafe { total(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))) }
+    }
+
+    /// `Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32 lanes.
+    #[inline(always)]
+    unsafe fn wide_scaled_products(weights: __m512i, inputs: *const i8, scales: __m512i) -> __m512i {
+        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast())), scales) }
+    }
+
+    /// Thirty-two i16 lanes: the i16 lane `first` of `scales`, then the
+    /// next ones, each over `lanes` lanes.
+    #[inline(always)]
+    unsafe fn spread_wide(scales: __m512i, first: i16, lanes: usize) -> __m512i {
+        unsafe {
+            let steps: [i16; 32] = std::array::from_fn(|lane| first + (lane / lanes) as i16);
+            _mm512_permutexvar_epi16(_mm512_loadu_si512(steps.as_ptr().cast()), scales)
+        }
+    }
+
+    impl BlockDots for Avx512 {
+        #[inline(always)]
+        unsafe fn half(block: *const u8, at: usize) -> f32 {
+            // SAFETY: as the caller promises.
+            unsafe { half(block, at) }
+        }
+
+        #[inline(always)]
+        unsafe fn q4_k<const R: usize>(
+            block: *const u8,
+            scales_mins: &[u8; 16],
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(i32, i32); R] {
+            unsafe {
+                let nibble = _mm512_set1_epi8(0x0f);
+                let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
+                let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
+                let scales = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(packed));
+                let mut products = [_mm512_setzero_si512(); R];
+                for chunk in 0..4 {
+                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16 + 32 * chunk).cast()));
+                    let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
+                    let group_scales = spread_wide(scales, 2 * chunk as i16, 16);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
+                        *sum = _mm512_add_epi32(*sum, wide_scaled_products(q, levels.add(64 * chunk), group_scales));
+                    }
+                }
+                std::array::from_fn(|r| (total_wide(products[r]), q4_k_mins(packed, sums[r])))
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
+            unsafe {
+                let (nibble, two_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
+                let by_quarter = |lower: i64, upper: i64| {
+                    _mm512_inserti64x4::<1>(_mm512_set1_epi64(lower), _mm256_set1_epi64x(upper))
+                };
+                let (first_quarters, last_quarters) = (by_quarter(0, 2), by_quarter(4, 6));
+                let packed = _mm_loadu_si128(block.add(192).cast());
+                let scales = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(packed));
+                let mut products = [_mm512_setzero_si512(); R];
+                for half in 0..2 {
+                    let low = _mm512_loadu_si512(block.add(64 * half).cast());
+                    let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + 32 * half).cast()));
+                    let pairs = [
+                        (_mm512_and_si512(low, nibble), _mm512_srlv_epi64(high, first_quarters)),
+                        (_mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble), _mm512_srlv_epi64(high, last_quarters)),
+                    ];
+                    for (pair, (low, high)) in pairs.into_iter().enumerate() {
+                        let unsigned = _mm512_or_si512(low, _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)));
+                        let group_scales = spread_wide(scales, (8 * half + 4 * pair) as i16, 8);
+                        for (sum, levels) in products.iter_mut().zip(levels) {
+                            let quarter =
+                                wide_scaled_products(unsigned, levels.add(128 * half + 64 * pair), group_scales);
+                            *sum = _mm512_add_epi32(*sum, quarter);
+                        }
+                    }
+                }
+                std::array::from_fn(|r| total_wide(products[r]) - 32 * q6_k_offsets(packed, sums[r]))
+            }
+        }
+    }
+
+    /// `super::dot_columns` on AVX-512 (F, BW).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx512(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe { dot_columns_in::<Avx512>(format, blocks, row_bytes, inputs, outs, range) }
     }
 
     /// `super::dot_columns` on AVX2.
