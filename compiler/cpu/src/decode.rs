@@ -336,6 +336,9 @@ unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl
     }
 }
 
+/// Bytes ahead of the block in hand that a product asks for.
+pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
 /// `Σₖ input[r][k] · value[k]` over a row of `D`'s blocks for each of `R`
 /// input rows ([`Decoder::dot`]), `input_sums[r]` the sums of each 32
 /// inputs of row `r` when `D` reads them.
@@ -348,6 +351,11 @@ unsafe fn dot_rows<L: ByteLanes, D: Decoder, const R: usize>(
     unsafe {
         let mut sums = [[L::zero(); R]; 2];
         for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
+            // The weights a few blocks on, so that their reading from
+            // memory overlaps this block's arithmetic.
+            for line in (0..D::BYTES).step_by(64) {
+                L::prefetch(block.as_ptr().wrapping_add(PREFETCH_AHEAD + line));
+            }
             let at = number * D::VALUES;
             D::dot::<L, R>(
                 block.as_ptr(),

@@ -15,6 +15,7 @@
 //! AVX2's `vpmaddubsw`/`vpmaddwd` (on AVX-512 CPUs too) and the portable
 //! loops, which the tests hold the vector code to.
 
+use super::decode::PREFETCH_AHEAD;
 use super::matmul::Isa;
 use linnet_ir::quant::{self, BlockFormat};
 
@@ -106,6 +107,10 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
 trait BlockDots {
     /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
     unsafe fn half(block: *const u8, at: usize) -> f32;
+
+    /// Asks for the cache line at `at` (any address: nothing is read).
+    #[inline(always)]
+    fn prefetch(_at: *const u8) {}
 
     /// Q4_K: `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its eight
     /// groups of 32 (`q` the nibbles), and `Σ_g min[g] · Σ_{k∈g} level[k]`;
@@ -248,6 +253,11 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
         let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
         let mut totals = [0f32; R];
         for (number, block) in row.chunks_exact(F::BYTES).enumerate() {
+            // The weights a few blocks on, so that their reading from
+            // memory overlaps this block's arithmetic.
+            for line in (0..F::BYTES).step_by(64) {
+                B::prefetch(block.as_ptr().wrapping_add(PREFETCH_AHEAD + line));
+            }
             // SAFETY: the block is whole; each row has `spans` spans.
             let scaled = unsafe {
                 F::scaled::<B, R>(
@@ -365,6 +375,14 @@ mod x86 {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
     }
 
+    /// Asks for the cache line at `at` (SSE's prefetch, on every x86-64;
+    /// it reads nothing, any address will do).
+    #[inline(always)]
+    fn prefetch_line(at: *const u8) {
+        // SAFETY: a prefetch is a hint, never a read or a fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) }
+    }
+
     /// The f16 at byte `at` of `block`, widened by F16C.
     #[inline(always)]
     unsafe fn half(block: *const u8, at: usize) -> f32 {
@@ -408,6 +426,11 @@ mod x86 {
             unsafe { half(block, at) }
         }
 
+        #[inline(always)]
+        fn prefetch(at: *const u8) {
+            prefetch_line(at)
+        }
+
         /// The mins against each 32 levels' sum (each 16's, in pairs)
         /// by `vpmaddwd`, added beside the products.
         #[inline(always)]
@@ -434,7 +457,11 @@ mod x86 {
                         *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
                     }
                 }
-                std::array::from_fn(|r| (total(products[r]), q4_k_mins(packed, sums[r])))
+                let mut totals = [(0, 0); R];
+                for (r, total_of) in totals.iter_mut().enumerate() {
+                    *total_of = (total(products[r]), q4_k_mins(packed, sums[r]));
+                }
+                totals
             }
         }
 
@@ -471,7 +498,11 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| total(products[r]) - 32 * q6_k_offsets(scales, sums[r]))
+                let mut totals = [0; R];
+                for (r, total_of) in totals.iter_mut().enumerate() {
+                    *total_of = total(products[r]) - 32 * q6_k_offsets(scales, sums[r]);
+                }
+                totals
             }
         }
     }
@@ -495,13 +526,20 @@ mod x86 {
         unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast())), scales) }
     }
 
-    /// Thirty-two i16 lanes: the i16 lane `first` of `scales`, then the
-    /// next ones, each over `lanes` lanes.
+    /// Lane `l`'s offset from the first scale where each scale covers 16
+    /// lanes (Q4_K's groups of 32 values), and 8 (Q6_K's of 16).
+    const BY_SIXTEEN: [i16; 32] =
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+    const BY_EIGHT: [i16; 32] =
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+
+    /// Thirty-two i16 lanes: the i16 lanes of `scales` from `first`, at
+    /// the lanes `offsets` gives.
     #[inline(always)]
-    unsafe fn spread_wide(scales: __m512i, first: i16, lanes: usize) -> __m512i {
+    unsafe fn spread_wide(scales: __m512i, first: i16, offsets: &[i16; 32]) -> __m512i {
         unsafe {
-            let steps: [i16; 32] = std::array::from_fn(|lane| first + (lane / lanes) as i16);
-            _mm512_permutexvar_epi16(_mm512_loadu_si512(steps.as_ptr().cast()), scales)
+            let lanes = _mm512_add_epi16(_mm512_set1_epi16(first), _mm512_loadu_si512(offsets.as_ptr().cast()));
+            _mm512_permutexvar_epi16(lanes, scales)
         }
     }
 
@@ -510,6 +548,11 @@ mod x86 {
         unsafe fn half(block: *const u8, at: usize) -> f32 {
             // SAFETY: as the caller promises.
             unsafe { half(block, at) }
+        }
+
+        #[inline(always)]
+        fn prefetch(at: *const u8) {
+            prefetch_line(at)
         }
 
         #[inline(always)]
@@ -528,12 +571,16 @@ mod x86 {
                 for chunk in 0..4 {
                     let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16 + 32 * chunk).cast()));
                     let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
-                    let group_scales = spread_wide(scales, 2 * chunk as i16, 16);
+                    let group_scales = spread_wide(scales, 2 * chunk as i16, &BY_SIXTEEN);
                     for (sum, levels) in products.iter_mut().zip(levels) {
                         *sum = _mm512_add_epi32(*sum, wide_scaled_products(q, levels.add(64 * chunk), group_scales));
                     }
                 }
-                std::array::from_fn(|r| (total_wide(products[r]), q4_k_mins(packed, sums[r])))
+                let mut totals = [(0, 0); R];
+                for (r, total_of) in totals.iter_mut().enumerate() {
+                    *total_of = (total_wide(products[r]), q4_k_mins(packed, sums[r]));
+                }
+                totals
             }
         }
 
@@ -541,10 +588,9 @@ mod x86 {
         unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
             unsafe {
                 let (nibble, two_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
-                let by_quarter = |lower: i64, upper: i64| {
-                    _mm512_inserti64x4::<1>(_mm512_set1_epi64(lower), _mm256_set1_epi64x(upper))
-                };
-                let (first_quarters, last_quarters) = (by_quarter(0, 2), by_quarter(4, 6));
+                // Quarters 0 and 1 (high bits 0–1 and 2–3), then 2 and 3.
+                let first_quarters = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(2));
+                let last_quarters = _mm512_inserti64x4::<1>(_mm512_set1_epi64(4), _mm256_set1_epi64x(6));
                 let packed = _mm_loadu_si128(block.add(192).cast());
                 let scales = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(packed));
                 let mut products = [_mm512_setzero_si512(); R];
@@ -557,7 +603,7 @@ mod x86 {
                     ];
                     for (pair, (low, high)) in pairs.into_iter().enumerate() {
                         let unsigned = _mm512_or_si512(low, _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)));
-                        let group_scales = spread_wide(scales, (8 * half + 4 * pair) as i16, 8);
+                        let group_scales = spread_wide(scales, (8 * half + 4 * pair) as i16, &BY_EIGHT);
                         for (sum, levels) in products.iter_mut().zip(levels) {
                             let quarter =
                                 wide_scaled_products(unsigned, levels.add(128 * half + 64 * pair), group_scales);
@@ -565,7 +611,11 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| total_wide(products[r]) - 32 * q6_k_offsets(packed, sums[r]))
+                let mut totals = [0; R];
+                for (r, total_of) in totals.iter_mut().enumerate() {
+                    *total_of = total_wide(products[r]) - 32 * q6_k_offsets(packed, sums[r]);
+                }
+                totals
             }
         }
     }

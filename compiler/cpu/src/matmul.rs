@@ -911,7 +911,9 @@ mod tests {
     /// rounded to bf16 only where the contract lets them be and the CPU
     /// gains by it: more rows than a decode step's, bf16 inputs, AVX-512
     /// BF16; there they give bit for bit what their values rounded to bf16
-    /// give as bf16 weights, and elsewhere what the blocks give exactly.
+    /// give as bf16 weights. K-quant blocks against a decode step's rows
+    /// give what `int8` gives over the rows quantized (on every
+    /// instruction set), and elsewhere blocks give what they give exactly.
     #[test]
     fn bf16_declared_blocks_round_only_where_they_may() {
         use linnet_ir::numerics::{bf16_bits, bf16_value};
@@ -937,8 +939,27 @@ mod tests {
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
                         let rounds = bf16 && isa == Isa::Avx512Bf16 && rows > crate::decode::DOT_ROWS;
+                        let quantizes = rows <= crate::int8::DOT_ROWS && crate::int8::takes(format);
                         let expected = if rounds {
                             product(Matrix::Bf16(&rounded))
+                        } else if quantizes {
+                            let inputs = crate::int8::QuantizedRows::new(input.chunks_exact(depth), depth);
+                            let mut out = vec![vec![f32::NAN; columns]; rows];
+                            let outs: Vec<*mut f32> = out.iter_mut().map(|row| row.as_mut_ptr()).collect();
+                            let row_bytes = format.row_bytes(depth).unwrap();
+                            // SAFETY: each output row has `columns` values, written here only.
+                            unsafe {
+                                crate::int8::dot_columns(
+                                    Isa::Portable,
+                                    format,
+                                    &blocks,
+                                    row_bytes,
+                                    &inputs,
+                                    &outs,
+                                    0..columns,
+                                )
+                            };
+                            out.concat()
                         } else {
                             product(Matrix::Blocks(format, &blocks))
                         };
