@@ -102,16 +102,18 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
     largest / 127.0
 }
 
-/// A block's integer sums against `R` rows of levels and their sums over
-/// each 16 (each from the block's first value), on one instruction set.
-trait BlockDots {
+/// What a block's share reads besides its levels, on one instruction set.
+trait Scalars {
     /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
     unsafe fn half(block: *const u8, at: usize) -> f32;
 
     /// Asks for the cache line at `at` (any address: nothing is read).
-    #[inline(always)]
     fn prefetch(_at: *const u8) {}
+}
 
+/// A block's integer sums against `R` rows of levels and their sums over
+/// each 16 (each from the block's first value), on one instruction set.
+trait BlockDots: Scalars {
     /// Q4_K: `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its eight
     /// groups of 32 (`q` the nibbles), and `Σ_g min[g] · Σ_{k∈g} level[k]`;
     /// `scales_mins` the groups' 6-bit scales, then their mins.
@@ -131,13 +133,15 @@ trait BlockDots {
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
 struct Portable;
 
-impl BlockDots for Portable {
+impl Scalars for Portable {
     #[inline(always)]
     unsafe fn half(block: *const u8, at: usize) -> f32 {
         // SAFETY: as the caller promises, the block has the half.
         quant::f16_at(unsafe { std::slice::from_raw_parts(block, at + 2) }, at)
     }
+}
 
+impl BlockDots for Portable {
     #[inline(always)]
     unsafe fn q4_k<const R: usize>(
         block: *const u8,
@@ -350,7 +354,7 @@ pub unsafe fn dot_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows};
+    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Scalars};
     use std::arch::x86_64::*;
 
     /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
@@ -375,20 +379,27 @@ mod x86 {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
     }
 
-    /// Asks for the cache line at `at` (SSE's prefetch, on every x86-64;
-    /// it reads nothing, any address will do).
-    #[inline(always)]
-    fn prefetch_line(at: *const u8) {
-        // SAFETY: a prefetch is a hint, never a read or a fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) }
-    }
+    /// The vector kernels, whose CPUs have F16C.
+    trait Vectors {}
+    impl Vectors for Avx2 {}
+    impl Vectors for Avx512 {}
 
-    /// The f16 at byte `at` of `block`, widened by F16C.
-    #[inline(always)]
-    unsafe fn half(block: *const u8, at: usize) -> f32 {
-        unsafe {
-            let bits = block.add(at).cast::<i16>().read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
+    impl<V: Vectors> Scalars for V {
+        /// Widened by F16C.
+        #[inline(always)]
+        unsafe fn half(block: *const u8, at: usize) -> f32 {
+            // SAFETY: as the caller promises.
+            unsafe {
+                let bits = block.add(at).cast::<i16>().read_unaligned();
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
+            }
+        }
+
+        /// SSE's prefetch, on every x86-64.
+        #[inline(always)]
+        fn prefetch(at: *const u8) {
+            // SAFETY: a prefetch is a hint, never a read or a fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) }
         }
     }
 
@@ -420,17 +431,6 @@ mod x86 {
     }
 
     impl BlockDots for Avx2 {
-        #[inline(always)]
-        unsafe fn half(block: *const u8, at: usize) -> f32 {
-            // SAFETY: as the caller promises.
-            unsafe { half(block, at) }
-        }
-
-        #[inline(always)]
-        fn prefetch(at: *const u8) {
-            prefetch_line(at)
-        }
-
         /// The mins against each 32 levels' sum (each 16's, in pairs)
         /// by `vpmaddwd`, added beside the products.
         #[inline(always)]
@@ -544,17 +544,6 @@ mod x86 {
     }
 
     impl BlockDots for Avx512 {
-        #[inline(always)]
-        unsafe fn half(block: *const u8, at: usize) -> f32 {
-            // SAFETY: as the caller promises.
-            unsafe { half(block, at) }
-        }
-
-        #[inline(always)]
-        fn prefetch(at: *const u8) {
-            prefetch_line(at)
-        }
-
         #[inline(always)]
         unsafe fn q4_k<const R: usize>(
             block: *const u8,
