@@ -9,7 +9,8 @@
 //! sums, in f32 fused multiply-adds over the lanes. Q6_K multiplies its
 //! decoded values; Q8_0 and Q4_K apply each block's (group's) scale once
 //! to the block's sum of levels times inputs, and Q4_K its minimum to the
-//! inputs' sum, as `docs/language.md` allows.
+//! inputs' sum, as `docs/language.md` allows. They ask for the weights
+//! [`PREFETCH_AHEAD`] bytes on while they work on a block.
 //!
 //! The formats are written once over [`ByteLanes`] (a [`Decoder`] each),
 //! small integers widened to i32 lanes and converted, and instantiated for
