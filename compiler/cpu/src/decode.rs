@@ -419,13 +419,7 @@ unsafe fn dot_columns_in<L: ByteLanes>(
 ) {
     macro_rules! rows {
         ($d:ty) => {
-            match inputs.len() {
-                1 => dot_columns_of::<L, $d, 1>(blocks, row_bytes, inputs, outs, range),
-                2 => dot_columns_of::<L, $d, 2>(blocks, row_bytes, inputs, outs, range),
-                3 => dot_columns_of::<L, $d, 3>(blocks, row_bytes, inputs, outs, range),
-                4 => dot_columns_of::<L, $d, 4>(blocks, row_bytes, inputs, outs, range),
-                _ => unreachable!("one to four rows at a time"),
-            }
+            for_rows!(inputs.len(), dot_columns_of::<L, $d>(blocks, row_bytes, inputs, outs, range))
         };
     }
     // SAFETY: as `dot_columns`' caller promises.

@@ -292,13 +292,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
 ) {
     macro_rules! rows {
         ($f:ty) => {
-            match inputs.len() {
-                1 => dot_columns_of::<B, $f, 1>(blocks, row_bytes, inputs, outs, range),
-                2 => dot_columns_of::<B, $f, 2>(blocks, row_bytes, inputs, outs, range),
-                3 => dot_columns_of::<B, $f, 3>(blocks, row_bytes, inputs, outs, range),
-                4 => dot_columns_of::<B, $f, 4>(blocks, row_bytes, inputs, outs, range),
-                _ => unreachable!("one to four rows at a time"),
-            }
+            for_rows!(inputs.len(), dot_columns_of::<B, $f>(blocks, row_bytes, inputs, outs, range))
         };
     }
     // SAFETY: as `dot_columns`' caller promises.

@@ -13,6 +13,20 @@
 //! Depends on the IR and the executor's interface only: the only crate
 //! that links Cranelift.
 
+/// `$f::<…, R>(…)` for the const `R` that `$rows` (one to four) is: the
+/// block products' kernels are instantiated for each count of input rows.
+macro_rules! for_rows {
+    ($rows:expr, $f:ident::<$($g:ty),*>($($arg:expr),* $(,)?)) => {
+        match $rows {
+            1 => $f::<$($g,)* 1>($($arg),*),
+            2 => $f::<$($g,)* 2>($($arg),*),
+            3 => $f::<$($g,)* 3>($($arg),*),
+            4 => $f::<$($g,)* 4>($($arg),*),
+            rows => unreachable!("one to four rows at a time, not {rows}"),
+        }
+    };
+}
+
 pub mod backend;
 mod decode;
 pub mod expf;
