@@ -10,7 +10,7 @@
 //! decoded values; Q8_0 and Q4_K apply each block's (group's) scale once
 //! to the block's sum of levels times inputs, and Q4_K its minimum to the
 //! inputs' sum, as `docs/language.md` allows. They ask for the weights
-//! [`PREFETCH_AHEAD`] bytes on while they work on a block.
+//! ahead of the block in hand ([`prefetch_ahead`]).
 //!
 //! The formats are written once over [`ByteLanes`] (a [`Decoder`] each),
 //! small integers widened to i32 lanes and converted, and instantiated for
@@ -102,7 +102,7 @@ trait ByteLanes: Lanes {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
 #[inline]
-unsafe fn half_at(block: *const u8, at: usize) -> f32 {
+pub(crate) unsafe fn half_at(block: *const u8, at: usize) -> f32 {
     use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtss_f32, _mm_set1_epi16};
     // SAFETY: as the caller promises.
     let bits = unsafe { block.add(at).cast::<i16>().read_unaligned() };
@@ -338,7 +338,22 @@ unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl
 }
 
 /// Bytes ahead of the block in hand that a product asks for.
-pub(crate) const PREFETCH_AHEAD: usize = 2048;
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes on from those of
+/// `block` (into L2, a hint: nothing is read), so that reading the weights
+/// from memory overlaps the arithmetic on the block in hand.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(block: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..block.len()).step_by(64) {
+        let at = block.as_ptr().wrapping_add(PREFETCH_AHEAD + line);
+        // SAFETY: a prefetch (SSE, on every x86-64) never reads or faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = block;
+}
 
 /// `Σₖ input[r][k] · value[k]` over a row of `D`'s blocks for each of `R`
 /// input rows ([`Decoder::dot`]), `input_sums[r]` the sums of each 32
@@ -352,11 +367,7 @@ unsafe fn dot_rows<L: ByteLanes, D: Decoder, const R: usize>(
     unsafe {
         let mut sums = [[L::zero(); R]; 2];
         for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
-            // The weights a few blocks on, so that their reading from
-            // memory overlaps this block's arithmetic.
-            for line in (0..D::BYTES).step_by(64) {
-                L::prefetch(block.as_ptr().wrapping_add(PREFETCH_AHEAD + line));
-            }
+            prefetch_ahead(block);
             let at = number * D::VALUES;
             D::dot::<L, R>(
                 block.as_ptr(),

@@ -12,10 +12,10 @@
 //! 32 likewise), and the block's f16 scales and the span's step are
 //! applied once per block, in f32, in one order. Integer sums are the
 //! same in any order, so every instruction set computes the same bits:
-//! AVX2's `vpmaddubsw`/`vpmaddwd` (on AVX-512 CPUs too) and the portable
-//! loops, which the tests hold the vector code to.
+//! AVX2's `vpmaddubsw`/`vpmaddwd`, AVX-512 BW's at 64 values a register,
+//! and the portable loops, which the tests hold the vector code to.
 
-use super::decode::PREFETCH_AHEAD;
+use super::decode::{prefetch_ahead, DOT_ROWS};
 use super::matmul::Isa;
 use linnet_ir::quant::{self, BlockFormat};
 
@@ -102,13 +102,10 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
     largest / 127.0
 }
 
-/// What a block's share reads besides its levels, on one instruction set.
+/// A block's f16 scales as an instruction set reads them.
 trait Scalars {
     /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
     unsafe fn half(block: *const u8, at: usize) -> f32;
-
-    /// Asks for the cache line at `at` (any address: nothing is read).
-    fn prefetch(_at: *const u8) {}
 }
 
 /// A block's integer sums against `R` rows of levels and their sums over
@@ -192,7 +189,7 @@ impl BlockDots for Portable {
 
 /// The K-quant formats, each a block's share of a product.
 trait KQuant {
-    const BYTES: usize;
+    const FORMAT: BlockFormat;
     /// `d · sum − dmin · mins` of the block (Q6_K: `d · sum`) against
     /// each row's span, before the span's step.
     unsafe fn scaled<B: BlockDots, const R: usize>(
@@ -206,7 +203,7 @@ struct Q4K;
 struct Q6K;
 
 impl KQuant for Q4K {
-    const BYTES: usize = 144;
+    const FORMAT: BlockFormat = BlockFormat::Q4K;
     #[inline(always)]
     unsafe fn scaled<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -224,7 +221,7 @@ impl KQuant for Q4K {
 }
 
 impl KQuant for Q6K {
-    const BYTES: usize = 210;
+    const FORMAT: BlockFormat = BlockFormat::Q6K;
     #[inline(always)]
     unsafe fn scaled<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -256,12 +253,8 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
     for n in range {
         let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
         let mut totals = [0f32; R];
-        for (number, block) in row.chunks_exact(F::BYTES).enumerate() {
-            // The weights a few blocks on, so that their reading from
-            // memory overlaps this block's arithmetic.
-            for line in (0..F::BYTES).step_by(64) {
-                B::prefetch(block.as_ptr().wrapping_add(PREFETCH_AHEAD + line));
-            }
+        for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
+            prefetch_ahead(block);
             // SAFETY: the block is whole; each row has `spans` spans.
             let scaled = unsafe {
                 F::scaled::<B, R>(
@@ -280,7 +273,7 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
 }
 
 /// [`dot_columns_of`] for `format` and as many rows as `inputs` holds
-/// (one to four).
+/// (one to [`DOT_ROWS`]).
 #[inline(always)]
 unsafe fn dot_columns_in<B: BlockDots>(
     format: BlockFormat,
@@ -304,9 +297,6 @@ unsafe fn dot_columns_in<B: BlockDots>(
         }
     }
 }
-
-/// The most input rows [`dot_columns`] takes at once.
-pub const DOT_ROWS: usize = 4;
 
 /// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
 /// where weight row `n` is `blocks[n · row_bytes..]` (whole blocks of
@@ -379,21 +369,11 @@ mod x86 {
     impl Vectors for Avx512 {}
 
     impl<V: Vectors> Scalars for V {
-        /// Widened by F16C.
+        /// Widened by F16C (`decode::half_at`).
         #[inline(always)]
         unsafe fn half(block: *const u8, at: usize) -> f32 {
-            // SAFETY: as the caller promises.
-            unsafe {
-                let bits = block.add(at).cast::<i16>().read_unaligned();
-                _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
-            }
-        }
-
-        /// SSE's prefetch, on every x86-64.
-        #[inline(always)]
-        fn prefetch(at: *const u8) {
-            // SAFETY: a prefetch is a hint, never a read or a fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) }
+            // SAFETY: as the caller promises, on a CPU with F16C.
+            unsafe { crate::decode::half_at(block, at) }
         }
     }
 
@@ -632,9 +612,27 @@ mod x86 {
     }
 }
 
+/// [`dot_columns`] over all `columns` of `blocks`, into rows of their own:
+/// what the tests compare.
+#[cfg(test)]
+pub(crate) fn products(
+    isa: Isa,
+    format: BlockFormat,
+    blocks: &[u8],
+    inputs: &QuantizedRows,
+    columns: usize,
+) -> Vec<Vec<f32>> {
+    let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
+    let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+    let row_bytes = blocks.len() / columns;
+    // SAFETY: each output row has `columns` values, written by this thread only.
+    unsafe { dot_columns(isa, format, blocks, row_bytes, inputs, &pointers, 0..columns) };
+    outs
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{dot_columns, QuantizedRows, DOT_ROWS, SPAN};
+    use super::{products, QuantizedRows, DOT_ROWS, SPAN};
     use crate::matmul::Isa;
     use linnet_ir::quant::{self, BlockFormat};
 
@@ -661,15 +659,6 @@ mod tests {
     fn value(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
         let at = row * inputs.depth + k;
         inputs.steps[at / SPAN] * f32::from(inputs.levels[at])
-    }
-
-    fn products(isa: Isa, format: BlockFormat, blocks: &[u8], inputs: &QuantizedRows, columns: usize) -> Vec<Vec<f32>> {
-        let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
-        let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
-        let row_bytes = blocks.len() / columns;
-        // SAFETY: each output row has `columns` values, written by this thread only.
-        unsafe { dot_columns(isa, format, blocks, row_bytes, inputs, &pointers, 0..columns) };
-        outs
     }
 
     /// Quantizing is as stated: each level within half a step of its

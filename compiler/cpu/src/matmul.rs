@@ -257,62 +257,53 @@ enum Prepared {
     Int8(int8::QuantizedRows),
 }
 
-/// How `count` rows against `weight` are best multiplied on `isa`: bf16
-/// dot products pay off where tiles of four rows reuse each weight load;
-/// a decode step's few rows against a K-quant parameter declared bf16
-/// take integer dot products over their quantized values (the contract's
-/// freedom: decoding each weight into an f32 lane costs more than reading
-/// it); other matrix–vector products stream faster widening the weights
-/// (blocks: decoding them into their sums, exactly).
-fn preparation(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> Preparation {
-    let bf16_dots = isa == Isa::Avx512Bf16 && depth.is_multiple_of(2);
+/// Whether `count` rows against `weight` take bf16 dot products on `isa`:
+/// they pay off where tiles of four rows reuse each weight load (a
+/// parameter declared bf16 in blocks: past a decode step's rows, where
+/// the contract lets its values be rounded).
+fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> bool {
+    let enough = match weight {
+        Matrix::Bf16(_) => count >= 4,
+        Matrix::Bf16Blocks(..) => count > decode::DOT_ROWS,
+        _ => false,
+    };
+    isa == Isa::Avx512Bf16 && enough && depth.is_multiple_of(2)
+}
+
+/// `rows` against `weight` as they are best multiplied on `isa`: a decode
+/// step's few rows against a K-quant parameter declared bf16 quantized for
+/// integer dot products (the contract's freedom: decoding each weight into
+/// an f32 lane costs more than reading it); rows converted to bf16 where
+/// [`takes_bf16_dots`]; other matrix–vector products stream faster
+/// widening the weights (blocks: decoding them into their sums, exactly).
+fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
+    let count = rows.inputs.len();
     match weight {
-        Matrix::Bf16Blocks(format, _) if count <= int8::DOT_ROWS && int8::takes(*format) => Preparation::Int8,
-        Matrix::Bf16Blocks(..) if bf16_dots && count > decode::DOT_ROWS => Preparation::Bf16,
-        Matrix::Bf16(_) if bf16_dots && count >= 4 => Preparation::Bf16,
-        _ => Preparation::AsGiven,
-    }
-}
-
-/// What [`preparation`] chose, for a group's inputs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Preparation {
-    AsGiven,
-    Bf16,
-    Int8,
-}
-
-/// `rows` prepared as `kind` says ([`Prepared`]).
-fn prepare(kind: Preparation, rows: &Rows, depth: usize) -> Prepared {
-    match kind {
-        Preparation::AsGiven => Prepared::AsGiven,
-        Preparation::Bf16 => as_bf16(rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16),
-        Preparation::Int8 => {
+        Matrix::Bf16Blocks(format, _) if count <= decode::DOT_ROWS && int8::takes(*format) => {
             // SAFETY: each input row has `depth` readable values.
             let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
             Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
         }
+        _ if takes_bf16_dots(isa, count, weight, depth) => {
+            as_bf16(rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16)
+        }
+        _ => Prepared::AsGiven,
     }
 }
 
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
 unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
-    let kinds: Vec<Preparation> = groups
-        .iter()
-        .map(|(rows, weight)| {
-            assert!(weight.holds(columns, depth), "a weight row per column");
-            preparation(isa, rows.inputs.len(), weight, depth)
-        })
-        .collect();
+    let plan = |group: usize| {
+        let (rows, weight) = &groups[group];
+        assert!(weight.holds(columns, depth), "a weight row per column");
+        prepare(isa, rows, weight, depth)
+    };
     // Conversions to bf16 on every thread (a prefill's experts have
     // thousands of rows between them); a decode step's few rows here.
-    let plan = |group: usize| prepare(kinds[group], groups[group].0, depth);
-    let plans: Vec<Prepared> = if kinds.contains(&Preparation::Bf16) {
-        threads::map(groups.len(), &plan)
-    } else {
-        (0..groups.len()).map(plan).collect()
-    };
+    let converts = groups.iter().any(|(rows, weight)| takes_bf16_dots(isa, rows.inputs.len(), weight, depth));
+    let plans: Vec<Prepared> =
+        if converts { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
     // bf16 dot products only where the inputs were converted.
     let isa_of = |prepared: &Prepared| match prepared {
         Prepared::Bf16(_) => isa,
@@ -939,27 +930,12 @@ mod tests {
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
                         let rounds = bf16 && isa == Isa::Avx512Bf16 && rows > crate::decode::DOT_ROWS;
-                        let quantizes = rows <= crate::int8::DOT_ROWS && crate::int8::takes(format);
+                        let quantizes = rows <= crate::decode::DOT_ROWS && crate::int8::takes(format);
                         let expected = if rounds {
                             product(Matrix::Bf16(&rounded))
                         } else if quantizes {
                             let inputs = crate::int8::QuantizedRows::new(input.chunks_exact(depth), depth);
-                            let mut out = vec![vec![f32::NAN; columns]; rows];
-                            let outs: Vec<*mut f32> = out.iter_mut().map(|row| row.as_mut_ptr()).collect();
-                            let row_bytes = format.row_bytes(depth).unwrap();
-                            // SAFETY: each output row has `columns` values, written here only.
-                            unsafe {
-                                crate::int8::dot_columns(
-                                    Isa::Portable,
-                                    format,
-                                    &blocks,
-                                    row_bytes,
-                                    &inputs,
-                                    &outs,
-                                    0..columns,
-                                )
-                            };
-                            out.concat()
+                            crate::int8::products(Isa::Portable, format, &blocks, &inputs, columns).concat()
                         } else {
                             product(Matrix::Blocks(format, &blocks))
                         };
