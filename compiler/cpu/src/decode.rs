@@ -32,7 +32,7 @@ pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 | Isa::Avx512 => x86::row_avx512(format, blocks, out),
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => x86::row_avx512(format, blocks, out),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::row_avx2(format, blocks, out),
             _ => quant::dequantize(format, blocks, out).expect("rows of whole blocks"),
@@ -52,7 +52,7 @@ pub fn row_bf16(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [u16]) {
     match isa {
         // SAFETY: the CPU has `isa`'s features, the sizes were checked.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 => unsafe { x86::row_bf16_avx512(format, blocks, out) },
+        Isa::Amx | Isa::Avx512Bf16 => unsafe { x86::row_bf16_avx512(format, blocks, out) },
         _ => {
             let mut values = vec![0f32; out.len()];
             row(isa, format, blocks, &mut values);
@@ -484,7 +484,9 @@ pub unsafe fn dot_columns(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 | Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => {
+                x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range)
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => unreachable!("no dot products on {}", isa.name()),

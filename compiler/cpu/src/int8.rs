@@ -328,7 +328,9 @@ pub unsafe fn dot_columns(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 | Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => {
+                x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range)
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),

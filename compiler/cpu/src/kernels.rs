@@ -54,7 +54,7 @@ macro_rules! on_host_vectors {
                 }
                 match Isa::host() {
                     // SAFETY: the CPU has these features.
-                    Isa::Avx512Bf16 | Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => return unsafe { avx512($($arg),*) },
                     Isa::Avx2 => return unsafe { avx2($($arg),*) },
                     Isa::Portable => {}
                 }

@@ -3,7 +3,7 @@
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call,
 //! `matmul` the hand-tuned kernel contractions run on (`decode` and
-//! `int8` its products over block formats), `kernels` the
+//! `int8` its products over block formats, `amx` its AMX tiles), `kernels` the
 //! kernels of attention and the delta rule, `simd` the vectors both are
 //! written in, `threads` the pool they share their work on; `backend` is
 //! what the executor drives. Numerics follow `linnet_ir::numerics`, the
@@ -27,6 +27,7 @@ macro_rules! for_rows {
     };
 }
 
+mod amx;
 pub mod backend;
 mod decode;
 pub mod expf;

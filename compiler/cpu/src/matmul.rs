@@ -5,8 +5,10 @@
 //! time ([`Isa`]): AVX-512 (sixteen lanes), AVX2 with FMA (eight), and on
 //! CPUs with AVX-512 BF16, bf16 dot products when the weights are bf16, the
 //! inputs exactly bf16 values (each product is then exact, as it is in
-//! f32) and at least four rows share the weights. Weights are f32 or bf16 bits ([`Weight`]), widened in
-//! registers as they are read, never copied.
+//! f32) and at least four rows share the weights; on CPUs with AMX, those
+//! products in tiles of sixteen rows by sixteen (`amx`). Weights are f32 or
+//! bf16 bits ([`Weight`]), widened in registers as they are read, never
+//! copied.
 //!
 //! Work is tiled for the caches: input rows in blocks that stay in L2,
 //! four weight rows at a time against six input rows (twenty-four sums in
@@ -17,6 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use super::amx;
 use super::decode;
 use super::int8;
 use super::simd::{Lanes, OneLane};
@@ -57,6 +60,9 @@ impl Weight for u16 {
 /// The instruction sets the kernel runs on, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX-512 BF16 with AMX tiles: bf16 products sixteen rows by sixteen
+    /// (`amx`) past a decode step's rows.
+    Amx,
     /// AVX-512 with bf16 dot products (`vdpbf16ps`).
     Avx512Bf16,
     /// AVX-512 F and BW: sixteen f32 lanes with FMA.
@@ -86,6 +92,9 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && f16c;
             if avx512 && std::arch::is_x86_feature_detected!("avx512bf16") {
+                if amx::available() {
+                    found.push(Isa::Amx);
+                }
                 found.push(Isa::Avx512Bf16);
             }
             if avx512 {
@@ -101,10 +110,26 @@ impl Isa {
 
     pub fn name(self) -> &'static str {
         match self {
+            Isa::Amx => "amx",
             Isa::Avx512Bf16 => "avx512bf16",
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2+fma",
             Isa::Portable => "portable",
+        }
+    }
+
+    /// Whether it multiplies bf16 values in bf16 dot products.
+    pub fn has_bf16_dots(self) -> bool {
+        matches!(self, Isa::Amx | Isa::Avx512Bf16)
+    }
+
+    /// The instruction set of its f32 lanes: what products of f32 values
+    /// (or of weights decoded to f32) run on.
+    pub fn lanes(self) -> Isa {
+        if self.has_bf16_dots() {
+            Isa::Avx512
+        } else {
+            self
         }
     }
 }
@@ -234,16 +259,31 @@ fn count_weight_bytes(groups: &[(&Rows, Matrix)]) {
     WEIGHT_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
-/// The input rows as bf16 bits, when every value is exactly a bf16 (then
-/// a bf16 dot product computes exact products, as f32 does); asked for
-/// only on `Avx512Bf16`.
-fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
-    // SAFETY: the CPU has AVX-512 (the only caller runs on `Avx512Bf16`),
-    // and each input row has `depth` readable values.
-    #[cfg(target_arch = "x86_64")]
-    return unsafe { x86::as_bf16(rows, depth) };
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("bf16 dot products are x86's ({} rows of {depth})", rows.inputs.len())
+/// A group's inputs as bf16 bits, for bf16 dot products, when every value
+/// is exactly a bf16 (then each product is exact, as it is in f32).
+enum Bf16Inputs {
+    /// In rows, for `vdpbf16ps` (`Avx512Bf16`).
+    Vectors(Vec<u16>),
+    /// In AMX tiles (`Amx`).
+    Tiles(amx::Inputs),
+}
+
+impl Bf16Inputs {
+    /// `rows` converted for `isa`'s bf16 products; `None` where a value is
+    /// not a bf16 value. AMX tiles span 32 values of the depth: other
+    /// depths take the vector products.
+    fn new(isa: Isa, rows: &Rows, depth: usize) -> Option<Bf16Inputs> {
+        if isa == Isa::Amx && depth.is_multiple_of(amx::DEPTH) {
+            // SAFETY: each input row has `depth` readable values.
+            return unsafe { amx::Inputs::new(rows, depth) }.map(Bf16Inputs::Tiles);
+        }
+        // SAFETY: the CPU has AVX-512 (`isa` has bf16 dot products), and
+        // each input row has `depth` readable values.
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { x86::as_bf16(rows, depth) }.map(Bf16Inputs::Vectors);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("bf16 dot products are x86's ({} rows of {depth})", rows.inputs.len())
+    }
 }
 
 /// A group's inputs as a product over its weights takes them, made once
@@ -251,8 +291,8 @@ fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
 enum Prepared {
     /// The f32 rows as they are.
     AsGiven,
-    /// The rows as bf16 bits, for bf16 dot products (`Avx512Bf16`).
-    Bf16(Vec<u16>),
+    /// The rows as bf16 bits, for bf16 dot products.
+    Bf16(Bf16Inputs),
     /// The rows quantized to 8 bits, for integer dot products (`int8`).
     Int8(int8::QuantizedRows),
 }
@@ -267,7 +307,7 @@ fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> boo
         Matrix::Bf16Blocks(..) => count > decode::DOT_ROWS,
         _ => false,
     };
-    isa == Isa::Avx512Bf16 && enough && depth.is_multiple_of(2)
+    isa.has_bf16_dots() && enough && depth.is_multiple_of(2)
 }
 
 /// `rows` against `weight` as they are best multiplied on `isa`: a decode
@@ -285,7 +325,7 @@ fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
             Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
         }
         _ if takes_bf16_dots(isa, count, weight, depth) => {
-            as_bf16(rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16)
+            Bf16Inputs::new(isa, rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16)
         }
         _ => Prepared::AsGiven,
     }
@@ -304,36 +344,26 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
     let converts = groups.iter().any(|(rows, weight)| takes_bf16_dots(isa, rows.inputs.len(), weight, depth));
     let plans: Vec<Prepared> =
         if converts { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
-    // bf16 dot products only where the inputs were converted.
-    let isa_of = |prepared: &Prepared| match prepared {
-        Prepared::Bf16(_) => isa,
-        _ if isa == Isa::Avx512Bf16 => Isa::Avx512,
-        _ => isa,
-    };
+    // What is not multiplied in bf16 runs in f32 lanes.
+    let lanes = isa.lanes();
     let share = |group: usize, range: std::ops::Range<usize>| {
         let ((rows, weight), prepared) = (&groups[group], &plans[group]);
-        let (isa, bf16_inputs) = (
-            isa_of(prepared),
-            match prepared {
-                Prepared::Bf16(inputs) => Some(inputs.as_slice()),
-                _ => None,
-            },
-        );
         // SAFETY: the caller's promises, on `isa`, which the CPU has; the
         // prepared inputs are `rows` converted.
         unsafe {
             match (weight, prepared) {
-                (Matrix::F32(weight), _) => columns_on(isa, rows, None, weight, depth, 0, range),
-                (Matrix::Bf16(weight), _) => columns_on(isa, rows, bf16_inputs, weight, depth, 0, range),
+                (Matrix::Bf16(weight), Prepared::Bf16(inputs)) => bf16_columns(rows, inputs, weight, depth, 0, range),
+                (Matrix::F32(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
+                (Matrix::Bf16(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Int8(inputs)) => {
                     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-                    int8::dot_columns(isa, *format, blocks, row_bytes, inputs, &rows.outs, range)
+                    int8::dot_columns(lanes, *format, blocks, row_bytes, inputs, &rows.outs, range)
                 }
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
                     rounded_columns(rows, inputs, *format, blocks, depth, range)
                 }
                 (Matrix::Blocks(format, blocks) | Matrix::Bf16Blocks(format, blocks), _) => {
-                    decoded_columns(isa, rows, *format, blocks, depth, range)
+                    decoded_columns(lanes, rows, *format, blocks, depth, range)
                 }
             }
         }
@@ -343,9 +373,10 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
     if threads == 1 || products < PARALLEL_PRODUCTS {
         return (0..groups.len()).for_each(|group| share(group, 0..columns));
     }
-    // About four shares a thread over all groups, none under a tile's worth.
+    // About four shares a thread over all groups, none under a tile's
+    // worth (an AMX tile's sixteen weight rows).
     let chunk =
-        (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(4).clamp(4, columns.next_multiple_of(4));
+        (columns * groups.len()).div_ceil(threads * 4).next_multiple_of(16).clamp(16, columns.next_multiple_of(16));
     let parts = columns.div_ceil(chunk);
     threads::for_each(groups.len() * parts, &|job| {
         let (group, part) = (job / parts, job % parts);
@@ -384,8 +415,6 @@ unsafe fn decoded_columns(
     range: std::ops::Range<usize>,
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-    // Decoded weights are f32: the bf16 dot product does not apply.
-    let isa = if isa == Isa::Avx512Bf16 { Isa::Avx512 } else { isa };
     let count = rows.inputs.len();
     if count <= decode::DOT_ROWS && decode::dots_on(isa) {
         // A decode step's few rows: each weight row's values go from the
@@ -404,22 +433,22 @@ unsafe fn decoded_columns(
             }
             // SAFETY: as the caller promises; weight row `n` of the
             // decoded rows is column `first + n`.
-            unsafe { columns_on(isa, rows, None, &decoded[..(end - first) * depth], depth, first, first..end) };
+            unsafe { columns_on(isa, rows, &decoded[..(end - first) * depth], depth, first, first..end) };
             first = end;
         }
     });
 }
 
 /// [`decoded_columns`] for a parameter declared bf16 against bf16 inputs
-/// (`inputs`, the rows of `rows` converted), on `Avx512Bf16`: the decoded
-/// rows are rounded to bf16 ([`Matrix::Bf16Blocks`]), then multiplied in
-/// bf16 dot products as bf16 weights are.
+/// (`inputs`, the rows of `rows` converted): the decoded rows are rounded
+/// to bf16 ([`Matrix::Bf16Blocks`]), then multiplied in bf16 dot products
+/// as bf16 weights are.
 ///
 /// # Safety
-/// As [`columns_on`]; the CPU has AVX-512 BF16.
+/// As [`columns_on`]; the CPU has AVX-512 BF16 (and AMX, for tiles).
 unsafe fn rounded_columns(
     rows: &Rows,
-    inputs: &[u16],
+    inputs: &Bf16Inputs,
     format: BlockFormat,
     blocks: &[u8],
     depth: usize,
@@ -436,32 +465,47 @@ unsafe fn rounded_columns(
             }
             // SAFETY: as the caller promises; weight row `n` of the
             // rounded rows is column `first + n`.
-            unsafe {
-                columns_on(
-                    Isa::Avx512Bf16,
-                    rows,
-                    Some(inputs),
-                    &rounded[..(end - first) * depth],
-                    depth,
-                    first,
-                    first..end,
-                )
-            };
+            unsafe { bf16_columns(rows, inputs, &rounded[..(end - first) * depth], depth, first, first..end) };
             first = end;
         }
     });
 }
 
-/// Columns `range` of every output row, on `isa`; weight row `n - first`
-/// of `weight` makes column `n`.
+/// Columns `range` of every output row from bf16 weights against bf16
+/// inputs (the rows of `rows`, converted), in the products `inputs` was
+/// made for; weight row `n - first` of `weight` makes column `n`.
+///
+/// # Safety
+/// As [`columns_on`]; the CPU has the instruction set `inputs` was made for.
+unsafe fn bf16_columns(
+    rows: &Rows,
+    inputs: &Bf16Inputs,
+    weight: &[u16],
+    depth: usize,
+    first: usize,
+    range: std::ops::Range<usize>,
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match inputs {
+            #[cfg(target_arch = "x86_64")]
+            Bf16Inputs::Vectors(bits) => x86::columns_bf16(rows, bits, weight, depth, first, range),
+            Bf16Inputs::Tiles(tiles) => amx::columns(rows, tiles, weight, depth, first, range),
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16Inputs::Vectors(_) => unreachable!("bf16 dot products are x86's"),
+        }
+    }
+}
+
+/// Columns `range` of every output row, in `isa`'s f32 lanes; weight row
+/// `n - first` of `weight` makes column `n`.
 ///
 /// # Safety
 /// As [`matmul_groups`], the CPU has `isa`, and no other thread writes
-/// these columns; `bf16_inputs` is given only on `Avx512Bf16`.
+/// these columns.
 unsafe fn columns_on<W: Weight>(
     isa: Isa,
     rows: &Rows,
-    bf16_inputs: Option<&[u16]>,
     weight: &[W],
     depth: usize,
     first: usize,
@@ -469,9 +513,7 @@ unsafe fn columns_on<W: Weight>(
 ) {
     // SAFETY: the caller's promises.
     unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16 => x86::columns_bf16(rows, bf16_inputs.expect("bf16 inputs"), weight, depth, first, range),
+        match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::columns_avx512(rows, weight, depth, first, range),
             #[cfg(target_arch = "x86_64")]
@@ -806,7 +848,10 @@ mod tests {
         let shapes = [0, 1, 2, 3, 8, 9, 31, 32, 64, 130]
             .into_iter()
             .flat_map(|depth| [1, 3, 4, 5, 17, 33].map(|columns| (depth, columns, 1 + depth % 6)));
-        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (512, 70, 9), (256, 300, 70)]) {
+        // AMX tiles' tails: rows and weight rows past whole tiles of sixteen
+        // (and pairs of them), spans of 32 values.
+        let tiles = [(64, 47, 16), (96, 33, 17), (32, 16, 33), (64, 31, 32), (32, 50, 48)];
+        for (depth, columns, rows) in shapes.chain([(1030, 1021, 1), (512, 70, 9), (256, 300, 70)]).chain(tiles) {
             let weight: Vec<f32> = (0..depth * columns).map(|_| draw()).collect();
             let bits: Vec<u16> = weight.iter().map(|w| linnet_ir::numerics::bf16_bits(*w)).collect();
             let widened: Vec<f32> = bits.iter().map(|b| linnet_ir::numerics::bf16_value(*b)).collect();
@@ -869,7 +914,7 @@ mod tests {
                     let mut from_blocks = vec![f32::NAN; rows * columns];
                     matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut from_blocks, rows);
                     let mut from_values = vec![f32::NAN; rows * columns];
-                    let f32_isa = if isa == Isa::Avx512Bf16 { Isa::Avx512 } else { isa };
+                    let f32_isa = isa.lanes();
                     matmul_on(f32_isa, &input, values.as_slice(), &mut from_values, rows);
                     for (at, (ours, decoded)) in from_blocks.iter().zip(&from_values).enumerate() {
                         let what = format!("{format} on {isa:?}, {rows} rows of {depth}, output {at}");
@@ -929,7 +974,7 @@ mod tests {
                             out
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
-                        let rounds = bf16 && isa == Isa::Avx512Bf16 && rows > crate::decode::DOT_ROWS;
+                        let rounds = bf16 && isa.has_bf16_dots() && rows > crate::decode::DOT_ROWS;
                         let quantizes = rows <= crate::decode::DOT_ROWS && crate::int8::takes(format);
                         let expected = if rounds {
                             product(Matrix::Bf16(&rounded))
