@@ -90,7 +90,7 @@ thread_local! {
 /// Columns `range` of every output row of `rows`: weight row `n - first`
 /// of `weight` (bf16 bits, `depth` values a row) makes column `n`, against
 /// `inputs` (the rows laid out). Thirty-two weight rows by thirty-two
-/// input rows at a time: four tiles of sums, each tile loaded used twice.
+/// input rows at a time: four tiles of sums, each loaded tile used twice.
 ///
 /// # Safety
 /// The CPU has AMX ([`available`]); `inputs` are `rows`' inputs; each
