@@ -337,6 +337,15 @@ unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl
     }
 }
 
+/// The weight rows of `range` in the order a decode step's products take
+/// them: the first half's and the second half's by turns, so that the
+/// weights stream from two places of memory at once (a thread reading one
+/// stream left memory idle between its requests).
+pub(crate) fn two_streams(range: std::ops::Range<usize>) -> impl Iterator<Item = usize> {
+    let half = range.len().div_ceil(2);
+    (0..half).flat_map(move |i| [range.start + i, range.start + half + i]).filter(move |n| *n < range.end)
+}
+
 /// Bytes ahead of the block in hand that a product asks for.
 const PREFETCH_AHEAD: usize = 2048;
 
@@ -406,7 +415,7 @@ unsafe fn dot_columns_of<L: ByteLanes, D: Decoder, const R: usize>(
         }
     }
     let input_sums: [*const f32; R] = std::array::from_fn(|r| input_sums.as_ptr().wrapping_add(r * chunks));
-    for n in range {
+    for n in two_streams(range) {
         // SAFETY: as `dot_columns`' caller promises.
         unsafe {
             let sums = dot_rows::<L, D, R>(&blocks[n * row_bytes..(n + 1) * row_bytes], inputs, input_sums);
@@ -704,8 +713,21 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{row, row_bf16, BlockFormat};
+    use super::{row, row_bf16, two_streams, BlockFormat};
     use crate::matmul::Isa;
+
+    /// Two streams take every row of a range once, the halves by turns.
+    #[test]
+    fn two_streams_take_every_row_once() {
+        assert_eq!(two_streams(3..8).collect::<Vec<_>>(), [3, 6, 4, 7, 5]);
+        assert_eq!(two_streams(0..4).collect::<Vec<_>>(), [0, 2, 1, 3]);
+        assert_eq!(two_streams(5..5).count(), 0);
+        for end in 0..40 {
+            let mut rows: Vec<usize> = two_streams(7..7 + end).collect();
+            rows.sort_unstable();
+            assert_eq!(rows, (7..7 + end).collect::<Vec<_>>());
+        }
+    }
 
     /// Every instruction set decodes arbitrary blocks (any scales, any
     /// levels) to exactly `quant::dequantize`'s values, bit for bit.

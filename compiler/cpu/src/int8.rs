@@ -15,7 +15,7 @@
 //! AVX2's `vpmaddubsw`/`vpmaddwd`, AVX-512 BW's at 64 values a register,
 //! and the portable loops, which the tests hold the vector code to.
 
-use super::decode::{prefetch_ahead, DOT_ROWS};
+use super::decode::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::matmul::Isa;
 use linnet_ir::quant::{self, BlockFormat};
 
@@ -250,7 +250,7 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
     let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[r * inputs.depth..].as_ptr());
     let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[r * inputs.depth / SUM_VALUES..].as_ptr());
     let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[r * spans..(r + 1) * spans]);
-    for n in range {
+    for n in two_streams(range) {
         let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
         let mut totals = [0f32; R];
         for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
