@@ -76,6 +76,27 @@ fn matrix_kernels() {
             println!("matrix-vector {format}{kind} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
         }
     }
+    // The same kernels on rows that stay in L2 between calls (1024 of
+    // them, shared by the threads): what they compute a second when
+    // memory is not the limit. A decode step's products are memory-bound
+    // only where these figures are well above the streamed ones.
+    let cached_columns = 1024;
+    for format in BlockFormat::ALL {
+        let blocks = quantize(format, &head[..cached_columns * depth]).expect("rows of whole blocks");
+        let isa = Isa::host();
+        let input = values(depth, 2);
+        let mut out = vec![0f32; cached_columns];
+        for (kind, matrix) in
+            [("", Matrix::Blocks(format, &blocks)), (" declared bf16", Matrix::Bf16Blocks(format, &blocks))]
+        {
+            let seconds = fastest(200, || matmul_on(isa, &input, matrix, &mut out, 1));
+            let gbs = blocks.len() as f64 / seconds / 1e9;
+            println!(
+                "matrix-vector {format}{kind} {cached_columns}×{depth} in L2 on {:<10}: {gbs:6.1} GB/s of blocks",
+                isa.name()
+            );
+        }
+    }
     // A prefill's projection: 512 rows through 2048 × 2048.
     let (rows, columns, depth) = (512, 2048, 2048);
     let weight: Vec<u16> = values(columns * depth, 3).into_iter().map(bf16_bits).collect();

@@ -97,9 +97,20 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
     }
     let inverse = 127.0 / largest;
     for (level, value) in levels.iter_mut().zip(values) {
-        *level = (value * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *level = nearest_even(value * inverse).clamp(-127.0, 127.0) as i8;
     }
     largest / 127.0
+}
+
+/// `x` rounded to the nearest integer, ties to even, for `|x| < 2²²` (and
+/// infinities and NaN kept; -0.4 gives +0, a level of 0 all the same): adding and taking away 1.5 · 2²³ leaves no
+/// fraction bits, in the default rounding mode. `f32::round_ties_even`
+/// computes the same, but is a call to `rintf` on CPUs the build does not
+/// assume SSE4.1 of, inside a loop that this keeps in vector lanes.
+#[inline(always)]
+fn nearest_even(x: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0;
+    (x + SHIFTER) - SHIFTER
 }
 
 /// A block's f16 scales as an instruction set reads them.
@@ -359,6 +370,18 @@ mod x86 {
         }
     }
 
+    /// The totals of the eight i32 lanes of `a` and of `b`, added together
+    /// as far as they can be (`vphaddd` puts both in one register).
+    #[inline(always)]
+    unsafe fn totals_of_two(a: __m256i, b: __m256i) -> (i32, i32) {
+        unsafe {
+            let pairs = _mm256_hadd_epi32(a, b);
+            let quarters = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256::<1>(pairs));
+            let both = _mm_hadd_epi32(quarters, quarters);
+            (_mm_cvtsi128_si32(both), _mm_extract_epi32::<1>(both))
+        }
+    }
+
     /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
     #[inline(always)]
     unsafe fn scaled_products(weights: __m256i, inputs: *const i8, scales: __m256i) -> __m256i {
@@ -389,21 +412,26 @@ mod x86 {
         }
     }
 
-    /// Q4_K's `Σ_g min[g] · Σ_{k∈g} level[k]`, `packed` its scales then
-    /// its mins, `sums` the levels' sums of each 16: each min twice, beside
-    /// the two sums of its group, by `vpmaddwd`.
+    /// Q4_K's `Σ_g min[g] · Σ_{k∈g} level[k]` in eight i32 lanes, `packed`
+    /// its scales then its mins, `sums` the levels' sums of each 16: each
+    /// min twice, beside the two sums of its group, by `vpmaddwd`.
     #[inline(always)]
-    unsafe fn q4_k_mins(packed: __m128i, sums: *const i16) -> i32 {
+    unsafe fn q4_k_mins(packed: __m128i, sums: *const i16) -> __m256i {
         unsafe {
             let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed));
-            total(_mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), mins))
+            _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), mins)
         }
     }
 
-    /// Q6_K's `Σ_g scale[g] · Σ_{k∈g} level[k]`, `scales` its sixteen.
+    /// Q6_K's offset of 32 times `Σ_g scale[g] · Σ_{k∈g} level[k]`,
+    /// `scales` its sixteen, in eight i32 lanes: taken from the products'
+    /// lanes before their one total.
     #[inline(always)]
-    unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> i32 {
-        unsafe { total(_mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales))) }
+    unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> __m256i {
+        unsafe {
+            let scaled_sums = _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales));
+            _mm256_slli_epi32::<5>(scaled_sums)
+        }
     }
 
     impl BlockDots for Avx2 {
@@ -435,7 +463,7 @@ mod x86 {
                 }
                 let mut totals = [(0, 0); R];
                 for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = (total(products[r]), q4_k_mins(packed, sums[r]));
+                    *total_of = totals_of_two(products[r], q4_k_mins(packed, sums[r]));
                 }
                 totals
             }
@@ -476,7 +504,7 @@ mod x86 {
                 }
                 let mut totals = [0; R];
                 for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = total(products[r]) - 32 * q6_k_offsets(scales, sums[r]);
+                    *total_of = total(_mm256_sub_epi32(products[r], q6_k_offsets(scales, sums[r])));
                 }
                 totals
             }
@@ -487,13 +515,20 @@ mod x86 {
     /// register holds 64 consecutive values of either format (Q4_K's 32
     /// nibble bytes in both halves, the upper half shifted by a nibble;
     /// Q6_K's high bits likewise by two bits), each group's scale spread
-    /// over its lanes by `vpermw`.
+    /// over its lanes by an in-lane byte shuffle (`vpshufb`) of the
+    /// scales widened to i16 in every 128-bit lane.
     struct Avx512;
 
     /// The sixteen i32 lanes of `v` added.
     #[inline(always)]
     unsafe fn total_wide(v: __m512i) -> i32 {
-        unsafe { total(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))) }
+        unsafe { total(halves_added(v)) }
+    }
+
+    /// The two 256-bit halves of `v` added, lane by lane.
+    #[inline(always)]
+    unsafe fn halves_added(v: __m512i) -> __m256i {
+        unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
     }
 
     /// `Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32 lanes.
@@ -502,21 +537,30 @@ mod x86 {
         unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast())), scales) }
     }
 
-    /// Lane `l`'s offset from the first scale where each scale covers 16
-    /// lanes (Q4_K's groups of 32 values), and 8 (Q6_K's of 16).
-    const BY_SIXTEEN: [i16; 32] =
-        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
-    const BY_EIGHT: [i16; 32] =
-        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
-
-    /// Thirty-two i16 lanes: the i16 lanes of `scales` from `first`, at
-    /// the lanes `offsets` gives.
-    #[inline(always)]
-    unsafe fn spread_wide(scales: __m512i, first: i16, offsets: &[i16; 32]) -> __m512i {
-        unsafe {
-            let lanes = _mm512_add_epi16(_mm512_set1_epi16(first), _mm512_loadu_si512(offsets.as_ptr().cast()));
-            _mm512_permutexvar_epi16(lanes, scales)
+    /// `vpshufb` controls that fill each 128-bit lane `l` with its i16
+    /// word `picks[l]`: a group's scale over the lanes of its products.
+    const fn word_picks(picks: [u8; 4]) -> [u8; 64] {
+        let mut control = [0u8; 64];
+        let mut at = 0;
+        while at < 64 {
+            control[at] = 2 * picks[at / 16] + (at % 2) as u8;
+            at += 1;
         }
+        control
+    }
+
+    /// Q4_K's chunk `c` (32 bytes, 64 values): groups `2c` (the low
+    /// nibbles), then `2c + 1`, of 16 i16 lanes each.
+    const Q4_K_PICKS: [[u8; 64]; 4] =
+        [word_picks([0, 0, 1, 1]), word_picks([2, 2, 3, 3]), word_picks([4, 4, 5, 5]), word_picks([6, 6, 7, 7])];
+    /// Q6_K's pair `p` of a half's quarters (64 values): four groups of 8
+    /// i16 lanes from its half's `4p`.
+    const Q6_K_PICKS: [[u8; 64]; 2] = [word_picks([0, 1, 2, 3]), word_picks([4, 5, 6, 7])];
+
+    /// Eight i16 scales in every 128-bit lane, spread by `picks`.
+    #[inline(always)]
+    unsafe fn spread_wide(words: __m512i, picks: &[u8; 64]) -> __m512i {
+        unsafe { _mm512_shuffle_epi8(words, _mm512_loadu_si512(picks.as_ptr().cast())) }
     }
 
     impl BlockDots for Avx512 {
@@ -531,19 +575,19 @@ mod x86 {
                 let nibble = _mm512_set1_epi8(0x0f);
                 let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
                 let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
-                let scales = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(packed));
+                let scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(packed));
                 let mut products = [_mm512_setzero_si512(); R];
-                for chunk in 0..4 {
+                for (chunk, picks) in Q4_K_PICKS.iter().enumerate() {
                     let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16 + 32 * chunk).cast()));
                     let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
-                    let group_scales = spread_wide(scales, 2 * chunk as i16, &BY_SIXTEEN);
+                    let group_scales = spread_wide(scales, picks);
                     for (sum, levels) in products.iter_mut().zip(levels) {
                         *sum = _mm512_add_epi32(*sum, wide_scaled_products(q, levels.add(64 * chunk), group_scales));
                     }
                 }
                 let mut totals = [(0, 0); R];
                 for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = (total_wide(products[r]), q4_k_mins(packed, sums[r]));
+                    *total_of = totals_of_two(halves_added(products[r]), q4_k_mins(packed, sums[r]));
                 }
                 totals
             }
@@ -557,9 +601,12 @@ mod x86 {
                 let first_quarters = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(2));
                 let last_quarters = _mm512_inserti64x4::<1>(_mm512_set1_epi64(4), _mm256_set1_epi64x(6));
                 let packed = _mm_loadu_si128(block.add(192).cast());
-                let scales = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(packed));
+                let scales = [
+                    _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(packed)),
+                    _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(packed))),
+                ];
                 let mut products = [_mm512_setzero_si512(); R];
-                for half in 0..2 {
+                for (half, half_scales) in scales.into_iter().enumerate() {
                     let low = _mm512_loadu_si512(block.add(64 * half).cast());
                     let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + 32 * half).cast()));
                     let pairs = [
@@ -568,7 +615,7 @@ mod x86 {
                     ];
                     for (pair, (low, high)) in pairs.into_iter().enumerate() {
                         let unsigned = _mm512_or_si512(low, _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)));
-                        let group_scales = spread_wide(scales, (8 * half + 4 * pair) as i16, &BY_EIGHT);
+                        let group_scales = spread_wide(half_scales, &Q6_K_PICKS[pair]);
                         for (sum, levels) in products.iter_mut().zip(levels) {
                             let quarter =
                                 wide_scaled_products(unsigned, levels.add(128 * half + 64 * pair), group_scales);
@@ -578,7 +625,8 @@ mod x86 {
                 }
                 let mut totals = [0; R];
                 for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = total_wide(products[r]) - 32 * q6_k_offsets(packed, sums[r]);
+                    let offsets = _mm512_zextsi256_si512(q6_k_offsets(packed, sums[r]));
+                    *total_of = total_wide(_mm512_sub_epi32(products[r], offsets));
                 }
                 totals
             }
@@ -661,6 +709,22 @@ mod tests {
     fn value(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
         let at = row * inputs.depth + k;
         inputs.steps[at / SPAN] * f32::from(inputs.levels[at])
+    }
+
+    /// The shifter's rounding is `round_ties_even`'s: at every half
+    /// integer of the levels' range and beyond, on either side of it, and
+    /// over a spread of other values.
+    #[test]
+    fn levels_round_half_to_even() {
+        let halves = (-600..=600).map(|twice| twice as f32 / 2.0);
+        let near = halves.flat_map(|x| [x.next_down(), x, x.next_up()]);
+        let spread = (0..100_000).map(|i| (i as f32 * 0.618_034).sin() * 300.0);
+        for x in near.chain(spread).chain([4_194_303.5, -4_194_302.5, 1e-40, -0.0]) {
+            // Equal as values: a negative fraction may round to +0.
+            assert_eq!(super::nearest_even(x), x.round_ties_even(), "{x}");
+        }
+        assert_eq!(super::nearest_even(f32::INFINITY), f32::INFINITY);
+        assert!(super::nearest_even(f32::NAN).is_nan());
     }
 
     /// Quantizing is as stated: each level within half a step of its

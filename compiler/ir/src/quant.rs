@@ -155,7 +155,10 @@ pub fn first_non_finite_scale(format: BlockFormat, blocks: &[u8]) -> Option<usiz
         BlockFormat::Q4K => &[0, 2],
         BlockFormat::Q6K => &[208],
     };
-    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| !f16_at(block, *at).is_finite()))
+    // An f16 is infinite or NaN exactly when its five exponent bits
+    // (those of 0x7c in its high byte) are all set.
+    let unfinite = |block: &[u8], at: usize| block[at + 1] & 0x7c == 0x7c;
+    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| unfinite(block, *at)))
 }
 
 /// Value `index` of the blocks `blocks` (the index must be inside them):
@@ -548,6 +551,24 @@ mod tests {
         values[2] = 2.5;
         let blocks = quantize(BlockFormat::Q8_0, &values).unwrap();
         assert_eq!(&blocks[..5], &[0x00, 0x3c, 127, (-1i8) as u8, 3]);
+    }
+
+    /// Every f16 a scale can hold, in each scale of each format: the
+    /// block is found exactly when that f16 is infinite or NaN.
+    #[test]
+    fn a_block_with_an_unfinite_scale_is_found() {
+        for format in BlockFormat::ALL {
+            let scales: &[usize] = if format == BlockFormat::Q6K { &[208] } else { &[0, 2] };
+            for &at in scales.iter().filter(|at| format != BlockFormat::Q8_0 || **at == 0) {
+                let mut blocks = arbitrary_blocks(format, 3, 7);
+                assert_eq!(first_non_finite_scale(format, &blocks), None, "{format}");
+                for bits in 0..=u16::MAX {
+                    blocks[format.block_bytes() + at..][..2].copy_from_slice(&bits.to_le_bytes());
+                    let expected = (!f16_value(bits).is_finite()).then_some(1);
+                    assert_eq!(first_non_finite_scale(format, &blocks), expected, "{format} {bits:#06x} at {at}");
+                }
+            }
+        }
     }
 
     #[test]
