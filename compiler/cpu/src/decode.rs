@@ -30,9 +30,9 @@ pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
     // SAFETY: the CPU has `isa`'s features (`matmul` runs on the ones it
     // has), and the sizes were checked above.
     unsafe {
-        match isa {
+        match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => x86::row_avx512(format, blocks, out),
+            Isa::Avx512 => x86::row_avx512(format, blocks, out),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::row_avx2(format, blocks, out),
             _ => quant::dequantize(format, blocks, out).expect("rows of whole blocks"),
@@ -49,16 +49,14 @@ pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
 /// decoded row is rounded value by value.
 pub fn row_bf16(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [u16]) {
     assert_eq!(format.row_bytes(out.len()), Some(blocks.len()), "rows of whole blocks");
-    match isa {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_bf16_dots() {
         // SAFETY: the CPU has `isa`'s features, the sizes were checked.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512Bf16 => unsafe { x86::row_bf16_avx512(format, blocks, out) },
-        _ => {
-            let mut values = vec![0f32; out.len()];
-            row(isa, format, blocks, &mut values);
-            out.iter_mut().zip(values).for_each(|(bits, value)| *bits = linnet_ir::numerics::bf16_bits(value));
-        }
+        return unsafe { x86::row_bf16_avx512(format, blocks, out) };
     }
+    let mut values = vec![0f32; out.len()];
+    row(isa, format, blocks, &mut values);
+    out.iter_mut().zip(values).for_each(|(bits, value)| *bits = linnet_ir::numerics::bf16_bits(value));
 }
 
 /// i32 lanes of small integers and their conversion to the f32 lanes of
@@ -491,11 +489,9 @@ pub unsafe fn dot_columns(
     );
     // SAFETY: as the caller promises, on a CPU with `isa`.
     unsafe {
-        match isa {
+        match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => {
-                x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range)
-            }
+            Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => unreachable!("no dot products on {}", isa.name()),

@@ -103,8 +103,9 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
 }
 
 /// `x` rounded to the nearest integer, ties to even, for `|x| < 2²²` (and
-/// infinities and NaN kept; -0.4 gives +0, a level of 0 all the same): adding and taking away 1.5 · 2²³ leaves no
-/// fraction bits, in the default rounding mode. `f32::round_ties_even`
+/// infinities and NaN kept; -0.4 gives +0, a level of 0 all the same):
+/// adding and taking away 1.5 · 2²³ leaves no fraction bits, in the
+/// default rounding mode. `f32::round_ties_even`
 /// computes the same, but is a call to `rintf` on CPUs the build does not
 /// assume SSE4.1 of, inside a loop that this keeps in vector lanes.
 #[inline(always)]
@@ -337,11 +338,9 @@ pub unsafe fn dot_columns(
     );
     // SAFETY: as the caller promises, on a CPU with `isa`.
     unsafe {
-        match isa {
+        match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => {
-                x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range)
-            }
+            Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
             _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),

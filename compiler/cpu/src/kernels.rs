@@ -52,11 +52,11 @@ macro_rules! on_host_vectors {
                 unsafe fn avx2($($arg: $ty),*) {
                     $kernel::<simd::Avx2>($($arg),*)
                 }
-                match Isa::host() {
+                match Isa::host().lanes() {
                     // SAFETY: the CPU has these features.
-                    Isa::Amx | Isa::Avx512Bf16 | Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    Isa::Avx512 => return unsafe { avx512($($arg),*) },
                     Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    Isa::Portable => {}
+                    _ => {}
                 }
             }
             $kernel::<simd::OneLane>($($arg),*)

@@ -52,6 +52,16 @@ impl BlockFormat {
         }
     }
 
+    /// Where a block's f16 scales lie: the bytes each starts at (Q8_0's
+    /// `d`, Q4_K's `d` and `dmin`, Q6_K's `d`).
+    pub fn half_scales(self) -> &'static [usize] {
+        match self {
+            BlockFormat::Q8_0 => &[0],
+            BlockFormat::Q4K => &[0, 2],
+            BlockFormat::Q6K => &[208],
+        }
+    }
+
     /// The name GGML and the command line give it.
     pub fn name(self) -> &'static str {
         match self {
@@ -138,10 +148,9 @@ pub fn arbitrary_blocks(format: BlockFormat, count: usize, seed: u64) -> Vec<u8>
             state as u8
         })
         .collect();
-    let scales: &[usize] = if format == BlockFormat::Q6K { &[208] } else { &[0, 2] };
     for block in blocks.chunks_exact_mut(format.block_bytes()) {
         // An f16 exponent below its maximum: finite.
-        scales.iter().for_each(|at| block[at + 1] &= 0x7b);
+        format.half_scales().iter().for_each(|at| block[at + 1] &= 0x7b);
     }
     blocks
 }
@@ -150,15 +159,12 @@ pub fn arbitrary_blocks(format: BlockFormat, count: usize, seed: u64) -> Vec<u8>
 /// its values): a block's values are finite exactly when its f16 scales
 /// are, the levels being small integers.
 pub fn first_non_finite_scale(format: BlockFormat, blocks: &[u8]) -> Option<usize> {
-    let scales: &[usize] = match format {
-        BlockFormat::Q8_0 => &[0],
-        BlockFormat::Q4K => &[0, 2],
-        BlockFormat::Q6K => &[208],
-    };
     // An f16 is infinite or NaN exactly when its five exponent bits
     // (those of 0x7c in its high byte) are all set.
     let unfinite = |block: &[u8], at: usize| block[at + 1] & 0x7c == 0x7c;
-    blocks.chunks_exact(format.block_bytes()).position(|block| scales.iter().any(|at| unfinite(block, *at)))
+    blocks
+        .chunks_exact(format.block_bytes())
+        .position(|block| format.half_scales().iter().any(|at| unfinite(block, *at)))
 }
 
 /// Value `index` of the blocks `blocks` (the index must be inside them):
@@ -558,8 +564,14 @@ mod tests {
     #[test]
     fn a_block_with_an_unfinite_scale_is_found() {
         for format in BlockFormat::ALL {
-            let scales: &[usize] = if format == BlockFormat::Q6K { &[208] } else { &[0, 2] };
-            for &at in scales.iter().filter(|at| format != BlockFormat::Q8_0 || **at == 0) {
+            // GGML's layouts: Q8_0's `d`, Q4_K's `d` and `dmin`, Q6_K's `d` last.
+            let scales: &[usize] = match format {
+                BlockFormat::Q8_0 => &[0],
+                BlockFormat::Q4K => &[0, 2],
+                BlockFormat::Q6K => &[208],
+            };
+            assert_eq!(format.half_scales(), scales, "{format}");
+            for &at in scales {
                 let mut blocks = arbitrary_blocks(format, 3, 7);
                 assert_eq!(first_non_finite_scale(format, &blocks), None, "{format}");
                 for bits in 0..=u16::MAX {
