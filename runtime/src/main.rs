@@ -441,6 +441,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Err(message) = linnet_cpu::matmul::Isa::requested() {
+        eprintln!("linnet: {message}");
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Run { model, entry, inputs, args, output } => run(&model, &entry, &inputs, &args, output.as_ref()),
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {

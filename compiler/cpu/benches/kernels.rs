@@ -114,16 +114,17 @@ fn matrix_kernels() {
     let bf16_input: Vec<f32> = input.iter().map(|x| linnet_ir::numerics::bf16_value(bf16_bits(*x))).collect();
     for format in BlockFormat::ALL {
         let blocks = quantize(format, &projection).expect("rows of whole blocks");
-        let isa = Isa::host();
-        let kinds = [
-            ("", &input, Matrix::Blocks(format, &blocks)),
-            (" declared bf16", &bf16_input, Matrix::Bf16Blocks(format, &blocks)),
-        ];
-        for (kind, input, matrix) in kinds {
-            let mut out = vec![0f32; rows * columns];
-            let seconds = fastest(3, || matmul_on(isa, input, matrix, &mut out, rows));
-            let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
-            println!("matrix {format}{kind} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+        for isa in Isa::available() {
+            let kinds = [
+                ("", &input, Matrix::Blocks(format, &blocks)),
+                (" declared bf16", &bf16_input, Matrix::Bf16Blocks(format, &blocks)),
+            ];
+            for (kind, input, matrix) in kinds {
+                let mut out = vec![0f32; rows * columns];
+                let seconds = fastest(3, || matmul_on(isa, input, matrix, &mut out, rows));
+                let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+                println!("matrix {format}{kind} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //! quantized to 8 bits, in integer dot products: the freedom
 //! `docs/language.md` gives a parameter declared bf16 ("Quantized
 //! inputs"), taken in a decode step's products, where decoding each
-//! weight into an f32 lane costs more than reading it.
+//! weight into an f32 lane costs more than reading it, and in every
+//! product on AVX2 (`matmul::takes_int8`).
 //!
 //! An input row is quantized per [`SPAN`] values (a K-quant block's):
 //! `step = max|x| / 127`, each level `round(x / step)` (ties to even) in
@@ -248,44 +249,67 @@ impl KQuant for Q6K {
     }
 }
 
-/// Columns `range` of `R` output rows: each block's share ([`KQuant`])
-/// times its span's step, added in f32 block by block.
+/// Column `n` of output rows `first..first + R`: weight row `row`
+/// against those input rows, each block's share ([`KQuant`]) times its
+/// span's step, added in f32 block by block.
+///
+/// # Safety
+/// As [`dot_columns`]' caller promises, for column `n`; the input rows
+/// exist.
 #[inline(always)]
-unsafe fn dot_columns_of<B: BlockDots, F: KQuant, const R: usize>(
+unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
+    row: &[u8],
+    inputs: &QuantizedRows,
+    first: usize,
+    outs: &[*mut f32],
+    n: usize,
+) {
+    let (depth, spans) = (inputs.depth, inputs.depth / SPAN);
+    let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[(first + r) * depth..].as_ptr());
+    let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[(first + r) * depth / SUM_VALUES..].as_ptr());
+    let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[(first + r) * spans..(first + r + 1) * spans]);
+    let mut totals = [0f32; R];
+    for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
+        if first == 0 {
+            prefetch_ahead(block);
+        }
+        // SAFETY: the block is whole; each row has `spans` spans.
+        let scaled = unsafe {
+            F::scaled::<B, R>(
+                block.as_ptr(),
+                levels.map(|levels| levels.add(number * SPAN)),
+                sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
+            )
+        };
+        for r in 0..R {
+            totals[r] += steps[r][number] * scaled[r];
+        }
+    }
+    // SAFETY: as the caller promises.
+    unsafe { outs[first..first + R].iter().zip(totals).for_each(|(out, total)| *out.add(n) = total) };
+}
+
+/// Columns `range` of every output row: each weight row, while it is in
+/// L1, against the input rows [`DOT_ROWS`] at a time ([`dot_row`]).
+#[inline(always)]
+unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
     blocks: &[u8],
     row_bytes: usize,
     inputs: &QuantizedRows,
     outs: &[*mut f32],
     range: std::ops::Range<usize>,
 ) {
-    let spans = inputs.depth / SPAN;
-    let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[r * inputs.depth..].as_ptr());
-    let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[r * inputs.depth / SUM_VALUES..].as_ptr());
-    let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[r * spans..(r + 1) * spans]);
     for n in two_streams(range) {
         let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
-        let mut totals = [0f32; R];
-        for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
-            prefetch_ahead(block);
-            // SAFETY: the block is whole; each row has `spans` spans.
-            let scaled = unsafe {
-                F::scaled::<B, R>(
-                    block.as_ptr(),
-                    levels.map(|levels| levels.add(number * SPAN)),
-                    sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
-                )
-            };
-            for r in 0..R {
-                totals[r] += steps[r][number] * scaled[r];
-            }
+        for first in (0..inputs.len()).step_by(DOT_ROWS) {
+            let count = (inputs.len() - first).min(DOT_ROWS);
+            // SAFETY: as `dot_columns`' caller promises.
+            unsafe { for_rows!(count, dot_row::<B, F>(row, inputs, first, outs, n)) }
         }
-        // SAFETY: as `dot_columns`' caller promises.
-        unsafe { outs.iter().zip(totals).for_each(|(out, total)| *out.add(n) = total) };
     }
 }
 
-/// [`dot_columns_of`] for `format` and as many rows as `inputs` holds
-/// (one to [`DOT_ROWS`]).
+/// [`dot_columns_of`] for `format`.
 #[inline(always)]
 unsafe fn dot_columns_in<B: BlockDots>(
     format: BlockFormat,
@@ -295,16 +319,11 @@ unsafe fn dot_columns_in<B: BlockDots>(
     outs: &[*mut f32],
     range: std::ops::Range<usize>,
 ) {
-    macro_rules! rows {
-        ($f:ty) => {
-            for_rows!(inputs.len(), dot_columns_of::<B, $f>(blocks, row_bytes, inputs, outs, range))
-        };
-    }
     // SAFETY: as `dot_columns`' caller promises.
     unsafe {
         match format {
-            BlockFormat::Q4K => rows!(Q4K),
-            BlockFormat::Q6K => rows!(Q6K),
+            BlockFormat::Q4K => dot_columns_of::<B, Q4K>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q8_0 => unreachable!("Q8_0 weights multiply f32 inputs"),
         }
     }
@@ -312,8 +331,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
 
 /// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
 /// where weight row `n` is `blocks[n · row_bytes..]` (whole blocks of
-/// `format`, one [`takes`]) and `x̂` the quantized input rows (one to
-/// [`DOT_ROWS`]), on `isa`.
+/// `format`, one [`takes`]) and `x̂` the quantized input rows, on `isa`.
 ///
 /// # Safety
 /// Each output row has room for the columns of `range`, which no other
@@ -328,10 +346,7 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert!(takes(format), "{format} weights multiply f32 inputs");
-    assert!(
-        !inputs.is_empty() && inputs.len() <= DOT_ROWS && outs.len() == inputs.len(),
-        "one to {DOT_ROWS} input rows, an output row each"
-    );
+    assert!(!inputs.is_empty() && outs.len() == inputs.len(), "input rows, an output row each");
     assert!(
         range.end * row_bytes <= blocks.len() && format.row_bytes(inputs.depth) == Some(row_bytes),
         "whole rows of blocks, as deep as the inputs"
@@ -750,13 +765,14 @@ mod tests {
     }
 
     /// Every instruction set computes the portable loops' bits, for every
-    /// row count, over arbitrary blocks (any levels, any scales).
+    /// count of rows a pass takes and counts past it (whole passes and a
+    /// tail), over arbitrary blocks (any levels, any scales).
     #[test]
     fn every_isa_computes_the_same_bits() {
         let (columns, depth) = (5, 4 * SPAN);
         for format in [BlockFormat::Q4K, BlockFormat::Q6K] {
             let blocks = quant::arbitrary_blocks(format, columns * depth / SPAN, 0x5851_f42d_4c95_7f2d);
-            for rows in 1..=DOT_ROWS {
+            for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
                 let values = activations(rows, depth, rows as u64);
                 let inputs = QuantizedRows::new(values.chunks_exact(depth), depth);
                 let expected = products(Isa::Portable, format, &blocks, &inputs, columns);
@@ -787,7 +803,7 @@ mod tests {
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];
             quant::dequantize(format, &blocks, &mut weights).unwrap();
-            let inputs = activations(DOT_ROWS, depth, 3);
+            let inputs = activations(DOT_ROWS + 2, depth, 3);
             let quantized = QuantizedRows::new(inputs.chunks_exact(depth), depth);
             let ours = products(Isa::host(), format, &blocks, &quantized, columns);
             for (r, ours) in ours.iter().enumerate() {

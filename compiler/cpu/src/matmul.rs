@@ -74,10 +74,30 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best this CPU has, detected once.
+    /// What the kernels run on, chosen once: the one [`Isa::requested`]
+    /// names, else the best this CPU has.
+    ///
+    /// # Panics
+    /// If `LINNET_ISA` names no instruction set of this CPU: a program
+    /// checks [`Isa::requested`] first, to say so as an error.
     pub fn host() -> Isa {
         static HOST: OnceLock<Isa> = OnceLock::new();
-        *HOST.get_or_init(|| Isa::available().into_iter().next().unwrap_or(Isa::Portable))
+        *HOST.get_or_init(|| match Isa::requested() {
+            Ok(requested) => requested.unwrap_or_else(|| Isa::available()[0]),
+            Err(message) => panic!("{message}"),
+        })
+    }
+
+    /// The instruction set the environment variable `LINNET_ISA` names
+    /// (as [`Isa::name`] writes it), when it is set: the kernels then keep
+    /// to it, to measure or test on this CPU what a CPU with less runs.
+    /// An error when the name is not one of this CPU's.
+    pub fn requested() -> Result<Option<Isa>, String> {
+        let Some(name) = std::env::var_os("LINNET_ISA") else { return Ok(None) };
+        let available = Isa::available();
+        let names = available.iter().map(|isa| isa.name()).collect::<Vec<_>>().join(", ");
+        let found = available.iter().find(|isa| name.to_str() == Some(isa.name()));
+        found.map(|isa| Some(*isa)).ok_or_else(|| format!("LINNET_ISA={name:?}: this CPU runs {names}"))
     }
 
     /// Every instruction set this CPU can run, best first.
@@ -310,16 +330,26 @@ fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> boo
     isa.has_bf16_dots() && enough && depth.is_multiple_of(2)
 }
 
-/// `rows` against `weight` as they are best multiplied on `isa`: a decode
-/// step's few rows against a K-quant parameter declared bf16 quantized for
-/// integer dot products (the contract's freedom: decoding each weight into
-/// an f32 lane costs more than reading it); rows converted to bf16 where
+/// Whether `count` rows against a parameter declared bf16 in `format`
+/// take integer products over quantized inputs on `isa` (the contract's
+/// freedom for K-quants): a decode step's few rows, where decoding each
+/// 4- or 6-bit weight into an f32 lane costs more than reading it; and
+/// any rows where the f32 lanes are AVX2's eight, since AVX2's byte
+/// products multiply four times as many values an instruction (AVX-512's
+/// sixteen f32 lanes and bf16 dot products keep up with them, past a
+/// decode step's rows).
+fn takes_int8(isa: Isa, count: usize, format: BlockFormat) -> bool {
+    int8::takes(format) && (count <= decode::DOT_ROWS || isa.lanes() == Isa::Avx2)
+}
+
+/// `rows` against `weight` as they are best multiplied on `isa`: quantized
+/// for integer products where [`takes_int8`]; converted to bf16 where
 /// [`takes_bf16_dots`]; other matrix–vector products stream faster
 /// widening the weights (blocks: decoding them into their sums, exactly).
 fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
     let count = rows.inputs.len();
     match weight {
-        Matrix::Bf16Blocks(format, _) if count <= decode::DOT_ROWS && int8::takes(*format) => {
+        Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format) => {
             // SAFETY: each input row has `depth` readable values.
             let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
             Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
@@ -339,9 +369,13 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
         assert!(weight.holds(columns, depth), "a weight row per column");
         prepare(isa, rows, weight, depth)
     };
-    // Conversions to bf16 on every thread (a prefill's experts have
-    // thousands of rows between them); a decode step's few rows here.
-    let converts = groups.iter().any(|(rows, weight)| takes_bf16_dots(isa, rows.inputs.len(), weight, depth));
+    // Conversions past a decode step's rows on every thread (a prefill's
+    // experts have thousands of rows between them); a decode step's here.
+    let converts = groups.iter().any(|(rows, weight)| {
+        let count = rows.inputs.len();
+        let quantizes = matches!(weight, Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format));
+        takes_bf16_dots(isa, count, weight, depth) || (quantizes && count > decode::DOT_ROWS)
+    });
     let plans: Vec<Prepared> =
         if converts { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
     // What is not multiplied in bf16 runs in f32 lanes.
@@ -947,9 +981,10 @@ mod tests {
     /// rounded to bf16 only where the contract lets them be and the CPU
     /// gains by it: more rows than a decode step's, bf16 inputs, AVX-512
     /// BF16; there they give bit for bit what their values rounded to bf16
-    /// give as bf16 weights. K-quant blocks against a decode step's rows
-    /// give what `int8` gives over the rows quantized (on every
-    /// instruction set), and elsewhere blocks give what they give exactly.
+    /// give as bf16 weights. K-quant blocks against a decode step's rows,
+    /// and against any rows on AVX2, give what `int8` gives over the rows
+    /// quantized (on every instruction set), and elsewhere blocks give
+    /// what they give exactly.
     #[test]
     fn bf16_declared_blocks_round_only_where_they_may() {
         use linnet_ir::numerics::{bf16_bits, bf16_value};
@@ -975,7 +1010,8 @@ mod tests {
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
                         let rounds = bf16 && isa.has_bf16_dots() && rows > crate::decode::DOT_ROWS;
-                        let quantizes = rows <= crate::decode::DOT_ROWS && crate::int8::takes(format);
+                        let quantizes =
+                            crate::int8::takes(format) && (rows <= crate::decode::DOT_ROWS || isa.lanes() == Isa::Avx2);
                         let expected = if rounds {
                             product(Matrix::Bf16(&rounded))
                         } else if quantizes {
