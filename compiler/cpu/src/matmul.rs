@@ -282,13 +282,23 @@ fn count_weight_bytes(groups: &[(&Rows, Matrix)]) {
 /// A group's inputs as bf16 bits, for bf16 dot products, when every value
 /// is exactly a bf16 (then each product is exact, as it is in f32).
 enum Bf16Inputs {
-    /// In rows, for `vdpbf16ps` (`Avx512Bf16`).
+    /// In rows [`bf16_stride`] apart, for `vdpbf16ps` (`Avx512Bf16`).
     Vectors(Vec<u16>),
     /// In AMX tiles (`Amx`).
     Tiles(amx::Inputs),
 }
 
 impl Bf16Inputs {
+    /// Elements from one weight row to the next in the rows rounded for
+    /// these inputs' products: padded ([`bf16_stride`]) for vectors, one
+    /// after another for AMX tiles.
+    fn weight_stride(&self, depth: usize) -> usize {
+        match self {
+            Bf16Inputs::Vectors(_) => bf16_stride(depth),
+            Bf16Inputs::Tiles(_) => depth,
+        }
+    }
+
     /// `rows` converted for `isa`'s bf16 products; `None` where a value is
     /// not a bf16 value. AMX tiles span 32 values of the depth: other
     /// depths take the vector products.
@@ -386,7 +396,9 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
         // prepared inputs are `rows` converted.
         unsafe {
             match (weight, prepared) {
-                (Matrix::Bf16(weight), Prepared::Bf16(inputs)) => bf16_columns(rows, inputs, weight, depth, 0, range),
+                (Matrix::Bf16(weight), Prepared::Bf16(inputs)) => {
+                    bf16_columns(rows, inputs, weight, depth, depth, 0, range)
+                }
                 (Matrix::F32(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
                 (Matrix::Bf16(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Int8(inputs)) => {
@@ -416,6 +428,15 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
         let (group, part) = (job / parts, job % parts);
         share(group, part * chunk..((part + 1) * chunk).min(columns));
     });
+}
+
+/// Elements from one row to the next in the bf16 rows the vector dot
+/// products read from buffers of their own (input rows converted, weight
+/// rows rounded): a cache line past the depth, so that rows of a power of
+/// two's bytes do not all fall in the same sets of L1 (a tile reads ten
+/// rows at once, and L1 holds eight lines a set).
+fn bf16_stride(depth: usize) -> usize {
+    depth + 32
 }
 
 /// Weight rows decoded from blocks at a time: their values (f32) stay in
@@ -489,17 +510,21 @@ unsafe fn rounded_columns(
     range: std::ops::Range<usize>,
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+    let stride = inputs.weight_stride(depth);
     ROUNDED.with_borrow_mut(|rounded| {
-        rounded.resize(ROUNDED_ROWS * depth, 0);
+        // Zeros past each row's depth, read by no product.
+        rounded.resize(ROUNDED_ROWS * stride, 0);
         let mut first = range.start;
         while first < range.end {
             let end = (first + ROUNDED_ROWS).min(range.end);
-            for (n, out) in (first..end).zip(rounded.chunks_exact_mut(depth.max(1))) {
-                decode::row_bf16(Isa::Avx512Bf16, format, &blocks[n * row_bytes..(n + 1) * row_bytes], out);
+            for (n, out) in (first..end).zip(rounded.chunks_exact_mut(stride.max(1))) {
+                let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
+                decode::row_bf16(Isa::Avx512Bf16, format, row, &mut out[..depth]);
             }
+            let weight = &rounded[..(end - first) * stride];
             // SAFETY: as the caller promises; weight row `n` of the
             // rounded rows is column `first + n`.
-            unsafe { bf16_columns(rows, inputs, &rounded[..(end - first) * depth], depth, first, first..end) };
+            unsafe { bf16_columns(rows, inputs, weight, stride, depth, first, first..end) };
             first = end;
         }
     });
@@ -507,7 +532,8 @@ unsafe fn rounded_columns(
 
 /// Columns `range` of every output row from bf16 weights against bf16
 /// inputs (the rows of `rows`, converted), in the products `inputs` was
-/// made for; weight row `n - first` of `weight` makes column `n`.
+/// made for; weight row `n - first` of `weight`, `stride` elements after
+/// the one before (AMX tiles: `depth`), makes column `n`.
 ///
 /// # Safety
 /// As [`columns_on`]; the CPU has the instruction set `inputs` was made for.
@@ -515,6 +541,7 @@ unsafe fn bf16_columns(
     rows: &Rows,
     inputs: &Bf16Inputs,
     weight: &[u16],
+    stride: usize,
     depth: usize,
     first: usize,
     range: std::ops::Range<usize>,
@@ -523,8 +550,11 @@ unsafe fn bf16_columns(
     unsafe {
         match inputs {
             #[cfg(target_arch = "x86_64")]
-            Bf16Inputs::Vectors(bits) => x86::columns_bf16(rows, bits, weight, depth, first, range),
-            Bf16Inputs::Tiles(tiles) => amx::columns(rows, tiles, weight, depth, first, range),
+            Bf16Inputs::Vectors(bits) => x86::columns_bf16(rows, bits, weight, stride, depth, first, range),
+            Bf16Inputs::Tiles(tiles) => {
+                assert_eq!(stride, depth, "AMX tiles of weight rows one after another");
+                amx::columns(rows, tiles, weight, depth, first, range)
+            }
             #[cfg(not(target_arch = "x86_64"))]
             Bf16Inputs::Vectors(_) => unreachable!("bf16 dot products are x86's"),
         }
@@ -754,8 +784,11 @@ mod x86 {
     /// bf16 input rows (converted) against bf16 weight rows: thirty-two
     /// products per instruction per sum (`vdpbf16ps`); `depth` is even.
     struct Bf16<'a> {
+        /// Rows `bf16_stride` apart.
         inputs: *const u16,
+        /// Rows `weight_stride` apart.
         weight: *const u16,
+        weight_stride: usize,
         depth: usize,
         first: usize,
         rows: std::marker::PhantomData<&'a [u16]>,
@@ -769,10 +802,10 @@ mod x86 {
                 let mut inputs = [std::ptr::null::<u16>(); R];
                 let mut weights = [std::ptr::null::<u16>(); N];
                 for (r, input) in inputs.iter_mut().enumerate() {
-                    *input = self.inputs.add((m + r) * depth);
+                    *input = self.inputs.add((m + r) * super::bf16_stride(depth));
                 }
                 for (j, weight) in weights.iter_mut().enumerate() {
-                    *weight = self.weight.add((n - self.first + j) * depth);
+                    *weight = self.weight.add((n - self.first + j) * self.weight_stride);
                 }
                 let load =
                     |at: *const u16| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at as *const __m512i));
@@ -782,7 +815,7 @@ mod x86 {
                 while k + 32 <= depth {
                     for j in 0..N {
                         // The next tile's rows, one tile ahead (as `tile`).
-                        Avx512::prefetch(weights[j].wrapping_add(k + N * depth));
+                        Avx512::prefetch(weights[j].wrapping_add(k + N * self.weight_stride));
                         w[j] = load(weights[j].add(k));
                     }
                     for (r, row) in sums.iter_mut().enumerate() {
@@ -808,19 +841,21 @@ mod x86 {
         }
     }
 
-    /// `super::as_bf16` in AVX-512 lanes: a row's values are converted
-    /// whole, with the bits that bf16 drops or-ed together on the way,
-    /// instead of one branch per value.
+    /// The rows of `rows` as bf16 bits, `bf16_stride` apart (`None` where a
+    /// value is not a bf16 value): a row's values are converted whole, with
+    /// the bits that bf16 drops or-ed together on the way, instead of one
+    /// branch per value.
     ///
     /// # Safety
     /// The CPU has AVX-512 BW; each input row has `depth` readable values.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn as_bf16(rows: &Rows, depth: usize) -> Option<Vec<u16>> {
-        let total = rows.inputs.len() * depth;
+        let stride = super::bf16_stride(depth);
+        let total = rows.inputs.len() * stride;
         // Written before it is read: no pass to zero it first.
         let mut bits = Vec::with_capacity(total);
         let spare = &mut bits.spare_capacity_mut()[..total];
-        for (&row, out) in rows.inputs.iter().zip(spare.chunks_exact_mut(depth.max(1))) {
+        for (&row, out) in rows.inputs.iter().zip(spare.chunks_exact_mut(stride.max(1))) {
             // SAFETY: as the caller promises.
             let values = unsafe { std::slice::from_raw_parts(row, depth) };
             let mut dropped = 0u32;
@@ -828,6 +863,10 @@ mod x86 {
                 dropped |= value.to_bits() & 0xffff;
                 bits.write((value.to_bits() >> 16) as u16);
             }
+            // The padding, read by no product.
+            out[depth..].iter_mut().for_each(|pad| {
+                pad.write(0);
+            });
             if dropped != 0 {
                 return None;
             }
@@ -838,7 +877,8 @@ mod x86 {
     }
 
     /// Columns `range` of every output row from bf16 inputs (`inputs`:
-    /// the rows of `rows`, converted) and bf16 weights.
+    /// the rows of `rows`, converted, `bf16_stride` apart) and bf16
+    /// weights, rows `weight_stride` apart.
     ///
     /// # Safety
     /// As `super::columns_on`; the CPU has AVX-512 BF16; `W` is bf16 bits.
@@ -847,6 +887,7 @@ mod x86 {
         rows: &Rows,
         inputs: &[u16],
         weight: &[W],
+        weight_stride: usize,
         depth: usize,
         first: usize,
         range: std::ops::Range<usize>,
@@ -855,6 +896,7 @@ mod x86 {
         let tiles = Bf16 {
             inputs: inputs.as_ptr(),
             weight: weight.as_ptr() as *const u16,
+            weight_stride,
             depth,
             first,
             rows: std::marker::PhantomData,
