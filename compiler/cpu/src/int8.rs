@@ -10,11 +10,15 @@
 //! `-127..=127`, with the levels' sums over each 16 values. A block's
 //! products are then integers, summed exactly in i32 with its small
 //! integer scales (Q4_K's mins against the levels' sums, Q6_K's offset of
-//! 32 likewise), and the block's f16 scales and the span's step are
-//! applied once per block, in f32, in one order. Integer sums are the
-//! same in any order, so every instruction set computes the same bits:
-//! AVX2's `vpmaddubsw`/`vpmaddwd`, AVX-512 BW's at 64 values a register,
-//! and the portable loops, which the tests hold the vector code to.
+//! 32 likewise) in eight lanes ([`lane_of`]), as AVX2's byte products
+//! leave them; each lane is multiplied by the block's f16 scale and the
+//! span's step and added into an f32 lane of the row, and the eight f32
+//! lanes are added once, at the row's end ([`Sums`]). Integer sums are the
+//! same in any order and the f32 sums take one order everywhere, so every
+//! instruction set computes the same bits: AVX2's
+//! `vpmaddubsw`/`vpmaddwd`, AVX-512 BW's at 64 values a register (its two
+//! halves added into eight lanes), and the portable loops, which the tests
+//! hold the vector code to.
 
 use super::decode::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::matmul::Isa;
@@ -115,39 +119,84 @@ fn nearest_even(x: f32) -> f32 {
     (x + SHIFTER) - SHIFTER
 }
 
-/// A block's f16 scales as an instruction set reads them.
-trait Scalars {
+/// The lane of a block's eight that value `v` of the block is summed in:
+/// each 32 values' `4l..4l + 4` go to lane `l` (as AVX2's byte products
+/// of 32 values and their pairwise sums leave them, and AVX-512's halves
+/// added).
+const fn lane_of(v: usize) -> usize {
+    (v % 32) / 4
+}
+
+/// How an instruction set reads a block's f16 scales and carries a
+/// product's sums: eight i32 lanes of a block's integer sums, each
+/// multiplied by the block's scale and the span's step and added into
+/// eight f32 lanes (one fused multiply-add), which are added together once
+/// at the end of the row ([`Sums::total`]), in the same order everywhere.
+trait Sums {
+    /// Eight i32 lanes.
+    type Ints: Copy;
+    /// Eight f32 lanes.
+    type Floats: Copy;
     /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
     unsafe fn half(block: *const u8, at: usize) -> f32;
+    unsafe fn zero() -> Self::Floats;
+    /// `into + sums · scale` lane by lane, rounded once; each of `sums`
+    /// is under 2²⁴ in magnitude, so exact in f32.
+    unsafe fn add_scaled(into: Self::Floats, sums: Self::Ints, scale: f32) -> Self::Floats;
+    /// Lanes `l` and `l + 4` added, then those four's `l` and `l + 2`,
+    /// then the two.
+    unsafe fn total(lanes: Self::Floats) -> f32;
 }
 
 /// A block's integer sums against `R` rows of levels and their sums over
-/// each 16 (each from the block's first value), on one instruction set.
-trait BlockDots: Scalars {
-    /// Q4_K: `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its eight
-    /// groups of 32 (`q` the nibbles), and `Σ_g min[g] · Σ_{k∈g} level[k]`;
-    /// `scales_mins` the groups' 6-bit scales, then their mins.
+/// each 16 (each from the block's first value), in eight lanes
+/// ([`lane_of`]), on one instruction set.
+trait BlockDots: Sums {
+    /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
+    /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
+    /// level[k]` (group `l`'s mins in lane `l`); `scales_mins` the groups'
+    /// 6-bit scales, then their mins.
     unsafe fn q4_k<const R: usize>(
         block: *const u8,
         scales_mins: &[u8; 16],
         levels: [*const i8; R],
         sums: [*const i16; R],
-    ) -> [(i32, i32); R];
+    ) -> [(Self::Ints, Self::Ints); R];
 
-    /// Q6_K: `Σ_g scale[g] · Σ_{k∈g} (u[k] − 32) · level[k]` over its
-    /// sixteen groups of 16, `u` the unsigned 6-bit levels: the products
-    /// of `u`, less 32 times each group's scaled sum of levels.
-    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R];
+    /// Q6_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} u[k] · level[k]` over its
+    /// sixteen groups of 16 (`u` the unsigned 6-bit levels), less 32 ·
+    /// `Σ_{g∈{2l, 2l+1}} scale[g] · Σ_{k∈g} level[k]`: the offset of 32
+    /// taken against the groups' sums of levels.
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
 }
 
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
 struct Portable;
 
-impl Scalars for Portable {
+impl Sums for Portable {
+    type Ints = [i32; 8];
+    type Floats = [f32; 8];
+
     #[inline(always)]
     unsafe fn half(block: *const u8, at: usize) -> f32 {
         // SAFETY: as the caller promises, the block has the half.
         quant::f16_at(unsafe { std::slice::from_raw_parts(block, at + 2) }, at)
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+
+    #[inline(always)]
+    unsafe fn add_scaled(into: [f32; 8], sums: [i32; 8], scale: f32) -> [f32; 8] {
+        std::array::from_fn(|l| (sums[l] as f32).mul_add(scale, into[l]))
+    }
+
+    #[inline(always)]
+    unsafe fn total(lanes: [f32; 8]) -> f32 {
+        let fours: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
+        (fours[0] + fours[2]) + (fours[1] + fours[3])
     }
 }
 
@@ -158,44 +207,44 @@ impl BlockDots for Portable {
         scales_mins: &[u8; 16],
         levels: [*const i8; R],
         sums: [*const i16; R],
-    ) -> [(i32, i32); R] {
+    ) -> [([i32; 8], [i32; 8]); R] {
         // SAFETY: as the caller promises, the block and the rows' span are whole.
         let quants = unsafe { std::slice::from_raw_parts(block.add(16), 128) };
+        let nibble = |v: usize| {
+            let (chunk, within) = (v / 64, v % 64);
+            i32::from((quants[chunk * 32 + within % 32] >> (4 * (within / 32))) & 0xf)
+        };
         std::array::from_fn(|r| {
             let (levels, sums) =
                 unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
-            (0..8).fold((0, 0), |(products, mins), group| {
-                let (chunk, shift) = (group / 2, 4 * (group % 2));
-                let group_products: i32 = quants[chunk * 32..chunk * 32 + 32]
-                    .iter()
-                    .zip(&levels[group * 32..group * 32 + 32])
-                    .map(|(q, level)| i32::from((q >> shift) & 0xf) * i32::from(*level))
-                    .sum();
-                let group_sum = i32::from(sums[2 * group]) + i32::from(sums[2 * group + 1]);
-                (
-                    products + i32::from(scales_mins[group]) * group_products,
-                    mins + i32::from(scales_mins[8 + group]) * group_sum,
-                )
-            })
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += i32::from(scales_mins[v / 32]) * nibble(v) * i32::from(*level);
+            }
+            let mins = std::array::from_fn(|l| {
+                i32::from(scales_mins[8 + l]) * (i32::from(sums[2 * l]) + i32::from(sums[2 * l + 1]))
+            });
+            (products, mins)
         })
     }
 
     #[inline(always)]
-    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [[i32; 8]; R] {
         // SAFETY: as above.
         let block = unsafe { std::slice::from_raw_parts(block, 210) };
         let unsigned = quant::q6_k_levels(block).map(|level| i32::from(level) + 32);
+        let scale = |group: usize| i32::from(block[192 + group] as i8);
         std::array::from_fn(|r| {
             let (levels, sums) =
                 unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
-            (0..16)
-                .map(|group| {
-                    let span = group * SUM_VALUES..(group + 1) * SUM_VALUES;
-                    let products: i32 =
-                        unsigned[span.clone()].iter().zip(&levels[span]).map(|(u, level)| u * i32::from(*level)).sum();
-                    i32::from(block[192 + group] as i8) * (products - 32 * i32::from(sums[group]))
-                })
-                .sum()
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
+            }
+            std::array::from_fn(|l| {
+                let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
+                products[l] - 32 * offsets
+            })
         })
     }
 }
@@ -203,13 +252,17 @@ impl BlockDots for Portable {
 /// The K-quant formats, each a block's share of a product.
 trait KQuant {
     const FORMAT: BlockFormat;
-    /// `d · sum − dmin · mins` of the block (Q6_K: `d · sum`) against
-    /// each row's span, before the span's step.
-    unsafe fn scaled<B: BlockDots, const R: usize>(
+    /// The block's sums against each row's span, times the block's scales
+    /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
+    /// products times `d · step`, then its mins times `−dmin · step`;
+    /// Q6_K's times `d · step`.
+    unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
         sums: [*const i16; R],
-    ) -> [f32; R];
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    );
 }
 
 struct Q4K;
@@ -218,17 +271,22 @@ struct Q6K;
 impl KQuant for Q4K {
     const FORMAT: BlockFormat = BlockFormat::Q4K;
     #[inline(always)]
-    unsafe fn scaled<B: BlockDots, const R: usize>(
+    unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
         sums: [*const i16; R],
-    ) -> [f32; R] {
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
             let (d, dmin) = (B::half(block, 0), B::half(block, 2));
             let scales_mins = quant::q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
-            B::q4_k::<R>(block, &scales_mins, levels, sums)
-                .map(|(products, mins)| d * products as f32 - dmin * mins as f32)
+            let lanes = B::q4_k::<R>(block, &scales_mins, levels, sums);
+            for (r, (products, mins)) in lanes.into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+                into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
+            }
         }
     }
 }
@@ -236,22 +294,26 @@ impl KQuant for Q4K {
 impl KQuant for Q6K {
     const FORMAT: BlockFormat = BlockFormat::Q6K;
     #[inline(always)]
-    unsafe fn scaled<B: BlockDots, const R: usize>(
+    unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
         sums: [*const i16; R],
-    ) -> [f32; R] {
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
             let d = B::half(block, 208);
-            B::q6_k::<R>(block, levels, sums).map(|products| d * products as f32)
+            for (r, products) in B::q6_k::<R>(block, levels, sums).into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+            }
         }
     }
 }
 
 /// Column `n` of output rows `first..first + R`: weight row `row`
-/// against those input rows, each block's share ([`KQuant`]) times its
-/// span's step, added in f32 block by block.
+/// against those input rows, each block's sums added into eight f32
+/// lanes a row ([`KQuant::add_block`]), the lanes added at the end.
 ///
 /// # Safety
 /// As [`dot_columns`]' caller promises, for column `n`; the input rows
@@ -268,25 +330,24 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
     let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[(first + r) * depth..].as_ptr());
     let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[(first + r) * depth / SUM_VALUES..].as_ptr());
     let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[(first + r) * spans..(first + r + 1) * spans]);
-    let mut totals = [0f32; R];
-    for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
-        if first == 0 {
-            prefetch_ahead(block);
-        }
-        // SAFETY: the block is whole; each row has `spans` spans.
-        let scaled = unsafe {
-            F::scaled::<B, R>(
+    // SAFETY: as the caller promises.
+    unsafe {
+        let mut lanes = [B::zero(); R];
+        for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
+            if first == 0 {
+                prefetch_ahead(block);
+            }
+            // The block is whole; each row has `spans` spans.
+            F::add_block::<B, R>(
                 block.as_ptr(),
                 levels.map(|levels| levels.add(number * SPAN)),
                 sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
-            )
-        };
-        for r in 0..R {
-            totals[r] += steps[r][number] * scaled[r];
+                steps.map(|steps| steps[number]),
+                &mut lanes,
+            );
         }
+        outs[first..first + R].iter().zip(lanes).for_each(|(out, lanes)| *out.add(n) = B::total(lanes));
     }
-    // SAFETY: as the caller promises.
-    unsafe { outs[first..first + R].iter().zip(totals).for_each(|(out, total)| *out.add(n) = total) };
 }
 
 /// Columns `range` of every output row: each weight row, while it is in
@@ -365,7 +426,7 @@ pub unsafe fn dot_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Scalars};
+    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Sums};
     use std::arch::x86_64::*;
 
     /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
@@ -373,28 +434,6 @@ mod x86 {
     /// 2 · 63 · 127, no saturation), `vpmaddwd` multiplies those by the
     /// groups' scales and adds pairs into i32.
     struct Avx2;
-
-    /// The eight i32 lanes of `v` added.
-    #[inline(always)]
-    unsafe fn total(v: __m256i) -> i32 {
-        unsafe {
-            let quarter = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-            let eighth = _mm_add_epi32(quarter, _mm_unpackhi_epi64(quarter, quarter));
-            _mm_cvtsi128_si32(_mm_add_epi32(eighth, _mm_shuffle_epi32::<0b01>(eighth)))
-        }
-    }
-
-    /// The totals of the eight i32 lanes of `a` and of `b`, added together
-    /// as far as they can be (`vphaddd` puts both in one register).
-    #[inline(always)]
-    unsafe fn totals_of_two(a: __m256i, b: __m256i) -> (i32, i32) {
-        unsafe {
-            let pairs = _mm256_hadd_epi32(a, b);
-            let quarters = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256::<1>(pairs));
-            let both = _mm_hadd_epi32(quarters, quarters);
-            (_mm_cvtsi128_si32(both), _mm_extract_epi32::<1>(both))
-        }
-    }
 
     /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
     #[inline(always)]
@@ -407,12 +446,35 @@ mod x86 {
     impl Vectors for Avx2 {}
     impl Vectors for Avx512 {}
 
-    impl<V: Vectors> Scalars for V {
+    /// Eight lanes in a 256-bit register, summed with FMA.
+    impl<V: Vectors> Sums for V {
+        type Ints = __m256i;
+        type Floats = __m256;
+
         /// Widened by F16C (`decode::half_at`).
         #[inline(always)]
         unsafe fn half(block: *const u8, at: usize) -> f32 {
             // SAFETY: as the caller promises, on a CPU with F16C.
             unsafe { crate::decode::half_at(block, at) }
+        }
+
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+
+        #[inline(always)]
+        unsafe fn add_scaled(into: __m256, sums: __m256i, scale: f32) -> __m256 {
+            unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), into) }
+        }
+
+        #[inline(always)]
+        unsafe fn total(lanes: __m256) -> f32 {
+            unsafe {
+                let fours = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps::<1>(lanes));
+                let twos = _mm_add_ps(fours, _mm_movehl_ps(fours, fours));
+                _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)))
+            }
         }
     }
 
@@ -450,14 +512,14 @@ mod x86 {
 
     impl BlockDots for Avx2 {
         /// The mins against each 32 levels' sum (each 16's, in pairs)
-        /// by `vpmaddwd`, added beside the products.
+        /// by `vpmaddwd`.
         #[inline(always)]
         unsafe fn q4_k<const R: usize>(
             block: *const u8,
             scales_mins: &[u8; 16],
             levels: [*const i8; R],
             sums: [*const i16; R],
-        ) -> [(i32, i32); R] {
+        ) -> [(__m256i, __m256i); R] {
             unsafe {
                 let nibble = _mm256_set1_epi8(0x0f);
                 let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
@@ -475,11 +537,7 @@ mod x86 {
                         *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
                     }
                 }
-                let mut totals = [(0, 0); R];
-                for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = totals_of_two(products[r], q4_k_mins(packed, sums[r]));
-                }
-                totals
+                std::array::from_fn(|r| (products[r], q4_k_mins(packed, sums[r])))
             }
         }
 
@@ -488,7 +546,11 @@ mod x86 {
         /// takes the nibbles of low bytes `32 (p % 2)..` (the upper ones
         /// for `p ≥ 2`) and bits `2p..2p + 2` of the high bytes.
         #[inline(always)]
-        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
+        unsafe fn q6_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
             unsafe {
                 let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
                 let scales = _mm_loadu_si128(block.add(192).cast());
@@ -516,11 +578,7 @@ mod x86 {
                         }
                     }
                 }
-                let mut totals = [0; R];
-                for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = total(_mm256_sub_epi32(products[r], q6_k_offsets(scales, sums[r])));
-                }
-                totals
+                std::array::from_fn(|r| _mm256_sub_epi32(products[r], q6_k_offsets(scales, sums[r])))
             }
         }
     }
@@ -532,12 +590,6 @@ mod x86 {
     /// over its lanes by an in-lane byte shuffle (`vpshufb`) of the
     /// scales widened to i16 in every 128-bit lane.
     struct Avx512;
-
-    /// The sixteen i32 lanes of `v` added.
-    #[inline(always)]
-    unsafe fn total_wide(v: __m512i) -> i32 {
-        unsafe { total(halves_added(v)) }
-    }
 
     /// The two 256-bit halves of `v` added, lane by lane.
     #[inline(always)]
@@ -584,7 +636,7 @@ mod x86 {
             scales_mins: &[u8; 16],
             levels: [*const i8; R],
             sums: [*const i16; R],
-        ) -> [(i32, i32); R] {
+        ) -> [(__m256i, __m256i); R] {
             unsafe {
                 let nibble = _mm512_set1_epi8(0x0f);
                 let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
@@ -599,16 +651,16 @@ mod x86 {
                         *sum = _mm512_add_epi32(*sum, wide_scaled_products(q, levels.add(64 * chunk), group_scales));
                     }
                 }
-                let mut totals = [(0, 0); R];
-                for (r, total_of) in totals.iter_mut().enumerate() {
-                    *total_of = totals_of_two(halves_added(products[r]), q4_k_mins(packed, sums[r]));
-                }
-                totals
+                std::array::from_fn(|r| (halves_added(products[r]), q4_k_mins(packed, sums[r])))
             }
         }
 
         #[inline(always)]
-        unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [i32; R] {
+        unsafe fn q6_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
             unsafe {
                 let (nibble, two_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
                 // Quarters 0 and 1 (high bits 0–1 and 2–3), then 2 and 3.
@@ -637,12 +689,7 @@ mod x86 {
                         }
                     }
                 }
-                let mut totals = [0; R];
-                for (r, total_of) in totals.iter_mut().enumerate() {
-                    let offsets = _mm512_zextsi256_si512(q6_k_offsets(packed, sums[r]));
-                    *total_of = total_wide(_mm512_sub_epi32(products[r], offsets));
-                }
-                totals
+                std::array::from_fn(|r| _mm256_sub_epi32(halves_added(products[r]), q6_k_offsets(packed, sums[r])))
             }
         }
     }
