@@ -70,7 +70,6 @@ trait ByteLanes: Lanes {
     unsafe fn shift_right(v: Self::I, bits: u32) -> Self::I;
     unsafe fn and(v: Self::I, mask: i32) -> Self::I;
     unsafe fn float(v: Self::I) -> Self::V;
-    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// Every lane the f16 at `at`, widened exactly (see [`half_at`]).
     unsafe fn splat_half(at: *const u8) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -199,21 +198,24 @@ impl Decoder for Q4K {
 
     /// `(d · scale) · q − dmin · min` for each of the block's 256 values:
     /// four chunks of 32 bytes, the low nibbles one group, the high the
-    /// next (each chunk's bytes loaded once for both).
+    /// next (each chunk's bytes loaded once for both). The product is
+    /// exact (an f16 times a 6-bit scale times a 4-bit level: at most 21
+    /// significant bits), so one fused multiply-subtract rounds where the
+    /// definition's subtraction does.
     #[inline(always)]
     unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
         unsafe {
             let steps = q4_k_steps::<L>(block);
             for chunk in 0..4 {
-                let (low_step, low_offset) = (L::splat(steps[chunk * 2]), L::splat(steps[8 + chunk * 2]));
-                let (high_step, high_offset) = (L::splat(steps[chunk * 2 + 1]), L::splat(steps[9 + chunk * 2]));
+                let (low_step, low_offset) = (L::splat(steps[chunk * 2]), L::splat(-steps[8 + chunk * 2]));
+                let (high_step, high_offset) = (L::splat(steps[chunk * 2 + 1]), L::splat(-steps[9 + chunk * 2]));
                 for l in (0..32).step_by(2 * L::WIDTH) {
                     let at = block.add(16 + chunk * 32 + l);
                     let (even, odd) = (L::load_u8(at), L::load_u8(at.add(L::WIDTH)));
-                    let low = |b| L::sub(L::mul(low_step, L::float(L::and(b, 0xf))), low_offset);
+                    let low = |b| L::fma(low_step, L::float(L::and(b, 0xf)), low_offset);
                     sink(chunk * 64 + l, low(even), low(odd));
                     // Bytes widened to 32 bits: the high nibble is the byte shifted.
-                    let high = |b| L::sub(L::mul(high_step, L::float(L::shift_right(b, 4))), high_offset);
+                    let high = |b| L::fma(high_step, L::float(L::shift_right(b, 4)), high_offset);
                     sink(chunk * 64 + 32 + l, high(even), high(odd));
                 }
             }
@@ -555,10 +557,6 @@ mod x86 {
             unsafe { _mm512_cvtepi32_ps(v) }
         }
         #[inline(always)]
-        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_sub_ps(a, b) }
-        }
-        #[inline(always)]
         unsafe fn splat_half(at: *const u8) -> __m512 {
             unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le(at.cast::<i16>().read_unaligned()))) }
         }
@@ -630,10 +628,6 @@ mod x86 {
         #[inline(always)]
         unsafe fn float(v: __m256i) -> __m256 {
             unsafe { _mm256_cvtepi32_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_sub_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn splat_half(at: *const u8) -> __m256 {
