@@ -47,9 +47,9 @@ fn values(count: usize, seed: u64) -> Vec<f32> {
 
 fn matrix_kernels() {
     // The output head's shape for decode: 248320 × 2048 is 1 GB; a tenth
-    // of it is read from memory the same way, though in blocks (36–42 MB)
-    // part of it may stay in a large L3 between calls, above what the
-    // whole head streams at.
+    // of it is read from memory the same way, though in blocks (some tens
+    // of MB) part of it may stay in a large L3 between calls, above what
+    // the whole head streams at.
     let (columns, depth) = (24832, 2048);
     let weight: Vec<u16> = values(columns * depth, 1).into_iter().map(bf16_bits).collect();
     for isa in Isa::available() {

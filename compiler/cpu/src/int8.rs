@@ -500,8 +500,8 @@ mod x86 {
     }
 
     /// Q6_K's offset of 32 times `Σ_g scale[g] · Σ_{k∈g} level[k]`,
-    /// `scales` its sixteen, in eight i32 lanes: taken from the products'
-    /// lanes before their one total.
+    /// `scales` its sixteen, in eight i32 lanes (groups `2l` and `2l + 1`
+    /// in lane `l`): taken from the products' lanes, lane by lane.
     #[inline(always)]
     unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> __m256i {
         unsafe {

@@ -863,7 +863,8 @@ mod x86 {
                 dropped |= value.to_bits() & 0xffff;
                 bits.write((value.to_bits() >> 16) as u16);
             }
-            // The padding, read by no product.
+            // The padding: read by no product, written so that every
+            // element is initialized before the length is set.
             out[depth..].iter_mut().for_each(|pad| {
                 pad.write(0);
             });
