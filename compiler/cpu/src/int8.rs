@@ -45,6 +45,9 @@ pub struct QuantizedRows {
     steps: Vec<f32>,
     /// The levels' sum over each [`SUM_VALUES`] of each row.
     sums: Vec<i16>,
+    /// The levels' sums over each 32 values of each row, two to a word
+    /// (the first 32's in the low 16 bits): a Q4_K group's, in pairs.
+    pair_sums: Vec<u32>,
 }
 
 impl QuantizedRows {
@@ -59,6 +62,7 @@ impl QuantizedRows {
             levels: vec![0; count * depth],
             steps: vec![0.0; count * depth / SPAN],
             sums: vec![0; count * depth / SUM_VALUES],
+            pair_sums: Vec::new(),
         };
         let spans = quantized
             .levels
@@ -69,13 +73,34 @@ impl QuantizedRows {
             assert_eq!(row.len(), depth, "rows of the depth");
             row.chunks_exact(SPAN)
         });
+        let vectors = cfg!(target_arch = "x86_64") && Isa::host().lanes() == Isa::Avx512;
         for (((levels, step), sums), values) in spans.zip(values) {
-            *step = quantize_span(values, levels);
-            for (sum, levels) in sums.iter_mut().zip(levels.chunks_exact(SUM_VALUES)) {
-                *sum = levels.iter().map(|level| i16::from(*level)).sum();
+            #[cfg(target_arch = "x86_64")]
+            if vectors {
+                // SAFETY: the CPU has AVX-512 F and BW; a span's values, levels and sums.
+                *step = unsafe { x86::quantize_span_avx512(values, levels, sums) };
+                continue;
             }
+            *step = quantize_span(values, levels, sums);
         }
+        quantized.pair_sums = quantized
+            .sums
+            .chunks_exact(4)
+            .map(|sums| ((sums[0] + sums[1]) as u16) as u32 | u32::from((sums[2] + sums[3]) as u16) << 16)
+            .collect();
         quantized
+    }
+
+    /// Values in each row.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Span `span` of row `row`: its [`SPAN`] levels, their sums over each
+    /// 32 in pairs (as `pair_sums`), and its step.
+    pub fn span(&self, row: usize, span: usize) -> (&[i8], &[u32], f32) {
+        let at = row * self.depth / SPAN + span;
+        (&self.levels[at * SPAN..(at + 1) * SPAN], &self.pair_sums[at * 4..(at + 1) * 4], self.steps[at])
     }
 
     /// How many rows.
@@ -89,8 +114,18 @@ impl QuantizedRows {
     }
 }
 
+/// `values`' levels into `levels` and their sums over each
+/// [`SUM_VALUES`] into `sums`; their step.
+fn quantize_span(values: &[f32], levels: &mut [i8], sums: &mut [i16]) -> f32 {
+    let step = quantize_levels(values, levels);
+    for (sum, levels) in sums.iter_mut().zip(levels.chunks_exact(SUM_VALUES)) {
+        *sum = levels.iter().map(|level| i16::from(*level)).sum();
+    }
+    step
+}
+
 /// `values`' levels into `levels`, and their step.
-fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
+fn quantize_levels(values: &[f32], levels: &mut [i8]) -> f32 {
     if !values.iter().all(|value| value.is_finite()) {
         levels.fill(0);
         return f32::NAN;
@@ -115,9 +150,11 @@ fn quantize_span(values: &[f32], levels: &mut [i8]) -> f32 {
 /// assume SSE4.1 of, inside a loop that this keeps in vector lanes.
 #[inline(always)]
 fn nearest_even(x: f32) -> f32 {
-    const SHIFTER: f32 = 12_582_912.0;
     (x + SHIFTER) - SHIFTER
 }
+
+/// 1.5 · 2²³: [`nearest_even`]'s shifter.
+const SHIFTER: f32 = 12_582_912.0;
 
 /// The lane of a block's eight that value `v` of the block is summed in:
 /// each 32 values' `4l..4l + 4` go to lane `l` (as AVX2's byte products
@@ -426,7 +463,7 @@ pub unsafe fn dot_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Sums};
+    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Sums, SPAN, SUM_VALUES};
     use std::arch::x86_64::*;
 
     /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
@@ -694,6 +731,38 @@ mod x86 {
         }
     }
 
+    /// `super::quantize_span` on AVX-512 F and BW, with the same
+    /// operations on sixteen values at a time: the same levels, sums and
+    /// step.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_span_avx512(values: &[f32], levels: &mut [i8], sums: &mut [i16]) -> f32 {
+        assert!(values.len() == SPAN && levels.len() == SPAN && sums.len() == SPAN / SUM_VALUES, "a span");
+        let vectors: [__m512; SPAN / 16] =
+            std::array::from_fn(|at| unsafe { _mm512_loadu_ps(values.as_ptr().add(16 * at)) });
+        let (mut finite, mut largest) = (u16::MAX, _mm512_setzero_ps());
+        for vector in vectors {
+            let magnitude = _mm512_abs_ps(vector);
+            finite &= _mm512_cmp_ps_mask::<_CMP_LT_OQ>(magnitude, _mm512_set1_ps(f32::INFINITY));
+            largest = _mm512_max_ps(largest, magnitude);
+        }
+        let largest = _mm512_reduce_max_ps(largest);
+        if finite != u16::MAX || largest == 0.0 {
+            levels.fill(0);
+            sums.fill(0);
+            return if finite != u16::MAX { f32::NAN } else { 0.0 };
+        }
+        let inverse = _mm512_set1_ps(127.0 / largest);
+        let shifter = _mm512_set1_ps(super::SHIFTER);
+        let (low, high) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        for ((vector, sum), levels) in vectors.into_iter().zip(sums).zip(levels.chunks_exact_mut(16)) {
+            let nearest = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(vector, inverse), shifter), shifter);
+            let ints = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(nearest, low), high));
+            *sum = _mm512_reduce_add_epi32(ints) as i16;
+            unsafe { _mm_storeu_si128(levels.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(ints)) };
+        }
+        largest / 127.0
+    }
+
     /// `super::dot_columns` on AVX-512 (F, BW).
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     pub unsafe fn dot_columns_avx512(
@@ -786,6 +855,37 @@ mod tests {
         }
         assert_eq!(super::nearest_even(f32::INFINITY), f32::INFINITY);
         assert!(super::nearest_even(f32::NAN).is_nan());
+    }
+
+    /// The vector quantizing gives the plain loops' levels, sums and step:
+    /// over activations, spans with a NaN or an infinity, zeros and
+    /// negative zeros, and values whose levels fall on ties.
+    #[test]
+    fn every_isa_quantizes_alike() {
+        let mut spans: Vec<Vec<f32>> = (0..40).map(|seed| activations(1, SPAN, seed)).collect();
+        // The largest is 127, so each level is its value, on a tie but the last.
+        let ties: Vec<f32> = (0..SPAN - 1).map(|at| (at % 200) as f32 - 99.5).chain([127.0]).collect();
+        spans.push(ties);
+        spans.push(vec![0.0; SPAN]);
+        spans.push((0..SPAN).map(|at| if at % 2 == 0 { -0.0 } else { 0.0 }).collect());
+        for poison in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut span = activations(1, SPAN, 5);
+            span[200] = poison;
+            spans.push(span);
+        }
+        for (number, span) in spans.iter().enumerate() {
+            let (mut levels, mut sums) = ([0i8; SPAN], [0i16; SPAN / 16]);
+            let step = super::quantize_span(span, &mut levels, &mut sums);
+            #[cfg(target_arch = "x86_64")]
+            if Isa::available().contains(&Isa::Avx512) {
+                let (mut vector_levels, mut vector_sums) = ([0i8; SPAN], [0i16; SPAN / 16]);
+                // SAFETY: the CPU has AVX-512.
+                let vector_step =
+                    unsafe { super::x86::quantize_span_avx512(span, &mut vector_levels, &mut vector_sums) };
+                assert_eq!(vector_step.to_bits(), step.to_bits(), "span {number}");
+                assert_eq!((vector_levels, vector_sums), (levels, sums), "span {number}");
+            }
+        }
     }
 
     /// Quantizing is as stated: each level within half a step of its

@@ -2,8 +2,9 @@
 //! Cranelift function that reads the entry's dims at run time; `native`
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call,
-//! `matmul` the hand-tuned kernel contractions run on (`decode` and
-//! `int8` its products over block formats, `amx` its AMX tiles), `kernels` the
+//! `matmul` the hand-tuned kernel contractions run on (`decode`,
+//! `int8` and `panels` its products over block formats, `amx` its AMX
+//! tiles), `kernels` the
 //! kernels of attention and the delta rule, `simd` the vectors both are
 //! written in, `threads` the pool they share their work on; `backend` is
 //! what the executor drives. Numerics follow `linnet_ir::numerics`, the
@@ -37,5 +38,6 @@ pub mod kernels;
 pub mod lowering;
 pub mod matmul;
 pub mod native;
+mod panels;
 pub(crate) mod simd;
 pub mod threads;

@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use super::amx;
 use super::decode;
 use super::int8;
+use super::panels;
 use super::simd::{Lanes, OneLane};
 use super::threads;
 use linnet_ir::quant::BlockFormat;
@@ -343,13 +344,14 @@ fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> boo
 /// Whether `count` rows against a parameter declared bf16 in `format`
 /// take integer products over quantized inputs on `isa` (the contract's
 /// freedom for K-quants): a decode step's few rows, where decoding each
-/// 4- or 6-bit weight into an f32 lane costs more than reading it; and
-/// any rows where the f32 lanes are AVX2's eight, since AVX2's byte
-/// products multiply four times as many values an instruction (AVX-512's
-/// sixteen f32 lanes and bf16 dot products keep up with them, past a
-/// decode step's rows).
+/// 4- or 6-bit weight into an f32 lane costs more than reading it; any
+/// rows where the f32 lanes are AVX2's eight, since AVX2's byte products
+/// multiply four times as many values an instruction (AVX-512's sixteen
+/// f32 lanes and bf16 dot products keep up with those, past a decode
+/// step's rows); and the rows the panels take, whose VNNI dot products
+/// multiply twice as many values an instruction as bf16's.
 fn takes_int8(isa: Isa, count: usize, format: BlockFormat) -> bool {
-    int8::takes(format) && (count <= decode::DOT_ROWS || isa.lanes() == Isa::Avx2)
+    int8::takes(format) && (count <= decode::DOT_ROWS || isa.lanes() == Isa::Avx2 || panels::takes(isa, count, format))
 }
 
 /// `rows` against `weight` as they are best multiplied on `isa`: quantized
@@ -403,7 +405,11 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
                 (Matrix::Bf16(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Int8(inputs)) => {
                     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-                    int8::dot_columns(lanes, *format, blocks, row_bytes, inputs, &rows.outs, range)
+                    if panels::takes(isa, inputs.len(), *format) {
+                        panels::dot_columns(blocks, row_bytes, inputs, &rows.outs, range)
+                    } else {
+                        int8::dot_columns(lanes, *format, blocks, row_bytes, inputs, &rows.outs, range)
+                    }
                 }
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
                     rounded_columns(rows, inputs, *format, blocks, depth, range)
@@ -1026,7 +1032,8 @@ mod tests {
     /// BF16; there they give bit for bit what their values rounded to bf16
     /// give as bf16 weights. K-quant blocks against a decode step's rows,
     /// and against any rows on AVX2, give what `int8` gives over the rows
-    /// quantized (on every instruction set), and elsewhere blocks give
+    /// quantized (on every instruction set; Q4_K past those rows in the
+    /// panels' order, where the CPU has VNNI), and elsewhere blocks give
     /// what they give exactly.
     #[test]
     fn bf16_declared_blocks_round_only_where_they_may() {
@@ -1052,14 +1059,19 @@ mod tests {
                             out
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
-                        let rounds = bf16 && isa.has_bf16_dots() && rows > crate::decode::DOT_ROWS;
-                        let quantizes =
-                            crate::int8::takes(format) && (rows <= crate::decode::DOT_ROWS || isa.lanes() == Isa::Avx2);
-                        let expected = if rounds {
-                            product(Matrix::Bf16(&rounded))
-                        } else if quantizes {
+                        let panels = crate::panels::takes(isa, rows, format);
+                        let quantizes = crate::int8::takes(format)
+                            && (rows <= crate::decode::DOT_ROWS || isa.lanes() == Isa::Avx2 || panels);
+                        let rounds = !quantizes && bf16 && isa.has_bf16_dots() && rows > crate::decode::DOT_ROWS;
+                        let expected = if quantizes {
                             let inputs = crate::int8::QuantizedRows::new(input.chunks_exact(depth), depth);
-                            crate::int8::products(Isa::Portable, format, &blocks, &inputs, columns).concat()
+                            if panels {
+                                crate::panels::reference_products(&blocks, &inputs, columns).concat()
+                            } else {
+                                crate::int8::products(Isa::Portable, format, &blocks, &inputs, columns).concat()
+                            }
+                        } else if rounds {
+                            product(Matrix::Bf16(&rounded))
                         } else {
                             product(Matrix::Blocks(format, &blocks))
                         };
