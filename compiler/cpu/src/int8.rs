@@ -31,6 +31,14 @@ pub const SPAN: usize = 256;
 /// add two.
 const SUM_VALUES: usize = 16;
 
+/// Whether this CPU has AVX-512 VNNI's byte and word dot products.
+pub(crate) fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Whether weights of `format` multiply quantized inputs here.
 pub fn takes(format: BlockFormat) -> bool {
     matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
@@ -191,11 +199,10 @@ trait Sums {
 trait BlockDots: Sums {
     /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
     /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
-    /// level[k]` (group `l`'s mins in lane `l`); `scales_mins` the groups'
-    /// 6-bit scales, then their mins.
+    /// level[k]` (group `l`'s mins in lane `l`); the groups' 6-bit scales
+    /// and mins unpacked as `quant::q4_k_scales_mins` does.
     unsafe fn q4_k<const R: usize>(
         block: *const u8,
-        scales_mins: &[u8; 16],
         levels: [*const i8; R],
         sums: [*const i16; R],
     ) -> [(Self::Ints, Self::Ints); R];
@@ -241,12 +248,12 @@ impl BlockDots for Portable {
     #[inline(always)]
     unsafe fn q4_k<const R: usize>(
         block: *const u8,
-        scales_mins: &[u8; 16],
         levels: [*const i8; R],
         sums: [*const i16; R],
     ) -> [([i32; 8], [i32; 8]); R] {
         // SAFETY: as the caller promises, the block and the rows' span are whole.
         let quants = unsafe { std::slice::from_raw_parts(block.add(16), 128) };
+        let scales_mins = quant::q4_k_scales_mins(unsafe { std::slice::from_raw_parts(block.add(4), 12) });
         let nibble = |v: usize| {
             let (chunk, within) = (v / 64, v % 64);
             i32::from((quants[chunk * 32 + within % 32] >> (4 * (within / 32))) & 0xf)
@@ -318,8 +325,7 @@ impl KQuant for Q4K {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
             let (d, dmin) = (B::half(block, 0), B::half(block, 2));
-            let scales_mins = quant::q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
-            let lanes = B::q4_k::<R>(block, &scales_mins, levels, sums);
+            let lanes = B::q4_k::<R>(block, levels, sums);
             for (r, (products, mins)) in lanes.into_iter().enumerate() {
                 into[r] = B::add_scaled(into[r], products, d * steps[r]);
                 into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
@@ -453,6 +459,8 @@ pub unsafe fn dot_columns(
     unsafe {
         match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if has_vnni() => x86::dot_columns_avx512_vnni(format, blocks, row_bytes, inputs, outs, range),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
@@ -481,7 +489,7 @@ mod x86 {
     /// The vector kernels, whose CPUs have F16C.
     trait Vectors {}
     impl Vectors for Avx2 {}
-    impl Vectors for Avx512 {}
+    impl<const VNNI: bool> Vectors for Avx512<VNNI> {}
 
     /// Eight lanes in a 256-bit register, summed with FMA.
     impl<V: Vectors> Sums for V {
@@ -512,6 +520,23 @@ mod x86 {
                 let twos = _mm_add_ps(fours, _mm_movehl_ps(fours, fours));
                 _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)))
             }
+        }
+    }
+
+    /// `quant::q4_k_scales_mins` in a vector, from the 12 packed bytes at
+    /// byte 4 of `block`: the eight scales, then the eight mins.
+    #[inline(always)]
+    unsafe fn q4_k_scales_mins(block: *const u8) -> __m128i {
+        unsafe {
+            // The three words, and four bytes of quants the block goes on with.
+            let words = _mm_loadu_si128(block.add(4).cast());
+            let low_six = _mm_and_si128(words, _mm_set1_epi32(0x3f3f_3f3f));
+            let third = _mm_shuffle_epi32::<0b10_10_10_10>(words);
+            let nibbles = _mm_and_si128(_mm_srlv_epi32(third, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi32(0x0f0f_0f0f));
+            let top_two = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(words), _mm_set1_epi32(0x0303_0303)));
+            // Scales then mins of groups 0–3 (low), and of groups 4–7 (high).
+            let high = _mm_or_si128(nibbles, top_two);
+            _mm_unpacklo_epi32(low_six, high)
         }
     }
 
@@ -553,13 +578,12 @@ mod x86 {
         #[inline(always)]
         unsafe fn q4_k<const R: usize>(
             block: *const u8,
-            scales_mins: &[u8; 16],
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [(__m256i, __m256i); R] {
             unsafe {
                 let nibble = _mm256_set1_epi8(0x0f);
-                let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
+                let packed = q4_k_scales_mins(block);
                 let mut products = [_mm256_setzero_si256(); R];
                 for chunk in 0..4 {
                     let q = _mm256_loadu_si256(block.add(16 + 32 * chunk).cast());
@@ -625,8 +649,10 @@ mod x86 {
     /// nibble bytes in both halves, the upper half shifted by a nibble;
     /// Q6_K's high bits likewise by two bits), each group's scale spread
     /// over its lanes by an in-lane byte shuffle (`vpshufb`) of the
-    /// scales widened to i16 in every 128-bit lane.
-    struct Avx512;
+    /// scales widened to i16 in every 128-bit lane. With `VNNI`, the
+    /// scaled pairs are added into the sums by the same instruction that
+    /// multiplies them (`vpdpwssd`).
+    struct Avx512<const VNNI: bool>;
 
     /// The two 256-bit halves of `v` added, lane by lane.
     #[inline(always)]
@@ -634,10 +660,23 @@ mod x86 {
         unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
     }
 
-    /// `Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32 lanes.
+    /// `sums + Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32
+    /// lanes: with `VNNI` in one `vpdpwssd`, else a `vpmaddwd` and an add.
     #[inline(always)]
-    unsafe fn wide_scaled_products(weights: __m512i, inputs: *const i8, scales: __m512i) -> __m512i {
-        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast())), scales) }
+    unsafe fn add_scaled_products<const VNNI: bool>(
+        sums: __m512i,
+        weights: __m512i,
+        inputs: *const i8,
+        scales: __m512i,
+    ) -> __m512i {
+        unsafe {
+            let pairs = _mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast()));
+            if VNNI {
+                _mm512_dpwssd_epi32(sums, pairs, scales)
+            } else {
+                _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, scales))
+            }
+        }
     }
 
     /// `vpshufb` controls that fill each 128-bit lane `l` with its i16
@@ -666,18 +705,17 @@ mod x86 {
         unsafe { _mm512_shuffle_epi8(words, _mm512_loadu_si512(picks.as_ptr().cast())) }
     }
 
-    impl BlockDots for Avx512 {
+    impl<const VNNI: bool> BlockDots for Avx512<VNNI> {
         #[inline(always)]
         unsafe fn q4_k<const R: usize>(
             block: *const u8,
-            scales_mins: &[u8; 16],
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [(__m256i, __m256i); R] {
             unsafe {
                 let nibble = _mm512_set1_epi8(0x0f);
                 let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
-                let packed = _mm_loadu_si128(scales_mins.as_ptr().cast());
+                let packed = q4_k_scales_mins(block);
                 let scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(packed));
                 let mut products = [_mm512_setzero_si512(); R];
                 for (chunk, picks) in Q4_K_PICKS.iter().enumerate() {
@@ -685,7 +723,7 @@ mod x86 {
                     let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
                     let group_scales = spread_wide(scales, picks);
                     for (sum, levels) in products.iter_mut().zip(levels) {
-                        *sum = _mm512_add_epi32(*sum, wide_scaled_products(q, levels.add(64 * chunk), group_scales));
+                        *sum = add_scaled_products::<VNNI>(*sum, q, levels.add(64 * chunk), group_scales);
                     }
                 }
                 std::array::from_fn(|r| (halves_added(products[r]), q4_k_mins(packed, sums[r])))
@@ -720,9 +758,8 @@ mod x86 {
                         let unsigned = _mm512_or_si512(low, _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)));
                         let group_scales = spread_wide(half_scales, &Q6_K_PICKS[pair]);
                         for (sum, levels) in products.iter_mut().zip(levels) {
-                            let quarter =
-                                wide_scaled_products(unsigned, levels.add(128 * half + 64 * pair), group_scales);
-                            *sum = _mm512_add_epi32(*sum, quarter);
+                            let at = levels.add(128 * half + 64 * pair);
+                            *sum = add_scaled_products::<VNNI>(*sum, unsigned, at, group_scales);
                         }
                     }
                 }
@@ -774,7 +811,21 @@ mod x86 {
         range: std::ops::Range<usize>,
     ) {
         // SAFETY: as the caller promises.
-        unsafe { dot_columns_in::<Avx512>(format, blocks, row_bytes, inputs, outs, range) }
+        unsafe { dot_columns_in::<Avx512<false>>(format, blocks, row_bytes, inputs, outs, range) }
+    }
+
+    /// `super::dot_columns` on AVX-512 (F, BW) with VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx512_vnni(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises, on a CPU with VNNI.
+        unsafe { dot_columns_in::<Avx512<true>>(format, blocks, row_bytes, inputs, outs, range) }
     }
 
     /// `super::dot_columns` on AVX2.
@@ -923,14 +974,29 @@ mod tests {
                 let values = activations(rows, depth, rows as u64);
                 let inputs = QuantizedRows::new(values.chunks_exact(depth), depth);
                 let expected = products(Isa::Portable, format, &blocks, &inputs, columns);
-                for isa in Isa::available() {
-                    let ours = products(isa, format, &blocks, &inputs, columns);
+                let mut runs: Vec<(String, Vec<Vec<f32>>)> = Isa::available()
+                    .into_iter()
+                    .map(|isa| (format!("{isa:?}"), products(isa, format, &blocks, &inputs, columns)))
+                    .collect();
+                #[cfg(target_arch = "x86_64")]
+                if super::has_vnni() {
+                    // The AVX-512 sums without VNNI's, which this CPU would not take.
+                    let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
+                    let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+                    let row_bytes = blocks.len() / columns;
+                    // SAFETY: each output row has `columns` values; the CPU has AVX-512.
+                    unsafe {
+                        super::x86::dot_columns_avx512(format, &blocks, row_bytes, &inputs, &pointers, 0..columns)
+                    };
+                    runs.push(("Avx512 without VNNI".into(), outs));
+                }
+                for (isa, ours) in runs {
                     for (r, (ours, expected)) in ours.iter().zip(&expected).enumerate() {
                         for (n, (a, b)) in ours.iter().zip(expected).enumerate() {
                             assert_eq!(
                                 a.to_bits(),
                                 b.to_bits(),
-                                "{format} on {isa:?}, {rows} rows: row {r} column {n}"
+                                "{format} on {isa}, {rows} rows: row {r} column {n}"
                             );
                         }
                     }

@@ -19,7 +19,7 @@
 //! one fused multiply-add, then the mins against the levels' sums times
 //! `−dmin · step`.
 
-use super::int8::{QuantizedRows, SPAN};
+use super::int8::{has_vnni, QuantizedRows, SPAN};
 use super::matmul::Isa;
 #[cfg(test)]
 use linnet_ir::quant;
@@ -40,14 +40,6 @@ pub fn takes(isa: Isa, count: usize, format: BlockFormat) -> bool {
         && count > super::decode::DOT_ROWS
         && matches!(isa, Isa::Avx512Bf16 | Isa::Avx512)
         && has_vnni()
-}
-
-/// Whether this CPU has AVX-512 VNNI.
-fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return std::arch::is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// One block of sixteen weight rows, laid out for the lanes: row `i`'s
