@@ -1,24 +1,26 @@
-//! Products of K-quant weight rows (Q4_K, Q6_K) against input rows
-//! quantized to 8 bits, in integer dot products: the freedom
-//! `docs/language.md` gives a parameter declared bf16 ("Quantized
-//! inputs"), taken in a decode step's products, where decoding each
-//! weight into an f32 lane costs more than reading it, and in every
-//! product on AVX2 (`matmul::takes_int8`).
+//! Products of weight rows in blocks of 8-bit or smaller levels (Q4_K,
+//! Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! products: the freedom `docs/language.md` gives a parameter declared
+//! bf16 ("Quantized inputs"), taken in a decode step's products, where
+//! decoding each weight into an f32 lane costs more than reading it, and
+//! in every K-quant product on AVX2 (`matmul::takes_int8`).
 //!
-//! An input row is quantized per [`SPAN`] values (a K-quant block's):
-//! `step = max|x| / 127`, each level `round(x / step)` (ties to even) in
-//! `-127..=127`, with the levels' sums over each 16 values. A block's
-//! products are then integers, summed exactly in i32 with its small
-//! integer scales (Q4_K's mins against the levels' sums, Q6_K's offset of
-//! 32 likewise) in eight lanes ([`lane_of`]), as AVX2's byte products
-//! leave them; each lane is multiplied by the block's f16 scale and the
-//! span's step and added into an f32 lane of the row, and the eight f32
-//! lanes are added once, at the row's end ([`Sums`]). Integer sums are the
-//! same in any order and the f32 sums take one order everywhere, so every
-//! instruction set computes the same bits: AVX2's
-//! `vpmaddubsw`/`vpmaddwd`, AVX-512 BW's at 64 values a register (its two
-//! halves added into eight lanes), and the portable loops, which the tests
-//! hold the vector code to.
+//! An input row is quantized per [`SPAN`] values (a K-quant block's,
+//! eight Q8_0 blocks'): `step = max|x| / 127`, each level `round(x /
+//! step)` (ties to even) in `-127..=127`, with the levels' sums over each
+//! 16 values. A block's products are then integers, summed exactly in i32
+//! with its small integer scales (Q4_K's mins against the levels' sums,
+//! Q6_K's offset of 32 likewise) in eight lanes ([`lane_of`]), as AVX2's
+//! byte products leave them; each lane is multiplied by the block's f16
+//! scale and the span's step and added into an f32 lane of the row, and
+//! the eight f32 lanes are added once, at the row's end ([`Sums`]).
+//! Integer sums are the same in any order and the f32 sums take one order
+//! everywhere, so every instruction set computes the same bits: AVX2's
+//! `vpmaddubsw`/`vpmaddwd` (Q8_0's signed levels by their magnitudes
+//! against the inputs' levels with their signs, `vpsignb`), AVX-512 BW's
+//! at 64 values a register (its two halves added into eight lanes; with
+//! VNNI, `vpdpwssd` adds the scaled pairs), and the portable loops, which
+//! the tests hold the vector code to.
 
 use super::decode::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::matmul::Isa;
@@ -41,7 +43,7 @@ pub(crate) fn has_vnni() -> bool {
 
 /// Whether weights of `format` multiply quantized inputs here.
 pub fn takes(format: BlockFormat) -> bool {
-    matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+    matches!(format, BlockFormat::Q4K | BlockFormat::Q6K | BlockFormat::Q8_0)
 }
 
 /// Input rows quantized to 8-bit levels per [`SPAN`] values.
@@ -212,6 +214,10 @@ trait BlockDots: Sums {
     /// `Σ_{g∈{2l, 2l+1}} scale[g] · Σ_{k∈g} level[k]`: the offset of 32
     /// taken against the groups' sums of levels.
     unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
+
+    /// Q8_0: lane `l` of `Σ_k q[k] · level[k]` over a block's 32 values
+    /// (`q` its signed levels, from `quants`).
+    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
 }
 
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
@@ -291,15 +297,31 @@ impl BlockDots for Portable {
             })
         })
     }
+
+    #[inline(always)]
+    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
+        // SAFETY: as the caller promises, the block's quants and the rows' 32 levels.
+        let quants = unsafe { std::slice::from_raw_parts(quants.cast::<i8>(), 32) };
+        std::array::from_fn(|r| {
+            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32) };
+            let mut products = [0; 8];
+            for (v, (q, level)) in quants.iter().zip(levels).enumerate() {
+                products[lane_of(v)] += i32::from(*q) * i32::from(*level);
+            }
+            products
+        })
+    }
 }
 
-/// The K-quant formats, each a block's share of a product.
+/// The formats, each a span's share of a product.
 trait KQuant {
-    const FORMAT: BlockFormat;
-    /// The block's sums against each row's span, times the block's scales
+    /// The bytes of a [`SPAN`] of values: a K-quant block, eight of Q8_0's.
+    const SPAN_BYTES: usize;
+    /// The span's sums against each row's span, times the blocks' scales
     /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
     /// products times `d · step`, then its mins times `−dmin · step`;
-    /// Q6_K's times `d · step`.
+    /// Q6_K's times `d · step`; each Q8_0 block's in turn times its
+    /// `d · step`.
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
@@ -311,9 +333,10 @@ trait KQuant {
 
 struct Q4K;
 struct Q6K;
+struct Q8_0;
 
 impl KQuant for Q4K {
-    const FORMAT: BlockFormat = BlockFormat::Q4K;
+    const SPAN_BYTES: usize = 144;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -335,7 +358,7 @@ impl KQuant for Q4K {
 }
 
 impl KQuant for Q6K {
-    const FORMAT: BlockFormat = BlockFormat::Q6K;
+    const SPAN_BYTES: usize = 210;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -349,6 +372,30 @@ impl KQuant for Q6K {
             let d = B::half(block, 208);
             for (r, products) in B::q6_k::<R>(block, levels, sums).into_iter().enumerate() {
                 into[r] = B::add_scaled(into[r], products, d * steps[r]);
+            }
+        }
+    }
+}
+
+impl KQuant for Q8_0 {
+    const SPAN_BYTES: usize = 8 * 34;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        span: *const u8,
+        levels: [*const i8; R],
+        _sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        // SAFETY: as the caller promises, the span's eight blocks are whole.
+        unsafe {
+            for block in 0..8 {
+                let at = span.add(34 * block);
+                let d = B::half(at, 0);
+                let products = B::q8_0::<R>(at.add(2), levels.map(|levels| levels.add(32 * block)));
+                for (r, products) in products.into_iter().enumerate() {
+                    into[r] = B::add_scaled(into[r], products, d * steps[r]);
+                }
             }
         }
     }
@@ -376,7 +423,7 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
     // SAFETY: as the caller promises.
     unsafe {
         let mut lanes = [B::zero(); R];
-        for (number, block) in row.chunks_exact(F::FORMAT.block_bytes()).enumerate() {
+        for (number, block) in row.chunks_exact(F::SPAN_BYTES).enumerate() {
             if first == 0 {
                 prefetch_ahead(block);
             }
@@ -428,7 +475,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
         match format {
             BlockFormat::Q4K => dot_columns_of::<B, Q4K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q8_0 => unreachable!("Q8_0 weights multiply f32 inputs"),
+            BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
         }
     }
 }
@@ -572,7 +619,28 @@ mod x86 {
         }
     }
 
+    /// Q8_0's products of a block in eight i32 lanes, on AVX2 (which
+    /// AVX-512 CPUs have too): `vpmaddubsw` of the quants' magnitudes by
+    /// the levels with the quants' signs (`vpsignb`: at most 2 · 128 · 127,
+    /// no saturation), pairs added into i32 by `vpmaddwd` by ones.
+    #[inline(always)]
+    unsafe fn q8_0_products<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+        unsafe {
+            let quants = _mm256_loadu_si256(quants.cast());
+            let magnitudes = _mm256_abs_epi8(quants);
+            levels.map(|levels| {
+                let signed = _mm256_sign_epi8(_mm256_loadu_si256(levels.cast()), quants);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), _mm256_set1_epi16(1))
+            })
+        }
+    }
+
     impl BlockDots for Avx2 {
+        #[inline(always)]
+        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            unsafe { q8_0_products(quants, levels) }
+        }
+
         /// The mins against each 32 levels' sum (each 16's, in pairs)
         /// by `vpmaddwd`.
         #[inline(always)]
@@ -706,6 +774,12 @@ mod x86 {
     }
 
     impl<const VNNI: bool> BlockDots for Avx512<VNNI> {
+        /// In 256-bit lanes, as AVX2: a block is 32 values.
+        #[inline(always)]
+        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            unsafe { q8_0_products(quants, levels) }
+        }
+
         #[inline(always)]
         unsafe fn q4_k<const R: usize>(
             block: *const u8,
@@ -968,8 +1042,9 @@ mod tests {
     #[test]
     fn every_isa_computes_the_same_bits() {
         let (columns, depth) = (5, 4 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q6K] {
-            let blocks = quant::arbitrary_blocks(format, columns * depth / SPAN, 0x5851_f42d_4c95_7f2d);
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+            let count = columns * depth / format.block_values();
+            let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
             for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
                 let values = activations(rows, depth, rows as u64);
                 let inputs = QuantizedRows::new(values.chunks_exact(depth), depth);
@@ -993,11 +1068,7 @@ mod tests {
                 for (isa, ours) in runs {
                     for (r, (ours, expected)) in ours.iter().zip(&expected).enumerate() {
                         for (n, (a, b)) in ours.iter().zip(expected).enumerate() {
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{format} on {isa}, {rows} rows: row {r} column {n}"
-                            );
+                            assert_eq!(a.to_bits(), b.to_bits(), "{format} on {isa}, {rows} rows: row {r} column {n}");
                         }
                     }
                 }
@@ -1011,7 +1082,7 @@ mod tests {
     #[test]
     fn products_meet_the_contracts_bound() {
         let (columns, depth) = (7, 8 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q6K] {
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
             let values: Vec<f32> = activations(1, columns * depth, 11);
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];

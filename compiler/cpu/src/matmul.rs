@@ -343,15 +343,17 @@ fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> boo
 
 /// Whether `count` rows against a parameter declared bf16 in `format`
 /// take integer products over quantized inputs on `isa` (the contract's
-/// freedom for K-quants): a decode step's few rows, where decoding each
-/// 4- or 6-bit weight into an f32 lane costs more than reading it; any
-/// rows where the f32 lanes are AVX2's eight, since AVX2's byte products
-/// multiply four times as many values an instruction (AVX-512's sixteen
-/// f32 lanes and bf16 dot products keep up with those, past a decode
-/// step's rows); and the rows the panels take, whose VNNI dot products
-/// multiply twice as many values an instruction as bf16's.
-fn takes_int8(isa: Isa, count: usize, format: BlockFormat) -> bool {
-    int8::takes(format) && (count <= decode::DOT_ROWS || isa.lanes() == Isa::Avx2 || panels::takes(isa, count, format))
+/// freedom, over rows of whole spans): a decode step's few rows, where
+/// decoding each weight into an f32 lane costs more than reading it; and,
+/// for the K-quants, any rows where the f32 lanes are AVX2's eight, since
+/// AVX2's byte products multiply four times as many values an instruction
+/// (AVX-512's sixteen f32 lanes and bf16 dot products keep up with those,
+/// past a decode step's rows), and the rows the panels take, whose VNNI
+/// dot products multiply twice as many values an instruction as bf16's.
+fn takes_int8(isa: Isa, count: usize, format: BlockFormat, depth: usize) -> bool {
+    let decode_rows = count <= decode::DOT_ROWS;
+    let past_them = format != BlockFormat::Q8_0 && (isa.lanes() == Isa::Avx2 || panels::takes(isa, count, format));
+    int8::takes(format) && depth.is_multiple_of(int8::SPAN) && (decode_rows || past_them)
 }
 
 /// `rows` against `weight` as they are best multiplied on `isa`: quantized
@@ -361,7 +363,7 @@ fn takes_int8(isa: Isa, count: usize, format: BlockFormat) -> bool {
 fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
     let count = rows.inputs.len();
     match weight {
-        Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format) => {
+        Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format, depth) => {
             // SAFETY: each input row has `depth` readable values.
             let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
             Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
@@ -385,7 +387,7 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
     // experts have thousands of rows between them); a decode step's here.
     let converts = groups.iter().any(|(rows, weight)| {
         let count = rows.inputs.len();
-        let quantizes = matches!(weight, Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format));
+        let quantizes = matches!(weight, Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format, depth));
         takes_bf16_dots(isa, count, weight, depth) || (quantizes && count > decode::DOT_ROWS)
     });
     let plans: Vec<Prepared> =
@@ -1060,8 +1062,9 @@ mod tests {
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
                         let panels = crate::panels::takes(isa, rows, format);
-                        let quantizes = crate::int8::takes(format)
-                            && (rows <= crate::decode::DOT_ROWS || isa.lanes() == Isa::Avx2 || panels);
+                        let past_decode_rows = format != BlockFormat::Q8_0 && (isa.lanes() == Isa::Avx2 || panels);
+                        let quantizes =
+                            crate::int8::takes(format) && (rows <= crate::decode::DOT_ROWS || past_decode_rows);
                         let rounds = !quantizes && bf16 && isa.has_bf16_dots() && rows > crate::decode::DOT_ROWS;
                         let expected = if quantizes {
                             let inputs = crate::int8::QuantizedRows::new(input.chunks_exact(depth), depth);
