@@ -936,14 +936,14 @@ pub(crate) fn products(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{products, QuantizedRows, DOT_ROWS, SPAN};
     use crate::matmul::Isa;
     use linnet_ir::quant::{self, BlockFormat};
 
     /// Rows of values like a model's activations: mostly small, a few
     /// large, of both signs, from `seed`.
-    fn activations(count: usize, depth: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn activations(count: usize, depth: usize, seed: u64) -> Vec<f32> {
         let mut state = seed | 1;
         (0..count * depth)
             .map(|at| {

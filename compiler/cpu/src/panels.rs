@@ -343,28 +343,11 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::{dot_columns, has_vnni, reference, PANEL_ROWS};
+    use crate::int8::tests::activations;
     use crate::int8::{QuantizedRows, SPAN};
     #[cfg(test)]
     use linnet_ir::quant;
     use linnet_ir::quant::BlockFormat;
-
-    /// Rows of values like a model's activations, from `seed`.
-    fn activations(count: usize, depth: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed | 1;
-        (0..count * depth)
-            .map(|at| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                if at % 89 == 3 {
-                    unit * 30.0
-                } else {
-                    unit
-                }
-            })
-            .collect()
-    }
 
     /// The panels compute the reference's bits on a CPU with VNNI, over
     /// arbitrary blocks, for whole panels and a part of one, and for every
