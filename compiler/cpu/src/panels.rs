@@ -4,8 +4,8 @@
 //! parameter declared bf16 ("Quantized inputs"), taken past a decode
 //! step's rows on CPUs with VNNI (`matmul`'s choice of kernel).
 //!
-//! A [`Panel`] holds sixteen weight rows' blocks with their bytes
-//! interleaved: each 32-bit lane of a register holds four bytes of one
+//! A panel ([`PanelBlock`]s, one per span of the depth) holds sixteen
+//! weight rows' blocks with their bytes interleaved: each 32-bit lane of a register holds four bytes of one
 //! row, from the same place in each. One `vpdpbusd` then multiplies four
 //! values of sixteen rows by the same four input levels (broadcast), and
 //! after a group's 32 values every lane holds its row's whole sum, which
