@@ -83,7 +83,8 @@ impl QuantizedRows {
             assert_eq!(row.len(), depth, "rows of the depth");
             row.chunks_exact(SPAN)
         });
-        let vectors = cfg!(target_arch = "x86_64") && Isa::host().lanes() == Isa::Avx512;
+        #[cfg(target_arch = "x86_64")]
+        let vectors = Isa::host().lanes() == Isa::Avx512;
         for (((levels, step), sums), values) in spans.zip(values) {
             #[cfg(target_arch = "x86_64")]
             if vectors {
