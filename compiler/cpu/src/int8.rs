@@ -316,8 +316,7 @@ impl BlockDots for Portable {
 
 /// The formats, each a span's share of a product.
 trait KQuant {
-    /// The bytes of a [`SPAN`] of values: a K-quant block, eight of Q8_0's.
-    const SPAN_BYTES: usize;
+    const FORMAT: BlockFormat;
     /// The span's sums against each row's span, times the blocks' scales
     /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
     /// products times `d · step`, then its mins times `−dmin · step`;
@@ -337,7 +336,7 @@ struct Q6K;
 struct Q8_0;
 
 impl KQuant for Q4K {
-    const SPAN_BYTES: usize = 144;
+    const FORMAT: BlockFormat = BlockFormat::Q4K;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -359,7 +358,7 @@ impl KQuant for Q4K {
 }
 
 impl KQuant for Q6K {
-    const SPAN_BYTES: usize = 210;
+    const FORMAT: BlockFormat = BlockFormat::Q6K;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -379,7 +378,7 @@ impl KQuant for Q6K {
 }
 
 impl KQuant for Q8_0 {
-    const SPAN_BYTES: usize = 8 * 34;
+    const FORMAT: BlockFormat = BlockFormat::Q8_0;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         span: *const u8,
@@ -388,12 +387,13 @@ impl KQuant for Q8_0 {
         steps: [f32; R],
         into: &mut [B::Floats; R],
     ) {
-        // SAFETY: as the caller promises, the span's eight blocks are whole.
+        let (bytes, values) = (BlockFormat::Q8_0.block_bytes(), BlockFormat::Q8_0.block_values());
+        // SAFETY: as the caller promises, the span's blocks are whole.
         unsafe {
-            for block in 0..8 {
-                let at = span.add(34 * block);
+            for block in 0..SPAN / values {
+                let at = span.add(bytes * block);
                 let d = B::half(at, 0);
-                let products = B::q8_0::<R>(at.add(2), levels.map(|levels| levels.add(32 * block)));
+                let products = B::q8_0::<R>(at.add(2), levels.map(|levels| levels.add(values * block)));
                 for (r, products) in products.into_iter().enumerate() {
                     into[r] = B::add_scaled(into[r], products, d * steps[r]);
                 }
@@ -424,7 +424,9 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
     // SAFETY: as the caller promises.
     unsafe {
         let mut lanes = [B::zero(); R];
-        for (number, block) in row.chunks_exact(F::SPAN_BYTES).enumerate() {
+        // A span's bytes: a K-quant block, eight of Q8_0's.
+        let span_bytes = F::FORMAT.row_bytes(SPAN).expect("blocks that divide a span");
+        for (number, block) in row.chunks_exact(span_bytes).enumerate() {
             if first == 0 {
                 prefetch_ahead(block);
             }
@@ -983,15 +985,16 @@ pub(crate) mod tests {
         assert!(super::nearest_even(f32::NAN).is_nan());
     }
 
-    /// The vector quantizing gives the plain loops' levels, sums and step:
-    /// over activations, spans with a NaN or an infinity, zeros and
-    /// negative zeros, and values whose levels fall on ties.
+    /// The vector quantizing gives the plain loops' levels, sums and step
+    /// (which are the levels' sums, and on ties round to even): over
+    /// activations, spans with a NaN or an infinity, zeros and negative
+    /// zeros, and values whose levels fall on ties.
     #[test]
     fn every_isa_quantizes_alike() {
         let mut spans: Vec<Vec<f32>> = (0..40).map(|seed| activations(1, SPAN, seed)).collect();
         // The largest is 127, so each level is its value, on a tie but the last.
         let ties: Vec<f32> = (0..SPAN - 1).map(|at| (at % 200) as f32 - 99.5).chain([127.0]).collect();
-        spans.push(ties);
+        spans.push(ties.clone());
         spans.push(vec![0.0; SPAN]);
         spans.push((0..SPAN).map(|at| if at % 2 == 0 { -0.0 } else { 0.0 }).collect());
         for poison in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
@@ -1002,6 +1005,13 @@ pub(crate) mod tests {
         for (number, span) in spans.iter().enumerate() {
             let (mut levels, mut sums) = ([0i8; SPAN], [0i16; SPAN / 16]);
             let step = super::quantize_span(span, &mut levels, &mut sums);
+            for (sum, levels) in sums.iter().zip(levels.chunks_exact(16)) {
+                assert_eq!(*sum, levels.iter().map(|level| i16::from(*level)).sum::<i16>(), "span {number}");
+            }
+            if *span == ties {
+                let rounded: Vec<i8> = ties.iter().map(|value| value.round_ties_even() as i8).collect();
+                assert_eq!((step, levels.to_vec()), (1.0, rounded), "ties");
+            }
             #[cfg(target_arch = "x86_64")]
             if Isa::available().contains(&Isa::Avx512) {
                 let (mut vector_levels, mut vector_sums) = ([0i8; SPAN], [0i16; SPAN / 16]);

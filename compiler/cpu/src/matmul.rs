@@ -326,6 +326,8 @@ enum Prepared {
     Bf16(Bf16Inputs),
     /// The rows quantized to 8 bits, for integer dot products (`int8`).
     Int8(int8::QuantizedRows),
+    /// The rows quantized to 8 bits, for the VNNI panels (`panels`).
+    Panels(int8::QuantizedRows),
 }
 
 /// Whether `count` rows against `weight` take bf16 dot products on `isa`:
@@ -357,7 +359,8 @@ fn takes_int8(isa: Isa, count: usize, format: BlockFormat, depth: usize) -> bool
 }
 
 /// `rows` against `weight` as they are best multiplied on `isa`: quantized
-/// for integer products where [`takes_int8`]; converted to bf16 where
+/// for integer products where [`takes_int8`] (for the panels where they
+/// take them, else for `int8`'s rows); converted to bf16 where
 /// [`takes_bf16_dots`]; other matrix–vector products stream faster
 /// widening the weights (blocks: decoding them into their sums, exactly).
 fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
@@ -366,7 +369,12 @@ fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
         Matrix::Bf16Blocks(format, _) if takes_int8(isa, count, *format, depth) => {
             // SAFETY: each input row has `depth` readable values.
             let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
-            Prepared::Int8(int8::QuantizedRows::new(inputs, depth))
+            let quantized = int8::QuantizedRows::new(inputs, depth);
+            if panels::takes(isa, count, *format) {
+                Prepared::Panels(quantized)
+            } else {
+                Prepared::Int8(quantized)
+            }
         }
         _ if takes_bf16_dots(isa, count, weight, depth) => {
             Bf16Inputs::new(isa, rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16)
@@ -407,11 +415,11 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
                 (Matrix::Bf16(weight), _) => columns_on(lanes, rows, weight, depth, 0, range),
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Int8(inputs)) => {
                     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-                    if panels::takes(isa, inputs.len(), *format) {
-                        panels::dot_columns(blocks, row_bytes, inputs, &rows.outs, range)
-                    } else {
-                        int8::dot_columns(lanes, *format, blocks, row_bytes, inputs, &rows.outs, range)
-                    }
+                    int8::dot_columns(lanes, *format, blocks, row_bytes, inputs, &rows.outs, range)
+                }
+                (Matrix::Bf16Blocks(format, blocks), Prepared::Panels(inputs)) => {
+                    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+                    panels::dot_columns(blocks, row_bytes, inputs, &rows.outs, range)
                 }
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
                     rounded_columns(rows, inputs, *format, blocks, depth, range)
@@ -1032,8 +1040,9 @@ mod tests {
     /// rounded to bf16 only where the contract lets them be and the CPU
     /// gains by it: more rows than a decode step's, bf16 inputs, AVX-512
     /// BF16; there they give bit for bit what their values rounded to bf16
-    /// give as bf16 weights. K-quant blocks against a decode step's rows,
-    /// and against any rows on AVX2, give what `int8` gives over the rows
+    /// give as bf16 weights. Q4_K, Q6_K and Q8_0 blocks against a decode
+    /// step's rows, and K-quant blocks against any rows on AVX2, give what
+    /// `int8` gives over the rows
     /// quantized (on every instruction set; Q4_K past those rows in the
     /// panels' order, where the CPU has VNNI), and elsewhere blocks give
     /// what they give exactly.
