@@ -137,7 +137,7 @@ fn matrix_kernels() {
 /// down products (8 experts a token, 1024 × 2048 and 2048 × 512, each
 /// expert's rows as a router's choices at random fall: 16 on average,
 /// from a handful to thirty), and a decode step's (8 experts of one row,
-/// other experts each call).
+/// other experts each call); the prefill's also in Q4_K declared bf16.
 fn expert_kernels() {
     let experts = 256;
     let mut state = 7u64;
@@ -157,8 +157,16 @@ fn expert_kernels() {
         [(&routed, 1024, 2048), (&routed, 2048, 512), (&vec![1; 8], 1024, 2048), (&vec![1; 8], 2048, 512)]
     {
         let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
+        let expert_values = |e: usize| values(columns * depth, 20 + e as u64);
         let weights: Vec<Vec<u16>> =
-            (0..experts).map(|e| values(columns * depth, 20 + e as u64).into_iter().map(bf16_bits).collect()).collect();
+            (0..experts).map(|e| expert_values(e).into_iter().map(bf16_bits).collect()).collect();
+        // The same experts in Q4_K declared bf16 (a q4_k_m model's), past a
+        // decode step's rows.
+        let blocks: Vec<Vec<u8>> = if chosen == experts {
+            (0..experts).map(|e| quantize(BlockFormat::Q4K, &expert_values(e)).expect("rows of whole blocks")).collect()
+        } else {
+            Vec::new()
+        };
         let input = values(total * depth, 13);
         let mut out = vec![0f32; total * columns];
         let out_base = out.as_mut_ptr();
@@ -173,22 +181,26 @@ fn expert_kernels() {
                 outs: (first..first + count).map(|r| unsafe { out_base.add(r * columns) }).collect(),
             })
             .collect();
-        let mut call = 0;
-        let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
-            call += 1;
-            let groups: Vec<(&Rows, Matrix)> = batches
-                .iter()
-                .enumerate()
-                .map(|(e, rows)| (rows, Matrix::Bf16(&weights[(call * chosen + e) % experts])))
-                .collect();
-            // SAFETY: every row points into a live vector of the right
-            // length, and the output rows are distinct.
-            unsafe { matmul_groups(&groups, columns, depth) }
-        });
-        let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
-        let gbs = (chosen * columns * depth * 2) as f64 / seconds / 1e9;
-        let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
-        println!("experts bf16 {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
+        let kinds = if blocks.is_empty() { &["bf16"][..] } else { &["bf16", "q4_k declared bf16"][..] };
+        for &kind in kinds {
+            let matrix = |e: usize| match kind {
+                "bf16" => Matrix::Bf16(&weights[e]),
+                _ => Matrix::Bf16Blocks(BlockFormat::Q4K, &blocks[e]),
+            };
+            let mut call = 0;
+            let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
+                call += 1;
+                let groups: Vec<(&Rows, Matrix)> =
+                    batches.iter().enumerate().map(|(e, rows)| (rows, matrix((call * chosen + e) % experts))).collect();
+                // SAFETY: every row points into a live vector of the right
+                // length, and the output rows are distinct.
+                unsafe { matmul_groups(&groups, columns, depth) }
+            });
+            let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
+            let gbs = (chosen * columns * depth * 2) as f64 / seconds / 1e9;
+            let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
+            println!("experts {kind} {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of bf16 weights", Isa::host().name());
+        }
     }
 }
 

@@ -159,34 +159,51 @@ pub unsafe fn columns(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{Inputs, DEPTH, EDGE, TILE_BYTES};
     use std::arch::asm;
 
-    /// The tile configuration: palette 1, all eight tiles sixteen rows of
-    /// 64 bytes (sums: tmm0–3, weights: tmm4–5, inputs: tmm6–7).
+    /// A tile configuration (palette 1): each of the eight tiles' rows and
+    /// bytes a row.
     #[repr(C, align(64))]
-    struct Config([u8; 64]);
+    pub struct Config([u8; 64]);
 
-    const CONFIG: Config = {
-        let mut bytes = [0u8; 64];
-        bytes[0] = 1;
-        let mut tile = 0;
-        while tile < 8 {
-            bytes[16 + 2 * tile] = 64;
-            bytes[48 + tile] = EDGE as u8;
-            tile += 1;
+    impl Config {
+        /// Tile `t` of `rows` rows of `bytes` bytes, for each `(rows, bytes)`.
+        pub const fn new(shapes: [(u8, u8); 8]) -> Config {
+            let mut config = [0u8; 64];
+            config[0] = 1;
+            let mut tile = 0;
+            while tile < 8 {
+                config[16 + 2 * tile] = shapes[tile].1;
+                config[48 + tile] = shapes[tile].0;
+                tile += 1;
+            }
+            Config(config)
         }
-        Config(bytes)
-    };
+    }
+
+    /// The bf16 products' tiles: all eight sixteen rows of 64 bytes (sums:
+    /// tmm0–3, weights: tmm4–5, inputs: tmm6–7).
+    const CONFIG: Config = Config::new([(EDGE as u8, 64); 8]);
+
+    /// Leaf 7 of CPUID: the AMX features are bits of EDX.
+    fn leaf_7_edx() -> u32 {
+        // SAFETY: every x86-64 CPU has CPUID leaf 7 or answers zeros.
+        #[allow(unused_unsafe)]
+        unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx
+    }
 
     /// Whether the CPU has AMX tiles and their bf16 products (CPUID leaf 7).
     pub fn has_tiles() -> bool {
-        // SAFETY: every x86-64 CPU has CPUID leaf 7 or answers zeros.
-        #[allow(unused_unsafe)]
-        let leaf = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
-        let (bf16, tile) = (leaf.edx >> 22 & 1 == 1, leaf.edx >> 24 & 1 == 1);
+        let edx = leaf_7_edx();
+        let (bf16, tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
         bf16 && tile && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+
+    /// Whether the tiles also have byte products (AMX-INT8, CPUID leaf 7).
+    pub fn has_byte_products() -> bool {
+        leaf_7_edx() >> 25 & 1 == 1
     }
 
     /// Asks Linux for the tiles' state (XTILEDATA) for this process.
@@ -203,11 +220,22 @@ mod x86 {
     pub struct Configured(());
 
     impl Configured {
+        /// The bf16 products' tiles.
+        ///
         /// # Safety
         /// The CPU has AMX and the process the grant.
         pub unsafe fn new() -> Configured {
             // SAFETY: as the caller promises.
-            unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
+            unsafe { Configured::as_in(&CONFIG) }
+        }
+
+        /// The tiles as `config` shapes them.
+        ///
+        /// # Safety
+        /// The CPU has AMX and the process the grant.
+        pub unsafe fn as_in(config: &Config) -> Configured {
+            // SAFETY: as the caller promises.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
             Configured(())
         }
     }

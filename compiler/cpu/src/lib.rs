@@ -3,8 +3,8 @@
 //! puts those functions in memory (JIT) or in an artifact's object file and
 //! loads them back; `helpers` is the table of functions they call,
 //! `matmul` the hand-tuned kernel contractions run on (`decode`,
-//! `int8` and `panels` its products over block formats, `amx` its AMX
-//! tiles), `kernels` the
+//! `int8`, `panels` and `byte_tiles` its products over block formats,
+//! `amx` its AMX tiles), `kernels` the
 //! kernels of attention and the delta rule, `simd` the vectors both are
 //! written in, `threads` the pool they share their work on; `backend` is
 //! what the executor drives. Numerics follow `linnet_ir::numerics`, the
@@ -30,6 +30,7 @@ macro_rules! for_rows {
 
 mod amx;
 pub mod backend;
+mod byte_tiles;
 mod decode;
 pub mod expf;
 pub mod helpers;

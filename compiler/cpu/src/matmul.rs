@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::amx;
+use super::byte_tiles;
 use super::decode;
 use super::int8;
 use super::panels;
@@ -328,6 +329,9 @@ enum Prepared {
     Int8(int8::QuantizedRows),
     /// The rows quantized to 8 bits, for the VNNI panels (`panels`).
     Panels(int8::QuantizedRows),
+    /// The rows quantized to 8 bits and laid out for AMX's byte tiles
+    /// (`byte_tiles`).
+    ByteTiles(byte_tiles::Inputs),
 }
 
 /// Whether `count` rows against `weight` take bf16 dot products on `isa`:
@@ -351,10 +355,12 @@ fn takes_bf16_dots(isa: Isa, count: usize, weight: &Matrix, depth: usize) -> boo
 /// AVX2's byte products multiply four times as many values an instruction
 /// (AVX-512's sixteen f32 lanes and bf16 dot products keep up with those,
 /// past a decode step's rows), and the rows the panels take, whose VNNI
-/// dot products multiply twice as many values an instruction as bf16's.
+/// dot products multiply twice as many values an instruction as bf16's,
+/// and the rows AMX's byte tiles take, which need no decoding into bf16.
 fn takes_int8(isa: Isa, count: usize, format: BlockFormat, depth: usize) -> bool {
     let decode_rows = count <= decode::DOT_ROWS;
-    let past_them = format != BlockFormat::Q8_0 && (isa.lanes() == Isa::Avx2 || panels::takes(isa, count, format));
+    let past_them = format != BlockFormat::Q8_0
+        && (isa.lanes() == Isa::Avx2 || panels::takes(isa, count, format) || byte_tiles::takes(isa, count, format));
     int8::takes(format) && depth.is_multiple_of(int8::SPAN) && (decode_rows || past_them)
 }
 
@@ -372,6 +378,8 @@ fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
             let quantized = int8::QuantizedRows::new(inputs, depth);
             if panels::takes(isa, count, *format) {
                 Prepared::Panels(quantized)
+            } else if byte_tiles::takes(isa, count, *format) {
+                Prepared::ByteTiles(byte_tiles::Inputs::new(&quantized))
             } else {
                 Prepared::Int8(quantized)
             }
@@ -420,6 +428,10 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Panels(inputs)) => {
                     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
                     panels::dot_columns(blocks, row_bytes, inputs, &rows.outs, range)
+                }
+                (Matrix::Bf16Blocks(format, blocks), Prepared::ByteTiles(inputs)) => {
+                    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+                    byte_tiles::dot_columns(blocks, row_bytes, inputs, &rows.outs, range)
                 }
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
                     rounded_columns(rows, inputs, *format, blocks, depth, range)
@@ -1042,10 +1054,9 @@ mod tests {
     /// BF16; there they give bit for bit what their values rounded to bf16
     /// give as bf16 weights. Q4_K, Q6_K and Q8_0 blocks against a decode
     /// step's rows, and K-quant blocks against any rows on AVX2, give what
-    /// `int8` gives over the rows
-    /// quantized (on every instruction set; Q4_K past those rows in the
-    /// panels' order, where the CPU has VNNI), and elsewhere blocks give
-    /// what they give exactly.
+    /// `int8` gives over the rows quantized (on every instruction set;
+    /// Q4_K past those rows in the panels' order, where the CPU has VNNI
+    /// or AMX-INT8), and elsewhere blocks give what they give exactly.
     #[test]
     fn bf16_declared_blocks_round_only_where_they_may() {
         use linnet_ir::numerics::{bf16_bits, bf16_value};
@@ -1059,7 +1070,7 @@ mod tests {
             let mut values = vec![0f32; columns * depth];
             dequantize(format, &blocks, &mut values).unwrap();
             let rounded: Vec<u16> = values.iter().map(|v| bf16_bits(*v)).collect();
-            for rows in [3, 70] {
+            for rows in [3, 12, 70] {
                 let input: Vec<f32> = (0..rows * depth).map(|at| value(at * 13 + 1)).collect();
                 let bf16_input: Vec<f32> = input.iter().map(|x| bf16_value(bf16_bits(*x))).collect();
                 for isa in Isa::available() {
@@ -1070,7 +1081,9 @@ mod tests {
                             out
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
-                        let panels = crate::panels::takes(isa, rows, format);
+                        // The panels and the byte tiles compute the same bits.
+                        let panels =
+                            crate::panels::takes(isa, rows, format) || crate::byte_tiles::takes(isa, rows, format);
                         let past_decode_rows = format != BlockFormat::Q8_0 && (isa.lanes() == Isa::Avx2 || panels);
                         let quantizes =
                             crate::int8::takes(format) && (rows <= crate::decode::DOT_ROWS || past_decode_rows);

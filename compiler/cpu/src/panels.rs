@@ -34,7 +34,8 @@ const TILE_ROWS: usize = 8;
 /// Whether `count` rows against weights of `format` take the panels on
 /// `isa`: Q4_K, past a decode step's rows (whose weights are read once and
 /// would not pay for the gathering), on a CPU with AVX-512 VNNI whose
-/// bf16 products are vectors (AMX keeps its tiles).
+/// bf16 products are vectors (on AMX, the tiles: `byte_tiles` for a few
+/// rows, bf16 ones past them).
 pub fn takes(isa: Isa, count: usize, format: BlockFormat) -> bool {
     format == BlockFormat::Q4K
         && count > super::decode::DOT_ROWS
@@ -131,7 +132,7 @@ pub(crate) fn reference_products(blocks: &[u8], inputs: &QuantizedRows, columns:
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{BlockFormat, PanelBlock, QuantizedRows, PANEL_ROWS, SPAN, TILE_ROWS};
     use std::arch::x86_64::*;
 
@@ -176,24 +177,39 @@ mod x86 {
         }
     }
 
-    /// The blocks at `first` and each `row_bytes` past it (`rows` of them;
-    /// zeros in the other lanes), laid out for the lanes: the quants by
-    /// two transposes of sixteen rows' sixteen words, the halves widened
-    /// and the scales and mins unpacked as `quant::q4_k_scales_mins` does,
-    /// lane by lane.
+    /// The headers of sixteen rows' Q4_K blocks, row `i`'s in lane `i`.
+    pub(crate) struct Header {
+        pub d: __m512,
+        pub dmin: __m512,
+        /// Group `g`'s 6-bit scale.
+        pub scales: [__m512i; 8],
+        /// Groups `2i` and `2i + 1`'s mins, in the low and high 16 bits.
+        pub mins: [__m512i; 4],
+    }
+
+    /// The headers of the blocks at `first` and each `row_bytes` past it
+    /// (`rows` of them; zeros in the other lanes): the halves widened and
+    /// the scales and mins unpacked as `quant::q4_k_scales_mins` does, lane
+    /// by lane.
+    ///
+    /// # Safety
+    /// The blocks exist; the CPU has AVX-512 F and BW.
     #[inline(always)]
-    unsafe fn gather(first: *const u8, row_bytes: usize, rows: usize, into: &mut PanelBlock) {
+    pub(crate) unsafe fn header(first: *const u8, row_bytes: usize, rows: usize) -> Header {
         unsafe {
-            let mut header = [[0u32; PANEL_ROWS]; 4];
-            for row in 0..rows {
-                for (word, lanes) in header.iter_mut().enumerate() {
-                    lanes[row] = first.add(row * row_bytes + 4 * word).cast::<u32>().read_unaligned();
-                }
-            }
-            let [halves, first_word, second, third] = header.map(|lanes| _mm512_loadu_si512(lanes.as_ptr().cast()));
-            _mm512_store_ps(into.d.as_mut_ptr(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
+            // Word `w` of each row's header, gathered into its lane (no
+            // scalar stores, which a vector load could not forward).
+            let present = (u32::MAX >> (32 - rows)) as __mmask16;
+            let offsets = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(i32::try_from(row_bytes).expect("rows under 2 GiB")),
+            );
+            let [halves, first_word, second, third] = std::array::from_fn(|word| {
+                let words = first.add(4 * word);
+                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), present, offsets, words.cast())
+            });
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves));
             let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(halves)));
-            _mm512_store_ps(into.dmin.as_mut_ptr(), dmin);
             let (six, four, two) =
                 (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x0303_0303));
             let top_two = |word: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(word), two));
@@ -202,21 +218,41 @@ mod x86 {
             let scales_high = _mm512_or_si512(_mm512_and_si512(third, four), top_two(first_word));
             let mins_high = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(third), four), top_two(second));
             let (low_byte, third_byte) = (_mm512_set1_epi32(0xff), _mm512_set1_epi32(0x00ff_0000));
-            for (quarter, scales) in [scales_low, scales_high].into_iter().enumerate() {
-                for (at, group) in (4 * quarter..4 * quarter + 4).enumerate() {
-                    let scale = _mm512_and_si512(_mm512_srlv_epi32(scales, _mm512_set1_epi32(8 * at as i32)), low_byte);
-                    _mm512_store_si512(into.scales[group].as_mut_ptr().cast(), scale);
+            let scales = std::array::from_fn(|group| {
+                let quarter = if group < 4 { scales_low } else { scales_high };
+                _mm512_and_si512(_mm512_srlv_epi32(quarter, _mm512_set1_epi32(8 * (group % 4) as i32)), low_byte)
+            });
+            // Bytes 0 and 1, then 2 and 3, of each word to its two halves.
+            let pair = |low: __m512i, high: __m512i| {
+                _mm512_or_si512(_mm512_and_si512(low, low_byte), _mm512_and_si512(high, third_byte))
+            };
+            let mins = std::array::from_fn(|at| {
+                let half = if at < 2 { mins_low } else { mins_high };
+                if at % 2 == 0 {
+                    pair(half, _mm512_slli_epi32::<8>(half))
+                } else {
+                    pair(_mm512_srli_epi32::<16>(half), _mm512_srli_epi32::<8>(half))
                 }
+            });
+            Header { d, dmin, scales, mins }
+        }
+    }
+
+    /// The blocks at `first` and each `row_bytes` past it (`rows` of them;
+    /// zeros in the other lanes), laid out for the lanes: the quants by
+    /// two transposes of sixteen rows' sixteen words, the headers as
+    /// [`header`] unpacks them.
+    #[inline(always)]
+    unsafe fn gather(first: *const u8, row_bytes: usize, rows: usize, into: &mut PanelBlock) {
+        unsafe {
+            let header = header(first, row_bytes, rows);
+            _mm512_store_ps(into.d.as_mut_ptr(), header.d);
+            _mm512_store_ps(into.dmin.as_mut_ptr(), header.dmin);
+            for (lanes, scale) in into.scales.iter_mut().zip(header.scales) {
+                _mm512_store_si512(lanes.as_mut_ptr().cast(), scale);
             }
-            for (half, mins) in [mins_low, mins_high].into_iter().enumerate() {
-                // Bytes 0 and 1, then 2 and 3, of each word to its two halves.
-                let pair = |low: __m512i, high: __m512i| {
-                    _mm512_or_si512(_mm512_and_si512(low, low_byte), _mm512_and_si512(high, third_byte))
-                };
-                let first_pair = pair(mins, _mm512_slli_epi32::<8>(mins));
-                let second_pair = pair(_mm512_srli_epi32::<16>(mins), _mm512_srli_epi32::<8>(mins));
-                _mm512_store_si512(into.mins[2 * half].as_mut_ptr().cast(), first_pair);
-                _mm512_store_si512(into.mins[2 * half + 1].as_mut_ptr().cast(), second_pair);
+            for (lanes, mins) in into.mins.iter_mut().zip(header.mins) {
+                _mm512_store_si512(lanes.as_mut_ptr().cast(), mins);
             }
             for half in 0..2 {
                 let words = std::array::from_fn(|row| {

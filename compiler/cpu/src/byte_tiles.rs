@@ -1,0 +1,433 @@
+//! Products of Q4_K weight rows against input rows quantized to 8 bits
+//! (`int8::QuantizedRows`) in AMX's byte tiles (`tdpbusd`): the freedom
+//! `docs/language.md` gives a parameter declared bf16 ("Quantized
+//! inputs"), taken on CPUs with AMX-INT8 for products over more rows than
+//! a decode step's and few enough that decoding every weight into bf16
+//! would cost more than the products (a prefill's experts: `matmul`'s
+//! choice of kernel).
+//!
+//! Sixteen weight rows are unpacked once into bytes, a Q4_K group's 32
+//! values a tile row (the A operand, read in place); the input rows are
+//! laid out once per call as B tiles hold them ([`Inputs`]). Each group's
+//! tile of sums (sixteen weight rows by sixteen input rows) is an exact
+//! integer; it takes the group's 6-bit scale in f32, which is exact too,
+//! so the f32 order is the panels' (`panels::reference`), bit for bit:
+//! per block, the scaled sums of groups 0–3, then of groups 4–7, each
+//! times `d · step` by one fused multiply-add, then the mins against the
+//! levels' sums times `−dmin · step`.
+
+use super::int8::{QuantizedRows, SPAN};
+use super::matmul::Isa;
+use linnet_ir::quant::BlockFormat;
+
+/// Rows of a tile: sixteen weight rows (A), sixteen input rows (B's
+/// columns), and the 16 × 16 sums they make (C).
+const EDGE: usize = 16;
+
+/// Values of a Q4_K group, whose sums take one scale: a tile's depth.
+const GROUP: usize = 32;
+
+/// Groups in a span (a Q4_K block).
+const GROUPS: usize = SPAN / GROUP;
+
+/// The most input rows a product takes the tiles for: one block of them.
+/// Each block's sums of each group take their scale in vector lanes,
+/// while the weights decoded once into bf16 (`amx`) serve every block:
+/// with two blocks the two cost about the same (the `experts` and matrix
+/// benches of `cargo bench -p linnet-cpu --bench kernels`).
+pub const MOST_ROWS: usize = EDGE;
+
+/// Whether this CPU has AMX byte products and the process the tiles.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::amx::available() && super::amx::x86::has_byte_products();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether `count` rows against weights of `format` take the byte tiles
+/// on `isa`: Q4_K, past a decode step's rows and up to [`MOST_ROWS`], where
+/// the instruction set is AMX's and the CPU has its byte products.
+pub fn takes(isa: Isa, count: usize, format: BlockFormat) -> bool {
+    format == BlockFormat::Q4K
+        && count > super::decode::DOT_ROWS
+        && count <= MOST_ROWS
+        && isa == Isa::Amx
+        && available()
+}
+
+/// Quantized input rows laid out for the tiles, in blocks of sixteen rows
+/// (the last filled out with zero levels and steps).
+pub struct Inputs {
+    /// Per block, per group of the depth: a B tile of eight rows of
+    /// sixteen words, word `n` of row `i` the levels `4i..4i + 4` of the
+    /// group in input row `n`.
+    tiles: Vec<u32>,
+    /// Per block, per span: the sixteen rows' steps.
+    steps: Vec<f32>,
+    /// Per block, per span, per pair of groups: the sixteen rows' sums of
+    /// the pair's levels (as `QuantizedRows` holds them).
+    pair_sums: Vec<u32>,
+    /// Spans of the depth.
+    spans: usize,
+    /// Input rows.
+    rows: usize,
+}
+
+impl Inputs {
+    pub fn new(quantized: &QuantizedRows) -> Inputs {
+        let (rows, spans) = (quantized.len(), quantized.depth() / SPAN);
+        let blocks = rows.div_ceil(EDGE);
+        let mut inputs = Inputs {
+            tiles: vec![0; blocks * spans * GROUPS * (GROUP / 4) * EDGE],
+            steps: vec![0.0; blocks * spans * EDGE],
+            pair_sums: vec![0; blocks * spans * (GROUPS / 2) * EDGE],
+            spans,
+            rows,
+        };
+        for row in 0..rows {
+            let (block, n) = (row / EDGE, row % EDGE);
+            for span in 0..spans {
+                let (levels, pair_sums, step) = quantized.span(row, span);
+                let at = block * spans + span;
+                inputs.steps[at * EDGE + n] = step;
+                for (pair, sum) in pair_sums.iter().enumerate() {
+                    inputs.pair_sums[(at * (GROUPS / 2) + pair) * EDGE + n] = *sum;
+                }
+                for (word, four) in levels.chunks_exact(4).enumerate() {
+                    let bytes = [four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8];
+                    inputs.tiles[(at * SPAN / 4 + word) * EDGE + n] = u32::from_le_bytes(bytes);
+                }
+            }
+        }
+        inputs
+    }
+
+    /// The B tile of block `block`, group `group` of span `span`.
+    #[cfg(target_arch = "x86_64")]
+    fn tile(&self, block: usize, span: usize, group: usize) -> *const u8 {
+        let at = ((block * self.spans + span) * GROUPS + group) * (GROUP / 4) * EDGE;
+        self.tiles[at..].as_ptr().cast()
+    }
+}
+
+/// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
+/// where weight row `n` is `blocks[n · row_bytes..]` (whole Q4_K blocks)
+/// and `x̂` the quantized input rows laid out in `inputs`, on a CPU whose
+/// tiles have byte products ([`available`]).
+///
+/// # Safety
+/// Each output row has room for the columns of `range`, which no other
+/// thread writes; the CPU has AMX-INT8 and the process the tiles.
+pub unsafe fn dot_columns(
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &Inputs,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    assert!(available(), "byte tiles run on AMX-INT8");
+    assert!(inputs.rows > 0 && outs.len() == inputs.rows, "input rows, an output row each");
+    assert!(
+        range.end * row_bytes <= blocks.len() && BlockFormat::Q4K.row_bytes(inputs.spans * SPAN) == Some(row_bytes),
+        "whole rows of blocks, as deep as the inputs"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as the caller promises; the CPU has the tiles.
+    unsafe {
+        x86::dot_columns(blocks, row_bytes, inputs, outs, range)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("byte tiles are x86's AMX ({} rows)", inputs.rows)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Inputs, EDGE, GROUP, GROUPS, SPAN};
+    use crate::amx::x86::{store_transposed, Config, Configured};
+    use crate::panels::x86::header;
+    use linnet_ir::quant::BlockFormat;
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// Sums: tmm0–3, sixteen rows of sixteen i32; weights: tmm4–5, sixteen
+    /// rows of a group's 32 bytes; inputs: tmm6–7, eight rows of sixteen
+    /// input rows' four bytes.
+    const CONFIG: Config = Config::new([
+        (EDGE as u8, 64),
+        (EDGE as u8, 64),
+        (EDGE as u8, 64),
+        (EDGE as u8, 64),
+        (EDGE as u8, GROUP as u8),
+        (EDGE as u8, GROUP as u8),
+        ((GROUP / 4) as u8, 64),
+        ((GROUP / 4) as u8, 64),
+    ]);
+
+    /// Where group `g`'s 32 bytes lie in a span's 256 unpacked bytes: the
+    /// low nibbles of a 64-byte load of the quants hold groups `4p` and
+    /// `4p + 2`, its high nibbles `4p + 1` and `4p + 3`.
+    const fn unpacked_at(group: usize) -> usize {
+        128 * (group / 4) + 64 * (group % 2) + 32 * (group % 4 / 2)
+    }
+
+    /// A span's headers of sixteen weight rows, lane `i` row `i`'s.
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy, Default)]
+    struct Scales {
+        /// Group `g`'s 6-bit scale, in f32.
+        scales: [[f32; EDGE]; GROUPS],
+        /// Groups `2i` and `2i + 1`'s mins, in the low and high 16 bits.
+        mins: [[u32; EDGE]; GROUPS / 2],
+        d: [f32; EDGE],
+        dmin: [f32; EDGE],
+    }
+
+    thread_local! {
+        /// A thread's sixteen weight rows unpacked: row `i`, span `s` at
+        /// `(i · spans + s) · 256`, its groups where [`unpacked_at`] puts them.
+        static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// A thread's headers of those rows, a span each.
+        static SCALES: std::cell::RefCell<Vec<Scales>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// `super::dot_columns`: sixteen weight rows unpacked at a time, then
+    /// multiplied by each block of sixteen input rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    pub unsafe fn dot_columns(
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &Inputs,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        let spans = inputs.spans;
+        // The thread's buffers, taken for the call and put back after it.
+        let (mut unpacked, mut scales) = (UNPACKED.take(), SCALES.take());
+        unpacked.resize(EDGE * spans * SPAN, 0);
+        scales.resize(spans, Scales::default());
+        // SAFETY: the caller's promise: the CPU has the tiles.
+        let tiles = unsafe { Configured::as_in(&CONFIG) };
+        for first_column in range.clone().step_by(EDGE) {
+            let rows = (range.end - first_column).min(EDGE);
+            // The next sixteen rows asked for into L2 while these are
+            // multiplied: each row is a stream of its own, which the
+            // hardware's prefetchers do not follow sixteen at a time.
+            let next = (first_column + EDGE).min(range.end)..(first_column + 2 * EDGE).min(range.end);
+            for line in (next.start * row_bytes..next.end * row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T1>(blocks.as_ptr().wrapping_add(line).cast());
+            }
+            // SAFETY: rows `first_column..` have their blocks (the caller's promise).
+            unsafe {
+                unpack(blocks.as_ptr().add(first_column * row_bytes), row_bytes, rows, &mut unpacked, &mut scales)
+            };
+            for (block, outs) in outs.chunks(EDGE).enumerate() {
+                // SAFETY: the tiles are configured; the outputs have room
+                // for these columns (the caller's promise).
+                unsafe { block_sums(&unpacked, &scales, inputs, block, outs, first_column, rows) };
+            }
+        }
+        drop(tiles);
+        UNPACKED.set(unpacked);
+        SCALES.set(scales);
+    }
+
+    /// `rows` weight rows from `first`, `row_bytes` apart, into `unpacked`
+    /// (their quants a byte each; zeros for the rows past them) and
+    /// `scales` (their headers, zeros past them).
+    #[inline(always)]
+    unsafe fn unpack(first: *const u8, row_bytes: usize, rows: usize, unpacked: &mut [u8], scales: &mut [Scales]) {
+        let block_bytes = BlockFormat::Q4K.block_bytes();
+        unsafe {
+            let nibble = _mm512_set1_epi8(0x0f);
+            for (span, scales) in scales.iter_mut().enumerate() {
+                let header = header(first.add(span * block_bytes), row_bytes, rows);
+                _mm512_store_ps(scales.d.as_mut_ptr(), header.d);
+                _mm512_store_ps(scales.dmin.as_mut_ptr(), header.dmin);
+                for (lanes, scale) in scales.scales.iter_mut().zip(header.scales) {
+                    _mm512_store_ps(lanes.as_mut_ptr(), _mm512_cvtepi32_ps(scale));
+                }
+                for (lanes, mins) in scales.mins.iter_mut().zip(header.mins) {
+                    _mm512_store_si512(lanes.as_mut_ptr().cast(), mins);
+                }
+            }
+            let spans = scales.len();
+            for row in 0..EDGE {
+                for span in 0..spans {
+                    let into = unpacked.as_mut_ptr().add((row * spans + span) * SPAN);
+                    for half in 0..2 {
+                        let quants = if row < rows {
+                            let at = first.add(row * row_bytes + span * block_bytes + 16 + 64 * half);
+                            _mm512_loadu_si512(at.cast())
+                        } else {
+                            _mm512_setzero_si512()
+                        };
+                        let low = _mm512_and_si512(quants, nibble);
+                        let high = _mm512_and_si512(_mm512_srli_epi16::<4>(quants), nibble);
+                        _mm512_storeu_si512(into.add(128 * half).cast(), low);
+                        _mm512_storeu_si512(into.add(128 * half + 64).cast(), high);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Four tiles of sums, as `tilestored` leaves them: tile `q` is group
+    /// `4h + q`'s of a half `h` of a span.
+    #[repr(C, align(64))]
+    struct Stored([[i32; EDGE * EDGE]; 4]);
+
+    /// Half `half` of span `span`'s groups of the input rows of block
+    /// `block` against the unpacked weight rows (rows `a_stride` bytes
+    /// apart): their four tiles of sums, into `into`.
+    ///
+    /// # Safety
+    /// The tiles are configured as [`CONFIG`].
+    #[inline(always)]
+    unsafe fn half_sums(
+        unpacked: &[u8],
+        a_stride: usize,
+        inputs: &Inputs,
+        block: usize,
+        step: usize,
+        into: &mut Stored,
+    ) {
+        let (span, half) = (step / 2, step % 2);
+        unsafe {
+            for quarter in 0..4 {
+                let group = 4 * half + quarter;
+                let a = unpacked.as_ptr().add(span * SPAN + unpacked_at(group));
+                let b = inputs.tile(block, span, group);
+                asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) a, s = in(reg) a_stride, options(nostack, readonly));
+                asm!("tileloadd tmm6, [{p} + {s}*1]", p = in(reg) b, s = in(reg) 64usize, options(nostack, readonly));
+                match quarter {
+                    0 => asm!("tilezero tmm0", "tdpbusd tmm0, tmm4, tmm6", options(nostack, nomem)),
+                    1 => asm!("tilezero tmm1", "tdpbusd tmm1, tmm4, tmm6", options(nostack, nomem)),
+                    2 => asm!("tilezero tmm2", "tdpbusd tmm2, tmm4, tmm6", options(nostack, nomem)),
+                    _ => asm!("tilezero tmm3", "tdpbusd tmm3, tmm4, tmm6", options(nostack, nomem)),
+                }
+            }
+            let base = into.0.as_mut_ptr().cast::<u8>();
+            let tile = |t: usize| base.add(t * EDGE * EDGE * 4);
+            asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) tile(0), s = in(reg) 64usize, options(nostack));
+            asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) tile(1), s = in(reg) 64usize, options(nostack));
+            asm!("tilestored [{p} + {s}*1], tmm2", p = in(reg) tile(2), s = in(reg) 64usize, options(nostack));
+            asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) tile(3), s = in(reg) 64usize, options(nostack));
+        }
+    }
+
+    /// Input rows `16 · block..` (`outs`, their output rows) against the
+    /// unpacked weight rows: columns `first_column..first_column + rows`.
+    /// The tiles of each half span run one half ahead of the vectors that
+    /// scale them, so that the vectors read sums stored a while before
+    /// (a load of what `tilestored` has just written waits for it).
+    ///
+    /// # Safety
+    /// The tiles are configured as [`CONFIG`]; each of `outs` has room for
+    /// those columns.
+    #[inline(always)]
+    unsafe fn block_sums(
+        unpacked: &[u8],
+        scales: &[Scales],
+        inputs: &Inputs,
+        block: usize,
+        outs: &[*mut f32],
+        first_column: usize,
+        rows: usize,
+    ) {
+        #[repr(C, align(64))]
+        struct Sums([f32; EDGE * EDGE]);
+        let spans = inputs.spans;
+        let a_stride = spans * SPAN;
+        let mut stored = [Stored([[0; EDGE * EDGE]; 4]), Stored([[0; EDGE * EDGE]; 4])];
+        let mut sums = [_mm512_setzero_ps(); EDGE];
+        unsafe {
+            half_sums(unpacked, a_stride, inputs, block, 0, &mut stored[0]);
+            for step in 0..2 * spans {
+                if step + 1 < 2 * spans {
+                    half_sums(unpacked, a_stride, inputs, block, step + 1, &mut stored[(step + 1) % 2]);
+                }
+                let (span, half, tiles) = (step / 2, step % 2, &stored[step % 2]);
+                let scales = &scales[span];
+                let at = (block * spans + span) * EDGE;
+                let steps = _mm512_loadu_ps(inputs.steps[at..].as_ptr());
+                for (m, sum) in sums.iter_mut().enumerate() {
+                    // The half's scaled sums: exact integers in f32.
+                    let mut part = _mm512_setzero_ps();
+                    for (quarter, tile) in tiles.0.iter().enumerate() {
+                        let products = _mm512_cvtepi32_ps(_mm512_load_si512(tile[m * EDGE..].as_ptr().cast()));
+                        let scale = _mm512_set1_ps(scales.scales[4 * half + quarter][m]);
+                        part = _mm512_fmadd_ps(products, scale, part);
+                    }
+                    let scale = _mm512_mul_ps(_mm512_set1_ps(scales.d[m]), steps);
+                    *sum = _mm512_fmadd_ps(part, scale, *sum);
+                }
+                if half == 0 {
+                    continue;
+                }
+                let pair_sums: [__m512i; GROUPS / 2] = std::array::from_fn(|pair| {
+                    _mm512_loadu_si512(inputs.pair_sums[(at / EDGE * (GROUPS / 2) + pair) * EDGE..].as_ptr().cast())
+                });
+                let negative_steps = _mm512_mul_ps(steps, _mm512_set1_ps(-1.0));
+                for (m, sum) in sums.iter_mut().enumerate() {
+                    let mut mins = _mm512_setzero_si512();
+                    for (pair, pair_sum) in pair_sums.iter().enumerate() {
+                        let pair_mins = _mm512_set1_epi32(scales.mins[pair][m] as i32);
+                        mins = _mm512_dpwssd_epi32(mins, pair_mins, *pair_sum);
+                    }
+                    let scale = _mm512_mul_ps(_mm512_set1_ps(scales.dmin[m]), negative_steps);
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), scale, *sum);
+                }
+            }
+            let mut out = Sums([0.0; EDGE * EDGE]);
+            for (m, sum) in sums.into_iter().enumerate() {
+                _mm512_store_ps(out.0[m * EDGE..].as_mut_ptr(), sum);
+            }
+            store_transposed(&out.0, outs, first_column, rows);
+        }
+    }
+
+    const _: () = assert!(SPAN == 256 && EDGE == 16 && GROUPS == 8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{available, dot_columns, takes, Inputs, EDGE, MOST_ROWS};
+    use crate::int8::tests::activations;
+    use crate::int8::{QuantizedRows, SPAN};
+    use crate::matmul::Isa;
+    use crate::panels::reference_products;
+    use linnet_ir::quant::{self, BlockFormat};
+
+    /// The byte tiles compute the panels' reference bits on a CPU with
+    /// AMX-INT8, over arbitrary blocks, for whole tiles and parts of them
+    /// on both sides, for one block of input rows and several; a CPU
+    /// without them never chooses them.
+    #[test]
+    fn byte_tiles_compute_the_panels_bits() {
+        if !available() {
+            let chosen = Isa::available().into_iter().filter(|isa| takes(*isa, 2 * EDGE, BlockFormat::Q4K));
+            assert_eq!(chosen.count(), 0, "byte tiles chosen on a CPU without AMX-INT8");
+            return;
+        }
+        let depth = 3 * SPAN;
+        let row_bytes = BlockFormat::Q4K.row_bytes(depth).unwrap();
+        for columns in [EDGE, 2 * EDGE + 5, 7] {
+            let blocks = quant::arbitrary_blocks(BlockFormat::Q4K, columns * depth / SPAN, columns as u64);
+            for rows in [5, 9, 16, 19, 33, MOST_ROWS] {
+                let values = activations(rows, depth, rows as u64 + 200);
+                let quantized = QuantizedRows::new(values.chunks_exact(depth), depth);
+                let mut outs = vec![vec![f32::NAN; columns]; rows];
+                let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+                // SAFETY: each output row has `columns` values; the CPU has the tiles.
+                unsafe { dot_columns(&blocks, row_bytes, &Inputs::new(&quantized), &pointers, 0..columns) };
+                let expected = reference_products(&blocks, &quantized, columns);
+                for (r, (ours, theirs)) in outs.iter().zip(&expected).enumerate() {
+                    for (n, (ours, theirs)) in ours.iter().zip(theirs).enumerate() {
+                        assert_eq!(ours.to_bits(), theirs.to_bits(), "{rows} rows, row {r} column {n} of {columns}");
+                    }
+                }
+            }
+        }
+    }
+}
