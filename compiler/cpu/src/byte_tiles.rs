@@ -6,9 +6,10 @@
 //! would cost more than the products (a prefill's experts: `matmul`'s
 //! choice of kernel).
 //!
-//! Sixteen weight rows are unpacked once into bytes, a Q4_K group's 32
-//! values a tile row (the A operand, read in place); the input rows are
-//! laid out once per call as B tiles hold them ([`Inputs`]). Each group's
+//! Sixteen weight rows are unpacked into bytes a span at a time, a Q4_K
+//! group's 32 values a tile row (the A operand); the input rows, sixteen
+//! at most, are laid out once per call as B tiles hold them ([`Inputs`]).
+//! Each group's
 //! tile of sums (sixteen weight rows by sixteen input rows) is an exact
 //! integer; it takes the group's 6-bit scale in f32, which is exact too,
 //! so the f32 order is the panels' (`panels::reference`), bit for bit:
@@ -30,11 +31,11 @@ const GROUP: usize = 32;
 /// Groups in a span (a Q4_K block).
 const GROUPS: usize = SPAN / GROUP;
 
-/// The most input rows a product takes the tiles for: one block of them.
-/// Each block's sums of each group take their scale in vector lanes,
-/// while the weights decoded once into bf16 (`amx`) serve every block:
-/// with two blocks the two cost about the same (the `experts` and matrix
-/// benches of `cargo bench -p linnet-cpu --bench kernels`).
+/// The most input rows a product takes the tiles for: one tile of them.
+/// Each group's sums of each sixteen input rows take their scale in
+/// vector lanes, while the weights decoded once into bf16 (`amx`) serve
+/// every sixteen: past one tile, the bf16 tiles were the faster (Q4_K
+/// experts of 1024 × 2048 in L2, 24 to 48 rows each).
 pub const MOST_ROWS: usize = EDGE;
 
 /// Whether this CPU has AMX byte products and the process the tiles.
