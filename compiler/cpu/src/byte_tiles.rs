@@ -38,12 +38,16 @@ const GROUPS: usize = SPAN / GROUP;
 /// experts of 1024 × 2048 in L2, 24 to 48 rows each).
 pub const MOST_ROWS: usize = EDGE;
 
-/// Whether this CPU has AMX byte products and the process the tiles.
+/// Whether this CPU has AMX byte products and the process the tiles;
+/// asked once (CPUID is slow, and a hypervisor's trap in a VM).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return super::amx::available() && super::amx::x86::has_byte_products();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        return super::amx::available() && super::amx::x86::has_byte_products();
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// Whether `count` rows against weights of `format` take the byte tiles
