@@ -17,7 +17,7 @@
 //! times `d · step` by one fused multiply-add, then the mins against the
 //! levels' sums times `−dmin · step`.
 
-use super::int8::{QuantizedRows, SPAN};
+use super::int8::{assert_operands, QuantizedRows, SPAN};
 use super::matmul::Isa;
 use linnet_ir::quant::BlockFormat;
 
@@ -130,12 +130,9 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert!(available(), "byte tiles run on AMX-INT8");
-    assert!(inputs.rows > 0 && outs.len() == inputs.rows, "input rows, an output row each");
     assert!(inputs.rows <= MOST_ROWS, "one tile of input rows");
-    assert!(
-        range.end * row_bytes <= blocks.len() && BlockFormat::Q4K.row_bytes(inputs.spans * SPAN) == Some(row_bytes),
-        "whole rows of blocks, as deep as the inputs"
-    );
+    let depth = inputs.spans * SPAN;
+    assert_operands(BlockFormat::Q4K, blocks, row_bytes, depth, (inputs.rows, outs.len()), &range);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as the caller promises; the CPU has the tiles.
     unsafe {

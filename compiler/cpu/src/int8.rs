@@ -118,11 +118,6 @@ impl QuantizedRows {
     pub fn len(&self) -> usize {
         self.steps.len() * SPAN / self.depth.max(1)
     }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
-    }
 }
 
 /// `values`' levels into `levels` and their sums over each
@@ -483,6 +478,26 @@ unsafe fn dot_columns_in<B: BlockDots>(
     }
 }
 
+/// Asserts what every product of quantized input rows against rows of
+/// `format`'s blocks takes (`int8`'s, the panels', the byte tiles'): some
+/// input rows (`rows.0`), an output row each (`rows.1`), and the weight
+/// rows of `range` whole in `blocks`, `row_bytes` apart, as deep as the
+/// inputs (`depth`).
+pub(crate) fn assert_operands(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    depth: usize,
+    rows: (usize, usize),
+    range: &std::ops::Range<usize>,
+) {
+    assert!(rows.0 > 0 && rows.0 == rows.1, "input rows, an output row each");
+    assert!(
+        range.end * row_bytes <= blocks.len() && format.row_bytes(depth) == Some(row_bytes),
+        "whole rows of blocks, as deep as the inputs"
+    );
+}
+
 /// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
 /// where weight row `n` is `blocks[n · row_bytes..]` (whole blocks of
 /// `format`, one [`takes`]) and `x̂` the quantized input rows, on `isa`.
@@ -500,11 +515,7 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert!(takes(format), "{format} weights multiply f32 inputs");
-    assert!(!inputs.is_empty() && outs.len() == inputs.len(), "input rows, an output row each");
-    assert!(
-        range.end * row_bytes <= blocks.len() && format.row_bytes(inputs.depth) == Some(row_bytes),
-        "whole rows of blocks, as deep as the inputs"
-    );
+    assert_operands(format, blocks, row_bytes, inputs.depth, (inputs.len(), outs.len()), &range);
     // SAFETY: as the caller promises, on a CPU with `isa`.
     unsafe {
         match isa.lanes() {

@@ -5,8 +5,8 @@
 //! step's rows on CPUs with VNNI (`matmul`'s choice of kernel).
 //!
 //! A panel ([`PanelBlock`]s, one per span of the depth) holds sixteen
-//! weight rows' blocks with their bytes interleaved: each 32-bit lane of a register holds four bytes of one
-//! row, from the same place in each. One `vpdpbusd` then multiplies four
+//! weight rows' blocks with their bytes interleaved: each 32-bit lane of
+//! a register holds four bytes of one row, from the same place in each. One `vpdpbusd` then multiplies four
 //! values of sixteen rows by the same four input levels (broadcast), and
 //! after a group's 32 values every lane holds its row's whole sum, which
 //! takes the group's 6-bit scale in one integer multiply. A panel is
@@ -19,7 +19,7 @@
 //! one fused multiply-add, then the mins against the levels' sums times
 //! `−dmin · step`.
 
-use super::int8::{has_vnni, QuantizedRows, SPAN};
+use super::int8::{assert_operands, has_vnni, QuantizedRows, SPAN};
 use super::matmul::Isa;
 #[cfg(test)]
 use linnet_ir::quant;
@@ -76,11 +76,7 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert!(has_vnni(), "panels run on AVX-512 VNNI");
-    assert!(!inputs.is_empty() && outs.len() == inputs.len(), "input rows, an output row each");
-    assert!(
-        range.end * row_bytes <= blocks.len() && BlockFormat::Q4K.row_bytes(inputs.depth()) == Some(row_bytes),
-        "whole rows of blocks, as deep as the inputs"
-    );
+    assert_operands(BlockFormat::Q4K, blocks, row_bytes, inputs.depth(), (inputs.len(), outs.len()), &range);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as the caller promises; the CPU has VNNI.
     unsafe {
