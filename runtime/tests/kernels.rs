@@ -4,8 +4,9 @@
 //! path gives bit-identical results with and without them, f32 and bf16.
 //! The CPU backend meets the numerics contract against the interpreter
 //! (`linnet_exec::tolerance`) on every path, runs every node as native
-//! code (nothing falls back), and a deliberately wrong kernel fails the
-//! contract.
+//! code (nothing falls back), gives the same bits whether it carries the
+//! DeltaNet states in place or not, and a deliberately wrong kernel fails
+//! the contract.
 
 use linnet_cpu::backend::Cpu;
 use linnet_cpu::lowering::Elementwise;
@@ -175,19 +176,38 @@ fn nodes(machine: &Machine) -> usize {
     machine.model().entries.iter().map(|e| e.nodes.len()).sum()
 }
 
-/// The CPU backend with one node's results scaled by `1 + skew`: a kernel
-/// that is wrong by that much.
-struct Skewed {
+/// The CPU backend altered: one node's results scaled by `1 + skew` (a
+/// kernel that is wrong by that much), and delta states carried in place
+/// or not.
+struct Altered {
     cpu: Cpu,
     entry: usize,
     node: usize,
     skew: f32,
+    carries: bool,
 }
 
-impl Backend for Skewed {
+impl Altered {
+    fn carrying(carries: bool) -> Altered {
+        Altered { cpu: Cpu::jit(Elementwise::default()), entry: usize::MAX, node: 0, skew: 0.0, carries }
+    }
+}
+
+impl Backend for Altered {
     type Buffer = Tensor;
     fn name(&self) -> &'static str {
-        "skewed"
+        "altered"
+    }
+    fn carries_delta_states(&self) -> bool {
+        self.carries
+    }
+    fn delta_step_in_place(
+        &mut self,
+        site: Site<'_>,
+        args: &[&Tensor],
+        state: &mut Tensor,
+    ) -> Result<Tensor, NodeError> {
+        self.cpu.delta_step_in_place(site, args, state)
     }
     fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
         self.cpu.prepare(model, analyses)
@@ -238,11 +258,48 @@ fn a_deliberately_wrong_kernel_fails_the_contract() {
     let reference =
         linnet_exec::interp::machine(model.clone(), params.clone()).call("forward", tokens.clone()).unwrap();
     for (skew, passes) in [(1e-3, false), (1e-6, true)] {
-        let skewed = Skewed { cpu: Cpu::jit(Elementwise::default()), entry, node, skew };
+        let skewed = Altered { entry, node, skew, ..Altered::carrying(true) };
         let outputs =
             Machine::new(model.clone(), params.clone(), skewed).unwrap().call("forward", tokens.clone()).unwrap();
         let verdict = within_contract(&reference, &outputs);
         assert_eq!(verdict.is_ok(), passes, "skew {skew}: {verdict:?}");
+    }
+}
+
+/// The seed's decoding steps advance their DeltaNet states where they lie
+/// (`ir::carry`): once per linear-attention layer in each entry that
+/// steps, and nowhere else.
+#[test]
+fn the_decoding_steps_carry_their_states() {
+    let (model, _) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let layers = model.params.iter().filter(|p| p.path.ends_with("linear_attn.A_log")).count();
+    assert!(layers > 0);
+    for entry in &model.entries {
+        let analysis = Analysis::of(entry);
+        let expected = if matches!(entry.name.as_str(), "decode" | "decode_rows") { layers } else { 0 };
+        assert_eq!(analysis.carried.iter().flatten().count(), expected, "entry `{}`", entry.name);
+        assert_eq!(analysis.carried_away.iter().filter(|away| **away).count(), 2 * expected, "entry `{}`", entry.name);
+        let without = Analysis::of(entry).without_carries();
+        assert!(without.carried.iter().all(Option::is_none) && !without.carried_away.contains(&true));
+    }
+}
+
+/// A state carried in place is the state the step, its view and its
+/// write make, to the bit: every entry path on the CPU backend gives the
+/// same outputs whether it carries the DeltaNet states or not, f32 and
+/// bf16, two rows at a time.
+#[test]
+fn carrying_states_in_place_changes_no_bit() {
+    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+        let (model, params) = model(config, dtype, Lowering::default());
+        let mut outputs = [true, false].map(|carries| {
+            script(&mut Machine::new(model.clone(), params.clone(), Altered::carrying(carries)).unwrap())
+        });
+        let [carried, written] = &mut outputs;
+        assert_eq!(carried.len(), written.len());
+        for (at, (a, b)) in carried.iter().zip(written.iter()).enumerate() {
+            assert_eq!(a, b, "{config} {dtype}: output {at} differs");
+        }
     }
 }
 

@@ -172,6 +172,22 @@ impl Backend for Cpu {
         Ok(super::kernels::run(intrinsic, &args, site.shape.to_vec(), out))
     }
 
+    fn carries_delta_states(&self) -> bool {
+        true
+    }
+
+    fn delta_step_in_place(
+        &mut self,
+        site: Site<'_>,
+        args: &[&Tensor],
+        state: &mut Tensor,
+    ) -> Result<Tensor, NodeError> {
+        let args = linnet_exec::reference::widened(args);
+        let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
+        let out = self.pool.take(site.shape.iter().product());
+        Ok(super::kernels::delta_step_in_place(&args, state, site.shape.to_vec(), out))
+    }
+
     fn write_cache(
         &mut self,
         _: Site<'_>,

@@ -30,6 +30,14 @@ impl Shared {
     unsafe fn write(&self, at: usize, value: f32) {
         unsafe { *self.0.add(at) = value }
     }
+
+    /// # Safety
+    /// `at..at + len` is inside the output and no other thread reads or
+    /// writes it while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
 }
 
 /// Defines `$name`, which runs `$kernel::<L>` (an `#[inline(always)]`
@@ -87,13 +95,41 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f
 fn delta_rule(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
     let operands = DeltaRule::of(intrinsic, args);
     let target = Shared(out.as_mut_ptr());
-    threads::for_each(operands.batch * operands.value_heads, &|task| delta_head(&operands, task, &target));
+    threads::for_each(operands.batch * operands.value_heads, &|task| {
+        delta_head(&operands, task, &target, &FinalState::Rows)
+    });
     Tensor { dtype: Dtype::F32, shape, data: Data::F32(out.into()) }
+}
+
+/// `gated_delta_step` carried in place (`Backend::delta_step_in_place`):
+/// `args` without the state, whose heads each advance where they lie; the
+/// step's value of `shape` in `out`, only its output row written. The
+/// same operations in the same order as [`delta_rule`]'s, so the same
+/// bits.
+pub fn delta_step_in_place(args: &[&Tensor], state: &mut Tensor, shape: Vec<usize>, mut out: Vec<f32>) -> Tensor {
+    assert_eq!(out.len(), shape.iter().product::<usize>(), "an output buffer of the value's size");
+    let operands = DeltaRule::carried(args);
+    let Data::F32(cells) = &mut state.data else { panic!("a delta rule's state is f32") };
+    assert_eq!(cells.len(), operands.batch * operands.value_heads * operands.key_dim * operands.value_dim);
+    let state = FinalState::InPlace(Shared(cells.as_mut_ptr()));
+    let target = Shared(out.as_mut_ptr());
+    threads::for_each(operands.batch * operands.value_heads, &|task| delta_head(&operands, task, &target, &state));
+    Tensor { dtype: Dtype::F32, shape, data: Data::F32(out.into()) }
+}
+
+/// Where a head's state is read from and left.
+enum FinalState {
+    /// Read from the operands' state and written to the output's rows
+    /// after the tokens' (the intrinsic's value).
+    Rows,
+    /// Read and advanced where it lies, in a state `[B, VH, KD, VD]` of
+    /// which each task owns its head's cells.
+    InPlace(Shared),
 }
 
 on_host_vectors! {
     /// Task `task` of [`delta_rule`]: one batch row's value head.
-    fn delta_head(operands: &DeltaRule, task: usize, target: &Shared) => delta_head_in in lanes
+    fn delta_head(operands: &DeltaRule, task: usize, target: &Shared, state: &FinalState) => delta_head_in in lanes
 }
 
 /// Token `t`'s part of a pass: the state learns `update` along `key`, then
@@ -112,7 +148,7 @@ struct Next<'p> {
 }
 
 #[inline(always)]
-fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
+fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared, final_state: &FinalState) {
     let &DeltaRule { q, k, v, decay, beta, state, scale, batch: _, tokens, key_heads, key_dim, value_heads, value_dim } =
         operands;
     let (group, rows) = (operands.group(), operands.rows());
@@ -123,10 +159,18 @@ fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
     let next =
         |t: usize| Next { decay: (decay[gate_at(t)] as f64).exp() as f32, key: &k[key_at(t)..key_at(t) + key_dim] };
     let first = (b * value_heads + h) * key_dim * value_dim;
-    let mut memory = state[first..first + key_dim * value_dim].to_vec();
+    let mut copied;
+    let memory: &mut [f32] = match final_state {
+        FinalState::Rows => {
+            copied = state[first..first + key_dim * value_dim].to_vec();
+            &mut copied
+        }
+        // SAFETY: the head's cells: this task's alone.
+        FinalState::InPlace(cells) => unsafe { cells.slice(first, key_dim * value_dim) },
+    };
     let (mut recalled, mut update, mut read) = (vec![0f32; value_dim], vec![0f32; value_dim], vec![0f32; value_dim]);
     if tokens > 0 {
-        state_pass::<L>(&mut memory, value_dim, None, Some(&next(0)), &mut read, &mut recalled);
+        state_pass::<L>(memory, value_dim, None, Some(&next(0)), &mut read, &mut recalled);
     }
     for t in 0..tokens {
         let value_at = ((b * tokens + t) * value_heads + h) * value_dim;
@@ -140,12 +184,15 @@ fn delta_head_in<L: Lanes>(operands: &DeltaRule, task: usize, target: &Shared) {
             query: &q[key_at(t)..key_at(t) + key_dim],
         };
         let following = (t + 1 < tokens).then(|| next(t + 1));
-        state_pass::<L>(&mut memory, value_dim, Some(&learn), following.as_ref(), &mut read, &mut recalled);
+        state_pass::<L>(memory, value_dim, Some(&learn), following.as_ref(), &mut read, &mut recalled);
         let at = ((b * rows + t) * value_heads + h) * value_dim;
         for (j, &sum) in read.iter().enumerate() {
             // SAFETY: token `t` of head `h` of row `b`: this task's.
             unsafe { target.write(at + j, sum * scale) };
         }
+    }
+    if let FinalState::InPlace(_) = final_state {
+        return;
     }
     for (i, row) in memory.chunks_exact(value_dim).enumerate() {
         let at = ((b * rows + tokens + i) * value_heads + h) * value_dim;
@@ -476,7 +523,7 @@ fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{attention_block_in, delta_head_in, Shared};
+    use super::{attention_block_in, delta_head_in, FinalState, Shared};
     use linnet_exec::reference::{Attention, DeltaRule};
     use linnet_exec::tensor::Tensor;
     use linnet_ir::Dtype;
@@ -587,13 +634,15 @@ mod tests {
         let shape = vec![batch, tokens + key_dim, value_heads, value_dim];
         let reference = linnet_exec::reference::run(Intrinsic::GatedDeltaRule, &args, shape.clone());
         let operands = DeltaRule::of(Intrinsic::GatedDeltaRule, &args);
-        let run = |head: &dyn Fn(&DeltaRule, usize, &Shared)| {
+        let run = |head: &dyn Fn(&DeltaRule, usize, &Shared, &FinalState)| {
             let mut out = vec![f32::NAN; shape.iter().product()];
             let target = Shared(out.as_mut_ptr());
-            (0..batch * value_heads).for_each(|task| head(&operands, task, &target));
+            (0..batch * value_heads).for_each(|task| head(&operands, task, &target, &FinalState::Rows));
             Tensor::from_f32(Dtype::F32, shape.clone(), out)
         };
-        let outputs = on_every_set!(delta_head_in(operands: &DeltaRule, task: usize, target: &Shared) => run);
+        let outputs = on_every_set!(
+            delta_head_in(operands: &DeltaRule, task: usize, target: &Shared, state: &FinalState) => run
+        );
         for (lanes, output) in outputs {
             if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &output) {
                 panic!("{lanes}: {mismatch}");

@@ -147,6 +147,30 @@ pub trait Backend {
         args: &[&Self::Buffer],
     ) -> Result<(), NodeError>;
 
+    /// Whether it advances a delta rule's state where it lies when the
+    /// entry allows it (`Analysis::carried`, `linnet_ir::carry`); if not,
+    /// the executor runs the step, the view and the state's write as the
+    /// entry has them.
+    fn carries_delta_states(&self) -> bool {
+        false
+    }
+
+    /// A `gated_delta_step` carried in place, asked only of a backend that
+    /// carries delta states: `args` are the step's without its state (q,
+    /// k, v, decay, beta, scale), `state` is advanced where it lies to the
+    /// state the step computes, and the value returned is the step's with
+    /// its output row (row 0 of axis 1) as `intrinsic` computes it; its
+    /// state rows are unspecified, since nothing reads them.
+    fn delta_step_in_place(
+        &mut self,
+        site: Site<'_>,
+        args: &[&Self::Buffer],
+        state: &mut Self::Buffer,
+    ) -> Result<Self::Buffer, NodeError> {
+        let _ = (site, args, state);
+        Err(NodeError::Check(format!("the {} backend does not carry delta states", self.name())))
+    }
+
     /// Row `row` (axis 0) of a state on the host, only its first `length`
     /// along axis 2 where given (`rows::read_row`).
     fn read_row(&mut self, buffer: &Self::Buffer, row: usize, length: Option<usize>) -> Result<Tensor, MemoryError> {

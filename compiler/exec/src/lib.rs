@@ -29,7 +29,7 @@ use crate::tensor::{Data, Tensor};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::{Atom, Dim};
 use linnet_ir::Dtype;
-use linnet_ir::{Entry, Model, NodeKind};
+use linnet_ir::{carry, Entry, Model, NodeKind, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -160,7 +160,12 @@ impl<B: Backend> Executor<B> {
     /// `params` in the model's parameter order, already validated; the
     /// backend readies every entry first.
     pub fn new(model: Model, params: Vec<Tensor>, mut backend: B) -> Result<Executor<B>, BuildError> {
-        let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
+        let carries = backend.carries_delta_states();
+        let analyses: Vec<Analysis> = model
+            .entries
+            .iter()
+            .map(|entry| if carries { Analysis::of(entry) } else { Analysis::of(entry).without_carries() })
+            .collect();
         let name = backend.name();
         let whole = |message: String| BuildError::memory(name, MemoryError(message));
         if let Some(param) = model.params.iter().find(|p| p.storage.is_some()).filter(|_| !backend.reads_blocks()) {
@@ -239,6 +244,7 @@ impl<B: Backend> Executor<B> {
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
             let failed = |error: NodeError| describe(&self.model, entry, at, error);
             let value = match &node.kind {
+                _ if analysis.carried_away[at] => None,
                 NodeKind::Input(k) => Some(Rc::new(
                     self.backend
                         .upload(inputs[*k].take().expect("each input is read once"))
@@ -258,20 +264,24 @@ impl<B: Backend> Executor<B> {
                     }
                 },
                 NodeKind::Compute(_) => Some(Rc::new(self.backend.compute(site, &values).map_err(failed)?)),
+                NodeKind::Intrinsic(_, args) if analysis.carried[at].is_some() => {
+                    let k = analysis.carried[at].expect("matched as carried");
+                    let state_read = args[carry::STATE_ARGUMENT];
+                    let mut state = take_state(&mut self.backend, &mut self.states, k, &mut values, state_read)?;
+                    let others: Vec<&B::Buffer> = args
+                        .iter()
+                        .enumerate()
+                        .filter(|(argument, _)| *argument != carry::STATE_ARGUMENT)
+                        .map(|(_, v)| held(&values, v.index()))
+                        .collect();
+                    let stepped = self.backend.delta_step_in_place(site, &others, &mut state);
+                    self.states[k] = Rc::new(state);
+                    Some(Rc::new(stepped.map_err(failed)?))
+                }
                 NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => {
                     let source = args[0].index();
                     let mut cache = match analysis.in_place[at] {
-                        Some(k) => {
-                            // The state's only reader: take it out of both
-                            // places so that it is written where it lies.
-                            values[source] = None;
-                            let empty = self.backend.zeros(Dtype::Bool, &[]).map_err(RunError::Memory)?;
-                            let held = std::mem::replace(&mut self.states[k], Rc::new(empty));
-                            match Rc::try_unwrap(held) {
-                                Ok(cache) => cache,
-                                Err(shared) => self.backend.copy(&shared).map_err(RunError::Memory)?,
-                            }
-                        }
+                        Some(k) => take_state(&mut self.backend, &mut self.states, k, &mut values, args[0])?,
                         None => self.backend.copy(held(&values, source)).map_err(RunError::Memory)?,
                     };
                     let rest: Vec<&B::Buffer> = args[1..].iter().map(|v| held(&values, v.index())).collect();
@@ -351,6 +361,29 @@ impl<B: Backend> Executor<B> {
             profile.add("output", None, started.elapsed().as_secs_f64(), 0);
         }
         Ok(outputs)
+    }
+}
+
+/// State `k`, read once as `read`, taken out of the states and the values
+/// so that a node can change it where it lies (a copy where something
+/// else holds it too); the node puts it back.
+fn take_state<B: Backend>(
+    backend: &mut B,
+    states: &mut [Rc<B::Buffer>],
+    k: usize,
+    values: &mut Values<B::Buffer>,
+    read: Value,
+) -> Result<B::Buffer, RunError> {
+    values[read.index()] = None;
+    let empty = backend.zeros(Dtype::Bool, &[]).map_err(RunError::Memory)?;
+    let held = std::mem::replace(&mut states[k], Rc::new(empty));
+    match Rc::try_unwrap(held) {
+        Ok(state) => Ok(state),
+        Err(shared) => {
+            let copy = backend.copy(&shared);
+            states[k] = shared;
+            copy.map_err(RunError::Memory)
+        }
     }
 }
 

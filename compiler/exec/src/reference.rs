@@ -94,16 +94,27 @@ pub struct DeltaRule<'t> {
 
 impl<'t> DeltaRule<'t> {
     pub fn of(intrinsic: Intrinsic, args: &[&'t Tensor]) -> DeltaRule<'t> {
-        let last = |t: &Tensor, back: usize| t.shape[t.shape.len() - back];
         let tokens = if intrinsic == Intrinsic::GatedDeltaRule { args[0].shape[1] } else { 1 };
+        DeltaRule::with(tokens, args, floats(args[5]), args[6])
+    }
+
+    /// A `gated_delta_step` whose state is carried in place
+    /// (`Backend::delta_step_in_place`): `args` are its arguments without
+    /// the state, which the caller holds (`state` is empty).
+    pub fn carried(args: &[&'t Tensor]) -> DeltaRule<'t> {
+        DeltaRule::with(1, args, &[], args[5])
+    }
+
+    fn with(tokens: usize, args: &[&'t Tensor], state: &'t [f32], scale: &Tensor) -> DeltaRule<'t> {
+        let last = |t: &Tensor, back: usize| t.shape[t.shape.len() - back];
         DeltaRule {
             q: floats(args[0]),
             k: floats(args[1]),
             v: floats(args[2]),
             decay: floats(args[3]),
             beta: floats(args[4]),
-            state: floats(args[5]),
-            scale: floats(args[6])[0],
+            state,
+            scale: floats(scale)[0],
             batch: args[0].shape[0],
             tokens,
             key_heads: last(args[0], 2),

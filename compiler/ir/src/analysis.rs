@@ -2,10 +2,11 @@
 //! (or built) and read by the executor and every backend: what each node
 //! reads, how often and for the last time each value is read (liveness),
 //! what is hoisted (computed once per loaded model), which nodes are
-//! contractions (run on a matrix kernel) or rankings (sorted), and which
-//! intrinsic writes its cache state in place.
+//! contractions (run on a matrix kernel) or rankings (sorted), which
+//! intrinsic writes its cache state in place, and which delta step may
+//! advance its state in place (`carry`).
 
-use super::{contraction, plan, ranking, Entry, NodeKind, Scalar, Value};
+use super::{carry, contraction, plan, ranking, Entry, NodeKind, Scalar, Value};
 use crate::dim::Dim;
 
 #[derive(Clone, Debug)]
@@ -25,6 +26,12 @@ pub struct Analysis {
     /// Per node: a cache write whose cache is a state read nowhere else,
     /// which therefore updates that state in place.
     pub in_place: Vec<Option<usize>>,
+    /// Per node: a `gated_delta_step` that may advance this state in
+    /// place (`carry`), for a backend that carries states.
+    pub carried: Vec<Option<usize>>,
+    /// Per node: a view of a carried step's state rows, or its state
+    /// write, that the step carried in place makes unneeded.
+    pub carried_away: Vec<bool>,
     /// Every dim the entry evaluates at run time (shapes, dims in
     /// expressions, reduction extents) that is not a constant, once.
     pub dims: Vec<Dim>,
@@ -50,6 +57,12 @@ impl Analysis {
                 _ => None,
             })
             .collect();
+        let (mut carried, mut carried_away) = (vec![None; entry.nodes.len()], vec![false; entry.nodes.len()]);
+        for carry in carry::carries(entry, &uses) {
+            carried[carry.step] = Some(carry.state);
+            carried_away[carry.view] = true;
+            carried_away[carry.write] = true;
+        }
         let mut dims = Vec::new();
         for node in &entry.nodes {
             dims.extend(node.shape.iter().cloned());
@@ -69,7 +82,16 @@ impl Analysis {
             contraction: (0..entry.nodes.len()).map(|at| contraction::of(entry, at).is_some()).collect(),
             ranking: (0..entry.nodes.len()).map(|at| ranking::of(entry, at)).collect(),
             in_place,
+            carried,
+            carried_away,
         }
+    }
+
+    /// The analysis for a backend that runs every step as written.
+    pub fn without_carries(mut self) -> Analysis {
+        self.carried.fill(None);
+        self.carried_away.fill(false);
+        self
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod analysis;
 pub mod bounds;
+pub mod carry;
 mod cmp;
 pub mod contraction;
 pub mod cse;
