@@ -18,10 +18,15 @@
 //!   element is recomputed); or, for a producer that reduces, outside the
 //!   consumer's reductions, covering the consumer's outer axes `0..m`:
 //!   backends compute it once per outer position (`ir::invariant`), which
-//!   makes a norm one pass over a row;
+//!   makes a norm one pass over a row; or, for a producer that is
+//!   arithmetic on its indices alone (an `iota`, read as a convolution's
+//!   positions inside its reduction over the taps), anywhere: computing it
+//!   costs no more than loading it, and the load it was read by becomes a
+//!   position that bounds and vectors can see through;
 //! - the load is not in a branch of a lazy select (which would skip the
 //!   producer's own range checks);
-//! - the producer is not hoisted (computed once per loaded model); a
+//! - the producer is not hoisted (computed once per loaded model), unless
+//!   it is arithmetic on its indices alone; a
 //!   contraction (which runs on its own kernel, `ir::contraction`) is
 //!   inlined only where the consumer becomes a contraction: a copy of it,
 //!   or one with an epilogue, elementwise on the product's outputs, each
@@ -31,7 +36,7 @@
 //! The inlined expression is cast to the producer's dtype where its own
 //! differs, which is exactly the rounding storing it did.
 
-use super::{plan, Entry, Model, NodeKind, Scalar, Value};
+use super::{plan, Entry, Model, NodeKind, Scalar, UnaryOp, Value};
 use crate::dim::Dim;
 use std::collections::HashMap;
 
@@ -91,7 +96,8 @@ fn fuse_entry(entry: &mut Entry) {
         let value = Value(producer as u32);
         let Some(&at) = consumer.get(&value) else { continue };
         let NodeKind::Compute(body) = &entry.nodes[producer].kind else { continue };
-        if hoisted[producer] {
+        let free = index_arithmetic(body);
+        if hoisted[producer] && !free {
             continue;
         }
         let contraction = super::contraction::of(entry, producer).is_some();
@@ -107,6 +113,7 @@ fn fuse_entry(entry: &mut Entry) {
             dtype,
             shape: &shape,
             reduces,
+            free,
             rank: scope.len(),
             next_index: max_index(target).max(scope.len() as u32) + 1,
             done: false,
@@ -149,6 +156,19 @@ fn brief(kind: &NodeKind) -> bool {
     matches!(kind, NodeKind::Compute(scalar) if steps(scalar).is_some_and(|count| count <= BRIEF))
 }
 
+/// Whether `scalar` is arithmetic on indices and dims alone: it loads
+/// nothing, reduces nothing and calls no elementary function.
+fn index_arithmetic(scalar: &Scalar) -> bool {
+    let here = match scalar {
+        Scalar::Load(..) | Scalar::Reduce { .. } => false,
+        Scalar::Unary(op, ..) => matches!(op, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs),
+        _ => true,
+    };
+    let mut children = true;
+    scalar.for_each_child(&mut |child| children &= index_arithmetic(child));
+    here && children
+}
+
 /// The loads in `scalar`, with their positions, in order.
 fn positioned_loads<'s>(scalar: &'s Scalar, loads: &mut Vec<(Value, &'s [Scalar])>) {
     if let Scalar::Load(value, positions, _) = scalar {
@@ -174,6 +194,9 @@ struct Inliner<'a> {
     /// Whether the producer reduces (and may be computed once per outer
     /// position of the consumer).
     reduces: bool,
+    /// Whether the producer is arithmetic on its indices alone, as cheap
+    /// to compute as to load.
+    free: bool,
     /// The consumer's rank.
     rank: usize,
     /// The first index number unused in the consumer.
@@ -219,7 +242,8 @@ impl Inliner<'_> {
 
     /// Where each of the producer's axes comes from in the consumer, when
     /// the positions are distinct indices (or 0 on an axis of extent 1)
-    /// that cover the scope and match the producer's extents.
+    /// that match the producer's extents and cover the scope (or need not:
+    /// an outer reducing producer's, a free one's).
     fn mapping(&self, positions: &[Scalar], scope: &[(u32, Dim)], rank: usize) -> Option<Vec<Axis>> {
         let one = Dim::constant(1);
         let mut mapping = Vec::with_capacity(positions.len());
@@ -243,7 +267,7 @@ impl Inliner<'_> {
         let outer = self.reduces
             && scope.len() == rank
             && mapping.iter().all(|axis| matches!(axis, Axis::Index(index) if (*index as usize) < mapping.len()));
-        (covers || outer).then_some(mapping)
+        (covers || outer || self.free).then_some(mapping)
     }
 }
 
@@ -346,6 +370,54 @@ mod tests {
     #[test]
     fn a_read_at_zero_of_a_longer_axis_is_not_inlined() {
         assert_eq!(fused(3, Scalar::Int(0, Dtype::I64)).nodes.len(), 3);
+    }
+
+    /// `x: [8]`, `steps[i0] = producer` (`[4; i64]`), `out[i0] = sum[i1 <
+    /// 4] x[steps[i0] + i1]`, fused: a convolution's positions.
+    fn positions_in_a_sum(producer: Scalar) -> Entry {
+        let node = |kind, size: i64, dtype| Node { kind, shape: vec![Dim::constant(size)], dtype, source: None };
+        let position = Scalar::Binary(
+            BinaryOp::Add,
+            Box::new(Scalar::Load(Value(1), vec![index(0)], Dtype::I64)),
+            Box::new(index(1)),
+            Dtype::I64,
+        );
+        let sum = Scalar::Reduce {
+            op: ReduceOp::Sum,
+            index: 1,
+            extent: Dim::constant(4),
+            body: Box::new(Scalar::Load(Value(0), vec![position], Dtype::F32)),
+            dtype: Dtype::F32,
+        };
+        let mut entry = Entry {
+            name: "run".into(),
+            dims: Vec::new(),
+            requires: Vec::new(),
+            inputs: vec![Input { name: "x".into(), shape: vec![Dim::constant(8)], dtype: Dtype::F32 }],
+            nodes: vec![
+                node(NodeKind::Input(0), 8, Dtype::F32),
+                node(NodeKind::Compute(producer), 4, Dtype::I64),
+                node(NodeKind::Compute(sum), 4, Dtype::F32),
+            ],
+            outputs: vec![Value(2)],
+        };
+        fuse_entry(&mut entry);
+        entry
+    }
+
+    /// An `iota` read inside a reduction is inlined though the reduction
+    /// reads it once per tap (it costs no more than its load), so the
+    /// input is read at `i0 + i1`; a producer that loads is not.
+    #[test]
+    fn index_arithmetic_is_inlined_inside_a_reduction() {
+        let entry = positions_in_a_sum(index(0));
+        assert_eq!(entry.nodes.len(), 2, "the iota is inlined");
+        let NodeKind::Compute(Scalar::Reduce { body, .. }) = &entry.nodes[1].kind else { panic!("the sum") };
+        let Scalar::Load(Value(0), positions, _) = body.as_ref() else { panic!("a read of the input: {body:?}") };
+        let expected = Scalar::Binary(BinaryOp::Add, Box::new(index(0)), Box::new(index(1)), Dtype::I64);
+        assert_eq!(format!("{positions:?}"), format!("{:?}", [expected]));
+        let loaded = Scalar::Cast(Box::new(Scalar::Load(Value(0), vec![index(0)], Dtype::F32)), Dtype::I64);
+        assert_eq!(positions_in_a_sum(loaded).nodes.len(), 3, "a producer that loads is recomputed nowhere");
     }
 
     /// `x: [1, 4]`, `y[i0, i1] = producer` (`[1, 4]`), `z = y[i0, i1] *
