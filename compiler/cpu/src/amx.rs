@@ -10,7 +10,8 @@
 //! The weight rows are the tiles' A operand, read where they lie (a bf16
 //! parameter's rows, or block rows decoded into a thread's buffer, `matmul`);
 //! the input rows are the B operand, laid out once per call as B tiles
-//! hold them ([`Inputs`]). Stable Rust has no AMX intrinsics: the few
+//! hold them ([`Inputs`]: each row's pairs gathered in a vector, sixteen
+//! rows transposed into a tile's rows, as the sums are transposed back). Stable Rust has no AMX intrinsics: the few
 //! instructions are inline assembly.
 
 use super::matmul::Rows;
@@ -25,13 +26,14 @@ const EDGE: usize = 16;
 /// Bytes of a tile: sixteen rows of 64 bytes.
 const TILE_BYTES: usize = EDGE * 64;
 
-/// Whether this CPU has AMX tiles with bf16 products and the kernel lets
-/// this process use them; asked once (the grant is the process's).
+/// Whether this CPU has AMX tiles with bf16 products (and AVX-512 BW,
+/// which every CPU with them has, for the inputs' layout) and the kernel
+/// lets this process use them; asked once (the grant is the process's).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        return x86::has_tiles() && x86::granted();
+        return x86::has_tiles() && std::arch::is_x86_feature_detected!("avx512bw") && x86::granted();
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         false
     })
@@ -58,21 +60,17 @@ impl Inputs {
         assert!(depth.is_multiple_of(DEPTH), "whole tiles along the depth");
         let spans = depth / DEPTH;
         let mut pairs = vec![0u32; rows.inputs.len().div_ceil(EDGE) * spans * EDGE * EDGE];
-        for (m, &row) in rows.inputs.iter().enumerate() {
-            // SAFETY: as the caller promises.
-            let values = unsafe { std::slice::from_raw_parts(row, depth) };
-            let (block, column) = (m / EDGE, m % EDGE);
-            let mut dropped = 0;
-            for (index, pair) in values.chunks_exact(2).enumerate() {
-                let (span, p) = (index / EDGE, index % EDGE);
-                let (low, high) = (pair[0].to_bits(), pair[1].to_bits());
-                dropped |= (low | high) & 0xffff;
-                pairs[((block * spans + span) * EDGE + p) * EDGE + column] = (low >> 16) | (high & 0xffff_0000);
-            }
-            if dropped != 0 {
+        #[cfg(target_arch = "x86_64")]
+        for (block, inputs) in rows.inputs.chunks(EDGE).enumerate() {
+            let tiles = &mut pairs[block * spans * EDGE * EDGE..(block + 1) * spans * EDGE * EDGE];
+            // SAFETY: the CPU has AVX-512 BW (`available`); each row has
+            // `depth` values, as the caller promises.
+            if !unsafe { x86::lay_out_block(inputs, spans, tiles) } {
                 return None;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("AMX is x86's ({depth} values a row)");
         Some(Inputs { pairs, spans })
     }
 
@@ -247,6 +245,83 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Sixteen rows of sixteen 32-bit lanes transposed in registers: the
+    /// standard 16 × 16 transpose, pairs of rows interleaved by values,
+    /// then by pairs of values, then by 128-bit lanes twice.
+    #[inline(always)]
+    fn transpose(mut r: [std::arch::x86_64::__m512; EDGE]) -> [std::arch::x86_64::__m512; EDGE] {
+        use std::arch::x86_64::*;
+        // SAFETY: only inlined into functions with AVX-512 F.
+        unsafe {
+            let mut t = [_mm512_setzero_ps(); EDGE];
+            for i in 0..EDGE / 2 {
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            for q in 0..EDGE / 4 {
+                let b = 4 * q;
+                r[b] = pairs_low(t[b], t[b + 2]);
+                r[b + 1] = pairs_high(t[b], t[b + 2]);
+                r[b + 2] = pairs_low(t[b + 1], t[b + 3]);
+                r[b + 3] = pairs_high(t[b + 1], t[b + 3]);
+            }
+            for half in 0..2 {
+                let b = 8 * half;
+                for i in 0..4 {
+                    t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + i + 4]);
+                    t[b + i + 4] = _mm512_shuffle_f32x4::<0xdd>(r[b + i], r[b + i + 4]);
+                }
+            }
+            for i in 0..EDGE / 2 {
+                r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[i + 8]);
+                r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[i + 8]);
+            }
+        }
+        r
+    }
+
+    /// Up to sixteen input rows (`depth = 32 · spans` values each) laid
+    /// out as a block of [`Inputs`]: per span, a tile whose row `p` holds
+    /// pair `p` (values `2p`, `2p + 1` as bf16 bits) of each input row, in
+    /// its column; zeros for the rows past them. Each row's pairs are
+    /// gathered in a vector (their high halves), and sixteen rows'
+    /// transposed into the tile's rows. False where a value is no bf16
+    /// value (low bits set).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW; each row has `32 · spans` readable
+    /// values; `tiles` holds `spans` tiles.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn lay_out_block(rows: &[*const f32], spans: usize, tiles: &mut [u32]) -> bool {
+        use std::arch::x86_64::*;
+        // Word `2e + 1` of two vectors of sixteen values is value `e`'s
+        // high half: pair `p` is words `4p + 1` and `4p + 3`.
+        let high_halves = _mm512_set_epi16(
+            63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11,
+            9, 7, 5, 3, 1,
+        );
+        let low_halves = _mm512_set1_epi32(0xffff);
+        let mut dropped = _mm512_setzero_si512();
+        for span in 0..spans {
+            let mut r = [_mm512_setzero_ps(); EDGE];
+            for (pairs, &row) in r.iter_mut().zip(rows) {
+                // SAFETY: the row has this span's 32 values.
+                let (first, second) = unsafe {
+                    let at = row.add(span * DEPTH);
+                    (_mm512_loadu_si512(at.cast()), _mm512_loadu_si512(at.add(EDGE).cast()))
+                };
+                dropped = _mm512_or_si512(dropped, _mm512_and_si512(_mm512_or_si512(first, second), low_halves));
+                *pairs = _mm512_castsi512_ps(_mm512_permutex2var_epi16(first, high_halves, second));
+            }
+            for (p, row) in transpose(r).into_iter().enumerate() {
+                let at = (span * EDGE + p) * EDGE;
+                // SAFETY: tile `span`'s row `p` lies inside `tiles`.
+                unsafe { _mm512_storeu_ps(tiles[at..at + EDGE].as_mut_ptr().cast(), row) };
+            }
+        }
+        _mm512_test_epi32_mask(dropped, dropped) == 0
+    }
+
     /// A tile of sums (sixteen weight rows by sixteen input rows) into
     /// the output rows `outs` (up to sixteen, one per input row), columns
     /// `n..n + columns`: transposed in registers, a row's sums stored at once.
@@ -261,31 +336,7 @@ pub(crate) mod x86 {
             // SAFETY: `sums` holds sixteen rows of sixteen.
             *row = unsafe { _mm512_loadu_ps(sums[i * EDGE..].as_ptr()) };
         }
-        let mut t = [_mm512_setzero_ps(); EDGE];
-        // Pairs of rows interleaved by values, then by pairs of values,
-        // then by 128-bit lanes twice: the standard 16 × 16 transpose.
-        for i in 0..EDGE / 2 {
-            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-        }
-        for q in 0..EDGE / 4 {
-            let b = 4 * q;
-            r[b] = pairs_low(t[b], t[b + 2]);
-            r[b + 1] = pairs_high(t[b], t[b + 2]);
-            r[b + 2] = pairs_low(t[b + 1], t[b + 3]);
-            r[b + 3] = pairs_high(t[b + 1], t[b + 3]);
-        }
-        for half in 0..2 {
-            let b = 8 * half;
-            for i in 0..4 {
-                t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + i + 4]);
-                t[b + i + 4] = _mm512_shuffle_f32x4::<0xdd>(r[b + i], r[b + i + 4]);
-            }
-        }
-        for i in 0..EDGE / 2 {
-            r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[i + 8]);
-            r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[i + 8]);
-        }
+        let r = transpose(r);
         let mask: __mmask16 = if columns >= EDGE { !0 } else { (1 << columns) - 1 };
         for (out, row) in outs.iter().zip(r) {
             // SAFETY: as the caller promises.
@@ -297,7 +348,7 @@ pub(crate) mod x86 {
     #[inline(always)]
     fn pairs_low(a: std::arch::x86_64::__m512, b: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: only inlined into `store_transposed`, which has AVX-512 F.
+        // SAFETY: only inlined into functions with AVX-512 F.
         unsafe { _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))) }
     }
 
@@ -305,7 +356,7 @@ pub(crate) mod x86 {
     #[inline(always)]
     fn pairs_high(a: std::arch::x86_64::__m512, b: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: only inlined into `store_transposed`, which has AVX-512 F.
+        // SAFETY: only inlined into functions with AVX-512 F.
         unsafe { _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))) }
     }
 
