@@ -119,19 +119,8 @@ fn loads_output_row_only(scalar: &Scalar, step: Value) -> bool {
 mod tests {
     use super::{carries, Carry};
     use crate::dim::Dim;
+    use crate::testing::{index, int, plus};
     use crate::{BinaryOp, Dtype, Entry, Intrinsic, Node, NodeKind, Scalar, Value};
-
-    fn index(k: u32) -> Scalar {
-        Scalar::Index(k, Dtype::I64)
-    }
-
-    fn int(value: i64) -> Scalar {
-        Scalar::Int(value, Dtype::I64)
-    }
-
-    fn plus(a: Scalar, b: Scalar) -> Scalar {
-        Scalar::Binary(BinaryOp::Add, Box::new(a), Box::new(b), Dtype::I64)
-    }
 
     fn load(value: u32, positions: Vec<Scalar>) -> Scalar {
         Scalar::Load(Value(value), positions, Dtype::F32)

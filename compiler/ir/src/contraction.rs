@@ -189,17 +189,10 @@ pub fn reads_index(scalar: &Scalar, axis: u32) -> bool {
 mod tests {
     use super::of;
     use crate::dim::Dim;
+    use crate::testing::{index, int};
     use crate::CmpOp;
     use crate::Dtype;
     use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
-
-    fn index(k: u32) -> Scalar {
-        Scalar::Index(k, Dtype::I64)
-    }
-
-    fn int(value: i64) -> Scalar {
-        Scalar::Int(value, Dtype::I64)
-    }
 
     fn binary(op: BinaryOp, a: Scalar, b: Scalar, dtype: Dtype) -> Scalar {
         Scalar::Binary(op, Box::new(a), Box::new(b), dtype)

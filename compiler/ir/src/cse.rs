@@ -110,12 +110,9 @@ fn canonical(scalar: &Scalar, bound: &mut Vec<u32>, out: &mut Vec<Token>) {
 mod tests {
     use super::eliminate_in;
     use crate::dim::Dim;
+    use crate::testing::index;
     use crate::Dtype;
     use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
-
-    fn index(k: u32) -> Scalar {
-        Scalar::Index(k, Dtype::I64)
-    }
 
     fn load(value: u32, positions: Vec<Scalar>) -> Scalar {
         Scalar::Load(Value(value), positions, Dtype::F32)

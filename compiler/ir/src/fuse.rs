@@ -305,12 +305,9 @@ fn renumber(scalar: &mut Scalar, axes: &[Axis], next: &mut u32, reductions: &mut
 mod tests {
     use super::fuse_entry;
     use crate::dim::Dim;
+    use crate::testing::index;
     use crate::Dtype;
     use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
-
-    fn index(k: u32) -> Scalar {
-        Scalar::Index(k, Dtype::I64)
-    }
 
     /// `x: [1, 4]`, `y[i0, i1] = exp(x[i0, i1])` (`[first, 4]`),
     /// `z[i0, i1] = y[at, i1] + 1` (`[1, 4]`), fused.

@@ -25,6 +25,8 @@ pub mod plan;
 pub mod quant;
 pub mod ranking;
 pub mod schedule;
+#[cfg(test)]
+mod testing;
 mod text;
 mod verify;
 pub mod views;

@@ -187,6 +187,7 @@ fn put_positions(scalar: &mut Scalar, positions: &[Scalar]) {
 mod tests {
     use super::read_through_entry;
     use crate::dim::Dim;
+    use crate::testing::{index, int, plus};
     use crate::CmpOp;
     use crate::Dtype;
     use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
@@ -194,18 +195,6 @@ mod tests {
     /// The same expression (the IR compares by its printed form).
     fn same(got: &impl std::fmt::Debug, expected: &impl std::fmt::Debug) {
         assert_eq!(format!("{got:?}"), format!("{expected:?}"));
-    }
-
-    fn index(k: u32) -> Scalar {
-        Scalar::Index(k, Dtype::I64)
-    }
-
-    fn int(value: i64) -> Scalar {
-        Scalar::Int(value, Dtype::I64)
-    }
-
-    fn plus(a: Scalar, b: Scalar) -> Scalar {
-        Scalar::Binary(BinaryOp::Add, Box::new(a), Box::new(b), Dtype::I64)
     }
 
     fn load(value: u32, positions: Vec<Scalar>, dtype: Dtype) -> Scalar {
