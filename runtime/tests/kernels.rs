@@ -68,6 +68,14 @@ fn within_contract(reference: &[Tensor], outputs: &[Tensor]) -> Result<f64, Stri
     Ok(worst)
 }
 
+/// As many outputs in `outputs` as in `expected`, each equal to its own.
+fn assert_equal_outputs(outputs: &[Tensor], expected: &[Tensor], what: &str) {
+    assert_eq!(outputs.len(), expected.len(), "{what}: outputs");
+    for (at, (a, b)) in outputs.iter().zip(expected).enumerate() {
+        assert_eq!(a, b, "{what}: output {at} differs");
+    }
+}
+
 fn ints(shape: Vec<usize>, values: Vec<i64>) -> Tensor {
     Tensor::from_i64(Dtype::I32, shape, values)
 }
@@ -104,10 +112,7 @@ fn kernels_equal_the_bodies_they_replace() {
         let with_kernels = script(&mut machine(config, dtype, Lowering::default(), Interp));
         let inlined =
             script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
-        assert_eq!(with_kernels.len(), inlined.len());
-        for (at, (a, b)) in with_kernels.iter().zip(&inlined).enumerate() {
-            assert_eq!(a, b, "{config} {dtype}: output {at} differs");
-        }
+        assert_equal_outputs(&with_kernels, &inlined, &format!("{config} {dtype}"));
     }
 }
 
@@ -164,9 +169,7 @@ fn fusion_changes_no_result() {
         );
         let reference = script(&mut machine(config, dtype, unfused, Interp));
         let fused = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        for (at, (a, b)) in fused.iter().zip(&reference).enumerate() {
-            assert_eq!(a, b, "{config} {dtype}: output {at} differs on the interpreter");
-        }
+        assert_equal_outputs(&fused, &reference, &format!("{config} {dtype} on the interpreter"));
         let native = script(&mut machine(config, dtype, Lowering::default(), OnCpu));
         within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype} fused on the cpu: {e}"));
     }
@@ -292,14 +295,10 @@ fn the_decoding_steps_carry_their_states() {
 fn carrying_states_in_place_changes_no_bit() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let (model, params) = model(config, dtype, Lowering::default());
-        let mut outputs = [true, false].map(|carries| {
+        let [carried, written] = [true, false].map(|carries| {
             script(&mut Machine::new(model.clone(), params.clone(), Altered::carrying(carries)).unwrap())
         });
-        let [carried, written] = &mut outputs;
-        assert_eq!(carried.len(), written.len());
-        for (at, (a, b)) in carried.iter().zip(written.iter()).enumerate() {
-            assert_eq!(a, b, "{config} {dtype}: output {at} differs");
-        }
+        assert_equal_outputs(&carried, &written, &format!("{config} {dtype}"));
     }
 }
 

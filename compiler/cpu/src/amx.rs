@@ -11,8 +11,9 @@
 //! parameter's rows, or block rows decoded into a thread's buffer, `matmul`);
 //! the input rows are the B operand, laid out once per call as B tiles
 //! hold them ([`Inputs`]: each row's pairs gathered in a vector, sixteen
-//! rows transposed into a tile's rows, as the sums are transposed back). Stable Rust has no AMX intrinsics: the few
-//! instructions are inline assembly.
+//! rows transposed into a tile's rows, as the sums are transposed back).
+//! Stable Rust has no AMX intrinsics: the few instructions are inline
+//! assembly.
 
 use super::matmul::Rows;
 

@@ -51,21 +51,15 @@ fn carry(entry: &Entry, uses: &[u32], step: usize) -> Option<Carry> {
     let NodeKind::Intrinsic(Intrinsic::GatedDeltaStep, args) = &entry.nodes[step].kind else { return None };
     let read = args[STATE_ARGUMENT];
     let NodeKind::State(state) = entry.nodes[read.index()].kind else { return None };
-    if uses[read.index()] != 1 || entry.outputs.contains(&Value(step as u32)) {
+    let stepped = Value(step as u32);
+    if uses[read.index()] != 1 || entry.outputs.contains(&stepped) {
         return None;
     }
-    let mut writes = entry
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, node)| matches!(node.kind, NodeKind::WriteState(k, _) if k == state));
-    let (write, written) = match (writes.next(), writes.next()) {
-        (Some((write, node)), None) => match node.kind {
-            NodeKind::WriteState(_, value) => (write, value.index()),
-            _ => unreachable!("filtered to the state's writes"),
-        },
-        _ => return None,
-    };
+    let mut writes = entry.nodes.iter().enumerate().filter_map(|(at, node)| match node.kind {
+        NodeKind::WriteState(k, value) if k == state => Some((at, value.index())),
+        _ => None,
+    });
+    let (Some((write, written)), None) = (writes.next(), writes.next()) else { return None };
     let view = &entry.nodes[written];
     let is_state_rows = match &view.kind {
         NodeKind::Compute(Scalar::Load(source, positions, Dtype::F32)) => {
@@ -79,8 +73,8 @@ fn carry(entry: &Entry, uses: &[u32], step: usize) -> Option<Carry> {
     }
     let others_read_outputs_only = entry.nodes.iter().enumerate().all(|(at, node)| match &node.kind {
         _ if at == written => true,
-        NodeKind::Compute(scalar) => loads_output_row_only(scalar, Value(step as u32)),
-        NodeKind::Intrinsic(_, args) => !args.contains(&Value(step as u32)),
+        NodeKind::Compute(scalar) => loads_output_row_only(scalar, stepped),
+        NodeKind::Intrinsic(_, args) => !args.contains(&stepped),
         NodeKind::WriteState(_, value) | NodeKind::Assert(value, _) => value.index() != step,
         NodeKind::Input(_) | NodeKind::Param(_) | NodeKind::State(_) => true,
     });
@@ -89,30 +83,28 @@ fn carry(entry: &Entry, uses: &[u32], step: usize) -> Option<Carry> {
 
 /// A position that is index `k` plus a constant, as `(k, constant)`.
 fn offset_index(position: &Scalar) -> Option<(u32, i64)> {
-    let constant = |scalar: &Scalar| bounds::bounds(scalar, &HashMap::new(), &Ranges::new()).filter(|(l, m)| l == m);
     match position {
         Scalar::Index(k, _) => Some((*k, 0)),
         Scalar::Binary(BinaryOp::Add, a, b, _) => match (a.as_ref(), b.as_ref()) {
-            (Scalar::Index(k, _), offset) | (offset, Scalar::Index(k, _)) => constant(offset).map(|(c, _)| (*k, c)),
+            (Scalar::Index(k, _), offset) | (offset, Scalar::Index(k, _)) => constant(offset).map(|c| (*k, c)),
             _ => None,
         },
         _ => None,
     }
 }
 
+/// The value of a position that reads no index, if it has one.
+fn constant(position: &Scalar) -> Option<i64> {
+    bounds::bounds(position, &HashMap::new(), &Ranges::new()).and_then(|(least, most)| (least == most).then_some(least))
+}
+
 /// Whether every load of `step` in `scalar` is at row 0 of axis 1, a
 /// constant position.
 fn loads_output_row_only(scalar: &Scalar, step: Value) -> bool {
-    let here = match scalar {
-        Scalar::Load(source, positions, _) if *source == step => positions
-            .get(1)
-            .and_then(|row| bounds::bounds(row, &HashMap::new(), &Ranges::new()))
-            .is_some_and(|bounds| bounds == (0, 0)),
-        _ => true,
-    };
-    let mut children = true;
-    scalar.for_each_child(&mut |child| children &= loads_output_row_only(child, step));
-    here && children
+    !scalar.any(&|part| match part {
+        Scalar::Load(source, positions, _) if *source == step => positions.get(1).and_then(constant) != Some(0),
+        _ => false,
+    })
 }
 
 #[cfg(test)]

@@ -159,14 +159,11 @@ fn brief(kind: &NodeKind) -> bool {
 /// Whether `scalar` is arithmetic on indices and dims alone: it loads
 /// nothing, reduces nothing and calls no elementary function.
 fn index_arithmetic(scalar: &Scalar) -> bool {
-    let here = match scalar {
-        Scalar::Load(..) | Scalar::Reduce { .. } => false,
-        Scalar::Unary(op, ..) => matches!(op, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs),
-        _ => true,
-    };
-    let mut children = true;
-    scalar.for_each_child(&mut |child| children &= index_arithmetic(child));
-    here && children
+    !scalar.any(&|part| match part {
+        Scalar::Load(..) | Scalar::Reduce { .. } => true,
+        Scalar::Unary(op, ..) => !matches!(op, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs),
+        _ => false,
+    })
 }
 
 /// The loads in `scalar`, with their positions, in order.
