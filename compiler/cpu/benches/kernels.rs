@@ -7,7 +7,8 @@
 //! scalar f64 code).
 //! Shapes are the bench model's (H 2048, experts of width 512, 16 query
 //! heads of 256, 32 delta-rule heads of 128). Run with `cargo bench -p
-//! linnet-cpu --bench kernels [-- FAMILY…]` (matrix, experts,
+//! linnet-cpu --bench kernels [-- FAMILY…]` (matrix, experts (with
+//! `EXPERT_ROWS=8,16,…`, also every expert that many rows),
 //! intrinsics, elementwise).
 
 use linnet_cpu::lowering::Elementwise;
@@ -137,7 +138,8 @@ fn matrix_kernels() {
 /// down products (8 experts a token, 1024 × 2048 and 2048 × 512, each
 /// expert's rows as a router's choices at random fall: 16 on average,
 /// from a handful to thirty), and a decode step's (8 experts of one row,
-/// other experts each call); the prefill's also in Q4_K declared bf16.
+/// other experts each call); the prefill's also in Q4_K and Q6_K
+/// declared bf16.
 fn expert_kernels() {
     let experts = 256;
     let mut state = 7u64;
@@ -153,20 +155,32 @@ fn expert_kernels() {
         }
         chosen.into_iter().for_each(|e| routed[e] += 1);
     }
-    for (counts, columns, depth) in
-        [(&routed, 1024, 2048), (&routed, 2048, 512), (&vec![1; 8], 1024, 2048), (&vec![1; 8], 2048, 512)]
-    {
+    // With `EXPERT_ROWS=8,16,…`, also every expert that many rows (where
+    // one kernel gives way to another).
+    let fixed: Vec<Vec<usize>> = std::env::var("EXPERT_ROWS")
+        .map(|rows| {
+            rows.split(',').map(|count| vec![count.trim().parse().expect("EXPERT_ROWS: counts"); experts]).collect()
+        })
+        .unwrap_or_default();
+    let decode_step = vec![1; 8];
+    let shapes = [(1024, 2048), (2048, 512)];
+    let counts = std::iter::once(&routed).chain(&fixed).chain([&decode_step]);
+    for (counts, (columns, depth)) in counts.flat_map(|counts| shapes.map(|shape| (counts, shape))) {
         let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
         let expert_values = |e: usize| values(columns * depth, 20 + e as u64);
         let weights: Vec<Vec<u16>> =
             (0..experts).map(|e| expert_values(e).into_iter().map(bf16_bits).collect()).collect();
-        // The same experts in Q4_K declared bf16 (a q4_k_m model's), past a
-        // decode step's rows.
-        let blocks: Vec<Vec<u8>> = if chosen == experts {
-            (0..experts).map(|e| quantize(BlockFormat::Q4K, &expert_values(e)).expect("rows of whole blocks")).collect()
-        } else {
-            Vec::new()
-        };
+        // The same experts in Q4_K and Q6_K declared bf16 (a q4_k_m model's
+        // formats), past a decode step's rows.
+        let formats = if chosen == experts { &[BlockFormat::Q4K, BlockFormat::Q6K][..] } else { &[] };
+        let blocks: Vec<(BlockFormat, Vec<Vec<u8>>)> = formats
+            .iter()
+            .map(|&format| {
+                let quantized =
+                    (0..experts).map(|e| quantize(format, &expert_values(e)).expect("rows of whole blocks")).collect();
+                (format, quantized)
+            })
+            .collect();
         let input = values(total * depth, 13);
         let mut out = vec![0f32; total * columns];
         let out_base = out.as_mut_ptr();
@@ -181,12 +195,13 @@ fn expert_kernels() {
                 outs: (first..first + count).map(|r| unsafe { out_base.add(r * columns) }).collect(),
             })
             .collect();
-        let kinds = if blocks.is_empty() { &["bf16"][..] } else { &["bf16", "q4_k declared bf16"][..] };
-        for &kind in kinds {
+        let kinds = std::iter::once(None).chain(blocks.iter().map(Some));
+        for kind in kinds {
             let matrix = |e: usize| match kind {
-                "bf16" => Matrix::Bf16(&weights[e]),
-                _ => Matrix::Bf16Blocks(BlockFormat::Q4K, &blocks[e]),
+                None => Matrix::Bf16(&weights[e]),
+                Some((format, blocks)) => Matrix::Bf16Blocks(*format, &blocks[e]),
             };
+            let kind = kind.map_or("bf16".to_string(), |(format, _)| format!("{format} declared bf16"));
             let mut call = 0;
             let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
                 call += 1;

@@ -7,9 +7,9 @@
 //! choice of kernel).
 //!
 //! Sixteen weight rows are unpacked into bytes a span at a time, a Q4_K
-//! group's 32 values a tile row (the A operand); the input rows, sixteen
-//! at most, are laid out once per call as B tiles hold them ([`Inputs`]).
-//! Each group's
+//! group's 32 values a tile row (the A operand), and serve every sixteen
+//! input rows in turn; the input rows are laid out once per call as B
+//! tiles hold them, sixteen to a block ([`Inputs`]). Each group's
 //! tile of sums (sixteen weight rows by sixteen input rows) is an exact
 //! integer; it takes the group's 6-bit scale in f32, which is exact too,
 //! so the f32 order is the panels' (`panels::reference`), bit for bit:
@@ -31,12 +31,12 @@ const GROUP: usize = 32;
 /// Groups in a span (a Q4_K block).
 const GROUPS: usize = SPAN / GROUP;
 
-/// The most input rows a product takes the tiles for: one tile of them.
-/// Each group's sums of each sixteen input rows take their scale in
-/// vector lanes, while the weights decoded once into bf16 (`amx`) serve
-/// every sixteen: past one tile, the bf16 tiles were the faster (Q4_K
-/// experts of 1024 × 2048 in L2, 24 to 48 rows each).
-pub const MOST_ROWS: usize = EDGE;
+/// The most input rows a product takes the tiles for. Each group's sums
+/// of each sixteen input rows take their scale in vector lanes, while the
+/// weights decoded once into bf16 (`amx`) serve every sixteen for the
+/// tiles alone: past three blocks of rows, the bf16 tiles were the faster
+/// (Q4_K experts of 1024 × 2048 and 2048 × 512 streamed from memory).
+pub const MOST_ROWS: usize = 3 * EDGE;
 
 /// Whether this CPU has AMX byte products and the process the tiles;
 /// asked once (CPUID is slow, and a hypervisor's trap in a VM).
@@ -61,17 +61,17 @@ pub fn takes(isa: Isa, count: usize, format: BlockFormat) -> bool {
         && available()
 }
 
-/// Up to sixteen quantized input rows laid out for the tiles (filled out
-/// to sixteen with zero levels and steps).
+/// Quantized input rows laid out for the tiles, in blocks of sixteen (the
+/// last filled out to sixteen with zero levels and steps).
 pub struct Inputs {
-    /// Per group of the depth: a B tile of eight rows of sixteen words,
-    /// word `n` of row `i` the levels `4i..4i + 4` of the group in input
-    /// row `n`.
+    /// Per block of rows, per group of the depth: a B tile of eight rows
+    /// of sixteen words, word `n` of row `i` the levels `4i..4i + 4` of
+    /// the group in the block's input row `n`.
     tiles: Vec<u32>,
-    /// Per span: the sixteen rows' steps.
+    /// Per block, per span: the sixteen rows' steps.
     steps: Vec<f32>,
-    /// Per span, per pair of groups: the sixteen rows' sums of the pair's
-    /// levels (as `QuantizedRows` holds them).
+    /// Per block, per span, per pair of groups: the sixteen rows' sums of
+    /// the pair's levels (as `QuantizedRows` holds them).
     pair_sums: Vec<u32>,
     /// Spans of the depth.
     spans: usize,
@@ -83,34 +83,54 @@ impl Inputs {
     /// `quantized` laid out for the tiles: at most [`MOST_ROWS`] rows.
     pub fn new(quantized: &QuantizedRows) -> Inputs {
         let (rows, spans) = (quantized.len(), quantized.depth() / SPAN);
-        assert!(rows <= MOST_ROWS, "one tile of input rows, not {rows}");
+        assert!(rows <= MOST_ROWS, "at most {MOST_ROWS} input rows, not {rows}");
+        let blocks = rows.div_ceil(EDGE);
         let mut inputs = Inputs {
-            tiles: vec![0; spans * SPAN / 4 * EDGE],
-            steps: vec![0.0; spans * EDGE],
-            pair_sums: vec![0; spans * (GROUPS / 2) * EDGE],
+            tiles: vec![0; blocks * spans * SPAN / 4 * EDGE],
+            steps: vec![0.0; blocks * spans * EDGE],
+            pair_sums: vec![0; blocks * spans * (GROUPS / 2) * EDGE],
             spans,
             rows,
         };
-        for n in 0..rows {
+        for row in 0..rows {
+            let (block, n) = (row / EDGE, row % EDGE);
             for span in 0..spans {
-                let (levels, pair_sums, step) = quantized.span(n, span);
-                inputs.steps[span * EDGE + n] = step;
+                let (levels, pair_sums, step) = quantized.span(row, span);
+                let span_of_all = block * spans + span;
+                inputs.steps[span_of_all * EDGE + n] = step;
                 for (pair, sum) in pair_sums.iter().enumerate() {
-                    inputs.pair_sums[(span * (GROUPS / 2) + pair) * EDGE + n] = *sum;
+                    inputs.pair_sums[(span_of_all * (GROUPS / 2) + pair) * EDGE + n] = *sum;
                 }
                 for (word, four) in levels.chunks_exact(4).enumerate() {
                     let bytes = [four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8];
-                    inputs.tiles[(span * SPAN / 4 + word) * EDGE + n] = u32::from_le_bytes(bytes);
+                    inputs.tiles[(span_of_all * SPAN / 4 + word) * EDGE + n] = u32::from_le_bytes(bytes);
                 }
             }
         }
         inputs
     }
 
-    /// The B tile of group `group` of span `span`.
+    /// Blocks of sixteen input rows.
+    fn blocks(&self) -> usize {
+        self.rows.div_ceil(EDGE)
+    }
+
+    /// The B tile of group `group` of span `span` of block `block`.
     #[cfg(target_arch = "x86_64")]
-    fn tile(&self, span: usize, group: usize) -> *const u8 {
-        self.tiles[(span * GROUPS + group) * (GROUP / 4) * EDGE..].as_ptr().cast()
+    fn tile(&self, block: usize, span: usize, group: usize) -> *const u8 {
+        self.tiles[((block * self.spans + span) * GROUPS + group) * (GROUP / 4) * EDGE..].as_ptr().cast()
+    }
+
+    /// Block `block`'s sixteen steps of span `span`.
+    #[cfg(target_arch = "x86_64")]
+    fn steps(&self, block: usize, span: usize) -> &[f32] {
+        &self.steps[(block * self.spans + span) * EDGE..][..EDGE]
+    }
+
+    /// Block `block`'s sixteen sums of pair `pair` of span `span`'s groups.
+    #[cfg(target_arch = "x86_64")]
+    fn pair_sums(&self, block: usize, span: usize, pair: usize) -> &[u32] {
+        &self.pair_sums[((block * self.spans + span) * (GROUPS / 2) + pair) * EDGE..][..EDGE]
     }
 }
 
@@ -130,7 +150,7 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert!(available(), "byte tiles run on AMX-INT8");
-    assert!(inputs.rows <= MOST_ROWS, "one tile of input rows");
+    assert!(inputs.rows <= MOST_ROWS, "at most {MOST_ROWS} input rows");
     let depth = inputs.spans * SPAN;
     assert_operands(BlockFormat::Q4K, blocks, row_bytes, depth, (inputs.rows, outs.len()), &range);
     #[cfg(target_arch = "x86_64")]
@@ -173,9 +193,9 @@ mod x86 {
     }
 
     /// A span of sixteen weight rows unpacked, a byte a value: row `i` at
-    /// `256 · i`, its groups where [`unpacked_at`] puts them (4 KiB, which
-    /// stays in L1 from its stores to the tiles' loads).
+    /// `256 · i`, its groups where [`unpacked_at`] puts them (4 KiB).
     #[repr(C, align(64))]
+    #[derive(Clone, Copy)]
     struct Unpacked([u8; EDGE * SPAN]);
 
     /// A span's headers of sixteen weight rows, lane `i` row `i`'s.
@@ -195,13 +215,37 @@ mod x86 {
     #[repr(C, align(64))]
     struct Stored([[i32; EDGE * EDGE]; 4]);
 
+    /// Sixteen weight rows (fewer at the matrix's end) and their headers.
+    struct Weights<'a> {
+        /// The first row's blocks; the others follow `row_bytes` apart.
+        first: *const u8,
+        row_bytes: usize,
+        rows: usize,
+        /// Per span.
+        scales: &'a [Scales],
+    }
+
+    /// The next sixteen weight rows' bytes, asked into L2 a part at each
+    /// step of the first block of input rows. Each row is a stream of its
+    /// own, which the hardware's prefetchers do not follow sixteen at a
+    /// time; asked all at once, they would fill the line buffers and hold
+    /// up the products.
+    struct Ahead {
+        at: *const u8,
+        bytes: usize,
+    }
+
     thread_local! {
         /// A thread's headers of sixteen weight rows, a span each.
         static SCALES: std::cell::RefCell<Vec<Scales>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// A thread's sixteen weight rows unpacked, a span each: unpacked
+        /// as the first block of input rows passes over them, read as
+        /// they lie by the other blocks.
+        static UNPACKED: std::cell::RefCell<Vec<Unpacked>> = const { std::cell::RefCell::new(Vec::new()) };
     }
 
-    /// `super::dot_columns`: sixteen weight rows at a time against the
-    /// input rows, a span unpacked at a time.
+    /// `super::dot_columns`: sixteen weight rows at a time against each
+    /// block of input rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub unsafe fn dot_columns(
         blocks: &[u8],
@@ -211,31 +255,35 @@ mod x86 {
         range: std::ops::Range<usize>,
     ) {
         let block_bytes = BlockFormat::Q4K.block_bytes();
-        // The thread's headers, taken for the call and put back after it.
-        let mut scales = SCALES.take();
+        // The thread's buffers, taken for the call and put back after it.
+        let (mut scales, mut unpacked) = (SCALES.take(), UNPACKED.take());
         scales.resize(inputs.spans, Scales::default());
+        unpacked.resize(inputs.spans, Unpacked([0; EDGE * SPAN]));
         // SAFETY: the caller's promise: the CPU has the tiles.
         let tiles = unsafe { Configured::as_in(&CONFIG) };
         for first_column in range.clone().step_by(EDGE) {
             let rows = (range.end - first_column).min(EDGE);
-            // The next sixteen rows asked for into L2 while these are
-            // multiplied: each row is a stream of its own, which the
-            // hardware's prefetchers do not follow sixteen at a time.
             let next = (first_column + EDGE).min(range.end)..(first_column + 2 * EDGE).min(range.end);
-            for line in (next.start * row_bytes..next.end * row_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(blocks.as_ptr().wrapping_add(line).cast());
-            }
+            let ahead =
+                Ahead { at: blocks.as_ptr().wrapping_add(next.start * row_bytes), bytes: next.len() * row_bytes };
             let first = blocks[first_column * row_bytes..].as_ptr();
             for (span, scales) in scales.iter_mut().enumerate() {
                 // SAFETY: rows `first_column..` have their blocks (the caller's promise).
                 unsafe { gather_scales(first.add(span * block_bytes), row_bytes, rows, scales) };
             }
-            // SAFETY: the tiles are configured; the blocks exist and the
-            // outputs have room for these columns (the caller's promise).
-            unsafe { panel_sums(first, row_bytes, rows, &scales, inputs, outs, first_column) };
+            let weights = Weights { first, row_bytes, rows, scales: &scales };
+            for block in 0..inputs.blocks() {
+                let outs = &outs[block * EDGE..outs.len().min((block + 1) * EDGE)];
+                let unpacking = (block == 0).then_some(&ahead);
+                // SAFETY: the tiles are configured; the blocks exist and
+                // the outputs have room for these columns (the caller's
+                // promise); the first block unpacks every span.
+                unsafe { panel_sums(&weights, &mut unpacked, unpacking, inputs, block, outs, first_column) };
+            }
         }
         drop(tiles);
         SCALES.set(scales);
+        UNPACKED.set(unpacked);
     }
 
     /// The headers of `rows` blocks from `first`, `row_bytes` apart, into
@@ -279,20 +327,20 @@ mod x86 {
         }
     }
 
-    /// Half `step % 2` of span `step / 2`'s groups of the input rows
+    /// Half `step % 2` of span `step / 2`'s groups of input block `block`
     /// against the span's unpacked weight rows: their four tiles of sums,
     /// into `into`.
     ///
     /// # Safety
     /// The tiles are configured as [`CONFIG`].
     #[inline(always)]
-    unsafe fn half_sums(unpacked: &Unpacked, inputs: &Inputs, step: usize, into: &mut Stored) {
+    unsafe fn half_sums(unpacked: &Unpacked, inputs: &Inputs, block: usize, step: usize, into: &mut Stored) {
         let (span, half) = (step / 2, step % 2);
         unsafe {
             for quarter in 0..4 {
                 let group = 4 * half + quarter;
                 let a = unpacked.0[unpacked_at(group)..].as_ptr();
-                let b = inputs.tile(span, group);
+                let b = inputs.tile(block, span, group);
                 asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) a, s = in(reg) SPAN, options(nostack, readonly));
                 asm!("tileloadd tmm6, [{p} + {s}*1]", p = in(reg) b, s = in(reg) 64usize, options(nostack, readonly));
                 match quarter {
@@ -311,47 +359,59 @@ mod x86 {
         }
     }
 
-    /// The input rows (`outs`, their output rows) against `rows` weight
-    /// rows from `first` (`row_bytes` apart; their headers `scales`):
-    /// columns `first_column..first_column + rows`. Each span is unpacked
-    /// just before its tiles run, and the tiles of each half span run one
-    /// half ahead of the vectors that scale them, so that the vectors read
-    /// sums stored a while before (a load of what `tilestored` has just
-    /// written waits for it).
+    /// Input block `block` (`outs`, its output rows) against `weights`:
+    /// columns `first_column..first_column + weights.rows`. With
+    /// `unpacking` (the first block), each span is unpacked into
+    /// `unpacked` just before its tiles run and the next rows are asked
+    /// for a part each step; the other blocks read the spans as the first
+    /// left them. The tiles of each half span run one half ahead of the
+    /// vectors that scale them, so that the vectors read sums stored a
+    /// while before (a load of what `tilestored` has just written waits
+    /// for it).
     ///
     /// # Safety
     /// The tiles are configured as [`CONFIG`]; the blocks exist; each of
-    /// `outs` has room for those columns.
+    /// `outs` has room for those columns; without `unpacking`, `unpacked`
+    /// holds these weight rows' spans.
     #[inline(always)]
     unsafe fn panel_sums(
-        first: *const u8,
-        row_bytes: usize,
-        rows: usize,
-        scales: &[Scales],
+        weights: &Weights,
+        unpacked: &mut [Unpacked],
+        unpacking: Option<&Ahead>,
         inputs: &Inputs,
+        block: usize,
         outs: &[*mut f32],
         first_column: usize,
     ) {
         #[repr(C, align(64))]
         struct Sums([f32; EDGE * EDGE]);
         let steps_in_all = 2 * inputs.spans;
-        let mut unpacked = [Unpacked([0; EDGE * SPAN]), Unpacked([0; EDGE * SPAN])];
+        let lines = unpacking.map_or(0, |ahead| ahead.bytes.div_ceil(64));
+        let lines_a_step = lines.div_ceil(steps_in_all);
         let mut stored = [Stored([[0; EDGE * EDGE]; 4]), Stored([[0; EDGE * EDGE]; 4])];
         let mut sums = [_mm512_setzero_ps(); EDGE];
         unsafe {
-            unpack(first, row_bytes, rows, 0, &mut unpacked[0]);
-            half_sums(&unpacked[0], inputs, 0, &mut stored[0]);
+            let (first, row_bytes, rows) = (weights.first, weights.row_bytes, weights.rows);
+            if unpacking.is_some() {
+                unpack(first, row_bytes, rows, 0, &mut unpacked[0]);
+            }
+            half_sums(&unpacked[0], inputs, block, 0, &mut stored[0]);
             for step in 0..steps_in_all {
+                if let Some(ahead) = unpacking {
+                    for line in (step * lines_a_step..(step + 1) * lines_a_step).take_while(|line| *line < lines) {
+                        _mm_prefetch::<_MM_HINT_T1>(ahead.at.wrapping_add(64 * line).cast());
+                    }
+                }
                 let ahead = step + 1;
                 if ahead < steps_in_all {
-                    if ahead % 2 == 0 {
-                        unpack(first, row_bytes, rows, ahead / 2, &mut unpacked[ahead / 2 % 2]);
+                    if ahead % 2 == 0 && unpacking.is_some() {
+                        unpack(first, row_bytes, rows, ahead / 2, &mut unpacked[ahead / 2]);
                     }
-                    half_sums(&unpacked[ahead / 2 % 2], inputs, ahead, &mut stored[ahead % 2]);
+                    half_sums(&unpacked[ahead / 2], inputs, block, ahead, &mut stored[ahead % 2]);
                 }
                 let (span, half, tiles) = (step / 2, step % 2, &stored[step % 2]);
-                let scales = &scales[span];
-                let steps = _mm512_loadu_ps(inputs.steps[span * EDGE..].as_ptr());
+                let scales = &weights.scales[span];
+                let steps = _mm512_loadu_ps(inputs.steps(block, span).as_ptr());
                 for (m, sum) in sums.iter_mut().enumerate() {
                     // The half's scaled sums: exact integers in f32.
                     let mut part = _mm512_setzero_ps();
@@ -366,9 +426,8 @@ mod x86 {
                 if half == 0 {
                     continue;
                 }
-                let pair_sums: [__m512i; GROUPS / 2] = std::array::from_fn(|pair| {
-                    _mm512_loadu_si512(inputs.pair_sums[(span * (GROUPS / 2) + pair) * EDGE..].as_ptr().cast())
-                });
+                let pair_sums: [__m512i; GROUPS / 2] =
+                    std::array::from_fn(|pair| _mm512_loadu_si512(inputs.pair_sums(block, span, pair).as_ptr().cast()));
                 let negative_steps = _mm512_mul_ps(steps, _mm512_set1_ps(-1.0));
                 for (m, sum) in sums.iter_mut().enumerate() {
                     let mut mins = _mm512_setzero_si512();
@@ -415,7 +474,7 @@ mod tests {
         let row_bytes = BlockFormat::Q4K.row_bytes(depth).unwrap();
         for columns in [EDGE, 2 * EDGE + 5, 7] {
             let blocks = quant::arbitrary_blocks(BlockFormat::Q4K, columns * depth / SPAN, columns as u64);
-            for rows in [5, 9, 13, MOST_ROWS] {
+            for rows in [5, 9, 13, EDGE, EDGE + 1, 2 * EDGE + 7, MOST_ROWS] {
                 let values = activations(rows, depth, rows as u64 + 200);
                 let quantized = QuantizedRows::new(values.chunks_exact(depth), depth);
                 let mut outs = vec![vec![f32::NAN; columns]; rows];
