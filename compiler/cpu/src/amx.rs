@@ -81,13 +81,19 @@ impl Inputs {
     }
 }
 
+/// Blocks of sixteen input rows multiplied by every weight row of a call
+/// before the next blocks: their tiles (64 KiB a block at a depth of 2048)
+/// stay in L2 while the weight rows pass over them.
+const CHUNK_BLOCKS: usize = 4;
+
 thread_local! {
     /// A thread's last weight rows filled out to a whole tile with zeros.
     static PADDED: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Columns `range` of every output row of `rows`: weight row `n - first`
-/// of `weight` (bf16 bits, `depth` values a row) makes column `n`, against
+/// of `weight` (bf16 bits, `stride` from one row to the next, the inputs'
+/// depth of them read) makes column `n`, against
 /// `inputs` (the rows laid out). Thirty-two weight rows by thirty-two
 /// input rows at a time: four tiles of sums, each loaded tile used twice.
 ///
@@ -99,58 +105,63 @@ pub unsafe fn columns(
     rows: &Rows,
     inputs: &Inputs,
     weight: &[u16],
-    depth: usize,
+    stride: usize,
     first: usize,
     range: std::ops::Range<usize>,
 ) {
-    assert_eq!(inputs.spans * DEPTH, depth, "inputs laid out for this depth");
+    let depth = inputs.spans * DEPTH;
+    assert!(stride >= depth, "weight rows of the inputs' depth");
     #[cfg(target_arch = "x86_64")]
     PADDED.with_borrow_mut(|padded| {
         // SAFETY: as the caller promises.
         let _tiles = unsafe { x86::Configured::new() };
         let blocks = rows.inputs.len().div_ceil(EDGE);
-        let mut n = range.start;
-        while n < range.end {
-            let height = (range.end - n).min(2 * EDGE);
-            // A tile of sixteen weight rows where they lie, or the last
-            // few copied into a tile filled out with zeros.
-            let mut operand = |at: usize| -> *const u8 {
-                let rows_here = (n + height - at).min(EDGE);
-                let start = (at - first) * depth;
-                if rows_here == EDGE {
-                    return weight[start..].as_ptr() as *const u8;
-                }
-                padded.clear();
-                padded.extend_from_slice(&weight[start..start + rows_here * depth]);
-                padded.resize(EDGE * depth, 0);
-                padded.as_ptr() as *const u8
-            };
-            let a = [operand(n), if height > EDGE { operand(n + EDGE) } else { std::ptr::null() }];
-            for block in (0..blocks).step_by(2) {
-                let b = [block, (block + 1).min(blocks - 1)];
-                // SAFETY: the tiles lie inside `weight`, `padded` and
-                // `inputs`, `depth * 2` bytes apart (A) and 64 (B).
-                let sums = unsafe {
-                    match (height > EDGE, block + 1 < blocks) {
-                        (true, true) => x86::sums::<true, true>(a, depth * 2, inputs, b),
-                        (true, false) => x86::sums::<true, false>(a, depth * 2, inputs, b),
-                        (false, true) => x86::sums::<false, true>(a, depth * 2, inputs, b),
-                        (false, false) => x86::sums::<false, false>(a, depth * 2, inputs, b),
+        for chunk in (0..blocks).step_by(CHUNK_BLOCKS) {
+            let chunk = chunk..(chunk + CHUNK_BLOCKS).min(blocks);
+            let mut n = range.start;
+            while n < range.end {
+                let height = (range.end - n).min(2 * EDGE);
+                // A tile of sixteen weight rows where they lie, or the last
+                // few copied into a tile filled out with zeros.
+                let mut operand = |at: usize| -> *const u8 {
+                    let rows_here = (n + height - at).min(EDGE);
+                    let start = (at - first) * stride;
+                    if rows_here == EDGE {
+                        return weight[start..].as_ptr() as *const u8;
                     }
+                    padded.clear();
+                    padded.extend_from_slice(&weight[start..start + rows_here * stride]);
+                    padded.resize(EDGE * stride, 0);
+                    padded.as_ptr() as *const u8
                 };
-                // Sums tile `2i + j` holds weight rows `16i..` by input rows `16j..`.
-                for (tile, sums) in sums.iter().enumerate() {
-                    let (n0, m0) = (n + (tile / 2) * EDGE, (block + tile % 2) * EDGE);
-                    let (columns, outs) = (range.end.saturating_sub(n0).min(EDGE), rows.outs.get(m0..).unwrap_or(&[]));
-                    if columns > 0 && !outs.is_empty() {
-                        // SAFETY: each of the first sixteen rows of `outs`
-                        // has room for columns `n0..n0 + columns`, in the
-                        // range, as the caller promises.
-                        unsafe { x86::store_transposed(sums, &outs[..outs.len().min(EDGE)], n0, columns) };
+                let a = [operand(n), if height > EDGE { operand(n + EDGE) } else { std::ptr::null() }];
+                for block in chunk.clone().step_by(2) {
+                    let b = [block, (block + 1).min(blocks - 1)];
+                    // SAFETY: the tiles lie inside `weight`, `padded` and
+                    // `inputs`, `stride * 2` bytes apart (A) and 64 (B).
+                    let sums = unsafe {
+                        match (height > EDGE, block + 1 < blocks) {
+                            (true, true) => x86::sums::<true, true>(a, stride * 2, inputs, b),
+                            (true, false) => x86::sums::<true, false>(a, stride * 2, inputs, b),
+                            (false, true) => x86::sums::<false, true>(a, stride * 2, inputs, b),
+                            (false, false) => x86::sums::<false, false>(a, stride * 2, inputs, b),
+                        }
+                    };
+                    // Sums tile `2i + j` holds weight rows `16i..` by input rows `16j..`.
+                    for (tile, sums) in sums.iter().enumerate() {
+                        let (n0, m0) = (n + (tile / 2) * EDGE, (block + tile % 2) * EDGE);
+                        let (columns, outs) =
+                            (range.end.saturating_sub(n0).min(EDGE), rows.outs.get(m0..).unwrap_or(&[]));
+                        if columns > 0 && !outs.is_empty() {
+                            // SAFETY: each of the first sixteen rows of `outs`
+                            // has room for columns `n0..n0 + columns`, in the
+                            // range, as the caller promises.
+                            unsafe { x86::store_transposed(sums, &outs[..outs.len().min(EDGE)], n0, columns) };
+                        }
                     }
                 }
+                n += height;
             }
-            n += height;
         }
     });
     #[cfg(not(target_arch = "x86_64"))]

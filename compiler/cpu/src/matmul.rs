@@ -291,16 +291,6 @@ enum Bf16Inputs {
 }
 
 impl Bf16Inputs {
-    /// Elements from one weight row to the next in the rows rounded for
-    /// these inputs' products: padded ([`bf16_stride`]) for vectors, one
-    /// after another for AMX tiles.
-    fn weight_stride(&self, depth: usize) -> usize {
-        match self {
-            Bf16Inputs::Vectors(_) => bf16_stride(depth),
-            Bf16Inputs::Tiles(_) => depth,
-        }
-    }
-
     /// `rows` converted for `isa`'s bf16 products; `None` where a value is
     /// not a bf16 value. AMX tiles span 32 values of the depth: other
     /// depths take the vector products.
@@ -462,7 +452,8 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
 /// products read from buffers of their own (input rows converted, weight
 /// rows rounded): a cache line past the depth, so that rows of a power of
 /// two's bytes do not all fall in the same sets of L1 (a tile reads ten
-/// rows at once, and L1 holds eight lines a set).
+/// rows at once, an AMX tile sixteen, and L1 holds eight to twelve lines
+/// a set).
 fn bf16_stride(depth: usize) -> usize {
     depth + 32
 }
@@ -471,10 +462,17 @@ fn bf16_stride(depth: usize) -> usize {
 /// L2 while every input row of the share passes over them.
 const DECODED_ROWS: usize = 16;
 
-/// Weight rows decoded and rounded to bf16 at a time ([`rounded_columns`]):
-/// half as many bytes a row, and each block of input rows read from L2
-/// for more of them.
-const ROUNDED_ROWS: usize = 64;
+/// Weight rows decoded and rounded to bf16 at a time ([`rounded_columns`])
+/// for rows of `stride` elements: as many as fill [`ROUNDED_BYTES`], a
+/// whole number of AMX tile pairs (32 rows), 32 to 256 of them, so that
+/// each block of input rows is read from L2 for as many as fit beside it.
+fn rounded_rows(stride: usize) -> usize {
+    (ROUNDED_BYTES / (2 * stride.max(1))).clamp(32, 256) / 32 * 32
+}
+
+/// The bytes of rounded weight rows a thread keeps (half of a core's L2 on
+/// the CPUs with AMX; the input rows' tiles take much of the rest).
+const ROUNDED_BYTES: usize = 1 << 20;
 
 thread_local! {
     /// A thread's decoded weight rows ([`decoded_columns`]).
@@ -538,13 +536,14 @@ unsafe fn rounded_columns(
     range: std::ops::Range<usize>,
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-    let stride = inputs.weight_stride(depth);
+    let stride = bf16_stride(depth);
     ROUNDED.with_borrow_mut(|rounded| {
         // Zeros past each row's depth, read by no product.
-        rounded.resize(ROUNDED_ROWS * stride, 0);
+        let at_a_time = rounded_rows(stride);
+        rounded.resize(at_a_time * stride, 0);
         let mut first = range.start;
         while first < range.end {
-            let end = (first + ROUNDED_ROWS).min(range.end);
+            let end = (first + at_a_time).min(range.end);
             for (n, out) in (first..end).zip(rounded.chunks_exact_mut(stride.max(1))) {
                 let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
                 decode::row_bf16(Isa::Avx512Bf16, format, row, &mut out[..depth]);
@@ -561,7 +560,7 @@ unsafe fn rounded_columns(
 /// Columns `range` of every output row from bf16 weights against bf16
 /// inputs (the rows of `rows`, converted), in the products `inputs` was
 /// made for; weight row `n - first` of `weight`, `stride` elements after
-/// the one before (AMX tiles: `depth`), makes column `n`.
+/// the one before, makes column `n`.
 ///
 /// # Safety
 /// As [`columns_on`]; the CPU has the instruction set `inputs` was made for.
@@ -579,10 +578,7 @@ unsafe fn bf16_columns(
         match inputs {
             #[cfg(target_arch = "x86_64")]
             Bf16Inputs::Vectors(bits) => x86::columns_bf16(rows, bits, weight, stride, depth, first, range),
-            Bf16Inputs::Tiles(tiles) => {
-                assert_eq!(stride, depth, "AMX tiles of weight rows one after another");
-                amx::columns(rows, tiles, weight, depth, first, range)
-            }
+            Bf16Inputs::Tiles(tiles) => amx::columns(rows, tiles, weight, stride, first, range),
             #[cfg(not(target_arch = "x86_64"))]
             Bf16Inputs::Vectors(_) => unreachable!("bf16 dot products are x86's"),
         }
