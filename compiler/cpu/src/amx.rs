@@ -147,18 +147,8 @@ pub unsafe fn columns(
                             (false, false) => x86::sums::<false, false>(a, stride * 2, inputs, b),
                         }
                     };
-                    // Sums tile `2i + j` holds weight rows `16i..` by input rows `16j..`.
-                    for (tile, sums) in sums.iter().enumerate() {
-                        let (n0, m0) = (n + (tile / 2) * EDGE, (block + tile % 2) * EDGE);
-                        let (columns, outs) =
-                            (range.end.saturating_sub(n0).min(EDGE), rows.outs.get(m0..).unwrap_or(&[]));
-                        if columns > 0 && !outs.is_empty() {
-                            // SAFETY: each of the first sixteen rows of `outs`
-                            // has room for columns `n0..n0 + columns`, in the
-                            // range, as the caller promises.
-                            unsafe { x86::store_transposed(sums, &outs[..outs.len().min(EDGE)], n0, columns) };
-                        }
-                    }
+                    // SAFETY: as the caller promises.
+                    unsafe { x86::store_sums(&sums, &rows.outs, n, block, range.end) };
                 }
                 n += height;
             }
@@ -353,6 +343,27 @@ pub(crate) mod x86 {
         for (out, row) in outs.iter().zip(r) {
             // SAFETY: as the caller promises.
             unsafe { _mm512_mask_storeu_ps(out.add(n), mask, row) };
+        }
+    }
+
+    /// The four tiles of [`sums`] of weight rows `n..` against input
+    /// blocks `block` and `block + 1` into their output rows (`outs`, one
+    /// per input row), the columns before `end`.
+    ///
+    /// # Safety
+    /// Each of `outs` has room for columns `n..end`, which no other thread
+    /// writes.
+    #[inline(always)]
+    pub unsafe fn store_sums(sums: &[[f32; EDGE * EDGE]; 4], outs: &[*mut f32], n: usize, block: usize, end: usize) {
+        // Sums tile `2i + j` holds weight rows `16i..` by input rows `16j..`.
+        for (tile, sums) in sums.iter().enumerate() {
+            let (n0, m0) = (n + (tile / 2) * EDGE, (block + tile % 2) * EDGE);
+            let (columns, outs) = (end.saturating_sub(n0).min(EDGE), outs.get(m0..).unwrap_or(&[]));
+            if columns > 0 && !outs.is_empty() {
+                // SAFETY: each of the first sixteen rows of `outs` has room
+                // for columns `n0..n0 + columns`, as the caller promises.
+                unsafe { store_transposed(sums, &outs[..outs.len().min(EDGE)], n0, columns) };
+            }
         }
     }
 

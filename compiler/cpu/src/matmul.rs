@@ -291,6 +291,19 @@ enum Bf16Inputs {
 }
 
 impl Bf16Inputs {
+    /// Weight rows of `stride` elements decoded and rounded to bf16 at a
+    /// time for these inputs' products ([`rounded_columns`]): for AMX
+    /// tiles, as many as fill [`TILE_ROUNDED_BYTES`], a whole number of
+    /// tile pairs (32 rows), 32 to 256 of them, so that each block of
+    /// input rows' tiles is read from L2 for as many as fit beside it; for
+    /// the vector products, [`VECTOR_ROUNDED_ROWS`].
+    fn rounded_rows(&self, stride: usize) -> usize {
+        match self {
+            Bf16Inputs::Vectors(_) => VECTOR_ROUNDED_ROWS,
+            Bf16Inputs::Tiles(_) => (TILE_ROUNDED_BYTES / (2 * stride)).clamp(32, 256) / 32 * 32,
+        }
+    }
+
     /// `rows` converted for `isa`'s bf16 products; `None` where a value is
     /// not a bf16 value. AMX tiles span 32 values of the depth: other
     /// depths take the vector products.
@@ -462,17 +475,15 @@ fn bf16_stride(depth: usize) -> usize {
 /// L2 while every input row of the share passes over them.
 const DECODED_ROWS: usize = 16;
 
-/// Weight rows decoded and rounded to bf16 at a time ([`rounded_columns`])
-/// for rows of `stride` elements: as many as fill [`ROUNDED_BYTES`], a
-/// whole number of AMX tile pairs (32 rows), 32 to 256 of them, so that
-/// each block of input rows is read from L2 for as many as fit beside it.
-fn rounded_rows(stride: usize) -> usize {
-    (ROUNDED_BYTES / (2 * stride.max(1))).clamp(32, 256) / 32 * 32
-}
+/// The bytes of weight rows rounded for AMX tiles a thread keeps (half of
+/// a core's L2 on the CPUs with AMX; the input rows' tiles take much of
+/// the rest).
+const TILE_ROUNDED_BYTES: usize = 1 << 20;
 
-/// The bytes of rounded weight rows a thread keeps (half of a core's L2 on
-/// the CPUs with AMX; the input rows' tiles take much of the rest).
-const ROUNDED_BYTES: usize = 1 << 20;
+/// Weight rows rounded at a time for the vector bf16 products: half as
+/// many bytes a row as decoded ones, and each block of input rows read
+/// from L2 for more of them.
+const VECTOR_ROUNDED_ROWS: usize = 64;
 
 thread_local! {
     /// A thread's decoded weight rows ([`decoded_columns`]).
@@ -539,7 +550,7 @@ unsafe fn rounded_columns(
     let stride = bf16_stride(depth);
     ROUNDED.with_borrow_mut(|rounded| {
         // Zeros past each row's depth, read by no product.
-        let at_a_time = rounded_rows(stride);
+        let at_a_time = inputs.rounded_rows(stride);
         rounded.resize(at_a_time * stride, 0);
         let mut first = range.start;
         while first < range.end {
