@@ -7,7 +7,7 @@
 //! scalar f64 code).
 //! Shapes are the bench model's (H 2048, experts of width 512, 16 query
 //! heads of 256, 32 delta-rule heads of 128). Run with `cargo bench -p
-//! linnet-cpu --bench kernels [-- FAMILY…]` (matrix, experts (with
+//! linnet-cpu --bench kernels [-- FAMILY…]` (vector, matrix, experts (with
 //! `EXPERT_ROWS=8,16,…`, also every expert that many rows),
 //! intrinsics, elementwise).
 
@@ -46,7 +46,8 @@ fn values(count: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn matrix_kernels() {
+/// A decode step's products: GB/s of weights.
+fn vector_kernels() {
     // The output head's shape for decode: 248320 × 2048 is 1 GB; a tenth
     // of it is read from memory the same way, though in blocks (some tens
     // of MB) part of it may stay in a large L3 between calls, above what
@@ -100,6 +101,10 @@ fn matrix_kernels() {
             );
         }
     }
+}
+
+/// A prefill's products: GFLOP/s.
+fn matrix_kernels() {
     // A prefill's projection: 512 rows through 2048 × 2048.
     let (rows, columns, depth) = (512, 2048, 2048);
     let weight: Vec<u16> = values(columns * depth, 3).into_iter().map(bf16_bits).collect();
@@ -138,8 +143,7 @@ fn matrix_kernels() {
 /// down products (8 experts a token, 1024 × 2048 and 2048 × 512, each
 /// expert's rows as a router's choices at random fall: 16 on average,
 /// from a handful to thirty), and a decode step's (8 experts of one row,
-/// other experts each call); the prefill's also in Q4_K and Q6_K
-/// declared bf16.
+/// other experts each call); each also in Q4_K and Q6_K declared bf16.
 fn expert_kernels() {
     let experts = 256;
     let mut state = 7u64;
@@ -171,11 +175,10 @@ fn expert_kernels() {
         let weights: Vec<Vec<u16>> =
             (0..experts).map(|e| expert_values(e).into_iter().map(bf16_bits).collect()).collect();
         // The same experts in Q4_K and Q6_K declared bf16 (a q4_k_m model's
-        // formats), past a decode step's rows.
-        let formats = if chosen == experts { &[BlockFormat::Q4K, BlockFormat::Q6K][..] } else { &[] };
-        let blocks: Vec<(BlockFormat, Vec<Vec<u8>>)> = formats
-            .iter()
-            .map(|&format| {
+        // formats).
+        let blocks: Vec<(BlockFormat, Vec<Vec<u8>>)> = [BlockFormat::Q4K, BlockFormat::Q6K]
+            .into_iter()
+            .map(|format| {
                 let quantized =
                     (0..experts).map(|e| quantize(format, &expert_values(e)).expect("rows of whole blocks")).collect();
                 (format, quantized)
@@ -201,6 +204,8 @@ fn expert_kernels() {
                 None => Matrix::Bf16(&weights[e]),
                 Some((format, blocks)) => Matrix::Bf16Blocks(*format, &blocks[e]),
             };
+            // The bytes an expert's weights take as stored.
+            let expert_bytes = kind.map_or(columns * depth * 2, |(_, blocks)| blocks[0].len());
             let kind = kind.map_or("bf16".to_string(), |(format, _)| format!("{format} declared bf16"));
             let mut call = 0;
             let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
@@ -212,9 +217,9 @@ fn expert_kernels() {
                 unsafe { matmul_groups(&groups, columns, depth) }
             });
             let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
-            let gbs = (chosen * columns * depth * 2) as f64 / seconds / 1e9;
+            let gbs = (chosen * expert_bytes) as f64 / seconds / 1e9;
             let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
-            println!("experts {kind} {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of bf16 weights", Isa::host().name());
+            println!("experts {kind} {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
         }
     }
 }
@@ -399,7 +404,8 @@ fn main() {
     // `cargo bench -p linnet-cpu --bench kernels -- experts` runs the
     // families whose names are given; no name runs them all.
     let wanted: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
-    let families: [(&str, fn()); 4] = [
+    let families: [(&str, fn()); 5] = [
+        ("vector", vector_kernels),
         ("matrix", matrix_kernels),
         ("experts", expert_kernels),
         ("intrinsics", intrinsic_kernels),
