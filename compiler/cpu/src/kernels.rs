@@ -406,7 +406,10 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
     // Linnet body computes), then the admitted values weighted, for all
     // the query's heads at once (`weighted_values`).
     let first_value = (b * kv_heads + kv) * keys * width;
-    let mut weights = vec![0f32; group * keys];
+    // Room for the most keys a query of the block weighs (a cache's
+    // length can be far past the keys in it).
+    let most_weighed = admitted.iter().map(|(_, keys_of)| keys_of.len()).max().unwrap_or(0);
+    let mut weights = vec![0f32; group * most_weighed];
     let mut sums = vec![0f32; group * width];
     for i in block.clone() {
         let (any, keys_of) = &admitted[i - block.start];

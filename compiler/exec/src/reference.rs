@@ -191,9 +191,17 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
 /// The keys mask row `row` admits, into `admitted`; when it admits none,
 /// every key (the body then weighs them all alike), and `false`.
 pub fn admitted_keys(mask: &[bool], row: usize, keys: usize, admitted: &mut Vec<usize>) -> bool {
+    // Runs of refused keys are passed over a chunk at a time: a causal
+    // row of a long cache refuses all but its first keys.
+    const CHUNK: usize = 64;
     let row = &mask[row * keys..(row + 1) * keys];
     admitted.clear();
-    admitted.extend((0..keys).filter(|&j| row[j]));
+    for (number, chunk) in row.chunks(CHUNK).enumerate() {
+        if chunk.iter().fold(false, |any, &admits| any | admits) {
+            let first = number * CHUNK;
+            admitted.extend(chunk.iter().enumerate().filter(|(_, &admits)| admits).map(|(j, _)| first + j));
+        }
+    }
     let any = !admitted.is_empty();
     if !any {
         admitted.extend(0..keys);
@@ -334,4 +342,27 @@ pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor 
         }
     }
     Tensor::from_f32(Dtype::F32, shape, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::admitted_keys;
+
+    /// The keys a row admits, in order, wherever they fall against the
+    /// chunks passed over; a row that admits none gives every key.
+    #[test]
+    fn admitted_keys_are_the_rows_trues_in_order() {
+        let keys = 200;
+        let admits = [0, 63, 64, 130, 199];
+        let mut mask = vec![false; 2 * keys];
+        admits.iter().for_each(|&j| mask[keys + j] = true);
+        let mut admitted = Vec::new();
+        assert!(admitted_keys(&mask, 1, keys, &mut admitted));
+        assert_eq!(admitted, admits);
+        assert!(!admitted_keys(&mask, 0, keys, &mut admitted));
+        assert_eq!(admitted, (0..keys).collect::<Vec<_>>());
+        let causal: Vec<bool> = (0..keys).map(|j| j <= 70).collect();
+        assert!(admitted_keys(&causal, 0, keys, &mut admitted));
+        assert_eq!(admitted, (0..=70).collect::<Vec<_>>());
+    }
 }
