@@ -168,9 +168,8 @@ fn expert_kernels() {
         .unwrap_or_default();
     let decode_step = vec![1; 8];
     let shapes = [(1024, 2048), (2048, 512)];
-    let counts = std::iter::once(&routed).chain(&fixed).chain([&decode_step]);
-    for (counts, (columns, depth)) in counts.flat_map(|counts| shapes.map(|shape| (counts, shape))) {
-        let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
+    // Each shape's experts made once, for every count of rows.
+    for (columns, depth) in shapes {
         let expert_values = |e: usize| values(columns * depth, 20 + e as u64);
         let weights: Vec<Vec<u16>> =
             (0..experts).map(|e| expert_values(e).into_iter().map(bf16_bits).collect()).collect();
@@ -184,42 +183,48 @@ fn expert_kernels() {
                 (format, quantized)
             })
             .collect();
-        let input = values(total * depth, 13);
-        let mut out = vec![0f32; total * columns];
-        let out_base = out.as_mut_ptr();
-        let firsts: Vec<usize> =
-            counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
-        let batches: Vec<Rows> = firsts
-            .iter()
-            .zip(counts)
-            .map(|(&first, &count)| Rows {
-                inputs: (first..first + count).map(|r| input[(r * depth)..].as_ptr()).collect(),
-                // SAFETY: row `r` of `out` has room for `columns`.
-                outs: (first..first + count).map(|r| unsafe { out_base.add(r * columns) }).collect(),
-            })
-            .collect();
-        let kinds = std::iter::once(None).chain(blocks.iter().map(Some));
-        for kind in kinds {
-            let matrix = |e: usize| match kind {
-                None => Matrix::Bf16(&weights[e]),
-                Some((format, blocks)) => Matrix::Bf16Blocks(*format, &blocks[e]),
-            };
-            // The bytes an expert's weights take as stored.
-            let expert_bytes = kind.map_or(columns * depth * 2, |(_, blocks)| blocks[0].len());
-            let kind = kind.map_or("bf16".to_string(), |(format, _)| format!("{format} declared bf16"));
-            let mut call = 0;
-            let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
-                call += 1;
-                let groups: Vec<(&Rows, Matrix)> =
-                    batches.iter().enumerate().map(|(e, rows)| (rows, matrix((call * chosen + e) % experts))).collect();
-                // SAFETY: every row points into a live vector of the right
-                // length, and the output rows are distinct.
-                unsafe { matmul_groups(&groups, columns, depth) }
-            });
-            let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
-            let gbs = (chosen * expert_bytes) as f64 / seconds / 1e9;
-            let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
-            println!("experts {kind} {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
+        for counts in std::iter::once(&routed).chain(&fixed).chain([&decode_step]) {
+            let (chosen, total) = (counts.len(), counts.iter().sum::<usize>());
+            let input = values(total * depth, 13);
+            let mut out = vec![0f32; total * columns];
+            let out_base = out.as_mut_ptr();
+            let firsts: Vec<usize> =
+                counts.iter().scan(0, |next, &count| Some(std::mem::replace(next, *next + count))).collect();
+            let batches: Vec<Rows> = firsts
+                .iter()
+                .zip(counts)
+                .map(|(&first, &count)| Rows {
+                    inputs: (first..first + count).map(|r| input[(r * depth)..].as_ptr()).collect(),
+                    // SAFETY: row `r` of `out` has room for `columns`.
+                    outs: (first..first + count).map(|r| unsafe { out_base.add(r * columns) }).collect(),
+                })
+                .collect();
+            let kinds = std::iter::once(None).chain(blocks.iter().map(Some));
+            for kind in kinds {
+                let matrix = |e: usize| match kind {
+                    None => Matrix::Bf16(&weights[e]),
+                    Some((format, blocks)) => Matrix::Bf16Blocks(*format, &blocks[e]),
+                };
+                // The bytes an expert's weights take as stored.
+                let expert_bytes = kind.map_or(columns * depth * 2, |(_, blocks)| blocks[0].len());
+                let kind = kind.map_or("bf16".to_string(), |(format, _)| format!("{format} declared bf16"));
+                let mut call = 0;
+                let seconds = fastest(if chosen == experts { 3 } else { 30 }, || {
+                    call += 1;
+                    let groups: Vec<(&Rows, Matrix)> = batches
+                        .iter()
+                        .enumerate()
+                        .map(|(e, rows)| (rows, matrix((call * chosen + e) % experts)))
+                        .collect();
+                    // SAFETY: every row points into a live vector of the right
+                    // length, and the output rows are distinct.
+                    unsafe { matmul_groups(&groups, columns, depth) }
+                });
+                let gflops = 2.0 * (total * columns * depth) as f64 / seconds / 1e9;
+                let gbs = (chosen * expert_bytes) as f64 / seconds / 1e9;
+                let (least, most) = (counts.iter().min().unwrap_or(&0), counts.iter().max().unwrap_or(&0));
+                println!("experts {kind} {chosen} × {least}–{most} rows × {columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s, {gbs:5.1} GB/s of weights", Isa::host().name());
+            }
         }
     }
 }
