@@ -123,6 +123,13 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let step = vec![tokens(vec![1, 1], vec![2, 1]), Tensor::from_i64(Dtype::I32, Vec::new(), vec![64])];
     let error = machine.call("decode", step).unwrap_err().to_string();
     assert!(error.contains("entry `decode`") && error.contains("input `pos` holds 64"), "{error}");
+    let rows = vec![tokens(vec![1, 1], vec![2, 1]), Tensor::from_i64(Dtype::I32, vec![2], vec![3, -1])];
+    let error = machine.call("decode_rows", rows).unwrap_err().to_string();
+    assert!(
+        error.contains("entry `decode_rows`: write_rows: a position outside the cache")
+            && error.contains("input `positions` holds [3, -1]"),
+        "{error}"
+    );
     // Past the caches: said in the user's terms before anything runs.
     let error = linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 100).unwrap_err().to_string();
     assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");

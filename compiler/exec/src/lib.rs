@@ -29,7 +29,7 @@ use crate::tensor::{Data, Tensor};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::{Atom, Dim};
 use linnet_ir::Dtype;
-use linnet_ir::{carry, Entry, Model, NodeKind, Value};
+use linnet_ir::{carry, plan, Entry, Model, NodeKind, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -230,6 +230,7 @@ impl<B: Backend> Executor<B> {
                 ),
             });
         }
+        let shown: Vec<Option<String>> = inputs.iter().map(shown_values).collect();
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
         let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
         let mut writes = Vec::new();
@@ -242,7 +243,7 @@ impl<B: Backend> Executor<B> {
                 _ => Vec::new(),
             };
             let site = Site { entry, entry_number: number, at, dims: &dims, shape: &shape };
-            let failed = |error: NodeError| describe(&self.model, entry, at, error);
+            let failed = |error: NodeError| describe(&self.model, entry, at, error, &shown);
             let value = match &node.kind {
                 _ if analysis.carried_away[at] => None,
                 NodeKind::Input(k) => Some(Rc::new(
@@ -258,7 +259,7 @@ impl<B: Backend> Executor<B> {
                         let value = Rc::new(self.backend.compute(site, &values).map_err(failed)?);
                         // Kept for every later call: only once it is known
                         // to be whole.
-                        settle(&mut self.backend, &self.model, number)?;
+                        settle(&mut self.backend, &self.model, number, &shown)?;
                         self.hoisted.insert((number, at), Rc::clone(&value));
                         Some(value)
                     }
@@ -315,11 +316,12 @@ impl<B: Backend> Executor<B> {
                     None
                 }
                 NodeKind::Assert(value, message) => {
-                    settle(&mut self.backend, &self.model, number)?;
+                    settle(&mut self.backend, &self.model, number, &shown)?;
                     if self.backend.download(held(&values, value.index())).map_err(RunError::Memory)?.data
                         != Data::Bool(vec![true])
                     {
-                        return Err(RunError::Assertion { entry: entry.name.clone(), message: message.clone() });
+                        let message = format!("{message}{}", inputs_behind(entry, at, &shown));
+                        return Err(RunError::Assertion { entry: entry.name.clone(), message });
                     }
                     None
                 }
@@ -346,7 +348,7 @@ impl<B: Backend> Executor<B> {
                 }
             }
         }
-        settle(&mut self.backend, &self.model, number)?;
+        settle(&mut self.backend, &self.model, number, &shown)?;
         for (state, value) in writes {
             self.states[state] = value;
         }
@@ -394,13 +396,13 @@ fn held<B>(values: &Values<B>, at: usize) -> &B {
 
 /// What `backend` learned of entry `number`'s call only once its work ran
 /// (`Backend::settle`), as the error at the node that raised it.
-fn settle<B: Backend>(backend: &mut B, model: &Model, number: usize) -> Result<(), RunError> {
+fn settle<B: Backend>(backend: &mut B, model: &Model, number: usize, shown: &[Option<String>]) -> Result<(), RunError> {
     let entry = &model.entries[number];
-    backend.settle(entry, number).map_err(|(node, error)| describe(model, entry, node, error))
+    backend.settle(entry, number).map_err(|(node, error)| describe(model, entry, node, error, shown))
 }
 
 /// A backend's error at node `at`, with the values it names.
-fn describe(model: &Model, entry: &Entry, at: usize, error: NodeError) -> RunError {
+fn describe(model: &Model, entry: &Entry, at: usize, error: NodeError, shown: &[Option<String>]) -> RunError {
     match error {
         NodeError::OutOfRange { value, position, size, source, .. } => {
             let what =
@@ -417,7 +419,54 @@ fn describe(model: &Model, entry: &Entry, at: usize, error: NodeError) -> RunErr
             };
             RunError::OutOfRange { entry: entry.name.clone(), message }
         }
-        NodeError::Check(message) => RunError::Assertion { entry: entry.name.clone(), message },
+        NodeError::Check(message) => RunError::Assertion {
+            entry: entry.name.clone(),
+            message: format!("{message}{}", inputs_behind(entry, at, shown)),
+        },
+    }
+}
+
+/// The most elements an input may have for a failed check to show it.
+const SHOWN_ELEMENTS: usize = 8;
+
+/// An input's values as a failed check shows them (`64`, `[0, 5]`), if
+/// it has at most [`SHOWN_ELEMENTS`].
+fn shown_values(input: &Tensor) -> Option<String> {
+    let text: Vec<String> = match &input.data {
+        _ if input.len() > SHOWN_ELEMENTS => return None,
+        Data::I64(values) => values.iter().map(ToString::to_string).collect(),
+        Data::F32(values) => values.iter().map(ToString::to_string).collect(),
+        Data::Bool(values) => values.iter().map(ToString::to_string).collect(),
+        Data::Bf16(_) | Data::Blocks(..) => return None,
+    };
+    Some(if input.shape.is_empty() { text.concat() } else { format!("[{}]", text.join(", ")) })
+}
+
+/// The inputs node `at` depends on, through the values it reads, that
+/// are small enough to show: ` (input `pos` holds 64)` after a failed
+/// check, so that the message says which call failed it.
+fn inputs_behind(entry: &Entry, at: usize, shown: &[Option<String>]) -> String {
+    let mut seen = vec![false; at + 1];
+    let mut pending = vec![at];
+    let mut inputs = Vec::new();
+    while let Some(node) = pending.pop() {
+        if std::mem::replace(&mut seen[node], true) {
+            continue;
+        }
+        match &entry.nodes[node].kind {
+            NodeKind::Input(k) => inputs.push(*k),
+            kind => pending.extend(plan::reads(kind).iter().map(|v| v.index())),
+        }
+    }
+    inputs.sort_unstable();
+    let named: Vec<String> = inputs
+        .into_iter()
+        .filter_map(|k| shown[k].as_ref().map(|values| format!("input `{}` holds {values}", entry.inputs[k].name)))
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", named.join(", "))
     }
 }
 

@@ -258,10 +258,12 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
             }
         }
         Intrinsic::WriteRows => {
-            for (row, &pos) in ints(args[1]).iter().enumerate() {
-                if pos >= 0 && (pos as usize) < length {
-                    copy(cells, row, row, pos as usize, 1);
-                }
+            let positions = ints(args[1]);
+            if positions.iter().any(|&pos| pos < 0 || pos as usize >= length) {
+                return Err("write_rows: a position outside the cache".into());
+            }
+            for (row, &pos) in positions.iter().enumerate() {
+                copy(cells, row, row, pos as usize, 1);
             }
         }
         Intrinsic::WriteSlots => {

@@ -157,7 +157,7 @@ impl Spread {
 
 /// The cache writes: `write_at` and `write_span` (x `[R, A, S, W]` at
 /// `pos..pos + S` of every row), `write_rows` (x `[R, A, 1, W]`, row `r` at
-/// `positions[r]`, skipped when outside).
+/// `positions[r]`).
 fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic) {
     let dtype = operands.dtype(0);
     let x = load_name(0);
@@ -172,8 +172,8 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
         e.unless_faulted(|e| {
             let position = e.split(item, &[&rows, &axis, &span, &width]);
             let (row, a, l, w) = (&position[0], &position[1], &position[2], &position[3]);
-            // The first position written: `pos`, checked against the
-            // cache; `write_rows`' own row's position, skipped when outside.
+            // The first position written: `pos`, or `write_rows`' own
+            // row's position, checked against the cache.
             let (first, inside) = if shared_start {
                 // `pos + span <= length`: `pos` in `0..length - span + 1`.
                 let start = e.load_element(&load_name(1), &zero, operands.dtype(2));
@@ -189,6 +189,8 @@ fn write_cache(emitter: &mut Emitter, operands: &Operands, intrinsic: Intrinsic)
                 let at = e.load_element(&load_name(1), row, operands.dtype(2));
                 let length_i64 = e.op(format!("arith.index_cast {length} : index to i64"));
                 let inside = e.inside(&at, &length_i64);
+                let outside = e.not(&inside);
+                e.when(&outside, |e| e.fault(Fault::OutsideCache, &[]));
                 (at, inside)
             };
             e.when(&inside, |e| {

@@ -220,6 +220,7 @@ fn raised<'k>(
     } else if raised(Fault::OutsideCache) {
         let what = match intrinsic {
             Some(Intrinsic::WriteAt) => "position",
+            Some(Intrinsic::WriteRows) => "a position",
             Some(Intrinsic::WriteSlots) => "a start",
             _ => "span",
         };

@@ -200,7 +200,7 @@ fn an_editor_session_on_the_dense_package() {
             20,
         ),
         ("[B, S, KvHeads, HeadDim])\n", "[B, S, Heads, HeadDim])\n", "reshape-size", 0),
-        ("cos_table[cast<i64>(pos), d]", "cos_table[pos, d]", "index-dtype", 10),
+        ("rows<1, HeadDim / 4, T>(at)", "rows<1, HeadDim / 4, T>(reshape(pos, [1]))", "dtype-mismatch", 24),
     ];
     for (version, (find, replace, code, within)) in mistakes.iter().enumerate() {
         let changed = text.replacen(find, replace, 1);
