@@ -349,9 +349,8 @@ impl<B: Backend> Executor<B> {
             }
         }
         settle(&mut self.backend, &self.model, number, &shown)?;
-        for (state, value) in writes {
-            self.states[state] = value;
-        }
+        let replaced: Vec<Rc<B::Buffer>> =
+            writes.into_iter().map(|(state, value)| std::mem::replace(&mut self.states[state], value)).collect();
         let started = self.profile.is_some().then(std::time::Instant::now);
         let outputs = entry
             .outputs
@@ -361,6 +360,13 @@ impl<B: Backend> Executor<B> {
             .map_err(RunError::Memory)?;
         if let (Some(profile), Some(started)) = (self.profile.as_mut(), started) {
             profile.add("output", None, started.elapsed().as_secs_f64(), 0);
+        }
+        // The states' values this call replaced go back to the backend for
+        // the next call's (a decode step writes the same states each time),
+        // once nothing of the call holds them.
+        drop(values);
+        for buffer in replaced.into_iter().filter_map(|value| Rc::try_unwrap(value).ok()) {
+            self.backend.release(buffer);
         }
         Ok(outputs)
     }
