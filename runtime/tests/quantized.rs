@@ -9,7 +9,7 @@
 //! near the unquantized one. The build for the file stores its
 //! parameters in their formats and plans their real bytes; a file missing
 //! a tensor names it, and a tensor in a format the model was not built
-//! for is refused by name. A written file leaves the page cache.
+//! for is refused by name. Written weights files leave the page cache.
 
 use linnet_exec::tensor::Tensor;
 use linnet_frontend::package::LoadOptions;
@@ -240,28 +240,36 @@ fn the_quantized_oracle_stays_near_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A file `linnet quantize` wrote is on the disk and out of the page cache
-/// (`gguf::Writer::finish`), so that its first load reads it into the
-/// large pages a decode step streams its weights from fastest, not the
-/// small ones writing it left. In the target folder, which is on a disk
-/// (a temporary folder may be in memory, where pages are the file).
+/// The files `linnet quantize` and `init-weights` write are on the disk
+/// and out of the page cache (`init::finish_weights_file`), so that a
+/// first load reads them into the large pages a decode step streams its
+/// weights from fastest, not the small ones writing them left. In the
+/// target folder, which is on a disk (a temporary folder may be in
+/// memory, where pages are the file).
 #[cfg(target_os = "linux")]
 #[test]
-fn a_written_file_leaves_the_page_cache() {
+fn written_weights_files_leave_the_page_cache() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("linnet-quantized-{}-cache", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
-    // SAFETY: a read-only map of a file this test wrote, only inspected.
-    let map = unsafe { memmap2::Mmap::map(&std::fs::File::open(&file).unwrap()) }.unwrap();
-    // SAFETY: `sysconf` reads a constant of the system.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
-    let mut resident = vec![0u8; map.len().div_ceil(page)];
-    // SAFETY: the map is `map.len()` bytes from a page boundary, and
-    // `resident` has a byte for each of its pages.
-    let status = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), resident.as_mut_ptr()) };
-    assert_eq!(status, 0, "mincore: {}", std::io::Error::last_os_error());
-    let cached = resident.iter().filter(|byte| **byte & 1 == 1).count();
-    assert_eq!(cached, 0, "{cached} of the file's {} pages are still in the page cache", resident.len());
+    let gguf = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
+    let (model, package) = linnet_runtime::lower(&root().join(MOE), &oracle_options()).unwrap();
+    let checkpoint = dir.join("checkpoint");
+    linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), 7, 2, &checkpoint).unwrap();
+    let shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"].map(|s| checkpoint.join(s));
+    for file in [gguf].iter().chain(&shards) {
+        // SAFETY: a read-only map of a file this test wrote, only inspected.
+        let map = unsafe { memmap2::Mmap::map(&std::fs::File::open(file).unwrap()) }.unwrap();
+        // SAFETY: `sysconf` reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+        let mut resident = vec![0u8; map.len().div_ceil(page)];
+        // SAFETY: the map is `map.len()` bytes from a page boundary, and
+        // `resident` has a byte for each of its pages.
+        let status = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), resident.as_mut_ptr()) };
+        assert_eq!(status, 0, "mincore: {}", std::io::Error::last_os_error());
+        let cached = resident.iter().filter(|byte| **byte & 1 == 1).count();
+        let name = file.display();
+        assert_eq!(cached, 0, "{cached} of {name}'s {} pages are still in the page cache", resident.len());
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

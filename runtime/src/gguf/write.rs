@@ -124,38 +124,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes the file out to the disk, and lets its pages go from the page
-    /// cache; every tensor of the table must have been written.
-    ///
-    /// Pages a write leaves in the cache are small, and a model mapped from
-    /// them decodes slower than one mapped from the large pages (two MiB,
-    /// contiguous) that reading the file fills the cache with: a decode
-    /// step streams its weights, and streams them faster from contiguous
-    /// memory. Released here, the first load reads the file from the disk
-    /// once, in large pages.
-    pub fn finish(mut self) -> Result<(), String> {
+    /// Writes the file out to the disk and lets its pages go from the page
+    /// cache (`init::finish_weights_file`); every tensor of the table must
+    /// have been written.
+    pub fn finish(self) -> Result<(), String> {
         if let Some((name, _)) = self.pending.get(self.next) {
             return Err(format!("{}: `{name}` and what follows were never written", self.path.display()));
         }
-        let io = |e: std::io::Error| format!("{}: {e}", self.path.display());
-        self.out.flush().map_err(io)?;
-        let file = self.out.get_ref();
-        // Only pages on the disk can leave the cache.
-        file.sync_all().map_err(io)?;
-        release_cached_pages(file);
-        Ok(())
+        crate::init::finish_weights_file(self.out, &self.path)
     }
 }
-
-/// Asks the kernel to drop `file`'s pages from the page cache: a hint,
-/// which leaves the file as it is whether or not the kernel takes it.
-#[cfg(target_os = "linux")]
-fn release_cached_pages(file: &std::fs::File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: advice on an open descriptor's whole length; it changes no
-    // memory of this process.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-}
-
-#[cfg(not(target_os = "linux"))]
-fn release_cached_pages(_: &std::fs::File) {}
