@@ -7,8 +7,9 @@
 //! scalar f64 code).
 //! Shapes are the bench model's (H 2048, experts of width 512, 16 query
 //! heads of 256, 32 delta-rule heads of 128). Run with `cargo bench -p
-//! linnet-cpu --bench kernels [-- FAMILY…]` (vector, matrix, experts (with
-//! `EXPERT_ROWS=8,16,…`, also every expert that many rows),
+//! linnet-cpu --bench kernels [-- FAMILY…]` (vector (with
+//! `VECTOR_ROWS=N`, a matrix of N rows instead of 24832), matrix, experts
+//! (with `EXPERT_ROWS=8,16,…`, also every expert that many rows),
 //! intrinsics, elementwise).
 
 use linnet_cpu::lowering::Elementwise;
@@ -51,8 +52,14 @@ fn vector_kernels() {
     // The output head's shape for decode: 248320 × 2048 is 1 GB; a tenth
     // of it is read from memory the same way, though in blocks (some tens
     // of MB) part of it may stay in a large L3 between calls, above what
-    // the whole head streams at.
-    let (columns, depth) = (24832, 2048);
+    // the whole head streams at. `VECTOR_ROWS` sets the rows: enough that
+    // every format's blocks outgrow the L3 (600000 rows are 691 MB in
+    // Q4_K) gives what each streams from memory.
+    let columns = match std::env::var("VECTOR_ROWS") {
+        Ok(rows) => rows.trim().parse().expect("VECTOR_ROWS: a count of rows"),
+        Err(_) => 24832,
+    };
+    let depth = 2048;
     let weight: Vec<u16> = values(columns * depth, 1).into_iter().map(bf16_bits).collect();
     for isa in Isa::available() {
         let input = values(depth, 2);
