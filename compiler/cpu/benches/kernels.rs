@@ -59,6 +59,9 @@ fn vector_kernels() {
         Ok(rows) => rows.trim().parse().expect("VECTOR_ROWS: a count of rows"),
         Err(_) => 24832,
     };
+    // The rows the in-L2 figures below take from the same matrix.
+    let cached_columns = 1024;
+    assert!(columns >= cached_columns, "VECTOR_ROWS: at least {cached_columns} rows (the in-L2 figures take them)");
     let depth = 2048;
     let weight: Vec<u16> = values(columns * depth, 1).into_iter().map(bf16_bits).collect();
     for isa in Isa::available() {
@@ -91,7 +94,6 @@ fn vector_kernels() {
     // them, shared by the threads): what they compute a second when
     // memory is not the limit. A decode step's products are memory-bound
     // only where these figures are well above the streamed ones.
-    let cached_columns = 1024;
     for format in BlockFormat::ALL {
         let blocks = quantize(format, &head[..cached_columns * depth]).expect("rows of whole blocks");
         let isa = Isa::host();
