@@ -27,25 +27,6 @@ pub enum Spec {
     Lark(String),
 }
 
-/// GPT-2's map of bytes to the printable characters byte-level BPE spells
-/// them with, inverted: character to byte.
-fn byte_of_char() -> std::collections::HashMap<char, u8> {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    let mut next = 256u32;
-    (0..=255u8)
-        .map(|byte| {
-            let c = if printable(byte) {
-                char::from(byte)
-            } else {
-                let c = char::from_u32(next).expect("below the surrogates");
-                next += 1;
-                c
-            };
-            (c, byte)
-        })
-        .collect()
-}
-
 /// `schema` asking for compact JSON (no whitespace between tokens) unless
 /// it says otherwise (llguidance's `x-guidance` options): a model cannot
 /// then spend its answer on whitespace.
@@ -61,7 +42,10 @@ fn compact(schema: &Value) -> Value {
 /// model's own tokenizer.
 struct Vocabulary {
     trie: TokTrie,
-    tokenizer: Tokenizer,
+    /// The model's tokenizer reading special tokens' spellings as text:
+    /// text the grammar forces is text, and a special token comes only
+    /// where the grammar names it (`<|im_end|>` unquoted in Lark).
+    text_only: Tokenizer,
 }
 
 impl TokenizerEnv for Vocabulary {
@@ -69,9 +53,12 @@ impl TokenizerEnv for Vocabulary {
         &self.trie
     }
 
+    /// The tokens of exactly `bytes`: their UTF-8 runs through the
+    /// tokenizer, the bytes of a character cut short as byte tokens.
     fn tokenize_bytes(&self, bytes: &[u8]) -> Vec<TokenId> {
-        let text = String::from_utf8_lossy(bytes);
-        self.tokenizer.encode(text.as_ref(), false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+        self.trie.tokenize_with_greedy_fallback(bytes, |text| {
+            self.text_only.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+        })
     }
 }
 
@@ -88,7 +75,7 @@ impl Grammars {
         if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
             return Err("constrained output needs a byte-level BPE tokenizer, and this model's is not one".into());
         }
-        let bytes = byte_of_char();
+        let bytes = crate::text::byte_of_char();
         let specials: std::collections::HashSet<u32> = tokenizer
             .get_added_tokens_decoder()
             .into_iter()
@@ -112,7 +99,9 @@ impl Grammars {
             .collect();
         let info = TokRxInfo::new(vocab as u32, end);
         let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(Vocabulary { trie, tokenizer: tokenizer.clone() });
+        let mut text_only = tokenizer.clone();
+        text_only.set_encode_special_tokens(true);
+        let env: TokEnv = Arc::new(Vocabulary { trie, text_only });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
         Ok(Grammars { factory, tokenizer: tokenizer.clone() })

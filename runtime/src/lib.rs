@@ -13,6 +13,7 @@ pub mod gguf;
 mod gpu_ptx;
 pub mod init;
 pub mod npy;
+pub mod perplexity;
 pub mod quantize;
 pub mod random;
 pub mod sampling;

@@ -1,7 +1,7 @@
 //! `linnet`, the runtime CLI: one call of an entry (`run`), text or token
 //! generation (`generate`), an OpenAI-compatible server (`serve`), random
-//! checkpoints (`init-weights`), quantized GGUF files (`quantize`) and
-//! throughput (`bench`).
+//! checkpoints (`init-weights`), quantized GGUF files (`quantize`), the
+//! perplexity of a text (`perplexity`) and throughput (`bench`).
 
 use clap::{Args, Parser, Subcommand};
 use linnet_exec::tensor::{Data, Tensor};
@@ -9,6 +9,7 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
 use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::sampling::{Rng, Sampling};
+use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{bench, generate, npy, Loaded, Weights};
 use std::io::Write;
@@ -186,6 +187,29 @@ enum Command {
         recipe: linnet_runtime::quantize::Recipe,
         #[arg(short = 'o', long)]
         output: PathBuf,
+    },
+    /// Perplexity of a text, as llama.cpp's llama-perplexity computes it:
+    /// the text in chunks of `--ctx-size` tokens, each scored on its second
+    /// half; or KL divergence from a base's log-probabilities.
+    Perplexity {
+        #[command(flatten)]
+        model: Model,
+        /// The text (UTF-8), tokenized whole.
+        #[arg(short = 'f', long, required_unless_present = "kl_divergence")]
+        file: Option<PathBuf>,
+        /// Tokens in a chunk.
+        #[arg(short = 'c', long, default_value_t = 512)]
+        ctx_size: usize,
+        /// Score at most this many chunks.
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Where the base's log-probabilities are saved (with `--file`), or
+        /// read from (with `--kl-divergence`): llama.cpp's file format.
+        #[arg(long, value_name = "FILE")]
+        kl_divergence_base: Option<PathBuf>,
+        /// Compare with the base: KL divergence, Δp, same top token.
+        #[arg(long, requires = "kl_divergence_base")]
+        kl_divergence: bool,
     },
     /// Prefill and decode throughput, as llama-bench reports it.
     Bench {
@@ -406,7 +430,7 @@ fn generate_text(
         return Err("the prompt makes no tokens: give text the tokenizer reads as at least one token".into());
     }
     let stop = text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
-    let mut stream = text.as_ref().filter(|_| !print_ids).map(linnet_runtime::text::Stream::new);
+    let mut stream = text.as_ref().filter(|_| !print_ids).map(|text| (text, Detokenizer::new(Vec::new(), Vec::new())));
     let mut stdout = std::io::stdout();
     let generated = generate::generate(
         &mut machine,
@@ -416,8 +440,8 @@ fn generate_text(
         &mut Rng::new(sampling.seed),
         &stop,
         |token| {
-            if let Some(stream) = stream.as_mut() {
-                let _ = write!(stdout, "{}", stream.push(token));
+            if let Some((text, detokenizer)) = stream.as_mut() {
+                let _ = write!(stdout, "{}", detokenizer.push(Some(text), token).0);
                 let _ = stdout.flush();
             }
             true
@@ -427,11 +451,93 @@ fn generate_text(
     let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
     if print_ids {
         println!("{}", ids.join(" "));
-    } else if stream.is_some() {
-        println!();
+    } else if let Some((text, mut detokenizer)) = stream {
+        println!("{}", detokenizer.finish(Some(text)));
     } else {
         println!("generated {} token(s): {}", ids.len(), ids.join(" "));
     }
+    Ok(())
+}
+
+/// `linnet perplexity`: the perplexity of `file` (saving the base to
+/// `base`), or with `divergence` the comparison with the base at `base`.
+fn perplexity(
+    model: &Model,
+    file: Option<&PathBuf>,
+    ctx: usize,
+    limit: Option<usize>,
+    base: Option<&PathBuf>,
+    divergence: bool,
+) -> Result<(), String> {
+    use linnet_runtime::perplexity::{self as ppl, Base, BaseWriter, Divergence, Likelihood};
+    let progress = |chunks: usize| {
+        let bar = indicatif::ProgressBar::new(chunks as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} chunks, {eta} left")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix("perplexity");
+        bar
+    };
+    let Loaded { mut machine, text, .. } = load(model)?;
+    if divergence {
+        let path = base.expect("clap requires the base");
+        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let base = Base::read(std::io::BufReader::new(file), &path.display().to_string()).map_err(|e| e.to_string())?;
+        let chunks = base.chunks();
+        let chunks = &chunks[..chunks.len().min(limit.unwrap_or(usize::MAX))];
+        let bar = progress(chunks.len());
+        let mut found = Divergence::default();
+        for (index, chunk) in chunks.iter().enumerate() {
+            let logits = ppl::chunk_logits(&mut machine, chunk).map_err(|e| e.to_string())?;
+            if logits.len() != base.ctx * base.vocab {
+                return Err(format!(
+                    "the base has a vocabulary of {}; this model's logits have {}",
+                    base.vocab,
+                    logits.len() / base.ctx
+                ));
+            }
+            found.chunk(&base, index, &logits);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        print!("{}", found.report());
+        return Ok(());
+    }
+    let path = file.expect("clap requires the text");
+    let content = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = text.ok_or("perplexity needs the model's tokenizer: the weights have none (--tokenizer)")?;
+    let tokens = text.encode(&content)?;
+    let chunks = ppl::chunks(&tokens, ctx, limit).map_err(|e| e.to_string())?;
+    let open_base = |path: &PathBuf, vocab: usize| {
+        let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+        let file = std::fs::File::create(path).map_err(fail)?;
+        BaseWriter::new(std::io::BufWriter::new(file), ctx, vocab, &chunks).map_err(fail)
+    };
+    eprintln!("perplexity: {} tokens, {} chunks of {ctx}", tokens.len(), chunks.len());
+    let bar = progress(chunks.len());
+    let mut likelihood = Likelihood::default();
+    let mut writer = None;
+    for chunk in &chunks {
+        let logits = ppl::chunk_logits(&mut machine, chunk).map_err(|e| e.to_string())?;
+        let vocab = logits.len() / ctx;
+        likelihood.score(chunk, &logits, vocab);
+        if let Some(path) = base {
+            let writer = match writer.as_mut() {
+                Some(writer) => writer,
+                None => writer.insert(open_base(path, vocab)?),
+            };
+            writer.chunk(ctx, &logits).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if let Some(writer) = writer {
+        writer.finish().map_err(|e| format!("the base file: {e}"))?;
+    }
+    let (value, error) = likelihood.perplexity();
+    println!("Final estimate: PPL = {value:.4} +/- {error:.5}");
     Ok(())
 }
 
@@ -510,6 +616,9 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             })
+        }
+        Command::Perplexity { model, file, ctx_size, chunks, kl_divergence_base, kl_divergence } => {
+            perplexity(&model, file.as_ref(), ctx_size, chunks, kl_divergence_base.as_ref(), kl_divergence)
         }
         Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile } => {
             use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {

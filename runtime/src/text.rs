@@ -5,14 +5,45 @@
 //! a GGUF file's metadata ([`crate::vocab`]).
 
 use serde_json::{Map, Value};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use tokenizers::Tokenizer;
+use tokenizers::{DecoderWrapper, Tokenizer};
 
 pub struct TextModel {
     tokenizer: Tokenizer,
     chat_template: Option<String>,
     /// Generation stops after any of these.
     pub end_ids: Vec<i64>,
+    /// The added tokens marked special: left out of decoded text.
+    specials: HashSet<u32>,
+    /// For a byte-level BPE tokenizer, the byte each character of its
+    /// tokens' spelling stands for.
+    byte_alphabet: Option<HashMap<char, u8>>,
+}
+
+/// GPT-2's map of bytes to the printable characters byte-level BPE spells
+/// them with, inverted: character to byte.
+pub(crate) fn byte_of_char() -> HashMap<char, u8> {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|byte| {
+            let c = if printable(byte) {
+                char::from(byte)
+            } else {
+                let c = char::from_u32(next).expect("below the surrogates");
+                next += 1;
+                c
+            };
+            (c, byte)
+        })
+        .collect()
+}
+
+/// A byte-fallback token's byte: `<0xAB>`.
+fn fallback_byte(token: &str) -> Option<u8> {
+    let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
 fn json(path: &Path) -> Option<serde_json::Value> {
@@ -44,7 +75,19 @@ impl TextModel {
         let chat_template = json(&dir.join("tokenizer_config.json"))
             .and_then(|config| config["chat_template"].as_str().map(str::to_string))
             .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
-        Ok(Some(TextModel { tokenizer, chat_template, end_ids }))
+        Ok(Some(TextModel::new(tokenizer, chat_template, end_ids)))
+    }
+
+    /// A text side from its parts.
+    pub fn new(tokenizer: Tokenizer, chat_template: Option<String>, end_ids: Vec<i64>) -> TextModel {
+        let specials = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        let byte_alphabet = matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))).then(byte_of_char);
+        TextModel { tokenizer, chat_template, end_ids, specials, byte_alphabet }
     }
 
     /// The text side of the GGUF file at `path`, from its own metadata
@@ -60,11 +103,7 @@ impl TextModel {
         else {
             return Ok(None);
         };
-        Ok(Some(TextModel {
-            tokenizer,
-            chat_template: crate::vocab::chat_template(gguf),
-            end_ids: crate::vocab::end_ids(gguf),
-        }))
+        Ok(Some(TextModel::new(tokenizer, crate::vocab::chat_template(gguf), crate::vocab::end_ids(gguf))))
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<i64>, String> {
@@ -72,9 +111,70 @@ impl TextModel {
         Ok(encoding.get_ids().iter().map(|&id| id as i64).collect())
     }
 
+    /// The text of `ids` as Hugging Face's `decode` gives it by default:
+    /// special tokens left out, bytes that are not UTF-8 as U+FFFD.
     pub fn decode(&self, ids: &[i64]) -> String {
+        self.decode_showing(ids, &[])
+    }
+
+    /// The text of `ids` with every special token written as itself
+    /// (`skip_special_tokens=False`).
+    pub fn decode_with_specials(&self, ids: &[i64]) -> String {
         let ids: Vec<u32> = ids.iter().map(|&id| id as u32).collect();
-        self.tokenizer.decode(&ids, true).unwrap_or_default()
+        self.tokenizer.decode(&ids, false).unwrap_or_default()
+    }
+
+    /// The text of `ids` with special tokens left out, except those of
+    /// `shown`, written as themselves: the text around each shown token is
+    /// decoded as [`Self::decode`] decodes it.
+    pub fn decode_showing(&self, ids: &[i64], shown: &[u32]) -> String {
+        let mut text = String::new();
+        let mut run: Vec<u32> = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let id = id as u32;
+            if !shown.contains(&id) {
+                run.push(id);
+                continue;
+            }
+            text.push_str(&self.tokenizer.decode(&run, true).unwrap_or_default());
+            run.clear();
+            text.push_str(&self.tokenizer.id_to_token(id).unwrap_or_default());
+        }
+        text.push_str(&self.tokenizer.decode(&run, true).unwrap_or_default());
+        text
+    }
+
+    /// The id of the special token spelled `text`, if the vocabulary has
+    /// one (a tag the model writes as one token rather than as text).
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(text).filter(|id| self.specials.contains(id))
+    }
+
+    /// Whether `id` is a special token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.specials.contains(&id)
+    }
+
+    /// The bytes token `id` stands for, whole even where they are part of a
+    /// character: a byte-level token's bytes, a byte-fallback token's
+    /// byte, a special token's text; else its decoded text.
+    pub fn token_bytes(&self, id: i64) -> Vec<u8> {
+        let Some(token) = u32::try_from(id).ok().and_then(|id| self.tokenizer.id_to_token(id)) else {
+            return Vec::new();
+        };
+        if self.is_special(id as u32) {
+            return token.into_bytes();
+        }
+        if let Some(alphabet) = &self.byte_alphabet {
+            if let Some(bytes) = token.chars().map(|c| alphabet.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                return bytes;
+            }
+            return token.into_bytes();
+        }
+        match fallback_byte(&token) {
+            Some(byte) => vec![byte],
+            None => self.decode(&[id]).into_bytes(),
+        }
     }
 
     /// The text side at `path`: a GGUF file's vocabulary, or a folder's
@@ -232,31 +332,6 @@ impl serde_json::ser::Formatter for PythonFormatter<'_> {
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
         writer.write_all(b": ")
-    }
-}
-
-/// Text decoded so far, handing out only what is new each time (a token
-/// may complete a character that an earlier one began).
-pub struct Stream<'t> {
-    text: &'t TextModel,
-    ids: Vec<i64>,
-    shown: usize,
-}
-
-impl<'t> Stream<'t> {
-    pub fn new(text: &'t TextModel) -> Stream<'t> {
-        Stream { text, ids: Vec::new(), shown: 0 }
-    }
-
-    pub fn push(&mut self, id: i64) -> String {
-        self.ids.push(id);
-        let all = self.text.decode(&self.ids);
-        if !all.is_char_boundary(self.shown.min(all.len())) || all.len() < self.shown {
-            return String::new();
-        }
-        let new = all[self.shown..].to_string();
-        self.shown = all.len();
-        new
     }
 }
 

@@ -50,6 +50,10 @@ pub struct Served {
     pub text: Option<TextModel>,
     /// Constrained output over the model's tokenizer, or why there is none.
     pub grammars: Result<Grammars, String>,
+    /// The chat tags (`<think>`, `<tool_call>`, …) that this vocabulary
+    /// has as special tokens: a chat answer's text shows them, for the
+    /// parsers that split reasoning and calls out of it.
+    chat_tags: Vec<u32>,
 }
 
 impl Served {
@@ -60,7 +64,16 @@ impl Served {
             }
             None => Err("constrained output needs a tokenizer, and this model has none".to_string()),
         };
-        Served { limits, text, grammars }
+        let chat_tags = text
+            .as_ref()
+            .map(|text| reasoning::TAGS.iter().chain(tools::TAGS).filter_map(|tag| text.special_token(tag)).collect())
+            .unwrap_or_default();
+        Served { limits, text, grammars, chat_tags }
+    }
+
+    /// Whether `tag` is one special token of this model's vocabulary.
+    pub(super) fn tag_is_token(&self, tag: &str) -> bool {
+        self.text.as_ref().is_some_and(|text| text.special_token(tag).is_some())
     }
 
     /// Reads a request body as `/v1/completions` (or, with `chat`,
@@ -147,9 +160,15 @@ impl Clock {
 }
 
 /// A token as log-probabilities name it: its text where the model has a
-/// tokenizer, else its id.
+/// tokenizer (with U+FFFD for a part of a character), else its id.
 fn token_text(text: Option<&TextModel>, token: i64) -> String {
-    text.map_or_else(|| format!("token_id:{token}"), |text| text.decode(&[token]))
+    text.map_or_else(|| format!("token_id:{token}"), |text| text.decode_with_specials(&[token]))
+}
+
+/// A token's own bytes, whole where it holds part of a character: what a
+/// client joins to rebuild the text.
+fn token_bytes(text: Option<&TextModel>, token: i64) -> Vec<u8> {
+    text.map_or_else(|| token_text(None, token).into_bytes(), |text| text.token_bytes(token))
 }
 
 /// Tokens' log-probabilities as the API returns them: the chat API's
@@ -159,7 +178,7 @@ fn token_text(text: Option<&TextModel>, token: i64) -> String {
 fn logprobs_json(text: Option<&TextModel>, tokens: &[(i64, Logprobs)], chat: bool, offset: usize) -> Value {
     let entry = |token: i64, logprob: f64| {
         let piece = token_text(text, token);
-        json!({ "token": piece, "logprob": logprob, "bytes": piece.as_bytes() })
+        json!({ "token": piece, "logprob": logprob, "bytes": token_bytes(text, token) })
     };
     if chat {
         let content: Vec<Value> = tokens
@@ -176,10 +195,9 @@ fn logprobs_json(text: Option<&TextModel>, tokens: &[(i64, Logprobs)], chat: boo
     let mut offsets = Vec::new();
     let mut pieces = Vec::new();
     for (token, _) in tokens {
-        let piece = token_text(text, *token);
         offsets.push(at);
-        at += piece.len();
-        pieces.push(piece);
+        at += token_bytes(text, *token).len();
+        pieces.push(token_text(text, *token));
     }
     let top: Vec<Value> = tokens
         .iter()
@@ -266,9 +284,13 @@ struct Choice {
 }
 
 impl Choice {
-    fn new(stops: &[String], thinking: bool, tools: &[Value]) -> Choice {
-        let chat = ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(tools)) };
-        Choice { detokenizer: Detokenizer::new(stops.to_vec()), chat, streamed: 0, ended: false }
+    /// A choice of a chat answer (`chat`) shows the tags `chat_tags`
+    /// that are special tokens, for its parsers; a completion's text
+    /// leaves every special token out.
+    fn new(stops: &[String], chat: bool, chat_tags: &[u32], thinking: bool, tools: &[Value]) -> Choice {
+        let shown = if chat { chat_tags.to_vec() } else { Vec::new() };
+        let answer = ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(tools)) };
+        Choice { detokenizer: Detokenizer::new(stops.to_vec(), shown), chat: answer, streamed: 0, ended: false }
     }
 }
 
@@ -303,7 +325,8 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let id = response_id(if chat { "chatcmpl" } else { "cmpl" });
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
-    let mut choices: Vec<Choice> = receivers.iter().map(|_| Choice::new(&stops, thinking, &tools)).collect();
+    let mut choices: Vec<Choice> =
+        receivers.iter().map(|_| Choice::new(&stops, chat, &app.served.chat_tags, thinking, &tools)).collect();
     if stream {
         let mut failed = false;
         // The tokens of the answer, once every choice ended well: the usage
@@ -546,9 +569,17 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRej
     }
 }
 
-/// `/detokenize`: `{"tokens": [ids]}` to `{"prompt": TEXT}`.
+/// `/detokenize`: `{"tokens": [ids]}` to `{"prompt": TEXT}`, special
+/// tokens left out unless `"skip_special_tokens": false`.
 async fn detokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
     let text = json_body(body).and_then(|body| {
+        let skip_specials = match body.get("skip_special_tokens") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(skip)) => *skip,
+            Some(other) => {
+                return Err(bad(format!("`skip_special_tokens` must be a boolean, got {other}"), "skip_special_tokens"))
+            }
+        };
         let text = app.served.text.as_ref().ok_or_else(|| bad("this model has no tokenizer", "tokens"))?;
         let vocab = app.served.limits.vocab as u64;
         let tokens: Vec<i64> = body
@@ -556,7 +587,7 @@ async fn detokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonR
             .and_then(Value::as_array)
             .and_then(|ids| ids.iter().map(|id| id.as_u64().filter(|&id| id < vocab).map(|id| id as i64)).collect())
             .ok_or_else(|| bad(format!("`tokens` must be an array of ids in 0..{vocab}"), "tokens"))?;
-        Ok::<_, Response>(text.decode(&tokens))
+        Ok::<_, Response>(if skip_specials { text.decode(&tokens) } else { text.decode_with_specials(&tokens) })
     });
     match text {
         Ok(text) => Json(json!({ "prompt": text })).into_response(),

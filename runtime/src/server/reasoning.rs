@@ -6,6 +6,8 @@
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
+/// The tags, which a vocabulary may have as special tokens.
+pub const TAGS: &[&str] = &[OPEN, CLOSE];
 
 /// Whether a chat prompt leaves the model inside a `<think>` block (its
 /// template opened one for the answer, as Qwen3.5's does unless

@@ -173,7 +173,7 @@ pub fn parse_request(
     }
     let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let logprobs = logprobs(body, chat)?;
-    let (tools, forced_calls) = tools(body, chat)?;
+    let (tools, forced_calls) = tools(served, body, chat)?;
     let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
     let structured = match (structured(body)?, forced_calls) {
         (Some((_, field)), Some(_)) => {
@@ -306,7 +306,7 @@ fn stream_usage(body: &Value, stream: bool) -> Result<bool, Response> {
 /// "function": {"name", …}}`, unless `tool_choice` is `"none"`; and, for
 /// a choice that forces a call (`"required"`, a named function), the
 /// grammar of such calls that constrains the answer.
-fn tools(body: &Value, chat: bool) -> Result<(Vec<Value>, Option<Spec>), Response> {
+fn tools(served: &Served, body: &Value, chat: bool) -> Result<(Vec<Value>, Option<Spec>), Response> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(tools)) if !chat && !tools.is_empty() => {
@@ -328,7 +328,7 @@ fn tools(body: &Value, chat: bool) -> Result<(Vec<Value>, Option<Spec>), Respons
     // `parallel_tool_calls` is false).
     let several = body.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
     let forced = |only: Option<&str>| {
-        super::tools::call_grammar(&tools, only, several)
+        super::tools::call_grammar(&tools, only, several, |tag| served.tag_is_token(tag))
             .map(|grammar| Some(Spec::Lark(grammar)))
             .map_err(|why| bad(format!("`tool_choice`: {why}"), "tool_choice"))
     };
@@ -475,7 +475,7 @@ fn template_options(body: &Value) -> Result<Map<String, Value>, Response> {
 pub fn chat_text(served: &Served, body: &Value) -> Result<String, Response> {
     let messages = chat_messages(body)?;
     let mut options = template_options(body)?;
-    let (tools, _) = tools(body, true)?;
+    let (tools, _) = tools(served, body, true)?;
     if !tools.is_empty() {
         options.insert("tools".into(), Value::Array(tools));
     }

@@ -23,6 +23,9 @@ use super::reasoning::partial_tag;
 use serde_json::{json, Map, Value};
 
 const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+/// The tags, which a vocabulary may have as special tokens.
+pub const TAGS: &[&str] = &[OPEN, CLOSE];
 
 /// One call: the function's name and its arguments as a JSON object.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,7 +60,14 @@ const TEXT: &str = r"TEXT: /([^<]|<[^\/])*/";
 /// one or more; each function's parameters in the order its schema lists
 /// them, the required ones present; a string's value as text, another's
 /// as compact JSON under its schema, as the chat template writes them.
-pub fn call_grammar(tools: &[Value], only: Option<&str>, several: bool) -> Result<String, String> {
+/// A tag that `is_token` says is one special token of the vocabulary is
+/// that token in the grammar, else its text.
+pub fn call_grammar(
+    tools: &[Value],
+    only: Option<&str>,
+    several: bool,
+    is_token: impl Fn(&str) -> bool,
+) -> Result<String, String> {
     let quote = |text: &str| serde_json::to_string(text).expect("a string serializes");
     let mut rules = Vec::new();
     let mut functions = Vec::new();
@@ -109,7 +119,9 @@ pub fn call_grammar(tools: &[Value], only: Option<&str>, several: bool) -> Resul
         });
     }
     let start = if several { "start: call (\"\\n\" call)*" } else { "start: call" };
-    let call = format!("call: \"<tool_call>\\n<function=\" ({}) \"</function>\\n</tool_call>\"", functions.join(" | "));
+    let tag = |tag: &str| if is_token(tag) { tag.to_string() } else { quote(tag) };
+    let call =
+        format!("call: {} \"\\n<function=\" ({}) \"</function>\\n\" {}", tag(OPEN), functions.join(" | "), tag(CLOSE));
     Ok([start.to_string(), call].into_iter().chain(rules).chain([TEXT.to_string()]).collect::<Vec<_>>().join("\n"))
 }
 
@@ -176,9 +188,9 @@ impl Calls {
         let mut rest = text;
         while let Some(start) = rest.find(OPEN) {
             let body = &rest[start + OPEN.len()..];
-            let end = body.find("</tool_call>").ok_or("a <tool_call> is not closed")?;
+            let end = body.find(CLOSE).ok_or("a <tool_call> is not closed")?;
             calls.push(self.call(&body[..end])?);
-            rest = &body[end + "</tool_call>".len()..];
+            rest = &body[end + CLOSE.len()..];
         }
         Ok(calls)
     }
