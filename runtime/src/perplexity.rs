@@ -202,6 +202,7 @@ impl<W: Write> BaseWriter<W> {
 
 /// A base file read back: its context, vocabulary, tokens by chunk, and
 /// each scored position's log-probabilities.
+#[derive(Debug)]
 pub struct Base {
     pub ctx: usize,
     pub vocab: usize,
@@ -447,7 +448,8 @@ mod tests {
             divergence.chunk(&base, index, &logits);
         }
         let (mean, high, same) = divergence.summary();
-        assert!(mean.abs() < 1e-6 && high.abs() < 1e-6, "{mean} {high}");
+        // The base is kept to 16 bits a log-probability: near zero, not zero.
+        assert!(mean.abs() < 1e-4 && high.abs() < 1e-4, "{mean} {high}");
         assert_eq!(same, 1.0);
         let (ppl, _) = divergence.likelihood().perplexity();
         assert!((ppl - likelihood.perplexity().0).abs() < 1e-12);

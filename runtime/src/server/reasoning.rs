@@ -34,6 +34,10 @@ pub struct Split {
     /// Whether any reasoning has been given out (its leading new lines are
     /// dropped).
     reasoned: bool,
+    /// Whether a `</think>` closed a block: the new lines the template
+    /// writes after it are not the answer's. Without one, the answer is the
+    /// text as it is, to the byte.
+    closed: bool,
 }
 
 /// The longest end of `text` that a `tag` could start with: what to hold
@@ -48,7 +52,7 @@ pub(super) fn partial_tag(text: &str, tag: &str) -> usize {
 impl Split {
     /// `thinking`: whether the prompt left the model inside a `<think>`.
     pub fn new(thinking: bool) -> Split {
-        Split { thinking, held: String::new(), answered: false, reasoned: false }
+        Split { thinking, held: String::new(), answered: false, reasoned: false, closed: false }
     }
 
     /// The parts of the text so far that are final, given the next piece.
@@ -62,6 +66,7 @@ impl Split {
                     self.give_reasoning(&reasoning, &mut parts);
                     self.held.drain(..at + CLOSE.len());
                     self.thinking = false;
+                    self.closed = true;
                     continue;
                 }
                 // Hold back a possible `</think>` and trailing white space.
@@ -83,7 +88,7 @@ impl Split {
                     // Blank so far, or a `<think>` still arriving.
                     return parts;
                 }
-                let answer = self.held.trim_start_matches(['\n', '\r', ' ']).to_string();
+                let answer = self.answer_start(&self.held).to_string();
                 self.held.clear();
                 self.answered = true;
                 parts.answer.push_str(&answer);
@@ -103,9 +108,19 @@ impl Split {
         } else if self.answered {
             parts.answer = held;
         } else {
-            parts.answer = held.trim_start().to_string();
+            parts.answer = self.answer_start(&held).to_string();
         }
         parts
+    }
+
+    /// The answer in `text`, its first text: after a closed block, without
+    /// the blank space the template puts after `</think>`.
+    fn answer_start<'a>(&self, text: &'a str) -> &'a str {
+        if self.closed {
+            text.trim_start_matches(['\n', '\r', ' '])
+        } else {
+            text
+        }
     }
 
     fn give_reasoning(&mut self, text: &str, parts: &mut Parts) {
@@ -155,6 +170,8 @@ mod tests {
             Parts { reasoning: "".into(), answer: "Yes, <think> is a tag.".into() }
         );
         assert_eq!(split(false, &["<", "b>bold</b>"]), Parts { reasoning: "".into(), answer: "<b>bold</b>".into() });
+        // Without a block, the answer is the text to the byte.
+        assert_eq!(split(false, &["\n", "\nHi"]), Parts { reasoning: "".into(), answer: "\n\nHi".into() });
         // Cut off while thinking: all of it is reasoning.
         assert_eq!(split(true, &["still going\n"]), Parts { reasoning: "still going".into(), answer: "".into() });
     }

@@ -4,6 +4,8 @@
 //! change made (a tensor missing, a NaN). Each test file uses a part of it.
 #![allow(dead_code)]
 
+pub mod server;
+
 use linnet_frontend::package::LoadOptions;
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;

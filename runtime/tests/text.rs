@@ -1,0 +1,381 @@
+//! Text as people read it, on a model that has learned text (the trained
+//! fixture `tiny-qwen3.5-moe-text`: the seed's architecture, a byte-level
+//! BPE tokenizer, Qwen3.5's chat template): greedy answers are, byte for
+//! byte, the text transformers decodes for the same prompts, in Latin with
+//! diacritics, Cyrillic, CJK, emoji and code; every answer's text, streamed
+//! or whole, sampled or not, is the decoding of its own `token_ids`;
+//! constraints over non-ASCII text hold; the perplexity of held-out text is
+//! transformers' own.
+
+use linnet_frontend::package::LoadOptions;
+use linnet_runtime::generate;
+use linnet_runtime::sampling::{Rng, Sampling};
+use linnet_runtime::stops::Detokenizer;
+use linnet_runtime::weights::NonFinite;
+use linnet_runtime::{load_on, BackendKind, Loaded, Weights};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+use common::root;
+use common::server::Server;
+
+fn fixture() -> PathBuf {
+    root().join("tests/fixtures/tiny-qwen3.5-moe-text")
+}
+
+fn card() -> PathBuf {
+    fixture().join("package/nest.toml")
+}
+
+fn weights() -> PathBuf {
+    fixture().join("weights-f32")
+}
+
+/// What transformers made of the fixture (`scripts/text-golden.py`).
+fn golden() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("golden-text.json")).unwrap()).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<i64> {
+    value.as_array().unwrap().iter().map(|id| id.as_i64().unwrap()).collect()
+}
+
+/// Hugging Face's tokenizer of the fixture, as a client would decode with.
+fn hugging_face() -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(weights().join("tokenizer.json")).unwrap()
+}
+
+fn decoded(tokenizer: &tokenizers::Tokenizer, ids: &[i64]) -> String {
+    tokenizer.decode(&ids.iter().map(|&id| id as u32).collect::<Vec<u32>>(), true).unwrap()
+}
+
+fn start(extra: &[&str]) -> Server {
+    let weights = weights();
+    let mut args = vec!["--weights", weights.to_str().unwrap()];
+    args.extend(extra);
+    Server::spawn_card(&card(), &args)
+}
+
+fn post(server: &Server, path: &str, body: &Value) -> Value {
+    let (status, response) = server.call("POST", path, &body.to_string());
+    assert_eq!(status, 200, "{body}: {response}");
+    serde_json::from_str(&response).unwrap()
+}
+
+/// A streamed answer's events: each data line's JSON, up to `[DONE]`.
+fn stream(server: &Server, path: &str, body: &Value) -> Vec<Value> {
+    let (status, response) = server.call("POST", path, &body.to_string());
+    assert_eq!(status, 200, "{body}: {response}");
+    let events: Vec<&str> = response.lines().filter_map(|line| line.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{response}");
+    events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect()
+}
+
+/// Per choice index: its streamed text (or content) joined, and its
+/// `token_ids` are not streamed, so the log-probabilities' tokens stand in.
+fn joined(events: &[Value], field: &str) -> Vec<String> {
+    let mut texts: Vec<String> = Vec::new();
+    for event in events {
+        for choice in event["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            texts.resize(texts.len().max(index + 1), String::new());
+            if let Some(piece) = choice.pointer(field).and_then(Value::as_str) {
+                texts[index].push_str(piece);
+            }
+        }
+    }
+    texts
+}
+
+/// Greedy generation through the library, and its text streamed through
+/// the detokenizer: transformers' tokens and transformers' text, for
+/// prompts in every script of the corpus.
+#[test]
+fn greedy_text_is_the_text_transformers_decodes() {
+    let options = LoadOptions { nest: Some(card()), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let checkpoint = Weights::Checkpoint { dir: Some(weights()), non_finite: NonFinite::Refuse };
+    let package = root().join("models/qwen3.6-35b-a3b");
+    let Loaded { mut machine, text, .. } = load_on(&package, &options, &checkpoint, BackendKind::Cpu).unwrap();
+    let text = text.expect("the fixture's tokenizer");
+    let golden = golden();
+    for (script, case) in golden["completions"].as_object().unwrap().iter().chain(golden["chats"].as_object().unwrap())
+    {
+        let prompt = ids(&case["prompt_ids"]);
+        if let Some(words) = case["prompt"].as_str() {
+            assert_eq!(text.encode(words).unwrap(), prompt, "{script}: the prompt's tokens");
+        }
+        let expected = ids(&case["ids"]);
+        let greedy = generate::generate(
+            &mut machine,
+            &prompt,
+            expected.len().max(1),
+            &Sampling::default(),
+            &mut Rng::new(0),
+            &text.end_ids,
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(greedy, expected, "{script}: greedy tokens");
+        let mut detokenizer = Detokenizer::new(Vec::new(), Vec::new());
+        let mut streamed: String = greedy.iter().map(|&id| detokenizer.push(Some(&text), id).0).collect();
+        streamed.push_str(&detokenizer.finish(Some(&text)));
+        assert_eq!(streamed, case["text"].as_str().unwrap(), "{script}: streamed text");
+        assert_eq!(text.decode(&greedy), streamed, "{script}: whole text");
+    }
+}
+
+/// `linnet generate --prompt` prints transformers' text for a prompt in
+/// Cyrillic and one in Chinese.
+#[test]
+fn generate_prints_the_text() {
+    let golden = golden();
+    for script in ["ru", "zh"] {
+        let case = &golden["completions"][script];
+        let max_tokens = case["ids"].as_array().unwrap().len().to_string();
+        let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
+            .arg("generate")
+            .arg(root().join("models/qwen3.6-35b-a3b"))
+            .arg("--nest")
+            .arg(card())
+            .arg("--weights")
+            .arg(weights())
+            .args(["--prompt", case["prompt"].as_str().unwrap(), "--max-tokens", &max_tokens])
+            .env("LINNET_STDLIB", root().join("stdlib"))
+            .env("LINNET_CACHE_DIR", std::env::temp_dir().join("linnet-test-cache"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8(output.stdout).unwrap(), format!("{}\n", case["text"].as_str().unwrap()));
+    }
+}
+
+/// The server, as clients use it: greedy completions and chats give
+/// transformers' text, whole and streamed; sampled answers (`n` > 1, with
+/// and without stop strings) are always the decoding of their own
+/// `token_ids`; log-probabilities' bytes rebuild the text.
+#[test]
+fn the_server_answers_in_the_text_of_its_tokens() {
+    let server = start(&[]);
+    let tokenizer = hugging_face();
+    let golden = golden();
+    for (script, case) in golden["completions"].as_object().unwrap() {
+        let body = json!({ "prompt": case["prompt"], "max_tokens": case["ids"].as_array().unwrap().len(),
+                           "temperature": 0 });
+        let answer = post(&server, "/v1/completions", &body);
+        assert_eq!(answer["choices"][0]["text"], case["text"], "{script}: {answer}");
+        assert_eq!(answer["choices"][0]["token_ids"], case["ids"], "{script}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let texts = joined(&stream(&server, "/v1/completions", &streamed), "/text");
+        assert_eq!(texts, [case["text"].as_str().unwrap()], "{script}: streamed");
+    }
+    for (script, case) in golden["chats"].as_object().unwrap() {
+        let body = json!({ "messages": [{ "role": "user", "content": case["question"] }], "temperature": 0,
+                           "max_tokens": case["ids"].as_array().unwrap().len(),
+                           "chat_template_kwargs": { "enable_thinking": false } });
+        let answer = post(&server, "/v1/chat/completions", &body);
+        assert_eq!(answer["choices"][0]["message"]["content"], case["text"], "{script}: {answer}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let texts = joined(&stream(&server, "/v1/chat/completions", &streamed), "/delta/content");
+        assert_eq!(texts, [case["text"].as_str().unwrap()], "{script}: streamed chat");
+    }
+
+    // Sampled: four choices a request, in every script, whole and streamed.
+    for (script, case) in golden["completions"].as_object().unwrap() {
+        let body = json!({ "prompt": case["prompt"], "max_tokens": 40, "temperature": 1.0, "n": 4, "seed": 11,
+                           "logprobs": 1 });
+        let answer = post(&server, "/v1/completions", &body);
+        let mut texts = Vec::new();
+        for choice in answer["choices"].as_array().unwrap() {
+            let token_ids = ids(&choice["token_ids"]);
+            let text = choice["text"].as_str().unwrap();
+            assert_eq!(text, decoded(&tokenizer, &token_ids), "{script}: {choice}");
+            texts.push(text.to_string());
+        }
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        assert_eq!(joined(&stream(&server, "/v1/completions", &streamed), "/text"), texts, "{script}: streamed");
+    }
+    let body = json!({ "messages": [{ "role": "user", "content": "Расскажи что-нибудь." }], "max_tokens": 40,
+                       "temperature": 1.0, "n": 3, "seed": 5, "logprobs": true,
+                       "chat_template_kwargs": { "enable_thinking": false } });
+    let answer = post(&server, "/v1/chat/completions", &body);
+    for choice in answer["choices"].as_array().unwrap() {
+        let token_ids = ids(&choice["token_ids"]);
+        assert_eq!(choice["message"]["content"], decoded(&tokenizer, &token_ids), "{choice}");
+        // The tokens' own bytes (special tokens' left out) are the text's.
+        let bytes: Vec<u8> = choice["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(&token_ids)
+            .filter(|(_, &id)| {
+                !tokenizer.get_added_vocabulary().is_special_token(&tokenizer.id_to_token(id as u32).unwrap())
+            })
+            .flat_map(|(entry, _)| entry["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8))
+            .collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), decoded(&tokenizer, &token_ids), "{choice}");
+    }
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let contents: Vec<Value> =
+        answer["choices"].as_array().unwrap().iter().map(|c| c["message"]["content"].clone()).collect();
+    let texts = joined(&stream(&server, "/v1/chat/completions", &streamed), "/delta/content");
+    assert_eq!(texts.iter().map(|t| json!(t)).collect::<Vec<_>>(), contents);
+
+    // A stop string: the text ends before it, and is the decoding of the
+    // tokens up to it.
+    let body = json!({ "prompt": "Der Mensch ist", "max_tokens": 40, "temperature": 1.0, "n": 4, "seed": 3,
+                       "stop": ["e", "ä"] });
+    for choice in post(&server, "/v1/completions", &body)["choices"].as_array().unwrap() {
+        let text = choice["text"].as_str().unwrap();
+        let whole = decoded(&tokenizer, &ids(&choice["token_ids"]));
+        assert!(whole.starts_with(text) && !text.contains(['e', 'ä']), "{text:?} of {whole:?}");
+        // Cut short by a stop string (not by the end of the answer): the
+        // decoding goes on with it.
+        if whole != text {
+            assert!(whole[text.len()..].starts_with(['e', 'ä']), "{text:?} of {whole:?}");
+        }
+    }
+
+    // `/detokenize`: special tokens left out unless asked for.
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let ru = ids(&golden["completions"]["ru"]["prompt_ids"]);
+    let tokens: Vec<i64> = ru.iter().copied().chain([im_end as i64]).collect();
+    let plain = post(&server, "/detokenize", &json!({ "tokens": tokens }));
+    assert_eq!(plain["prompt"], golden["completions"]["ru"]["prompt"]);
+    let kept = post(&server, "/detokenize", &json!({ "tokens": tokens, "skip_special_tokens": false }));
+    assert_eq!(kept["prompt"], format!("{}<|im_end|>", golden["completions"]["ru"]["prompt"].as_str().unwrap()));
+}
+
+/// Constraints over text outside ASCII: a JSON schema whose choices are
+/// Polish, German, Russian and Chinese names validates; a regex of
+/// accented letters, whose every choice begins with the same byte, is
+/// followed byte for byte.
+#[test]
+fn constraints_hold_over_any_script() {
+    let server = start(&[]);
+    let cities = ["Kraków", "Zürich", "Москва", "北京"];
+    let schema = json!({ "type": "object", "properties": { "city": { "enum": cities } }, "required": ["city"],
+                         "additionalProperties": false });
+    let body = json!({ "messages": [{ "role": "user", "content": "Which city?" }], "max_tokens": 30,
+                       "temperature": 1.0, "n": 8, "seed": 2,
+                       "response_format": { "type": "json_schema", "json_schema": { "name": "city", "schema": schema } } });
+    let answer = post(&server, "/v1/chat/completions", &body);
+    let tokenizer = hugging_face();
+    for choice in answer["choices"].as_array().unwrap() {
+        let content = choice["message"]["content"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+        assert!(cities.contains(&parsed["city"].as_str().unwrap()), "{content}");
+        // Thinking was on: the grammar closed the block before the answer.
+        assert_eq!(format!("</think>\n\n{content}"), decoded(&tokenizer, &ids(&choice["token_ids"])));
+    }
+    let body = json!({ "prompt": "Straße", "max_tokens": 6, "temperature": 1.0, "n": 4, "seed": 9,
+                       "structured_outputs": { "regex": "(é|ü)+" } });
+    for choice in post(&server, "/v1/completions", &body)["choices"].as_array().unwrap() {
+        let text = choice["text"].as_str().unwrap();
+        // Cut at `max_tokens`, the last character may be half there.
+        let whole = if choice["finish_reason"] == "length" { text.trim_end_matches('\u{FFFD}') } else { text };
+        assert!(!whole.is_empty() && whole.chars().all(|c| c == 'é' || c == 'ü'), "{text:?}");
+    }
+}
+
+/// The fixture's tokenizer with its chat tags (`<think>`, `<tool_call>`
+/// and their ends) marked special, as some vocabularies have them, in a
+/// folder of its own.
+fn tags_as_special_tokens() -> PathBuf {
+    let folder = std::env::temp_dir().join(format!("linnet-special-tags-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["tokenizer_config.json", "chat_template.jinja", "generation_config.json"] {
+        std::fs::copy(weights().join(name), folder.join(name)).unwrap();
+    }
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(weights().join("tokenizer.json")).unwrap()).unwrap();
+    for token in tokenizer["added_tokens"].as_array_mut().unwrap() {
+        if ["<think>", "</think>", "<tool_call>", "</tool_call>"].contains(&token["content"].as_str().unwrap()) {
+            token["special"] = json!(true);
+        }
+    }
+    std::fs::write(folder.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    folder
+}
+
+/// Where the chat tags are special tokens (which decoding leaves out),
+/// the reasoning is still split from the answer at `</think>` (here the
+/// one a constraint puts before the answer), the answer is not lost in
+/// `reasoning_content`, and a forced tool call is the grammar's call, its
+/// tags the special tokens.
+#[test]
+fn chat_tags_that_are_special_tokens_are_read_as_tags() {
+    let folder = tags_as_special_tokens();
+    let server = start(&["--tokenizer", folder.to_str().unwrap()]);
+    let tokenizer = tokenizers::Tokenizer::from_file(folder.join("tokenizer.json")).unwrap();
+    let close = i64::from(tokenizer.token_to_id("</think>").unwrap());
+    let body = json!({ "messages": [{ "role": "user", "content": "Welche Stadt?" }], "max_tokens": 30,
+                       "temperature": 1.0, "n": 4, "seed": 8,
+                       "structured_outputs": { "regex": "(Kraków|Zürich|Москва)" } });
+    for choice in post(&server, "/v1/chat/completions", &body)["choices"].as_array().unwrap() {
+        let message = &choice["message"];
+        assert!(ids(&choice["token_ids"]).contains(&close), "{choice}");
+        assert_eq!(message["reasoning_content"], Value::Null, "{choice}");
+        assert!(["Kraków", "Zürich", "Москва"].contains(&message["content"].as_str().unwrap()), "{choice}");
+    }
+
+    let tools = json!([{ "type": "function", "function": { "name": "get_weather", "parameters": { "type": "object",
+        "properties": { "city": { "type": "string", "enum": ["Kraków", "Москва"] } }, "required": ["city"] } } }]);
+    let body = json!({ "messages": [{ "role": "user", "content": "Wetter?" }], "tools": tools,
+                       "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 100, "temperature": 1.0,
+                       "n": 2, "seed": 4, "chat_template_kwargs": { "enable_thinking": false } });
+    let open = i64::from(tokenizer.token_to_id("<tool_call>").unwrap());
+    for choice in post(&server, "/v1/chat/completions", &body)["choices"].as_array().unwrap() {
+        assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+        assert_eq!(ids(&choice["token_ids"])[0], open, "{choice}");
+        let call = &choice["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{choice}");
+        let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert!(["Kraków", "Москва"].contains(&arguments["city"].as_str().unwrap()), "{arguments}");
+    }
+    drop(server);
+    std::fs::remove_dir_all(folder).unwrap();
+}
+
+/// `linnet perplexity` on the held-out text is transformers' perplexity
+/// computed the same way (chunks of 64 tokens, each scored on its second
+/// half), within 1e-4 of it.
+#[test]
+fn perplexity_is_the_perplexity_transformers_computes() {
+    let golden = golden();
+    let expected = golden["perplexity"].as_array().unwrap().iter().find(|score| score["ctx"] == 64).unwrap();
+    let output = perplexity(&weights(), &["-f", fixture().join("held-out.txt").to_str().unwrap(), "-c", "64"]);
+    let ppl = final_estimate(&output);
+    let reference = expected["ppl"].as_f64().unwrap();
+    assert!((ppl - reference).abs() <= 1e-4 * reference, "{ppl} against transformers' {reference}");
+    // Far below the vocabulary's 2048: the model has learned the text.
+    assert!(reference < 60.0, "{reference}");
+}
+
+fn perplexity(weights: &Path, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
+        .arg("perplexity")
+        .arg(root().join("models/qwen3.6-35b-a3b"))
+        .arg("--nest")
+        .arg(card())
+        .arg("--weights")
+        .arg(weights)
+        .args(args)
+        .env("LINNET_STDLIB", root().join("stdlib"))
+        .env("LINNET_CACHE_DIR", std::env::temp_dir().join("linnet-test-cache"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The `PPL = X +/- Y` line's `X`.
+fn final_estimate(output: &str) -> f64 {
+    let line = output.lines().find(|line| line.starts_with("Final estimate: PPL = ")).expect(output);
+    line["Final estimate: PPL = ".len()..].split_whitespace().next().unwrap().parse().unwrap()
+}
