@@ -134,20 +134,9 @@ fn generate_prints_the_text() {
     for script in ["ru", "zh"] {
         let case = &golden["completions"][script];
         let max_tokens = case["ids"].as_array().unwrap().len().to_string();
-        let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
-            .arg("generate")
-            .arg(root().join("models/qwen3.6-35b-a3b"))
-            .arg("--nest")
-            .arg(card())
-            .arg("--weights")
-            .arg(weights())
-            .args(["--prompt", case["prompt"].as_str().unwrap(), "--max-tokens", &max_tokens])
-            .env("LINNET_STDLIB", root().join("stdlib"))
-            .env("LINNET_CACHE_DIR", std::env::temp_dir().join("linnet-test-cache"))
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        assert_eq!(String::from_utf8(output.stdout).unwrap(), format!("{}\n", case["text"].as_str().unwrap()));
+        let args = ["--prompt", case["prompt"].as_str().unwrap(), "--max-tokens", &max_tokens];
+        let printed = linnet("generate", &weights(), &args);
+        assert_eq!(printed, format!("{}\n", case["text"].as_str().unwrap()));
     }
 }
 
@@ -358,8 +347,14 @@ fn perplexity_is_the_perplexity_transformers_computes() {
 }
 
 fn perplexity(weights: &Path, args: &[&str]) -> String {
+    linnet("perplexity", weights, args)
+}
+
+/// What `linnet COMMAND` prints for the seed package under the fixture's
+/// card, with `weights` and `args`; it must succeed.
+fn linnet(command: &str, weights: &Path, args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
-        .arg("perplexity")
+        .arg(command)
         .arg(root().join("models/qwen3.6-35b-a3b"))
         .arg("--nest")
         .arg(card())
@@ -378,4 +373,39 @@ fn perplexity(weights: &Path, args: &[&str]) -> String {
 fn final_estimate(output: &str) -> f64 {
     let line = output.lines().find(|line| line.starts_with("Final estimate: PPL = ")).expect(output);
     line["Final estimate: PPL = ".len()..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// Each GGUF file llama.cpp makes of the model, through `linnet
+/// perplexity --kl-divergence` against the f32 checkpoint's base: its f32
+/// file is the checkpoint (the same perplexity, no divergence), and each
+/// format costs what its bits say: bf16 and Q8_0 next to nothing, Q6_K a
+/// little, Q4_K_M the most; every one still has the f32 model's top token
+/// almost everywhere.
+#[test]
+fn every_format_costs_what_its_bits_say() {
+    let folder = std::env::temp_dir().join(format!("linnet-quality-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let base = folder.join("base.bin");
+    let text = fixture().join("held-out.txt");
+    let args = ["-f", text.to_str().unwrap(), "-c", "256", "--kl-divergence-base", base.to_str().unwrap()];
+    let reference = final_estimate(&perplexity(&weights(), &args));
+    let compare = ["--kl-divergence-base", base.to_str().unwrap(), "--kl-divergence"];
+    let mut divergences = Vec::new();
+    for format in ["f32", "bf16", "q8_0", "q6_k", "q4_k_m"] {
+        let file = fixture().join(format!("gguf/tiny-text-{format}.gguf"));
+        let report = perplexity(&file, &compare);
+        let number = |label: &str| -> f64 {
+            let line = report.lines().find(|line| line.starts_with(label)).expect(&report);
+            line.split(':').nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let (ppl, kld, same_top) = (number("Mean PPL(Q)"), number("Mean    KLD"), number("Same top p"));
+        assert!((ppl / reference - 1.0).abs() < 0.05, "{format}: perplexity {ppl} against {reference}");
+        assert!(same_top > 90.0, "{format}: the same top token at only {same_top}%");
+        divergences.push((format, ppl, kld));
+    }
+    let kld = |name: &str| divergences.iter().find(|(format, ..)| *format == name).unwrap().2;
+    assert!(kld("f32") < 1e-4, "{divergences:?}");
+    assert!((divergences[0].1 / reference - 1.0).abs() < 1e-4, "{divergences:?}");
+    assert!(kld("bf16") < kld("q6_k") && kld("q8_0") < kld("q6_k") && kld("q6_k") < kld("q4_k_m"), "{divergences:?}");
+    std::fs::remove_dir_all(folder).unwrap();
 }
