@@ -8,7 +8,7 @@
 # `llama-perplexity` on the same file against the same base (both tools
 # read and write llama.cpp's base file format). Prints a Markdown table.
 # Needs ../shared/bench/setup.sh's llama.cpp build and a release build of
-# linnet. Usage: scripts/quality-table.sh [CTX]   (default 256)
+# linnet (or $LINNET naming another). Usage: scripts/quality-table.sh [CTX]   (default 256)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctx=${1:-256}
@@ -20,7 +20,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 llama=$B/llama.cpp/build-noamx/bin
 [ -x "$llama/llama-perplexity" ] || llama=$B/llama.cpp/build/bin
-linnet() { LINNET_STDLIB=stdlib target/release/linnet "$@"; }
+linnet() { LINNET_STDLIB=stdlib "${LINNET:-target/release/linnet}" "$@"; }
 model=(models/qwen3.6-35b-a3b --nest "$card")
 
 linnet perplexity "${model[@]}" --weights "$fixture/weights-f32" -f "$text" -c "$ctx" \
