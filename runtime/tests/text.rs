@@ -73,8 +73,7 @@ fn stream(server: &Server, path: &str, body: &Value) -> Vec<Value> {
     events[..events.len() - 1].iter().map(|event| serde_json::from_str(event).unwrap()).collect()
 }
 
-/// Per choice index: its streamed text (or content) joined, and its
-/// `token_ids` are not streamed, so the log-probabilities' tokens stand in.
+/// Per choice index: its streamed text (or content) joined.
 fn joined(events: &[Value], field: &str) -> Vec<String> {
     let mut texts: Vec<String> = Vec::new();
     for event in events {
@@ -87,6 +86,19 @@ fn joined(events: &[Value], field: &str) -> Vec<String> {
         }
     }
     texts
+}
+
+/// Per choice index: the `token_ids` of its chunks joined.
+fn joined_ids(events: &[Value]) -> Vec<Vec<i64>> {
+    let mut all: Vec<Vec<i64>> = Vec::new();
+    for event in events {
+        for choice in event["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            all.resize(all.len().max(index + 1), Vec::new());
+            all[index].extend(ids(&choice["token_ids"]));
+        }
+    }
+    all
 }
 
 /// Greedy generation through the library, and its text streamed through
@@ -186,7 +198,12 @@ fn the_server_answers_in_the_text_of_its_tokens() {
         }
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
-        assert_eq!(joined(&stream(&server, "/v1/completions", &streamed), "/text"), texts, "{script}: streamed");
+        let events = stream(&server, "/v1/completions", &streamed);
+        let streamed_texts = joined(&events, "/text");
+        assert_eq!(streamed_texts, texts, "{script}: streamed");
+        for (text, token_ids) in streamed_texts.iter().zip(joined_ids(&events)) {
+            assert_eq!(*text, decoded(&tokenizer, &token_ids), "{script}: streamed");
+        }
     }
     let body = json!({ "messages": [{ "role": "user", "content": "Расскажи что-нибудь." }], "max_tokens": 40,
                        "temperature": 1.0, "n": 3, "seed": 5, "logprobs": true,
@@ -212,8 +229,12 @@ fn the_server_answers_in_the_text_of_its_tokens() {
     streamed["stream"] = json!(true);
     let contents: Vec<Value> =
         answer["choices"].as_array().unwrap().iter().map(|c| c["message"]["content"].clone()).collect();
-    let texts = joined(&stream(&server, "/v1/chat/completions", &streamed), "/delta/content");
+    let events = stream(&server, "/v1/chat/completions", &streamed);
+    let texts = joined(&events, "/delta/content");
     assert_eq!(texts.iter().map(|t| json!(t)).collect::<Vec<_>>(), contents);
+    for (text, token_ids) in texts.iter().zip(joined_ids(&events)) {
+        assert_eq!(*text, decoded(&tokenizer, &token_ids));
+    }
 
     // A stop string: the text ends before it, and is the decoding of the
     // tokens up to it.

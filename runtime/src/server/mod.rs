@@ -352,12 +352,16 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
             let text = app.served.text.as_ref();
             let choice = &mut choices[index];
             let mut logprobs = Value::Null;
+            // The chunk's own tokens: joined over the chunks, the answer's
+            // `token_ids`, whose decoding the joined text is.
+            let mut token_ids = Vec::new();
             let (piece, finish) = match update {
                 Update::Token(token, found) => {
                     clock.tick(&app.metrics);
                     if let Some(found) = found {
                         logprobs = logprobs_json(text, &[(token, found)], chat, choice.streamed);
                     }
+                    token_ids.push(token);
                     let (piece, stopped) = choice.detokenizer.push(text, token);
                     choice.streamed += piece.len();
                     (piece, if stopped { json!("stop") } else { Value::Null })
@@ -377,9 +381,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                 let (parts, calls) =
                     if finish.is_null() { (choice.chat.push(&piece), Vec::new()) } else { choice.chat.finish(&piece) };
                 let finish = finish_reason(finish, &calls);
-                json!({ "index": index, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish })
+                json!({ "index": index, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish, "token_ids": token_ids })
             } else {
-                json!({ "index": index, "text": piece, "logprobs": logprobs, "finish_reason": finish })
+                json!({ "index": index, "text": piece, "logprobs": logprobs, "finish_reason": finish, "token_ids": token_ids })
             };
             if choices.iter().all(|choice| choice.ended) {
                 let tokens = choices.iter().map(|choice| choice.detokenizer.ids().len()).sum();
