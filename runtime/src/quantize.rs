@@ -4,7 +4,9 @@
 //! too). A recipe says which format each tensor gets; what the blocks
 //! cannot hold stays as it is, as llama.cpp keeps it: one-dimensional
 //! tensors (norms, gates' biases, decays) and tensors whose rows the block
-//! does not divide (the DeltaNet's convolution taps).
+//! does not divide (the DeltaNet's convolution taps). The routers (the
+//! experts' and the shared expert's gates) stay too, as llama.cpp keeps
+//! them: a rounded router picks other experts.
 
 use crate::gguf::{self, Meta, Planned, Storage};
 use linnet_exec::tensor::Tensor;
@@ -43,6 +45,9 @@ impl Recipe {
     /// The format of the tensor `name` (a checkpoint name) of `layers`
     /// layers, if the blocks can hold it.
     fn format_of(self, name: &str, shape: &[usize], layers: usize) -> Option<BlockFormat> {
+        if is_router(name) {
+            return None;
+        }
         let chosen = match self {
             Recipe::Uniform(format) => format,
             Recipe::Q4KM => {
@@ -62,6 +67,11 @@ impl Recipe {
         let row = *shape.last()?;
         (shape.len() >= 2 && row % chosen.block_values() == 0).then_some(chosen)
     }
+}
+
+/// The experts' router (`….mlp.gate.weight`) or the shared expert's gate.
+fn is_router(name: &str) -> bool {
+    name.ends_with(".mlp.gate.weight") || name.ends_with(".shared_expert_gate.weight")
 }
 
 fn is_output_head(name: &str) -> bool {
@@ -253,6 +263,12 @@ mod tests {
         // What the blocks cannot hold stays as it is.
         assert_eq!(recipe.format_of("model.norm.weight", &[256], 16), None);
         assert_eq!(recipe.format_of("model.layers.0.linear_attn.conv1d.weight", &[8192, 1, 4], 16), None);
+        // Nor do the routers, in any format.
+        for recipe in [recipe, Recipe::Uniform(BlockFormat::Q8_0)] {
+            assert_eq!(recipe.format_of("model.language_model.layers.2.mlp.gate.weight", &matrix, 16), None);
+            assert_eq!(recipe.format_of("model.layers.2.mlp.shared_expert_gate.weight", &[1, 256], 16), None);
+            assert!(recipe.format_of("model.layers.2.mlp.shared_expert.gate_proj.weight", &matrix, 16).is_some());
+        }
         assert_eq!(Recipe::parse("Q4_K_M"), Some(Recipe::Q4KM));
         assert_eq!(Recipe::parse("q6_k"), Some(Recipe::Uniform(BlockFormat::Q6K)));
         assert_eq!(Recipe::parse("q5_k"), None);
