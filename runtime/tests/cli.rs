@@ -355,6 +355,9 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
         let bytes = gguf.tensor_bytes(&file, tensor);
         match tensor.storage {
             linnet_runtime::gguf::Storage::Blocks(format) => {
+                // The routers stay as stored, as llama.cpp keeps them.
+                assert!(!tensor.name.ends_with("mlp.gate.weight"), "{}", tensor.name);
+                assert!(!tensor.name.ends_with("shared_expert_gate.weight"), "{}", tensor.name);
                 quantized += 1;
                 let original: Vec<f32> =
                     stored.1.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
@@ -373,7 +376,8 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
             linnet_runtime::gguf::Storage::Plain(_) => assert_eq!(bytes, stored.1, "{}", tensor.name),
         }
     }
-    assert!(quantized >= 90, "{quantized} tensors quantized");
+    // Every matrix but the 8 layers' two routers.
+    assert_eq!(quantized, 80, "tensors quantized");
     assert!(!PathBuf::from(format!("{}.partial", out.display())).exists(), "written aside, then renamed");
     std::fs::remove_file(&out).unwrap();
 

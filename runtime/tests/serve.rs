@@ -534,6 +534,14 @@ fn structured_output_holds_on_a_real_vocabulary() {
             && bytes[4..].iter().all(u8::is_ascii_lowercase);
         assert!(shaped, "{content:?}");
     }
+    // Every choice of this one starts with the same byte (0xC3), which the
+    // grammar forces before the model picks the second.
+    let (status, response) = chat(json!({ "structured_outputs": { "regex": "(é|ü){1,3}" } }));
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        let content = choice["message"]["content"].as_str().unwrap();
+        assert!((1..=3).contains(&content.chars().count()) && content.chars().all(|c| "éü".contains(c)), "{content:?}");
+    }
     // Forced tool calls: the grammar of the template's call format.
     let tools = json!([
         { "type": "function", "function": { "name": "get_weather", "parameters": { "type": "object",
