@@ -365,6 +365,16 @@ fn perplexity_is_the_perplexity_transformers_computes() {
     assert!((ppl - reference).abs() <= 1e-4 * reference, "{ppl} against transformers' {reference}");
     // Far below the vocabulary's 2048: the model has learned the text.
     assert!(reference < 60.0, "{reference}");
+    // The reference interpreter scores the same chunks alike.
+    let first = |backend: &str| {
+        let text = fixture().join("held-out.txt");
+        final_estimate(&perplexity(
+            &weights(),
+            &["-f", text.to_str().unwrap(), "-c", "64", "--chunks", "2", "--backend", backend],
+        ))
+    };
+    let (interpreted, native) = (first("interp"), first("cpu"));
+    assert!((interpreted - native).abs() <= 1e-4 * native, "{interpreted} on the interpreter, {native} native");
 }
 
 fn perplexity(weights: &Path, args: &[&str]) -> String {
