@@ -139,7 +139,7 @@ fn qwen3_package_is_clean_with_its_card_and_other_generics() {
     }
     let overrides = vec![("KvHeads".to_string(), "3".to_string())];
     let checked = check_package(&qwen3, &LoadOptions { overrides, ..options() });
-    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code.name()).collect();
     assert_eq!(codes, ["unsatisfied-where"], "{}", render(&checked));
 }
 
@@ -151,7 +151,7 @@ fn an_overlay_applies_to_a_dependency_through_any_path() {
     let text =
         std::fs::read_to_string(&path).expect("readable").replacen("module qwen3_5.norm", "module qwen3_5.norms", 1);
     let checked = check_package(&model_dir(), &LoadOptions { overlay: HashMap::from([(path, text)]), ..options() });
-    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code.name()).collect();
     assert_eq!(codes, ["module-name-mismatch"], "{}", render(&checked));
 }
 
@@ -331,7 +331,7 @@ fn nesting_is_bounded_with_a_diagnostic() {
 #[test]
 fn nested_positions_are_parsed_once() {
     let checked = check_package(&model_dir(), &LoadOptions { overlay: deeply_nested("indexing", 40), ..options() });
-    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code).collect();
+    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code.name()).collect();
     // The checker cannot show that 0 is inside `H` there (RmsNorm does not
     // require `H > 0`); parsing went through.
     assert_eq!(codes, ["index-out-of-bounds"], "{}", render(&checked));

@@ -3,6 +3,7 @@
 //! editors and scripts. Every phase produces [`Diagnostic`]s; nothing else in
 //! the compiler prints.
 
+use crate::code::Code;
 use crate::source::{SourceMap, Span};
 use ariadne::{Color, Config, IndexType, Label as AriadneLabel, Report, ReportKind};
 use std::io::{self, Write};
@@ -33,8 +34,9 @@ pub struct Label {
 #[derive(Clone, Debug)]
 pub struct Diagnostic {
     pub severity: Severity,
-    /// A stable name, such as `shape-mismatch` or `unbound-index`.
-    pub code: &'static str,
+    /// What it is about: a stable name, such as `shape-mismatch`, with an
+    /// explanation (`linnetc explain`).
+    pub code: Code,
     pub message: String,
     pub primary: Label,
     pub secondary: Vec<Label>,
@@ -42,7 +44,7 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub fn error(code: &'static str, span: Span, message: impl Into<String>) -> Diagnostic {
+    pub fn error(code: Code, span: Span, message: impl Into<String>) -> Diagnostic {
         Diagnostic {
             severity: Severity::Error,
             code,
@@ -53,7 +55,7 @@ impl Diagnostic {
         }
     }
 
-    pub fn warning(code: &'static str, span: Span, message: impl Into<String>) -> Diagnostic {
+    pub fn warning(code: Code, span: Span, message: impl Into<String>) -> Diagnostic {
         Diagnostic { severity: Severity::Warning, ..Diagnostic::error(code, span, message) }
     }
 
@@ -82,7 +84,7 @@ impl Diagnostic {
 /// repeats (one clause broken by one value is one problem, however many
 /// entries share it).
 pub fn sort(diagnostics: &mut Vec<Diagnostic>) {
-    diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.code));
+    diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.code.name()));
     diagnostics.dedup_by(|a, b| a.code == b.code && a.primary.span == b.primary.span && a.message == b.message);
 }
 
@@ -105,7 +107,7 @@ pub fn render_human(
         let primary = &diagnostic.primary;
         let mut report = Report::build(kind, (name(primary.span), primary.span.range()))
             .with_config(Config::default().with_color(colour).with_index_type(IndexType::Byte))
-            .with_code(diagnostic.code)
+            .with_code(diagnostic.code.name())
             .with_message(&diagnostic.message)
             .with_label(
                 AriadneLabel::new((name(primary.span), primary.span.range()))
@@ -150,7 +152,7 @@ pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> serde_json::Valu
     let fields = object.as_object_mut().expect("label_json builds an object");
     let label = fields.remove("message").unwrap_or_default();
     fields.insert("severity".into(), diagnostic.severity.as_str().into());
-    fields.insert("code".into(), diagnostic.code.into());
+    fields.insert("code".into(), diagnostic.code.name().into());
     fields.insert("message".into(), diagnostic.message.clone().into());
     fields.insert("label".into(), label);
     fields.insert("secondary".into(), diagnostic.secondary.iter().map(|label| label_json(label, sources)).collect());

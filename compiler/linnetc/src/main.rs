@@ -1,6 +1,7 @@
 //! `linnetc`, the Linnet compiler's command line.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use linnet_frontend::code::Code;
 use linnet_frontend::diagnostic;
 use linnet_frontend::driver;
 use linnet_frontend::package::{self, LoadOptions};
@@ -35,6 +36,12 @@ enum Command {
         /// Colour in human output.
         #[arg(long, value_enum, default_value_t = Colour::Auto)]
         color: Colour,
+    },
+    /// Explain a diagnostic's code (`linnetc explain shape-mismatch`), or
+    /// list every code.
+    Explain {
+        /// The code, as reports show it in brackets.
+        code: Option<String>,
     },
     /// A language server over stdio, for editors.
     Lsp,
@@ -187,9 +194,58 @@ fn package_of(path: PathBuf, command: &str) -> Result<PathBuf, ExitCode> {
     }
 }
 
+/// `linnetc explain`: what `code` means, or every code with the first
+/// sentence of its explanation; an unknown code exits 2 with the list.
+fn explain(code: Option<&str>) -> ExitCode {
+    let list = || {
+        Code::ALL
+            .iter()
+            .map(|code| {
+                let first = code.explanation().split(". ").next().unwrap_or_default().trim_end_matches('.');
+                format!("{:24} {first}.", code.name())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match code {
+        None => {
+            println!("{}", list());
+            ExitCode::SUCCESS
+        }
+        Some(name) => match Code::parse(name.trim_start_matches('[').trim_end_matches(']')) {
+            Some(code) => {
+                println!("{}\n\n{}", code.name(), wrap(code.explanation(), 76));
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("linnetc explain: no code `{name}`; the codes are:\n{}", list());
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken between words.
+fn wrap(text: &str, width: usize) -> String {
+    let mut lines: Vec<String> = vec![String::new()];
+    for word in text.split_whitespace() {
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines.join("\n")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Explain { code } => explain(code.as_deref()),
         Command::Lsp => match linnet_lsp::serve() {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -185,3 +185,22 @@ fn build_prints_the_ir_and_the_memory_plan() {
         "{plan}"
     );
 }
+
+/// `linnetc explain` says what a code means, as the report shows it (with
+/// or without its brackets); an unknown code exits 2 with the list.
+#[test]
+fn explain_says_what_a_code_means() {
+    for asked in ["shape-mismatch", "[shape-mismatch]"] {
+        let output = linnetc(&["explain", asked]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.starts_with("shape-mismatch\n\n") && stdout.contains("symbolically"), "{stdout}");
+    }
+    let listed = linnetc(&["explain"]);
+    assert!(listed.status.success());
+    assert!(String::from_utf8_lossy(&listed.stdout).lines().any(|line| line.starts_with("unbound-index ")));
+    let unknown = linnetc(&["explain", "shape-mismatches"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("no code `shape-mismatches`") && stderr.contains("shape-mismatch "), "{stderr}");
+}

@@ -179,7 +179,7 @@ fn to_lsp(checked: &Checked, diagnostic: &Diagnostic) -> lsp_types::Diagnostic {
         } else {
             DiagnosticSeverity::WARNING
         }),
-        code: Some(NumberOrString::String(diagnostic.code.to_string())),
+        code: Some(NumberOrString::String(diagnostic.code.name().to_string())),
         source: Some("linnetc".into()),
         message,
         related_information: Some(related),

@@ -8,6 +8,7 @@
 
 mod expr;
 
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::sema::program::{ItemRef, Program};
 use crate::sema::ty::{Subst, Ty};
@@ -22,7 +23,7 @@ use std::rc::Rc;
 pub type Result<T> = std::result::Result<T, Box<Diagnostic>>;
 
 pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Box<Diagnostic> {
-    Box::new(Diagnostic::error("unsupported", span, what.into()).with_label("the IR cannot express this yet"))
+    Box::new(Diagnostic::error(Code::Unsupported, span, what.into()).with_label("the IR cannot express this yet"))
 }
 
 /// A block as instantiated: which block, its generics' values, and the

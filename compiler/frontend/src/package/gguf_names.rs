@@ -22,6 +22,7 @@
 //! artifact records and the runtime applies.
 
 use super::NestValue;
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
 use serde::{Deserialize, Serialize};
@@ -123,7 +124,7 @@ fn key_span(file: FileId, text: &str, key: &str) -> Span {
 }
 
 fn problem(span: Span, message: String, label: &str) -> Diagnostic {
-    Diagnostic::error("gguf-names", span, message).with_label(label.to_string())
+    Diagnostic::error(Code::GgufNames, span, message).with_label(label.to_string())
 }
 
 /// Parses `gguf.json`; each malformed entry is a diagnostic at its key.

@@ -6,6 +6,7 @@
 
 use super::manifest::{self, Dependency};
 use super::LoadOptions;
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::SourceMap;
 use std::collections::VecDeque;
@@ -76,7 +77,7 @@ pub fn link(
                 Some(at) => {
                     diagnostics.push(
                         Diagnostic::error(
-                            "package-error",
+                            Code::PackageError,
                             dependency.path_span,
                             format!("two packages named `{}`", found.name),
                         )
@@ -129,7 +130,7 @@ fn read_dependency(
         Err(error) => {
             diagnostics.push(
                 Diagnostic::error(
-                    "package-error",
+                    Code::PackageError,
                     dependency.path_span,
                     format!("no Linnet package at `{}`", dir.display()),
                 )
@@ -143,7 +144,7 @@ fn read_dependency(
     if found.name != dependency.name {
         diagnostics.push(
             Diagnostic::error(
-                "package-error",
+                Code::PackageError,
                 dependency.name_span,
                 format!("`{}` is package `{}`, not `{}`", dir.display(), found.name, dependency.name),
             )

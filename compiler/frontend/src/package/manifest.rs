@@ -4,6 +4,7 @@
 //! `nest.toml`'s source, generics, check dims and weights, and
 //! `bindings.json`'s parameter-to-tensor names.
 
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
 use serde::Deserialize;
@@ -65,7 +66,7 @@ pub struct Bindings {
 
 fn toml_error(file: FileId, error: toml::de::Error, what: &str) -> Diagnostic {
     let span = Span::new(file, error.span().unwrap_or(0..0));
-    Diagnostic::error("package-error", span, format!("invalid {what}: {}", error.message().trim()))
+    Diagnostic::error(Code::PackageError, span, format!("invalid {what}: {}", error.message().trim()))
         .with_label(error.message().trim().to_string())
 }
 
@@ -117,14 +118,14 @@ pub fn parse_manifest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
     };
     let Some(package) = raw.package else {
         diagnostics.push(
-            Diagnostic::error("package-error", Span::new(file, 0..0), "linnet.toml has no [package] table")
+            Diagnostic::error(Code::PackageError, Span::new(file, 0..0), "linnet.toml has no [package] table")
                 .with_label("expected `[package]` with a `name`"),
         );
         return None;
     };
     if !valid_package_name(package.name.get_ref()) {
         diagnostics.push(
-            Diagnostic::error("package-error", Span::new(file, package.name.span()), "invalid package name")
+            Diagnostic::error(Code::PackageError, Span::new(file, package.name.span()), "invalid package name")
                 .with_label("a package name is an identifier (letters, digits and `_`), other than `std` and `crate`"),
         );
         return None;
@@ -139,7 +140,7 @@ pub fn parse_manifest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
         if path_value.is_none() {
             diagnostics.push(
                 Diagnostic::error(
-                    "package-error",
+                    Code::PackageError,
                     Span::new(file, value.span()),
                     format!("dependency `{}` has no path", name.get_ref()),
                 )
@@ -148,7 +149,7 @@ pub fn parse_manifest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
         }
         if !valid_package_name(name.get_ref()) {
             diagnostics
-                .push(Diagnostic::error("package-error", name_span, "invalid dependency name").with_label(
+                .push(Diagnostic::error(Code::PackageError, name_span, "invalid dependency name").with_label(
                     "the dependency's package name: letters, digits and `_`, other than `std` and `crate`",
                 ));
             continue;
@@ -315,8 +316,12 @@ pub fn parse_bindings(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
             let line_start: usize = text.split_inclusive('\n').take(error.line().saturating_sub(1)).map(str::len).sum();
             let at = (line_start + error.column().saturating_sub(1)).min(text.len());
             diagnostics.push(
-                Diagnostic::error("package-error", Span::new(file, at..at), format!("invalid bindings.json: {error}"))
-                    .with_label("expected an object of parameter paths to tensor names"),
+                Diagnostic::error(
+                    Code::PackageError,
+                    Span::new(file, at..at),
+                    format!("invalid bindings.json: {error}"),
+                )
+                .with_label("expected an object of parameter paths to tensor names"),
             );
             return None;
         }
@@ -333,7 +338,7 @@ pub fn parse_bindings(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
         match value {
             serde_json::Value::String(tensor) => entries.push((key, tensor, key_span)),
             _ => diagnostics.push(
-                Diagnostic::error("package-error", key_span, format!("binding `{key}` is not a tensor name"))
+                Diagnostic::error(Code::PackageError, key_span, format!("binding `{key}` is not a tensor name"))
                     .with_label("expected a string: the checkpoint's tensor name"),
             ),
         }

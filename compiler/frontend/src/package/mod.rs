@@ -15,6 +15,7 @@ pub use link::{join_normalized, Member};
 pub use manifest::{Bindings, Nest, NestEntry, NestValue};
 pub use stdlib::stdlib_dir;
 
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
 use crate::syntax::ast;
@@ -128,7 +129,7 @@ impl LoadOptions {
 
 /// A file that could not be read, reported at a span in whatever mentioned it.
 fn unreadable(span: Span, path: &Path, error: &std::io::Error) -> Diagnostic {
-    Diagnostic::error("package-error", span, format!("cannot read `{}`: {error}", path.display()))
+    Diagnostic::error(Code::PackageError, span, format!("cannot read `{}`: {error}", path.display()))
         .with_label("needed here")
 }
 
@@ -151,7 +152,7 @@ pub fn load(
             let span = file_start(sources, &manifest_path);
             diagnostics.push(
                 Diagnostic::error(
-                    "package-error",
+                    Code::PackageError,
                     span,
                     format!("`{}` is not a Linnet package: {error}", dir.display()),
                 )

@@ -6,6 +6,7 @@
 
 use super::link::Member;
 use super::{file_start, unreadable, LoadOptions, LoadedModule};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{SourceMap, Span};
 use crate::syntax::{self, ast};
@@ -45,7 +46,7 @@ impl ModuleLoader<'_> {
             match self.options.read(&path) {
                 Ok(text) => self.parse(name, &path, text, &mut queue),
                 Err(_) => self.diagnostics.push(
-                    Diagnostic::error("unknown-module", span, format!("no module `{name}`"))
+                    Diagnostic::error(Code::UnknownModule, span, format!("no module `{name}`"))
                         .with_label(format!("looked for `{}`", path.display())),
                 ),
             }
@@ -74,7 +75,7 @@ impl ModuleLoader<'_> {
         match &ast.name {
             Some(header) if header.text() != name => self.diagnostics.push(
                 Diagnostic::error(
-                    "module-name-mismatch",
+                    Code::ModuleNameMismatch,
                     header.span,
                     format!("this file is module `{name}`, but its header says `{}`", header.text()),
                 )
@@ -111,7 +112,7 @@ impl ModuleLoader<'_> {
         if member.is_some_and(|m| m.unlinked.iter().any(|d| d == first)) {
             return None;
         }
-        let mut diagnostic = Diagnostic::error("unknown-module", path.span, format!("no package `{first}`"))
+        let mut diagnostic = Diagnostic::error(Code::UnknownModule, path.span, format!("no package `{first}`"))
             .with_label(
             "modules come from `crate.…` (this package), `std.…`, or a package under `[dependencies]` in linnet.toml",
         );
@@ -133,7 +134,7 @@ impl ModuleLoader<'_> {
         let base = if first == "std" {
             if rest.is_empty() {
                 self.diagnostics.push(
-                    Diagnostic::error("unknown-module", span, "`std` names the standard library, not a module")
+                    Diagnostic::error(Code::UnknownModule, span, "`std` names the standard library, not a module")
                         .with_label("name a module inside it"),
                 );
                 return None;
@@ -142,7 +143,7 @@ impl ModuleLoader<'_> {
                 Some(dir) => dir.clone(),
                 None => {
                     self.diagnostics.push(
-                        Diagnostic::error("unknown-module", span, "the standard library was not found")
+                        Diagnostic::error(Code::UnknownModule, span, "the standard library was not found")
                             .with_label("imports from `std`")
                             .with_note("set LINNET_STDLIB to the `stdlib` folder of a Linnet checkout"),
                     );

@@ -7,6 +7,7 @@ use super::facts::Facts;
 use super::program::{GenericScope, GenericSig, ItemRef, Program};
 use super::suggest;
 use super::ty::{compare, infer, Axis, Elem, Subst, TensorTy, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, BinOp, CmpOp, Expr, ExprKind, GenericKind, IndexItem, Stmt, UnOp};
@@ -103,8 +104,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let returns = matches!(body.last(), Some(Stmt::Return { .. }) | Some(Stmt::Error(_)));
         if *ret != Ty::Unit && !returns {
             self.diagnostics.push(
-                Diagnostic::error("missing-return", name.span, format!("`{}` does not end with `return`", name.name))
-                    .with_label(format!("declared to return `{ret}`")),
+                Diagnostic::error(
+                    Code::MissingReturn,
+                    name.span,
+                    format!("`{}` does not end with `return`", name.name),
+                )
+                .with_label(format!("declared to return `{ret}`")),
             );
         }
     }
@@ -130,7 +135,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                         other => {
                             self.error(
                                 Diagnostic::error(
-                                    "pattern-mismatch",
+                                    Code::PatternMismatch,
                                     *span,
                                     format!("a pattern of {} names cannot take {}", names.len(), other.describe()),
                                 )
@@ -169,7 +174,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     Some(Ty::Error) => Ty::Error,
                     Some(other) => self.error(
                         Diagnostic::error(
-                            "not-a-sub-array",
+                            Code::NotASubArray,
                             over.span,
                             format!("`static for` runs over an array of subs; `{}` is {}", over.name, other.describe()),
                         )
@@ -225,7 +230,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 let what = if *kind == LocalKind::Param { "a parameter" } else { "a `let`" };
                 self.error(
                     Diagnostic::error(
-                        "assign-to-immutable",
+                        Code::AssignToImmutable,
                         target.span,
                         format!("`{}` is {what} and cannot be assigned", target.name),
                     )
@@ -239,7 +244,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     if self.lookup_member(&target.name).is_some() {
                         self.error(
                             Diagnostic::error(
-                                "assign-to-immutable",
+                                Code::AssignToImmutable,
                                 target.span,
                                 format!("`{}` is not a state and cannot be assigned", target.name),
                             )
@@ -306,7 +311,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let names = self.visible_names();
         let hint = suggest::hint(&name.name, names.iter().map(String::as_str));
         self.error(
-            Diagnostic::error("unknown-name", name.span, format!("no `{}` in scope{hint}", name.name))
+            Diagnostic::error(Code::UnknownName, name.span, format!("no `{}` in scope{hint}", name.name))
                 .with_label("not found"),
         )
     }
@@ -317,7 +322,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             if var.variadic {
                 return self.error(
                     Diagnostic::error(
-                        "variadic-index",
+                        Code::VariadicIndex,
                         name.span,
                         format!("`*{}` stands for several indices", name.name),
                     )
@@ -343,7 +348,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 GenericKind::Dim => Ty::DimValue(Dim::generic(&name.name)),
                 kind => self.error(
                     Diagnostic::error(
-                        "kind-mismatch",
+                        Code::KindMismatch,
                         name.span,
                         format!("`{}` is a {kind:?} generic, not a value", name.name),
                     )
@@ -361,7 +366,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Some(_) => {
                 return self.error(
                     Diagnostic::error(
-                        "not-a-value",
+                        Code::NotAValue,
                         name.span,
                         format!("`{}` is a function or block, not a value", name.name),
                     )
@@ -408,7 +413,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ExprKind::Float(_) => Ty::Tensor(TensorTy::scalar(Elem::FloatLiteral)),
             ExprKind::Bool(_) => Ty::scalar(Dtype::Bool),
             ExprKind::Str(_) => self.error(
-                Diagnostic::error("type-error", expr.span, "a string is only a message argument")
+                Diagnostic::error(Code::TypeError, expr.span, "a string is only a message argument")
                     .with_label("not a value"),
             ),
             ExprKind::Name(name) => self.lookup_value(name),
@@ -445,7 +450,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             ExprKind::Tuple(items) => Ty::Tuple(items.iter().map(|item| self.check_expr(item)).collect()),
             ExprKind::List(_) => self.error(
                 Diagnostic::error(
-                    "misplaced-list",
+                    Code::MisplacedList,
                     expr.span,
                     "a list is only an argument of `reshape`, `permute` or `fill`",
                 )
@@ -462,7 +467,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 self.error(
                     Diagnostic::error(
-                        "type-mismatch",
+                        Code::TypeMismatch,
                         span,
                         format!("{what} must be a `bool` scalar, found `{other}`"),
                     )
@@ -482,7 +487,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             _ => {
                 let (symbol, wanted) = if op == UnOp::Neg { ("-", "a number") } else { ("!", "a `bool`") };
                 self.error(
-                    Diagnostic::error("type-mismatch", span, format!("`{symbol}` takes {wanted}, found `{ty}`"))
+                    Diagnostic::error(Code::TypeMismatch, span, format!("`{symbol}` takes {wanted}, found `{ty}`"))
                         .with_label(format!("this is `{ty}`")),
                 )
             }
@@ -498,7 +503,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 self.error(
                     Diagnostic::error(
-                        "type-mismatch",
+                        Code::TypeMismatch,
                         span,
                         format!("{what} must be a tensor, found {}", other.describe()),
                     )
@@ -521,7 +526,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let Some(elem) = a.elem.unify(&b.elem) else {
             return self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     span,
                     format!("`{}` needs operands of one element type, found {} and {}", op.symbol(), a.elem, b.elem),
                 )
@@ -537,7 +542,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         };
         if !elem_ok {
             return self.error(
-                Diagnostic::error("type-mismatch", span, format!("`{}` does not apply to {elem}", op.symbol()))
+                Diagnostic::error(Code::TypeMismatch, span, format!("`{}` does not apply to {elem}", op.symbol()))
                     .with_label(format!("operands are {elem}")),
             );
         }
@@ -598,7 +603,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         };
         self.error(
             Diagnostic::error(
-                "shape-mismatch",
+                Code::ShapeMismatch,
                 span,
                 format!("`{op}` of shapes {} and {} that do not broadcast", shape(a), shape(b)),
             )
@@ -633,7 +638,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 self.error(
                     Diagnostic::error(
-                        "index-body-not-scalar",
+                        Code::IndexBodyNotScalar,
                         body.span,
                         format!("an index definition's body is one element, but this is `{other}`"),
                     )
@@ -666,7 +671,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     fn unbound_index(&mut self, var: &IndexVar) {
         self.error(
             Diagnostic::error(
-                "unbound-index",
+                Code::UnboundIndex,
                 var.span,
                 format!("index `{}` has no range: it indexes no axis directly", var.name),
             )
@@ -710,7 +715,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 return self.error(
                     Diagnostic::error(
-                        "index-body-not-scalar",
+                        Code::IndexBodyNotScalar,
                         body.span,
                         format!("`{}` reduces one element at a time, but this is `{other}`", op.name()),
                     )
@@ -720,14 +725,18 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         };
         if !elem.is_numeric() {
             return self.error(
-                Diagnostic::error("type-mismatch", body.span, format!("`{}` needs numbers, found {elem}", op.name()))
-                    .with_label("cast it to a number"),
+                Diagnostic::error(
+                    Code::TypeMismatch,
+                    body.span,
+                    format!("`{}` needs numbers, found {elem}", op.name()),
+                )
+                .with_label("cast it to a number"),
             );
         }
         match acc_elem {
             Some(acc) if !elem.fits(&acc) => self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     span,
                     format!("`{}<{acc}>` reduces {acc}, but the body is {elem}", op.name()),
                 )
@@ -754,7 +763,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 let old_span = *old_span;
                 let message = format!("index `{}` ranges over {old} here and over {new} there", name.name);
                 self.error(
-                    Diagnostic::error("index-range-mismatch", name.span, message)
+                    Diagnostic::error(Code::IndexRangeMismatch, name.span, message)
                         .with_label(format!("this axis has {new}"))
                         .with_secondary(old_span, format!("this axis has {old}")),
                 );
@@ -770,7 +779,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     let old_span = *old_span;
                     self.error(
                         Diagnostic::error(
-                            "index-range-mismatch",
+                            Code::IndexRangeMismatch,
                             name.span,
                             format!("`*{}` stands for different axes here and there", name.name),
                         )
@@ -795,7 +804,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 return self.error(
                     Diagnostic::error(
-                        "type-mismatch",
+                        Code::TypeMismatch,
                         base.span,
                         format!("only tensors are indexed; this is {}", other.describe()),
                     )
@@ -821,9 +830,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 format!("{} position(s) given", items.len())
             };
             return self.error(
-                Diagnostic::error("rank-mismatch", span, format!("`{tensor}` has {} axes; {what}", tensor.axes.len()))
-                    .with_label("index every axis once")
-                    .with_secondary(base.span, format!("this is `{tensor}`")),
+                Diagnostic::error(
+                    Code::RankMismatch,
+                    span,
+                    format!("`{tensor}` has {} axes; {what}", tensor.axes.len()),
+                )
+                .with_label("index every axis once")
+                .with_secondary(base.span, format!("this is `{tensor}`")),
             );
         }
         let mut kept = Vec::new();
@@ -841,7 +854,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 } else {
                     self.error(
                         Diagnostic::error(
-                            "unknown-name",
+                            Code::UnknownName,
                             name.span,
                             format!("no variadic index `*{}` in scope", name.name),
                         )
@@ -861,7 +874,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                     if !self.facts.proves(&lo_dim, CmpOp::Le, &hi_dim) || !self.facts.proves(&hi_dim, CmpOp::Le, &dim) {
                         self.error(
                             Diagnostic::error(
-                                "slice-out-of-bounds",
+                                Code::SliceOutOfBounds,
                                 *range_span,
                                 format!("cannot show that the slice {lo_dim}:{hi_dim} lies within an axis of {dim}"),
                             )
@@ -884,7 +897,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 let ty = self.check_expr(expr);
                 if !ty.is_error() {
                     self.error(
-                        Diagnostic::error("dynamic-slice", expr.span, "slice bounds are dims known before running")
+                        Diagnostic::error(Code::DynamicSlice, expr.span, "slice bounds are dims known before running")
                             .with_label("use a gather in an index definition for a position known only at run time"),
                     );
                 }
@@ -906,7 +919,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             if !self.facts.proves(&at, CmpOp::Lt, dim) || !self.facts.proves(&at, CmpOp::Ge, &Dim::default()) {
                 self.error(
                     Diagnostic::error(
-                        "index-out-of-bounds",
+                        Code::IndexOutOfBounds,
                         position.span,
                         format!("cannot show that position {at} lies within an axis of {dim}"),
                     )
@@ -922,7 +935,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             Ty::Tensor(t) if t.axes.is_empty() && t.elem.is_int() => {
                 self.error(
                     Diagnostic::error(
-                        "index-dtype",
+                        Code::IndexDtype,
                         position.span,
                         format!("a computed index is i64, found {}", t.elem),
                     )
@@ -932,7 +945,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             other => {
                 self.error(
                     Diagnostic::error(
-                        "index-dtype",
+                        Code::IndexDtype,
                         position.span,
                         format!("a position is an index, a dim or an i64 scalar, found `{other}`"),
                     )
@@ -958,14 +971,14 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
             Ty::SubArray(..) => {
                 return self.error(
-                    Diagnostic::error("not-a-block", receiver.span, "an array of subs has no methods")
+                    Diagnostic::error(Code::NotABlock, receiver.span, "an array of subs has no methods")
                         .with_label("run over it with `static for layer in ... { layer.method(...) }`"),
                 )
             }
             other => {
                 return self.error(
                     Diagnostic::error(
-                        "not-a-block",
+                        Code::NotABlock,
                         receiver.span,
                         format!("methods are called on subs; this is {}", other.describe()),
                     )
@@ -985,7 +998,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             };
             return self.error(
                 Diagnostic::error(
-                    "unknown-method",
+                    Code::UnknownMethod,
                     method.span,
                     format!("{what} has no function `{}`{hint}", method.name),
                 )
@@ -1000,9 +1013,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let in_trait = block.decl.kind == ast::BlockKind::Trait;
         if !function.decl.is_pub && !in_trait {
             return self.error(
-                Diagnostic::error("private-item", method.span, format!("`{}.{}` is private", block.name, method.name))
-                    .with_label("declare it `pub fn` to call it from outside its block")
-                    .with_secondary(function.decl.name.span, "defined here"),
+                Diagnostic::error(
+                    Code::PrivateItem,
+                    method.span,
+                    format!("`{}.{}` is private", block.name, method.name),
+                )
+                .with_label("declare it `pub fn` to call it from outside its block")
+                .with_secondary(function.decl.name.span, "defined here"),
             );
         }
         let declared = match &receiver.kind {
@@ -1045,7 +1062,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 let hint = suggest::hint(&callee.name, names.iter().map(String::as_str));
                 return self.error(
                     Diagnostic::error(
-                        "unknown-function",
+                        Code::UnknownFunction,
                         callee.span,
                         format!("no function `{}` in scope{hint}", callee.name),
                     )
@@ -1058,7 +1075,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         if self.program.fns[fn_id].is_entry() {
             return self.error(
                 Diagnostic::error(
-                    "entry-call",
+                    Code::EntryCall,
                     callee.span,
                     format!("`{}` is an entry; entries are called by the runtime, not by code", callee.name),
                 )
@@ -1090,7 +1107,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         for arg in args {
             if let Some(label) = &arg.name {
                 return self.error(
-                    Diagnostic::error("named-argument", label.span, format!("`{name}` takes positional arguments"))
+                    Diagnostic::error(Code::NamedArgument, label.span, format!("`{name}` takes positional arguments"))
                         .with_label("only built-ins take named arguments"),
                 );
             }
@@ -1100,7 +1117,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             let missing: Vec<String> = params[args.len()..].iter().map(|(n, ty, _)| format!("`{n}: {ty}`")).collect();
             return self.error(
                 Diagnostic::error(
-                    "missing-argument",
+                    Code::MissingArgument,
                     span,
                     format!(
                         "`{name}` takes {} argument(s), {} given: missing {}",
@@ -1116,7 +1133,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         if args.len() > params.len() {
             return self.error(
                 Diagnostic::error(
-                    "extra-argument",
+                    Code::ExtraArgument,
                     args[params.len()].value.span,
                     format!("`{name}` takes {} argument(s), {} given", params.len(), args.len()),
                 )
@@ -1155,7 +1172,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
             return self.error(
                 Diagnostic::error(
-                    "cannot-infer",
+                    Code::CannotInfer,
                     span,
                     format!("cannot infer {} of `{name}` from its arguments", unbound.join(", ")),
                 )
@@ -1169,7 +1186,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 arguments_fit = false;
                 self.error(
                     Diagnostic::error(
-                        "dtype-mismatch",
+                        Code::DtypeMismatch,
                         span,
                         format!("`{}` of `{name}` is a Float, but the arguments make it {elem}", generic.name),
                     )
@@ -1205,7 +1222,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             if arguments_fit && !self.facts.proves(&lhs, clause.op, &rhs) {
                 self.error(
                     Diagnostic::error(
-                        "unsatisfied-where",
+                        Code::UnsatisfiedWhere,
                         span,
                         format!(
                             "`{name}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses in force",
@@ -1238,7 +1255,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             }
             other => {
                 self.error(
-                    Diagnostic::error("kind-mismatch", other.span(), "expected an element type")
+                    Diagnostic::error(Code::KindMismatch, other.span(), "expected an element type")
                         .with_label("not a dtype"),
                 );
                 None

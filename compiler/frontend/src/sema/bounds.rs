@@ -11,6 +11,7 @@
 use super::facts::Facts;
 use super::program::Program;
 use super::ty::{compare, infer, Axis, Elem, SubTy, Subst, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, GenericKind};
@@ -42,7 +43,7 @@ pub fn check_instance(
         if !site.facts.proves(&lhs, clause.op, &rhs) {
             diagnostics.push(
                 Diagnostic::error(
-                    "unsatisfied-where",
+                    Code::UnsatisfiedWhere,
                     site.span,
                     format!(
                         "`{}` requires `{}`, here {lhs} {} {rhs}, which does not follow from the `where` clauses of {}",
@@ -92,7 +93,7 @@ pub fn check_instance(
             None => program.blocks[argument.block].name.clone(),
         };
         let mut diagnostic = Diagnostic::error(
-            "unmet-bound",
+            Code::UnmetBound,
             span,
             format!(
                 "`{shown}` does not meet the bound `{}: {}` of `{}`: {}",

@@ -4,6 +4,7 @@
 
 use super::body::BodyChecker;
 use super::ty::{compare, Axis, TensorTy, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, Expr, ExprKind, UnOp};
@@ -59,7 +60,7 @@ impl BodyChecker<'_, '_> {
             } else {
                 format!("`{name}` takes no generic arguments")
             };
-            return Some(self.error(Diagnostic::error("generic-count", callee.span, message).with_label("here")));
+            return Some(self.error(Diagnostic::error(Code::GenericCount, callee.span, message).with_label("here")));
         }
         let allows_axis = name == "concat";
         for arg in args {
@@ -68,7 +69,7 @@ impl BodyChecker<'_, '_> {
                     return Some(
                         self.error(
                             Diagnostic::error(
-                                "named-argument",
+                                Code::NamedArgument,
                                 label.span,
                                 format!("`{name}` has no argument `{}`", label.name),
                             )
@@ -94,7 +95,7 @@ impl BodyChecker<'_, '_> {
                 return Some(
                     self.error(
                         Diagnostic::error(
-                            if positional.len() < arity { "missing-argument" } else { "extra-argument" },
+                            if positional.len() < arity { Code::MissingArgument } else { Code::ExtraArgument },
                             span,
                             format!("`{name}` takes {arity} argument(s), {} given", positional.len()),
                         )
@@ -131,7 +132,7 @@ impl BodyChecker<'_, '_> {
         let ExprKind::List(items) = &list.kind else {
             self.error(
                 Diagnostic::error(
-                    "type-mismatch",
+                    Code::TypeMismatch,
                     list.span,
                     format!("`{function}` takes a list of dims: `[B * S, H]`"),
                 )
@@ -145,8 +146,12 @@ impl BodyChecker<'_, '_> {
                 Some(dim) => dims.push(self.facts.normalize(&dim)),
                 None => {
                     self.error(
-                        Diagnostic::error("dynamic-shape", item.span, "a shape is made of dims known before running")
-                            .with_label("not a dim: use generics and integer literals"),
+                        Diagnostic::error(
+                            Code::DynamicShape,
+                            item.span,
+                            "a shape is made of dims known before running",
+                        )
+                        .with_label("not a dim: use generics and integer literals"),
                     );
                     return None;
                 }
@@ -164,7 +169,7 @@ impl BodyChecker<'_, '_> {
         if !self.facts.equal(&from, &to) {
             return self.error(
                 Diagnostic::error(
-                    "reshape-size",
+                    Code::ReshapeSize,
                     list.span,
                     format!(
                         "reshape from {} to {} changes the element count: {} vs {}",
@@ -196,7 +201,7 @@ impl BodyChecker<'_, '_> {
         let Some(order) = order else {
             return self.error(
                 Diagnostic::error(
-                    "bad-permutation",
+                    Code::BadPermutation,
                     list.span,
                     "`permute` takes a list of axis numbers: `[0, 2, 1, 3]`",
                 )
@@ -206,7 +211,7 @@ impl BodyChecker<'_, '_> {
         if !tensor.rank_known() {
             return self.error(
                 Diagnostic::error(
-                    "bad-permutation",
+                    Code::BadPermutation,
                     value.span,
                     format!("`{tensor}` has a variadic shape; its axes cannot be permuted"),
                 )
@@ -218,7 +223,7 @@ impl BodyChecker<'_, '_> {
         if sorted != (0..tensor.axes.len()).collect::<Vec<_>>() {
             return self.error(
                 Diagnostic::error(
-                    "bad-permutation",
+                    Code::BadPermutation,
                     list.span,
                     format!("{order:?} is not a permutation of the {} axes of `{tensor}`", tensor.axes.len()),
                 )
@@ -243,7 +248,7 @@ impl BodyChecker<'_, '_> {
         let Some(axis) = axis else {
             return self.error(
                 Diagnostic::error(
-                    "missing-argument",
+                    Code::MissingArgument,
                     axis_arg.map_or(span, |e| e.span),
                     "`concat` needs `axis = N`, an integer (negative counts from the end)",
                 )
@@ -252,7 +257,7 @@ impl BodyChecker<'_, '_> {
         };
         if parts.len() < 2 {
             return self.error(
-                Diagnostic::error("missing-argument", span, "`concat` joins two or more tensors")
+                Diagnostic::error(Code::MissingArgument, span, "`concat` joins two or more tensors")
                     .with_label("in this call"),
             );
         }
@@ -263,7 +268,7 @@ impl BodyChecker<'_, '_> {
         if at < 0 || at >= rank || !matches!(first.axes[at as usize], Axis::Dim(_)) {
             return self.error(
                 Diagnostic::error(
-                    "bad-axis",
+                    Code::BadAxis,
                     axis_arg.map_or(span, |e| e.span),
                     format!("axis {axis} is not a fixed axis of `{first}`"),
                 )
@@ -276,7 +281,7 @@ impl BodyChecker<'_, '_> {
             if tensor.elem.unify(&first.elem).is_none() {
                 return self.error(
                     Diagnostic::error(
-                        "dtype-mismatch",
+                        Code::DtypeMismatch,
                         part.span,
                         format!("`concat` joins tensors of one element type: {} and {}", first.elem, tensor.elem),
                     )
@@ -295,7 +300,7 @@ impl BodyChecker<'_, '_> {
             let Some(Axis::Dim(dim)) = tensor.axes.get(at).filter(|_| others_equal) else {
                 return self.error(
                     Diagnostic::error(
-                        "shape-mismatch",
+                        Code::ShapeMismatch,
                         part.span,
                         format!(
                             "`concat` along axis {axis}: {} does not fit {}",
@@ -318,14 +323,14 @@ impl BodyChecker<'_, '_> {
         let elem = self.elem_arg(elem);
         let Some(length) = self.static_dim(count) else {
             return self.error(
-                Diagnostic::error("dynamic-shape", count.span, "`iota` takes a dim known before running")
+                Diagnostic::error(Code::DynamicShape, count.span, "`iota` takes a dim known before running")
                     .with_label("not a dim"),
             );
         };
         match elem {
             Some(elem) if elem.is_int() => Ty::Tensor(TensorTy { axes: vec![Axis::Dim(length)], elem }),
             Some(elem) => self.error(
-                Diagnostic::error("dtype-mismatch", count.span, format!("`iota` counts in i32 or i64, not {elem}"))
+                Diagnostic::error(Code::DtypeMismatch, count.span, format!("`iota` counts in i32 or i64, not {elem}"))
                     .with_label("use iota<i32> or iota<i64>"),
             ),
             None => Ty::Error,
@@ -340,7 +345,7 @@ impl BodyChecker<'_, '_> {
         if !value_ty.axes.is_empty() || !value_ty.elem.fits(&elem) {
             return self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     value.span,
                     format!("`fill<{elem}>` takes a {elem} scalar, found `{value_ty}`"),
                 )
@@ -366,7 +371,7 @@ impl BodyChecker<'_, '_> {
         if !cond_ty.elem.is_bool() {
             return self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     cond.span,
                     format!("the condition of `select` is bool, found {}", cond_ty.elem),
                 )
@@ -387,7 +392,7 @@ impl BodyChecker<'_, '_> {
         let Some(elem) = a.elem.unify(&b.elem) else {
             return self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     span,
                     format!("`{name}` takes values of one element type, found {} and {}", a.elem, b.elem),
                 )
@@ -398,7 +403,7 @@ impl BodyChecker<'_, '_> {
         };
         if name != "select" && !elem.is_numeric() {
             return self.error(
-                Diagnostic::error("dtype-mismatch", span, format!("`{name}` takes numbers, found {elem}"))
+                Diagnostic::error(Code::DtypeMismatch, span, format!("`{name}` takes numbers, found {elem}"))
                     .with_label("not a number"),
             );
         }
@@ -415,7 +420,7 @@ impl BodyChecker<'_, '_> {
             let wanted = if FLOAT_FUNCTIONS.contains(&name) { "a float" } else { "a number" };
             return self.error(
                 Diagnostic::error(
-                    "dtype-mismatch",
+                    Code::DtypeMismatch,
                     value.span,
                     format!("`{name}` takes {wanted}, found {}", tensor.elem),
                 )
@@ -435,7 +440,7 @@ impl BodyChecker<'_, '_> {
             other => {
                 return self.error(
                     Diagnostic::error(
-                        "type-mismatch",
+                        Code::TypeMismatch,
                         option.span,
                         format!("`unwrap_or` takes an option, found `{other}`"),
                     )
@@ -461,7 +466,7 @@ impl BodyChecker<'_, '_> {
         self.expect_bool_scalar(&cond_ty, cond.span, "an assertion");
         if !matches!(message.kind, ExprKind::Str(_)) {
             return self.error(
-                Diagnostic::error("type-mismatch", message.span, "`assert` takes a message string")
+                Diagnostic::error(Code::TypeMismatch, message.span, "`assert` takes a message string")
                     .with_label("expected \"...\""),
             );
         }

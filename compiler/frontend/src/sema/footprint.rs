@@ -7,6 +7,7 @@
 use super::instantiate::Values;
 use super::program::Program;
 use super::ty::{Axis, Elem, SubTy, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use linnet_ir::dim::{Dim, EvalError, Symbol};
 
@@ -136,9 +137,9 @@ pub fn check(program: &Program, root: &SubTy, values: &Values, diagnostics: &mut
     };
     let at = culprit.and_then(|name| values.spans.get(name).map(|span| (name, *span)));
     let diagnostic = match at {
-        Some((name, span)) => Diagnostic::error("model-too-large", span, message)
+        Some((name, span)) => Diagnostic::error(Code::ModelTooLarge, span, message)
             .with_label(format!("`{name} = {}` makes it so", values.dims[name])),
-        None => Diagnostic::error("model-too-large", program.blocks[root.block].decl.name.span, message),
+        None => Diagnostic::error(Code::ModelTooLarge, program.blocks[root.block].decl.name.span, message),
     };
     diagnostics.push(diagnostic);
     false

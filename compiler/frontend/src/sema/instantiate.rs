@@ -8,6 +8,7 @@
 use super::program::{Clause, GenericSig, ItemRef, Program};
 use super::suggest;
 use super::ty::{Elem, SubTy, Subst, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::package::{gguf_names, Nest, NestValue};
 use crate::source::Span;
@@ -99,13 +100,15 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
     }
     if let Some(bindings) = &program.package.bindings {
         let entries = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
-        let covers = Covers { file: bindings.file, name: "bindings.json", missing: "missing-binding", what: "binding" };
+        let covers =
+            Covers { file: bindings.file, name: "bindings.json", missing: Code::MissingBinding, what: "binding" };
         check_coverage(program, root, &values, &covers, entries, diagnostics);
     }
     if let Some(names) = &program.package.gguf_names {
         gguf_names::of_package(program.package, diagnostics);
         let entries = names.tensors.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
-        let covers = Covers { file: names.file, name: "gguf.json", missing: "missing-gguf-name", what: "GGUF source" };
+        let covers =
+            Covers { file: names.file, name: "gguf.json", missing: Code::MissingGgufName, what: "GGUF source" };
         check_coverage(program, root, &values, &covers, entries, diagnostics);
     }
 }
@@ -116,7 +119,7 @@ struct Covers {
     file: crate::source::FileId,
     name: &'static str,
     /// The code of the diagnostic for parameters it leaves out.
-    missing: &'static str,
+    missing: Code,
     /// What it gives a parameter.
     what: &'static str,
 }
@@ -134,7 +137,7 @@ pub fn root_generics(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Op
     let Some(nest) = &program.package.nest else {
         diagnostics.push(
             Diagnostic::error(
-                "package-error",
+                Code::PackageError,
                 Span::new(program.package.modules.first()?.file, 0..0),
                 "the package has no nest.toml",
             )
@@ -144,7 +147,7 @@ pub fn root_generics(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Op
     };
     let Some((root_name, root_span)) = &nest.root else {
         diagnostics.push(
-            Diagnostic::error("unknown-root", nest.source_span, "nest.toml names no root block")
+            Diagnostic::error(Code::UnknownRoot, nest.source_span, "nest.toml names no root block")
                 .with_label("add `root = \"Model\"` to `[source]`"),
         );
         return None;
@@ -174,7 +177,7 @@ pub fn root_generics(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Op
                 .chain(program.aliases.iter().filter(|a| a.module == 0).map(|a| a.name.as_str()));
             diagnostics.push(
                 Diagnostic::error(
-                    "unknown-root",
+                    Code::UnknownRoot,
                     *root_span,
                     format!("no block or `type` `{root_name}` in the root module{}", suggest::hint(root_name, roots)),
                 )
@@ -218,7 +221,7 @@ fn root_values(
             let names = generics.iter().map(|g| &*g.name);
             diagnostics.push(
                 Diagnostic::error(
-                    "unknown-generic",
+                    Code::UnknownGeneric,
                     entry.name_span,
                     format!("`{root_name}` has no generic `{}`{}", entry.name, suggest::hint(&entry.name, names)),
                 )
@@ -230,7 +233,7 @@ fn root_values(
         };
         let bad = |expected: &str| {
             Diagnostic::error(
-                "bad-generic-value",
+                Code::BadGenericValue,
                 entry.value_span,
                 format!("`{}` is a {:?}: {expected}, found {}", entry.name, generic.kind, entry.value),
             )
@@ -274,7 +277,7 @@ fn root_values(
             (_, false) if generic.kind == GenericKind::Block => {
                 diagnostics.push(
                     Diagnostic::error(
-                        "missing-generic",
+                        Code::MissingGeneric,
                         root_span,
                         format!("`{root_name}` has a block generic `{}`, which a model card cannot give", generic.name),
                     )
@@ -288,7 +291,7 @@ fn root_values(
             _ => {
                 diagnostics.push(
                     Diagnostic::error(
-                        "missing-generic",
+                        Code::MissingGeneric,
                         nest.generics_span,
                         format!("[generics] gives no value for `{}`", generic.name),
                     )
@@ -328,7 +331,7 @@ fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diag
             .collect();
         let primary = names.iter().find_map(|name| values.spans.get(name)).copied().unwrap_or(clause.span);
         let mut diagnostic = Diagnostic::error(
-            "unsatisfied-where",
+            Code::UnsatisfiedWhere,
             primary,
             format!("{} breaks `{}`: {lhs} {} {rhs} is false", given.join(", "), clause.text, clause.op.symbol()),
         )
@@ -353,7 +356,7 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
         if !known {
             diagnostics.push(
                 Diagnostic::warning(
-                    "unknown-check-dim",
+                    Code::UnknownCheckDim,
                     entry.name_span,
                     format!("no entry of `{}` has a generic `{}`", block.name, entry.name),
                 )
@@ -366,7 +369,7 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
             let names = entries.iter().map(|f| f.name.as_str());
             diagnostics.push(
                 Diagnostic::error(
-                    "unknown-entry",
+                    Code::UnknownEntry,
                     *span,
                     format!("`{}` has no entry `{name}`{}", block.name, suggest::hint(name, names)),
                 )
@@ -385,7 +388,7 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
                 }
                 _ => diagnostics.push(
                     Diagnostic::error(
-                        "bad-generic-value",
+                        Code::BadGenericValue,
                         entry.value_span,
                         format!("`{}` is a dim: expected a non-negative integer", entry.name),
                     )
@@ -474,7 +477,7 @@ fn check_coverage(
             let hint = suggest::hint(path, paths.iter().map(String::as_str));
             diagnostics.push(
                 Diagnostic::warning(
-                    "unknown-binding",
+                    Code::UnknownBinding,
                     span,
                     format!("`{path}` is not a parameter of this model{hint}"),
                 )

@@ -14,6 +14,7 @@ pub mod program;
 mod suggest;
 pub mod ty;
 
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
 use crate::source::Span;
@@ -131,7 +132,7 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     if function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait) {
         if decl.body.is_some() {
             diagnostics.push(
-                Diagnostic::error("trait-body", decl.name.span, "a trait's function is a signature, without a body")
+                Diagnostic::error(Code::TraitBody, decl.name.span, "a trait's function is a signature, without a body")
                     .with_label("the blocks that meet the trait define it"),
             );
         }
@@ -139,23 +140,23 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     }
     match (decl.kind, function.block, &decl.body) {
         (FnKind::Entry, None, _) => diagnostics.push(
-            Diagnostic::error("misplaced-entry", decl.name.span, "an `entry` belongs to a block")
+            Diagnostic::error(Code::MisplacedEntry, decl.name.span, "an `entry` belongs to a block")
                 .with_label("move it into the model's root block"),
         ),
         (FnKind::Intrinsic, Some(_), _) => diagnostics.push(
-            Diagnostic::error("misplaced-intrinsic", decl.name.span, "an `intrinsic fn` is a free function")
+            Diagnostic::error(Code::MisplacedIntrinsic, decl.name.span, "an `intrinsic fn` is a free function")
                 .with_label("declare it outside any block"),
         ),
         (FnKind::Intrinsic, None, Some(_)) => diagnostics.push(
             Diagnostic::error(
-                "intrinsic-body",
+                Code::IntrinsicBody,
                 decl.name.span,
                 "an `intrinsic fn` has no body: the compiler provides it",
             )
             .with_label("remove the body"),
         ),
         (FnKind::Fn | FnKind::Entry, _, None) => diagnostics.push(
-            Diagnostic::error("missing-body", decl.name.span, format!("`{}` has no body", decl.name.name))
+            Diagnostic::error(Code::MissingBody, decl.name.span, format!("`{}` has no body", decl.name.name))
                 .with_label("only an `intrinsic fn` is declared without one"),
         ),
         _ => {}
@@ -164,7 +165,7 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
         for generic in decl.generics.iter().filter(|g| g.kind != GenericKind::Dim) {
             diagnostics.push(
                 Diagnostic::error(
-                    "entry-generic",
+                    Code::EntryGeneric,
                     generic.span,
                     "an entry's generics are dims, bound from its inputs when it is called",
                 )
@@ -203,7 +204,7 @@ fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: 
             let scalar = matches!(&expected, Ty::Tensor(t) if t.axes.is_empty());
             if !scalar && !expected.is_error() {
                 diagnostics.push(
-                    Diagnostic::error("type-error", constant.ty.span(), "a constant is a scalar")
+                    Diagnostic::error(Code::TypeError, constant.ty.span(), "a constant is a scalar")
                         .with_label("not a scalar type"),
                 );
             } else if let Err(mismatch) = compare(&expected, &found, &Facts::default()) {

@@ -5,6 +5,7 @@
 
 use super::suggest;
 use super::ty::{Axis, Elem, SubTy, Subst, TensorTy, Ty};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
 use crate::source::Span;
@@ -130,7 +131,7 @@ pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut 
         ast::DimExpr::Int(value, span) => match i64::try_from(*value) {
             Ok(value) => Some(Dim::constant(value)),
             Err(_) => {
-                diagnostics.push(Diagnostic::error("dim-overflow", *span, "this dim is too large"));
+                diagnostics.push(Diagnostic::error(Code::DimOverflow, *span, "this dim is too large"));
                 None
             }
         },
@@ -139,7 +140,7 @@ pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut 
             Some(generic) => {
                 let kind = generic.kind.article();
                 diagnostics.push(
-                    Diagnostic::error("kind-mismatch", ident.span, format!("`{}` is {kind}, not a Dim", ident.name))
+                    Diagnostic::error(Code::KindMismatch, ident.span, format!("`{}` is {kind}, not a Dim", ident.name))
                         .with_label("a dim is expected here")
                         .with_secondary(generic.span, "declared here"),
                 );
@@ -148,7 +149,7 @@ pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut 
             None => {
                 diagnostics.push(
                     Diagnostic::error(
-                        "unknown-name",
+                        Code::UnknownName,
                         ident.span,
                         format!("no generic `{}` in scope{}", ident.name, suggest::hint(&ident.name, scope.names())),
                     )
@@ -183,7 +184,7 @@ pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut 
         Some(generic) => {
             diagnostics.push(
                 Diagnostic::error(
-                    "kind-mismatch",
+                    Code::KindMismatch,
                     ident.span,
                     format!("`{}` is {}, not an element type", ident.name, generic.kind.article()),
                 )
@@ -196,7 +197,7 @@ pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut 
             let candidates = ["bf16", "f16", "f32", "i32", "i64", "bool"].into_iter().chain(scope.names());
             diagnostics.push(
                 Diagnostic::error(
-                    "unknown-name",
+                    Code::UnknownName,
                     ident.span,
                     format!("no element type `{}`{}", ident.name, suggest::hint(&ident.name, candidates)),
                 )
@@ -225,7 +226,7 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
                         _ => {
                             diagnostics.push(
                                 Diagnostic::error(
-                                    "unknown-name",
+                                    Code::UnknownName,
                                     ident.span,
                                     format!("no variadic shape `*{}` in scope", ident.name),
                                 )
@@ -238,7 +239,7 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
             }
             if axes.iter().filter(|axis| matches!(axis, Axis::Shape(_))).count() > 1 {
                 diagnostics.push(
-                    Diagnostic::error("type-error", ty.span(), "a tensor type has at most one variadic shape")
+                    Diagnostic::error(Code::TypeError, ty.span(), "a tensor type has at most one variadic shape")
                         .with_label("two `*` shapes here"),
                 );
                 failed = true;
@@ -258,7 +259,7 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
                     _ => {
                         diagnostics.push(
                             Diagnostic::error(
-                                "type-error",
+                                Code::TypeError,
                                 *span,
                                 "`Option` takes one tensor type: `Option<Tensor[...]>`",
                             )
@@ -270,7 +271,7 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
             }
             if !args.is_empty() {
                 diagnostics.push(
-                    Diagnostic::error("type-error", *span, format!("`{}` is not a value type", name.name))
+                    Diagnostic::error(Code::TypeError, *span, format!("`{}` is not a value type", name.name))
                         .with_label("blocks are used as `sub` members, not as values"),
                 );
                 return Ty::Error;
@@ -293,7 +294,7 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
         if let Some(previous) = resolved.iter().find(|g| *g.name == generic.name.name) {
             diagnostics.push(
                 Diagnostic::error(
-                    "duplicate-definition",
+                    Code::DuplicateDefinition,
                     generic.name.span,
                     format!("generic `{}` is declared twice", generic.name.name),
                 )
@@ -307,7 +308,7 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
             _ => {
                 diagnostics.push(
                     Diagnostic::error(
-                        "type-error",
+                        Code::TypeError,
                         default.span,
                         format!("`{}` is not a default for a {:?}", default.name, generic.kind),
                     )
@@ -579,7 +580,7 @@ impl<'a> Program<'a> {
                             self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
                             diagnostics.push(
                                 Diagnostic::error(
-                                    "private-item",
+                                    Code::PrivateItem,
                                     name.span,
                                     format!("`{}` is private to `{qualified}`", name.name),
                                 )
@@ -591,7 +592,7 @@ impl<'a> Program<'a> {
                             let public = self.items[target].iter().filter(|(_, (_, p))| *p).map(|(n, _)| n.as_str());
                             diagnostics.push(
                                 Diagnostic::error(
-                                    "unknown-import",
+                                    Code::UnknownImport,
                                     name.span,
                                     format!(
                                         "`{qualified}` has no item `{}`{}",
@@ -635,7 +636,7 @@ impl<'a> Program<'a> {
                         Some(target) if target.generic.is_some() => {
                             diagnostics.push(
                                 Diagnostic::error(
-                                    "not-a-block",
+                                    Code::NotABlock,
                                     name.span,
                                     format!("`{}` is a generic: a `type` names a block", name.name),
                                 )
@@ -648,7 +649,7 @@ impl<'a> Program<'a> {
                 }
                 other => {
                     diagnostics.push(
-                        Diagnostic::error("not-a-block", other.span(), "a `type` names a block instance")
+                        Diagnostic::error(Code::NotABlock, other.span(), "a `type` names a block instance")
                             .with_label("expected `Block<...>`"),
                     );
                     None
@@ -713,7 +714,7 @@ impl<'a> Program<'a> {
             for generic in generics.iter().filter(|g| g.kind == GenericKind::Block) {
                 diagnostics.push(
                     Diagnostic::error(
-                        "kind-mismatch",
+                        Code::KindMismatch,
                         generic.span,
                         "a function's generics are dims, shapes and floats; a block generic belongs to a block",
                     )
@@ -769,7 +770,7 @@ impl<'a> Program<'a> {
                 Some(ItemRef::Block(id)) => {
                     diagnostics.push(
                         Diagnostic::error(
-                            "not-a-trait",
+                            Code::NotATrait,
                             name.span,
                             format!(
                                 "`{}` is a block; a bound is a trait (`Dim`, `Shape`, `Float` or a trait)",
@@ -791,7 +792,7 @@ impl<'a> Program<'a> {
                         .chain(["Dim", "Shape", "Float"]);
                     diagnostics.push(
                         Diagnostic::error(
-                            "unknown-name",
+                            Code::UnknownName,
                             name.span,
                             format!("no kind or trait `{}` in scope{}", name.name, suggest::hint(&name.name, traits)),
                         )
@@ -817,7 +818,7 @@ impl<'a> Program<'a> {
                 if let Some(generic) = args.blocks.keys().next() {
                     diagnostics.push(
                         Diagnostic::error(
-                            "kind-mismatch",
+                            Code::KindMismatch,
                             decl.kind_span,
                             format!("a trait's generics are dims and floats; `{generic}` of `{trait_name}` is a block"),
                         )
@@ -846,7 +847,7 @@ impl<'a> Program<'a> {
             if generic.kind != GenericKind::Block {
                 diagnostics.push(
                     Diagnostic::error(
-                        "kind-mismatch",
+                        Code::KindMismatch,
                         name.span,
                         format!("`{}` is {}, not a block", name.name, generic.kind.article()),
                     )
@@ -858,7 +859,7 @@ impl<'a> Program<'a> {
             if let Some(first) = args.first() {
                 diagnostics.push(
                     Diagnostic::error(
-                        "generic-count",
+                        Code::GenericCount,
                         first.span(),
                         format!("`{}` is a block generic: its arguments were given where it is bound", name.name),
                     )
@@ -873,7 +874,7 @@ impl<'a> Program<'a> {
             Some(ItemRef::Block(id)) if self.blocks[*id].decl.kind == ast::BlockKind::Trait => {
                 diagnostics.push(
                     Diagnostic::error(
-                        "not-a-block",
+                        Code::NotABlock,
                         name.span,
                         format!("`{}` is a trait: it bounds a block generic, it is not a block", name.name),
                     )
@@ -904,7 +905,7 @@ impl<'a> Program<'a> {
                 if target.is_none() {
                     diagnostics.push(
                         Diagnostic::error(
-                            "not-a-block",
+                            Code::NotABlock,
                             name.span,
                             format!("`{}` is a `type` whose block is not known here", name.name),
                         )
@@ -917,7 +918,7 @@ impl<'a> Program<'a> {
             Some(ItemRef::Unresolved) => None,
             Some(_) => {
                 diagnostics.push(
-                    Diagnostic::error("not-a-block", name.span, format!("`{}` is not a block", name.name))
+                    Diagnostic::error(Code::NotABlock, name.span, format!("`{}` is not a block", name.name))
                         .with_label("a block is expected here"),
                 );
                 None
@@ -930,7 +931,7 @@ impl<'a> Program<'a> {
                     .chain(scope.names());
                 diagnostics.push(
                     Diagnostic::error(
-                        "unknown-name",
+                        Code::UnknownName,
                         name.span,
                         format!("no block `{}` in scope{}", name.name, suggest::hint(&name.name, blocks)),
                     )
@@ -960,7 +961,7 @@ impl<'a> Program<'a> {
         if args.len() > generics.len() {
             diagnostics.push(
                 Diagnostic::error(
-                    "generic-count",
+                    Code::GenericCount,
                     args[generics.len()].span(),
                     format!("`{callee}` takes {} generic argument(s), {} given", generics.len(), args.len()),
                 )
@@ -985,7 +986,7 @@ impl<'a> Program<'a> {
                         Some(elem) => {
                             diagnostics.push(
                                 Diagnostic::error(
-                                    "kind-mismatch",
+                                    Code::KindMismatch,
                                     ident.span,
                                     format!("`{}` of `{callee}` is a Float, not {elem}", generic.name),
                                 )
@@ -1012,7 +1013,7 @@ impl<'a> Program<'a> {
                 (kind, arg) => {
                     diagnostics.push(
                         Diagnostic::error(
-                            "kind-mismatch",
+                            Code::KindMismatch,
                             arg.span(),
                             format!("generic `{}` of `{callee}` is {}", generic.name, kind.article()),
                         )
@@ -1035,7 +1036,7 @@ impl<'a> Program<'a> {
         if require_all && !missing.is_empty() {
             diagnostics.push(
                 Diagnostic::error(
-                    "generic-count",
+                    Code::GenericCount,
                     span,
                     format!("`{callee}` needs {} more generic argument(s): {}", missing.len(), missing.join(", ")),
                 )
@@ -1048,8 +1049,9 @@ impl<'a> Program<'a> {
 }
 
 fn duplicate(name: &ast::Ident, first: Option<Span>) -> Diagnostic {
-    let diagnostic = Diagnostic::error("duplicate-definition", name.span, format!("`{}` is defined twice", name.name))
-        .with_label("defined again here");
+    let diagnostic =
+        Diagnostic::error(Code::DuplicateDefinition, name.span, format!("`{}` is defined twice", name.name))
+            .with_label("defined again here");
     match first {
         Some(first) => diagnostic.with_secondary(first, "first defined here"),
         None => diagnostic,

@@ -4,6 +4,7 @@
 //! generics to the caller's dims, shapes and element types.
 
 use super::facts::Facts;
+use crate::code::Code;
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
 use std::collections::HashMap;
@@ -365,11 +366,11 @@ pub enum Mismatch {
 }
 
 impl Mismatch {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> Code {
         match self {
-            Mismatch::Type => "type-mismatch",
-            Mismatch::Shape => "shape-mismatch",
-            Mismatch::Dtype => "dtype-mismatch",
+            Mismatch::Type => Code::TypeMismatch,
+            Mismatch::Shape => Code::ShapeMismatch,
+            Mismatch::Dtype => Code::DtypeMismatch,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! and one missing parenthesis is one error, not a cascade.
 
 use super::lexer::Token;
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 
@@ -43,7 +44,7 @@ pub(super) fn starts_statement(token: &Token) -> bool {
 }
 
 fn unclosed(token: &Token, span: Span) -> Diagnostic {
-    Diagnostic::error("syntax-error", span, format!("unclosed {token}")).with_label("this is never closed")
+    Diagnostic::error(Code::SyntaxError, span, format!("unclosed {token}")).with_label("this is never closed")
 }
 
 /// Closes what `opened` leaves open down to (not including) the first
@@ -72,7 +73,7 @@ pub fn balance(tokens: Vec<(Token, Span)>, end: Span, diagnostics: &mut Vec<Diag
     let flush_stray = |stray: &mut Option<Span>, diagnostics: &mut Vec<Diagnostic>| {
         if let Some(span) = stray.take() {
             diagnostics.push(
-                Diagnostic::error("syntax-error", span, "unmatched closing bracket")
+                Diagnostic::error(Code::SyntaxError, span, "unmatched closing bracket")
                     .with_label("nothing open to close here"),
             );
         }

@@ -3,6 +3,7 @@
 //! declarations they precede; a character no token starts with becomes a
 //! diagnostic and is skipped.
 
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, Span};
 use logos::Logos;
@@ -207,7 +208,7 @@ pub fn lex(file: FileId, text: &str, diagnostics: &mut Vec<Diagnostic>) -> Lexed
             Ok(Token::Comment(text)) => comments.push(Comment { text, span }),
             Ok(token) => tokens.push((token, span)),
             Err(()) => diagnostics.push(
-                Diagnostic::error("syntax-error", span, format!("unexpected character `{}`", &text[range]))
+                Diagnostic::error(Code::SyntaxError, span, format!("unexpected character `{}`", &text[range]))
                     .with_label("no token starts with this character"),
             ),
         }

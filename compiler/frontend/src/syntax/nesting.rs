@@ -11,6 +11,7 @@
 
 use super::delimiters::starts_statement;
 use super::lexer::Token;
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 
@@ -85,7 +86,7 @@ fn at_statement_level(chains: &[usize], statements: &[(usize, usize)]) -> bool {
 }
 
 fn too_deep(span: Span) -> Diagnostic {
-    Diagnostic::error("nesting-too-deep", span, format!("expression nested more than {MAX_NESTING} levels deep"))
+    Diagnostic::error(Code::NestingTooDeep, span, format!("expression nested more than {MAX_NESTING} levels deep"))
         .with_label("nesting crosses the limit here")
         .with_note("split the expression into named parts with `let`")
 }

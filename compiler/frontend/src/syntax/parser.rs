@@ -9,6 +9,7 @@
 
 use super::ast::*;
 use super::lexer::{Comment, Token};
+use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, Span};
 use chumsky::prelude::*;
@@ -60,10 +61,10 @@ fn syntax_diagnostic(error: Error) -> Diagnostic {
     let span = error.span();
     match error.reason() {
         SimpleReason::Custom(message) => {
-            Diagnostic::error("syntax-error", span, message.clone()).with_label(message.clone())
+            Diagnostic::error(Code::SyntaxError, span, message.clone()).with_label(message.clone())
         }
         SimpleReason::Unclosed { span: open, delimiter } => {
-            Diagnostic::error("syntax-error", span, format!("unclosed delimiter {delimiter}"))
+            Diagnostic::error(Code::SyntaxError, span, format!("unclosed delimiter {delimiter}"))
                 .with_label("expected it to be closed by here")
                 .with_secondary(*open, "opened here")
         }
@@ -87,7 +88,7 @@ fn syntax_diagnostic(error: Error) -> Diagnostic {
                 None if expected.len() > 6 => format!("unexpected {found}"),
                 None => format!("expected {}, found {found}", expected.join(" or ")),
             };
-            Diagnostic::error("syntax-error", span, message).with_label(format!("unexpected {found}"))
+            Diagnostic::error(Code::SyntaxError, span, message).with_label(format!("unexpected {found}"))
         }
     }
 }
