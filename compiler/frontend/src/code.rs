@@ -219,6 +219,11 @@ codes! {
         "The package checks, but lowering it to the tensor IR meets a construct the IR cannot express \
          yet. The report names the construct; rewrite it with what the language's reference lists as \
          lowered, or report it as a missing feature.",
+    InvalidIr = "invalid-ir":
+        "The compiler's own check of the IR it made from the package failed, after lowering or after \
+         one of its passes (the report names which). This is a bug in Linnet, not in the package: \
+         please report it with the package. `LINNET_VERIFY_IR=1` checks after every pass in a release \
+         build too, so that the pass at fault is named.",
 }
 
 impl Code {

@@ -21,6 +21,7 @@ mod dtype;
 pub mod fuse;
 pub mod invariant;
 pub mod numerics;
+pub mod passes;
 pub mod plan;
 pub mod quant;
 pub mod ranking;

@@ -56,11 +56,12 @@ pub struct Lowering {
     /// Run the standard library's attention and cache writes as kernels
     /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
-    /// Run the IR's optimizing passes: inline values read once into their
-    /// consumer (`ir::fuse`), then compute what is left only once
-    /// (`ir::cse`), read views where they lie (`ir::views`) and place
-    /// independent nodes together (`ir::schedule`). Off, the IR is the
-    /// source's as written: the reference that the passes are held to.
+    /// Run the IR's optimizing passes (`ir::passes::OPTIMIZE`: inline
+    /// values read once into their consumer, compute what is left only
+    /// once, read views where they lie, place independent nodes together).
+    /// Off, the IR is the source's as written: the reference that the
+    /// passes are held to. Either way the IR is verified
+    /// (`ir::passes::Checking`).
     pub optimize: bool,
 }
 
@@ -99,14 +100,14 @@ pub fn lower(
         lowerer.model.entries.push(entry);
     }
     let mut model = lowerer.model;
-    if lowering.optimize {
-        ir::fuse::fuse(&mut model);
-        ir::cse::eliminate(&mut model);
-        ir::views::read_through(&mut model);
-        ir::schedule::schedule(&mut model);
-    }
-    if let Err(problem) = ir::verify(&model) {
-        panic!("{problem}");
+    let passes = if lowering.optimize { ir::passes::OPTIMIZE } else { &[] };
+    if let Err(failure) = ir::passes::run(&mut model, passes, ir::passes::Checking::default_for_build()) {
+        let span = program.blocks[root].decl.name.span;
+        let message = format!("the compiler made an IR that does not verify, {failure}");
+        let diagnostic = Diagnostic::error(Code::InvalidIr, span, message)
+            .with_label("while lowering this model")
+            .with_note("this is a bug in Linnet, not in the package: please report it with the package");
+        return Err(vec![diagnostic]);
     }
     Ok(model)
 }
