@@ -174,19 +174,6 @@ impl Intrinsic {
         }
     }
 
-    /// The kernel for a standard library function, if it has one.
-    pub fn library(module: &str, name: &str) -> Option<Intrinsic> {
-        Some(match (module, name) {
-            ("std.nn.attention", "grouped_attention") => Intrinsic::GroupedAttention,
-            ("std.nn.attention", "grouped_attention_rows") => Intrinsic::GroupedAttentionRows,
-            ("std.nn.cache", "write_at") => Intrinsic::WriteAt,
-            ("std.nn.cache", "write_span") => Intrinsic::WriteSpan,
-            ("std.nn.cache", "write_rows") => Intrinsic::WriteRows,
-            ("std.nn.cache", "write_slots") => Intrinsic::WriteSlots,
-            _ => return None,
-        })
-    }
-
     /// Whether the first argument is a cache the result replaces.
     pub fn writes_cache(self) -> bool {
         matches!(self, Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows | Intrinsic::WriteSlots)

@@ -633,7 +633,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 }
             }
         }
-        let kernel = Intrinsic::library(program.module_name(function.module), &function.name)
+        let kernel = super::library::kernel_of(program.module_name(function.module), &function.name)
             .filter(|_| self.lowerer.lowering.library_kernels);
         if function.decl.kind == ast::FnKind::Intrinsic || kernel.is_some() {
             let intrinsic = match kernel {

@@ -7,6 +7,7 @@
 //! cannot express is an error with a span, never a silent fallback.
 
 mod expr;
+mod library;
 
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
@@ -54,7 +55,7 @@ pub enum Val {
 #[derive(Clone, Copy, Debug)]
 pub struct Lowering {
     /// Run the standard library's attention and cache writes as kernels
-    /// (`Intrinsic::library`) instead of inlining their Linnet bodies.
+    /// (`library::kernel_of`) instead of inlining their Linnet bodies.
     pub library_kernels: bool,
     /// Run the IR's optimizing passes (`ir::passes::OPTIMIZE`: inline
     /// values read once into their consumer, compute what is left only
