@@ -124,3 +124,26 @@ fn the_graph_sees_what_the_runtime_reaches() {
         assert!(reached.contains_key(package), "linnet-runtime should reach {package}");
     }
 }
+
+/// The IR is a leaf below the language: it names no module of the
+/// standard library (which of its functions run as kernels is the
+/// frontend's `lower/library.rs`).
+#[test]
+fn the_ir_names_no_module_of_the_standard_library() {
+    let source = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../compiler/ir/src"));
+    let mut folders = vec![source.to_path_buf()];
+    let mut read = 0;
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert!(!text.contains("\"std.nn"), "{} names a module of the standard library", path.display());
+                read += 1;
+            }
+        }
+    }
+    assert!(read > 10, "read only {read} files of the IR crate");
+}
