@@ -348,91 +348,49 @@ fn every_path_of(mut oracle: Oracle, fixture: Fixture, dtype: &str, backend: lin
     greedy_generation(&mut oracle, &what, dtype == "f32");
 }
 
-#[test]
-fn f32_every_path_matches_the_reference() {
-    every_path(MOE, "f32", linnet_runtime::BackendKind::Interp);
+/// The oracle suite of one backend, declared once: each fixture's entry
+/// paths, as a module of tests named for the backend (`cpu::moe_f32`).
+macro_rules! oracle_suite {
+    ($backend_name:ident, $backend:expr, [$($test:ident: $fixture:expr, $dtype:literal;)*]) => {
+        mod $backend_name {
+            use super::*;
+            $(
+                #[test]
+                fn $test() {
+                    every_path($fixture, $dtype, $backend);
+                }
+            )*
+        }
+    };
 }
 
-#[test]
-fn bf16_every_path_matches_the_reference() {
-    every_path(MOE_CALM, "bf16", linnet_runtime::BackendKind::Interp);
+/// Every fixture, in f32 and bf16, on `$backend`.
+macro_rules! every_fixture {
+    ($backend_name:ident, $backend:expr) => {
+        oracle_suite!($backend_name, $backend, [
+            moe_f32: MOE, "f32";
+            moe_bf16: MOE_CALM, "bf16";
+            dense_f32: DENSE, "f32";
+            dense_bf16: DENSE, "bf16";
+            qwen3_f32: QWEN3, "f32";
+            qwen3_bf16: QWEN3, "bf16";
+        ]);
+    };
 }
 
-#[test]
-fn f32_every_path_matches_the_reference_on_cpu() {
-    every_path(MOE, "f32", linnet_runtime::BackendKind::Cpu);
-}
+every_fixture!(interp, linnet_runtime::BackendKind::Interp);
+every_fixture!(cpu, linnet_runtime::BackendKind::Cpu);
 
-#[test]
-fn bf16_every_path_matches_the_reference_on_cpu() {
-    every_path(MOE_CALM, "bf16", linnet_runtime::BackendKind::Cpu);
-}
-
-#[test]
-fn dense_f32_every_path_matches_the_reference() {
-    every_path(DENSE, "f32", linnet_runtime::BackendKind::Interp);
-}
-
-#[test]
-fn dense_bf16_every_path_matches_the_reference() {
-    every_path(DENSE, "bf16", linnet_runtime::BackendKind::Interp);
-}
-
-#[test]
-fn dense_f32_every_path_matches_the_reference_on_cpu() {
-    every_path(DENSE, "f32", linnet_runtime::BackendKind::Cpu);
-}
-
-#[test]
-fn dense_bf16_every_path_matches_the_reference_on_cpu() {
-    every_path(DENSE, "bf16", linnet_runtime::BackendKind::Cpu);
-}
-
-#[test]
-fn qwen3_f32_every_path_matches_the_reference() {
-    every_path(QWEN3, "f32", linnet_runtime::BackendKind::Interp);
-}
-
-#[test]
-fn qwen3_bf16_every_path_matches_the_reference() {
-    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::Interp);
-}
-
-#[test]
-fn qwen3_f32_every_path_matches_the_reference_on_cpu() {
-    every_path(QWEN3, "f32", linnet_runtime::BackendKind::Cpu);
-}
-
-#[test]
-fn qwen3_bf16_every_path_matches_the_reference_on_cpu() {
-    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::Cpu);
-}
-
-/// The GPU kernels' bodies, run on the host by MLIR (`--features nvptx`):
-/// a wrong index, reduction or rounding in a GPU kernel fails here.
+// The GPU kernels' bodies, run on the host by MLIR (`--features nvptx`):
+// a wrong index, reduction or rounding in a GPU kernel fails here. (The
+// module's name holds `gpu`, which CI's filter for these tests names.)
 #[cfg(feature = "nvptx")]
-#[test]
-fn f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
-    every_path(MOE, "f32", linnet_runtime::BackendKind::MlirHost);
-}
-
-#[cfg(feature = "nvptx")]
-#[test]
-fn bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
-    every_path(MOE_CALM, "bf16", linnet_runtime::BackendKind::MlirHost);
-}
-
-#[cfg(feature = "nvptx")]
-#[test]
-fn qwen3_f32_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
-    every_path(QWEN3, "f32", linnet_runtime::BackendKind::MlirHost);
-}
-
-#[cfg(feature = "nvptx")]
-#[test]
-fn qwen3_bf16_every_path_matches_the_reference_on_the_gpu_kernels_run_on_the_host() {
-    every_path(QWEN3, "bf16", linnet_runtime::BackendKind::MlirHost);
-}
+oracle_suite!(gpu_kernels_on_the_host, linnet_runtime::BackendKind::MlirHost, [
+    moe_f32: MOE, "f32";
+    moe_bf16: MOE_CALM, "bf16";
+    qwen3_f32: QWEN3, "f32";
+    qwen3_bf16: QWEN3, "bf16";
+]);
 
 /// What the GPU kernels (run on the host) refuse, they refuse at the node
 /// the CPU backend does, in its words (the value, axis, position and size
