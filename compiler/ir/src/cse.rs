@@ -112,31 +112,14 @@ mod tests {
     use crate::dim::Dim;
     use crate::testing::index;
     use crate::Dtype;
-    use crate::{BinaryOp, Entry, Input, Node, NodeKind, ReduceOp, Scalar, Value};
+    use crate::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, Value};
 
     fn load(value: u32, positions: Vec<Scalar>) -> Scalar {
         Scalar::Load(Value(value), positions, Dtype::F32)
     }
 
-    /// `x: [2, 4]`, then `nodes` (each `[2, 4]` f32), the last one the output.
     fn entry(nodes: Vec<Scalar>) -> Entry {
-        let node =
-            |kind| Node { kind, shape: vec![Dim::constant(2), Dim::constant(4)], dtype: Dtype::F32, source: None };
-        let count = nodes.len() as u32;
-        Entry {
-            name: "run".into(),
-            dims: Vec::new(),
-            requires: Vec::new(),
-            inputs: vec![Input {
-                name: "x".into(),
-                shape: vec![Dim::constant(2), Dim::constant(4)],
-                dtype: Dtype::F32,
-            }],
-            nodes: std::iter::once(node(NodeKind::Input(0)))
-                .chain(nodes.into_iter().map(|s| node(NodeKind::Compute(s))))
-                .collect(),
-            outputs: vec![Value(count)],
-        }
+        crate::testing::entry_of(nodes)
     }
 
     fn sum(a: Scalar, b: Scalar) -> Scalar {

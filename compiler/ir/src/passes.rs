@@ -79,9 +79,8 @@ pub fn run(model: &mut Model, passes: &[Pass], checking: Checking) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dim::Dim;
-    use crate::testing::index;
-    use crate::{BinaryOp, Dtype, Entry, Input, Node, NodeKind, Scalar, Value};
+    use crate::testing::{entry_of, index};
+    use crate::{BinaryOp, Dtype, NodeKind, Scalar, Value};
 
     fn load(value: u32) -> Scalar {
         Scalar::Load(Value(value), vec![index(0), index(1)], Dtype::F32)
@@ -89,25 +88,8 @@ mod tests {
 
     /// `x: [2, 4]`; `y = x + x`; `z = y * y`, returned.
     fn model() -> Model {
-        let node =
-            |kind| Node { kind, shape: vec![Dim::constant(2), Dim::constant(4)], dtype: Dtype::F32, source: None };
         let binary = |op, value| Scalar::Binary(op, Box::new(load(value)), Box::new(load(value)), Dtype::F32);
-        let entry = Entry {
-            name: "run".into(),
-            dims: Vec::new(),
-            requires: Vec::new(),
-            inputs: vec![Input {
-                name: "x".into(),
-                shape: vec![Dim::constant(2), Dim::constant(4)],
-                dtype: Dtype::F32,
-            }],
-            nodes: vec![
-                node(NodeKind::Input(0)),
-                node(NodeKind::Compute(binary(BinaryOp::Add, 0))),
-                node(NodeKind::Compute(binary(BinaryOp::Mul, 1))),
-            ],
-            outputs: vec![Value(2)],
-        };
+        let entry = entry_of(vec![binary(BinaryOp::Add, 0), binary(BinaryOp::Mul, 1)]);
         Model { name: "tiny".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] }
     }
 
