@@ -715,13 +715,15 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let ExprKind::List(items) = &positional[1].kind else {
                     return Err(unsupported(span, "permute takes a list"));
                 };
+                // The checker admits only integer literals here; anything
+                // else is refused, never read as axis 0.
                 let order: Vec<usize> = items
                     .iter()
                     .map(|i| match i.kind {
-                        ExprKind::Int(v) => v as usize,
-                        _ => 0,
+                        ExprKind::Int(v) => Ok(v as usize),
+                        _ => Err(unsupported(i.span, "a permutation's axis that is not an integer literal")),
                     })
-                    .collect();
+                    .collect::<std::result::Result<_, _>>()?;
                 let shape = self.builder.shape(value).to_vec();
                 let out_shape: Vec<Dim> = order.iter().map(|&at| shape[at].clone()).collect();
                 let mut positions = vec![Scalar::Int(0, Dtype::I64); shape.len()];
@@ -737,7 +739,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     Some(ExprKind::Int(v)) => *v as i64,
                     Some(ExprKind::Unary(UnOp::Neg, inner)) => match inner.kind {
                         ExprKind::Int(v) => -(v as i64),
-                        _ => 0,
+                        _ => return Err(unsupported(span, "concat needs `axis = N`")),
                     },
                     _ => return Err(unsupported(span, "concat needs `axis = N`")),
                 };
