@@ -9,12 +9,13 @@
 //! as the concatenation of its tokens' bytes, which the engine assumes;
 //! another is refused by name.
 
+use crate::text::TextModel;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use std::sync::Arc;
-use tokenizers::{DecoderWrapper, Tokenizer};
+use tokenizers::Tokenizer;
 
 /// What the output must match.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,42 +70,32 @@ pub struct Grammars {
 }
 
 impl Grammars {
-    /// For a model of `vocab` tokens whose text is `tokenizer`'s, ending
+    /// For a model of `vocab` tokens whose text side is `text`, ending
     /// with `end` (its end-of-sequence id), or why it cannot be.
-    pub fn new(tokenizer: &Tokenizer, vocab: usize, end: u32) -> Result<Grammars, String> {
-        if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+    pub fn new(text: &TextModel, vocab: usize, end: u32) -> Result<Grammars, String> {
+        if !text.is_byte_level() {
             return Err("constrained output needs a byte-level BPE tokenizer, and this model's is not one".into());
         }
-        let bytes = crate::text::byte_of_char();
-        let specials: std::collections::HashSet<u32> = tokenizer
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, token)| token.special)
-            .map(|(id, _)| id)
-            .collect();
+        // Each token's own bytes, a special token's marked so that no text
+        // matches it; ids past the tokenizer's (a padded embedding) are
+        // empty and never come.
         let words: Vec<Vec<u8>> = (0..vocab as u32)
-            .map(|id| match tokenizer.id_to_token(id) {
-                Some(token) if specials.contains(&id) => {
-                    std::iter::once(TokTrie::SPECIAL_TOKEN_MARKER).chain(token.bytes()).collect()
+            .map(|id| {
+                let bytes = text.token_bytes(i64::from(id));
+                match text.is_special(id) {
+                    true => std::iter::once(TokTrie::SPECIAL_TOKEN_MARKER).chain(bytes).collect(),
+                    false => bytes,
                 }
-                // A token of plain text (an added one too) spelled in the
-                // byte alphabet, or as itself where it is not.
-                Some(token) => match token.chars().map(|c| bytes.get(&c).copied()).collect::<Option<Vec<u8>>>() {
-                    Some(spelled) => spelled,
-                    None => token.into_bytes(),
-                },
-                // Ids past the tokenizer's (a padded embedding) never come.
-                None => Vec::new(),
             })
             .collect();
         let info = TokRxInfo::new(vocab as u32, end);
         let trie = TokTrie::from(&info, &words);
-        let mut text_only = tokenizer.clone();
+        let mut text_only = text.tokenizer().clone();
         text_only.set_encode_special_tokens(true);
         let env: TokEnv = Arc::new(Vocabulary { trie, text_only });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Grammars { factory, tokenizer: tokenizer.clone() })
+        Ok(Grammars { factory, tokenizer: text.tokenizer().clone() })
     }
 
     /// A constraint for one answer, or why `spec` does not compile;

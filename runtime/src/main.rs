@@ -470,16 +470,7 @@ fn perplexity(
     divergence: bool,
 ) -> Result<(), String> {
     use linnet_runtime::perplexity::{self as ppl, Base, BaseWriter, Divergence, Likelihood};
-    let progress = |chunks: usize| {
-        let bar = indicatif::ProgressBar::new(chunks as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} chunks, {eta} left")
-                .expect("a valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_prefix("perplexity");
-        bar
-    };
+    let progress = |chunks: usize| indicatif::ProgressBar::new(chunks as u64).with_message("perplexity");
     let Loaded { mut machine, text, .. } = load(model)?;
     if divergence {
         let path = base.expect("clap requires the base");

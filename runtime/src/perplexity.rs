@@ -177,9 +177,9 @@ impl<W: Write> BaseWriter<W> {
         for at in first_scored(ctx)..ctx - 1 {
             bytes.clear();
             let row = &logits[at * vocab..(at + 1) * vocab];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (total, top) = log_sum_exp(row);
+            let max = row[top];
             let min = row.iter().copied().fold(f32::INFINITY, f32::min).max(max - 16.0);
-            let (total, _) = log_sum_exp(row);
             let least = min - total as f32;
             let scale = (max - min) / 65535.0;
             bytes.extend_from_slice(&scale.to_le_bytes());

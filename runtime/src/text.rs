@@ -23,7 +23,7 @@ pub struct TextModel {
 
 /// GPT-2's map of bytes to the printable characters byte-level BPE spells
 /// them with, inverted: character to byte.
-pub(crate) fn byte_of_char() -> HashMap<char, u8> {
+fn byte_of_char() -> HashMap<char, u8> {
     let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
     let mut next = 256u32;
     (0..=255u8)
@@ -148,6 +148,13 @@ impl TextModel {
     /// one (a tag the model writes as one token rather than as text).
     pub fn special_token(&self, text: &str) -> Option<u32> {
         self.tokenizer.token_to_id(text).filter(|id| self.specials.contains(id))
+    }
+
+    /// Whether the tokenizer is byte-level BPE: its tokens spell bytes in
+    /// GPT-2's alphabet, and a text is the concatenation of its tokens'
+    /// bytes.
+    pub fn is_byte_level(&self) -> bool {
+        self.byte_alphabet.is_some()
     }
 
     /// Whether `id` is a special token.

@@ -59,9 +59,7 @@ pub struct Served {
 impl Served {
     pub fn new(limits: Limits, text: Option<TextModel>) -> Served {
         let grammars = match &text {
-            Some(text) => {
-                Grammars::new(text.tokenizer(), limits.vocab, text.end_ids.first().map_or(0, |&id| id as u32))
-            }
+            Some(text) => Grammars::new(text, limits.vocab, text.end_ids.first().map_or(0, |&id| id as u32)),
             None => Err("constrained output needs a tokenizer, and this model has none".to_string()),
         };
         let chat_tags = text
