@@ -19,7 +19,7 @@ grep -qx '/.gpu-check/' .git/info/exclude 2>/dev/null || echo '/.gpu-check/' >> 
 
 cargo build --release --locked -p linnetc --features nvptx --bin linnetc
 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-    cargo build --release --locked -p linnet-runtime --features cuda --bin linnet --target-dir target/gpu-check
+    cargo build --release --locked -p linnet --features cuda --bin linnet --target-dir target/gpu-check
 gzip -9 -c target/gpu-check/release/linnet > "$out/linnet.gz"
 
 # NAME, then linnetc's options: the artifact, its PTX beside it.

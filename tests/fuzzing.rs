@@ -3,7 +3,12 @@
 //! the input is left in `target/fuzz/`). `LINNET_FUZZ_SECONDS` sets the
 //! time per target (default 20).
 
-use linnet_tests::fuzz::{run, target};
+// The fuzz targets, shared with the fuzz binary (which uses all of them).
+#[path = "fuzz/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod fuzz;
+
+use fuzz::{run, target};
 use std::time::Duration;
 
 fn fuzz(name: &str) {

@@ -1,56 +1,79 @@
-//! The crate graph of ARCHITECTURE.md, held by Cargo's own account of it
-//! (`cargo metadata`, every feature on): what each layer may not reach, in
-//! normal, build and dev dependencies alike, directly or through another
-//! crate. A crate that starts to import what its layer must not fails here
-//! by name, with the path that brought it in.
+//! The layering of ARCHITECTURE.md. The crate graph, held by Cargo's own
+//! account of it (`cargo metadata`, every feature on): what each layer may
+//! not reach, in normal, build and dev dependencies alike, directly or
+//! through another crate; a crate that starts to import what its layer
+//! must not fails here by name, with the path that brought it in. And
+//! within crates: the IR names no standard-library module, the kernel
+//! library's files import none in a loop.
 
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
 
+/// The code generators and the parser, which nothing that runs a built
+/// artifact may link.
+const COMPILER: &[&str] = &[
+    "linnet-frontend",
+    "linnet-build",
+    "linnet-cranelift",
+    "logos",
+    "chumsky",
+    "ariadne",
+    "cranelift-codegen",
+    "cranelift-frontend",
+    "cranelift-jit",
+    "cranelift-module",
+    "cranelift-object",
+];
+
+/// The backends, which the artifact format must not know.
+const BACKENDS: &[&str] =
+    &["linnet-exec", "linnet-kernels", "linnet-cpu", "linnet-cranelift", "linnet-gpu", "melior", "cudarc"];
+
 /// Each crate, and the packages it must never depend on.
-const FORBIDDEN: &[(&str, &[&str])] = &[
+const FORBIDDEN: &[(&str, &[&[&str]])] = &[
     (
         "linnet-ir",
         &[
-            "linnet-frontend",
-            "linnet-exec",
-            "linnet-cpu",
-            "linnet-gpu",
-            "logos",
-            "chumsky",
-            "ariadne",
-            "toml",
-            "cranelift-codegen",
-            "melior",
-            "cudarc",
-            "axum",
-            "tokenizers",
+            &["linnet-frontend", "linnet-exec", "linnet-cpu", "linnet-gpu", "linnet-artifact"],
+            &["logos", "chumsky", "ariadne", "toml", "cranelift-codegen", "melior", "cudarc", "axum", "tokenizers"],
         ],
     ),
-    ("linnet-frontend", &["linnet-exec", "linnet-cpu", "linnet-gpu", "cranelift-codegen", "melior", "cudarc"]),
-    (
-        "linnet-exec",
-        &["linnet-frontend", "linnet-cpu", "linnet-gpu", "logos", "chumsky", "ariadne", "cranelift-codegen"],
-    ),
-    ("linnet-cpu", &["linnet-frontend", "linnet-gpu", "melior", "cudarc", "chumsky", "logos", "ariadne"]),
+    ("linnet-artifact", &[BACKENDS, COMPILER, &["axum"]]),
+    ("linnet-frontend", &[&["linnet-exec", "linnet-cpu", "linnet-gpu", "cranelift-codegen", "melior", "cudarc"]]),
+    ("linnet-exec", &[COMPILER, &["linnet-cpu", "linnet-gpu"]]),
+    // The kernel library: no code generator, no other backend.
+    ("linnet-kernels", &[COMPILER, &["linnet-cpu", "linnet-gpu", "melior", "cudarc", "axum"]]),
+    // The CPU backend at run time: it loads code, it does not generate it.
+    ("linnet-cpu", &[COMPILER, &["linnet-gpu", "melior", "cudarc"]]),
+    ("linnet-cranelift", &[&["linnet-frontend", "linnet-gpu", "melior", "cudarc", "chumsky", "logos", "ariadne"]]),
     (
         "linnet-gpu",
-        &[
+        &[&[
             "linnet-cpu",
+            "linnet-kernels",
             "cranelift-codegen",
             "cranelift-frontend",
             "cranelift-jit",
             "cranelift-module",
             "cranelift-object",
-        ],
+        ]],
     ),
-    ("linnet-lsp", &["linnet-exec", "linnet-cpu", "linnet-gpu"]),
+    ("linnet-lsp", &[&["linnet-exec", "linnet-cpu", "linnet-gpu"]]),
+    // The runtime loads and runs artifacts without the compiler, and serves
+    // nothing: the HTTP server is a crate above it.
+    ("linnet-runtime", &[COMPILER, &["linnet-server", "axum", "tokio"]]),
+    ("linnet-server", &[COMPILER]),
 ];
+
+/// The one library that serves HTTP.
+const SERVER: &str = "linnet-server";
 
 struct Graph {
     names: HashMap<String, String>,
     edges: HashMap<String, Vec<String>>,
+    /// The workspace's packages that have a library target.
+    libraries: Vec<String>,
 }
 
 fn graph() -> Graph {
@@ -67,6 +90,17 @@ fn graph() -> Graph {
         .iter()
         .map(|package| (package["id"].as_str().unwrap().to_string(), package["name"].as_str().unwrap().to_string()))
         .collect();
+    let libraries = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter(|package| package["source"].is_null())
+        .filter(|package| {
+            let targets = package["targets"].as_array().expect("targets");
+            targets.iter().any(|target| target["kind"].as_array().unwrap().iter().any(|kind| kind == "lib"))
+        })
+        .map(|package| package["name"].as_str().unwrap().to_string())
+        .collect();
     let edges = metadata["resolve"]["nodes"]
         .as_array()
         .expect("a resolved graph")
@@ -76,7 +110,7 @@ fn graph() -> Graph {
             (node["id"].as_str().unwrap().to_string(), deps.collect())
         })
         .collect();
-    Graph { names, edges }
+    Graph { names, edges, libraries }
 }
 
 impl Graph {
@@ -106,7 +140,7 @@ fn no_crate_reaches_what_its_layer_must_not() {
     let mut breaches = Vec::new();
     for (krate, forbidden) in FORBIDDEN {
         let reached = graph.reached(krate);
-        for package in *forbidden {
+        for package in forbidden.iter().flat_map(|group| group.iter()) {
             if let Some(path) = reached.get(*package) {
                 breaches.push(format!("{krate} depends on {package}: {}", path.join(" → ")));
             }
@@ -115,13 +149,31 @@ fn no_crate_reaches_what_its_layer_must_not() {
     assert!(breaches.is_empty(), "the layering is broken:\n{}", breaches.join("\n"));
 }
 
-/// The check above can fail: the runtime does reach the parser and the
-/// code generators, and the graph says so.
+/// The HTTP server is a crate of its own that no library depends on: only
+/// the `linnet` CLI (a binary) and tests link it, and it is the only
+/// library of the workspace that reaches axum.
 #[test]
-fn the_graph_sees_what_the_runtime_reaches() {
-    let reached = graph().reached("linnet-runtime");
-    for package in ["linnet-frontend", "chumsky", "linnet-cpu", "cranelift-codegen", "linnet-ir"] {
-        assert!(reached.contains_key(package), "linnet-runtime should reach {package}");
+fn no_library_depends_on_the_server() {
+    let graph = graph();
+    assert!(graph.libraries.iter().any(|library| library == "linnet-runtime"), "{:?}", graph.libraries);
+    for library in &graph.libraries {
+        let reached = graph.reached(library);
+        assert!(
+            library == SERVER || !reached.contains_key(SERVER),
+            "{library} depends on {SERVER}: {:?}",
+            reached[SERVER]
+        );
+        assert!(library == SERVER || !reached.contains_key("axum"), "{library} reaches axum: {:?}", reached["axum"]);
+    }
+}
+
+/// The checks above can fail: the CLI does reach the parser, the code
+/// generator and the server, and the graph says so.
+#[test]
+fn the_graph_sees_what_the_cli_reaches() {
+    let reached = graph().reached("linnet");
+    for package in ["linnet-frontend", "chumsky", "linnet-cranelift", "cranelift-codegen", "linnet-server", "axum"] {
+        assert!(reached.contains_key(package), "linnet should reach {package}");
     }
 }
 
@@ -146,4 +198,87 @@ fn the_ir_names_no_module_of_the_standard_library() {
         }
     }
     assert!(read > 10, "read only {read} files of the IR crate");
+}
+
+/// The sibling modules each file of `dir` names (`super::x`, `crate::x`,
+/// `use super::{x, y}`), by file stem.
+fn module_imports(dir: &std::path::Path) -> HashMap<String, HashSet<String>> {
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "rs"))
+        .collect();
+    let stems: HashSet<String> = files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into()).collect();
+    let mut imports = HashMap::new();
+    for path in &files {
+        let stem: String = path.file_stem().unwrap().to_string_lossy().into();
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut named = HashSet::new();
+        for prefix in ["super::", "crate::"] {
+            for (at, _) in text.match_indices(prefix) {
+                let rest = &text[at + prefix.len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find('}').unwrap_or(0)].split(',').collect(),
+                    None => vec![rest],
+                };
+                for name in names {
+                    let name: String = name.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    if stems.contains(&name) && name != stem && name != "lib" {
+                        named.insert(name);
+                    }
+                }
+            }
+        }
+        imports.insert(stem, named);
+    }
+    imports
+}
+
+/// A cycle among `imports`, as the files along it, if there is one.
+fn import_cycle(imports: &HashMap<String, HashSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        imports: &HashMap<String, HashSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut HashSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|file| file == at) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(at.to_string());
+            return Some(cycle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_string());
+        let mut next: Vec<&String> = imports[at].iter().collect();
+        next.sort();
+        for file in next {
+            if let Some(cycle) = visit(file, imports, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(at.to_string());
+        None
+    }
+    let mut done = HashSet::new();
+    let mut files: Vec<&String> = imports.keys().collect();
+    files.sort();
+    files.into_iter().find_map(|file| visit(file, imports, &mut Vec::new(), &mut done))
+}
+
+/// No two files of the CPU kernel library import each other, directly or
+/// around a loop: a newcomer reads them from the leaves (`isa`, `matrix`,
+/// `simd`) up to `matmul`.
+#[test]
+fn the_cpu_kernels_import_no_file_in_a_loop() {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../compiler/kernels/src"));
+    let imports = module_imports(dir);
+    assert!(imports["matmul"].contains("choice") && imports.len() > 10, "{imports:?}");
+    assert_eq!(import_cycle(&imports), None);
+    // The check can fail: a loop added to a copy of the graph is found.
+    let mut looped = imports.clone();
+    looped.get_mut("isa").unwrap().insert("matmul".into());
+    assert!(import_cycle(&looped).is_some());
 }

@@ -6,10 +6,12 @@
 
 use linnet_frontend::driver::{check_package, lower_package, Checked};
 use linnet_frontend::package::LoadOptions;
-use linnet_tests::{annotations, difference, render, reported, root, snapshot};
+mod support;
+
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use support::{annotations, difference, render, reported, root, snapshot};
 
 fn model_dir() -> PathBuf {
     root().join("models/qwen3.6-35b-a3b")

@@ -7,7 +7,6 @@ use clap::{Args, Parser, Subcommand};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
-use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
@@ -15,6 +14,9 @@ use linnet_runtime::{bench, generate, npy, Loaded, Weights};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Why a command failed, as the CLI prints it: any library's error.
+type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser)]
 #[command(name = "linnet", version, about = "Run Linnet models")]
@@ -237,37 +239,37 @@ enum Command {
 
 /// The kernels' threads (and rayon's, which loading uses) at `threads`,
 /// when given.
-fn use_threads(threads: Option<usize>) -> Result<(), String> {
+fn use_threads(threads: Option<usize>) -> Result<(), Failure> {
     match threads {
         Some(0) => Err("`--threads` must be at least 1".into()),
         Some(count) => {
-            linnet_cpu::threads::set_threads(count)?;
+            linnet_kernels::threads::set_threads(count)?;
             rayon::ThreadPoolBuilder::new()
                 .num_threads(count)
                 .build_global()
-                .map_err(|e| format!("cannot start {count} threads: {e}"))
+                .map_err(|e| format!("cannot start {count} threads: {e}").into())
         }
         None => Ok(()),
     }
 }
 
-fn assignment(text: &str) -> Result<(String, String), String> {
+fn assignment(text: &str) -> Result<(String, String), Failure> {
     match text.split_once('=') {
         Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.trim().to_string())),
-        _ => Err(format!("expected NAME=VALUE, found `{text}`")),
+        _ => Err(format!("expected NAME=VALUE, found `{text}`").into()),
     }
 }
 
-fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, String> {
+fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, Failure> {
     linnet_runtime::quantize::Recipe::parse(text)
-        .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k"))
+        .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k").into())
 }
 
 fn options(model: &Model) -> LoadOptions {
     LoadOptions { nest: model.nest.clone(), overrides: model.overrides.clone(), ..LoadOptions::default() }
 }
 
-fn load(model: &Model) -> Result<Loaded, String> {
+fn load(model: &Model) -> Result<Loaded, Failure> {
     let weights = match model.random_weights {
         Some(seed) => Weights::Random(seed),
         None => Weights::Checkpoint {
@@ -281,7 +283,8 @@ fn load(model: &Model) -> Result<Loaded, String> {
         BackendArg::MlirHost => linnet_runtime::BackendKind::MlirHost,
         BackendArg::Cuda => linnet_runtime::BackendKind::Cuda,
     };
-    let mut loaded = linnet_runtime::load_on(&model.package, &options(model), &weights, backend)?;
+    let artifact = linnet_build::cache::artifact_for(&model.package, &options(model)).map_err(|e| e.to_string())?;
+    let mut loaded = linnet_runtime::load(&artifact, &weights, backend, Some(&linnet_build::Builder))?;
     if let Some(path) = &model.tokenizer {
         let text = linnet_runtime::text::TextModel::open(path)?;
         loaded.text = Some(text.ok_or_else(|| format!("--tokenizer {}: no tokenizer there", path.display()))?);
@@ -296,7 +299,7 @@ fn load(model: &Model) -> Result<Loaded, String> {
 }
 
 /// An integer array converted to the integer type an input wants.
-fn fit_input(mut tensor: Tensor, dtype: Dtype, name: &str) -> Result<Tensor, String> {
+fn fit_input(mut tensor: Tensor, dtype: Dtype, name: &str) -> Result<Tensor, Failure> {
     if tensor.dtype == dtype {
         return Ok(tensor);
     }
@@ -309,7 +312,7 @@ fn fit_input(mut tensor: Tensor, dtype: Dtype, name: &str) -> Result<Tensor, Str
             tensor.dtype = Dtype::I64;
             Ok(tensor)
         }
-        _ => Err(format!("input `{name}` must be {}, the file holds {}", dtype.name(), tensor.dtype.name())),
+        _ => Err(format!("input `{name}` must be {}, the file holds {}", dtype.name(), tensor.dtype.name()).into()),
     }
 }
 
@@ -319,7 +322,7 @@ fn run(
     inputs: &[(String, String)],
     args: &[(String, String)],
     output: Option<&PathBuf>,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let mut machine = load(model)?.machine;
     let entry = machine.model().entry(entry_name).ok_or_else(|| {
         let names: Vec<&str> = machine.model().entries.iter().map(|e| e.name.as_str()).collect();
@@ -328,7 +331,7 @@ fn run(
     let known: Vec<&str> = entry.inputs.iter().map(|i| i.name.as_str()).collect();
     for (name, _) in inputs.iter().chain(args) {
         if !known.contains(&name.as_str()) {
-            return Err(format!("entry `{entry_name}` has no input `{name}`; it takes {}", known.join(", ")));
+            return Err(format!("entry `{entry_name}` has no input `{name}`; it takes {}", known.join(", ")).into());
         }
     }
     let mut values = Vec::new();
@@ -341,7 +344,8 @@ fn run(
                 return Err(format!(
                     "input `{}` is a tensor: pass it with --input {}=FILE.npy",
                     input.name, input.name
-                ));
+                )
+                .into());
             }
             if input.dtype.is_float() {
                 let value: f32 = text.parse().map_err(|_| format!("--arg {}: `{text}` is not a number", input.name))?;
@@ -353,7 +357,9 @@ fn run(
             }
         } else {
             let how = if input.shape.is_empty() { "--arg" } else { "--input" };
-            return Err(format!("entry `{entry_name}` needs `{}`: pass it with {how} {}=...", input.name, input.name));
+            return Err(
+                format!("entry `{entry_name}` needs `{}`: pass it with {how} {}=...", input.name, input.name).into()
+            );
         };
         values.push(fit_input(tensor, input.dtype, &input.name)?);
     }
@@ -395,7 +401,7 @@ fn generate_text(
     max_tokens: usize,
     sampling: &SamplingArgs,
     print_ids: bool,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let settings = Sampling {
         temperature: sampling.temperature,
         top_k: sampling.top_k,
@@ -468,7 +474,7 @@ fn perplexity(
     limit: Option<usize>,
     base: Option<&PathBuf>,
     divergence: bool,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     use linnet_runtime::perplexity::{self as ppl, Base, BaseWriter, Divergence, Likelihood};
     let progress = |chunks: usize| indicatif::ProgressBar::new(chunks as u64).with_message("perplexity");
     let Loaded { mut machine, text, .. } = load(model)?;
@@ -481,13 +487,14 @@ fn perplexity(
         let bar = progress(chunks.len());
         let mut found = Divergence::default();
         for (index, chunk) in chunks.iter().enumerate() {
-            let logits = ppl::chunk_logits(&mut machine, chunk).map_err(|e| e.to_string())?;
+            let logits = ppl::chunk_logits(&mut machine, chunk)?;
             if logits.len() != base.ctx * base.vocab {
                 return Err(format!(
                     "the base has a vocabulary of {}; this model's logits have {}",
                     base.vocab,
                     logits.len() / base.ctx
-                ));
+                )
+                .into());
             }
             found.chunk(&base, index, &logits);
             bar.inc(1);
@@ -511,7 +518,7 @@ fn perplexity(
     let mut likelihood = Likelihood::default();
     let mut writer = None;
     for chunk in &chunks {
-        let logits = ppl::chunk_logits(&mut machine, chunk).map_err(|e| e.to_string())?;
+        let logits = ppl::chunk_logits(&mut machine, chunk)?;
         let vocab = logits.len() / ctx;
         likelihood.score(chunk, &logits, vocab);
         if let Some(path) = base {
@@ -538,7 +545,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    if let Err(message) = linnet_cpu::matmul::Isa::requested() {
+    if let Err(message) = linnet_kernels::isa::Isa::requested() {
         eprintln!("linnet: {message}");
         return ExitCode::from(1);
     }
@@ -552,14 +559,14 @@ fn main() -> ExitCode {
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
             let prefix_cache_bytes = prefix_cache_mb.saturating_mul(1 << 20);
             let prefix_block = prefix_block as usize;
-            let options =
-                linnet_runtime::server::Options { host, port, queue, api_key, prefix_cache_bytes, prefix_block };
-            linnet_runtime::server::serve(move || load(&loader), options)
+            let options = linnet_server::Options { host, port, queue, api_key, prefix_cache_bytes, prefix_block };
+            linnet_server::serve(move || load(&loader).map_err(linnet_server::ServeError::Load), options)
+                .map_err(Into::into)
         }
         Command::InitWeights { package, nest, overrides, seed, recipe: Some(recipe), output, .. } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
-            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
-                let bindings = linnet_runtime::bindings(&package);
+            linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
+                let bindings = linnet_build::bindings(&package);
                 let summary = linnet_runtime::quantize::random(&model, &bindings, seed, recipe, &output)?;
                 println!(
                     "wrote random `{}` as {} to {}\n{}",
@@ -573,15 +580,20 @@ fn main() -> ExitCode {
         }
         Command::Quantize { package, weights, nest, overrides, recipe, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
-            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
-                let bindings = linnet_runtime::bindings(&package);
+            linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
+                let bindings = linnet_build::bindings(&package);
                 let card = package.nest.as_ref();
                 let (repo, revision) = (card.and_then(|n| n.repo.as_deref()), card.and_then(|n| n.revision.as_deref()));
                 let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
                 let files = card.map(|n| n.weight_files.clone()).unwrap_or_default();
-                let params =
-                    linnet_runtime::weights::load(&model, &Naming::of(&package), &dir, &files, NonFinite::Refuse)
-                        .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
+                let params = linnet_runtime::weights::load(
+                    &model,
+                    &linnet_build::naming(&package),
+                    &dir,
+                    &files,
+                    NonFinite::Refuse,
+                )
+                .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
                 let summary = linnet_runtime::quantize::from_params(&model, &bindings, &params, recipe, &output)?;
                 println!(
                     "quantized `{}` to {} in {}\n{}",
@@ -595,9 +607,9 @@ fn main() -> ExitCode {
         }
         Command::InitWeights { package, nest, overrides, seed, shards, recipe: None, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
-            linnet_runtime::lower(&package, &options).and_then(|(model, package)| {
+            linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
                 let written =
-                    linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), seed, shards, &output)?;
+                    linnet_runtime::init::write(&model, &linnet_build::bindings(&package), seed, shards, &output)?;
                 linnet_runtime::init::copy_text_files(package.dir(), &output)?;
                 println!(
                     "wrote {} parameters ({written} bytes) of `{}` to {}",

@@ -32,11 +32,12 @@ fn a_built_artifact_runs_like_the_package() {
     let out = scratch("build");
     // Built through the library, as `linnetc build` does.
     let checked = linnet_frontend::driver::check_package(&root().join("models/qwen3.6-35b-a3b"), &options());
-    let key = linnet_artifact::content_key(&checked.sources).unwrap();
+    let key = linnet_build::content_key(&checked.sources);
     let (model, checked) =
         linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    let manifest = linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
-    assert!(manifest.kernels.values().map(Vec::len).sum::<usize>() > 100);
+    let manifest = linnet_build::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    let records = linnet_cpu::load::records(&manifest.code[linnet_cpu::load::SECTION]).unwrap();
+    assert!(records.values().map(Vec::len).sum::<usize>() > 100);
     assert!(manifest.params.iter().all(|p| p.tensor.is_some()), "every parameter names its checkpoint tensor");
     assert_eq!(manifest.plan.weight_bytes, model.param_bytes());
 
@@ -44,17 +45,16 @@ fn a_built_artifact_runs_like_the_package() {
         dir: Some(oracle().join("weights-f32")),
         non_finite: linnet_runtime::weights::NonFinite::Refuse,
     };
-    let mut from_artifact =
-        linnet_runtime::load_on(&out, &LoadOptions::default(), &weights, BackendKind::Cpu).unwrap().machine;
+    let mut from_artifact = common::load_on(&out, &LoadOptions::default(), &weights, BackendKind::Cpu).unwrap().machine;
     let mut in_process =
-        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, BackendKind::Interp)
+        common::load_on(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights, BackendKind::Interp)
             .unwrap()
             .machine;
     let (native, reference) = (logits(&mut from_artifact), logits(&mut in_process));
     linnet_exec::tolerance::compare(&reference, &native)
         .unwrap_or_else(|m| panic!("the artifact's kernels break the contract: {m}"));
 
-    let refused = linnet_runtime::load_on(
+    let refused = common::load_on(
         &out,
         &LoadOptions { overrides: vec![("Groups".into(), "2".into())], ..LoadOptions::default() },
         &weights,
@@ -70,29 +70,30 @@ fn tiny_mlp_artifact(name: &str) -> PathBuf {
     let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-mlp"), &LoadOptions::default());
     let (model, checked) =
         linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    linnet_artifact::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
+    linnet_build::write(&model, checked.package.as_ref().unwrap(), "key".into(), &out).unwrap();
     out
 }
 
-/// An artifact of another ABI is refused; one compiled on another host is
-/// read (its IR runs on any backend), but its CPU code is refused.
+/// CPU code of another ABI or compiled on another host is refused; the
+/// artifact itself is read (its IR runs on any backend).
 #[test]
-fn an_artifact_for_another_host_or_abi_is_refused() {
+fn cpu_code_for_another_host_or_abi_is_refused() {
     let out = tiny_mlp_artifact("foreign");
-    assert!(linnet_artifact::read(&out).is_ok());
-    let manifest_path = out.join("artifact.json");
-    let written: linnet_artifact::Manifest =
-        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let built = linnet_artifact::read(&out).unwrap();
+    let (section, bytes) = built.code(linnet_cpu::load::SECTION).map(|(s, b)| (s.clone(), b)).unwrap();
     // As another host or compiler would have written them: sealed.
-    let write_sealed = |manifest: linnet_artifact::Manifest| {
-        std::fs::write(&manifest_path, serde_json::to_string(&manifest.sealed().unwrap()).unwrap()).unwrap();
+    let rewritten = |section: linnet_artifact::CodeSection| {
+        let name = linnet_cpu::load::SECTION.to_string();
+        let artifact = linnet_artifact::read(&out).unwrap();
+        artifact.with_section(linnet_artifact::Section { name, section, bytes: bytes.clone() }).unwrap();
+        linnet_artifact::read(&out).unwrap()
     };
-    write_sealed(linnet_artifact::Manifest { target: "riscv64gc-unknown-linux-gnu []".into(), ..written.clone() });
-    let foreign = linnet_artifact::read(&out).unwrap();
-    let error = foreign.kernels(&out).err().unwrap();
+    let foreign =
+        rewritten(linnet_artifact::CodeSection { target: "riscv64gc-unknown-linux-gnu []".into(), ..section.clone() });
+    let error = linnet_cpu::load::from_artifact(&foreign).err().unwrap().to_string();
     assert!(error.contains("compiled for riscv64gc") && error.contains("rebuild it"), "{error}");
-    write_sealed(linnet_artifact::Manifest { abi: 999, ..written });
-    let error = linnet_artifact::read(&out).err().unwrap();
+    let other_abi = rewritten(linnet_artifact::CodeSection { abi: 999, ..section });
+    let error = linnet_cpu::load::from_artifact(&other_abi).err().unwrap().to_string();
     assert!(error.contains("kernel ABI 999"), "{error}");
     std::fs::remove_dir_all(&out).unwrap();
 }
@@ -103,12 +104,12 @@ fn an_artifact_for_another_host_or_abi_is_refused() {
 fn an_altered_artifact_is_refused() {
     let out = tiny_mlp_artifact("altered");
     let built = linnet_artifact::read(&out).unwrap();
-    assert!(built.kernels(&out).is_ok());
+    assert!(linnet_cpu::load::from_artifact(&built).is_ok());
 
     let manifest_path = out.join("artifact.json");
     let text = std::fs::read_to_string(&manifest_path).unwrap();
     std::fs::write(&manifest_path, text.replace("\"key\": \"key\"", "\"key\": \"another\"")).unwrap();
-    let error = linnet_artifact::read(&out).err().unwrap();
+    let error = linnet_artifact::read(&out).err().unwrap().to_string();
     assert!(error.contains("artifact.json was edited"), "{error}");
     std::fs::write(&manifest_path, &text).unwrap();
 
@@ -119,7 +120,10 @@ fn an_altered_artifact_is_refused() {
         let middle = flipped.len() / 2;
         flipped[middle] ^= 0x10;
         std::fs::write(&path, &flipped).unwrap();
-        let error = linnet_artifact::read(&out).and_then(|built| built.kernels(&out).map(|_| ())).err().unwrap();
+        let error = match linnet_artifact::read(&out) {
+            Ok(built) => linnet_cpu::load::from_artifact(&built).err().unwrap().to_string(),
+            Err(error) => error.to_string(),
+        };
         assert!(error.contains(file) && error.contains("SHA-256 differs"), "{error}");
         std::fs::write(&path, &bytes).unwrap();
     }
@@ -140,7 +144,7 @@ fn packages_are_built_once_per_content() {
         let builds: Vec<_> = (0..2)
             .map(|_| {
                 scope.spawn(|| {
-                    linnet_runtime::cache::artifact_in(
+                    linnet_build::cache::artifact_in(
                         Some(&cache),
                         &package,
                         &LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() },
@@ -151,11 +155,11 @@ fn packages_are_built_once_per_content() {
         builds.into_iter().map(|build| build.join().unwrap().unwrap()).collect()
     });
     assert_eq!(built[0], built[1]);
-    let first = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
+    let first = linnet_build::cache::artifact_in(Some(&cache), &package, &options).unwrap();
     assert!(first.starts_with(&cache) && linnet_artifact::is_artifact(&first));
     let modified = std::fs::metadata(first.join("artifact.json")).unwrap().modified().unwrap();
     assert_eq!(
-        linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap(),
+        linnet_build::cache::artifact_in(Some(&cache), &package, &options).unwrap(),
         first,
         "unchanged sources reuse the artifact"
     );
@@ -166,7 +170,7 @@ fn packages_are_built_once_per_content() {
     );
     let source = std::fs::read_to_string(package.join("src/lib.linnet")).unwrap();
     std::fs::write(package.join("src/lib.linnet"), format!("{source}\n// changed\n")).unwrap();
-    let second = linnet_runtime::cache::artifact_in(Some(&cache), &package, &options).unwrap();
+    let second = linnet_build::cache::artifact_in(Some(&cache), &package, &options).unwrap();
     assert_ne!(second, first, "changed sources get an artifact of their own");
     std::fs::remove_dir_all(&cache).unwrap();
     std::fs::remove_dir_all(&package).unwrap();
@@ -174,10 +178,10 @@ fn packages_are_built_once_per_content() {
 
 #[test]
 fn weights_are_used_in_place() {
-    let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
+    let (model, package) = linnet_build::lower(&root().join("models/qwen3.6-35b-a3b"), &options()).unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::gguf::load::Naming::of(&package),
+        &linnet_build::naming(&package),
         &oracle().join("weights-f32"),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,
@@ -192,10 +196,10 @@ fn weights_are_used_in_place() {
         stdlib: Some(root().join("stdlib")),
         ..LoadOptions::default()
     };
-    let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
+    let (model, package) = linnet_build::lower(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::gguf::load::Naming::of(&package),
+        &linnet_build::naming(&package),
         &calm.join("weights-bf16"),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,

@@ -49,7 +49,7 @@ fn generate_prints_the_greedy_ids() {
         dir: Some(oracle.join("weights-f32")),
         non_finite: linnet_runtime::weights::NonFinite::Refuse,
     };
-    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
+    let mut machine = common::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(ids, linnet_runtime::generate::greedy(&mut machine, &prompt, 12).unwrap());
 }
 
@@ -219,10 +219,10 @@ fn generate_runs_a_built_artifact() {
     let out = std::env::temp_dir().join(format!("linnet-cli-artifact-{}", std::process::id()));
     let options = linnet_frontend::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
     let checked = linnet_frontend::driver::check_package(&root().join("examples/tiny-qwen"), &options);
-    let key = linnet_artifact::content_key(&checked.sources).unwrap();
+    let key = linnet_build::content_key(&checked.sources);
     let (model, checked) =
         linnet_frontend::driver::lower_checked(checked, Default::default()).unwrap_or_else(|_| panic!("lowers"));
-    linnet_artifact::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
+    linnet_build::write(&model, checked.package.as_ref().unwrap(), key, &out).unwrap();
     let args = ["--random-weights", "1", "--prompt-ids", "1,2,3", "--max-tokens", "6", "--print-ids"];
     let from_artifact = linnet_plain(&[&["generate", out.to_str().unwrap()], &args[..]].concat());
     let from_package = linnet_plain(&[&["generate", "examples/tiny-qwen"], &args[..]].concat());

@@ -8,7 +8,7 @@
 //! reports the same errors; its bf16 rounding and `exp` are held to the
 //! reference element by element.
 
-use linnet_cpu::lowering::Elementwise;
+use linnet_cranelift::Elementwise;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::tolerance;
 use linnet_exec::Machine;
@@ -181,7 +181,7 @@ fn reference(program: &Model) -> Machine {
 }
 
 fn native(program: &Model, elementwise: Elementwise) -> Machine {
-    linnet_cpu::backend::jit_machine(program.clone(), Vec::new(), elementwise).unwrap_or_else(|e| panic!("{e}"))
+    linnet_cranelift::jit_machine(program.clone(), Vec::new(), elementwise).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The scalar code agrees with the interpreter bit for bit, the lanes

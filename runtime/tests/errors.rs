@@ -21,7 +21,7 @@ fn load(weights: &Path) -> Result<Machine, String> {
 
 fn load_with(weights: &Path, non_finite: NonFinite) -> Result<Machine, String> {
     let weights = linnet_runtime::Weights::Checkpoint { dir: Some(weights.to_path_buf()), non_finite };
-    linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights).map(|loaded| loaded.machine)
+    common::load(&root().join("models/qwen3.6-35b-a3b"), &options(), &weights).map(|loaded| loaded.machine)
 }
 
 const NORM: &str = "model.language_model.norm.weight";
@@ -101,9 +101,10 @@ fn weights_are_found_in_the_hub_cache_or_the_places_are_named() {
     let snapshot = cache.join("models--Org--Tiny/snapshots/abc123");
     std::fs::create_dir_all(&snapshot).unwrap();
     assert_eq!(weights::locate_in_caches(std::slice::from_ref(&cache), "Org/Tiny", Some("abc123")).unwrap(), snapshot);
-    let error = weights::locate_in_caches(std::slice::from_ref(&cache), "Org/Other", Some("abc123")).unwrap_err();
+    let error =
+        weights::locate_in_caches(std::slice::from_ref(&cache), "Org/Other", Some("abc123")).unwrap_err().to_string();
     assert!(error.contains("models--Org--Other/snapshots/abc123") && error.contains("--weights"), "{error}");
-    let error = weights::locate(Some(&cache.join("nowhere")), None, None).unwrap_err();
+    let error = weights::locate(Some(&cache.join("nowhere")), None, None).unwrap_err().to_string();
     assert!(error.contains("no such folder"), "{error}");
 }
 

@@ -9,7 +9,7 @@
 //! the contract.
 
 use linnet_cpu::backend::Cpu;
-use linnet_cpu::lowering::Elementwise;
+use linnet_cranelift::Elementwise;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
 use linnet_frontend::driver::lower_package_with;
@@ -37,7 +37,7 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
     let package = checked.package.unwrap();
     let params = linnet_runtime::weights::load(
         &model,
-        &linnet_runtime::gguf::load::Naming::of(&package),
+        &linnet_build::naming(&package),
         &dir.join(format!("weights-{dtype}")),
         &[],
         linnet_runtime::weights::NonFinite::Refuse,
@@ -51,7 +51,7 @@ fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtim
     match backend {
         linnet_runtime::BackendKind::Interp => linnet_exec::interp::machine(model, params),
         linnet_runtime::BackendKind::Cpu => {
-            linnet_cpu::backend::machine(model, params, None).unwrap_or_else(|e| panic!("{e}"))
+            linnet_cranelift::jit_machine(model, params, Elementwise::default()).unwrap_or_else(|e| panic!("{e}"))
         }
         other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
     }
@@ -192,7 +192,7 @@ struct Altered {
 
 impl Altered {
     fn carrying(carries: bool) -> Altered {
-        Altered { cpu: Cpu::jit(Elementwise::default()), entry: usize::MAX, node: 0, skew: 0.0, carries }
+        Altered { cpu: Cpu::new(linnet_cranelift::Jit::default()), entry: usize::MAX, node: 0, skew: 0.0, carries }
     }
 }
 
@@ -311,7 +311,7 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let mut compiled = std::collections::HashMap::new();
     for entry in &model.entries {
         let analysis = Analysis::of(entry);
-        let code = linnet_cpu::native::jit(&model.params, entry, &analysis, Elementwise::default()).unwrap();
+        let code = linnet_cranelift::jit(&model.params, entry, &analysis, Elementwise::default()).unwrap();
         let computes = entry.nodes.iter().filter(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).count();
         assert_eq!(
             code.kernels.iter().flatten().count(),
@@ -324,7 +324,7 @@ fn every_node_runs_as_native_code_or_the_model_is_refused() {
     let decode = &model.entries.iter().find(|e| e.name == "decode").unwrap();
     let missing = decode.nodes.iter().position(|n| matches!(n.kind, linnet_ir::NodeKind::Compute(_))).unwrap();
     compiled.get_mut("decode").unwrap().kernels[missing] = None;
-    let error = linnet_cpu::backend::machine(model, params, Some(compiled)).err().expect("a missing kernel is refused");
+    let error = linnet_cpu::machine(model, params, compiled).err().expect("a missing kernel is refused");
     assert_eq!((error.entry.as_str(), error.node), ("decode", Some(missing)));
     let text = error.to_string();
     assert!(

@@ -14,7 +14,6 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
-use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::gguf::{read_file, Files, Planned, Storage, Writer};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
@@ -41,7 +40,7 @@ fn distance(ours: &[f32], reference: &[f32]) -> f32 {
 /// Each golden sequence's `forward` logits, flattened, and the greedy
 /// tokens after sequence 0.
 fn run(weights: &Weights, backend: BackendKind) -> (Vec<Vec<f32>>, Vec<i64>) {
-    let mut machine = linnet_runtime::load_on(&root().join(MOE), &oracle_options(), weights, backend)
+    let mut machine = common::load_on(&root().join(MOE), &oracle_options(), weights, backend)
         .unwrap_or_else(|e| panic!("{e}"))
         .machine;
     let golden = common::golden(&oracle(), "f32");
@@ -74,9 +73,9 @@ fn llama_cpp_f32_file_gives_the_oracle_logits() {
 
 #[test]
 fn llama_cpp_q8_0_file_keeps_whole_blocks_and_runs() {
-    let (model, package) = linnet_runtime::lower(&root().join(MOE), &oracle_options()).unwrap();
+    let (model, package) = linnet_build::lower(&root().join(MOE), &oracle_options()).unwrap();
     let files = Files::open(&fixture("tiny-qwen3.5-moe-q8_0.gguf")).unwrap();
-    let formats = linnet_runtime::gguf::load::formats(&model, &Naming::of(&package), &files).unwrap();
+    let formats = linnet_runtime::gguf::load::formats(&model, &linnet_build::naming(&package), &files).unwrap();
     let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
     // Concatenated rows (gate and up) and heads moved as whole rows keep
     // their blocks; heads moved within rows of 32-value blocks by 16
@@ -132,7 +131,7 @@ fn dequantized(path: &std::path::Path) -> PathBuf {
 #[test]
 fn metadata_and_architecture_must_agree_with_the_card() {
     let options = LoadOptions { overrides: vec![("TopK".into(), "1".into())], ..oracle_options() };
-    let error = linnet_runtime::load(&root().join(MOE), &options, &file("tiny-qwen3.5-moe-f32.gguf")).err().unwrap();
+    let error = common::load(&root().join(MOE), &options, &file("tiny-qwen3.5-moe-f32.gguf")).err().unwrap();
     assert!(
         error.contains("metadata `qwen35moe.expert_used_count` is 2 in the file, and the model card makes it 1"),
         "{error}"
@@ -142,8 +141,7 @@ fn metadata_and_architecture_must_agree_with_the_card() {
         stdlib: Some(root().join("stdlib")),
         ..LoadOptions::default()
     };
-    let error = linnet_runtime::load(&root().join("models/qwen3-8b"), &options, &file("tiny-qwen3.5-moe-f32.gguf"))
-        .err()
-        .unwrap();
+    let error =
+        common::load(&root().join("models/qwen3-8b"), &options, &file("tiny-qwen3.5-moe-f32.gguf")).err().unwrap();
     assert!(error.contains("for the `qwen35moe` architecture; this package reads `qwen3` files"), "{error}");
 }

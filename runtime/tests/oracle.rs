@@ -93,7 +93,7 @@ fn try_load(fixture: Fixture, dtype: &str, backend: linnet_runtime::BackendKind)
         dir: Some(dir.join(format!("weights-{dtype}"))),
         non_finite: linnet_runtime::weights::NonFinite::Refuse,
     };
-    let machine = linnet_runtime::load_on(&root().join(fixture.package), &options, &weights, backend)?.machine;
+    let machine = common::load_on(&root().join(fixture.package), &options, &weights, backend)?.machine;
     let mut golden = read_golden(&dir, dtype);
     if dtype == "f32" {
         let greedy_prefix = golden.iter().map(|seq| seq.greedy.len()).sum();

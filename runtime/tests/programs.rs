@@ -7,6 +7,7 @@
 //! with it, and as native code. The interpreter's two runs agree bit for
 //! bit; native code meets the numerics contract (`tolerance`).
 
+use linnet_cranelift::Elementwise;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_frontend::lower::Lowering;
 use linnet_frontend::package::LoadOptions;
@@ -179,8 +180,8 @@ fn random_linnet_programs_agree_everywhere() {
             .remove(0);
         let fused = reference_machine(Lowering::default()).call("run", inputs.clone()).unwrap().remove(0);
         let (fused_model, params) = model(Lowering::default());
-        let mut cpu =
-            linnet_cpu::backend::machine(fused_model, params, None).unwrap_or_else(|e| panic!("program {seed}: {e}"));
+        let mut cpu = linnet_cranelift::jit_machine(fused_model, params, Elementwise::default())
+            .unwrap_or_else(|e| panic!("program {seed}: {e}"));
         let native = cpu.call("run", inputs).unwrap().remove(0);
         assert!(same(&fused, &reference), "program {seed}: fusion changed the result\n{source}");
         if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &native) {
@@ -211,8 +212,11 @@ fn integer_literals_fold_as_the_runtime_divides() {
         .call("run", vec![x.clone(), idx.clone()])
         .unwrap()
         .remove(0);
-    let native =
-        linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let native = linnet_cranelift::jit_machine(model, params, Elementwise::default())
+        .unwrap()
+        .call("run", vec![x, idx])
+        .unwrap()
+        .remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -239,7 +243,7 @@ fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
     let small = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![0.5; 16]);
     let large = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![10.0; 16]);
     let mut interpreted = linnet_exec::interp::machine(model.clone(), params.clone());
-    let mut native = linnet_cpu::backend::machine(model, params, None).unwrap();
+    let mut native = linnet_cranelift::jit_machine(model, params, Elementwise::default()).unwrap();
     let sum = Tensor::from_f32(Dtype::F32, vec![], vec![16.0]);
     assert_eq!(interpreted.call("run", vec![small.clone()]).unwrap().remove(0), sum);
     assert_eq!(native.call("run", vec![small]).unwrap().remove(0), sum);
@@ -277,8 +281,11 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
         .call("run", vec![x.clone(), idx.clone()])
         .unwrap()
         .remove(0);
-    let native =
-        linnet_cpu::backend::machine(model, params, None).unwrap().call("run", vec![x, idx]).unwrap().remove(0);
+    let native = linnet_cranelift::jit_machine(model, params, Elementwise::default())
+        .unwrap()
+        .call("run", vec![x, idx])
+        .unwrap()
+        .remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }

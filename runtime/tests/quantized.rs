@@ -16,7 +16,6 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
-use linnet_runtime::gguf::load::Naming;
 use linnet_runtime::gguf::Files;
 use linnet_runtime::quantize::{from_params, Recipe};
 use linnet_runtime::weights::NonFinite;
@@ -59,9 +58,8 @@ fn entry_paths(
     backend: BackendKind,
     options: &LoadOptions,
 ) -> (Vec<Vec<f32>>, Vec<Vec<i64>>) {
-    let mut machine = linnet_runtime::load_on(&root().join(package), options, weights, backend)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .machine;
+    let mut machine =
+        common::load_on(&root().join(package), options, weights, backend).unwrap_or_else(|e| panic!("{e}")).machine;
     let golden = common::golden(&oracle(), "f32");
     let (a, b) = (&golden[0].tokens, &golden[1].tokens);
     let mut call = |entry: &str, inputs: Vec<Tensor>| {
@@ -90,10 +88,9 @@ fn entry_paths(
 /// `forward` on the golden sequences 0 and 1, flattened, on the
 /// interpreter.
 fn logits(weights: &Weights, options: &LoadOptions) -> Vec<f32> {
-    let mut machine =
-        linnet_runtime::load_on(&root().join("models/qwen3.6-35b-a3b"), options, weights, BackendKind::Interp)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .machine;
+    let mut machine = common::load_on(&root().join("models/qwen3.6-35b-a3b"), options, weights, BackendKind::Interp)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .machine;
     let golden = common::golden(&oracle(), "f32");
     let out = machine.call("forward", vec![tokens(&[&golden[0].tokens, &golden[1].tokens])]).unwrap().swap_remove(0);
     out.widened().as_f32().unwrap().to_vec()
@@ -129,12 +126,12 @@ fn wide_options() -> LoadOptions {
 /// oracle's widths) or seeded random ones, quantized to `recipe` into
 /// `dir/model.gguf`.
 fn quantized(package: &str, recipe: Recipe, options: &LoadOptions, dir: &Path) -> PathBuf {
-    let (model, package) = linnet_runtime::lower(&root().join(package), options).unwrap();
-    let bindings = linnet_runtime::bindings(&package);
+    let (model, package) = linnet_build::lower(&root().join(package), options).unwrap();
+    let bindings = linnet_build::bindings(&package);
     let params = if options.overrides.is_empty() && options.nest.is_some() {
         linnet_runtime::weights::load(
             &model,
-            &Naming::of(&package),
+            &linnet_build::naming(&package),
             &oracle().join("weights-f32"),
             &[],
             NonFinite::Refuse,
@@ -252,9 +249,9 @@ fn written_weights_files_leave_the_page_cache() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("linnet-quantized-{}-cache", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let gguf = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
-    let (model, package) = linnet_runtime::lower(&root().join(MOE), &oracle_options()).unwrap();
+    let (model, package) = linnet_build::lower(&root().join(MOE), &oracle_options()).unwrap();
     let checkpoint = dir.join("checkpoint");
-    linnet_runtime::init::write(&model, &linnet_runtime::bindings(&package), 7, 2, &checkpoint).unwrap();
+    linnet_runtime::init::write(&model, &linnet_build::bindings(&package), 7, 2, &checkpoint).unwrap();
     let shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"].map(|s| checkpoint.join(s));
     for file in [gguf].iter().chain(&shards) {
         // SAFETY: a read-only map of a file this test wrote, only inspected.
@@ -330,8 +327,8 @@ fn a_bf16_model_reads_the_same_blocks_on(backend: BackendKind, name: &str) {
 fn the_build_knows_the_formats_and_bad_files_are_named() {
     let dir = scratch("formats");
     let file = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
-    let (model, package) = linnet_runtime::lower(&root().join("models/qwen3.6-35b-a3b"), &oracle_options()).unwrap();
-    let naming = Naming::of(&package);
+    let (model, package) = linnet_build::lower(&root().join("models/qwen3.6-35b-a3b"), &oracle_options()).unwrap();
+    let naming = linnet_build::naming(&package);
     let formats = linnet_runtime::gguf::load::formats(&model, &naming, &Files::open(&file).unwrap()).unwrap();
     // Norms and 1-D tensors stay plain; every matrix is q8_0.
     assert!(formats.values().all(|f| *f == BlockFormat::Q8_0) && formats.contains_key("lm_head.weight"), "{formats:?}");

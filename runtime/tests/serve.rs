@@ -37,7 +37,7 @@ fn a_server_session() {
         dir: Some(root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32")),
         non_finite: linnet_runtime::weights::NonFinite::Refuse,
     };
-    let mut machine = linnet_runtime::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
+    let mut machine = common::load(&root().join("models/qwen3.6-35b-a3b"), &options, &weights).unwrap().machine;
     assert_eq!(alone[0], linnet_runtime::generate::greedy(&mut machine, prompts[0], 10).unwrap());
 
     // Text in, text out, and the chat endpoint, streaming.

@@ -7,12 +7,13 @@
 //! constraints over non-ASCII text hold; the perplexity of held-out text is
 //! transformers' own.
 
+use common::load_on;
 use linnet_frontend::package::LoadOptions;
 use linnet_runtime::generate;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
-use linnet_runtime::{load_on, BackendKind, Loaded, Weights};
+use linnet_runtime::{BackendKind, Loaded, Weights};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,7 +5,10 @@
 //! turn. Exits 1 when anything failed. `fuzz seeds DIR` writes every
 //! target's seed inputs to `DIR/TARGET/` as a corpus for `cargo fuzz`.
 
-use linnet_tests::fuzz::{run, target, TARGETS};
+#[path = "../fuzz/mod.rs"]
+mod fuzz;
+
+use fuzz::{run, target, TARGETS};
 use std::time::Duration;
 
 fn main() {

@@ -10,8 +10,8 @@ use linnet_ir::quant::{dequantize, quantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::Model;
 use linnet_runtime::gguf::load::Naming;
-use linnet_runtime::server::{Limits, Served};
 use linnet_runtime::weights::NonFinite;
+use linnet_server::{Limits, Served};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -131,7 +131,7 @@ fn bindings(input: &[u8]) {
 fn oracle_model() -> (Model, Naming) {
     let options = LoadOptions { nest: Some(oracle().join("package/nest-f32.toml")), ..options(HashMap::new()) };
     let (model, checked) = lower_package(&model_dir(), &options).unwrap_or_else(|_| panic!("the oracle model lowers"));
-    (model, Naming::of(checked.package.as_ref().expect("a package")))
+    (model, linnet_build::naming(checked.package.as_ref().expect("a package")))
 }
 
 thread_local! {

@@ -1,49 +1,75 @@
-//! Build artifacts: what `linnetc build` writes and the runtime loads. An
-//! artifact is a folder of three files:
+//! Build artifacts: what `linnetc build` writes and the runtime loads, the
+//! same for every backend. An artifact is a folder of files under one
+//! manifest:
 //!
 //! - `artifact.json`, the manifest: the model's entries with their
 //!   signatures, its parameters with the checkpoint tensors they bind to,
 //!   shapes and dtypes, its states, the memory plan, where the weights are
-//!   found, and how to call each kernel; also the compiler, kernel ABI and
-//!   host it was built by and for, and the content key of its sources;
-//! - `model.ir.json`, the tensor IR the runtime drives;
-//! - `kernels.o`, the native code (an ELF object from Cranelift).
+//!   found (and how, in llama.cpp's GGUF files: `gguf_names`); the
+//!   compiler that built it and the content key of its sources; its code
+//!   sections; and the SHA-256 of every other file, under one seal;
+//! - `model.ir.json`, the tensor IR the runtime drives (on any backend;
+//!   the reference interpreter needs nothing else);
+//! - one file per code section ([`CodeSection`]): native code for a
+//!   backend and a target (the CPU's object file, PTX for a GPU
+//!   architecture), peers under the manifest. Each backend reads its own
+//!   section and checks that it was compiled for this host and ABI; this
+//!   crate knows none of them.
 //!
 //! The manifest is written last, so a folder with one is complete. An
-//! artifact of another format, ABI or host is refused with a message, never
-//! run.
+//! artifact of another format, or whose files or manifest changed after
+//! it was sealed, is refused with a message, never run.
 
-use linnet_cpu::native::{self, Compiled};
-use linnet_exec::BuildError;
-use linnet_frontend::package::gguf_names::{self, GgufNames};
-use linnet_frontend::package::Package;
-use linnet_frontend::sema::footprint::human_bytes;
-use linnet_frontend::source::SourceMap;
-use linnet_ir::analysis::Analysis;
-use linnet_ir::dim::Symbol;
+pub mod gguf_names;
+
+use gguf_names::GgufNames;
+use linnet_ir::plan::human_bytes;
 use linnet_ir::quant::BlockFormat;
-use linnet_ir::Dtype;
-use linnet_ir::{plan, Model};
+use linnet_ir::{Dtype, Model};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Bumped whenever the files of an artifact change meaning.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 const MANIFEST: &str = "artifact.json";
 const IR: &str = "model.ir.json";
-const KERNELS: &str = "kernels.o";
+
+/// Why an artifact cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("cannot {action} {}: {error}", path.display())]
+    Io { action: &'static str, path: PathBuf, error: std::io::Error },
+    #[error("{}: not an artifact manifest: {error}", path.display())]
+    NotAManifest { path: PathBuf, error: serde_json::Error },
+    #[error("the artifact has format {found}; this runtime reads format {FORMAT_VERSION}: rebuild it with `linnetc build` ({})", dir.display())]
+    OtherFormat { found: u32, dir: PathBuf },
+    #[error("{} was edited after it was written (its seal does not match): rebuild it with `linnetc build`", path.display())]
+    Edited { path: PathBuf },
+    #[error("{} is not the file this artifact was built with (its SHA-256 differs): rebuild it with `linnetc build`", path.display())]
+    FileChanged { path: PathBuf },
+    #[error("{}: not a Linnet IR: {error}", path.display())]
+    NotAnIr { path: PathBuf, error: serde_json::Error },
+    #[error("{}: the IR does not verify: {error}", path.display())]
+    Unverified { path: PathBuf, error: linnet_ir::VerifyError },
+    #[error("the artifact {} has no {section} code", dir.display())]
+    NoSection { section: String, dir: PathBuf },
+    #[error("cannot write the manifest: {0}")]
+    Serialize(serde_json::Error),
+}
+
+fn io(action: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> ArtifactError {
+    move |error| ArtifactError::Io { action, path, error }
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: u32,
-    pub abi: u32,
+    /// The compiler build that wrote it.
     pub compiler: String,
-    /// The host the kernels were compiled for: triple and ISA features.
-    pub target: String,
-    /// The content key of the sources (see [`content_key`]).
+    /// The content key of the sources it was built from.
     pub key: String,
     pub model: String,
     pub weights: WeightSource,
@@ -55,10 +81,11 @@ pub struct Manifest {
     pub states: Vec<StateRecord>,
     pub entries: Vec<EntrySignature>,
     pub plan: MemoryPlan,
-    /// Per entry, its kernels in `kernels.o`.
-    pub kernels: native::EntryKernels,
+    /// The code sections, by name (`cpu`, `nvptx-sm_90`).
+    #[serde(default)]
+    pub code: BTreeMap<String, CodeSection>,
     /// The SHA-256 of each other file of the artifact, checked before the
-    /// file is used (before its code is mapped, for `kernels.o`).
+    /// file is used (before its code is mapped).
     #[serde(default)]
     pub files: BTreeMap<String, String>,
     /// The SHA-256 of this manifest written with an empty seal: an edited
@@ -67,26 +94,40 @@ pub struct Manifest {
     pub seal: String,
 }
 
+/// Native code for one backend and target: its file in the artifact, what
+/// it was compiled for (a host's triple and features, a GPU architecture)
+/// and the ABI it follows, both as its backend names them, and what the
+/// backend needs to call it (the CPU's kernel records, say), as the
+/// backend writes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CodeSection {
+    pub file: String,
+    pub target: String,
+    pub abi: u32,
+    #[serde(default)]
+    pub calls: serde_json::Value,
+}
+
 fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 impl Manifest {
     /// This manifest with its seal computed, as [`write`] stores it.
-    pub fn sealed(mut self) -> Result<Manifest, String> {
+    fn sealed(mut self) -> Result<Manifest, ArtifactError> {
         self.seal = String::new();
-        self.seal = sha256(&serde_json::to_vec(&self).map_err(|e| e.to_string())?);
+        self.seal = sha256(&serde_json::to_vec(&self).map_err(ArtifactError::Serialize)?);
         Ok(self)
     }
 
     /// The file `name` of the artifact in `dir`, if its hash is the one
     /// recorded when it was written.
-    fn checked_file(&self, dir: &Path, name: &str) -> Result<Vec<u8>, String> {
+    fn checked_file(&self, dir: &Path, name: &str) -> Result<Vec<u8>, ArtifactError> {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let bytes = std::fs::read(&path).map_err(io("read", path.clone()))?;
         match self.files.get(name) {
             Some(hash) if *hash == sha256(&bytes) => Ok(bytes),
-            _ => Err(format!("{} is not the file this artifact was built with (its SHA-256 differs): rebuild it with `linnetc build`", path.display())),
+            _ => Err(ArtifactError::FileChanged { path }),
         }
     }
 }
@@ -107,7 +148,7 @@ pub struct ParamRecord {
     pub shape: Vec<usize>,
     pub dtype: Dtype,
     /// The block format it is stored in, for a quantized checkpoint's
-    /// build (`write_variant`).
+    /// build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<BlockFormat>,
 }
@@ -164,179 +205,52 @@ impl MemoryPlan {
     }
 }
 
-/// This build of the compiler: its version and a hash of its sources.
-pub fn compiler_build() -> String {
-    format!("{} ({})", env!("CARGO_PKG_VERSION"), env!("LINNET_COMPILER_SOURCE_HASH"))
+/// A code section to write: its name in the manifest, its record, and its
+/// file's bytes.
+pub struct Section {
+    pub name: String,
+    pub section: CodeSection,
+    pub bytes: Vec<u8>,
 }
 
-/// The key an artifact is cached by: the compiler build, the kernel ABI,
-/// the host, and every text the compilation read (modules, standard library,
-/// model card, bindings, `--set` values), with its path.
-pub fn content_key(sources: &SourceMap) -> Result<String, String> {
-    let mut hash = Sha256::new();
-    for part in
-        [&compiler_build(), &native::ABI_VERSION.to_string(), &FORMAT_VERSION.to_string(), &native::host_target()?]
-    {
-        hash.update((part.len() as u64).to_le_bytes());
-        hash.update(part.as_bytes());
-    }
-    for (_, file) in sources.iter() {
-        let path = file.path.to_string_lossy();
-        for part in [path.as_bytes(), file.text.as_bytes()] {
-            hash.update((part.len() as u64).to_le_bytes());
-            hash.update(part);
-        }
-    }
-    Ok(hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
-}
-
-/// The key of a variant of the artifact keyed `base`: the same sources
-/// built with what `parts` says (a parameter's block format each).
-pub fn variant_key(base: &str, parts: &[(&str, &str)]) -> String {
-    let mut hash = Sha256::new();
-    hash.update(base.as_bytes());
-    for (name, value) in parts {
-        for part in [name, value] {
-            hash.update((part.len() as u64).to_le_bytes());
-            hash.update(part.as_bytes());
-        }
-    }
-    hash.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn manifest(
+/// Writes an artifact into `dir` (created if need be): the IR of `model`,
+/// each section's file, and `manifest` with those sections, the files'
+/// hashes and its seal (whatever `manifest` held of them is replaced).
+/// Returns the manifest written.
+pub fn write(
+    dir: &Path,
+    mut manifest: Manifest,
     model: &Model,
-    package: &Package,
-    key: String,
-    kernels: native::EntryKernels,
-    files: BTreeMap<String, String>,
-) -> Result<Manifest, String> {
-    let bindings: HashMap<&str, &str> = package
-        .bindings
-        .iter()
-        .flat_map(|b| &b.entries)
-        .map(|(path, tensor, _)| (path.as_str(), tensor.as_str()))
-        .collect();
-    let nest = package.nest.as_ref();
-    let dims: HashMap<Symbol, i64> = linnet_frontend::driver::check_dims(package);
-    let tensor = |name: Option<&str>, shape: Vec<String>, dtype: Dtype| TensorSignature {
-        name: name.map(str::to_string),
-        shape,
-        dtype,
-    };
-    let entries = model
-        .entries
-        .iter()
-        .map(|entry| EntrySignature {
-            name: entry.name.clone(),
-            dims: entry.dims.iter().map(ToString::to_string).collect(),
-            requires: entry.requires.iter().map(|r| r.text.clone()).collect(),
-            inputs: entry
-                .inputs
-                .iter()
-                .map(|i| tensor(Some(&i.name), i.shape.iter().map(ToString::to_string).collect(), i.dtype))
-                .collect(),
-            outputs: entry
-                .outputs
-                .iter()
-                .map(|v| {
-                    let node = &entry.nodes[v.index()];
-                    tensor(None, node.shape.iter().map(ToString::to_string).collect(), node.dtype)
-                })
-                .collect(),
-        })
-        .collect();
-    Manifest {
-        format: FORMAT_VERSION,
-        abi: native::ABI_VERSION,
-        compiler: compiler_build(),
-        target: native::host_target()?,
-        key,
-        model: model.name.clone(),
-        weights: WeightSource {
-            repo: nest.and_then(|n| n.repo.clone()),
-            revision: nest.and_then(|n| n.revision.clone()),
-            files: nest.map(|n| n.weight_files.clone()).unwrap_or_default(),
-        },
-        gguf_names: match (&package.gguf_names, gguf_names::of_package(package, &mut Vec::new())) {
-            (Some(_), None) => return Err(format!("{}: gguf.json does not evaluate: run `linnetc check`", model.name)),
-            (_, names) => names,
-        },
-        params: model
-            .params
-            .iter()
-            .map(|p| ParamRecord {
-                path: p.path.clone(),
-                tensor: bindings.get(p.path.as_str()).map(|t| t.to_string()),
-                shape: p.shape.clone(),
-                dtype: p.dtype,
-                storage: p.storage,
-            })
-            .collect(),
-        states: model
-            .states
-            .iter()
-            .map(|s| StateRecord { path: s.path.clone(), shape: s.shape.clone(), dtype: s.dtype })
-            .collect(),
-        entries,
-        plan: MemoryPlan {
-            weight_bytes: model.param_bytes(),
-            state_bytes: model.state_bytes(),
-            at: dims.iter().map(|(name, value)| (name.to_string(), *value)).collect(),
-            peak_scratch: model.entries.iter().map(|e| (e.name.clone(), plan::peak_scratch(e, &dims))).collect(),
-        },
-        kernels,
-        files,
-        seal: String::new(),
+    sections: Vec<Section>,
+) -> Result<Manifest, ArtifactError> {
+    std::fs::create_dir_all(dir).map_err(io("create", dir.to_path_buf()))?;
+    let ir = serde_json::to_vec(model).map_err(ArtifactError::Serialize)?;
+    std::fs::write(dir.join(IR), &ir).map_err(io("write", dir.join(IR)))?;
+    manifest.format = FORMAT_VERSION;
+    manifest.files = BTreeMap::from([(IR.to_string(), sha256(&ir))]);
+    manifest.code = BTreeMap::new();
+    for section in sections {
+        write_section(dir, &mut manifest, section)?;
     }
-    .sealed()
+    store_manifest(dir, manifest)
 }
 
-/// Compiles `model` and writes its artifact into `dir` (created if need
-/// be). Returns the manifest written.
-pub fn write(model: &Model, package: &Package, key: String, dir: &Path) -> Result<Manifest, String> {
-    let (ir, object, kernels) = compile(model)?;
-    let files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
-    let manifest = manifest(model, package, key, kernels, files)?;
-    store(dir, &ir, &object, manifest)
+fn write_section(dir: &Path, manifest: &mut Manifest, section: Section) -> Result<(), ArtifactError> {
+    let path = dir.join(&section.section.file);
+    std::fs::write(&path, &section.bytes).map_err(io("write", path))?;
+    manifest.files.insert(section.section.file.clone(), sha256(&section.bytes));
+    manifest.code.insert(section.name, section.section);
+    Ok(())
 }
 
-/// Compiles `model`, `base`'s model with its parameters stored as a
-/// checkpoint stores them (`Model::stored_as`), and writes its artifact,
-/// `base`'s manifest with the new code, storage and weight bytes, into
-/// `dir` under `key`.
-pub fn write_variant(base: &Artifact, model: &Model, key: String, dir: &Path) -> Result<Manifest, String> {
-    let (ir, object, kernels) = compile(model)?;
-    let mut manifest = base.manifest.clone();
-    manifest.key = key;
-    manifest.kernels = kernels;
-    manifest.files = BTreeMap::from([(IR.to_string(), sha256(&ir)), (KERNELS.to_string(), sha256(&object))]);
-    for (record, param) in manifest.params.iter_mut().zip(&model.params) {
-        record.storage = param.storage;
-    }
-    manifest.plan.weight_bytes = model.param_bytes();
-    store(dir, &ir, &object, manifest.sealed()?)
-}
-
-/// The IR's JSON, the object file, and the records of its kernels.
-fn compile(model: &Model) -> Result<(Vec<u8>, Vec<u8>, native::EntryKernels), String> {
-    let analyses: Vec<Analysis> = model.entries.iter().map(Analysis::of).collect();
-    let (object, kernels) = native::emit_object(model, &analyses).map_err(|error| match error.entry {
-        Some(entry) => BuildError::new("cpu", &model.entries[entry], error.node, error.message).to_string(),
-        None => format!("the cpu backend cannot compile `{}`: {}", model.name, error.message),
-    })?;
-    let ir = serde_json::to_vec(model).map_err(|e| e.to_string())?;
-    Ok((ir, object, kernels))
-}
-
-/// Writes an artifact's files into `dir` (created if need be).
-fn store(dir: &Path, ir: &[u8], object: &[u8], manifest: Manifest) -> Result<Manifest, String> {
-    let io = |what: &str, error: std::io::Error| format!("cannot write {}: {error}", dir.join(what).display());
-    std::fs::create_dir_all(dir).map_err(|e| io("", e))?;
-    std::fs::write(dir.join(IR), ir).map_err(|e| io(IR, e))?;
-    std::fs::write(dir.join(KERNELS), object).map_err(|e| io(KERNELS, e))?;
-    let text = serde_json::to_string_pretty(&manifest).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join(MANIFEST), text + "\n").map_err(|e| io(MANIFEST, e))?;
+/// The manifest sealed and written, through a file of its own renamed
+/// into place: a reader sees the old manifest or the new, never half one.
+fn store_manifest(dir: &Path, manifest: Manifest) -> Result<Manifest, ArtifactError> {
+    let manifest = manifest.sealed()?;
+    let text = serde_json::to_string_pretty(&manifest).map_err(ArtifactError::Serialize)? + "\n";
+    let partial = dir.join(format!("{MANIFEST}.partial-{}", std::process::id()));
+    std::fs::write(&partial, text).map_err(io("write", partial.clone()))?;
+    std::fs::rename(&partial, dir.join(MANIFEST)).map_err(io("write", dir.join(MANIFEST)))?;
     Ok(manifest)
 }
 
@@ -345,53 +259,53 @@ pub fn is_artifact(dir: &Path) -> bool {
     dir.join(MANIFEST).is_file()
 }
 
-/// An artifact read back: its manifest and IR.
+/// An artifact read back: its folder, manifest and IR.
+#[derive(Clone, Debug)]
 pub struct Artifact {
+    pub dir: PathBuf,
     pub manifest: Manifest,
     pub model: Model,
 }
 
-/// Reads the manifest and IR of the artifact in `dir`, refusing one that
-/// this runtime cannot read (its CPU code is checked against the host
-/// when it is loaded: [`Artifact::kernels`]).
-pub fn read(dir: &Path) -> Result<Artifact, String> {
-    let read = |name: &str| {
-        std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {}: {e}", dir.join(name).display()))
-    };
-    let manifest: Manifest = serde_json::from_slice(&read(MANIFEST)?)
-        .map_err(|e| format!("{}: not an artifact manifest: {e}", dir.join(MANIFEST).display()))?;
-    let rebuild = format!("rebuild it with `linnetc build` ({})", dir.display());
-    if manifest.format != FORMAT_VERSION || manifest.abi != native::ABI_VERSION {
-        return Err(format!(
-            "the artifact has format {} and kernel ABI {}; this runtime reads format {FORMAT_VERSION}, ABI {}: {rebuild}",
-            manifest.format,
-            manifest.abi,
-            native::ABI_VERSION
-        ));
+/// Reads the manifest and IR of the artifact in `dir`, refusing one of
+/// another format or changed since it was sealed (a backend checks its
+/// own section when it loads it: [`Artifact::code`]).
+pub fn read(dir: &Path) -> Result<Artifact, ArtifactError> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read(&path).map_err(io("read", path.clone()))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&text).map_err(|error| ArtifactError::NotAManifest { path: path.clone(), error })?;
+    if manifest.format != FORMAT_VERSION {
+        return Err(ArtifactError::OtherFormat { found: manifest.format, dir: dir.to_path_buf() });
     }
     if manifest.clone().sealed()?.seal != manifest.seal {
-        return Err(format!(
-            "{} was edited after it was written (its seal does not match): {rebuild}",
-            dir.join(MANIFEST).display()
-        ));
+        return Err(ArtifactError::Edited { path });
     }
+    let path = dir.join(IR);
     let model: Model = serde_json::from_slice(&manifest.checked_file(dir, IR)?)
-        .map_err(|e| format!("{}: not a Linnet IR: {e}", dir.join(IR).display()))?;
-    linnet_ir::verify(&model).map_err(|e| format!("{}: the IR does not verify: {e}", dir.join(IR).display()))?;
-    Ok(Artifact { manifest, model })
+        .map_err(|error| ArtifactError::NotAnIr { path: path.clone(), error })?;
+    linnet_ir::verify(&model).map_err(|error| ArtifactError::Unverified { path, error })?;
+    Ok(Artifact { dir: dir.to_path_buf(), manifest, model })
 }
 
 impl Artifact {
-    /// The native code of every entry, loaded from `kernels.o`: code for
-    /// the host it was compiled on (its IR runs anywhere, on the other
-    /// backends).
-    pub fn kernels(&self, dir: &Path) -> Result<HashMap<String, Compiled>, String> {
-        let host = native::host_target()?;
-        if self.manifest.target != host {
-            return Err(format!("the artifact's CPU code was compiled for {}, and this host is {host}: rebuild it with `linnetc build` ({})", self.manifest.target, dir.display()));
-        }
-        let object = self.manifest.checked_file(dir, KERNELS)?;
-        native::load_object(&object, &self.model, &self.manifest.kernels)
+    /// The code section `name` and its file's bytes, checked against the
+    /// hash sealed with the manifest.
+    pub fn code(&self, name: &str) -> Result<(&CodeSection, Vec<u8>), ArtifactError> {
+        let section = self
+            .manifest
+            .code
+            .get(name)
+            .ok_or_else(|| ArtifactError::NoSection { section: name.to_string(), dir: self.dir.clone() })?;
+        Ok((section, self.manifest.checked_file(&self.dir, &section.file)?))
+    }
+
+    /// The artifact with `section` added (or replaced) and the manifest
+    /// sealed again: code built for it later, PTX for a device, say.
+    pub fn with_section(mut self, section: Section) -> Result<Artifact, ArtifactError> {
+        write_section(&self.dir, &mut self.manifest, section)?;
+        self.manifest = store_manifest(&self.dir, self.manifest)?;
+        Ok(self)
     }
 
     /// The checkpoint tensor each parameter binds to.
@@ -399,3 +313,6 @@ impl Artifact {
         self.manifest.params.iter().filter_map(|p| Some((p.path.clone(), p.tensor.clone()?))).collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,29 +1,49 @@
 //! The CPU backend as the executor drives it: values are host tensors,
 //! every `Compute` node runs as native code (an artifact's, or compiled
-//! here by the JIT when the backend readies a model), attention and the
-//! delta rule run on the backend's own kernels (`codegen::intrinsics`),
+//! by a JIT when the backend readies a model: [`Code`]), attention and the
+//! delta rule run on the kernel library's (`linnet_kernels::intrinsics`),
 //! rankings (`ir::ranking`) by sorting, and cache writes on the host's. An
 //! entry with a node that has no kernel is refused when the model is
 //! loaded, never run another way.
 
-use super::lowering::Elementwise;
-use super::native::{self, Compiled, NativeKernel};
+use crate::abi::{self, Compiled, LoadFault, NativeKernel};
 use linnet_exec::tensor::{Data, Elements, Tensor};
 use linnet_exec::{Backend, BuildError, Machine, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
-use linnet_ir::{Intrinsic, Model, NodeKind, Value};
+use linnet_ir::{Entry, Intrinsic, Model, NodeKind, Param, Value};
+use linnet_kernels::{intrinsics, matmul, threads};
 use std::collections::HashMap;
 
-/// Native code for every entry: compiled in process, or an artifact's.
+/// Where a CPU machine's native code comes from: an artifact's kernels
+/// (a map from entry name to its code, taken as the model is readied) or
+/// a code generator compiling each entry in process.
+pub trait Code: Send {
+    /// The code of `entry`; an error names the node at fault, if one is.
+    fn entry(&mut self, params: &[Param], entry: &Entry, analysis: &Analysis) -> Result<Compiled, CodeError>;
+}
+
+/// Why an entry has no code: the node at fault, if one is, and why.
+#[derive(Clone, Debug)]
+pub struct CodeError {
+    pub node: Option<usize>,
+    pub message: String,
+}
+
+impl Code for HashMap<String, Compiled> {
+    fn entry(&mut self, _: &[Param], entry: &Entry, _: &Analysis) -> Result<Compiled, CodeError> {
+        self.remove(&entry.name)
+            .ok_or_else(|| CodeError { node: None, message: "the artifact has no code for it".into() })
+    }
+}
+
+/// Native code for every entry, from a [`Code`].
 pub struct Cpu {
-    /// Code from an artifact, by entry name, until `prepare` takes it.
-    given: Option<HashMap<String, Compiled>>,
+    /// Where the code comes from, until `prepare` has every entry's.
+    code: Box<dyn Code>,
     /// Per entry, in model order, once prepared.
     entries: Vec<Compiled>,
     /// Per entry and node: the value a ranking node ranks.
     rankings: Vec<Vec<Option<Value>>>,
-    /// How code compiled here computes elementwise nodes.
-    elementwise: Elementwise,
     /// Memory of released values, for the outputs of later nodes.
     pool: Pool,
 }
@@ -74,37 +94,14 @@ impl Pool {
 }
 
 impl Cpu {
-    /// Compiles every entry in this process when it readies a model.
-    pub fn jit(elementwise: Elementwise) -> Cpu {
-        Cpu { given: None, entries: Vec::new(), rankings: Vec::new(), elementwise, pool: Pool::default() }
-    }
-
-    /// Runs code compiled before (an artifact's kernels).
-    pub fn with_compiled(compiled: HashMap<String, Compiled>) -> Cpu {
-        Cpu {
-            given: Some(compiled),
-            entries: Vec::new(),
-            rankings: Vec::new(),
-            elementwise: Elementwise::default(),
-            pool: Pool::default(),
-        }
+    pub fn new(code: impl Code + 'static) -> Cpu {
+        Cpu { code: Box::new(code), entries: Vec::new(), rankings: Vec::new(), pool: Pool::default() }
     }
 }
 
-/// `model` with `params` on the CPU backend: `compiled` code from an
-/// artifact, or code compiled here.
-pub fn machine(
-    model: Model,
-    params: Vec<Tensor>,
-    compiled: Option<HashMap<String, Compiled>>,
-) -> Result<Machine, BuildError> {
-    Machine::new(model, params, compiled.map_or_else(|| Cpu::jit(Elementwise::default()), Cpu::with_compiled))
-}
-
-/// `model` with `params`, compiled here with elementwise nodes as
-/// `elementwise` says.
-pub fn jit_machine(model: Model, params: Vec<Tensor>, elementwise: Elementwise) -> Result<Machine, BuildError> {
-    Machine::new(model, params, Cpu::jit(elementwise))
+/// `model` with `params` on the CPU backend, its code from `code`.
+pub fn machine(model: Model, params: Vec<Tensor>, code: impl Code + 'static) -> Result<Machine, BuildError> {
+    Machine::new(model, params, Cpu::new(code))
 }
 
 fn host(tensor: &Tensor) -> *const u8 {
@@ -125,16 +122,10 @@ impl Backend for Cpu {
     }
 
     fn prepare(&mut self, model: &Model, analyses: &[Analysis]) -> Result<(), BuildError> {
-        let mut given = self.given.take();
         for (entry, analysis) in model.entries.iter().zip(analyses) {
             let failed = |node: Option<usize>, message: String| BuildError::new("cpu", entry, node, message);
-            let compiled = match given.as_mut() {
-                Some(given) => {
-                    given.remove(&entry.name).ok_or_else(|| failed(None, "the artifact has no code for it".into()))?
-                }
-                None => native::jit(&model.params, entry, analysis, self.elementwise)
-                    .map_err(|error| failed(error.node, error.message))?,
-            };
+            let compiled =
+                self.code.entry(&model.params, entry, analysis).map_err(|error| failed(error.node, error.message))?;
             for (at, node) in entry.nodes.iter().enumerate() {
                 if matches!(node.kind, NodeKind::Compute(_)) && compiled.kernels.get(at).is_none_or(Option::is_none) {
                     return Err(failed(Some(at), "no kernel was compiled for this node".into()));
@@ -169,7 +160,7 @@ impl Backend for Cpu {
         let args = linnet_exec::reference::widened(args);
         let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
         let out = self.pool.take(site.shape.iter().product());
-        Ok(super::kernels::run(intrinsic, &args, site.shape.to_vec(), out))
+        Ok(intrinsics::run(intrinsic, &args, site.shape.to_vec(), out))
     }
 
     fn carries_delta_states(&self) -> bool {
@@ -185,7 +176,7 @@ impl Backend for Cpu {
         let args = linnet_exec::reference::widened(args);
         let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
         let out = self.pool.take(site.shape.iter().product());
-        Ok(super::kernels::delta_step_in_place(&args, state, site.shape.to_vec(), out))
+        Ok(intrinsics::delta_step_in_place(&args, state, site.shape.to_vec(), out))
     }
 
     fn write_cache(
@@ -195,7 +186,7 @@ impl Backend for Cpu {
         cache: &mut Tensor,
         args: &[&Tensor],
     ) -> Result<(), NodeError> {
-        linnet_exec::reference::write_cache_widened(intrinsic, cache, args).map_err(NodeError::Check)
+        linnet_exec::reference::write_cache_widened(intrinsic, cache, args)
     }
 
     fn release(&mut self, buffer: Tensor) {
@@ -207,7 +198,7 @@ impl Backend for Cpu {
     }
 
     fn weight_bytes_read(&self) -> Option<u64> {
-        Some(super::matmul::weight_bytes_read())
+        Some(matmul::weight_bytes_read())
     }
 }
 
@@ -228,12 +219,12 @@ struct Call<'k> {
 unsafe impl Sync for Call<'_> {}
 
 impl Call<'_> {
-    fn rows(&self, rows: std::ops::Range<usize>) -> Result<(), native::LoadFault> {
+    fn rows(&self, rows: std::ops::Range<usize>) -> Result<(), LoadFault> {
         // SAFETY: the kernel was compiled for these values' shapes and
         // dtypes, its dims table is evaluated under the call's dims, it
         // checks every position before it loads, and writes exactly these
         // rows of the output.
-        unsafe { native::call(self.kernel, self.target, &self.pointers, &self.table, rows) }
+        unsafe { abi::call(self.kernel, self.target, &self.pointers, &self.table, rows) }
     }
 }
 
@@ -280,11 +271,11 @@ fn run(kernel: &NativeKernel, site: Site<'_>, values: &Values<Tensor>, pool: &mu
         [first] | [first, _] => *first,
         [first, second, ..] => first * second,
     };
-    let threads = super::threads::threads();
+    let threads = threads::threads();
     let result = if kernel.record.splits_rows && threads > 1 && rows > 1 && out.len() >= PARALLEL_ELEMENTS {
         let chunk = rows.div_ceil(threads * 4);
         let faults =
-            super::threads::map(rows.div_ceil(chunk), &|part| call.rows(part * chunk..((part + 1) * chunk).min(rows)));
+            threads::map(rows.div_ceil(chunk), &|part| call.rows(part * chunk..((part + 1) * chunk).min(rows)));
         faults.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     } else {
         call.rows(0..rows)

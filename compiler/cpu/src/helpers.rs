@@ -5,14 +5,15 @@
 //! fourth argument, so compiled code has no symbols to resolve: the same
 //! bytes run from the JIT and from an artifact's object file.
 
-use super::lowering::Stored;
-use super::matmul::Matrix;
 use linnet_ir::numerics::{self, math};
 use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::Dtype;
+use linnet_kernels::choice::Storage;
+use linnet_kernels::matmul;
+use linnet_kernels::matrix::{Matrix, Rows};
 
 /// A helper's slot in the table; the order is part of the kernel ABI
-/// (`native::ABI_VERSION`).
+/// ([`crate::abi::ABI_VERSION`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Helper {
     Exp,
@@ -62,6 +63,20 @@ pub enum Shape {
 }
 
 impl Helper {
+    /// The matrix product for weights held as `storage`.
+    pub fn matmul(storage: Storage) -> Helper {
+        match storage {
+            Storage::F32 => Helper::MatMul,
+            Storage::Bf16 => Helper::MatMulBf16,
+            Storage::Bf16Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0Bf16,
+            Storage::Bf16Blocks(BlockFormat::Q4K) => Helper::MatMulQ4KBf16,
+            Storage::Bf16Blocks(BlockFormat::Q6K) => Helper::MatMulQ6KBf16,
+            Storage::Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0,
+            Storage::Blocks(BlockFormat::Q4K) => Helper::MatMulQ4K,
+            Storage::Blocks(BlockFormat::Q6K) => Helper::MatMulQ6K,
+        }
+    }
+
     pub fn slot(self) -> usize {
         self as usize
     }
@@ -160,17 +175,17 @@ const WEIGHT_BLOCKS: i64 = 2;
 const WEIGHT_BF16_BLOCKS: i64 = WEIGHT_BLOCKS + BlockFormat::ALL.len() as i64;
 
 /// How generated code names a weight matrix's elements to the kernels.
-pub(crate) fn weight_code(stored: Stored) -> i64 {
-    match stored {
-        Stored::Bf16Bits => WEIGHT_BF16,
-        Stored::Blocks(format, Dtype::Bf16) => WEIGHT_BF16_BLOCKS + format_code(format),
-        Stored::Blocks(format, _) => WEIGHT_BLOCKS + format_code(format),
-        Stored::F32 | Stored::Int | Stored::Bool => WEIGHT_F32,
+pub fn weight_code(storage: Storage) -> i64 {
+    match storage {
+        Storage::F32 => WEIGHT_F32,
+        Storage::Bf16 => WEIGHT_BF16,
+        Storage::Bf16Blocks(format) => WEIGHT_BF16_BLOCKS + format_code(format),
+        Storage::Blocks(format) => WEIGHT_BLOCKS + format_code(format),
     }
 }
 
 /// A block format's number in the helpers' arguments.
-pub(crate) fn format_code(format: BlockFormat) -> i64 {
+pub fn format_code(format: BlockFormat) -> i64 {
     BlockFormat::ALL.iter().position(|f| *f == format).expect("a known format") as i64
 }
 
@@ -193,7 +208,7 @@ unsafe fn matmul_parts(
     unsafe {
         let input = std::slice::from_raw_parts(input, rows * depth);
         let out = std::slice::from_raw_parts_mut(out, rows * columns);
-        super::matmul::matmul(input, matrix(code, weight, columns, depth), out, rows);
+        matmul::matmul(input, matrix(code, weight, columns, depth), out, rows);
     }
     0
 }
@@ -246,10 +261,10 @@ extern "C" fn batch_run(columns: i64, depth: i64, code: i64) -> i64 {
     let mut rows = BATCH.with_borrow_mut(std::mem::take);
     rows.sort_by_key(|(_, weight, _)| *weight);
     let (columns, depth) = (columns as usize, depth as usize);
-    let batches: Vec<(super::matmul::Rows, usize)> = rows
+    let batches: Vec<(Rows, usize)> = rows
         .chunk_by(|a, b| a.1 == b.1)
         .map(|group| {
-            let batch = super::matmul::Rows {
+            let batch = Rows {
                 inputs: group.iter().map(|(input, ..)| *input as *const f32).collect(),
                 outs: group.iter().map(|(.., out)| *out as *mut f32).collect(),
             };
@@ -261,7 +276,7 @@ extern "C" fn batch_run(columns: i64, depth: i64, code: i64) -> i64 {
     // SAFETY: generated code recorded checked rows: `depth` inputs, room
     // for `columns` outputs, each a `columns × depth` weight matrix held as
     // `code` says; rows of distinct outputs.
-    unsafe { super::matmul::matmul_groups(&groups, columns, depth) };
+    unsafe { matmul::matmul_groups(&groups, columns, depth) };
     0
 }
 

@@ -8,7 +8,7 @@ use crate::tensor::Tensor;
 use linnet_ir::Dtype;
 use linnet_ir::{Entry, Intrinsic, Model, SourceAt, Value};
 use std::fmt;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use linnet_ir::analysis::Analysis;
 
@@ -17,7 +17,7 @@ pub type Dims = linnet_ir::dim::Generics;
 
 /// The values of an entry while it runs, by node: `None` once freed (or
 /// not yet computed).
-pub type Values<B> = [Option<Rc<B>>];
+pub type Values<B> = [Option<Arc<B>>];
 
 /// Where in a model a node runs, and its shape under the call's dims.
 #[derive(Clone, Copy)]

@@ -32,7 +32,7 @@ use linnet_ir::Dtype;
 use linnet_ir::{carry, plan, Entry, Model, NodeKind, Value};
 use std::collections::HashMap;
 use std::fmt;
-use std::rc::Rc;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunError {
@@ -144,14 +144,14 @@ pub struct Executor<B: Backend> {
     model: Model,
     backend: B,
     analyses: Vec<Analysis>,
-    params: Vec<Rc<B::Buffer>>,
-    states: Vec<Rc<B::Buffer>>,
+    params: Vec<Arc<B::Buffer>>,
+    states: Vec<Arc<B::Buffer>>,
     /// Which states are written at token positions
     /// (`rows::positional_states`), found once.
     positional: Vec<bool>,
     /// Values that depend on no input or state (the rotary tables for
     /// every position), computed on first use, by entry and node.
-    hoisted: HashMap<(usize, usize), Rc<B::Buffer>>,
+    hoisted: HashMap<(usize, usize), Arc<B::Buffer>>,
     /// Time by kind of node, when profiling.
     profile: Option<Profile>,
 }
@@ -189,13 +189,13 @@ impl<B: Backend> Executor<B> {
         backend.prepare(&model, &analyses)?;
         let params = params
             .into_iter()
-            .map(|param| backend.upload(param.into_bits()).map(Rc::new))
+            .map(|param| backend.upload(param.into_bits()).map(Arc::new))
             .collect::<Result<_, _>>()
             .map_err(|e| BuildError::memory(name, e))?;
         let states = model
             .states
             .iter()
-            .map(|s| backend.zeros(s.dtype, &s.shape).map(Rc::new))
+            .map(|s| backend.zeros(s.dtype, &s.shape).map(Arc::new))
             .collect::<Result<_, _>>()
             .map_err(|e| BuildError::memory(name, e))?;
         let positional = rows::positional_states(&model);
@@ -205,7 +205,7 @@ impl<B: Backend> Executor<B> {
     /// Zeroes every state, as at load.
     pub fn reset(&mut self) -> Result<(), RunError> {
         for (slot, state) in self.states.iter_mut().zip(&self.model.states) {
-            *slot = Rc::new(self.backend.zeros(state.dtype, &state.shape).map_err(RunError::Memory)?);
+            *slot = Arc::new(self.backend.zeros(state.dtype, &state.shape).map_err(RunError::Memory)?);
         }
         Ok(())
     }
@@ -232,7 +232,7 @@ impl<B: Backend> Executor<B> {
         }
         let shown: Vec<Option<String>> = inputs.iter().map(shown_values).collect();
         let mut inputs: Vec<Option<Tensor>> = inputs.into_iter().map(Some).collect();
-        let mut values: Vec<Option<Rc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
+        let mut values: Vec<Option<Arc<B::Buffer>>> = Vec::with_capacity(entry.nodes.len());
         let mut writes = Vec::new();
         for (at, node) in entry.nodes.iter().enumerate() {
             let started = self.profile.is_some().then(|| (std::time::Instant::now(), self.backend.weight_bytes_read()));
@@ -246,25 +246,25 @@ impl<B: Backend> Executor<B> {
             let failed = |error: NodeError| describe(&self.model, entry, at, error, &shown);
             let value = match &node.kind {
                 _ if analysis.carried_away[at] => None,
-                NodeKind::Input(k) => Some(Rc::new(
+                NodeKind::Input(k) => Some(Arc::new(
                     self.backend
                         .upload(inputs[*k].take().expect("each input is read once"))
                         .map_err(RunError::Memory)?,
                 )),
-                NodeKind::Param(k) => Some(Rc::clone(&self.params[*k])),
-                NodeKind::State(k) => Some(Rc::clone(&self.states[*k])),
+                NodeKind::Param(k) => Some(Arc::clone(&self.params[*k])),
+                NodeKind::State(k) => Some(Arc::clone(&self.states[*k])),
                 NodeKind::Compute(_) if analysis.hoistable[at] => match self.hoisted.get(&(number, at)) {
-                    Some(value) => Some(Rc::clone(value)),
+                    Some(value) => Some(Arc::clone(value)),
                     None => {
-                        let value = Rc::new(self.backend.compute(site, &values).map_err(failed)?);
+                        let value = Arc::new(self.backend.compute(site, &values).map_err(failed)?);
                         // Kept for every later call: only once it is known
                         // to be whole.
                         settle(&mut self.backend, &self.model, number, &shown)?;
-                        self.hoisted.insert((number, at), Rc::clone(&value));
+                        self.hoisted.insert((number, at), Arc::clone(&value));
                         Some(value)
                     }
                 },
-                NodeKind::Compute(_) => Some(Rc::new(self.backend.compute(site, &values).map_err(failed)?)),
+                NodeKind::Compute(_) => Some(Arc::new(self.backend.compute(site, &values).map_err(failed)?)),
                 NodeKind::Intrinsic(_, args) if analysis.carried[at].is_some() => {
                     let k = analysis.carried[at].expect("matched as carried");
                     let state_read = args[carry::STATE_ARGUMENT];
@@ -276,8 +276,8 @@ impl<B: Backend> Executor<B> {
                         .map(|(_, v)| held(&values, v.index()))
                         .collect();
                     let stepped = self.backend.delta_step_in_place(site, &others, &mut state);
-                    self.states[k] = Rc::new(state);
-                    Some(Rc::new(stepped.map_err(failed)?))
+                    self.states[k] = Arc::new(state);
+                    Some(Arc::new(stepped.map_err(failed)?))
                 }
                 NodeKind::Intrinsic(intrinsic, args) if intrinsic.writes_cache() => {
                     let source = args[0].index();
@@ -287,18 +287,18 @@ impl<B: Backend> Executor<B> {
                     };
                     let rest: Vec<&B::Buffer> = args[1..].iter().map(|v| held(&values, v.index())).collect();
                     let written = self.backend.write_cache(site, *intrinsic, &mut cache, &rest);
-                    let cache = Rc::new(cache);
+                    let cache = Arc::new(cache);
                     // The state always holds a whole cache, even if this
                     // call fails later (then with this write in it).
                     if let Some(k) = analysis.in_place[at] {
-                        self.states[k] = Rc::clone(&cache);
+                        self.states[k] = Arc::clone(&cache);
                     }
                     written.map_err(failed)?;
                     Some(cache)
                 }
                 NodeKind::Intrinsic(intrinsic, args) => {
                     let args: Vec<&B::Buffer> = args.iter().map(|v| held(&values, v.index())).collect();
-                    Some(Rc::new(self.backend.intrinsic(site, *intrinsic, &args).map_err(failed)?))
+                    Some(Arc::new(self.backend.intrinsic(site, *intrinsic, &args).map_err(failed)?))
                 }
                 NodeKind::WriteState(k, value) => {
                     let written = values[value.index()].as_ref().expect("a value is read only while it is live");
@@ -308,9 +308,9 @@ impl<B: Backend> Executor<B> {
                     writes.push((
                         *k,
                         if holds_bits {
-                            Rc::new(self.backend.copy(written).map_err(RunError::Memory)?)
+                            Arc::new(self.backend.copy(written).map_err(RunError::Memory)?)
                         } else {
-                            Rc::clone(written)
+                            Arc::clone(written)
                         },
                     ));
                     None
@@ -342,14 +342,14 @@ impl<B: Backend> Executor<B> {
             // Values read for the last time are released now.
             for read in &analysis.reads[at] {
                 if analysis.last_reads[read.index()] == at {
-                    if let Some(buffer) = values[read.index()].take().and_then(|value| Rc::try_unwrap(value).ok()) {
+                    if let Some(buffer) = values[read.index()].take().and_then(|value| Arc::try_unwrap(value).ok()) {
                         self.backend.release(buffer);
                     }
                 }
             }
         }
         settle(&mut self.backend, &self.model, number, &shown)?;
-        let replaced: Vec<Rc<B::Buffer>> =
+        let replaced: Vec<Arc<B::Buffer>> =
             writes.into_iter().map(|(state, value)| std::mem::replace(&mut self.states[state], value)).collect();
         let started = self.profile.is_some().then(std::time::Instant::now);
         let outputs = entry
@@ -365,7 +365,7 @@ impl<B: Backend> Executor<B> {
         // the next call's (a decode step writes the same states each time),
         // once nothing of the call holds them.
         drop(values);
-        for buffer in replaced.into_iter().filter_map(|value| Rc::try_unwrap(value).ok()) {
+        for buffer in replaced.into_iter().filter_map(|value| Arc::try_unwrap(value).ok()) {
             self.backend.release(buffer);
         }
         Ok(outputs)
@@ -377,15 +377,15 @@ impl<B: Backend> Executor<B> {
 /// else holds it too); the node puts it back.
 fn take_state<B: Backend>(
     backend: &mut B,
-    states: &mut [Rc<B::Buffer>],
+    states: &mut [Arc<B::Buffer>],
     k: usize,
     values: &mut Values<B::Buffer>,
     read: Value,
 ) -> Result<B::Buffer, RunError> {
     values[read.index()] = None;
     let empty = backend.zeros(Dtype::Bool, &[]).map_err(RunError::Memory)?;
-    let held = std::mem::replace(&mut states[k], Rc::new(empty));
-    match Rc::try_unwrap(held) {
+    let held = std::mem::replace(&mut states[k], Arc::new(empty));
+    match Arc::try_unwrap(held) {
         Ok(state) => Ok(state),
         Err(shared) => {
             let copy = backend.copy(&shared);

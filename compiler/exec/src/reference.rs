@@ -9,6 +9,7 @@
 //! changes the cache it is given.
 
 use crate::tensor::{Data, Tensor};
+use crate::NodeError;
 use linnet_ir::numerics::{math, round};
 use linnet_ir::Dtype;
 use linnet_ir::Intrinsic;
@@ -222,7 +223,7 @@ pub fn run_widened(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) ->
 }
 
 /// A cache write on host tensors, its arguments widened first.
-pub fn write_cache_widened(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), String> {
+pub fn write_cache_widened(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
     let args = widened(args);
     let args: Vec<&Tensor> = args.iter().map(|arg| arg.as_ref()).collect();
     write_cache(intrinsic, cache, &args)
@@ -230,7 +231,7 @@ pub fn write_cache_widened(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Te
 
 /// Writes `x` into `cache` in place, as `std.nn.cache` says; an error
 /// names what is out of range.
-pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), String> {
+pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -> Result<(), NodeError> {
     let [rows, axis_a, length, width] = cache.shape[..] else { panic!("a cache is rank 4") };
     let x = args[0];
     let xs = floats(x);
@@ -251,7 +252,7 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
             if pos < 0 || pos as usize + count > length {
                 let name = intrinsic.name();
                 let what = if intrinsic == Intrinsic::WriteAt { "position" } else { "span" };
-                return Err(format!("{name}: {what} outside the cache"));
+                return Err(NodeError::Check(format!("{name}: {what} outside the cache")));
             }
             for row in 0..rows {
                 copy(cells, row, row, pos as usize, count);
@@ -260,7 +261,7 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
         Intrinsic::WriteRows => {
             let positions = ints(args[1]);
             if positions.iter().any(|&pos| pos < 0 || pos as usize >= length) {
-                return Err("write_rows: a position outside the cache".into());
+                return Err(NodeError::Check("write_rows: a position outside the cache".into()));
             }
             for (row, &pos) in positions.iter().enumerate() {
                 copy(cells, row, row, pos as usize, 1);
@@ -269,7 +270,7 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
         Intrinsic::WriteSlots => {
             let (slots, starts) = (ints(args[1]), ints(args[2]));
             if starts.iter().any(|&start| start < 0 || start as usize > length) {
-                return Err("write_slots: a start outside the cache".into());
+                return Err(NodeError::Check("write_slots: a start outside the cache".into()));
             }
             for row in 0..rows {
                 // As the Linnet body: 1 + the request for this row and its
@@ -278,7 +279,11 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
                 let owner: i64 = named().map(|m| m as i64 + 1).sum();
                 if owner > 0 {
                     if owner as usize > x.shape[0] {
-                        return Err(format!("write_slots: position {} is outside 0..{}", owner - 1, x.shape[0]));
+                        return Err(NodeError::Check(format!(
+                            "write_slots: position {} is outside 0..{}",
+                            owner - 1,
+                            x.shape[0]
+                        )));
                     }
                     let start: i64 = named().map(|m| starts[m]).sum();
                     // The positions past the cache's end are not written.

@@ -10,7 +10,7 @@ use crate::tensor::{Data, Tensor};
 use crate::{Executor, RunError};
 use linnet_ir::{Intrinsic, Model, NodeKind};
 use std::ops::Range;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Which of the model's states are written at token positions (`write_at`,
 /// `write_span`, `write_rows` into axis 2): caches whose positions past a
@@ -33,19 +33,19 @@ pub fn positional_states(model: &Model) -> Vec<bool> {
 
 /// The flat ranges of `shape`'s row `row` (axis 0), only the first `length`
 /// along axis 2 where given; an error says what does not fit.
-fn row_ranges(shape: &[usize], row: usize, length: Option<usize>) -> Result<Vec<Range<usize>>, String> {
-    let rows = *shape.first().ok_or("a scalar state has no rows")?;
+fn row_ranges(shape: &[usize], row: usize, length: Option<usize>) -> Result<Vec<Range<usize>>, MemoryError> {
+    let rows = *shape.first().ok_or_else(|| MemoryError("a scalar state has no rows".into()))?;
     if row >= rows {
-        return Err(format!("row {row} is outside the state's {rows} rows"));
+        return Err(MemoryError(format!("row {row} is outside the state's {rows} rows")));
     }
     let row_size: usize = shape[1..].iter().product();
     let base = row * row_size;
     let Some(length) = length else { return Ok(std::iter::once(base..base + row_size).collect()) };
     let [_, outer, positions, ..] = shape[..] else {
-        return Err(format!("a state of shape {shape:?} has no positions axis"));
+        return Err(MemoryError(format!("a state of shape {shape:?} has no positions axis")));
     };
     if length > positions {
-        return Err(format!("{length} positions asked of a state that holds {positions}"));
+        return Err(MemoryError(format!("{length} positions asked of a state that holds {positions}")));
     }
     let inner: usize = shape[3..].iter().product();
     Ok((0..outer).map(|a| base + a * positions * inner..base + (a * positions + length) * inner).collect())
@@ -54,7 +54,7 @@ fn row_ranges(shape: &[usize], row: usize, length: Option<usize>) -> Result<Vec<
 /// Row `row` of `tensor` as a tensor of one row, only the first `length`
 /// along axis 2 where given.
 pub fn read_row(tensor: &Tensor, row: usize, length: Option<usize>) -> Result<Tensor, MemoryError> {
-    let ranges = row_ranges(&tensor.shape, row, length).map_err(MemoryError)?;
+    let ranges = row_ranges(&tensor.shape, row, length)?;
     let mut shape = tensor.shape.clone();
     shape[0] = 1;
     if let Some(length) = length {
@@ -86,7 +86,7 @@ pub fn write_row(tensor: &mut Tensor, row: usize, part: &Tensor) -> Result<(), M
             part.shape, part.dtype, tensor.shape, tensor.dtype
         )));
     }
-    let ranges = row_ranges(&tensor.shape, row, length).map_err(MemoryError)?;
+    let ranges = row_ranges(&tensor.shape, row, length)?;
     fn scatter<T: Copy>(cells: &mut [T], from: &[T], ranges: &[Range<usize>]) {
         let mut at = 0;
         for range in ranges {
@@ -125,10 +125,10 @@ impl<B: Backend> Executor<B> {
         for (state, part) in self.states.iter_mut().zip(rows) {
             // Written in place, on a copy of its own where another holds
             // the state.
-            if Rc::get_mut(state).is_none() {
-                *state = Rc::new(self.backend.copy(state).map_err(RunError::Memory)?);
+            if Arc::get_mut(state).is_none() {
+                *state = Arc::new(self.backend.copy(state).map_err(RunError::Memory)?);
             }
-            let buffer = Rc::get_mut(state).expect("the state is held here alone");
+            let buffer = Arc::get_mut(state).expect("the state is held here alone");
             self.backend.write_row(buffer, row, part).map_err(RunError::Memory)?;
         }
         Ok(())

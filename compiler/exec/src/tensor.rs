@@ -16,7 +16,7 @@ use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::{Node, NodeKind, Param};
 use std::ops::{Deref, DerefMut};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Element types every bit pattern of which is a value, so that mapped
 /// bytes can be read as them.
@@ -30,7 +30,7 @@ impl Plain for u8 {}
 /// first.
 pub enum Elements<T: Plain> {
     Owned(Vec<T>),
-    Mapped { bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize },
+    Mapped { bytes: Arc<dyn AsRef<[u8]>>, offset: usize, len: usize },
 }
 
 /// f32 elements, the storage of every float value but bf16 parameters.
@@ -39,7 +39,7 @@ pub type Floats = Elements<f32>;
 impl<T: Plain> Elements<T> {
     /// `len` values at `offset` in `bytes`, in place; `None` when they are
     /// not aligned for `T`, out of bounds, or the host is big-endian.
-    pub fn mapped(bytes: Rc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Elements<T>> {
+    pub fn mapped(bytes: Arc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Elements<T>> {
         let all = (*bytes).as_ref();
         let fits = offset.checked_add(len.checked_mul(std::mem::size_of::<T>())?).is_some_and(|end| end <= all.len());
         let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<T>());
@@ -61,7 +61,7 @@ impl<T: Plain> Deref for Elements<T> {
                 let all = (**bytes).as_ref();
                 // SAFETY: `mapped` checked that the range is inside the
                 // bytes and aligned for `T`; every bit pattern is a `T`
-                // (`Plain`), and the bytes live as long as the `Rc`.
+                // (`Plain`), and the bytes live as long as the `Arc`.
                 unsafe { std::slice::from_raw_parts(all.as_ptr().add(*offset) as *const T, *len) }
             }
         }
@@ -91,7 +91,7 @@ impl<T: Plain> Clone for Elements<T> {
         match self {
             Elements::Owned(values) => Elements::Owned(values.clone()),
             Elements::Mapped { bytes, offset, len } => {
-                Elements::Mapped { bytes: Rc::clone(bytes), offset: *offset, len: *len }
+                Elements::Mapped { bytes: Arc::clone(bytes), offset: *offset, len: *len }
             }
         }
     }

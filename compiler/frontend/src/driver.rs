@@ -72,7 +72,7 @@ pub fn check_dims(package: &Package) -> std::collections::HashMap<linnet_ir::dim
     let mut dims = std::collections::HashMap::new();
     for entry in package.nest.iter().flat_map(|nest| &nest.check) {
         if let package::NestValue::Int(value) = entry.value {
-            dims.insert(std::rc::Rc::from(entry.name.as_str()), value);
+            dims.insert(std::sync::Arc::from(entry.name.as_str()), value);
         }
     }
     dims

@@ -18,7 +18,7 @@
 //! the driver) when the entry is first called.
 
 use super::layout::{loaded, stored};
-use super::{GroupLaunch, Launch, PtxSet, Role};
+use super::{GpuError, GroupLaunch, Launch, PtxSet, Role};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{shape_value, Backend, BuildError, MemoryError, NodeError, Site, Values};
@@ -132,17 +132,18 @@ fn driver(what: &str, error: cudarc::driver::DriverError) -> String {
 impl Cuda {
     /// The first device, through the CUDA driver; without a driver or a
     /// device, the reason.
-    pub fn open() -> Result<Cuda, String> {
+    pub fn open() -> Result<Cuda, GpuError> {
         // SAFETY: only probes for the driver library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err("no CUDA driver on this machine (libcuda was not found): the cuda backend needs an NVIDIA GPU and its driver".into());
+            return Err(GpuError::Driver("no CUDA driver on this machine (libcuda was not found): the cuda backend needs an NVIDIA GPU and its driver".into()));
         }
-        let context = CudaContext::new(0).map_err(|e| driver("no CUDA device could be opened", e))?;
-        let (major, minor) = context.compute_capability().map_err(|e| driver("the device's compute capability", e))?;
+        let context = CudaContext::new(0).map_err(|e| GpuError::Driver(driver("no CUDA device could be opened", e)))?;
+        let (major, minor) =
+            context.compute_capability().map_err(|e| GpuError::Driver(driver("the device's compute capability", e)))?;
         let stream = context.default_stream();
         let faults = stream
             .alloc_zeros::<i64>(super::FAULT_SLOTS)
-            .map_err(|e| driver("device memory for the faults table", e))?;
+            .map_err(|e| GpuError::Driver(driver("device memory for the faults table", e)))?;
         Ok(Cuda {
             context,
             stream,
@@ -333,7 +334,7 @@ impl Cuda {
             .collect::<Result<Vec<DeviceBuffer>, NodeError>>()?;
         self.dims_table(&dims)?;
         let (launch, function) = &self.loaded(site).groups[group];
-        let loads: Vec<std::rc::Rc<DeviceBuffer>> =
+        let loads: Vec<std::sync::Arc<DeviceBuffer>> =
             launch.loads.iter().map(|&value| values[value].clone().expect("a loaded value is live")).collect();
         let buffers: Vec<(&CudaSlice<u8>, usize)> = outputs
             .iter()
@@ -410,7 +411,7 @@ impl Backend for Cuda {
             message,
         };
         let set = self.set.take().ok_or_else(|| whole("no PTX to run: the backend was given none".into()))?;
-        set.check(model, &self.arch).map_err(whole)?;
+        set.check(model, &self.arch).map_err(|error| whole(error.to_string()))?;
         let mut by_name = set.entries;
         self.entries = model
             .entries
@@ -425,7 +426,7 @@ impl Backend for Cuda {
     }
 
     fn upload(&mut self, tensor: Tensor) -> Result<DeviceBuffer, MemoryError> {
-        let bytes = stored(&tensor, tensor.dtype).map_err(MemoryError)?;
+        let bytes = stored(&tensor, tensor.dtype).map_err(|e| MemoryError(e.to_string()))?;
         let slice = self
             .stream
             .clone_htod(&if bytes.is_empty() { vec![0] } else { bytes })
@@ -476,7 +477,7 @@ impl Backend for Cuda {
             None => {}
         }
         let out = self.output(&site)?;
-        let loads: Vec<std::rc::Rc<DeviceBuffer>> = self.kernels(&site)[0]
+        let loads: Vec<std::sync::Arc<DeviceBuffer>> = self.kernels(&site)[0]
             .0
             .loads
             .iter()

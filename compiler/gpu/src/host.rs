@@ -9,7 +9,7 @@
 //! same errors.
 
 use super::layout::{loaded, stored};
-use super::{Form, Group, Kernel, Role};
+use super::{Form, GpuError, Group, Kernel, Role};
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{shape_value, Backend, BuildError, NodeError, Site, Values};
 use linnet_ir::analysis::Analysis;
@@ -87,12 +87,12 @@ fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Co
     // The engine holds the code it compiled; the module may go.
     let engine = super::pipeline::lowered(&module, HOST_PIPELINE, |lowered| {
         match super::pipeline::unlowered(&lowered.as_operation()) {
-            Some(operation) => Err(format!("MLIR's host lowering left `{operation}` (a compiler bug)")),
+            Some(operation) => Err(GpuError::Mlir(format!("MLIR's host lowering left `{operation}` (a compiler bug)"))),
             None => Ok(ExecutionEngine::new(lowered, 2, &[], false, false)),
         }
     })
     .and_then(|engine| engine)
-    .map_err(|message| failed(None, message))?;
+    .map_err(|error| failed(None, error.to_string()))?;
     let called = kernels
         .iter()
         .flatten()
@@ -170,7 +170,7 @@ impl Backend for MlirHost {
         args: &[&Tensor],
     ) -> Result<(), NodeError> {
         let dtype = site.entry.nodes[site.at].dtype;
-        let mut cells = stored(cache, dtype).map_err(NodeError::Check)?;
+        let mut cells = stored(cache, dtype).map_err(|error| NodeError::Check(error.to_string()))?;
         self.invoke(&site, &mut cells, args)?;
         *cache = loaded(&cells, dtype, cache.shape.clone());
         Ok(())
@@ -265,7 +265,7 @@ fn stored_loads(
             };
             stored(tensor, site.entry.nodes[value.index()].dtype)
                 .map(|bytes| (bytes, elements))
-                .map_err(NodeError::Check)
+                .map_err(|error| NodeError::Check(error.to_string()))
         })
         .collect()
 }

@@ -2,6 +2,7 @@
 //! elements of their dtype, bf16 as its bits, bool as one byte), and back:
 //! what crosses to and from the kernels on the host and on a device.
 
+use super::GpuError;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_ir::numerics::{bf16_bits, bf16_value};
 use linnet_ir::Dtype;
@@ -9,7 +10,7 @@ use linnet_ir::Dtype;
 /// A value as its kernel stores it: little-endian elements of its dtype
 /// (bf16 and f16 as bits, bool as one byte); a quantized parameter's
 /// blocks as they are (`decode` reads them).
-pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, String> {
+pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, GpuError> {
     if let Data::Blocks(_, blocks) = &tensor.data {
         return Ok(blocks.to_vec());
     }
@@ -20,7 +21,7 @@ pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, String> {
         (Data::I64(values), Dtype::I32) => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
         (Data::I64(values), Dtype::I64) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         (Data::Bool(values), Dtype::Bool) => values.iter().map(|v| u8::from(*v)).collect(),
-        _ => return Err(format!("the GPU kernels do not hold {} values", dtype.name())),
+        _ => return Err(GpuError::Layout(format!("the GPU kernels do not hold {} values", dtype.name()))),
     })
 }
 

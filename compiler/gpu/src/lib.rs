@@ -40,7 +40,22 @@ pub use emit::{Check, Fault, Form, Kernel, Member, Program, Scratch, Unsupported
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use group::{groups, roles, Group, Role};
-pub use ptx_set::{GroupLaunch, Launch, PtxSet};
+pub use ptx_set::{section_name, GroupLaunch, Launch, PtxError, PtxSet};
+
+/// Why the GPU side failed, by where: MLIR refused the kernels or their
+/// lowering, a value the kernels do not hold, the CUDA driver or device,
+/// or PTX that does not fit its model.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("{0}")]
+    Mlir(String),
+    #[error("{0}")]
+    Layout(String),
+    #[error("{0}")]
+    Driver(String),
+    #[error("{0}")]
+    Unfit(String),
+}
 
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
 /// one), if it is a `Compute` node or an intrinsic (other nodes move
@@ -162,11 +177,11 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
             format!("module attributes {{ gpu.container_module }} {{\ngpu.module @{} {{\n{module}}}\n}}\n", entry.name)
         })
         .collect();
-    let lowered: Vec<Result<Vec<String>, String>> =
+    let lowered: Vec<Result<Vec<String>, GpuError>> =
         texts.par_iter().map(|module| pipeline::ptx(module, arch, libdevice)).collect();
     let mut entries = Vec::with_capacity(modules.len());
     for ((entry, kernels, groups, hoisted), ptx) in modules.into_iter().zip(lowered) {
-        let mut ptx = ptx.map_err(|message| BuildError::new("nvptx", entry, None, message))?;
+        let mut ptx = ptx.map_err(|error| BuildError::new("nvptx", entry, None, error.to_string()))?;
         if ptx.len() != 1 {
             return Err(BuildError::new(
                 "nvptx",

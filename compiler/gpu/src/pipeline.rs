@@ -3,6 +3,7 @@
 //! linked for the math functions when it is given. Messages MLIR reports
 //! come back as the error.
 
+use super::GpuError;
 use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module, RegionLike};
@@ -30,7 +31,7 @@ fn pipeline(arch: &str, libdevice: Option<&Path>) -> String {
 
 /// Parses `module` (MLIR text), runs `pipeline` on it and gives the result
 /// to `then`; MLIR's own messages make the error.
-pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module) -> R) -> Result<R, String> {
+pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module) -> R) -> Result<R, GpuError> {
     let registry = DialectRegistry::new();
     register_all_dialects(&registry);
     let context = Context::new();
@@ -49,11 +50,11 @@ pub(super) fn lowered<R>(module: &str, pipeline: &str, then: impl FnOnce(&Module
     });
     let failed = |what: &str| {
         let said = messages.borrow().join("\n");
-        format!("{what}: {}", if said.is_empty() { "MLIR gave no reason".to_string() } else { said })
+        GpuError::Mlir(format!("{what}: {}", if said.is_empty() { "MLIR gave no reason".to_string() } else { said }))
     };
     let mut parsed = Module::parse(&context, module).ok_or_else(|| failed("the kernels do not parse as MLIR"))?;
     let manager = PassManager::new(&context);
-    parse_pass_pipeline(manager.as_operation_pass_manager(), pipeline).map_err(|e| e.to_string())?;
+    parse_pass_pipeline(manager.as_operation_pass_manager(), pipeline).map_err(|e| GpuError::Mlir(e.to_string()))?;
     manager.run(&mut parsed).map_err(|_| failed("MLIR's lowering failed"))?;
     Ok(then(&parsed))
 }
@@ -85,10 +86,10 @@ pub(super) fn unlowered<'c: 'a, 'a>(operation: &impl OperationLike<'c, 'a>) -> O
 
 /// The PTX of `module` (MLIR text of a `gpu.module` of kernels): one text
 /// per `gpu.module`.
-pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, String> {
+pub fn ptx(module: &str, arch: &str, libdevice: Option<&Path>) -> Result<Vec<String>, GpuError> {
     let objects = lowered(module, &pipeline(arch, libdevice), |lowered| assembly(&lowered.as_operation().to_string()))?;
     if objects.is_empty() {
-        return Err("MLIR's lowering produced no PTX".into());
+        return Err(GpuError::Mlir("MLIR's lowering produced no PTX".into()));
     }
     Ok(objects)
 }

@@ -1,16 +1,26 @@
 //! A model's PTX and how to launch each kernel: what `linnetc build
-//! --target nvptx` writes into an artifact's `ptx/` folder (each entry's
-//! `ENTRY.ptx`, and `launches.json`) and what the CUDA backend reads, so a
-//! machine that runs the model needs no MLIR. The launches name the model
-//! they were built from by a fingerprint of its IR and the architecture
-//! they were built for: PTX of another build is refused, never run.
+//! --target nvptx` writes into an artifact as its `nvptx-ARCH` code
+//! section (one JSON file: each entry's PTX, launches and groups) and what
+//! the CUDA backend reads, so a machine that runs the model needs no MLIR.
+//! The set names the model it was built from by a fingerprint of its IR and
+//! the architecture it was built for: PTX of another build is refused,
+//! never run.
 
+use super::GpuError;
+use linnet_artifact::{Artifact, ArtifactError, CodeSection, Section};
 use linnet_ir::dim::Dim;
 use linnet_ir::{Model, NodeKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::path::Path;
+
+/// The layout of a PTX section's file; bumped when it changes.
+pub const PTX_FORMAT: u32 = 1;
+
+/// The name of the code section of PTX for `arch`.
+pub fn section_name(arch: &str) -> String {
+    format!("nvptx-{arch}")
+}
 
 /// How one kernel is launched: its PTX entry point, the node it computes
 /// (its output; for a cache write, the cache it changes in place), the
@@ -59,7 +69,7 @@ pub struct GroupLaunch {
 
 /// One entry's PTX module, its launches in node order, and its launch
 /// groups.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EntryPtx {
     pub ptx: String,
     pub launches: Vec<Launch>,
@@ -77,15 +87,8 @@ impl EntryPtx {
     }
 }
 
-/// An entry's launches and groups, as `launches.json` holds them.
-#[derive(Serialize, Deserialize)]
-struct EntryLaunches {
-    launches: Vec<Launch>,
-    groups: Vec<GroupLaunch>,
-}
-
 /// A model's PTX, by entry name.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PtxSet {
     pub model: String,
     pub fingerprint: String,
@@ -93,13 +96,17 @@ pub struct PtxSet {
     pub entries: BTreeMap<String, EntryPtx>,
 }
 
-/// `launches.json`: everything but the PTX texts.
-#[derive(Serialize, Deserialize)]
-struct Launches {
-    model: String,
-    fingerprint: String,
-    arch: String,
-    entries: BTreeMap<String, EntryLaunches>,
+/// Why an artifact's PTX cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PtxError {
+    #[error("the artifact's PTX section has layout {0}; this runtime reads layout {PTX_FORMAT}: build it again")]
+    OtherFormat(u32),
+    #[error("the artifact's PTX section is not a PTX set: {0}")]
+    NotASet(String),
+    #[error(transparent)]
+    Unfit(#[from] GpuError),
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
 }
 
 /// A hash of `model`'s IR: two builds with the same fingerprint have the
@@ -154,51 +161,33 @@ impl PtxSet {
         PtxSet { model: model.name.clone(), fingerprint: fingerprint(model), arch: arch.to_string(), entries }
     }
 
-    /// Writes the set into `dir` (created); the bytes of PTX written.
-    pub fn write(&self, dir: &Path) -> Result<usize, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let mut written = 0;
-        for (name, entry) in &self.entries {
-            let path = dir.join(format!("{name}.ptx"));
-            std::fs::write(&path, &entry.ptx).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            written += entry.ptx.len();
+    /// The set as its artifact's code section.
+    pub fn to_section(&self) -> Section {
+        let name = section_name(&self.arch);
+        Section {
+            section: CodeSection {
+                file: format!("{name}.json"),
+                target: self.arch.clone(),
+                abi: PTX_FORMAT,
+                calls: serde_json::Value::Null,
+            },
+            name,
+            bytes: serde_json::to_vec(self).expect("a PTX set serializes"),
         }
-        let launches = Launches {
-            model: self.model.clone(),
-            fingerprint: self.fingerprint.clone(),
-            arch: self.arch.clone(),
-            entries: self
-                .entries
-                .iter()
-                .map(|(name, entry)| {
-                    (name.clone(), EntryLaunches { launches: entry.launches.clone(), groups: entry.groups.clone() })
-                })
-                .collect(),
-        };
-        let path = dir.join("launches.json");
-        std::fs::write(&path, serde_json::to_string(&launches).expect("launches serialize"))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok(written)
     }
 
-    /// Whether `dir` holds a set (its `launches.json`).
-    pub fn is_in(dir: &Path) -> bool {
-        dir.join("launches.json").is_file()
-    }
-
-    /// The set in `dir`.
-    pub fn read(dir: &Path) -> Result<PtxSet, String> {
-        let path = dir.join("launches.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let launches: Launches =
-            serde_json::from_str(&text).map_err(|e| format!("{} is not a set of launches: {e}", path.display()))?;
-        let mut entries = BTreeMap::new();
-        for (name, EntryLaunches { launches, groups }) in launches.entries {
-            let path = dir.join(format!("{name}.ptx"));
-            let ptx = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            entries.insert(name, EntryPtx { ptx, launches, groups });
+    /// The set of `artifact` for `arch`, if it has one, checked against its
+    /// model: `Ok(None)` when it has none.
+    pub fn of_artifact(artifact: &Artifact, arch: &str) -> Result<Option<PtxSet>, PtxError> {
+        let name = section_name(arch);
+        let Some(section) = artifact.manifest.code.get(&name) else { return Ok(None) };
+        if section.abi != PTX_FORMAT {
+            return Err(PtxError::OtherFormat(section.abi));
         }
-        Ok(PtxSet { model: launches.model, fingerprint: launches.fingerprint, arch: launches.arch, entries })
+        let (_, bytes) = artifact.code(&name)?;
+        let set: PtxSet = serde_json::from_slice(&bytes).map_err(|e| PtxError::NotASet(e.to_string()))?;
+        set.check(&artifact.model, arch)?;
+        Ok(Some(set))
     }
 
     /// Whether the set was built from `model` for `arch`, and launches
@@ -207,18 +196,18 @@ impl PtxSet {
     /// its entry has; a group's members are `Compute` nodes of one kernel
     /// in order, in no other group, that read values computed before its
     /// first.
-    pub fn check(&self, model: &Model, arch: &str) -> Result<(), String> {
+    pub fn check(&self, model: &Model, arch: &str) -> Result<(), GpuError> {
         if self.fingerprint != fingerprint(model) {
-            return Err(format!(
+            return Err(GpuError::Unfit(format!(
                 "this PTX was built from another build of `{}` (its IR differs): build it again",
                 self.model
-            ));
+            )));
         }
         if self.arch != arch {
-            return Err(format!(
+            return Err(GpuError::Unfit(format!(
                 "this PTX was built for {}, not for this device's {arch}: build it with --gpu-arch {arch}",
                 self.arch
-            ));
+            )));
         }
         for entry in &model.entries {
             let working: Vec<usize> = (0..entry.nodes.len())
@@ -228,16 +217,19 @@ impl PtxSet {
             let mut launched: Vec<usize> = launches.iter().map(|launch| launch.node).collect();
             launched.dedup();
             if launched != working {
-                return Err(format!(
+                return Err(GpuError::Unfit(format!(
                     "the PTX of entry `{}` does not launch a kernel for each of its nodes",
                     entry.name
-                ));
+                )));
             }
             let reads_its_own = self.entries.get(&entry.name).is_none_or(|set| {
                 set.launches.iter().all(|launch| launch.loads.iter().all(|&load| load < launch.node))
             });
             if !reads_its_own {
-                return Err(format!("a kernel of entry `{}` reads a value its node cannot", entry.name));
+                return Err(GpuError::Unfit(format!(
+                    "a kernel of entry `{}` reads a value its node cannot",
+                    entry.name
+                )));
             }
             let in_order = launches.iter().enumerate().all(|(at, launch)| {
                 launch.stage == launches[..at].iter().rev().take_while(|earlier| earlier.node == launch.node).count()
@@ -248,7 +240,10 @@ impl PtxSet {
                         || (pair[0].loads == pair[1].loads && pair[0].scratch == pair[1].scratch)
                 });
             if !stages_agree {
-                return Err(format!("the kernels of a node of entry `{}` do not take the same arguments", entry.name));
+                return Err(GpuError::Unfit(format!(
+                    "the kernels of a node of entry `{}` do not take the same arguments",
+                    entry.name
+                )));
             }
             let groups = self.entries.get(&entry.name).map(|set| set.groups.as_slice()).unwrap_or_default();
             let mut grouped = vec![false; entry.nodes.len()];
@@ -263,10 +258,10 @@ impl PtxSet {
                         once && one_kernel && matches!(entry.nodes[member].kind, NodeKind::Compute(_))
                     });
                 if !sound {
-                    return Err(format!(
+                    return Err(GpuError::Unfit(format!(
                         "launch group `{}` of entry `{}` is not one the PTX can run",
                         group.name, entry.name
-                    ));
+                    )));
                 }
             }
         }

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::rc::Rc;
+use std::sync::Arc;
 
-pub type Symbol = Rc<str>;
+pub type Symbol = Arc<str>;
 
 /// Values of generics, by name.
 pub type Generics = std::collections::HashMap<Symbol, i64>;
@@ -62,7 +62,7 @@ impl Dim {
     }
 
     pub fn generic(name: &str) -> Dim {
-        Dim::atom(Atom::Generic(Rc::from(name)))
+        Dim::atom(Atom::Generic(Arc::from(name)))
     }
 
     pub fn terms(&self) -> impl Iterator<Item = (&Monomial, i64)> {

@@ -34,7 +34,7 @@ pub mod views;
 
 pub use cmp::CmpOp;
 pub use dtype::Dtype;
-pub use verify::verify;
+pub use verify::{verify, VerifyError};
 
 use crate::dim::{Dim, Symbol};
 use serde::{Deserialize, Serialize};
@@ -124,7 +124,7 @@ pub struct Node {
 /// that an artifact names it without its sources at hand.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceAt {
-    pub file: std::rc::Rc<str>,
+    pub file: std::sync::Arc<str>,
     pub line: u32,
     pub column: u32,
 }

@@ -52,7 +52,7 @@ impl Checking {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PassError {
     pub pass: &'static str,
-    pub problem: String,
+    pub problem: crate::VerifyError,
 }
 
 impl fmt::Display for PassError {

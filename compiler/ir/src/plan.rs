@@ -131,3 +131,19 @@ fn fixed_dims(scalar: &Scalar) -> bool {
         _ => false,
     })
 }
+
+/// `1.5 GiB`, up to EiB; exact bytes below 1 KiB.
+pub fn human_bytes(bytes: u128) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}

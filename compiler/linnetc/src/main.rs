@@ -316,12 +316,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// The model lowered, or its diagnostics printed.
-#[cfg(feature = "nvptx")]
-fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_ir::Model> {
+/// The model lowered with its package and content key, or its
+/// diagnostics printed.
+fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<(linnet_ir::Model, driver::Checked, String)> {
     let checked = driver::check_package(package, options);
+    let key = linnet_build::content_key(&checked.sources);
     match driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()) {
-        Ok((model, _)) => Some(model),
+        Ok((model, checked)) => Some((model, checked, key)),
         Err(checked) => {
             let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
             let _ =
@@ -331,8 +332,8 @@ fn lowered(package: &std::path::Path, options: &LoadOptions) -> Option<linnet_ir
     }
 }
 
-/// `linnetc build --target nvptx`: each entry's kernels as PTX files in
-/// `DIR/ptx/` (default `target/linnet/MODEL-nvptx`).
+/// `linnetc build --target nvptx`: the artifact (its IR and CPU code) with
+/// each entry's kernels as PTX for `arch` in its `nvptx-ARCH` section.
 #[cfg(feature = "nvptx")]
 fn build_nvptx(
     package: &std::path::Path,
@@ -343,44 +344,25 @@ fn build_nvptx(
 ) -> ExitCode {
     let started = std::time::Instant::now();
     let libdevice = libdevice.unwrap_or_else(linnet_gpu::default_libdevice);
-    if !libdevice.is_file() {
-        eprintln!("linnetc build: libdevice is not at {} (the math functions link it): run scripts/install-gpu-tools.sh, or name it with --libdevice", libdevice.display());
-        return ExitCode::from(1);
-    }
-    let Some(model) = lowered(package, options) else { return ExitCode::from(1) };
-    let built = match linnet_gpu::build(&model, arch, Some(&libdevice)) {
-        Ok(built) if built.missing.is_empty() => built,
-        Ok(built) => {
-            for error in &built.missing {
-                eprintln!("linnetc build: {error}");
-            }
-            eprintln!(
-                "linnetc build: `{}` cannot be compiled for nvptx yet: {} node(s) without a GPU kernel",
-                model.name,
-                built.missing.len()
-            );
-            return ExitCode::from(1);
-        }
-        Err(error) => {
-            eprintln!("linnetc build: {error}");
-            return ExitCode::from(1);
-        }
-    };
-    let dir =
-        output.unwrap_or_else(|| PathBuf::from("target/linnet").join(format!("{}-nvptx", model.name))).join("ptx");
-    let set = linnet_gpu::PtxSet::of(&model, arch, built);
-    let written = match set.write(&dir) {
-        Ok(written) => written,
+    let Some((model, checked, key)) = lowered(package, options) else { return ExitCode::from(1) };
+    let package = checked.package.as_ref().expect("a lowered package was loaded");
+    let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(&model.name));
+    let built = linnet_build::write(&model, package, key, &dir)
+        .and_then(|_| Ok(linnet_artifact::read(&dir)?))
+        .and_then(|artifact| linnet_build::add_ptx(artifact, arch, &libdevice));
+    let set = match built {
+        Ok((_, set)) => set,
         Err(error) => {
             eprintln!("linnetc build: {error}");
             return ExitCode::from(1);
         }
     };
     let kernels: usize = set.entries.values().map(|entry| entry.launches.len()).sum();
+    let bytes: usize = set.entries.values().map(|entry| entry.ptx.len()).sum();
     let calls: Vec<String> =
         set.entries.iter().map(|(name, entry)| format!("{name} {}", entry.launches_per_call())).collect();
     eprintln!(
-        "built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {written} bytes of PTX; launches per call: {}",
+        "built `{}` for {arch} into {} in {:.2} s: {} entries, {kernels} kernels, {bytes} bytes of PTX; launches per call: {}",
         model.name,
         dir.display(),
         started.elapsed().as_secs_f64(),
@@ -398,17 +380,7 @@ fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<PathB
 
 fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {
     let started = std::time::Instant::now();
-    let checked = driver::check_package(package, options);
-    let key = linnet_artifact::content_key(&checked.sources);
-    let (model, checked) = match driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()) {
-        Ok(lowered) => lowered,
-        Err(checked) => {
-            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            let _ =
-                diagnostic::render_human(&checked.diagnostics, &checked.sources, colour, &mut std::io::stderr().lock());
-            return ExitCode::from(1);
-        }
-    };
+    let Some((model, checked, key)) = lowered(package, options) else { return ExitCode::from(1) };
     let package = checked.package.as_ref().expect("a lowered package was loaded");
     if let Some(Emit::Ir) = emit {
         print!("{model}");
@@ -422,9 +394,10 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
         return ExitCode::SUCCESS;
     }
     let dir = output.unwrap_or_else(|| PathBuf::from("target/linnet").join(&model.name));
-    match key.and_then(|key| linnet_artifact::write(&model, package, key, &dir)) {
+    match linnet_build::write(&model, package, key, &dir) {
         Ok(manifest) => {
-            let kernels: usize = manifest.kernels.values().map(Vec::len).sum();
+            let records = manifest.code.get(linnet_cpu::load::SECTION).map(linnet_cpu::load::records);
+            let kernels: usize = records.and_then(Result::ok).map_or(0, |records| records.values().map(Vec::len).sum());
             eprintln!(
                 "built `{}` into {} in {:.2} s: {} entries, {kernels} kernels\n{}",
                 model.name,
@@ -435,8 +408,8 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
             );
             ExitCode::SUCCESS
         }
-        Err(message) => {
-            eprintln!("linnetc build: {message}");
+        Err(error) => {
+            eprintln!("linnetc build: {error}");
             ExitCode::from(2)
         }
     }

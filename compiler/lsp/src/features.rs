@@ -94,7 +94,7 @@ pub fn concrete(checked: &Checked, ty: &Ty) -> Option<String> {
     let bytes =
         shape.iter().try_fold(dtype.bytes() as u128, |bytes, axis| bytes.checked_mul(u128::try_from(*axis).ok()?))?;
     let shape: Vec<String> = shape.iter().map(ToString::to_string).collect();
-    Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), linnet_frontend::sema::footprint::human_bytes(bytes)))
+    Some(format!("[{}] {}, {}", shape.join(", "), dtype.name(), linnet_ir::plan::human_bytes(bytes)))
 }
 
 /// The declaration header (up to its body) and doc comment of the block

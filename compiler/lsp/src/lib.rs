@@ -111,7 +111,7 @@ fn watch_package_files() -> Request {
 struct Server {
     /// Open documents' texts, by path.
     documents: HashMap<PathBuf, String>,
-    parse_cache: std::rc::Rc<std::cell::RefCell<linnet_frontend::package::ParseCache>>,
+    parse_cache: std::sync::Arc<std::cell::RefCell<linnet_frontend::package::ParseCache>>,
     /// The last check of each package, by its folder.
     checked: BTreeMap<PathBuf, Checked>,
     /// Packages to check once edits settle.
@@ -343,8 +343,9 @@ impl Server {
         }
     }
 
-    fn hover(&self, request: Request) -> Result<Option<Hover>, String> {
-        let params: lsp_types::HoverParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+    fn hover(&self, request: Request) -> Result<Option<Hover>, InvalidParams> {
+        let params: lsp_types::HoverParams =
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
         let document = params.text_document_position_params;
         let Some((checked, file)) = self.checked_with(&document.text_document.uri) else { return Ok(None) };
         let text = &checked.sources.get(file).text;
@@ -373,9 +374,9 @@ impl Server {
         }))
     }
 
-    fn definition(&self, request: Request) -> Result<serde_json::Value, String> {
+    fn definition(&self, request: Request) -> Result<serde_json::Value, InvalidParams> {
         let params: lsp_types::GotoDefinitionParams =
-            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
         let document = params.text_document_position_params;
         let Some((checked, file)) = self.checked_with(&document.text_document.uri) else {
             return Ok(serde_json::Value::Null);
@@ -385,8 +386,9 @@ impl Server {
         Ok(serde_json::to_value(target).unwrap_or_default())
     }
 
-    fn references(&self, request: Request) -> Result<serde_json::Value, String> {
-        let params: lsp_types::ReferenceParams = serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+    fn references(&self, request: Request) -> Result<serde_json::Value, InvalidParams> {
+        let params: lsp_types::ReferenceParams =
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
         let document = params.text_document_position;
         let Some((checked, file)) = self.checked_with(&document.text_document.uri) else {
             return Ok(serde_json::Value::Null);
@@ -400,9 +402,9 @@ impl Server {
         Ok(serde_json::to_value(locations).unwrap_or_default())
     }
 
-    fn symbols(&self, request: Request) -> Result<serde_json::Value, String> {
+    fn symbols(&self, request: Request) -> Result<serde_json::Value, InvalidParams> {
         let params: lsp_types::DocumentSymbolParams =
-            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
         let Some((checked, file)) = self.checked_with(&params.text_document.uri) else {
             return Ok(serde_json::Value::Null);
         };
@@ -427,13 +429,13 @@ impl Server {
         Ok(serde_json::to_value(symbols).unwrap_or_default())
     }
 
-    fn formatting(&self, request: Request) -> Result<serde_json::Value, String> {
+    fn formatting(&self, request: Request) -> Result<serde_json::Value, InvalidParams> {
         let params: lsp_types::DocumentFormattingParams =
-            serde_json::from_value(request.params).map_err(|e| e.to_string())?;
-        let path = params.text_document.uri.to_file_path().map_err(|()| "not a file".to_string())?;
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
+        let path = params.text_document.uri.to_file_path().map_err(|()| InvalidParams("not a file".into()))?;
         let text = match self.documents.get(&path) {
             Some(text) => text.clone(),
-            None => std::fs::read_to_string(&path).map_err(|e| e.to_string())?,
+            None => std::fs::read_to_string(&path).map_err(|e| InvalidParams(e.to_string()))?,
         };
         let Some(formatted) = linnet_frontend::syntax::format::format(&text) else {
             return Ok(serde_json::Value::Null);
@@ -446,6 +448,9 @@ impl Server {
     }
 }
 
-fn error_response(id: RequestId, message: String) -> Response {
+/// A request whose parameters do not name what it asks about, and why.
+struct InvalidParams(String);
+
+fn error_response(id: RequestId, InvalidParams(message): InvalidParams) -> Response {
     Response::new_err(id, lsp_server::ErrorCode::InvalidParams as i32, message)
 }

@@ -7,12 +7,31 @@
 pub mod server;
 
 use linnet_frontend::package::LoadOptions;
+use linnet_runtime::{BackendKind, Loaded, Weights};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
 pub fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A package or artifact ready to run on `backend`, as the CLI loads it:
+/// the package built into the artifact cache (unless it is there), then
+/// loaded with the builder as its compiler.
+pub fn load_on(
+    package: &Path,
+    options: &LoadOptions,
+    weights: &Weights,
+    backend: BackendKind,
+) -> Result<Loaded, String> {
+    let dir = linnet_build::cache::artifact_for(package, options).map_err(|e| e.to_string())?;
+    linnet_runtime::load(&dir, weights, backend, Some(&linnet_build::Builder)).map_err(|e| e.to_string())
+}
+
+/// [`load_on`] the reference interpreter.
+pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<Loaded, String> {
+    load_on(package, options, weights, BackendKind::Interp)
 }
 
 /// The f32 oracle configuration: package card and weights.

@@ -18,7 +18,7 @@ use linnet_ir::dim::{Dim, Symbol};
 use linnet_ir::Dtype;
 use linnet_ir::{self as ir, Entry, Input, Model, Node, NodeKind, Requirement, Scalar, SourceAt, Value};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Lowering stops at the first construct it cannot express.
 pub type Result<T> = std::result::Result<T, Box<Diagnostic>>;
@@ -117,7 +117,7 @@ pub(crate) struct Lowerer<'p, 'a> {
     pub program: &'p Program<'a>,
     pub sources: &'p SourceMap,
     /// Each source file's path, once.
-    files: HashMap<FileId, Rc<str>>,
+    files: HashMap<FileId, Arc<str>>,
     pub model: Model,
     pub params: HashMap<String, usize>,
     pub states: HashMap<String, usize>,
@@ -197,7 +197,7 @@ impl Lowerer<'_, '_> {
         let mut env = root.env.clone();
         let dims: Vec<Symbol> = function.generics.iter().map(|g| g.name.clone()).collect();
         for name in &dims {
-            env.dims.insert(name.clone(), Dim::atom(linnet_ir::dim::Atom::Generic(Rc::clone(name))));
+            env.dims.insert(name.clone(), Dim::atom(linnet_ir::dim::Atom::Generic(Arc::clone(name))));
         }
         let mut inputs = Vec::new();
         let mut builder = Builder::default();
@@ -236,9 +236,11 @@ impl Lowerer<'_, '_> {
     fn locate(&mut self, span: Span) -> SourceAt {
         let file = self.sources.get(span.file);
         let (line, column) = file.line_column(span.start as usize);
-        let path =
-            self.files.entry(span.file).or_insert_with(|| Rc::from(self.sources.path(span.file).display().to_string()));
-        SourceAt { file: Rc::clone(path), line: line as u32, column: column as u32 }
+        let path = self
+            .files
+            .entry(span.file)
+            .or_insert_with(|| Arc::from(self.sources.path(span.file).display().to_string()));
+        SourceAt { file: Arc::clone(path), line: line as u32, column: column as u32 }
     }
 
     pub fn scope_item(&self, module: usize, name: &str) -> Option<ItemRef> {

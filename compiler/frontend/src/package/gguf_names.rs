@@ -25,50 +25,9 @@ use super::NestValue;
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
-use serde::{Deserialize, Serialize};
+pub use linnet_artifact::gguf_names::{Change, Expected, GgufNames, Source};
+use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
-
-/// What the converter did to a parameter's values on the way into the
-/// file, with sizes of type `N` (expressions as written, integers once
-/// resolved).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Change<N> {
-    /// The file holds the value plus this constant (`norm + 1`).
-    Plus(f64),
-    /// The file holds `-exp(value)`.
-    NegatedExp,
-    /// Along `axis`, from `from` on, `groups × per_group` heads of `head`
-    /// elements are stored tiled (`[per_group][groups][head]`) where the
-    /// parameter holds them grouped (`[groups][per_group][head]`).
-    TiledHeads { axis: usize, from: N, groups: N, per_group: N, head: N },
-}
-
-/// Where one parameter's values are in the file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Source<N> {
-    /// The file's tensors, concatenated along `axis` (one, usually).
-    pub tensors: Vec<String>,
-    pub axis: usize,
-    pub changes: Vec<Change<N>>,
-}
-
-/// A metadata value the file must hold.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Expected {
-    Int(i64),
-    Float(f64),
-}
-
-/// A package's `gguf.json` for one instance: every size evaluated.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GgufNames {
-    /// `general.architecture` of the files it reads.
-    pub architecture: String,
-    pub metadata: BTreeMap<String, Expected>,
-    /// Parameter path to where its values are.
-    pub tensors: BTreeMap<String, Source<i64>>,
-}
 
 /// A size as written: an integer or an expression over the generics.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -207,19 +166,31 @@ pub fn of_package(package: &super::Package, diagnostics: &mut Vec<Diagnostic>) -
     resolve(file, &values, diagnostics)
 }
 
+/// Why a size in `gguf.json` does not evaluate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SizeError(pub String);
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SizeError {}
+
 /// `text` evaluated over `values`: integers, names, `+ - * / %` and
 /// parentheses, with the usual precedence; division must be exact.
-pub fn evaluate(text: &str, values: &HashMap<String, i64>) -> Result<i64, String> {
+pub fn evaluate(text: &str, values: &HashMap<String, i64>) -> Result<i64, SizeError> {
     let tokens = tokenize(text)?;
     let mut parser = Parser { tokens: &tokens, at: 0, values };
     let value = parser.sum()?;
     match parser.tokens.get(parser.at) {
         None => Ok(value),
-        Some(token) => Err(format!("unexpected `{token}` in `{text}`")),
+        Some(token) => Err(SizeError(format!("unexpected `{token}` in `{text}`"))),
     }
 }
 
-fn tokenize(text: &str) -> Result<Vec<String>, String> {
+fn tokenize(text: &str) -> Result<Vec<String>, SizeError> {
     let mut tokens = Vec::new();
     let mut chars = text.char_indices().peekable();
     while let Some((at, c)) = chars.next() {
@@ -239,7 +210,7 @@ fn tokenize(text: &str) -> Result<Vec<String>, String> {
         } else if "+-*/%()".contains(c) {
             tokens.push(c.to_string());
         } else {
-            return Err(format!("unexpected `{c}` in `{text}`"));
+            return Err(SizeError(format!("unexpected `{c}` in `{text}`")));
         }
     }
     Ok(tokens)
@@ -256,27 +227,28 @@ impl Parser<'_> {
         self.tokens.get(self.at).is_some_and(|t| t == symbol)
     }
 
-    fn sum(&mut self) -> Result<i64, String> {
+    fn sum(&mut self) -> Result<i64, SizeError> {
         let mut value = self.product()?;
         while self.next_is("+") || self.next_is("-") {
             let plus = self.next_is("+");
             self.at += 1;
             let right = self.product()?;
-            value = if plus { value.checked_add(right) } else { value.checked_sub(right) }.ok_or("overflow")?;
+            value = if plus { value.checked_add(right) } else { value.checked_sub(right) }
+                .ok_or_else(|| SizeError("overflow".into()))?;
         }
         Ok(value)
     }
 
-    fn product(&mut self) -> Result<i64, String> {
+    fn product(&mut self) -> Result<i64, SizeError> {
         let mut value = self.atom()?;
         while let Some(op) = self.tokens.get(self.at).filter(|t| ["*", "/", "%"].contains(&t.as_str())) {
             let op = op.clone();
             self.at += 1;
             let right = self.atom()?;
             value = match op.as_str() {
-                "*" => value.checked_mul(right).ok_or("overflow")?,
-                _ if right == 0 => return Err("division by zero".into()),
-                "/" if value % right != 0 => return Err(format!("{value} / {right} is not whole")),
+                "*" => value.checked_mul(right).ok_or_else(|| SizeError("overflow".into()))?,
+                _ if right == 0 => return Err(SizeError("division by zero".into())),
+                "/" if value % right != 0 => return Err(SizeError(format!("{value} / {right} is not whole"))),
                 "/" => value / right,
                 _ => value.rem_euclid(right),
             };
@@ -284,13 +256,13 @@ impl Parser<'_> {
         Ok(value)
     }
 
-    fn atom(&mut self) -> Result<i64, String> {
-        let token = self.tokens.get(self.at).ok_or("the expression ends early")?.clone();
+    fn atom(&mut self) -> Result<i64, SizeError> {
+        let token = self.tokens.get(self.at).ok_or_else(|| SizeError("the expression ends early".into()))?.clone();
         self.at += 1;
         if token == "(" {
             let value = self.sum()?;
             if !self.next_is(")") {
-                return Err("a `(` is not closed".into());
+                return Err(SizeError("a `(` is not closed".into()));
             }
             self.at += 1;
             return Ok(value);
@@ -298,18 +270,21 @@ impl Parser<'_> {
         if let Ok(value) = token.parse::<i64>() {
             return Ok(value);
         }
-        self.values.get(&token).copied().ok_or_else(|| format!("`{token}` is not an integer generic of the model card"))
+        self.values
+            .get(&token)
+            .copied()
+            .ok_or_else(|| SizeError(format!("`{token}` is not an integer generic of the model card")))
     }
 }
 
-fn size(value: &Size, values: &HashMap<String, i64>) -> Result<i64, String> {
+fn size(value: &Size, values: &HashMap<String, i64>) -> Result<i64, SizeError> {
     match value {
         Size::Int(value) => Ok(*value),
         Size::Expr(text) => evaluate(text, values),
     }
 }
 
-fn resolve_change(change: &Change<Size>, values: &HashMap<String, i64>) -> Result<Change<i64>, String> {
+fn resolve_change(change: &Change<Size>, values: &HashMap<String, i64>) -> Result<Change<i64>, SizeError> {
     Ok(match change {
         Change::Plus(constant) => Change::Plus(*constant),
         Change::NegatedExp => Change::NegatedExp,
@@ -368,10 +343,10 @@ mod tests {
         assert_eq!(evaluate("4 * Groups", &values()), Ok(40));
         assert_eq!(evaluate("2 + 3 * (Groups - 8) % 4", &values()), Ok(4));
         assert_eq!(evaluate("ValueHeads / KeyHeads", &values()), Ok(2));
-        assert!(evaluate("KeyHeads / 3", &values()).unwrap_err().contains("not whole"));
-        assert!(evaluate("Layers", &values()).unwrap_err().contains("`Layers`"));
-        assert!(evaluate("(Groups", &values()).unwrap_err().contains("not closed"));
-        assert!(evaluate("Groups 2", &values()).unwrap_err().contains("unexpected `2`"));
+        assert!(evaluate("KeyHeads / 3", &values()).unwrap_err().0.contains("not whole"));
+        assert!(evaluate("Layers", &values()).unwrap_err().0.contains("`Layers`"));
+        assert!(evaluate("(Groups", &values()).unwrap_err().0.contains("not closed"));
+        assert!(evaluate("Groups 2", &values()).unwrap_err().0.contains("unexpected `2`"));
         assert!(evaluate("Groups / 0", &values()).is_err());
     }
 

@@ -102,7 +102,7 @@ impl ParseCache {
 /// unsaved texts that replace files on disk.
 #[derive(Default)]
 pub struct LoadOptions {
-    pub parse_cache: Option<std::rc::Rc<std::cell::RefCell<ParseCache>>>,
+    pub parse_cache: Option<std::sync::Arc<std::cell::RefCell<ParseCache>>>,
     /// A model card other than `<dir>/nest.toml`.
     pub nest: Option<PathBuf>,
     /// `--set NAME=VALUE`: generics (and `[check]` dims) to override.

@@ -16,7 +16,7 @@ use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, GenericKind};
 use linnet_ir::dim::{Dim, Symbol};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Where an instance is written: the facts in force, the place to report,
 /// and who writes it (for messages).
@@ -162,6 +162,16 @@ fn unmet(program: &Program, block: &SubTy, bound: &SubTy, facts: &Facts) -> Vec<
     problems
 }
 
+/// How a function falls short of a trait's signature, in words that
+/// follow its name (`takes …`, `returns …`).
+struct Unmet(String);
+
+impl std::fmt::Display for Unmet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Whether function `fn_id` of `block` serves every call that signature
 /// `signature_id` of `bound` allows.
 fn accepts(
@@ -171,12 +181,12 @@ fn accepts(
     bound: &SubTy,
     signature_id: usize,
     facts: &Facts,
-) -> Result<(), String> {
+) -> Result<(), Unmet> {
     let (function, signature) = (&program.fns[fn_id], &program.fns[signature_id]);
     // The signature's own generics stay abstract, under names of their own.
     let mut promised = bound.args.clone();
     for generic in &signature.generics {
-        let fresh: Symbol = Rc::from(format!("{}'", generic.name));
+        let fresh: Symbol = Arc::from(format!("{}'", generic.name));
         match generic.kind {
             GenericKind::Dim => {
                 promised.dims.insert(generic.name.clone(), Dim::generic(&fresh));
@@ -195,11 +205,11 @@ fn accepts(
         facts.assume(&promised.dim(&clause.lhs), clause.op, &promised.dim(&clause.rhs));
     }
     if function.params.len() != signature.params.len() {
-        return Err(format!(
+        return Err(Unmet(format!(
             "takes {} argument(s) where the trait's takes {}",
             function.params.len(),
             signature.params.len()
-        ));
+        )));
     }
     let arguments: Vec<Ty> = signature.params.iter().map(|(_, ty, _)| promised.ty(ty)).collect();
     let mut own: Subst = block.args.clone();
@@ -208,23 +218,23 @@ fn accepts(
         infer(param, argument, &generics, &mut own);
     }
     if let Some(unbound) = function.generics.iter().find(|g| !own.is_bound(&g.name)) {
-        return Err(format!("has a generic `{}` that the trait's arguments do not determine", unbound.name));
+        return Err(Unmet(format!("has a generic `{}` that the trait's arguments do not determine", unbound.name)));
     }
     for ((name, param, _), argument) in function.params.iter().zip(&arguments) {
         let expected = own.ty(param);
         if compare(&expected, argument, &facts).is_err() {
-            return Err(format!("takes `{name}: {expected}` where the trait passes `{argument}`"));
+            return Err(Unmet(format!("takes `{name}: {expected}` where the trait passes `{argument}`")));
         }
     }
     for clause in &function.clauses {
         let (lhs, rhs) = (own.dim(&clause.lhs), own.dim(&clause.rhs));
         if !facts.proves(&lhs, clause.op, &rhs) {
-            return Err(format!("requires `{}`, which the trait's signature does not promise", clause.text));
+            return Err(Unmet(format!("requires `{}`, which the trait's signature does not promise", clause.text)));
         }
     }
     let (returned, promised_ret) = (own.ty(&function.ret), promised.ty(&signature.ret));
     if compare(&promised_ret, &returned, &facts).is_err() {
-        return Err(format!("returns `{returned}` where the trait promises `{promised_ret}`"));
+        return Err(Unmet(format!("returns `{returned}` where the trait promises `{promised_ret}`")));
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use super::ty::{Axis, Elem, SubTy, Ty};
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use linnet_ir::dim::{Dim, EvalError, Symbol};
+use linnet_ir::plan::human_bytes;
 
 /// The most bytes of parameters, or of states, an instantiation may need:
 /// 1 PiB, beyond any machine's memory and far within 64-bit sizes.
@@ -31,22 +32,6 @@ impl Footprint {
     fn excess(&self) -> f64 {
         let ratio = |value: u128, limit: u128| value as f64 / limit as f64;
         ratio(self.param_bytes, MAX_BYTES).max(ratio(self.state_bytes, MAX_BYTES)).max(ratio(self.tensors, MAX_TENSORS))
-    }
-}
-
-/// `1.5 GiB`, up to EiB; exact bytes below 1 KiB.
-pub fn human_bytes(bytes: u128) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
     }
 }
 

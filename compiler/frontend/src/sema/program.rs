@@ -13,7 +13,7 @@ use crate::syntax::ast::{self, CmpOp, FnKind, GenericKind};
 use linnet_ir::dim::{Dim, Symbol};
 use linnet_ir::Dtype;
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct GenericSig {
@@ -318,7 +318,7 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
             }
         });
         resolved.push(GenericSig {
-            name: Rc::from(generic.name.name.as_str()),
+            name: Arc::from(generic.name.name.as_str()),
             kind: generic.kind,
             default,
             bound: None,

@@ -1,0 +1,172 @@
+//! Which kernel multiplies a group of input rows by a weight matrix: one
+//! table of what each block format's weights can be multiplied with
+//! ([`FormatKernels`]), and one function ([`choose`]) of the weights'
+//! storage, the instruction set and the count of rows that the products
+//! (`matmul`) and their tests both ask.
+
+use super::decode::DOT_ROWS;
+use super::isa::Isa;
+use super::matrix::Matrix;
+use super::{amx, byte_tiles, int8};
+use linnet_ir::quant::BlockFormat;
+
+/// How a weight matrix is held, as far as choosing its kernel goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    F32,
+    Bf16,
+    /// Blocks of a parameter declared f32: decoded exactly.
+    Blocks(BlockFormat),
+    /// Blocks of a parameter declared bf16, whose products the numerics
+    /// contract lets round (`docs/language.md`).
+    Bf16Blocks(BlockFormat),
+}
+
+impl Storage {
+    pub fn of(matrix: &Matrix) -> Storage {
+        match matrix {
+            Matrix::F32(_) => Storage::F32,
+            Matrix::Bf16(_) => Storage::Bf16,
+            Matrix::Blocks(format, _) => Storage::Blocks(*format),
+            Matrix::Bf16Blocks(format, _) => Storage::Bf16Blocks(*format),
+        }
+    }
+}
+
+/// The products a block format's weights have besides being decoded into
+/// f32 lanes, each over input rows quantized to 8-bit levels per
+/// [`int8::SPAN`] values (the contract's integer-product freedom).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FormatKernels {
+    /// Integer dot products, row by row (`int8`), for a decode step's rows.
+    pub int8: bool,
+    /// Integer products past a decode step's rows too: where AVX2's byte
+    /// products multiply four times the values an instruction its eight
+    /// f32 lanes do, and where the panels or byte tiles take the rows.
+    pub int8_past_decode: bool,
+    /// AVX-512 VNNI panels of sixteen weight rows (`panels`).
+    pub panels: bool,
+    /// AMX byte tiles (`byte_tiles`).
+    pub byte_tiles: bool,
+}
+
+/// The table: what each block format is multiplied with.
+pub fn kernels_of(format: BlockFormat) -> FormatKernels {
+    match format {
+        BlockFormat::Q8_0 => FormatKernels { int8: true, int8_past_decode: false, panels: false, byte_tiles: false },
+        BlockFormat::Q4K => FormatKernels { int8: true, int8_past_decode: true, panels: true, byte_tiles: true },
+        BlockFormat::Q6K => FormatKernels { int8: true, int8_past_decode: true, panels: false, byte_tiles: false },
+    }
+}
+
+/// A kernel of the contractions, as [`choose`] picks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// The weights widened into f32 lanes as they are read (f32, bf16 bits).
+    Lanes,
+    /// Blocks decoded into f32 lanes, exactly.
+    Decoded,
+    /// bf16 dot products (vectors or AMX tiles) over inputs that are
+    /// exactly bf16 values; other inputs take [`Product::Lanes`].
+    Bf16Dots,
+    /// Blocks decoded and rounded to bf16, then bf16 dot products, over
+    /// inputs that are exactly bf16 values; other inputs take
+    /// [`Product::Decoded`].
+    RoundedBf16Dots,
+    /// Integer dot products over quantized inputs, row by row (`int8`).
+    Int8,
+    /// The VNNI panels over quantized inputs (`panels`).
+    Panels,
+    /// AMX byte tiles over quantized inputs (`byte_tiles`).
+    ByteTiles,
+}
+
+impl Product {
+    /// Whether the inputs are quantized to 8-bit levels for it.
+    pub fn quantizes(self) -> bool {
+        matches!(self, Product::Int8 | Product::Panels | Product::ByteTiles)
+    }
+
+    /// Whether the inputs are converted to bf16 for it.
+    pub fn converts_to_bf16(self) -> bool {
+        matches!(self, Product::Bf16Dots | Product::RoundedBf16Dots)
+    }
+}
+
+/// The kernel that multiplies `rows` input rows of `depth` values by
+/// weights held as `storage` on `isa` (which the CPU has).
+///
+/// Integer products over quantized inputs, for a parameter declared bf16
+/// in blocks, where its format has them and the rows are whole spans: a
+/// decode step's few rows (decoding each weight into an f32 lane costs
+/// more than reading it), and past them where [`FormatKernels`] says so
+/// and the lanes are AVX2's or the panels or byte tiles take the rows (the
+/// panels past a decode step's rows on a CPU with VNNI whose bf16 products
+/// are vectors; the byte tiles up to [`byte_tiles::MOST_ROWS`] on AMX with
+/// byte products). Else bf16 dot products where tiles of four rows reuse
+/// each weight load: bf16 weights from four rows, a parameter declared
+/// bf16 in blocks past a decode step's rows.
+pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product {
+    let past_decode = rows > DOT_ROWS;
+    if let Storage::Bf16Blocks(format) = storage {
+        let kernels = kernels_of(format);
+        let panels = kernels.panels && past_decode && matches!(isa, Isa::Avx512Bf16 | Isa::Avx512) && int8::has_vnni();
+        let byte_tiles = kernels.byte_tiles
+            && past_decode
+            && rows <= byte_tiles::MOST_ROWS
+            && isa == Isa::Amx
+            && amx::has_byte_products();
+        let past_them = kernels.int8_past_decode && (isa.lanes() == Isa::Avx2 || panels || byte_tiles);
+        if kernels.int8 && depth.is_multiple_of(int8::SPAN) && (!past_decode || past_them) {
+            return match (panels, byte_tiles) {
+                (true, _) => Product::Panels,
+                (_, true) => Product::ByteTiles,
+                _ => Product::Int8,
+            };
+        }
+    }
+    let bf16_dots = isa.has_bf16_dots() && depth.is_multiple_of(2);
+    match storage {
+        Storage::Bf16 if bf16_dots && rows >= 4 => Product::Bf16Dots,
+        Storage::Bf16Blocks(_) if bf16_dots && past_decode => Product::RoundedBf16Dots,
+        Storage::F32 | Storage::Bf16 => Product::Lanes,
+        Storage::Blocks(_) | Storage::Bf16Blocks(_) => Product::Decoded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kernel over quantized inputs is chosen only on a CPU that has
+    /// its instructions, and only for the formats the table gives it.
+    #[test]
+    fn a_kernel_is_chosen_only_where_the_cpu_and_the_format_have_it() {
+        for isa in Isa::available() {
+            for format in BlockFormat::ALL {
+                for rows in 1..=byte_tiles::MOST_ROWS + 1 {
+                    let product = choose(isa, Storage::Bf16Blocks(format), rows, 4 * int8::SPAN);
+                    if product == Product::Panels {
+                        assert!(int8::has_vnni() && kernels_of(format).panels, "panels for {format} on {isa:?}");
+                    }
+                    if product == Product::ByteTiles {
+                        assert!(amx::has_byte_products() && kernels_of(format).byte_tiles, "tiles for {format}");
+                    }
+                    assert!(!choose(isa, Storage::Blocks(format), rows, 4 * int8::SPAN).quantizes());
+                }
+            }
+        }
+    }
+
+    /// A decode step's rows of a format with integer products always take
+    /// them; an odd depth never takes bf16 dot products.
+    #[test]
+    fn decode_rows_take_integer_products_and_odd_depths_no_bf16_dots() {
+        for isa in Isa::available() {
+            for format in BlockFormat::ALL {
+                assert_eq!(choose(isa, Storage::Bf16Blocks(format), 1, int8::SPAN), Product::Int8);
+            }
+            assert_eq!(choose(isa, Storage::Bf16, 64, 33), Product::Lanes);
+        }
+    }
+}

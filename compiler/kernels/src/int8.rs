@@ -1,0 +1,1134 @@
+//! Products of weight rows in blocks of 8-bit or smaller levels (Q4_K,
+//! Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! products: the freedom `docs/language.md` gives a parameter declared
+//! bf16 ("Quantized inputs"), taken in a decode step's products, where
+//! decoding each weight into an f32 lane costs more than reading it, and
+//! in every K-quant product on AVX2 (`choice::choose`).
+//!
+//! An input row is quantized per [`SPAN`] values (a K-quant block's,
+//! eight Q8_0 blocks'): `step = max|x| / 127`, each level `round(x /
+//! step)` (ties to even) in `-127..=127`, with the levels' sums over each
+//! 16 values. A block's products are then integers, summed exactly in i32
+//! with its small integer scales (Q4_K's mins against the levels' sums,
+//! Q6_K's offset of 32 likewise) in eight lanes ([`lane_of`]), as AVX2's
+//! byte products leave them; each lane is multiplied by the block's f16
+//! scale and the span's step and added into an f32 lane of the row, and
+//! the eight f32 lanes are added once, at the row's end ([`Sums`]).
+//! Integer sums are the same in any order and the f32 sums take one order
+//! everywhere, so every instruction set computes the same bits: AVX2's
+//! `vpmaddubsw`/`vpmaddwd` (Q8_0's signed levels by their magnitudes
+//! against the inputs' levels with their signs, `vpsignb`), AVX-512 BW's
+//! at 64 values a register (its two halves added into eight lanes; with
+//! VNNI, `vpdpwssd` adds the scaled pairs), and the portable loops, which
+//! the tests hold the vector code to.
+
+use super::decode::{prefetch_ahead, two_streams, DOT_ROWS};
+use super::isa::Isa;
+use linnet_ir::quant::{self, BlockFormat};
+
+/// Input values quantized with one step: a K-quant block's span.
+pub const SPAN: usize = 256;
+
+/// Values a level sum covers: Q6_K's scale groups; Q4_K's groups of 32
+/// add two.
+const SUM_VALUES: usize = 16;
+
+/// Whether this CPU has AVX-512 VNNI's byte and word dot products.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Input rows quantized to 8-bit levels per [`SPAN`] values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedRows {
+    depth: usize,
+    levels: Vec<i8>,
+    /// A step per span of each row.
+    steps: Vec<f32>,
+    /// The levels' sum over each [`SUM_VALUES`] of each row.
+    sums: Vec<i16>,
+    /// The levels' sums over each 32 values of each row, two to a word
+    /// (the first 32's in the low 16 bits): a Q4_K group's, in pairs.
+    pair_sums: Vec<u32>,
+}
+
+impl QuantizedRows {
+    /// `rows` (each of `depth` values, a whole number of spans)
+    /// quantized. A span holding an infinity or NaN gets a NaN step, so
+    /// that the products over it are NaN as the exact ones would be.
+    pub fn new<'a>(rows: impl ExactSizeIterator<Item = &'a [f32]>, depth: usize) -> QuantizedRows {
+        assert!(depth.is_multiple_of(SPAN), "rows of whole spans");
+        let count = rows.len();
+        let mut quantized = QuantizedRows {
+            depth,
+            levels: vec![0; count * depth],
+            steps: vec![0.0; count * depth / SPAN],
+            sums: vec![0; count * depth / SUM_VALUES],
+            pair_sums: Vec::new(),
+        };
+        let spans = quantized
+            .levels
+            .chunks_exact_mut(SPAN)
+            .zip(&mut quantized.steps)
+            .zip(quantized.sums.chunks_exact_mut(SPAN / SUM_VALUES));
+        let values = rows.flat_map(|row| {
+            assert_eq!(row.len(), depth, "rows of the depth");
+            row.chunks_exact(SPAN)
+        });
+        #[cfg(target_arch = "x86_64")]
+        let vectors = Isa::host().lanes() == Isa::Avx512;
+        for (((levels, step), sums), values) in spans.zip(values) {
+            #[cfg(target_arch = "x86_64")]
+            if vectors {
+                // SAFETY: the CPU has AVX-512 F and BW; a span's values, levels and sums.
+                *step = unsafe { x86::quantize_span_avx512(values, levels, sums) };
+                continue;
+            }
+            *step = quantize_span(values, levels, sums);
+        }
+        quantized.pair_sums = quantized
+            .sums
+            .chunks_exact(4)
+            .map(|sums| ((sums[0] + sums[1]) as u16) as u32 | u32::from((sums[2] + sums[3]) as u16) << 16)
+            .collect();
+        quantized
+    }
+
+    /// Values in each row.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Span `span` of row `row`: its [`SPAN`] levels, their sums over each
+    /// 32 in pairs (as `pair_sums`), and its step.
+    pub fn span(&self, row: usize, span: usize) -> (&[i8], &[u32], f32) {
+        let at = row * self.depth / SPAN + span;
+        (&self.levels[at * SPAN..(at + 1) * SPAN], &self.pair_sums[at * 4..(at + 1) * 4], self.steps[at])
+    }
+
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.steps.len() * SPAN / self.depth.max(1)
+    }
+}
+
+/// `values`' levels into `levels` and their sums over each
+/// [`SUM_VALUES`] into `sums`; their step.
+fn quantize_span(values: &[f32], levels: &mut [i8], sums: &mut [i16]) -> f32 {
+    let step = quantize_levels(values, levels);
+    for (sum, levels) in sums.iter_mut().zip(levels.chunks_exact(SUM_VALUES)) {
+        *sum = levels.iter().map(|level| i16::from(*level)).sum();
+    }
+    step
+}
+
+/// `values`' levels into `levels`, and their step.
+fn quantize_levels(values: &[f32], levels: &mut [i8]) -> f32 {
+    if !values.iter().all(|value| value.is_finite()) {
+        levels.fill(0);
+        return f32::NAN;
+    }
+    let largest = values.iter().fold(0f32, |largest, value| largest.max(value.abs()));
+    if largest == 0.0 {
+        levels.fill(0);
+        return 0.0;
+    }
+    let inverse = 127.0 / largest;
+    for (level, value) in levels.iter_mut().zip(values) {
+        *level = nearest_even(value * inverse).clamp(-127.0, 127.0) as i8;
+    }
+    largest / 127.0
+}
+
+/// `x` rounded to the nearest integer, ties to even, for `|x| < 2²²` (and
+/// infinities and NaN kept; -0.4 gives +0, a level of 0 all the same):
+/// adding and taking away 1.5 · 2²³ leaves no fraction bits, in the
+/// default rounding mode. `f32::round_ties_even`
+/// computes the same, but is a call to `rintf` on CPUs the build does not
+/// assume SSE4.1 of, inside a loop that this keeps in vector lanes.
+#[inline(always)]
+fn nearest_even(x: f32) -> f32 {
+    (x + SHIFTER) - SHIFTER
+}
+
+/// 1.5 · 2²³: [`nearest_even`]'s shifter.
+const SHIFTER: f32 = 12_582_912.0;
+
+/// The lane of a block's eight that value `v` of the block is summed in:
+/// each 32 values' `4l..4l + 4` go to lane `l` (as AVX2's byte products
+/// of 32 values and their pairwise sums leave them, and AVX-512's halves
+/// added).
+const fn lane_of(v: usize) -> usize {
+    (v % 32) / 4
+}
+
+/// How an instruction set reads a block's f16 scales and carries a
+/// product's sums: eight i32 lanes of a block's integer sums, each
+/// multiplied by the block's scale and the span's step and added into
+/// eight f32 lanes (one fused multiply-add), which are added together once
+/// at the end of the row ([`Sums::total`]), in the same order everywhere.
+trait Sums {
+    /// Eight i32 lanes.
+    type Ints: Copy;
+    /// Eight f32 lanes.
+    type Floats: Copy;
+    /// The f16 at byte `at` of `block`: exactly `quant::f16_at`'s value.
+    unsafe fn half(block: *const u8, at: usize) -> f32;
+    unsafe fn zero() -> Self::Floats;
+    /// `into + sums · scale` lane by lane, rounded once; each of `sums`
+    /// is under 2²⁴ in magnitude, so exact in f32.
+    unsafe fn add_scaled(into: Self::Floats, sums: Self::Ints, scale: f32) -> Self::Floats;
+    /// Lanes `l` and `l + 4` added, then those four's `l` and `l + 2`,
+    /// then the two.
+    unsafe fn total(lanes: Self::Floats) -> f32;
+}
+
+/// A block's integer sums against `R` rows of levels and their sums over
+/// each 16 (each from the block's first value), in eight lanes
+/// ([`lane_of`]), on one instruction set.
+trait BlockDots: Sums {
+    /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
+    /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
+    /// level[k]` (group `l`'s mins in lane `l`); the groups' 6-bit scales
+    /// and mins unpacked as `quant::q4_k_scales_mins` does.
+    unsafe fn q4_k<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [(Self::Ints, Self::Ints); R];
+
+    /// Q6_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} u[k] · level[k]` over its
+    /// sixteen groups of 16 (`u` the unsigned 6-bit levels), less 32 ·
+    /// `Σ_{g∈{2l, 2l+1}} scale[g] · Σ_{k∈g} level[k]`: the offset of 32
+    /// taken against the groups' sums of levels.
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
+
+    /// Q8_0: lane `l` of `Σ_k q[k] · level[k]` over a block's 32 values
+    /// (`q` its signed levels, from `quants`).
+    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
+}
+
+/// Plain loops over `quant`'s definitions of the levels: any CPU.
+struct Portable;
+
+impl Sums for Portable {
+    type Ints = [i32; 8];
+    type Floats = [f32; 8];
+
+    #[inline(always)]
+    unsafe fn half(block: *const u8, at: usize) -> f32 {
+        // SAFETY: as the caller promises, the block has the half.
+        quant::f16_at(unsafe { std::slice::from_raw_parts(block, at + 2) }, at)
+    }
+
+    #[inline(always)]
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+
+    #[inline(always)]
+    unsafe fn add_scaled(into: [f32; 8], sums: [i32; 8], scale: f32) -> [f32; 8] {
+        std::array::from_fn(|l| (sums[l] as f32).mul_add(scale, into[l]))
+    }
+
+    #[inline(always)]
+    unsafe fn total(lanes: [f32; 8]) -> f32 {
+        let fours: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
+        (fours[0] + fours[2]) + (fours[1] + fours[3])
+    }
+}
+
+impl BlockDots for Portable {
+    #[inline(always)]
+    unsafe fn q4_k<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [([i32; 8], [i32; 8]); R] {
+        // SAFETY: as the caller promises, the block and the rows' span are whole.
+        let quants = unsafe { std::slice::from_raw_parts(block.add(16), 128) };
+        let scales_mins = quant::q4_k_scales_mins(unsafe { std::slice::from_raw_parts(block.add(4), 12) });
+        let nibble = |v: usize| {
+            let (chunk, within) = (v / 64, v % 64);
+            i32::from((quants[chunk * 32 + within % 32] >> (4 * (within / 32))) & 0xf)
+        };
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += i32::from(scales_mins[v / 32]) * nibble(v) * i32::from(*level);
+            }
+            let mins = std::array::from_fn(|l| {
+                i32::from(scales_mins[8 + l]) * (i32::from(sums[2 * l]) + i32::from(sums[2 * l + 1]))
+            });
+            (products, mins)
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [[i32; 8]; R] {
+        // SAFETY: as above.
+        let block = unsafe { std::slice::from_raw_parts(block, 210) };
+        let unsigned = quant::q6_k_levels(block).map(|level| i32::from(level) + 32);
+        let scale = |group: usize| i32::from(block[192 + group] as i8);
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
+            }
+            std::array::from_fn(|l| {
+                let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
+                products[l] - 32 * offsets
+            })
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
+        // SAFETY: as the caller promises, the block's quants and the rows' 32 levels.
+        let quants = unsafe { std::slice::from_raw_parts(quants.cast::<i8>(), 32) };
+        std::array::from_fn(|r| {
+            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32) };
+            let mut products = [0; 8];
+            for (v, (q, level)) in quants.iter().zip(levels).enumerate() {
+                products[lane_of(v)] += i32::from(*q) * i32::from(*level);
+            }
+            products
+        })
+    }
+}
+
+/// The formats, each a span's share of a product.
+trait KQuant {
+    const FORMAT: BlockFormat;
+    /// The span's sums against each row's span, times the blocks' scales
+    /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
+    /// products times `d · step`, then its mins times `−dmin · step`;
+    /// Q6_K's times `d · step`; each Q8_0 block's in turn times its
+    /// `d · step`.
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    );
+}
+
+struct Q4K;
+struct Q6K;
+struct Q8_0;
+
+impl KQuant for Q4K {
+    const FORMAT: BlockFormat = BlockFormat::Q4K;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let (d, dmin) = (B::half(block, 0), B::half(block, 2));
+            let lanes = B::q4_k::<R>(block, levels, sums);
+            for (r, (products, mins)) in lanes.into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+                into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
+            }
+        }
+    }
+}
+
+impl KQuant for Q6K {
+    const FORMAT: BlockFormat = BlockFormat::Q6K;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let d = B::half(block, 208);
+            for (r, products) in B::q6_k::<R>(block, levels, sums).into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+            }
+        }
+    }
+}
+
+impl KQuant for Q8_0 {
+    const FORMAT: BlockFormat = BlockFormat::Q8_0;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        span: *const u8,
+        levels: [*const i8; R],
+        _sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        let (bytes, values) = (BlockFormat::Q8_0.block_bytes(), BlockFormat::Q8_0.block_values());
+        // SAFETY: as the caller promises, the span's blocks are whole.
+        unsafe {
+            for block in 0..SPAN / values {
+                let at = span.add(bytes * block);
+                let d = B::half(at, 0);
+                let products = B::q8_0::<R>(at.add(2), levels.map(|levels| levels.add(values * block)));
+                for (r, products) in products.into_iter().enumerate() {
+                    into[r] = B::add_scaled(into[r], products, d * steps[r]);
+                }
+            }
+        }
+    }
+}
+
+/// Column `n` of output rows `first..first + R`: weight row `row`
+/// against those input rows, each block's sums added into eight f32
+/// lanes a row ([`KQuant::add_block`]), the lanes added at the end.
+///
+/// # Safety
+/// As [`dot_columns`]' caller promises, for column `n`; the input rows
+/// exist.
+#[inline(always)]
+unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
+    row: &[u8],
+    inputs: &QuantizedRows,
+    first: usize,
+    outs: &[*mut f32],
+    n: usize,
+) {
+    let (depth, spans) = (inputs.depth, inputs.depth / SPAN);
+    let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[(first + r) * depth..].as_ptr());
+    let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[(first + r) * depth / SUM_VALUES..].as_ptr());
+    let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[(first + r) * spans..(first + r + 1) * spans]);
+    // SAFETY: as the caller promises.
+    unsafe {
+        let mut lanes = [B::zero(); R];
+        // A span's bytes: a K-quant block, eight of Q8_0's.
+        let span_bytes = F::FORMAT.row_bytes(SPAN).expect("blocks that divide a span");
+        for (number, block) in row.chunks_exact(span_bytes).enumerate() {
+            if first == 0 {
+                prefetch_ahead(block);
+            }
+            // The block is whole; each row has `spans` spans.
+            F::add_block::<B, R>(
+                block.as_ptr(),
+                levels.map(|levels| levels.add(number * SPAN)),
+                sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
+                steps.map(|steps| steps[number]),
+                &mut lanes,
+            );
+        }
+        outs[first..first + R].iter().zip(lanes).for_each(|(out, lanes)| *out.add(n) = B::total(lanes));
+    }
+}
+
+/// Columns `range` of every output row: each weight row, while it is in
+/// L1, against the input rows [`DOT_ROWS`] at a time ([`dot_row`]).
+#[inline(always)]
+unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    for n in two_streams(range) {
+        let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
+        for first in (0..inputs.len()).step_by(DOT_ROWS) {
+            let count = (inputs.len() - first).min(DOT_ROWS);
+            // SAFETY: as `dot_columns`' caller promises.
+            unsafe { for_rows!(count, dot_row::<B, F>(row, inputs, first, outs, n)) }
+        }
+    }
+}
+
+/// [`dot_columns_of`] for `format`.
+#[inline(always)]
+unsafe fn dot_columns_in<B: BlockDots>(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    // SAFETY: as `dot_columns`' caller promises.
+    unsafe {
+        match format {
+            BlockFormat::Q4K => dot_columns_of::<B, Q4K>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
+        }
+    }
+}
+
+/// Asserts what every product of quantized input rows against rows of
+/// `format`'s blocks takes (`int8`'s, the panels', the byte tiles'): some
+/// input rows (`rows.0`), an output row each (`rows.1`), and the weight
+/// rows of `range` whole in `blocks`, `row_bytes` apart, as deep as the
+/// inputs (`depth`).
+pub(crate) fn assert_operands(
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    depth: usize,
+    rows: (usize, usize),
+    range: &std::ops::Range<usize>,
+) {
+    assert!(rows.0 > 0 && rows.0 == rows.1, "input rows, an output row each");
+    assert!(
+        range.end * row_bytes <= blocks.len() && format.row_bytes(depth) == Some(row_bytes),
+        "whole rows of blocks, as deep as the inputs"
+    );
+}
+
+/// `outs[r][n] = Σₖ x̂[r][k] · value[n, k]` for the columns `n` in `range`,
+/// where weight row `n` is `blocks[n · row_bytes..]` (whole blocks of
+/// `format`) and `x̂` the quantized input rows, on `isa`.
+///
+/// # Safety
+/// Each output row has room for the columns of `range`, which no other
+/// thread writes.
+pub unsafe fn dot_columns(
+    isa: Isa,
+    format: BlockFormat,
+    blocks: &[u8],
+    row_bytes: usize,
+    inputs: &QuantizedRows,
+    outs: &[*mut f32],
+    range: std::ops::Range<usize>,
+) {
+    assert_operands(format, blocks, row_bytes, inputs.depth, (inputs.len(), outs.len()), &range);
+    // SAFETY: as the caller promises, on a CPU with `isa`.
+    unsafe {
+        match isa.lanes() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if has_vnni() => x86::dot_columns_avx512_vnni(format, blocks, row_bytes, inputs, outs, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
+            _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Sums, SPAN, SUM_VALUES};
+    use std::arch::x86_64::*;
+
+    /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
+    /// levels by the signed input levels and adds pairs into i16 (at most
+    /// 2 · 63 · 127, no saturation), `vpmaddwd` multiplies those by the
+    /// groups' scales and adds pairs into i32.
+    struct Avx2;
+
+    /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
+    #[inline(always)]
+    unsafe fn scaled_products(weights: __m256i, inputs: *const i8, scales: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
+    }
+
+    /// The vector kernels, whose CPUs have F16C.
+    trait Vectors {}
+    impl Vectors for Avx2 {}
+    impl<const VNNI: bool> Vectors for Avx512<VNNI> {}
+
+    /// Eight lanes in a 256-bit register, summed with FMA.
+    impl<V: Vectors> Sums for V {
+        type Ints = __m256i;
+        type Floats = __m256;
+
+        /// Widened by F16C (`decode::half_at`).
+        #[inline(always)]
+        unsafe fn half(block: *const u8, at: usize) -> f32 {
+            // SAFETY: as the caller promises, on a CPU with F16C.
+            unsafe { crate::decode::half_at(block, at) }
+        }
+
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+
+        #[inline(always)]
+        unsafe fn add_scaled(into: __m256, sums: __m256i, scale: f32) -> __m256 {
+            unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), into) }
+        }
+
+        #[inline(always)]
+        unsafe fn total(lanes: __m256) -> f32 {
+            unsafe {
+                let fours = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps::<1>(lanes));
+                let twos = _mm_add_ps(fours, _mm_movehl_ps(fours, fours));
+                _mm_cvtss_f32(_mm_add_ss(twos, _mm_movehdup_ps(twos)))
+            }
+        }
+    }
+
+    /// `quant::q4_k_scales_mins` in a vector, from the 12 packed bytes at
+    /// byte 4 of `block`: the eight scales, then the eight mins.
+    #[inline(always)]
+    unsafe fn q4_k_scales_mins(block: *const u8) -> __m128i {
+        unsafe {
+            // The three words, and four bytes of quants the block goes on with.
+            let words = _mm_loadu_si128(block.add(4).cast());
+            let low_six = _mm_and_si128(words, _mm_set1_epi32(0x3f3f_3f3f));
+            let third = _mm_shuffle_epi32::<0b10_10_10_10>(words);
+            let nibbles = _mm_and_si128(_mm_srlv_epi32(third, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi32(0x0f0f_0f0f));
+            let top_two = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(words), _mm_set1_epi32(0x0303_0303)));
+            // Scales then mins of groups 0–3 (low), and of groups 4–7 (high).
+            let high = _mm_or_si128(nibbles, top_two);
+            _mm_unpacklo_epi32(low_six, high)
+        }
+    }
+
+    /// Sixteen i16 lanes: the first eight byte `low` of `bytes` widened,
+    /// the last eight byte `high`.
+    #[inline(always)]
+    unsafe fn spread(bytes: __m128i, low: i8, high: i8) -> __m256i {
+        unsafe {
+            let pick = _mm_set_epi64x(i64::from_le_bytes([high as u8; 8]), i64::from_le_bytes([low as u8; 8]));
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, pick))
+        }
+    }
+
+    /// Q4_K's `Σ_g min[g] · Σ_{k∈g} level[k]` in eight i32 lanes, `packed`
+    /// its scales then its mins, `sums` the levels' sums of each 16: each
+    /// min twice, beside the two sums of its group, by `vpmaddwd`.
+    #[inline(always)]
+    unsafe fn q4_k_mins(packed: __m128i, sums: *const i16) -> __m256i {
+        unsafe {
+            let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed));
+            _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), mins)
+        }
+    }
+
+    /// Q6_K's offset of 32 times `Σ_g scale[g] · Σ_{k∈g} level[k]`,
+    /// `scales` its sixteen, in eight i32 lanes (groups `2l` and `2l + 1`
+    /// in lane `l`): taken from the products' lanes, lane by lane.
+    #[inline(always)]
+    unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> __m256i {
+        unsafe {
+            let scaled_sums = _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales));
+            _mm256_slli_epi32::<5>(scaled_sums)
+        }
+    }
+
+    /// Q8_0's products of a block in eight i32 lanes, on AVX2 (which
+    /// AVX-512 CPUs have too): `vpmaddubsw` of the quants' magnitudes by
+    /// the levels with the quants' signs (`vpsignb`: at most 2 · 128 · 127,
+    /// no saturation), pairs added into i32 by `vpmaddwd` by ones.
+    #[inline(always)]
+    unsafe fn q8_0_products<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+        unsafe {
+            let quants = _mm256_loadu_si256(quants.cast());
+            let magnitudes = _mm256_abs_epi8(quants);
+            levels.map(|levels| {
+                let signed = _mm256_sign_epi8(_mm256_loadu_si256(levels.cast()), quants);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), _mm256_set1_epi16(1))
+            })
+        }
+    }
+
+    impl BlockDots for Avx2 {
+        #[inline(always)]
+        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            unsafe { q8_0_products(quants, levels) }
+        }
+
+        /// The mins against each 32 levels' sum (each 16's, in pairs)
+        /// by `vpmaddwd`.
+        #[inline(always)]
+        unsafe fn q4_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(__m256i, __m256i); R] {
+            unsafe {
+                let nibble = _mm256_set1_epi8(0x0f);
+                let packed = q4_k_scales_mins(block);
+                let mut products = [_mm256_setzero_si256(); R];
+                for chunk in 0..4 {
+                    let q = _mm256_loadu_si256(block.add(16 + 32 * chunk).cast());
+                    let (low, high) =
+                        (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble));
+                    let (low_group, high_group) = (2 * chunk as i8, 2 * chunk as i8 + 1);
+                    let low_scale = spread(packed, low_group, low_group);
+                    let high_scale = spread(packed, high_group, high_group);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
+                        let low = scaled_products(low, levels.add(64 * chunk), low_scale);
+                        let high = scaled_products(high, levels.add(64 * chunk + 32), high_scale);
+                        *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
+                    }
+                }
+                std::array::from_fn(|r| (products[r], q4_k_mins(packed, sums[r])))
+            }
+        }
+
+        /// A half block's 128 levels from its 64 bytes of low bits and 32
+        /// of high bits, as `quant::q6_k_levels` lays them out: quarter `p`
+        /// takes the nibbles of low bytes `32 (p % 2)..` (the upper ones
+        /// for `p ≥ 2`) and bits `2p..2p + 2` of the high bytes.
+        #[inline(always)]
+        unsafe fn q6_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
+            unsafe {
+                let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+                let scales = _mm_loadu_si128(block.add(192).cast());
+                let mut products = [_mm256_setzero_si256(); R];
+                for half in 0..2 {
+                    let low = [
+                        _mm256_loadu_si256(block.add(64 * half).cast()),
+                        _mm256_loadu_si256(block.add(64 * half + 32).cast()),
+                    ];
+                    let high = _mm256_loadu_si256(block.add(128 + 32 * half).cast());
+                    let quarters = [
+                        (_mm256_and_si256(low[0], nibble), high),
+                        (_mm256_and_si256(low[1], nibble), _mm256_srli_epi16::<2>(high)),
+                        (_mm256_and_si256(_mm256_srli_epi16::<4>(low[0]), nibble), _mm256_srli_epi16::<4>(high)),
+                        (_mm256_and_si256(_mm256_srli_epi16::<4>(low[1]), nibble), _mm256_srli_epi16::<6>(high)),
+                    ];
+                    for (part, (low, high)) in quarters.into_iter().enumerate() {
+                        let unsigned = _mm256_or_si256(low, _mm256_slli_epi16::<4>(_mm256_and_si256(high, two_bits)));
+                        // Values 0–15 of the quarter are group `g`, 16–31 group `g + 1`.
+                        let group = (8 * half + 2 * part) as i8;
+                        let group_scales = spread(scales, group, group + 1);
+                        for (sum, levels) in products.iter_mut().zip(levels) {
+                            let quarter = scaled_products(unsigned, levels.add(128 * half + 32 * part), group_scales);
+                            *sum = _mm256_add_epi32(*sum, quarter);
+                        }
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_epi32(products[r], q6_k_offsets(scales, sums[r])))
+            }
+        }
+    }
+
+    /// AVX-512 BW's byte products, sixty-four bytes an instruction: a
+    /// register holds 64 consecutive values of either format (Q4_K's 32
+    /// nibble bytes in both halves, the upper half shifted by a nibble;
+    /// Q6_K's high bits likewise by two bits), each group's scale spread
+    /// over its lanes by an in-lane byte shuffle (`vpshufb`) of the
+    /// scales widened to i16 in every 128-bit lane. With `VNNI`, the
+    /// scaled pairs are added into the sums by the same instruction that
+    /// multiplies them (`vpdpwssd`).
+    struct Avx512<const VNNI: bool>;
+
+    /// The two 256-bit halves of `v` added, lane by lane.
+    #[inline(always)]
+    unsafe fn halves_added(v: __m512i) -> __m256i {
+        unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
+    }
+
+    /// `sums + Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32
+    /// lanes: with `VNNI` in one `vpdpwssd`, else a `vpmaddwd` and an add.
+    #[inline(always)]
+    unsafe fn add_scaled_products<const VNNI: bool>(
+        sums: __m512i,
+        weights: __m512i,
+        inputs: *const i8,
+        scales: __m512i,
+    ) -> __m512i {
+        unsafe {
+            let pairs = _mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast()));
+            if VNNI {
+                _mm512_dpwssd_epi32(sums, pairs, scales)
+            } else {
+                _mm512_add_epi32(sums, _mm512_madd_epi16(pairs, scales))
+            }
+        }
+    }
+
+    /// `vpshufb` controls that fill each 128-bit lane `l` with its i16
+    /// word `picks[l]`: a group's scale over the lanes of its products.
+    const fn word_picks(picks: [u8; 4]) -> [u8; 64] {
+        let mut control = [0u8; 64];
+        let mut at = 0;
+        while at < 64 {
+            control[at] = 2 * picks[at / 16] + (at % 2) as u8;
+            at += 1;
+        }
+        control
+    }
+
+    /// Q4_K's chunk `c` (32 bytes, 64 values): groups `2c` (the low
+    /// nibbles), then `2c + 1`, of 16 i16 lanes each.
+    const Q4_K_PICKS: [[u8; 64]; 4] =
+        [word_picks([0, 0, 1, 1]), word_picks([2, 2, 3, 3]), word_picks([4, 4, 5, 5]), word_picks([6, 6, 7, 7])];
+    /// Q6_K's pair `p` of a half's quarters (64 values): four groups of 8
+    /// i16 lanes from its half's `4p`.
+    const Q6_K_PICKS: [[u8; 64]; 2] = [word_picks([0, 1, 2, 3]), word_picks([4, 5, 6, 7])];
+
+    /// Eight i16 scales in every 128-bit lane, spread by `picks`.
+    #[inline(always)]
+    unsafe fn spread_wide(words: __m512i, picks: &[u8; 64]) -> __m512i {
+        unsafe { _mm512_shuffle_epi8(words, _mm512_loadu_si512(picks.as_ptr().cast())) }
+    }
+
+    impl<const VNNI: bool> BlockDots for Avx512<VNNI> {
+        /// In 256-bit lanes, as AVX2: a block is 32 values.
+        #[inline(always)]
+        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            unsafe { q8_0_products(quants, levels) }
+        }
+
+        #[inline(always)]
+        unsafe fn q4_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(__m256i, __m256i); R] {
+            unsafe {
+                let nibble = _mm512_set1_epi8(0x0f);
+                let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
+                let packed = q4_k_scales_mins(block);
+                let scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(packed));
+                let mut products = [_mm512_setzero_si512(); R];
+                for (chunk, picks) in Q4_K_PICKS.iter().enumerate() {
+                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16 + 32 * chunk).cast()));
+                    let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
+                    let group_scales = spread_wide(scales, picks);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
+                        *sum = add_scaled_products::<VNNI>(*sum, q, levels.add(64 * chunk), group_scales);
+                    }
+                }
+                std::array::from_fn(|r| (halves_added(products[r]), q4_k_mins(packed, sums[r])))
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn q6_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
+            unsafe {
+                let (nibble, two_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
+                // Quarters 0 and 1 (high bits 0–1 and 2–3), then 2 and 3.
+                let first_quarters = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(2));
+                let last_quarters = _mm512_inserti64x4::<1>(_mm512_set1_epi64(4), _mm256_set1_epi64x(6));
+                let packed = _mm_loadu_si128(block.add(192).cast());
+                let scales = [
+                    _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(packed)),
+                    _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(_mm_srli_si128::<8>(packed))),
+                ];
+                let mut products = [_mm512_setzero_si512(); R];
+                for (half, half_scales) in scales.into_iter().enumerate() {
+                    let low = _mm512_loadu_si512(block.add(64 * half).cast());
+                    let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + 32 * half).cast()));
+                    let pairs = [
+                        (_mm512_and_si512(low, nibble), _mm512_srlv_epi64(high, first_quarters)),
+                        (_mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble), _mm512_srlv_epi64(high, last_quarters)),
+                    ];
+                    for (pair, (low, high)) in pairs.into_iter().enumerate() {
+                        let unsigned = _mm512_or_si512(low, _mm512_slli_epi16::<4>(_mm512_and_si512(high, two_bits)));
+                        let group_scales = spread_wide(half_scales, &Q6_K_PICKS[pair]);
+                        for (sum, levels) in products.iter_mut().zip(levels) {
+                            let at = levels.add(128 * half + 64 * pair);
+                            *sum = add_scaled_products::<VNNI>(*sum, unsigned, at, group_scales);
+                        }
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_epi32(halves_added(products[r]), q6_k_offsets(packed, sums[r])))
+            }
+        }
+    }
+
+    /// `super::quantize_span` on AVX-512 F and BW, with the same
+    /// operations on sixteen values at a time: the same levels, sums and
+    /// step.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_span_avx512(values: &[f32], levels: &mut [i8], sums: &mut [i16]) -> f32 {
+        assert!(values.len() == SPAN && levels.len() == SPAN && sums.len() == SPAN / SUM_VALUES, "a span");
+        let vectors: [__m512; SPAN / 16] =
+            std::array::from_fn(|at| unsafe { _mm512_loadu_ps(values.as_ptr().add(16 * at)) });
+        let (mut finite, mut largest) = (u16::MAX, _mm512_setzero_ps());
+        for vector in vectors {
+            let magnitude = _mm512_abs_ps(vector);
+            finite &= _mm512_cmp_ps_mask::<_CMP_LT_OQ>(magnitude, _mm512_set1_ps(f32::INFINITY));
+            largest = _mm512_max_ps(largest, magnitude);
+        }
+        let largest = _mm512_reduce_max_ps(largest);
+        if finite != u16::MAX || largest == 0.0 {
+            levels.fill(0);
+            sums.fill(0);
+            return if finite != u16::MAX { f32::NAN } else { 0.0 };
+        }
+        let inverse = _mm512_set1_ps(127.0 / largest);
+        let shifter = _mm512_set1_ps(super::SHIFTER);
+        let (low, high) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        for ((vector, sum), levels) in vectors.into_iter().zip(sums).zip(levels.chunks_exact_mut(16)) {
+            let nearest = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(vector, inverse), shifter), shifter);
+            let ints = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(nearest, low), high));
+            *sum = _mm512_reduce_add_epi32(ints) as i16;
+            unsafe { _mm_storeu_si128(levels.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(ints)) };
+        }
+        largest / 127.0
+    }
+
+    /// `super::dot_columns` on AVX-512 (F, BW).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx512(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe { dot_columns_in::<Avx512<false>>(format, blocks, row_bytes, inputs, outs, range) }
+    }
+
+    /// `super::dot_columns` on AVX-512 (F, BW) with VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx512_vnni(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises, on a CPU with VNNI.
+        unsafe { dot_columns_in::<Avx512<true>>(format, blocks, row_bytes, inputs, outs, range) }
+    }
+
+    /// `super::dot_columns` on AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_columns_avx2(
+        format: BlockFormat,
+        blocks: &[u8],
+        row_bytes: usize,
+        inputs: &QuantizedRows,
+        outs: &[*mut f32],
+        range: std::ops::Range<usize>,
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe { dot_columns_in::<Avx2>(format, blocks, row_bytes, inputs, outs, range) }
+    }
+}
+
+/// [`dot_columns`] over all `columns` of `blocks`, into rows of their own:
+/// what the tests compare.
+#[cfg(test)]
+pub(crate) fn products(
+    isa: Isa,
+    format: BlockFormat,
+    blocks: &[u8],
+    inputs: &QuantizedRows,
+    columns: usize,
+) -> Vec<Vec<f32>> {
+    let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
+    let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+    let row_bytes = blocks.len() / columns;
+    // SAFETY: each output row has `columns` values, written by this thread only.
+    unsafe { dot_columns(isa, format, blocks, row_bytes, inputs, &pointers, 0..columns) };
+    outs
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{products, QuantizedRows, DOT_ROWS, SPAN};
+    use crate::isa::Isa;
+    use linnet_ir::quant::{self, BlockFormat};
+
+    /// Rows of values like a model's activations: mostly small, a few
+    /// large, of both signs, from `seed`.
+    pub(crate) fn activations(count: usize, depth: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..count * depth)
+            .map(|at| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                if at % 97 == 5 {
+                    unit * 40.0
+                } else {
+                    unit
+                }
+            })
+            .collect()
+    }
+
+    /// The value level `k` of row `row` stands for.
+    fn value(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
+        let at = row * inputs.depth + k;
+        inputs.steps[at / SPAN] * f32::from(inputs.levels[at])
+    }
+
+    /// The shifter's rounding is `round_ties_even`'s: at every half
+    /// integer of the levels' range and beyond, on either side of it, and
+    /// over a spread of other values.
+    #[test]
+    fn levels_round_half_to_even() {
+        let halves = (-600..=600).map(|twice| twice as f32 / 2.0);
+        let near = halves.flat_map(|x| [x.next_down(), x, x.next_up()]);
+        let spread = (0..100_000).map(|i| (i as f32 * 0.618_034).sin() * 300.0);
+        for x in near.chain(spread).chain([4_194_303.5, -4_194_302.5, 1e-40, -0.0]) {
+            // Equal as values: a negative fraction may round to +0.
+            assert_eq!(super::nearest_even(x), x.round_ties_even(), "{x}");
+        }
+        assert_eq!(super::nearest_even(f32::INFINITY), f32::INFINITY);
+        assert!(super::nearest_even(f32::NAN).is_nan());
+    }
+
+    /// The vector quantizing gives the plain loops' levels, sums and step
+    /// (which are the levels' sums, and on ties round to even): over
+    /// activations, spans with a NaN or an infinity, zeros and negative
+    /// zeros, and values whose levels fall on ties.
+    #[test]
+    fn every_isa_quantizes_alike() {
+        let mut spans: Vec<Vec<f32>> = (0..40).map(|seed| activations(1, SPAN, seed)).collect();
+        // The largest is 127, so each level is its value, on a tie but the last.
+        let ties: Vec<f32> = (0..SPAN - 1).map(|at| (at % 200) as f32 - 99.5).chain([127.0]).collect();
+        spans.push(ties.clone());
+        spans.push(vec![0.0; SPAN]);
+        spans.push((0..SPAN).map(|at| if at % 2 == 0 { -0.0 } else { 0.0 }).collect());
+        for poison in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut span = activations(1, SPAN, 5);
+            span[200] = poison;
+            spans.push(span);
+        }
+        for (number, span) in spans.iter().enumerate() {
+            let (mut levels, mut sums) = ([0i8; SPAN], [0i16; SPAN / 16]);
+            let step = super::quantize_span(span, &mut levels, &mut sums);
+            for (sum, levels) in sums.iter().zip(levels.chunks_exact(16)) {
+                assert_eq!(*sum, levels.iter().map(|level| i16::from(*level)).sum::<i16>(), "span {number}");
+            }
+            if *span == ties {
+                let rounded: Vec<i8> = ties.iter().map(|value| value.round_ties_even() as i8).collect();
+                assert_eq!((step, levels.to_vec()), (1.0, rounded), "ties");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if Isa::available().contains(&Isa::Avx512) {
+                let (mut vector_levels, mut vector_sums) = ([0i8; SPAN], [0i16; SPAN / 16]);
+                // SAFETY: the CPU has AVX-512.
+                let vector_step =
+                    unsafe { super::x86::quantize_span_avx512(span, &mut vector_levels, &mut vector_sums) };
+                assert_eq!(vector_step.to_bits(), step.to_bits(), "span {number}");
+                assert_eq!((vector_levels, vector_sums), (levels, sums), "span {number}");
+            }
+        }
+    }
+
+    /// Quantizing is as stated: each level within half a step of its
+    /// value, the largest magnitude at ±127, sums of 16 levels; zeros
+    /// stay zeros, and a NaN spoils its span's step only.
+    #[test]
+    fn inputs_are_quantized_per_span() {
+        let depth = 2 * SPAN;
+        let mut values = activations(1, depth, 7);
+        values[3] = f32::NAN;
+        values[SPAN..SPAN + 16].fill(0.0);
+        let quantized = QuantizedRows::new([values.as_slice()].into_iter(), depth);
+        assert!(quantized.steps[0].is_nan());
+        let step = quantized.steps[1];
+        let largest = values[SPAN..].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(step, largest / 127.0);
+        assert!(quantized.levels[SPAN..].iter().any(|level| level.unsigned_abs() == 127));
+        for (k, exact) in values.iter().enumerate().skip(SPAN) {
+            assert!((value(&quantized, 0, k) - exact).abs() <= step / 2.0 * 1.000_01, "value {k}");
+        }
+        assert_eq!(quantized.sums[SPAN / 16], 0, "a span of zeros");
+        let sum: i16 = quantized.levels[SPAN + 16..SPAN + 32].iter().map(|l| i16::from(*l)).sum();
+        assert_eq!(quantized.sums[SPAN / 16 + 1], sum);
+    }
+
+    /// Every instruction set computes the portable loops' bits, for every
+    /// count of rows a pass takes and counts past it (whole passes and a
+    /// tail), over arbitrary blocks (any levels, any scales).
+    #[test]
+    fn every_isa_computes_the_same_bits() {
+        let (columns, depth) = (5, 4 * SPAN);
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+            let count = columns * depth / format.block_values();
+            let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
+            for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
+                let values = activations(rows, depth, rows as u64);
+                let inputs = QuantizedRows::new(values.chunks_exact(depth), depth);
+                let expected = products(Isa::Portable, format, &blocks, &inputs, columns);
+                let mut runs: Vec<(String, Vec<Vec<f32>>)> = Isa::available()
+                    .into_iter()
+                    .map(|isa| (format!("{isa:?}"), products(isa, format, &blocks, &inputs, columns)))
+                    .collect();
+                #[cfg(target_arch = "x86_64")]
+                if super::has_vnni() {
+                    // The AVX-512 sums without VNNI's, which this CPU would not take.
+                    let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
+                    let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
+                    let row_bytes = blocks.len() / columns;
+                    // SAFETY: each output row has `columns` values; the CPU has AVX-512.
+                    unsafe {
+                        super::x86::dot_columns_avx512(format, &blocks, row_bytes, &inputs, &pointers, 0..columns)
+                    };
+                    runs.push(("Avx512 without VNNI".into(), outs));
+                }
+                for (isa, ours) in runs {
+                    for (r, (ours, expected)) in ours.iter().zip(&expected).enumerate() {
+                        for (n, (a, b)) in ours.iter().zip(expected).enumerate() {
+                            assert_eq!(a.to_bits(), b.to_bits(), "{format} on {isa}, {rows} rows: row {r} column {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The products are those of the quantized inputs (up to f32
+    /// rounding of their scales), and so within the contract's bound of
+    /// the exact ones: `Σₖ |wₖ| · step / 2` for each span.
+    #[test]
+    fn products_meet_the_contracts_bound() {
+        let (columns, depth) = (7, 8 * SPAN);
+        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+            let values: Vec<f32> = activations(1, columns * depth, 11);
+            let blocks = quant::quantize(format, &values).unwrap();
+            let mut weights = vec![0f32; columns * depth];
+            quant::dequantize(format, &blocks, &mut weights).unwrap();
+            let inputs = activations(DOT_ROWS + 2, depth, 3);
+            let quantized = QuantizedRows::new(inputs.chunks_exact(depth), depth);
+            let ours = products(Isa::host(), format, &blocks, &quantized, columns);
+            for (r, ours) in ours.iter().enumerate() {
+                for (n, ours) in ours.iter().enumerate() {
+                    let weights = &weights[n * depth..(n + 1) * depth];
+                    let input = &inputs[r * depth..(r + 1) * depth];
+                    let (mut exact, mut of_quantized, mut bound, mut magnitude) = (0f64, 0f64, 0f64, 0f64);
+                    for (k, (w, x)) in weights.iter().zip(input).enumerate() {
+                        let step = f64::from(quantized.steps[(r * depth + k) / SPAN]);
+                        exact += f64::from(*w) * f64::from(*x);
+                        of_quantized += f64::from(*w) * f64::from(value(&quantized, r, k));
+                        bound += f64::from(w.abs()) * step / 2.0;
+                        magnitude += f64::from(w.abs()) * f64::from(value(&quantized, r, k).abs());
+                    }
+                    let ours = f64::from(*ours);
+                    assert!(
+                        (ours - of_quantized).abs() <= magnitude * 1e-5,
+                        "{format} row {r} column {n}: {ours} vs {of_quantized}"
+                    );
+                    assert!(
+                        (ours - exact).abs() <= bound * 1.001,
+                        "{format} row {r} column {n}: {ours} vs {exact}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! A model's parameters from a GGUF file: llama.cpp's (its converter's
+//! names and changes, as the package's `gguf.json` declares them) or
+//! `linnet quantize`'s (named as the checkpoint, through the bindings).
+//! The file's architecture picks which; the model card's generics are
+//! checked against the file's metadata; every parameter is checked
+//! (present, its shape, its storage) and all problems are reported at
+//! once, before anything runs.
+//!
+//! A parameter read from one tensor in a block format, unchanged, is used
+//! where it lies in the mapped file. One concatenated from several tensors
+//! or with heads to reorder keeps its blocks when the moves are of whole
+//! blocks (rows, or runs of whole blocks within rows), copied once. A
+//! change of values (`plus`, `negated_exp`) or a move that would split
+//! blocks reads plain values (blocks dequantized), the converter's changes
+//! undone in f32, rounded to the parameter's dtype.
+
+use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
+use crate::weights::NonFinite;
+use crate::Error;
+use linnet_artifact::gguf_names::{Change, Expected, GgufNames, Source};
+use linnet_artifact::Artifact;
+use linnet_exec::tensor::{Data, Elements, Tensor};
+use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::{Model, Param};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// `general.architecture` of the files `linnet quantize` writes.
+pub const LINNET_ARCHITECTURE: &str = "linnet";
+
+/// How a package's parameters are named: its bindings (checkpoint names)
+/// and, for llama.cpp's files, its `gguf.json`.
+#[derive(Clone, Debug, Default)]
+pub struct Naming {
+    pub bindings: HashMap<String, String>,
+    pub gguf_names: Option<GgufNames>,
+}
+
+impl Naming {
+    /// Checkpoint names only.
+    pub fn bindings(bindings: HashMap<String, String>) -> Naming {
+        Naming { bindings, gguf_names: None }
+    }
+
+    /// An artifact's names, as it was built with them.
+    pub fn of_artifact(built: &Artifact) -> Naming {
+        Naming { bindings: built.bindings(), gguf_names: built.manifest.gguf_names.clone() }
+    }
+
+    /// Where each parameter is in `files`: the bindings for `linnet
+    /// quantize`'s files, `gguf.json` for a file of its architecture, whose
+    /// metadata must then agree with the card.
+    fn sources(&self, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
+        let (gguf, path) = (files.first(), files.path());
+        let architecture = gguf.meta("general.architecture").and_then(Meta::as_str).unwrap_or("");
+        if architecture == LINNET_ARCHITECTURE {
+            return Ok(self
+                .bindings
+                .iter()
+                .map(|(param, tensor)| {
+                    (param.clone(), Source { tensors: vec![tensor.clone()], axis: 0, changes: Vec::new() })
+                })
+                .collect());
+        }
+        match &self.gguf_names {
+            Some(names) if names.architecture == architecture => {
+                let problems = metadata_problems(names, gguf);
+                if problems.is_empty() {
+                    Ok(names.tensors.clone().into_iter().collect())
+                } else {
+                    Err(problems)
+                }
+            }
+            Some(names) => Err(vec![format!(
+                "{} is a GGUF file for the `{architecture}` architecture; this package reads `{}` files (its gguf.json) and linnet's own",
+                path.display(),
+                names.architecture
+            )]),
+            None => Err(vec![format!(
+                "{} is a GGUF file for the `{architecture}` architecture, and this package has no gguf.json to read such files with (its nest.toml names none in [weights])",
+                path.display()
+            )]),
+        }
+    }
+}
+
+/// The file's value of `key` as a number, and whether it equals `expected`.
+fn agrees(value: &Meta, expected: &Expected) -> Option<bool> {
+    let float = match *value {
+        Meta::F32(v) => Some(v as f64),
+        Meta::F64(v) => Some(v),
+        _ => None,
+    };
+    Some(match (expected, float) {
+        (Expected::Int(want), None) => value.as_u64()? as i128 == *want as i128,
+        (Expected::Int(want), Some(have)) => have == *want as f64,
+        // The file's float is as precise as its type: compare at that precision.
+        (Expected::Float(want), Some(have)) => match value {
+            Meta::F32(v) => *v == *want as f32,
+            _ => have == *want,
+        },
+        (Expected::Float(want), None) => value.as_u64()? as f64 == *want,
+    })
+}
+
+fn shown(value: &Meta) -> String {
+    match value {
+        Meta::F32(v) => v.to_string(),
+        Meta::F64(v) => v.to_string(),
+        Meta::Str(text) => format!("{text:?}"),
+        other => other.as_u64().map_or_else(|| format!("{other:?}"), |v| v.to_string()),
+    }
+}
+
+/// Each metadata value the card's generics disagree with, as a sentence
+/// naming both.
+fn metadata_problems(names: &GgufNames, gguf: &Gguf) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, expected) in &names.metadata {
+        let want = match expected {
+            Expected::Int(v) => v.to_string(),
+            Expected::Float(v) => v.to_string(),
+        };
+        match gguf.meta(key) {
+            None => problems.push(format!("the file has no metadata `{key}` (the model card makes it {want})")),
+            Some(value) => match agrees(value, expected) {
+                Some(true) => {}
+                Some(false) => problems.push(format!(
+                    "metadata `{key}` is {} in the file, and the model card makes it {want}: set the card's generics to the file's (`--set`)",
+                    shown(value)
+                )),
+                None => problems.push(format!("metadata `{key}` is {} in the file, not a number", shown(value))),
+            },
+        }
+    }
+    problems
+}
+
+/// How a parameter is read from its tensors.
+struct Plan<'g> {
+    /// Each tensor, and the file it is in.
+    parts: Vec<(&'g Part, &'g TensorInfo)>,
+    /// Each part's length along the source's axis.
+    lengths: Vec<usize>,
+    /// The block format the parameter keeps, when it keeps its blocks.
+    blocks: Option<BlockFormat>,
+}
+
+fn elements(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// A shape without its size-1 axes: two shapes equal so lay their
+/// elements out alike.
+fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// Whether a run of `length` elements starting at `start` along `axis` of
+/// `shape` is made of whole blocks of `values` elements.
+fn whole_blocks(shape: &[usize], axis: usize, start: usize, length: usize, values: usize) -> bool {
+    axis + 1 < shape.len() || (start.is_multiple_of(values) && length.is_multiple_of(values))
+}
+
+/// How `param` is read from `source`'s tensors in `gguf`, or why it cannot be.
+fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Plan<'g>, Error> {
+    let shape = &param.shape;
+    let axis = source.axis;
+    if axis >= shape.len().max(1) {
+        return Err(Error::Weights(format!(
+            "gguf.json concatenates along axis {axis}, and the parameter has {} axes",
+            shape.len()
+        )));
+    }
+    let mut parts = Vec::new();
+    for name in &source.tensors {
+        parts.push(files.tensor(name).ok_or_else(|| Error::Weights(format!("the file has no tensor `{name}`")))?);
+    }
+    let along = shape.get(axis).copied().unwrap_or(1);
+    let across = elements(shape) / along.max(1);
+    let mut lengths = Vec::new();
+    for (_, part) in &parts {
+        let count =
+            usize::try_from(part.elements()).map_err(|_| Error::Weights(format!("`{}` is too large", part.name)))?;
+        let mut wanted = shape.clone();
+        if let Some(slot) = wanted.get_mut(axis) {
+            *slot = count.checked_div(across).unwrap_or(0);
+        }
+        let file_shape: Vec<usize> = part.shape().iter().map(|&d| d as usize).collect();
+        if squeezed(&file_shape) != squeezed(&wanted) || elements(&wanted) != count {
+            let expected = if parts.len() == 1 { format!("{shape:?}") } else { format!("{shape:?} together") };
+            return Err(Error::Weights(format!("`{}` has shape {file_shape:?}, expected {expected}", part.name)));
+        }
+        lengths.push(wanted.get(axis).copied().unwrap_or(1));
+    }
+    if lengths.iter().sum::<usize>() != along {
+        let names: Vec<&str> = parts.iter().map(|(_, p)| p.name.as_str()).collect();
+        return Err(Error::Weights(format!(
+            "{} hold {:?} along axis {axis}, and the parameter {along}",
+            names.join(" + "),
+            lengths
+        )));
+    }
+    for change in &source.changes {
+        if let Change::TiledHeads { axis, from, groups, per_group, head } = *change {
+            let length = groups.checked_mul(per_group).and_then(|n| n.checked_mul(head));
+            let end = length.filter(|&l| l >= 0 && from >= 0).and_then(|l| from.checked_add(l));
+            let fits = end.is_some_and(|end| axis < shape.len() && end as usize <= shape[axis]);
+            if !fits {
+                return Err(Error::Weights(format!(
+                    "gguf.json reorders heads {from}..{from}+{groups}×{per_group}×{head} along axis {axis}, outside the shape {shape:?}"
+                )));
+            }
+        }
+    }
+    let format = match parts.first().map(|(_, p)| p.storage) {
+        Some(Storage::Blocks(format)) if parts.iter().all(|(_, p)| p.storage == Storage::Blocks(format)) => {
+            Some(format)
+        }
+        _ => None,
+    };
+    let keeps = |format: BlockFormat| {
+        let values = format.block_values();
+        let mut start = 0;
+        let concat = lengths.iter().all(|&length| {
+            let whole = whole_blocks(shape, axis, start, length, values);
+            start += length;
+            whole
+        });
+        concat
+            && source.changes.iter().all(|change| match *change {
+                Change::TiledHeads { axis, from, head, .. } => {
+                    whole_blocks(shape, axis, from as usize, head as usize, values)
+                }
+                Change::Plus(_) | Change::NegatedExp => false,
+            })
+    };
+    let blocks = format.filter(|&f| param.dtype.is_float() && keeps(f));
+    Ok(Plan { parts, lengths, blocks })
+}
+
+/// Where each parameter of `model` is in `files`, and how it reads: every
+/// problem at once.
+fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(Source<i64>, Plan<'g>)>, Vec<String>> {
+    let sources = naming.sources(files)?;
+    let mut problems = Vec::new();
+    let mut plans = Vec::new();
+    for param in &model.params {
+        let Some(source) = sources.get(&param.path) else {
+            let file = if naming.gguf_names.is_some() { "gguf.json" } else { "bindings.json" };
+            problems.push(format!("parameter `{}` has no entry in {file}", param.path));
+            continue;
+        };
+        match plan(param, source, files) {
+            Ok(plan) => plans.push((source.clone(), plan)),
+            Err(why) => problems.push(format!("parameter `{}`: {why} (in {})", param.path, files.path().display())),
+        }
+    }
+    if problems.is_empty() {
+        Ok(plans)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The block format of each parameter that keeps its blocks from
+/// `files`: what the model is built for before it loads.
+pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, Error> {
+    let plans = plans(model, naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
+    Ok(model
+        .params
+        .iter()
+        .zip(plans)
+        .filter_map(|(param, (_, plan))| Some((param.path.clone(), plan.blocks?)))
+        .collect())
+}
+
+/// Moves runs of `T`: the parts of a tensor of `shape` (in units of
+/// `unit` items) concatenated along `axis`, each `lengths[i]` long there.
+fn concatenate<T: Copy>(parts: &[&[T]], shape: &[usize], axis: usize, lengths: &[usize], unit: usize) -> Vec<T> {
+    let outer = elements(&shape[..axis]);
+    let inner = elements(&shape[axis + 1..]) * unit;
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for o in 0..outer {
+        for (part, &length) in parts.iter().zip(lengths) {
+            out.extend_from_slice(&part[o * length * inner..(o + 1) * length * inner]);
+        }
+    }
+    out
+}
+
+/// Undoes [`Change::TiledHeads`] on `data` of `shape` (in units of `unit`
+/// items): heads stored `[per_group][groups][head]` from `from` along
+/// `axis` are put back `[groups][per_group][head]`.
+fn untile<T: Copy>(
+    data: &mut [T],
+    shape: &[usize],
+    axis: usize,
+    from: usize,
+    (groups, per_group, head): (usize, usize, usize),
+    unit: usize,
+) {
+    let outer = elements(&shape[..axis]);
+    let inner = elements(&shape[axis + 1..]) * unit;
+    let run = head * inner;
+    for o in 0..outer {
+        let start = (o * shape[axis] + from) * inner;
+        let segment = data[start..start + groups * per_group * run].to_vec();
+        for g in 0..groups {
+            for p in 0..per_group {
+                let to = start + (g * per_group + p) * run;
+                let at = (p * groups + g) * run;
+                data[to..to + run].copy_from_slice(&segment[at..at + run]);
+            }
+        }
+    }
+}
+
+/// `data` (of `shape` in units of `unit`) with every head reordering of
+/// `changes` undone, the last change first.
+fn unmove<T: Copy>(data: &mut [T], shape: &[usize], changes: &[Change<i64>], unit: usize) {
+    for change in changes.iter().rev() {
+        if let Change::TiledHeads { axis, from, groups, per_group, head } = *change {
+            untile(data, shape, axis, from as usize, (groups as usize, per_group as usize, head as usize), unit);
+        }
+    }
+}
+
+/// The plain values of a part, or why it has none.
+fn part_values(param: &Param, part: &TensorInfo, bytes: &[u8]) -> Result<Vec<f32>, Error> {
+    match part.storage {
+        Storage::Plain(stored) if stored.is_float() && param.dtype.is_float() => {
+            Ok(crate::weights::to_f32(stored, bytes))
+        }
+        Storage::Plain(stored) => Err(Error::Weights(format!(
+            "`{}` is {}, and `{}` is {}",
+            part.name,
+            stored.name(),
+            param.path,
+            param.dtype.name()
+        ))),
+        Storage::Blocks(format) if param.dtype.is_float() => {
+            let mut values = vec![0.0; part.elements() as usize];
+            quant::dequantize(format, bytes, &mut values)
+                .map_err(|e| Error::Weights(format!("`{}`: {e}", part.name)))?;
+            Ok(values)
+        }
+        Storage::Blocks(format) => {
+            Err(Error::Weights(format!("`{}` is {format}, and `{}` is {}", part.name, param.path, param.dtype.name())))
+        }
+    }
+}
+
+/// `param`'s tensor `name` holding NaN or infinite values, as a sentence.
+fn unfinite(param: &Param, name: &str, first: usize) -> String {
+    format!("parameter `{}`: `{name}` holds NaN or infinite values, the first at flat index {first}", param.path)
+}
+
+/// Reads `param` as `plan` says from its mapped files.
+fn read(
+    param: &Param,
+    source: &Source<i64>,
+    plan: &Plan,
+    non_finite: NonFinite,
+    problems: &mut Vec<String>,
+) -> Option<Tensor> {
+    let bytes: Vec<&[u8]> = plan.parts.iter().map(|(file, tensor)| file.bytes(tensor)).collect();
+    let names: Vec<&str> = plan.parts.iter().map(|(_, p)| p.name.as_str()).collect();
+    let name = names.join(" + ");
+    if let Some(format) = plan.blocks {
+        for ((_, part), bytes) in plan.parts.iter().zip(&bytes) {
+            if let Some(block) = quant::first_non_finite_scale(format, bytes) {
+                non_finite.report(unfinite(param, &part.name, block * format.block_values()), "file", problems);
+            }
+        }
+        let blocks = if plan.parts.len() == 1 && source.changes.is_empty() {
+            let (file, tensor) = plan.parts[0];
+            let offset = (file.gguf.data_offset + tensor.offset) as usize;
+            Elements::mapped(Arc::clone(&file.map) as Arc<dyn AsRef<[u8]>>, offset, bytes[0].len())
+                .expect("a tensor the reader checked lies inside the file")
+        } else {
+            // Runs of whole blocks: the last axis counts blocks.
+            let mut shape = param.shape.clone();
+            if let Some(last) = shape.last_mut() {
+                *last /= format.block_values();
+            }
+            let values = format.block_values();
+            let lengths: Vec<usize> = if source.axis + 1 == param.shape.len() {
+                plan.lengths.iter().map(|l| l / values).collect()
+            } else {
+                plan.lengths.clone()
+            };
+            let unit = format.block_bytes();
+            let mut data = concatenate(&bytes, &shape, source.axis, &lengths, unit);
+            let changes: Vec<Change<i64>> = source.changes.iter().map(|c| in_blocks(c, &param.shape, values)).collect();
+            unmove(&mut data, &shape, &changes, unit);
+            Elements::from(data)
+        };
+        return Some(Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Blocks(format, blocks) });
+    }
+    let mut parts = Vec::new();
+    for ((_, part), bytes) in plan.parts.iter().zip(&bytes) {
+        match part_values(param, part, bytes) {
+            Ok(values) => parts.push(values),
+            Err(why) => {
+                problems.push(format!("parameter `{}`: {why}", param.path));
+                return None;
+            }
+        }
+    }
+    let slices: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let mut values = concatenate(&slices, &param.shape, source.axis, &plan.lengths, 1);
+    for change in source.changes.iter().rev() {
+        match *change {
+            Change::Plus(constant) => values.iter_mut().for_each(|v| *v = (*v as f64 - constant) as f32),
+            Change::NegatedExp => values.iter_mut().for_each(|v| *v = (-*v).ln()),
+            Change::TiledHeads { .. } => unmove(&mut values, &param.shape, std::slice::from_ref(change), 1),
+        }
+    }
+    if let Some(first) = values.iter().position(|v| !v.is_finite()) {
+        non_finite.report(unfinite(param, &name, first), "file", problems);
+    }
+    Some(Tensor::from_f32(param.dtype, param.shape.clone(), values).into_bits())
+}
+
+/// `change` with its sizes along the last axis of `shape` counted in
+/// blocks of `values` elements (the plan checked they are whole).
+fn in_blocks(change: &Change<i64>, shape: &[usize], values: usize) -> Change<i64> {
+    match *change {
+        Change::TiledHeads { axis, from, groups, per_group, head } if axis + 1 == shape.len() => {
+            let values = values as i64;
+            Change::TiledHeads { axis, from: from / values, groups, per_group, head: head / values }
+        }
+        ref other => other.clone(),
+    }
+}
+
+/// Every parameter of `model` from `files`.
+pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
+    let plans = plans(model, naming, files)?;
+    let mut problems = Vec::new();
+    let mut params = Vec::with_capacity(model.params.len());
+    for (param, (source, plan)) in model.params.iter().zip(&plans) {
+        if plan.blocks != param.storage {
+            let built = param.storage.map_or("plain elements", BlockFormat::name);
+            let stored = plan.blocks.map_or("plain elements", BlockFormat::name);
+            problems.push(format!(
+                "parameter `{}`: the file gives it as {stored}, and the model was built for {built}",
+                param.path
+            ));
+            continue;
+        }
+        if let Some(tensor) = read(param, source, plan, non_finite, &mut problems) {
+            params.push(tensor);
+        }
+    }
+    if problems.is_empty() {
+        Ok(params)
+    } else {
+        Err(problems)
+    }
+}

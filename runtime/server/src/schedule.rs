@@ -1,0 +1,307 @@
+//! The scheduler: one thread owns the model and runs continuous batching.
+//! New requests are prefilled into free rows with `prefill_slots` while the
+//! others keep decoding with `decode_rows`; `Batch` rows at most, the rest
+//! wait in a queue. Each row computes only from its own tokens, so a
+//! request's tokens do not depend on what else runs. A client that goes
+//! away frees its row. A prompt that starts with a prefix in the prefix
+//! cache (`prefix`) has the prefix's states written into its row and
+//! prefills only the rest; prompts are prefilled in parts where the cache
+//! takes snapshots of them.
+
+use super::prefix::PrefixCache;
+use super::ServeError;
+use linnet_exec::tensor::Tensor;
+use linnet_exec::{Machine, RunError};
+use linnet_ir::Dtype;
+use linnet_runtime::constrain::Constraint;
+use linnet_runtime::sampling::{Logprobs, Rng, Sampling};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+
+#[derive(Debug)]
+pub enum Update {
+    /// A token, with its log-probabilities where the request asked.
+    Token(i64, Option<Logprobs>),
+    Finished(&'static str),
+    Failed(String),
+}
+
+pub struct Job {
+    pub prompt: Vec<i64>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    pub stop: Vec<i64>,
+    /// Whether to report each token's log-probability, and how many of the
+    /// likeliest alternatives with it.
+    pub logprobs: Option<usize>,
+    /// What the answer must match (a JSON schema, a regex, a grammar).
+    pub constraint: Option<Constraint>,
+    pub updates: UnboundedSender<Update>,
+    /// The prompt's tokens found in the prefix cache, set before its first
+    /// token is sent.
+    pub cached: Arc<AtomicUsize>,
+}
+
+struct Row {
+    job: Job,
+    rng: Rng,
+    history: Vec<i64>,
+    generated: usize,
+    /// The position the next token goes to.
+    position: usize,
+}
+
+/// The model's limits, known to the HTTP side for validation.
+#[derive(Clone)]
+pub struct Limits {
+    pub model: String,
+    pub rows: usize,
+    pub max_seq: usize,
+    pub vocab: usize,
+}
+
+pub fn limits(machine: &Machine) -> Result<Limits, ServeError> {
+    let cannot = |why: &str| ServeError::CannotServe(why.to_string());
+    let model = machine.model();
+    let entry =
+        model.entry("decode_rows").ok_or_else(|| cannot("the model has no `decode_rows` entry: it cannot serve"))?;
+    model.entry("prefill_slots").ok_or_else(|| cannot("the model has no `prefill_slots` entry: it cannot serve"))?;
+    let rows =
+        entry.inputs[0].shape[0].as_constant().ok_or_else(|| cannot("`decode_rows` takes a batch of unknown size"))?;
+    let output = &entry.nodes[entry.outputs[0].index()];
+    let vocab = output.shape.last().and_then(|d| d.as_constant()).ok_or_else(|| cannot("no vocabulary size"))?;
+    let (rows, vocab) = (rows as usize, vocab as usize);
+    let max_seq = linnet_runtime::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
+    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
+}
+
+fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
+    let width = *logits.shape.last().expect("[rows, vocab]");
+    logits.as_f32().expect("float logits").chunks(width).collect()
+}
+
+/// Sends the chosen token; says whether the row goes on.
+fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
+    if let Some(message) = linnet_runtime::sampling::not_a_number(logits) {
+        let _ = row.job.updates.send(Update::Failed(message));
+        return false;
+    }
+    // Under a constraint, the tokens it does not allow are out of reach.
+    let masked = match row.job.constraint.as_mut().map(|constraint| constraint.mask(logits)) {
+        Some(Ok(masked)) => Some(masked),
+        Some(Err(message)) => {
+            let _ = row.job.updates.send(Update::Failed(format!("the output constraint failed: {message}")));
+            return false;
+        }
+        None => None,
+    };
+    let logits = masked.as_deref().unwrap_or(logits);
+    let next = row.job.sampling.choose(logits, &row.history, row.generated, &mut row.rng);
+    row.history.push(next);
+    row.generated += 1;
+    let logprobs = row.job.logprobs.map(|top| Logprobs::of(logits, next, top));
+    if row.job.updates.send(Update::Token(next, logprobs)).is_err() {
+        return false;
+    }
+    let complete = match row.job.constraint.as_mut().map(|constraint| constraint.advance(next)) {
+        Some(Ok(complete)) => complete,
+        Some(Err(message)) => {
+            let _ = row.job.updates.send(Update::Failed(format!("the output constraint failed: {message}")));
+            return false;
+        }
+        None => false,
+    };
+    let reason = if complete || row.job.stop.contains(&next) {
+        Some("stop")
+    } else if row.generated >= row.job.max_tokens || row.position + 1 >= limits.max_seq {
+        Some("length")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        let _ = row.job.updates.send(Update::Finished(reason));
+        return false;
+    }
+    true
+}
+
+/// The scheduler loop: runs until every sender of jobs is gone.
+pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>, load: &Load, mut cache: PrefixCache) {
+    let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    loop {
+        load.note(&rows, &queue);
+        let busy = rows.iter().any(Option::is_some);
+        if !busy && queue.is_empty() {
+            match jobs.recv() {
+                Ok(job) => queue.push_back(job),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            queue.push_back(job);
+        }
+        // A client that went away frees its row and its place in the queue.
+        for slot in rows.iter_mut() {
+            if slot.as_ref().is_some_and(|row| row.job.updates.is_closed()) {
+                *slot = None;
+            }
+        }
+        queue.retain(|job| !job.updates.is_closed());
+        // Admit waiting requests into free rows.
+        let free: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(at, _)| at).collect();
+        let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
+        if !admitted.is_empty() {
+            tracing::debug!(requests = admitted.len(), waiting = queue.len(), "prefill_slots");
+            let prompts: Vec<(usize, &[i64])> = admitted.iter().map(|(slot, job)| (*slot, &job.prompt[..])).collect();
+            match prefill(&mut machine, &mut cache, &prompts, load) {
+                Ok(prefilled) => {
+                    for ((slot, job), (cached, row_logits)) in admitted.into_iter().zip(prefilled) {
+                        job.cached.store(cached, Ordering::Release);
+                        let mut row = Row {
+                            rng: Rng::new(job.seed),
+                            history: job.prompt.clone(),
+                            generated: 0,
+                            position: job.prompt.len(),
+                            job,
+                        };
+                        if emit(&mut row, &row_logits, &limits) {
+                            rows[slot] = Some(row);
+                        }
+                    }
+                }
+                Err(error) => {
+                    for (_, job) in admitted {
+                        let _ = job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+            load.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
+        }
+        load.note(&rows, &queue);
+        if !rows.iter().any(Option::is_some) {
+            continue;
+        }
+        // One step for every row; a free row computes along and is ignored.
+        let tokens: Vec<i64> =
+            rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
+        let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
+        let inputs = vec![
+            Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens),
+            Tensor::from_i64(Dtype::I32, vec![limits.rows], positions),
+        ];
+        match machine.call("decode_rows", inputs) {
+            Ok(outputs) => {
+                let logits = &outputs[0];
+                for (slot, row_logits) in rows.iter_mut().zip(logits_rows(logits)) {
+                    if let Some(row) = slot {
+                        row.position += 1;
+                        if !emit(row, row_logits, &limits) {
+                            *slot = None;
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                for slot in rows.iter_mut() {
+                    if let Some(row) = slot.take() {
+                        let _ = row.job.updates.send(Update::Failed(error.to_string()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Prefills `prompts` (each with its row) through `prefill_slots`: each
+/// from the longest prefix the cache holds, in parts that end where the
+/// cache takes snapshots, the last part of every prompt giving its logits.
+/// Returns, for each prompt, its tokens found in the cache and its logits.
+fn prefill(
+    machine: &mut Machine,
+    cache: &mut PrefixCache,
+    prompts: &[(usize, &[i64])],
+    load: &Load,
+) -> Result<Vec<(usize, Vec<f32>)>, RunError> {
+    let mut starts = Vec::with_capacity(prompts.len());
+    let mut ends: Vec<Vec<usize>> = Vec::with_capacity(prompts.len());
+    for &(slot, prompt) in prompts {
+        let start = match cache.find(prompt) {
+            Some(hit) => {
+                machine.set_state_rows(slot, hit.rows)?;
+                hit.tokens
+            }
+            None => 0,
+        };
+        load.prefix_queries.fetch_add(1, Ordering::Relaxed);
+        if start > 0 {
+            load.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            load.prefix_tokens.fetch_add(start as u64, Ordering::Relaxed);
+        }
+        let mut parts = cache.save_points(prompt, start);
+        parts.push(prompt.len());
+        starts.push(start);
+        ends.push(parts);
+    }
+    let found = starts.clone();
+    let mut logits: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    for part in 0.. {
+        let taking: Vec<usize> = (0..prompts.len()).filter(|&at| part < ends[at].len()).collect();
+        if taking.is_empty() {
+            break;
+        }
+        let span = |at: usize| starts[at]..ends[at][part];
+        let width = taking.iter().map(|&at| span(at).len()).max().unwrap_or(1);
+        let mut tokens = Vec::with_capacity(taking.len() * width);
+        for &at in &taking {
+            tokens.extend_from_slice(&prompts[at].1[span(at)]);
+            tokens.extend(std::iter::repeat_n(0, width - span(at).len()));
+        }
+        let column = |value: &dyn Fn(usize) -> usize| {
+            Tensor::from_i64(Dtype::I32, vec![taking.len()], taking.iter().map(|&at| value(at) as i64).collect())
+        };
+        let inputs = vec![
+            Tensor::from_i64(Dtype::I32, vec![taking.len(), width], tokens),
+            column(&|at| prompts[at].0),
+            column(&|at| starts[at]),
+            column(&|at| span(at).len()),
+        ];
+        let outputs = machine.call("prefill_slots", inputs)?;
+        for (&at, row_logits) in taking.iter().zip(logits_rows(&outputs[0])) {
+            let (slot, prompt) = prompts[at];
+            let end = ends[at][part];
+            if end == prompt.len() {
+                logits[at] = row_logits.to_vec();
+            } else {
+                let rows = machine.state_rows(slot, end)?;
+                cache.insert(&prompt[..end], rows);
+            }
+            starts[at] = end;
+        }
+    }
+    Ok(found.into_iter().zip(logits).collect())
+}
+
+/// What the scheduler holds now and what its prefix cache did, for
+/// `/metrics`: rows decoding and requests waiting for one; prompts looked
+/// up, those that found a prefix, the tokens found, the bytes cached.
+#[derive(Default)]
+pub struct Load {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub prefix_tokens: AtomicU64,
+    pub cache_bytes: AtomicU64,
+}
+
+impl Load {
+    fn note(&self, rows: &[Option<Row>], queue: &VecDeque<Job>) {
+        self.running.store(rows.iter().filter(|row| row.is_some()).count(), Ordering::Relaxed);
+        self.waiting.store(queue.len(), Ordering::Relaxed);
+    }
+}
