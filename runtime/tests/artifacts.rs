@@ -209,3 +209,17 @@ fn weights_are_used_in_place() {
     let bits = params.iter().filter(|p| matches!(&p.data, Data::Bf16(bits) if bits.is_mapped())).count();
     assert!(bf16 > 0 && bits == bf16, "every bf16 parameter is held as bits in the mapped file: {bits} of {bf16}");
 }
+
+/// A loaded machine is `Send`: one loaded on this thread runs on another
+/// (as the server's scheduler runs it), with the same results.
+#[test]
+fn a_machine_runs_on_another_thread() {
+    let out = tiny_mlp_artifact("threads");
+    let loaded = linnet_runtime::load(&out, &Weights::Random(7), BackendKind::Cpu, None).unwrap();
+    let mut machine = loaded.machine;
+    let tokens = || Tensor::from_i64(Dtype::I32, vec![1, 3], vec![1, 2, 3]);
+    let here = machine.call("forward", vec![tokens()]).unwrap().remove(0);
+    let there = std::thread::spawn(move || machine.call("forward", vec![tokens()]).unwrap().remove(0)).join().unwrap();
+    assert_eq!(here.as_f32().unwrap(), there.as_f32().unwrap());
+    std::fs::remove_dir_all(&out).unwrap();
+}

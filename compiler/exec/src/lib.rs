@@ -565,8 +565,9 @@ pub struct Machine {
     run: Box<dyn Run>,
 }
 
-/// What the runtime needs of an [`Executor`], whatever its backend.
-trait Run {
+/// What the runtime needs of an [`Executor`], whatever its backend: one
+/// that can move to another thread (the server's scheduler owns it there).
+trait Run: Send {
     fn model(&self) -> &Model;
     fn backend(&self) -> &'static str;
     fn weight_bytes_read(&self) -> Option<u64>;
@@ -577,7 +578,10 @@ trait Run {
     fn profile(&mut self) -> &mut Option<Profile>;
 }
 
-impl<B: Backend + 'static> Run for Executor<B> {
+impl<B: Backend + Send + 'static> Run for Executor<B>
+where
+    B::Buffer: Send + Sync,
+{
     fn model(&self) -> &Model {
         &self.model
     }
@@ -606,7 +610,14 @@ impl<B: Backend + 'static> Run for Executor<B> {
 
 impl Machine {
     /// `model` with `params` on `backend`, which readies every entry first.
-    pub fn new<B: Backend + 'static>(model: Model, params: Vec<Tensor>, backend: B) -> Result<Machine, BuildError> {
+    pub fn new<B: Backend + Send + 'static>(
+        model: Model,
+        params: Vec<Tensor>,
+        backend: B,
+    ) -> Result<Machine, BuildError>
+    where
+        B::Buffer: Send + Sync,
+    {
         Ok(Machine { run: Box::new(Executor::new(model, params, backend)?) })
     }
 

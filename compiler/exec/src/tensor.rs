@@ -30,7 +30,7 @@ impl Plain for u8 {}
 /// first.
 pub enum Elements<T: Plain> {
     Owned(Vec<T>),
-    Mapped { bytes: Arc<dyn AsRef<[u8]>>, offset: usize, len: usize },
+    Mapped { bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize, len: usize },
 }
 
 /// f32 elements, the storage of every float value but bf16 parameters.
@@ -39,7 +39,7 @@ pub type Floats = Elements<f32>;
 impl<T: Plain> Elements<T> {
     /// `len` values at `offset` in `bytes`, in place; `None` when they are
     /// not aligned for `T`, out of bounds, or the host is big-endian.
-    pub fn mapped(bytes: Arc<dyn AsRef<[u8]>>, offset: usize, len: usize) -> Option<Elements<T>> {
+    pub fn mapped(bytes: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize, len: usize) -> Option<Elements<T>> {
         let all = (*bytes).as_ref();
         let fits = offset.checked_add(len.checked_mul(std::mem::size_of::<T>())?).is_some_and(|end| end <= all.len());
         let aligned = (all.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<T>());

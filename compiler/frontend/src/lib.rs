@@ -7,6 +7,7 @@
 //!
 //! Depends on the IR, never the reverse: no backend links this crate.
 
+pub mod builtin;
 pub mod code;
 pub mod diagnostic;
 pub mod driver;

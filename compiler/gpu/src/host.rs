@@ -36,6 +36,11 @@ struct Compiled {
     engine: ExecutionEngine,
 }
 
+// SAFETY: the engine (MLIR's wrapper of an LLVM ORC JIT and the code it
+// holds) is bound to no thread; the backend that owns it is used through
+// `&mut self`, so from one thread at a time, wherever its machine moves.
+unsafe impl Send for Compiled {}
+
 /// The backend: every `Compute` node through its MLIR kernel on the host.
 #[derive(Default)]
 pub struct MlirHost {

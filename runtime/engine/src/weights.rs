@@ -394,7 +394,7 @@ fn bind(param: &linnet_ir::Param, tensor: &Stored) -> Result<(Tensor, bool), Err
     check_fits(param, tensor, &shape, &param.shape)?;
     let map = tensor.map;
     let offset = tensor.view.data().as_ptr() as usize - map.as_ptr() as usize;
-    let bytes = || Arc::clone(map) as Arc<dyn AsRef<[u8]>>;
+    let bytes = || Arc::clone(map) as Arc<dyn AsRef<[u8]> + Send + Sync>;
     let in_place = match param.dtype {
         Dtype::F32 => Floats::mapped(bytes(), offset, tensor.view.data().len() / 4).map(Data::F32),
         Dtype::Bf16 => Elements::mapped(bytes(), offset, tensor.view.data().len() / 2).map(Data::Bf16),

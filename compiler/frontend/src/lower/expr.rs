@@ -4,6 +4,7 @@
 //! all into `Compute` nodes.
 
 use super::{unsupported, Builder, Instance, Lowerer, Result, Val};
+use crate::builtin::{self, Builtin};
 use crate::sema::program::{GenericSig, ItemRef};
 use crate::sema::ty::{self, Axis, Subst, Ty};
 use crate::source::Span;
@@ -45,20 +46,6 @@ pub(crate) struct Frame<'l, 'p, 'a> {
     /// The path of the innermost block instance the code runs in (a free
     /// function runs in its caller's), for messages: `groups.0.linear.1.mlp`.
     place: String,
-}
-
-fn unary_op(name: &str) -> Option<UnaryOp> {
-    Some(match name {
-        "exp" => UnaryOp::Exp,
-        "log" => UnaryOp::Log,
-        "rsqrt" => UnaryOp::Rsqrt,
-        "sqrt" => UnaryOp::Sqrt,
-        "cos" => UnaryOp::Cos,
-        "sin" => UnaryOp::Sin,
-        "tanh" => UnaryOp::Tanh,
-        "abs" => UnaryOp::Abs,
-        _ => return None,
-    })
 }
 
 fn binary_op(op: BinOp) -> BinaryOp {
@@ -553,7 +540,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         args: &[ast::Arg],
         span: Span,
     ) -> Result<Val> {
-        if crate::sema::builtin_names().contains(&callee.name.as_str()) {
+        if builtin::lookup(&callee.name).is_some() {
             return self.builtin(callee, generics, args, span);
         }
         let own =
@@ -701,15 +688,16 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         span: Span,
     ) -> Result<Val> {
         let positional: Vec<&Expr> = args.iter().filter(|a| a.name.is_none()).map(|a| &a.value).collect();
-        let name = callee.name.as_str();
-        match name {
-            "reshape" => {
+        let signature =
+            builtin::lookup(&callee.name).ok_or_else(|| unsupported(callee.span, format!("`{}`", callee.name)))?;
+        match signature.builtin {
+            Builtin::Reshape => {
                 let value = self.expr(positional[0])?;
                 let value = self.tensor(value, span, None)?;
                 let shape = self.list_dims(positional[1])?;
                 Ok(Val::Tensor(self.reshape(value, shape)))
             }
-            "permute" => {
+            Builtin::Permute => {
                 let value = self.expr(positional[0])?;
                 let value = self.tensor(value, span, None)?;
                 let ExprKind::List(items) = &positional[1].kind else {
@@ -733,7 +721,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let dtype = self.builder.dtype(value);
                 Ok(Val::Tensor(self.builder.compute(out_shape, Scalar::Load(value, positions, dtype))))
             }
-            "concat" => {
+            Builtin::Concat => {
                 let axis_arg = args.iter().find(|a| a.name.is_some()).map(|a| &a.value);
                 let axis = match axis_arg.map(|e| &e.kind) {
                     Some(ExprKind::Int(v)) => *v as i64,
@@ -750,13 +738,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 }
                 Ok(Val::Tensor(self.concat(&parts, axis)))
             }
-            "iota" => {
+            Builtin::Iota => {
                 let dtype = self.elem_arg(&generics[0], span)?;
                 let length =
                     self.static_dim(positional[0]).ok_or_else(|| unsupported(span, "iota of a run-time length"))?;
                 Ok(Val::Tensor(self.builder.compute(vec![length], cast(Scalar::Index(0, Dtype::I64), dtype))))
             }
-            "fill" => {
+            Builtin::Fill => {
                 let dtype = self.elem_arg(&generics[0], span)?;
                 let shape = self.list_dims(positional[0])?;
                 let value = self.expr(positional[1])?;
@@ -764,13 +752,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let scalar = cast(Scalar::Load(value, Vec::new(), self.builder.dtype(value)), dtype);
                 Ok(Val::Tensor(self.builder.compute(shape, scalar)))
             }
-            "cast" => {
+            Builtin::Cast => {
                 let dtype = self.elem_arg(&generics[0], span)?;
                 let value = self.expr(positional[0])?;
                 let value = self.tensor(value, span, None)?;
                 Ok(Val::Tensor(self.map(&[value], |loads| cast(loads[0].clone(), dtype))))
             }
-            "select" => {
+            Builtin::Select => {
                 let cond = self.expr(positional[0])?;
                 let cond = self.tensor(cond, span, Some(Dtype::Bool))?;
                 let a = self.expr(positional[1])?;
@@ -782,18 +770,18 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     Scalar::Select(Box::new(l[0].clone()), Box::new(l[1].clone()), Box::new(l[2].clone()), l[1].dtype())
                 })))
             }
-            "max" | "min" => {
+            Builtin::Max | Builtin::Min => {
                 let a = self.expr(positional[0])?;
                 let b = self.expr(positional[1])?;
-                let op = if name == "max" { BinaryOp::Max } else { BinaryOp::Min };
+                let op = if signature.builtin == Builtin::Max { BinaryOp::Max } else { BinaryOp::Min };
                 self.binary(op, a, b, span)
             }
-            "some" => Ok(Val::Option(Some(Box::new(self.expr(positional[0])?)))),
-            "unwrap_or" => match self.expr(positional[0])? {
+            Builtin::Some => Ok(Val::Option(Some(Box::new(self.expr(positional[0])?)))),
+            Builtin::UnwrapOr => match self.expr(positional[0])? {
                 Val::Option(Some(inner)) => Ok(*inner),
                 _ => self.expr(positional[1]),
             },
-            "assert" => {
+            Builtin::Assert => {
                 let cond = self.expr(positional[0])?;
                 let cond = self.tensor(cond, span, Some(Dtype::Bool))?;
                 let ExprKind::Str(message) = &positional[1].kind else {
@@ -810,19 +798,16 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 });
                 Ok(Val::Unit)
             }
-            _ => {
-                let op = unary_op(name).ok_or_else(|| unsupported(callee.span, format!("built-in `{name}`")))?;
-                match self.expr(positional[0])? {
-                    Val::Literal(value, _) => {
-                        let value = self.builder.compute(Vec::new(), Scalar::Float(value, Dtype::F32));
-                        Ok(Val::Tensor(self.map(&[value], |l| Scalar::Unary(op, Box::new(l[0].clone()), l[0].dtype()))))
-                    }
-                    value => {
-                        let value = self.tensor(value, span, None)?;
-                        Ok(Val::Tensor(self.map(&[value], |l| Scalar::Unary(op, Box::new(l[0].clone()), l[0].dtype()))))
-                    }
+            Builtin::Math(op) => match self.expr(positional[0])? {
+                Val::Literal(value, _) => {
+                    let value = self.builder.compute(Vec::new(), Scalar::Float(value, Dtype::F32));
+                    Ok(Val::Tensor(self.map(&[value], |l| Scalar::Unary(op, Box::new(l[0].clone()), l[0].dtype()))))
                 }
-            }
+                value => {
+                    let value = self.tensor(value, span, None)?;
+                    Ok(Val::Tensor(self.map(&[value], |l| Scalar::Unary(op, Box::new(l[0].clone()), l[0].dtype()))))
+                }
+            },
         }
     }
 
@@ -1012,37 +997,39 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 };
                 Ok(Elem::Scalar(Scalar::Reduce { op, index: id, extent, body: Box::new(body_scalar), dtype }))
             }
-            ExprKind::Call { callee, generics, args } if self.is_elementwise(&callee.name) => {
-                let name = callee.name.as_str();
+            ExprKind::Call { callee, generics, args }
+                if builtin::lookup(&callee.name).is_some_and(|signature| signature.is_elementwise()) =>
+            {
+                let signature = builtin::lookup(&callee.name).expect("matched above");
                 let mut elems = Vec::new();
                 for arg in args {
                     elems.push(self.elem(&arg.value)?);
                 }
-                match name {
-                    "cast" => {
+                match signature.builtin {
+                    Builtin::Cast => {
                         let dtype = self.elem_arg(&generics[0], expr.span)?;
                         let inner = elems.pop().expect("one argument");
                         Ok(Elem::Scalar(cast(self.scalar(inner, expr.span, Some(dtype))?, dtype)))
                     }
-                    "select" => {
+                    Builtin::Select => {
                         let b = elems.pop().expect("three arguments");
                         let a = elems.pop().expect("three arguments");
                         let c = elems.pop().expect("three arguments");
                         self.elem_select(c, a, b, expr.span)
                     }
-                    "max" | "min" => {
+                    Builtin::Max | Builtin::Min => {
                         let b = elems.pop().expect("two arguments");
                         let a = elems.pop().expect("two arguments");
-                        let op = if name == "max" { BinaryOp::Max } else { BinaryOp::Min };
+                        let op = if signature.builtin == Builtin::Max { BinaryOp::Max } else { BinaryOp::Min };
                         self.elem_binary(op, a, b, expr.span)
                     }
-                    _ => {
-                        let op = unary_op(name).expect("an elementwise built-in");
+                    Builtin::Math(op) => {
                         let inner = elems.pop().expect("one argument");
                         let scalar = self.scalar(inner, expr.span, Some(Dtype::F32))?;
                         let dtype = scalar.dtype();
                         Ok(Elem::Scalar(Scalar::Unary(op, Box::new(scalar), dtype)))
                     }
+                    whole => unreachable!("{whole:?} is not elementwise (`Signature::is_elementwise`)"),
                 }
             }
             ExprKind::If { cond, then, otherwise } => {
@@ -1062,12 +1049,6 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         let b = self.scalar(b, span, dtype)?;
         let dtype = a.dtype();
         Ok(Elem::Scalar(Scalar::Select(Box::new(c), Box::new(a), Box::new(b), dtype)))
-    }
-
-    /// Whether a call inside an index definition works element by element
-    /// (its arguments are not whole tensors).
-    fn is_elementwise(&self, name: &str) -> bool {
-        matches!(name, "cast" | "select" | "max" | "min") || unary_op(name).is_some()
     }
 
     fn elem_binary(&mut self, op: BinaryOp, left: Elem, right: Elem, span: Span) -> Result<Elem> {

@@ -1058,7 +1058,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             None => {
                 self.check_args_quietly(args);
                 let mut names = self.visible_names();
-                names.extend(super::builtins::NAMES.iter().map(|n| n.to_string()));
+                names.extend(crate::builtin::names().map(str::to_string));
                 let hint = suggest::hint(&callee.name, names.iter().map(String::as_str));
                 return self.error(
                     Diagnostic::error(

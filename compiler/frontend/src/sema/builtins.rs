@@ -1,39 +1,17 @@
-//! The built-in functions and their typing rules: `reshape` (element
-//! counts equal), `permute`, `concat`, `iota`, `fill`, `cast`, `select`,
-//! the elementwise math functions, `max`/`min`, options, and `assert`.
+//! The built-in functions' typing rules: `reshape` (element counts
+//! equal), `permute`, `concat`, `iota`, `fill`, `cast`, `select`, the
+//! elementwise math functions, `max`/`min`, options, and `assert`. Their
+//! signatures (element type, arity, named argument) are
+//! `crate::builtin`'s table, checked here before the rule runs.
 
 use super::body::BodyChecker;
 use super::ty::{compare, Axis, TensorTy, Ty};
+use crate::builtin::{self, Builtin, Elements};
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
 use crate::syntax::ast::{self, Expr, ExprKind, UnOp};
 use linnet_ir::dim::Dim;
-
-pub const NAMES: &[&str] = &[
-    "reshape",
-    "permute",
-    "concat",
-    "iota",
-    "fill",
-    "cast",
-    "select",
-    "exp",
-    "log",
-    "rsqrt",
-    "sqrt",
-    "cos",
-    "sin",
-    "tanh",
-    "abs",
-    "max",
-    "min",
-    "some",
-    "unwrap_or",
-    "assert",
-];
-
-const FLOAT_FUNCTIONS: &[&str] = &["exp", "log", "rsqrt", "sqrt", "cos", "sin", "tanh"];
 
 fn shape_text(axes: &[Axis]) -> String {
     let axes: Vec<String> = axes.iter().map(Axis::to_string).collect();
@@ -49,23 +27,23 @@ impl BodyChecker<'_, '_> {
         args: &[ast::Arg],
         span: Span,
     ) -> Option<Ty> {
-        let name = callee.name.as_str();
-        if !NAMES.contains(&name) {
-            return None;
-        }
-        let takes_generic = matches!(name, "iota" | "fill" | "cast");
-        if takes_generic != (generics.len() == 1) || generics.len() > 1 {
-            let message = if takes_generic {
+        let signature = builtin::lookup(&callee.name)?;
+        let name = signature.name;
+        if signature.element_type != (generics.len() == 1) || generics.len() > 1 {
+            let message = if signature.element_type {
                 format!("`{name}` takes one element type: `{name}<i32>(...)`")
             } else {
                 format!("`{name}` takes no generic arguments")
             };
             return Some(self.error(Diagnostic::error(Code::GenericCount, callee.span, message).with_label("here")));
         }
-        let allows_axis = name == "concat";
         for arg in args {
             if let Some(label) = &arg.name {
-                if !(allows_axis && label.name == "axis") {
+                if signature.named != Some(label.name.as_str()) {
+                    let help = match signature.named {
+                        Some(named) => format!("only `{named} = ...` is named"),
+                        None => "pass it by position".to_string(),
+                    };
                     return Some(
                         self.error(
                             Diagnostic::error(
@@ -73,24 +51,14 @@ impl BodyChecker<'_, '_> {
                                 label.span,
                                 format!("`{name}` has no argument `{}`", label.name),
                             )
-                            .with_label(if allows_axis {
-                                "only `axis = ...` is named"
-                            } else {
-                                "pass it by position"
-                            }),
+                            .with_label(help),
                         ),
                     );
                 }
             }
         }
         let positional: Vec<&Expr> = args.iter().filter(|arg| arg.name.is_none()).map(|arg| &arg.value).collect();
-        let arity = match name {
-            "concat" => None,
-            "iota" | "some" | "exp" | "log" | "rsqrt" | "sqrt" | "cos" | "sin" | "tanh" | "abs" | "cast" => Some(1),
-            "select" => Some(3),
-            _ => Some(2),
-        };
-        if let Some(arity) = arity {
+        if let Some(arity) = signature.arity {
             if positional.len() != arity {
                 return Some(
                     self.error(
@@ -104,22 +72,24 @@ impl BodyChecker<'_, '_> {
                 );
             }
         }
-        Some(match name {
-            "reshape" => self.reshape(positional[0], positional[1]),
-            "permute" => self.permute(positional[0], positional[1]),
-            "concat" => self.concat(&positional, args, span),
-            "iota" => self.iota(&generics[0], positional[0]),
-            "fill" => self.fill(&generics[0], positional[0], positional[1]),
-            "cast" => self.cast(&generics[0], positional[0]),
-            "select" => self.select(positional[0], positional[1], positional[2], span),
-            "max" | "min" => self.elementwise_pair(name, positional[0], positional[1], span),
-            "some" => {
+        Some(match signature.builtin {
+            Builtin::Reshape => self.reshape(positional[0], positional[1]),
+            Builtin::Permute => self.permute(positional[0], positional[1]),
+            Builtin::Concat => self.concat(&positional, args, span),
+            Builtin::Iota => self.iota(&generics[0], positional[0]),
+            Builtin::Fill => self.fill(&generics[0], positional[0], positional[1]),
+            Builtin::Cast => self.cast(&generics[0], positional[0]),
+            Builtin::Select => self.select(positional[0], positional[1], positional[2], span),
+            Builtin::Max | Builtin::Min => self.elementwise_pair(name, positional[0], positional[1], span),
+            Builtin::Some => {
                 let inner = self.check_expr(positional[0]);
                 Ty::Option(Some(Box::new(inner)))
             }
-            "unwrap_or" => self.unwrap_or(positional[0], positional[1]),
-            "assert" => self.assert(positional[0], positional[1]),
-            math => self.math(math, positional[0]),
+            Builtin::UnwrapOr => self.unwrap_or(positional[0], positional[1]),
+            Builtin::Assert => self.assert(positional[0], positional[1]),
+            Builtin::Math(_) => {
+                self.math(name, signature.elements.expect("a math function says its elements"), positional[0])
+            }
         })
     }
 
@@ -413,11 +383,13 @@ impl BodyChecker<'_, '_> {
         }
     }
 
-    fn math(&mut self, name: &str, value: &Expr) -> Ty {
+    fn math(&mut self, name: &str, elements: Elements, value: &Expr) -> Ty {
         let Some(tensor) = self.tensor_arg(value, &format!("the argument of `{name}`")) else { return Ty::Error };
-        let fits = if FLOAT_FUNCTIONS.contains(&name) { tensor.elem.is_float() } else { tensor.elem.is_numeric() };
+        let (fits, wanted) = match elements {
+            Elements::Float => (tensor.elem.is_float(), "a float"),
+            Elements::Number => (tensor.elem.is_numeric(), "a number"),
+        };
         if !fits {
-            let wanted = if FLOAT_FUNCTIONS.contains(&name) { "a float" } else { "a number" };
             return self.error(
                 Diagnostic::error(
                     Code::DtypeMismatch,

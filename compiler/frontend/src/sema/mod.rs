@@ -49,11 +49,6 @@ pub fn static_dim(expr: &ast::Expr, name: &dyn Fn(&ast::Ident) -> Option<Dim>) -
     }
 }
 
-/// The names of the built-in functions.
-pub fn builtin_names() -> &'static [&'static str] {
-    builtins::NAMES
-}
-
 fn assume_all(facts: &mut Facts, clauses: &[Clause]) {
     for clause in clauses {
         facts.assume(&clause.lhs, clause.op, &clause.rhs);

@@ -376,7 +376,7 @@ fn read(
         let blocks = if plan.parts.len() == 1 && source.changes.is_empty() {
             let (file, tensor) = plan.parts[0];
             let offset = (file.gguf.data_offset + tensor.offset) as usize;
-            Elements::mapped(Arc::clone(&file.map) as Arc<dyn AsRef<[u8]>>, offset, bytes[0].len())
+            Elements::mapped(Arc::clone(&file.map) as Arc<dyn AsRef<[u8]> + Send + Sync>, offset, bytes[0].len())
                 .expect("a tensor the reader checked lies inside the file")
         } else {
             // Runs of whole blocks: the last axis counts blocks.
