@@ -282,3 +282,149 @@ fn the_cpu_kernels_import_no_file_in_a_loop() {
     looped.get_mut("isa").unwrap().insert("matmul".into());
     assert!(import_cycle(&looped).is_some());
 }
+
+/// The `unsafe fn`s of `dir`'s files that state no contract: a free
+/// function needs its own `# Safety`; a trait's methods are covered by the
+/// trait's, and so are its implementations'. As `file:line`.
+fn uncontracted_unsafe_fns(dir: &std::path::Path) -> Vec<String> {
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let mut missing = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (at, line) in lines.iter().enumerate() {
+                if !line.contains("unsafe fn ") || line.trim_start().starts_with("//") {
+                    continue;
+                }
+                let above = lines[..at].iter().rev().take_while(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("///") || l.starts_with("#[")
+                });
+                if above.clone().any(|l| l.contains("# Safety")) {
+                    continue;
+                }
+                let owner = lines[..at].iter().rev().find(|l| {
+                    let t = l.trim_start();
+                    !t.is_empty() && !t.starts_with("//") && !t.starts_with('#') && indent(l) < indent(line)
+                });
+                let in_trait = owner.is_some_and(|owner| {
+                    let owner = owner.trim_start().trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+                    let owner = owner.trim_start_matches("unsafe ");
+                    owner.starts_with("trait ") || (owner.starts_with("impl") && owner.contains(" for "))
+                });
+                if !in_trait {
+                    missing.push(format!("{}:{}", path.display(), at + 1));
+                }
+            }
+        }
+    }
+    missing
+}
+
+/// Every `unsafe fn` of the CPU crates states its contract (`# Safety`),
+/// and every `unsafe` block of the kernel library says why it holds.
+#[test]
+fn every_unsafe_fn_of_the_cpu_crates_states_its_contract() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../compiler"));
+    for krate in ["kernels", "cpu", "cranelift"] {
+        let missing = uncontracted_unsafe_fns(&root.join(krate).join("src"));
+        assert!(missing.is_empty(), "unsafe fns without `# Safety`:\n{}", missing.join("\n"));
+    }
+    let mut unexplained = Vec::new();
+    for entry in std::fs::read_dir(root.join("kernels/src")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            let opens = line.contains("unsafe {") && !line.trim_start().starts_with("//");
+            if opens && !lines[at.saturating_sub(6)..=at].iter().any(|l| l.contains("SAFETY")) {
+                unexplained.push(format!("{}:{}", path.display(), at + 1));
+            }
+        }
+    }
+    assert!(unexplained.is_empty(), "unsafe blocks without `SAFETY:`:\n{}", unexplained.join("\n"));
+    // The check can fail: a free function without a contract is found.
+    let scratch = std::env::temp_dir().join(format!("linnet-safety-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(scratch.join("bare.rs"), "/// Reads.\nunsafe fn read(at: *const u8) -> u8 {\n    *at\n}\n").unwrap();
+    assert_eq!(uncontracted_unsafe_fns(&scratch).len(), 1);
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// Whether `line` names a `Result<_, String>`: a `Result` of two type
+/// arguments whose second, at its own depth, is `String`.
+fn results_a_string(line: &str) -> bool {
+    line.match_indices("Result<").any(|(at, found)| {
+        let (mut depth, mut last, mut arguments) = (1, String::new(), 1);
+        for c in line[at + found.len()..].chars() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth == 1 => return arguments == 2 && last.trim() == "String",
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 1 => {
+                    last.clear();
+                    arguments += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 1 {
+                last.push(c);
+            }
+        }
+        false
+    })
+}
+
+/// No library signature returns its error as a bare `String`: each library
+/// has error types that say what failed (strings only at the CLIs' edge,
+/// `linnetc` and `linnet`, which are binaries).
+#[test]
+fn no_library_returns_a_string_as_its_error() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let libraries = [
+        "compiler/ir/src",
+        "compiler/frontend/src",
+        "compiler/exec/src",
+        "compiler/artifact/src",
+        "compiler/kernels/src",
+        "compiler/cpu/src",
+        "compiler/cranelift/src",
+        "compiler/gpu/src",
+        "compiler/build/src",
+        "compiler/lsp/src",
+        "runtime/engine/src",
+        "runtime/server/src",
+    ];
+    let mut found = Vec::new();
+    for library in libraries {
+        let mut folders = vec![root.join(library)];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    folders.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, line) in text.lines().enumerate() {
+                    if results_a_string(line) {
+                        found.push(format!("{}:{}: {}", path.display(), at + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "errors as strings in library signatures:\n{}", found.join("\n"));
+    // The check can fail, and tells a map of strings from an error.
+    assert!(results_a_string("fn f() -> Result<Vec<u8>, String> {"));
+    assert!(!results_a_string("fn f(m: &HashMap<String, String>) -> Result<(), Error> {"));
+    assert!(!results_a_string("fn read(&self) -> std::io::Result<String> {"));
+}

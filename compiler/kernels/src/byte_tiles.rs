@@ -222,6 +222,11 @@ mod x86 {
 
     /// `super::dot_columns`: sixteen weight rows at a time against each
     /// block of input rows.
+    ///
+    /// # Safety
+    /// As `super::dot_columns`: each output row has room for the columns of
+    /// `range`, which no other thread writes; the CPU has AMX-INT8 with the
+    /// tiles granted, and AVX-512 VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub unsafe fn dot_columns(
         blocks: &[u8],
@@ -264,8 +269,13 @@ mod x86 {
 
     /// The headers of `rows` blocks from `first`, `row_bytes` apart, into
     /// `scales` (zeros past them).
+    ///
+    /// # Safety
+    /// `rows` (at most sixteen) whole Q4_K blocks lie at `first`, `row_bytes`
+    /// apart; the CPU has AVX-512 BW.
     #[inline(always)]
     unsafe fn gather_scales(first: *const u8, row_bytes: usize, rows: usize, scales: &mut Scales) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let header = header(first, row_bytes, rows);
             _mm512_store_ps(scales.d.as_mut_ptr(), header.d);
@@ -281,9 +291,14 @@ mod x86 {
 
     /// Span `span` of `rows` weight rows from `first`, `row_bytes` apart,
     /// into `into` (their quants a byte each; zeros for the rows past them).
+    ///
+    /// # Safety
+    /// `rows` (at most sixteen) weight rows lie at `first`, `row_bytes` apart,
+    /// each with block `span`; the CPU has AVX-512 BW.
     #[inline(always)]
     unsafe fn unpack(first: *const u8, row_bytes: usize, rows: usize, span: usize, into: &mut Unpacked) {
         let at = span * BlockFormat::Q4K.block_bytes() + 16;
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let nibble = _mm512_set1_epi8(0x0f);
             for row in 0..EDGE {
@@ -312,6 +327,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn half_sums(unpacked: &Unpacked, inputs: &Inputs, block: usize, step: usize, into: &mut Stored) {
         let (span, half) = (step / 2, step % 2);
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             for quarter in 0..4 {
                 let group = 4 * half + quarter;
@@ -366,6 +382,7 @@ mod x86 {
         let lines_a_step = lines.div_ceil(steps_in_all);
         let mut stored = [Stored([[0; EDGE * EDGE]; 4]), Stored([[0; EDGE * EDGE]; 4])];
         let mut sums = [_mm512_setzero_ps(); EDGE];
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let (first, row_bytes, rows) = (weights.first, weights.row_bytes, weights.rows);
             if unpacking.is_some() {

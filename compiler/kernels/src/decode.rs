@@ -61,6 +61,12 @@ pub fn row_bf16(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [u16]) {
 
 /// i32 lanes of small integers and their conversion to the f32 lanes of
 /// `Lanes`.
+///
+/// # Safety
+/// As [`Lanes`]: the CPU has the set's instructions; `load_u8`,
+/// `load_i8` and `load_i8_from` read `WIDTH` bytes, `splat_half` two and
+/// `splat_from` one f32 at their pointer, `minus_products8` eight f32 at
+/// each of its two, and `q6_k_levels` a whole Q6_K block.
 trait ByteLanes: Lanes {
     type I: Copy;
     /// `WIDTH` bytes at `at`, zero-extended.
@@ -76,9 +82,15 @@ trait ByteLanes: Lanes {
     /// Every lane the f32 at `at`, broadcast by a load even where the
     /// compiler knows the value (a shuffle would take the port the
     /// widening and converting need).
+    ///
+    /// # Safety
+    /// `at` points at a readable f32; the CPU has `$feature`.
     unsafe fn splat_from(at: *const f32) -> Self::V;
     /// [`ByteLanes::load_i8`] as a load even where the compiler knows the
     /// bytes (for the same reason).
+    ///
+    /// # Safety
+    /// `at` points at `$width` readable bytes; the CPU has `$feature`.
     unsafe fn load_i8_from(at: *const i8) -> Self::I;
     /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
     /// others kept).
@@ -96,6 +108,9 @@ trait ByteLanes: Lanes {
 /// broadcast into a whole register first: an insert into a register's low
 /// lane (what a scalar load compiles to) would wait on the register's
 /// last writer, often the sum the previous block added into.
+///
+/// # Safety
+/// `block` has two readable bytes at `at`; the CPU has F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
 #[inline]
@@ -106,6 +121,8 @@ pub(crate) unsafe fn half_at(block: *const u8, at: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le(bits))))
 }
 
+/// # Safety
+/// `block` has two readable bytes at `at`.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn half_at(block: *const u8, at: usize) -> f32 {
     // SAFETY: as the caller promises.
@@ -114,6 +131,12 @@ unsafe fn half_at(block: *const u8, at: usize) -> f32 {
 
 /// A block format's decoder: a block's values in pairs of vectors (`2 ·
 /// WIDTH` values from `at`), handed to `sink` in order.
+///
+/// # Safety
+/// Every method: `block` is a whole block of the format (`BYTES`
+/// readable bytes), and the CPU has `L`'s instructions; `dot`'s input
+/// rows have the block's `VALUES` readable values from their first (and
+/// their sums of each 32 when `INPUT_SUMS`).
 trait Decoder {
     const VALUES: usize;
     const BYTES: usize;
@@ -134,6 +157,7 @@ trait Decoder {
         _input_sums: [*const f32; R],
         sums: &mut [[L::V; R]; 2],
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             Self::pairs::<L>(block, &mut |at, even, odd| {
                 for r in 0..R {
@@ -156,6 +180,7 @@ impl Decoder for Q8_0 {
     /// `d · q` for each of the block's 32 values.
     #[inline(always)]
     unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let d = L::splat_half(block);
             let value = |at: usize| L::mul(d, L::float(L::load_i8(block.add(2 + at))));
@@ -173,6 +198,7 @@ impl Decoder for Q8_0 {
         _input_sums: [*const f32; R],
         sums: &mut [[L::V; R]; 2],
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let mut parts = [[L::zero(); R]; 2];
             for at in (0..32).step_by(2 * L::WIDTH) {
@@ -204,6 +230,7 @@ impl Decoder for Q4K {
     /// definition's subtraction does.
     #[inline(always)]
     unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let steps = q4_k_steps::<L>(block);
             for chunk in 0..4 {
@@ -232,6 +259,7 @@ impl Decoder for Q4K {
         input_sums: [*const f32; R],
         sums: &mut [[L::V; R]; 2],
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let steps = q4_k_steps::<L>(block);
             for chunk in 0..4 {
@@ -260,8 +288,12 @@ impl Decoder for Q4K {
 
 /// A Q4_K block's eight groups' `d · scale`, then their `dmin · min`
 /// (exact: an f16 times a six-bit integer), to be splat as needed.
+///
+/// # Safety
+/// `block` is a whole Q4_K block; the CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn q4_k_steps<L: ByteLanes>(block: *const u8) -> [f32; 16] {
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let levels = quant::q4_k_scales_mins(std::slice::from_raw_parts(block.add(4), 12));
         let (d, dmin) = (half_at(block, 0), half_at(block, 2));
@@ -284,6 +316,7 @@ impl Decoder for Q6K {
     /// widened sixteen or eight at a time.
     #[inline(always)]
     unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             // The sixteen `d · scale` (exact: an f16 times an i8), one per
             // sixteen values, splat from here as needed.
@@ -304,6 +337,9 @@ impl Decoder for Q6K {
 
 /// A row of `D`'s blocks, each block's pairs of vectors handed to `sink`
 /// with their position in the row, in order.
+///
+/// # Safety
+/// `row` holds whole blocks of `D`; the CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn each_pair<L: ByteLanes, D: Decoder>(row: &[u8], mut sink: impl FnMut(usize, L::V, L::V)) {
     for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
@@ -313,9 +349,14 @@ unsafe fn each_pair<L: ByteLanes, D: Decoder>(row: &[u8], mut sink: impl FnMut(u
 }
 
 /// A row of blocks decoded into `out`.
+///
+/// # Safety
+/// `row` holds whole blocks of `format` and `out` room for their values; the
+/// CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn decode_row<L: ByteLanes>(format: BlockFormat, row: &[u8], out: &mut [f32]) {
     let out = out.as_mut_ptr();
+    // SAFETY: as the caller promises (the function's `# Safety`).
     let store = |at: usize, even: L::V, odd: L::V| unsafe {
         L::store(out.add(at), even);
         L::store(out.add(at + L::WIDTH), odd);
@@ -325,6 +366,9 @@ unsafe fn decode_row<L: ByteLanes>(format: BlockFormat, row: &[u8], out: &mut [f
 }
 
 /// Each pair of vectors of a row of `format`'s blocks, to `sink`.
+///
+/// # Safety
+/// `row` holds whole blocks of `format`; the CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl FnMut(usize, L::V, L::V)) {
     // SAFETY: as the caller promises.
@@ -369,12 +413,18 @@ pub(crate) fn prefetch_ahead(block: &[u8]) {
 /// `Σₖ input[r][k] · value[k]` over a row of `D`'s blocks for each of `R`
 /// input rows ([`Decoder::dot`]), `input_sums[r]` the sums of each 32
 /// inputs of row `r` when `D` reads them.
+///
+/// # Safety
+/// `row` holds whole blocks of `D`; each input row has the row's values
+/// readable (and its sums of each 32 when `D::INPUT_SUMS`); the CPU has `L`'s
+/// instruction set.
 #[inline(always)]
 unsafe fn dot_rows<L: ByteLanes, D: Decoder, const R: usize>(
     row: &[u8],
     inputs: [*const f32; R],
     input_sums: [*const f32; R],
 ) -> [f32; R] {
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let mut sums = [[L::zero(); R]; 2];
         for (number, block) in row.chunks_exact(D::BYTES).enumerate() {
@@ -397,6 +447,11 @@ unsafe fn dot_rows<L: ByteLanes, D: Decoder, const R: usize>(
 
 /// Columns `range` of `R` output rows: weight row `n` (of `row_bytes`
 /// bytes in `blocks`, `D`'s blocks) against each input row.
+///
+/// # Safety
+/// As [`dot_columns`], for `R` rows of `D`'s blocks: each input row has `depth`
+/// readable values, each output row room for the columns of `range`, which no
+/// other thread writes; the CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn dot_columns_of<L: ByteLanes, D: Decoder, const R: usize>(
     blocks: &[u8],
@@ -430,6 +485,9 @@ unsafe fn dot_columns_of<L: ByteLanes, D: Decoder, const R: usize>(
 
 /// [`dot_columns_of`] for `format` and as many rows as `inputs` holds
 /// (one to [`DOT_ROWS`]).
+///
+/// # Safety
+/// As [`dot_columns_of`], for one to [`DOT_ROWS`] rows.
 #[inline(always)]
 unsafe fn dot_columns_in<L: ByteLanes>(
     format: BlockFormat,
@@ -515,19 +573,25 @@ mod x86 {
     /// vectors `$v`/`$i` in register class `$reg`, `$width` bytes widened.
     macro_rules! loads_from_memory {
         ($v:ty, $i:ty, $reg:ident, $feature:literal, $width:literal) => {
+            /// # Safety
+            /// [`ByteLanes`]'s contract.
             #[inline]
             #[target_feature(enable = $feature)]
             unsafe fn splat_from(at: *const f32) -> $v {
                 let v: $v;
+                // SAFETY: as the caller promises (the function's `# Safety`).
                 unsafe {
                     asm!("vbroadcastss {v}, dword ptr [{at}]", v = out($reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
                 };
                 v
             }
+            /// # Safety
+            /// [`ByteLanes`]'s contract.
             #[inline]
             #[target_feature(enable = $feature)]
             unsafe fn load_i8_from(at: *const i8) -> $i {
                 let v: $i;
+                // SAFETY: as the caller promises (the function's `# Safety`).
                 unsafe {
                     asm!(concat!("vpmovsxbd {v}, ", $width, " ptr [{at}]"), v = out($reg) v, at = in(reg) at, options(pure, readonly, nostack, preserves_flags))
                 };
@@ -540,30 +604,37 @@ mod x86 {
         type I = __m512i;
         #[inline(always)]
         unsafe fn load_u8(at: *const u8) -> __m512i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn load_i8(at: *const u8) -> __m512i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(at as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn shift_right(v: __m512i, bits: u32) -> __m512i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_srlv_epi32(v, _mm512_set1_epi32(bits as i32)) }
         }
         #[inline(always)]
         unsafe fn and(v: __m512i, mask: i32) -> __m512i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_and_si512(v, _mm512_set1_epi32(mask)) }
         }
         #[inline(always)]
         unsafe fn float(v: __m512i) -> __m512 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_cvtepi32_ps(v) }
         }
         #[inline(always)]
         unsafe fn splat_half(at: *const u8) -> __m512 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le(at.cast::<i16>().read_unaligned()))) }
         }
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_add_ps(a, b) }
         }
         loads_from_memory!(__m512, __m512i, zmm_reg, "avx512f", "xmmword");
@@ -573,6 +644,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
             let mut levels = [0i8; 256];
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let (nibble, high_bits, offset) =
                     (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30), _mm512_set1_epi8(32));
@@ -605,6 +677,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn minus_products8(acc: __m512, a: *const f32, b: *const f32) -> __m512 {
             // Lanes past the eighth load zeros (and read nothing).
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(0xff, a), _mm512_maskz_loadu_ps(0xff, b), acc) }
         }
     }
@@ -613,35 +686,43 @@ mod x86 {
         type I = __m256i;
         #[inline(always)]
         unsafe fn load_u8(at: *const u8) -> __m256i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn load_i8(at: *const u8) -> __m256i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn shift_right(v: __m256i, bits: u32) -> __m256i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_srlv_epi32(v, _mm256_set1_epi32(bits as i32)) }
         }
         #[inline(always)]
         unsafe fn and(v: __m256i, mask: i32) -> __m256i {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_and_si256(v, _mm256_set1_epi32(mask)) }
         }
         #[inline(always)]
         unsafe fn float(v: __m256i) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_cvtepi32_ps(v) }
         }
         #[inline(always)]
         unsafe fn splat_half(at: *const u8) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le(at.cast::<i16>().read_unaligned()))) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_add_ps(a, b) }
         }
         loads_from_memory!(__m256, __m256i, ymm_reg, "avx2", "qword");
         #[inline(always)]
         unsafe fn minus_products8(acc: __m256, a: *const f32, b: *const f32) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_fnmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc) }
         }
     }
@@ -650,6 +731,7 @@ mod x86 {
     /// The CPU has AVX-512 F and BW; `out` holds the row's values.
     #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
     pub unsafe fn row_avx512(format: BlockFormat, row: &[u8], out: &mut [f32]) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { decode_row::<Avx512>(format, row, out) }
     }
 
@@ -678,6 +760,7 @@ mod x86 {
         outs: &[*mut f32],
         range: std::ops::Range<usize>,
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { dot_columns_in::<Avx512>(format, blocks, row_bytes, inputs, outs, range) }
     }
 
@@ -685,6 +768,7 @@ mod x86 {
     /// The CPU has AVX2; `out` holds the row's values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row_avx2(format: BlockFormat, row: &[u8], out: &mut [f32]) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { decode_row::<Avx2>(format, row, out) }
     }
 
@@ -699,6 +783,7 @@ mod x86 {
         outs: &[*mut f32],
         range: std::ops::Range<usize>,
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { dot_columns_in::<Avx2>(format, blocks, row_bytes, inputs, outs, range) }
     }
 }

@@ -170,6 +170,10 @@ const fn lane_of(v: usize) -> usize {
 /// multiplied by the block's scale and the span's step and added into
 /// eight f32 lanes (one fused multiply-add), which are added together once
 /// at the end of the row ([`Sums::total`]), in the same order everywhere.
+///
+/// # Safety
+/// Every method: the CPU has the implementing set's instructions; `half`
+/// reads two bytes at byte `at` of `block`.
 trait Sums {
     /// Eight i32 lanes.
     type Ints: Copy;
@@ -189,6 +193,12 @@ trait Sums {
 /// A block's integer sums against `R` rows of levels and their sums over
 /// each 16 (each from the block's first value), in eight lanes
 /// ([`lane_of`]), on one instruction set.
+///
+/// # Safety
+/// Every method: the CPU has the implementing set's instructions; `block`
+/// (or `quants`) is a whole block of the method's format; each of
+/// `levels` has the block's values' levels readable, and each of `sums`
+/// their sums over each 16.
 trait BlockDots: Sums {
     /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
     /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
@@ -257,6 +267,7 @@ impl BlockDots for Portable {
         };
         std::array::from_fn(|r| {
             let (levels, sums) =
+                // SAFETY: as the caller promises (the function's `# Safety`).
                 unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
             let mut products = [0; 8];
             for (v, level) in levels.iter().enumerate() {
@@ -435,6 +446,11 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
 
 /// Columns `range` of every output row: each weight row, while it is in
 /// L1, against the input rows [`DOT_ROWS`] at a time ([`dot_row`]).
+///
+/// # Safety
+/// As [`dot_columns`]: each output row has room for the columns of `range`,
+/// which no other thread writes; the rows of `blocks` are whole blocks of `F`;
+/// the CPU has `B`'s instruction set.
 #[inline(always)]
 unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
     blocks: &[u8],
@@ -454,6 +470,9 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
 }
 
 /// [`dot_columns_of`] for `format`.
+///
+/// # Safety
+/// As [`dot_columns_of`].
 #[inline(always)]
 unsafe fn dot_columns_in<B: BlockDots>(
     format: BlockFormat,
@@ -536,8 +555,12 @@ mod x86 {
     struct Avx2;
 
     /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
+    ///
+    /// # Safety
+    /// `inputs` has 32 readable bytes; the CPU has AVX2.
     #[inline(always)]
     unsafe fn scaled_products(weights: __m256i, inputs: *const i8, scales: __m256i) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(weights, _mm256_loadu_si256(inputs.cast())), scales) }
     }
 
@@ -565,11 +588,13 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn add_scaled(into: __m256, sums: __m256i, scale: f32) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), into) }
         }
 
         #[inline(always)]
         unsafe fn total(lanes: __m256) -> f32 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let fours = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps::<1>(lanes));
                 let twos = _mm_add_ps(fours, _mm_movehl_ps(fours, fours));
@@ -580,8 +605,12 @@ mod x86 {
 
     /// `quant::q4_k_scales_mins` in a vector, from the 12 packed bytes at
     /// byte 4 of `block`: the eight scales, then the eight mins.
+    ///
+    /// # Safety
+    /// `block` is a whole Q4_K block; the CPU has AVX2.
     #[inline(always)]
     unsafe fn q4_k_scales_mins(block: *const u8) -> __m128i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             // The three words, and four bytes of quants the block goes on with.
             let words = _mm_loadu_si128(block.add(4).cast());
@@ -597,8 +626,12 @@ mod x86 {
 
     /// Sixteen i16 lanes: the first eight byte `low` of `bytes` widened,
     /// the last eight byte `high`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[inline(always)]
     unsafe fn spread(bytes: __m128i, low: i8, high: i8) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let pick = _mm_set_epi64x(i64::from_le_bytes([high as u8; 8]), i64::from_le_bytes([low as u8; 8]));
             _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, pick))
@@ -608,8 +641,12 @@ mod x86 {
     /// Q4_K's `Σ_g min[g] · Σ_{k∈g} level[k]` in eight i32 lanes, `packed`
     /// its scales then its mins, `sums` the levels' sums of each 16: each
     /// min twice, beside the two sums of its group, by `vpmaddwd`.
+    ///
+    /// # Safety
+    /// `sums` has sixteen readable i16; the CPU has AVX2.
     #[inline(always)]
     unsafe fn q4_k_mins(packed: __m128i, sums: *const i16) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(packed, packed));
             _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), mins)
@@ -619,8 +656,12 @@ mod x86 {
     /// Q6_K's offset of 32 times `Σ_g scale[g] · Σ_{k∈g} level[k]`,
     /// `scales` its sixteen, in eight i32 lanes (groups `2l` and `2l + 1`
     /// in lane `l`): taken from the products' lanes, lane by lane.
+    ///
+    /// # Safety
+    /// `sums` has sixteen readable i16; the CPU has AVX2.
     #[inline(always)]
     unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let scaled_sums = _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales));
             _mm256_slli_epi32::<5>(scaled_sums)
@@ -631,8 +672,13 @@ mod x86 {
     /// AVX-512 CPUs have too): `vpmaddubsw` of the quants' magnitudes by
     /// the levels with the quants' signs (`vpsignb`: at most 2 · 128 · 127,
     /// no saturation), pairs added into i32 by `vpmaddwd` by ones.
+    ///
+    /// # Safety
+    /// `quants` has 32 readable bytes and each of `levels` 32; the CPU has
+    /// AVX2.
     #[inline(always)]
     unsafe fn q8_0_products<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let quants = _mm256_loadu_si256(quants.cast());
             let magnitudes = _mm256_abs_epi8(quants);
@@ -646,6 +692,7 @@ mod x86 {
     impl BlockDots for Avx2 {
         #[inline(always)]
         unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { q8_0_products(quants, levels) }
         }
 
@@ -657,6 +704,7 @@ mod x86 {
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [(__m256i, __m256i); R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let nibble = _mm256_set1_epi8(0x0f);
                 let packed = q4_k_scales_mins(block);
@@ -688,6 +736,7 @@ mod x86 {
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
                 let scales = _mm_loadu_si128(block.add(192).cast());
@@ -731,13 +780,21 @@ mod x86 {
     struct Avx512<const VNNI: bool>;
 
     /// The two 256-bit halves of `v` added, lane by lane.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn halves_added(v: __m512i) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)) }
     }
 
     /// `sums + Σ scale · (weights · inputs)` of 64 bytes, in sixteen i32
     /// lanes: with `VNNI` in one `vpdpwssd`, else a `vpmaddwd` and an add.
+    ///
+    /// # Safety
+    /// `inputs` has 64 readable bytes; the CPU has AVX-512 BW, and AVX-512 VNNI
+    /// when `VNNI`.
     #[inline(always)]
     unsafe fn add_scaled_products<const VNNI: bool>(
         sums: __m512i,
@@ -745,6 +802,7 @@ mod x86 {
         inputs: *const i8,
         scales: __m512i,
     ) -> __m512i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let pairs = _mm512_maddubs_epi16(weights, _mm512_loadu_si512(inputs.cast()));
             if VNNI {
@@ -776,8 +834,12 @@ mod x86 {
     const Q6_K_PICKS: [[u8; 64]; 2] = [word_picks([0, 1, 2, 3]), word_picks([4, 5, 6, 7])];
 
     /// Eight i16 scales in every 128-bit lane, spread by `picks`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BW.
     #[inline(always)]
     unsafe fn spread_wide(words: __m512i, picks: &[u8; 64]) -> __m512i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_shuffle_epi8(words, _mm512_loadu_si512(picks.as_ptr().cast())) }
     }
 
@@ -785,6 +847,7 @@ mod x86 {
         /// In 256-bit lanes, as AVX2: a block is 32 values.
         #[inline(always)]
         unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { q8_0_products(quants, levels) }
         }
 
@@ -794,6 +857,7 @@ mod x86 {
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [(__m256i, __m256i); R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let nibble = _mm512_set1_epi8(0x0f);
                 let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
@@ -818,6 +882,7 @@ mod x86 {
             levels: [*const i8; R],
             sums: [*const i16; R],
         ) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let (nibble, two_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
                 // Quarters 0 and 1 (high bits 0–1 and 2–3), then 2 and 3.
@@ -853,10 +918,15 @@ mod x86 {
     /// `super::quantize_span` on AVX-512 F and BW, with the same
     /// operations on sixteen values at a time: the same levels, sums and
     /// step.
+    ///
+    /// # Safety
+    /// `values` holds a span ([`SPAN`] values) and `levels` and `sums` room for
+    /// its levels and their sums; the CPU has AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn quantize_span_avx512(values: &[f32], levels: &mut [i8], sums: &mut [i16]) -> f32 {
         assert!(values.len() == SPAN && levels.len() == SPAN && sums.len() == SPAN / SUM_VALUES, "a span");
         let vectors: [__m512; SPAN / 16] =
+            // SAFETY: as the caller promises (the function's `# Safety`).
             std::array::from_fn(|at| unsafe { _mm512_loadu_ps(values.as_ptr().add(16 * at)) });
         let (mut finite, mut largest) = (u16::MAX, _mm512_setzero_ps());
         for vector in vectors {
@@ -877,12 +947,16 @@ mod x86 {
             let nearest = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(vector, inverse), shifter), shifter);
             let ints = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(nearest, low), high));
             *sum = _mm512_reduce_add_epi32(ints) as i16;
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm_storeu_si128(levels.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(ints)) };
         }
         largest / 127.0
     }
 
     /// `super::dot_columns` on AVX-512 (F, BW).
+    ///
+    /// # Safety
+    /// As [`super::dot_columns`], on a CPU with AVX-512 F and BW.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     pub unsafe fn dot_columns_avx512(
         format: BlockFormat,
@@ -897,6 +971,9 @@ mod x86 {
     }
 
     /// `super::dot_columns` on AVX-512 (F, BW) with VNNI.
+    ///
+    /// # Safety
+    /// As [`super::dot_columns`], on a CPU with AVX-512 F, BW and VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn dot_columns_avx512_vnni(
         format: BlockFormat,
@@ -911,6 +988,9 @@ mod x86 {
     }
 
     /// `super::dot_columns` on AVX2.
+    ///
+    /// # Safety
+    /// As [`super::dot_columns`], on a CPU with AVX2 and FMA.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_columns_avx2(
         format: BlockFormat,

@@ -30,6 +30,7 @@ impl Shared {
     /// # Safety
     /// `at` is inside the output and no other thread writes it.
     unsafe fn write(&self, at: usize, value: f32) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { *self.0.add(at) = value }
     }
 
@@ -38,6 +39,7 @@ impl Shared {
     /// writes it while the slice lives.
     #[allow(clippy::mut_from_ref)]
     unsafe fn slice(&self, at: usize, len: usize) -> &mut [f32] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
     }
 }
@@ -54,10 +56,16 @@ macro_rules! on_host_vectors {
         fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU has AVX-512 F, BW and FMA (`Isa::host` chose them);
+                /// the arguments are the task's, as its body wants them.
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) {
                     $kernel::<simd::Avx512>($($arg),*)
                 }
+                /// # Safety
+                /// The CPU has AVX2 and FMA (`Isa::host` chose them); the
+                /// arguments are the task's, as its body wants them.
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
                     $kernel::<simd::Avx2>($($arg),*)
@@ -287,6 +295,7 @@ unsafe fn columns_pass<L: Lanes, const N: usize, const LEARN: bool, const NEXT: 
     read: &mut [f32],
     recalled: &mut [f32],
 ) {
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let column = |j: usize| at + j * L::WIDTH;
         let mut update = [L::zero(); N];
@@ -495,6 +504,7 @@ fn weighted_values<L: Lanes>(values: &Values, weights: &[f32], heads: usize, sum
 #[inline(always)]
 unsafe fn heads_pass<L: Lanes, const H: usize>(values: &Values, weights: &[f32], column: usize, sums: &mut [f32]) {
     let (keys, width) = (values.keys_of.len(), values.width);
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let mut totals = [L::zero(); H];
         for (n, &j) in values.keys_of.iter().enumerate() {
@@ -554,10 +564,14 @@ mod tests {
             {
                 use crate::isa::Isa;
                 use crate::simd::{Avx2, Avx512};
+                /// # Safety
+                /// The CPU has AVX-512 F and BW and FMA.
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) {
                     $kernel::<Avx512>($($arg),*)
                 }
+                /// # Safety
+                /// The CPU has AVX2 and FMA.
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) {
                     $kernel::<Avx2>($($arg),*)

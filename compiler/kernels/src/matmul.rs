@@ -410,12 +410,19 @@ unsafe fn columns_on<W: Weight>(
 /// `R` input rows against `N` weight rows over the whole depth: `R · N`
 /// sums, one accumulator each, the tail past the last full vector added
 /// in order.
+///
+/// # Safety
+/// Each of the tile's `R` input rows has `depth` readable values from its
+/// first, each of its `N` weight rows `depth` weights at `weight`, and the
+/// output rows room for the tile's columns, which no other thread writes; the
+/// CPU has `L`'s instruction set.
 #[inline(always)]
 unsafe fn tile<L: Lanes, W: Weight, const R: usize, const N: usize>(
     inputs: [*const f32; R],
     weights: [*const W; N],
     depth: usize,
 ) -> [[f32; N]; R] {
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let mut sums = [[L::zero(); N]; R];
         let mut w = [L::zero(); N];
@@ -555,6 +562,7 @@ unsafe fn widened_columns<L: Lanes, W: Weight>(
     range: std::ops::Range<usize>,
 ) {
     let tiles = Widened::<L, W> { rows, weight: weight.as_ptr(), depth, first, lanes: std::marker::PhantomData };
+    // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe { columns(&tiles, rows, range) }
 }
 
@@ -565,6 +573,7 @@ unsafe fn widened_columns<L: Lanes, W: Weight>(
 #[inline(always)]
 unsafe fn store<const R: usize, const N: usize>(rows: &Rows, m: usize, n: usize, sums: [[f32; N]; R]) {
     for (r, row) in sums.iter().enumerate() {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), rows.outs[m + r].add(n), N) };
     }
 }
@@ -585,6 +594,7 @@ mod x86 {
         first: usize,
         range: std::ops::Range<usize>,
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { widened_columns::<Avx512, W>(rows, weight, depth, first, range) }
     }
 
@@ -598,6 +608,7 @@ mod x86 {
         first: usize,
         range: std::ops::Range<usize>,
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { widened_columns::<Avx2, W>(rows, weight, depth, first, range) }
     }
 
@@ -618,6 +629,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn tile<const R: usize, const N: usize>(&self, m: usize, n: usize) -> [[f32; N]; R] {
             let depth = self.depth;
+            // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe {
                 let mut inputs = [std::ptr::null::<u16>(); R];
                 let mut weights = [std::ptr::null::<u16>(); N];
@@ -722,6 +734,7 @@ mod x86 {
             first,
             rows: std::marker::PhantomData,
         };
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { columns(&tiles, rows, range) }
     }
 }

@@ -122,6 +122,11 @@ pub(crate) mod x86 {
     /// `super::dot_columns` on AVX-512 VNNI: each panel of the range
     /// gathered once, then multiplied by the input rows [`TILE_ROWS`] at
     /// a time.
+    ///
+    /// # Safety
+    /// As [`super::dot_columns`]: each output row has room for the columns of
+    /// `range`, which no other thread writes; the CPU has AVX-512 F, BW and
+    /// VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub unsafe fn dot_columns_vnni(
         blocks: &[u8],
@@ -179,6 +184,7 @@ pub(crate) mod x86 {
     /// The blocks exist; the CPU has AVX-512 F and BW.
     #[inline(always)]
     pub(crate) unsafe fn header(first: *const u8, row_bytes: usize, rows: usize) -> Header {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             // Word `w` of each row's header, gathered into its lane (no
             // scalar stores, which a vector load could not forward).
@@ -225,8 +231,13 @@ pub(crate) mod x86 {
     /// zeros in the other lanes), laid out for the lanes: the quants by
     /// two transposes of sixteen rows' sixteen words, the headers as
     /// [`header`] unpacks them.
+    ///
+    /// # Safety
+    /// `rows` (at most sixteen) rows of whole Q4_K blocks lie at `first`,
+    /// `row_bytes` apart; the CPU has AVX-512 BW.
     #[inline(always)]
     unsafe fn gather(first: *const u8, row_bytes: usize, rows: usize, into: &mut PanelBlock) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let header = header(first, row_bytes, rows);
             _mm512_store_ps(into.d.as_mut_ptr(), header.d);
@@ -257,8 +268,12 @@ pub(crate) mod x86 {
     /// by pairs of words, which leaves each 128-bit lane `l` of row
     /// `4i + c` holding word `4l + c` of rows `4i..4i + 4`; then those
     /// lanes moved by two rounds of 128-bit shuffles.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn transposed(rows: [__m512i; 16]) -> [__m512i; 16] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let mut words = [_mm512_setzero_si512(); 16];
             for pair in 0..8 {
@@ -288,13 +303,23 @@ pub(crate) mod x86 {
     }
 
     /// Four levels from `at`, in every lane.
+    ///
+    /// # Safety
+    /// `at` has four readable bytes; the CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn broadcast(at: *const i8) -> __m512i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_set1_epi32(at.cast::<i32>().read_unaligned()) }
     }
 
     /// Input rows `first..first + R` against the panel: columns
     /// `first_column..` of their output rows, the lanes of `mask`.
+    ///
+    /// # Safety
+    /// Each of the `R` input rows' levels and steps are readable for the
+    /// panel's spans, and each output row has room for the panel's sixteen
+    /// columns, which no other thread writes; the CPU has AVX-512 F, BW and
+    /// VNNI.
     #[inline(always)]
     unsafe fn tile<const R: usize>(
         panel: &[PanelBlock],
@@ -304,6 +329,7 @@ pub(crate) mod x86 {
         first_column: usize,
         mask: u16,
     ) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let nibble = _mm512_set1_epi8(0x0f);
             let mut sums = [_mm512_setzero_ps(); R];

@@ -9,6 +9,14 @@ use super::matrix::Weight;
 use std::arch::x86_64::*;
 
 /// Vectors of f32 lanes on one instruction set.
+///
+/// # Safety
+/// Every method: the CPU has the implementing set's instructions (a
+/// caller has checked `Isa::available` or runs inside a function with
+/// those target features); a pointer it loads from has `WIDTH` readable
+/// elements (f32, or `W` for `load_weight`) and one it stores to `WIDTH`
+/// writable f32, unaligned allowed. `prefetch` reads nothing and takes
+/// any address.
 pub trait Lanes {
     type V: Copy;
     const WIDTH: usize;
@@ -30,6 +38,7 @@ pub trait Lanes {
     unsafe fn sums<const N: usize>(v: &[Self::V; N]) -> [f32; N] {
         let mut out = [0f32; N];
         for (total, v) in out.iter_mut().zip(v) {
+            // SAFETY: as the caller promises (the function's `# Safety`).
             *total = unsafe { Self::sum(*v) };
         }
         out
@@ -49,12 +58,15 @@ impl Lanes for OneLane {
         value
     }
     unsafe fn load(at: *const f32) -> f32 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { *at }
     }
     unsafe fn store(at: *mut f32, v: f32) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { *at = v }
     }
     unsafe fn load_weight<W: Weight>(at: *const W) -> f32 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { (*at).value() }
     }
     unsafe fn mul(a: f32, b: f32) -> f32 {
@@ -78,26 +90,32 @@ impl Lanes for Avx512 {
     const WIDTH: usize = 16;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(value: f32) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_set1_ps(value) }
     }
     #[inline(always)]
     unsafe fn load(at: *const f32) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_loadu_ps(at) }
     }
     #[inline(always)]
     unsafe fn store(at: *mut f32, v: __m512) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_storeu_ps(at, v) }
     }
     #[inline(always)]
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn load_weight<W: Weight>(at: *const W) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             if W::BF16 {
                 // Each bf16 to the high half of a 32-bit lane: its f32.
@@ -110,14 +128,17 @@ impl Lanes for Avx512 {
     }
     #[inline(always)]
     unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn prefetch<T>(at: *const T) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) }
     }
     #[inline(always)]
     unsafe fn sum(v: __m512) -> f32 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             // The upper half moved down by F's shuffle (DQ's extract would
             // need a target feature the kernels do not enable).
@@ -131,6 +152,7 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn sums<const N: usize>(v: &[__m512; N]) -> [f32; N] {
         let mut out = [0f32; N];
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             if N == 8 {
                 let (low, high) = (Self::sums(&[v[0], v[1], v[2], v[3]]), Self::sums(&[v[4], v[5], v[6], v[7]]));
@@ -166,26 +188,32 @@ impl Lanes for Avx2 {
     const WIDTH: usize = 8;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn splat(value: f32) -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_set1_ps(value) }
     }
     #[inline(always)]
     unsafe fn load(at: *const f32) -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_loadu_ps(at) }
     }
     #[inline(always)]
     unsafe fn store(at: *mut f32, v: __m256) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_storeu_ps(at, v) }
     }
     #[inline(always)]
     unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_mul_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn load_weight<W: Weight>(at: *const W) -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             if W::BF16 {
                 let bits = _mm_loadu_si128(at as *const __m128i);
@@ -197,14 +225,17 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn prefetch<T>(at: *const T) {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) }
     }
     #[inline(always)]
     unsafe fn sum(v: __m256) -> f32 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
