@@ -12,7 +12,7 @@ use linnet_exec::Machine;
 use linnet_frontend::driver::lower_package;
 use linnet_frontend::package::LoadOptions;
 use linnet_gpu::host::MlirHost;
-use linnet_gpu::{Form, Kernel, Program, WARP_LANES};
+use linnet_gpu::{Form, Kernel, ModelEntry, WARP_LANES};
 use linnet_ir::contraction;
 use linnet_ir::dim::Dim;
 use linnet_ir::quant::BlockFormat;
@@ -363,7 +363,7 @@ fn contractions_split_across_lanes_meet_the_reference() {
         );
     }
     let stages = |at| {
-        linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, at, Form::Host)
+        linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, at, Form::Host)
             .expect("a compute node has kernels")
             .expect("they build")
             .len()
@@ -451,7 +451,7 @@ fn rows_sharing_reductions_meet_the_reference() {
     ];
     let entry = entry_of("rows", &[("x", vec![rows, columns], Dtype::F32)], computed);
     for at in 1..3 {
-        let kernel = &linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, at, Form::Host)
+        let kernel = &linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, at, Form::Host)
             .expect("a compute node has a kernel")
             .expect("it builds")[0];
         assert_eq!(kernel.lanes, WARP_LANES, "node {at} is not a row kernel: this test covers less than it says");
@@ -499,7 +499,7 @@ fn attention_in_warps_meets_the_reference() {
         source: None,
     };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernel = &linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 5, Form::Host)
+    let kernel = &linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 5, Form::Host)
         .expect("an intrinsic has a kernel")
         .expect("it builds")[0];
     assert_eq!(kernel.lanes, WARP_LANES, "attention is not in warps: this test covers less than it says");
@@ -564,7 +564,7 @@ fn attention_split_over_keys_meets_the_reference() {
         source: None,
     };
     let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernels = linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 5, Form::Host)
+    let kernels = linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 5, Form::Host)
         .expect("an intrinsic has kernels")
         .expect("they build");
     assert_eq!(
@@ -624,7 +624,7 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
         source: None,
     };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernels = linnet_gpu::node_kernels(Program { entry: &entry, params: &[] }, 7, Form::Host)
+    let kernels = linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 7, Form::Host)
         .expect("an intrinsic has kernels")
         .expect("they build");
     assert!(

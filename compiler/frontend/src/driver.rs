@@ -10,7 +10,8 @@ pub struct Checked {
     pub sources: SourceMap,
     pub diagnostics: Vec<Diagnostic>,
     pub package: Option<Package>,
-    pub analysis: crate::sema::Analysis,
+    /// What the checker learned, for editors.
+    pub index: crate::sema::SourceIndex,
 }
 
 impl Checked {
@@ -23,12 +24,12 @@ pub fn check_package(dir: &Path, options: &LoadOptions) -> Checked {
     let mut sources = SourceMap::default();
     let mut diagnostics = Vec::new();
     let package = package::load(dir, options, &mut sources, &mut diagnostics);
-    let analysis = match &package {
+    let index = match &package {
         Some(package) => crate::sema::check(package, &mut diagnostics),
-        None => crate::sema::Analysis::default(),
+        None => crate::sema::SourceIndex::default(),
     };
     diagnostic::sort(&mut diagnostics);
-    Checked { sources, diagnostics, package, analysis }
+    Checked { sources, diagnostics, package, index }
 }
 
 /// Checks the package and, when it is clean, lowers it to the IR.

@@ -34,7 +34,7 @@
 //!
 //! The head's width must be known when the model is built.
 
-use super::emit::{Combine, Emitter, Form, Kernel, Program, Scratch, Unsupported, Warp, WARP_LANES};
+use super::emit::{Combine, Emitter, Form, Kernel, ModelEntry, Scratch, Unsupported, Warp, WARP_LANES};
 use super::intrinsic::{load_name, Operands, Spread};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -54,7 +54,7 @@ const KEYS_PER_STEP: usize = 4;
 /// layout (each mask row's chunks' ends, then each part's maximum, total
 /// and sums).
 struct Plan<'a> {
-    entry: Program<'a>,
+    entry: ModelEntry<'a>,
     at: usize,
     form: Form,
     args: &'a [Value],
@@ -70,7 +70,7 @@ struct Plan<'a> {
 
 /// The kernels of attention node `at` of `entry`, in launch order.
 pub fn attention_kernels(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     at: usize,
     form: Form,
     args: &[Value],

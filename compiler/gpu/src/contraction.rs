@@ -34,7 +34,7 @@
 //! are used where the depth is a constant multiple of [`RUN`] (rows start
 //! aligned); elsewhere each lane reads every 32nd element.
 
-use super::emit::{register, stored, Combine, Emitter, Form, Kernel, Program, Scratch, Unsupported, WARP_LANES};
+use super::emit::{register, stored, Combine, Emitter, Form, Kernel, ModelEntry, Scratch, Unsupported, WARP_LANES};
 use linnet_ir::contraction::{reads_index, Contraction};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -91,7 +91,7 @@ struct Layout<'a> {
 
 /// The kernels of contraction node `at` of `entry`, in launch order.
 pub fn contraction_kernels(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     at: usize,
     form: Form,
     contraction: &Contraction<'_>,
@@ -146,7 +146,7 @@ fn bind_row(e: &mut Emitter<'_>, layout: &Layout<'_>, sizes: &[String], row: &st
 /// that rank in the scratch. The count is an f32 sum of ones, exact below
 /// 2^24 rows.
 fn order(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     form: Form,
     contraction: &Contraction<'_>,
     layout: &Layout<'_>,
@@ -210,7 +210,7 @@ fn order(
 /// The products: one item per output column and [`ROWS`] rows (one
 /// where they are [`Rows::Gathered`]), found as `kind` says.
 fn products(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     form: Form,
     contraction: &Contraction<'_>,
     layout: &Layout<'_>,

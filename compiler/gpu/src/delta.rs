@@ -38,7 +38,7 @@
 //!   Tokens past the span (in its last chunk) read its last token, have
 //!   no update (0, so they change nothing) and are not stored.
 
-use super::emit::{Combine, Emitter, Form, Kernel, Program, Scratch, Unsupported, Warp, WARP_LANES};
+use super::emit::{Combine, Emitter, Form, Kernel, ModelEntry, Scratch, Unsupported, Warp, WARP_LANES};
 use super::intrinsic::{load_name, Operands, Spread};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
@@ -63,7 +63,7 @@ impl Block {
 /// The kernels of delta rule node `at` of `entry` (`span`: over S tokens,
 /// else one step), in launch order.
 pub fn delta_rule_kernels(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     at: usize,
     form: Form,
     args: &[Value],
@@ -83,7 +83,7 @@ pub fn delta_rule_kernels(
 
 /// What the node's kernels share.
 struct Plan<'a> {
-    entry: Program<'a>,
+    entry: ModelEntry<'a>,
     at: usize,
     form: Form,
     args: &'a [Value],

@@ -35,14 +35,14 @@ use std::collections::HashMap;
 /// An entry as its kernels are written from it: with its model's
 /// parameters, whose storage says how a parameter's elements are read (a
 /// quantized one's blocks are a `memref<?xi8>`, decoded where they are
-/// read: `decode`). It reads as the entry.
+/// read: `dequant`). It reads as the entry.
 #[derive(Clone, Copy)]
-pub struct Program<'m> {
+pub struct ModelEntry<'m> {
     pub entry: &'m Entry,
     pub params: &'m [Param],
 }
 
-impl Program<'_> {
+impl ModelEntry<'_> {
     /// The block format `value` is stored in, if it is a quantized
     /// parameter.
     pub fn blocks(&self, value: Value) -> Option<BlockFormat> {
@@ -53,7 +53,7 @@ impl Program<'_> {
     }
 }
 
-impl std::ops::Deref for Program<'_> {
+impl std::ops::Deref for ModelEntry<'_> {
     type Target = Entry;
 
     fn deref(&self) -> &Entry {
@@ -274,7 +274,7 @@ pub fn register(dtype: Dtype) -> &'static str {
 
 /// Emits the body of one kernel, one SSA value at a time.
 pub struct Emitter<'e> {
-    pub entry: Program<'e>,
+    pub entry: ModelEntry<'e>,
     /// The node this kernel computes and its place among the node's
     /// kernels.
     node: usize,
@@ -308,7 +308,7 @@ pub struct Emitter<'e> {
 impl<'e> Emitter<'e> {
     /// The emitter of stage `stage` (its place in launch order) of node
     /// `node`'s kernels.
-    pub fn new(entry: Program<'e>, node: usize, stage: usize, form: Form) -> Emitter<'e> {
+    pub fn new(entry: ModelEntry<'e>, node: usize, stage: usize, form: Form) -> Emitter<'e> {
         assert!(stage < MAX_STAGES, "a node is at most {MAX_STAGES} kernels");
         Emitter {
             entry,

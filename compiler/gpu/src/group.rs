@@ -20,7 +20,7 @@
 //! prefix of the group's (they share one). At most one member can raise
 //! a fault: the call then fails at the node it would fail at alone.
 
-use super::emit::{Emitter, Member, Program};
+use super::emit::{Emitter, Member, ModelEntry};
 use super::{Form, Kernel, WARP_LANES};
 use linnet_ir::dim::Dim;
 use linnet_ir::{NodeKind, Value};
@@ -51,7 +51,7 @@ pub struct Group {
 
 /// The launch groups of `entry`, whose nodes' kernels are `kernels` (in
 /// `form`) and whose hoisted nodes `hoisted` marks.
-pub fn groups(entry: Program<'_>, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Form) -> Vec<Group> {
+pub fn groups(entry: ModelEntry<'_>, kernels: &[Vec<Kernel>], hoisted: &[bool], form: Form) -> Vec<Group> {
     let mut groups = Vec::new();
     let mut members: Vec<usize> = Vec::new();
     let mut table: Vec<Dim> = Vec::new();
@@ -91,7 +91,7 @@ pub fn groups(entry: Program<'_>, kernels: &[Vec<Kernel>], hoisted: &[bool], for
 }
 
 /// The group of `members` sharing dims table `table`: its dispatch.
-fn group(entry: Program<'_>, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<Dim>, form: Form) -> Group {
+fn group(entry: ModelEntry<'_>, kernels: &[Vec<Kernel>], members: &[usize], table: Vec<Dim>, form: Form) -> Group {
     let first = members[0];
     let mut e = Emitter::new(entry, first, 0, form).with_dims(table);
     let member_kernels: Vec<&Kernel> = members.iter().map(|&member| &kernels[member][0]).collect();
@@ -201,7 +201,7 @@ pub fn roles<'g>(members: impl Iterator<Item = &'g [usize]>) -> HashMap<usize, R
 #[cfg(test)]
 mod tests {
     use super::{groups, Group};
-    use crate::{node_kernels, Form, Program};
+    use crate::{node_kernels, Form, ModelEntry};
     use linnet_ir::dim::Dim;
     use linnet_ir::CmpOp;
     use linnet_ir::Dtype;
@@ -263,8 +263,8 @@ mod tests {
         std::sync::LazyLock::new(|| [Param { path: "w".into(), shape: vec![4], dtype: Dtype::F32, storage: None }]);
 
     /// `entry` as its kernels are written from it.
-    fn program(entry: &Entry) -> Program<'_> {
-        Program { entry, params: &*PARAMS }
+    fn program(entry: &Entry) -> ModelEntry<'_> {
+        ModelEntry { entry, params: &*PARAMS }
     }
 
     fn grouped(entry: &Entry) -> Vec<Group> {

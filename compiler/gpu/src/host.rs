@@ -84,7 +84,7 @@ impl Descriptor {
 fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Compiled, BuildError> {
     let entry = &model.entries[entry_number];
     let failed = |node: Option<usize>, message: String| BuildError::new("mlir-host", entry, node, message);
-    let program = super::Program { entry, params: &model.params };
+    let program = super::ModelEntry { entry, params: &model.params };
     let kernels = super::entry_kernels(program, Form::Host, "mlir-host")?;
     let groups = super::groups(program, &kernels, &analysis.hoistable, Form::Host);
     let roles = super::roles(groups.iter().map(|group| group.members.as_slice()));

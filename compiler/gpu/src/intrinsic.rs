@@ -10,7 +10,7 @@
 //!   [`Fault::OutsideCache`]; after a node of the call raised a fault,
 //!   nothing is written.
 
-use super::emit::{Emitter, Fault, Form, Kernel, Program, Unsupported, WARP_LANES};
+use super::emit::{Emitter, Fault, Form, Kernel, ModelEntry, Unsupported, WARP_LANES};
 use linnet_ir::dim::Dim;
 use linnet_ir::Dtype;
 use linnet_ir::{Intrinsic, NodeKind, Value};
@@ -18,7 +18,7 @@ use linnet_ir::{Intrinsic, NodeKind, Value};
 /// The kernels of intrinsic node `at` of `entry`, in launch order. A cache
 /// write's kernel takes the cache as its output and the other arguments as
 /// its loads; every other intrinsic's, all its arguments.
-pub fn intrinsic_kernels(entry: Program<'_>, at: usize, form: Form) -> Result<Vec<Kernel>, Unsupported> {
+pub fn intrinsic_kernels(entry: ModelEntry<'_>, at: usize, form: Form) -> Result<Vec<Kernel>, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Intrinsic(intrinsic, args) = &node.kind else {
         return Err(Unsupported("not an intrinsic node".into()));
@@ -52,7 +52,7 @@ pub fn intrinsic_kernels(entry: Program<'_>, at: usize, form: Form) -> Result<Ve
 
 /// An intrinsic's arguments: their shapes and types.
 pub(super) struct Operands<'e> {
-    pub(super) entry: Program<'e>,
+    pub(super) entry: ModelEntry<'e>,
     pub(super) args: &'e [Value],
 }
 

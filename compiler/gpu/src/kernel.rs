@@ -13,7 +13,7 @@
 //! with the language's Euclidean division. The same body runs on the host
 //! (MLIR's CPU lowering) or as PTX.
 
-use super::emit::{register, Check, Combine, Emitter, Form, Kernel, Program, Unsupported, WARP_LANES};
+use super::emit::{register, Check, Combine, Emitter, Form, Kernel, ModelEntry, Unsupported, WARP_LANES};
 use linnet_ir::invariant::{invariants, Invariant};
 use linnet_ir::CmpOp;
 use linnet_ir::Dtype;
@@ -329,7 +329,7 @@ fn integer_predicate(cmp: CmpOp) -> &'static str {
 /// element, or, where its expression reduces along other axes than its
 /// last (a norm's sum of squares, a softmax's sum), a warp per row
 /// ([`row_kernel`]).
-pub fn kernel(entry: Program<'_>, at: usize, form: Form) -> Result<Kernel, Unsupported> {
+pub fn kernel(entry: ModelEntry<'_>, at: usize, form: Form) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let NodeKind::Compute(scalar) = &node.kind else { return Err(Unsupported("not a compute node".into())) };
     let rank = node.shape.len() as u32;
@@ -358,7 +358,7 @@ fn lane_reductions<'s>(scalar: &'s Scalar, out: &mut Vec<&'s Scalar>) {
 }
 
 /// One work item per element of the node.
-fn element_kernel(entry: Program<'_>, at: usize, form: Form, scalar: &Scalar) -> Result<Kernel, Unsupported> {
+fn element_kernel(entry: ModelEntry<'_>, at: usize, form: Form, scalar: &Scalar) -> Result<Kernel, Unsupported> {
     let node = &entry.nodes[at];
     let mut emitter = Emitter::new(entry, at, 0, form);
     let sizes: Vec<String> = node.shape.iter().map(|dim| emitter.dim_index(dim)).collect();
@@ -384,7 +384,7 @@ fn element_kernel(entry: Program<'_>, at: usize, form: Form, scalar: &Scalar) ->
 /// every 32nd position of the last axis from its own. A row's reduction
 /// is computed once instead of once per element, by 32 threads.
 fn row_kernel(
-    entry: Program<'_>,
+    entry: ModelEntry<'_>,
     at: usize,
     form: Form,
     scalar: &Scalar,

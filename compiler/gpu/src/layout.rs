@@ -9,7 +9,7 @@ use linnet_ir::Dtype;
 
 /// A value as its kernel stores it: little-endian elements of its dtype
 /// (bf16 and f16 as bits, bool as one byte); a quantized parameter's
-/// blocks as they are (`decode` reads them).
+/// blocks as they are (`dequant` reads them).
 pub fn stored(tensor: &Tensor, dtype: Dtype) -> Result<Vec<u8>, GpuError> {
     if let Data::Blocks(_, blocks) = &tensor.data {
         return Ok(blocks.to_vec());

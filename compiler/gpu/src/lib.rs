@@ -16,8 +16,8 @@ mod attention;
 mod contraction;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod decode;
 mod delta;
+mod dequant;
 mod emit;
 mod group;
 #[cfg(feature = "nvptx")]
@@ -36,7 +36,9 @@ use linnet_exec::BuildError;
 use linnet_ir::Model;
 use linnet_ir::NodeKind;
 
-pub use emit::{Check, Fault, Form, Kernel, Member, Program, Scratch, Unsupported, FAULT_SLOTS, THREADS, WARP_LANES};
+pub use emit::{
+    Check, Fault, Form, Kernel, Member, ModelEntry, Scratch, Unsupported, FAULT_SLOTS, THREADS, WARP_LANES,
+};
 #[cfg(any(feature = "nvptx", feature = "cuda"))]
 use emit::{CHECK_SLOT, OWNER_SLOT, REQUEST_SLOT};
 pub use group::{groups, roles, Group, Role};
@@ -60,7 +62,7 @@ pub enum GpuError {
 /// The kernels of node `at` of `entry`, in launch order (most nodes take
 /// one), if it is a `Compute` node or an intrinsic (other nodes move
 /// values and need none).
-pub fn node_kernels(entry: Program<'_>, at: usize, form: Form) -> Option<Result<Vec<Kernel>, Unsupported>> {
+pub fn node_kernels(entry: ModelEntry<'_>, at: usize, form: Form) -> Option<Result<Vec<Kernel>, Unsupported>> {
     match &entry.nodes[at].kind {
         NodeKind::Compute(_) => Some(match linnet_ir::contraction::of(&entry, at) {
             Some(contraction) => contraction::contraction_kernels(entry, at, form, &contraction),
@@ -86,7 +88,7 @@ pub fn default_libdevice() -> std::path::PathBuf {
 /// backend `backend` to run: a node with no kernel, or of a type the
 /// kernels' buffers do not hold (f16), is an error.
 #[cfg(feature = "nvptx")]
-fn entry_kernels(entry: Program<'_>, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
+fn entry_kernels(entry: ModelEntry<'_>, form: Form, backend: &'static str) -> Result<Vec<Vec<Kernel>>, BuildError> {
     let mut kernels = Vec::with_capacity(entry.nodes.len());
     for (at, node) in entry.nodes.iter().enumerate() {
         let node_kernels = node_kernels(entry, at, form)
@@ -151,7 +153,7 @@ pub fn build(model: &Model, arch: &str, libdevice: Option<&std::path::Path>) -> 
     let mut missing = Vec::new();
     let mut modules = Vec::new();
     for entry in &model.entries {
-        let program = Program { entry, params: &model.params };
+        let program = ModelEntry { entry, params: &model.params };
         let mut kernels = Vec::with_capacity(entry.nodes.len());
         for at in 0..entry.nodes.len() {
             kernels.push(match node_kernels(program, at, Form::Device) {

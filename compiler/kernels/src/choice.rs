@@ -4,7 +4,7 @@
 //! storage, the instruction set and the count of rows that the products
 //! (`matmul`) and their tests both ask.
 
-use super::decode::DOT_ROWS;
+use super::dequant::DOT_ROWS;
 use super::isa::Isa;
 use super::matrix::Matrix;
 use super::{amx, byte_tiles, int8};

@@ -22,7 +22,7 @@
 //! VNNI, `vpdpwssd` adds the scaled pairs), and the portable loops, which
 //! the tests hold the vector code to.
 
-use super::decode::{prefetch_ahead, two_streams, DOT_ROWS};
+use super::dequant::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::isa::Isa;
 use linnet_ir::quant::{self, BlockFormat};
 
@@ -574,11 +574,11 @@ mod x86 {
         type Ints = __m256i;
         type Floats = __m256;
 
-        /// Widened by F16C (`decode::half_at`).
+        /// Widened by F16C (`dequant::half_at`).
         #[inline(always)]
         unsafe fn half(block: *const u8, at: usize) -> f32 {
             // SAFETY: as the caller promises, on a CPU with F16C.
-            unsafe { crate::decode::half_at(block, at) }
+            unsafe { crate::dequant::half_at(block, at) }
         }
 
         #[inline(always)]

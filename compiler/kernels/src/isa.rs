@@ -68,7 +68,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             // The AVX-512 kernels use BW's 16-bit widening as well as F;
-            // the block decoders widen halves with F16C (`decode`).
+            // the block decoders widen halves with F16C (`dequant`).
             let f16c = std::arch::is_x86_feature_detected!("f16c");
             let avx512 = std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")

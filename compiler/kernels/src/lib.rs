@@ -4,7 +4,7 @@
 //!
 //! - instruction sets: `isa` (what this CPU has, chosen at run time),
 //!   `simd` (the f32 lanes every kernel is written in), `amx` (AMX tiles);
-//! - weight storages: `matrix` (a contraction's operands), `decode` (block
+//! - weight storages: `matrix` (a contraction's operands), `dequant` (block
 //!   formats decoded into lanes), `int8` (integer products over quantized
 //!   inputs), `panels` (VNNI panels), `byte_tiles` (AMX byte tiles);
 //! - `choice`: the one table of what each format is multiplied with and
@@ -40,7 +40,7 @@ macro_rules! for_rows {
 mod amx;
 mod byte_tiles;
 pub mod choice;
-mod decode;
+mod dequant;
 pub mod expf;
 mod int8;
 pub mod intrinsics;

@@ -22,7 +22,7 @@ use super::choice::{choose, Product, Storage};
 use super::isa::Isa;
 use super::matrix::{Matrix, Rows, Weight};
 use super::simd::{Lanes, OneLane};
-use super::{amx, byte_tiles, decode, int8, panels, threads};
+use super::{amx, byte_tiles, dequant, int8, panels, threads};
 use linnet_ir::quant::BlockFormat;
 
 /// Weight bytes the kernel was given, over the process's life.
@@ -192,7 +192,7 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
     let converts = groups.iter().any(|(rows, weight)| {
         let count = rows.inputs.len();
         let product = choose(isa, Storage::of(weight), count, depth);
-        product.converts_to_bf16() || (product.quantizes() && count > decode::DOT_ROWS)
+        product.converts_to_bf16() || (product.quantizes() && count > dequant::DOT_ROWS)
     });
     let plans: Vec<Prepared> =
         if converts { threads::map(groups.len(), &plan) } else { (0..groups.len()).map(plan).collect() };
@@ -293,12 +293,12 @@ unsafe fn decoded_columns(
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
     let count = rows.inputs.len();
-    if count <= decode::DOT_ROWS && decode::dots_on(isa) {
+    if count <= dequant::DOT_ROWS && dequant::dots_on(isa) {
         // A decode step's few rows: each weight row's values go from the
         // registers they are decoded in straight into the rows' sums.
         // SAFETY: as the caller promises: `depth` values per input row,
         // room for the range's columns in each output row, no other writer.
-        return unsafe { decode::dot_columns(isa, format, blocks, row_bytes, &rows.inputs, &rows.outs, range) };
+        return unsafe { dequant::dot_columns(isa, format, blocks, row_bytes, &rows.inputs, &rows.outs, range) };
     }
     DECODED.with_borrow_mut(|decoded| {
         decoded.resize(DECODED_ROWS * depth, 0.0);
@@ -306,7 +306,7 @@ unsafe fn decoded_columns(
         while first < range.end {
             let end = (first + DECODED_ROWS).min(range.end);
             for (n, out) in (first..end).zip(decoded.chunks_exact_mut(depth.max(1))) {
-                decode::row(isa, format, &blocks[n * row_bytes..(n + 1) * row_bytes], out);
+                dequant::row(isa, format, &blocks[n * row_bytes..(n + 1) * row_bytes], out);
             }
             // SAFETY: as the caller promises; weight row `n` of the
             // decoded rows is column `first + n`.
@@ -342,7 +342,7 @@ unsafe fn rounded_columns(
             let end = (first + at_a_time).min(range.end);
             for (n, out) in (first..end).zip(rounded.chunks_exact_mut(stride.max(1))) {
                 let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
-                decode::row_bf16(Isa::Avx512Bf16, format, row, &mut out[..depth]);
+                dequant::row_bf16(Isa::Avx512Bf16, format, row, &mut out[..depth]);
             }
             let weight = &rounded[..(end - first) * stride];
             // SAFETY: as the caller promises; weight row `n` of the
@@ -797,7 +797,7 @@ mod tests {
     /// weights, on every instruction set, for every format: bit for bit
     /// where rows are decoded and multiplied (many rows, the threads too),
     /// within the bound on f32 dot products where a few rows take the
-    /// values from registers (`decode::dot_columns`), its magnitudes
+    /// values from registers (`dequant::dot_columns`), its magnitudes
     /// counting Q4_K's steps and offsets apart (`docs/language.md`).
     #[test]
     fn blocks_give_what_their_values_give() {
@@ -828,7 +828,7 @@ mod tests {
                     matmul_on(f32_isa, &input, values.as_slice(), &mut from_values, rows);
                     for (at, (ours, decoded)) in from_blocks.iter().zip(&from_values).enumerate() {
                         let what = format!("{format} on {isa:?}, {rows} rows of {depth}, output {at}");
-                        if rows > crate::decode::DOT_ROWS || !crate::decode::dots_on(isa) {
+                        if rows > crate::dequant::DOT_ROWS || !crate::dequant::dots_on(isa) {
                             assert_eq!(ours.to_bits(), decoded.to_bits(), "{what}");
                         } else {
                             let (m, n) = (at / columns, at % columns);

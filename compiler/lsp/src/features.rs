@@ -23,22 +23,22 @@ fn innermost<T>(recorded: &[(Span, T)], file: FileId, offset: usize) -> Option<&
 
 /// The smallest recorded span around `offset`, with its type.
 pub fn type_at(checked: &Checked, file: FileId, offset: usize) -> Option<(Span, &Ty)> {
-    innermost(&checked.analysis.types, file, offset).map(|(span, ty)| (*span, ty))
+    innermost(&checked.index.types, file, offset).map(|(span, ty)| (*span, ty))
 }
 
 /// The declaration of the name at `offset`, if it names one.
 pub fn definition_at(checked: &Checked, file: FileId, offset: usize) -> Option<Span> {
-    innermost(&checked.analysis.definitions, file, offset).map(|(_, declared)| *declared)
+    innermost(&checked.index.definitions, file, offset).map(|(_, declared)| *declared)
 }
 
 /// Every use of the declaration at or named at `offset`, and the
 /// declaration itself first.
 pub fn references_at(checked: &Checked, file: FileId, offset: usize) -> Vec<Span> {
     let declared = definition_at(checked, file, offset)
-        .or_else(|| checked.analysis.definitions.iter().map(|(_, d)| *d).find(|d| contains(*d, file, offset)));
+        .or_else(|| checked.index.definitions.iter().map(|(_, d)| *d).find(|d| contains(*d, file, offset)));
     let Some(declared) = declared else { return Vec::new() };
     let mut spans = vec![declared];
-    spans.extend(checked.analysis.definitions.iter().filter(|(_, d)| *d == declared).map(|(used, _)| *used));
+    spans.extend(checked.index.definitions.iter().filter(|(_, d)| *d == declared).map(|(used, _)| *used));
     spans.dedup();
     spans
 }

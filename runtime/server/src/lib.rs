@@ -1,5 +1,5 @@
 //! `linnet serve`: an OpenAI-compatible HTTP server (axum on tokio) with
-//! continuous batching through the model's own entries (`schedule`).
+//! continuous batching through the model's own entries (`batching`).
 //! `request` reads what a client asks for, `metrics` counts what was done,
 //! `prefix` keeps what prompts left in their rows for the prompts after.
 //! Routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models` and
@@ -10,14 +10,14 @@
 // a request is refused.
 #![allow(clippy::result_large_err)]
 
+mod batching;
 mod metrics;
 mod prefix;
 mod reasoning;
 mod request;
-mod schedule;
 mod tools;
 
-pub use schedule::{limits, schedule, Job, Limits, Load, Update};
+pub use batching::{limits, run_batches, Job, Limits, Load, Update};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request as HttpRequest, State};
@@ -683,7 +683,7 @@ pub fn serve(
         let (Loaded { machine, text, .. }, limits) = loaded;
         let _ = ready.send(Ok((limits.clone(), text)));
         let cache = prefix::PrefixCache::new(cache_bytes, cache_block);
-        schedule(machine, limits, receiver, &scheduler_load, cache);
+        run_batches(machine, limits, receiver, &scheduler_load, cache);
     });
     let (limits, text) = started.recv().map_err(|_| ServeError::ModelThread)??;
     let capacity = limits.rows + options.queue;

@@ -4,7 +4,7 @@
 //! hits, tokens and bytes, and the time to the first token and per output
 //! token as histograms.
 
-use super::schedule::Load;
+use super::batching::Load;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -3,7 +3,7 @@
 //! OpenAI's ranges, and what is refused by name. Nothing here runs the
 //! model; a refusal is the HTTP response that says why.
 
-use super::schedule::{Job, Update};
+use super::batching::{Job, Update};
 use super::{bad, error, Served};
 use axum::http::StatusCode;
 use axum::response::Response;

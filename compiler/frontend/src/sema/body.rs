@@ -53,7 +53,7 @@ pub struct BodyChecker<'p, 'a> {
     locals: Vec<HashMap<String, Local>>,
     index_frames: Vec<Vec<IndexVar>>,
     pub(super) diagnostics: &'p mut Vec<Diagnostic>,
-    analysis: &'p mut super::Analysis,
+    index: &'p mut super::SourceIndex,
 }
 
 impl<'p, 'a> BodyChecker<'p, 'a> {
@@ -64,7 +64,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         generics: Vec<GenericSig>,
         facts: Facts,
         diagnostics: &'p mut Vec<Diagnostic>,
-        analysis: &'p mut super::Analysis,
+        index: &'p mut super::SourceIndex,
     ) -> Self {
         BodyChecker {
             program,
@@ -75,12 +75,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             locals: vec![HashMap::new()],
             index_frames: Vec::new(),
             diagnostics,
-            analysis,
+            index,
         }
     }
 
     fn define(&mut self, used: Span, declared: Span) {
-        self.analysis.definitions.push((used, declared));
+        self.index.definitions.push((used, declared));
     }
 
     pub(super) fn error(&mut self, diagnostic: Diagnostic) -> Ty {
@@ -89,12 +89,12 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     }
 
     pub fn bind_param(&mut self, name: &str, ty: Ty, span: Span) {
-        self.analysis.types.push((span, ty.clone()));
+        self.index.types.push((span, ty.clone()));
         self.locals[0].insert(name.to_string(), Local { ty, kind: LocalKind::Param, span });
     }
 
     fn bind(&mut self, name: &ast::Ident, ty: Ty, kind: LocalKind) {
-        self.analysis.types.push((name.span, ty.clone()));
+        self.index.types.push((name.span, ty.clone()));
         self.locals.last_mut().expect("a scope").insert(name.name.clone(), Local { ty, kind, span: name.span });
     }
 
@@ -403,7 +403,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
     /// The type of an expression, recorded for editors.
     pub fn check_expr(&mut self, expr: &Expr) -> Ty {
         let ty = self.expr_type(expr);
-        self.analysis.types.push((expr.span, ty.clone()));
+        self.index.types.push((expr.span, ty.clone()));
         ty
     }
 
@@ -651,7 +651,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let mut complete = true;
         for var in frame {
             if let Some(IndexRange::Dim(dim, _)) = &var.range {
-                self.analysis.types.push((var.span, Ty::DimValue(dim.clone())));
+                self.index.types.push((var.span, Ty::DimValue(dim.clone())));
             }
             match var.range {
                 Some(IndexRange::Dim(dim, _)) => axes.push(Axis::Dim(dim)),
@@ -1100,7 +1100,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         let scope = GenericScope { layers: vec![&self.generics] };
         let mut uses = Vec::new();
         explicit.iter().for_each(|arg| super::program::garg_uses(arg, &scope, &mut uses));
-        self.analysis.definitions.extend(uses);
+        self.index.definitions.extend(uses);
         let function = &self.program.fns[fn_id];
         let name = function.name.clone();
         let arg_tys: Vec<(Ty, Span)> = args.iter().map(|arg| (self.check_expr(&arg.value), arg.value.span)).collect();

@@ -4,8 +4,8 @@
 //! over canonical dims ([`dim`]); [`instantiate`] evaluates the clauses with
 //! the model card's generics and checks the bindings.
 
+mod block_bounds;
 pub mod body;
-mod bounds;
 mod builtins;
 pub mod facts;
 pub mod footprint;
@@ -58,7 +58,7 @@ fn assume_all(facts: &mut Facts, clauses: &[Clause]) {
 /// What the checker learned about the source, for editors: the type of
 /// every expression and binding, and where each name is declared.
 #[derive(Default)]
-pub struct Analysis {
+pub struct SourceIndex {
     /// An expression, a binding or an index variable, and its type (an
     /// index variable's is `Ty::DimValue` of its range).
     pub types: Vec<(Span, Ty)>,
@@ -67,12 +67,12 @@ pub struct Analysis {
 }
 
 /// Checks every module of the package, then its instantiation.
-pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
+pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> SourceIndex {
     let program = Program::build(package, diagnostics);
-    let mut analysis = Analysis { types: Vec::new(), definitions: program.definitions.clone() };
+    let mut index = SourceIndex { types: Vec::new(), definitions: program.definitions.clone() };
     for block in &program.blocks {
         for (_, ty, span) in block.params.iter().chain(&block.states) {
-            analysis.types.push((*span, ty.clone()));
+            index.types.push((*span, ty.clone()));
         }
     }
     for block_id in 0..program.blocks.len() {
@@ -82,12 +82,12 @@ pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> Analysis {
         check_alias(&program, alias, diagnostics);
     }
     for fn_id in 0..program.fns.len() {
-        check_fn(&program, fn_id, diagnostics, &mut analysis);
+        check_fn(&program, fn_id, diagnostics, &mut index);
     }
-    check_consts(&program, diagnostics, &mut analysis);
+    check_consts(&program, diagnostics, &mut index);
     let source_is_sound = !diagnostics.iter().any(Diagnostic::is_error);
     instantiate::check(&program, source_is_sound, diagnostics);
-    analysis
+    index
 }
 
 /// Each `sub`'s block must accept its arguments: its `where` clauses must
@@ -106,8 +106,8 @@ fn check_block(program: &Program, block_id: usize, diagnostics: &mut Vec<Diagnos
             ast::Member::Sub { name, args, .. } if name.span == sub.name_span => Some(args.as_slice()),
             _ => None,
         });
-        let site = bounds::Site { facts: &facts, span: sub.span, owner: &owner };
-        bounds::check_instance(program, target, args.unwrap_or_default(), &site, diagnostics);
+        let site = block_bounds::Site { facts: &facts, span: sub.span, owner: &owner };
+        block_bounds::check_instance(program, target, args.unwrap_or_default(), &site, diagnostics);
     }
 }
 
@@ -117,11 +117,11 @@ fn check_alias(program: &Program, alias: &program::AliasSig, diagnostics: &mut V
     let mut facts = Facts::default();
     assume_all(&mut facts, &alias.clauses);
     let owner = format!("`{}`", alias.name);
-    let site = bounds::Site { facts: &facts, span: *span, owner: &owner };
-    bounds::check_instance(program, target, args, &site, diagnostics);
+    let site = block_bounds::Site { facts: &facts, span: *span, owner: &owner };
+    block_bounds::check_instance(program, target, args, &site, diagnostics);
 }
 
-fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
+fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, index: &mut SourceIndex) {
     let function = &program.fns[fn_id];
     let decl = function.decl;
     if function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait) {
@@ -177,15 +177,14 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     }
     assume_all(&mut facts, &function.clauses);
     generics.extend(function.generics.iter().cloned());
-    let mut checker =
-        BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, analysis);
+    let mut checker = BodyChecker::new(program, function.module, function.block, generics, facts, diagnostics, index);
     for (name, ty, span) in &function.params {
         checker.bind_param(name, ty.clone(), *span);
     }
     checker.check_body(body, &function.ret, &decl.name);
 }
 
-fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: &mut Analysis) {
+fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, index: &mut SourceIndex) {
     for (module_index, module) in program.package.modules.iter().enumerate() {
         for item in &module.ast.items {
             let ast::Item::Const(constant) = item else { continue };
@@ -194,7 +193,7 @@ fn check_consts(program: &Program, diagnostics: &mut Vec<Diagnostic>, analysis: 
             };
             let expected = program.consts[*id].ty.clone();
             let mut checker =
-                BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, analysis);
+                BodyChecker::new(program, module_index, None, Vec::new(), Facts::default(), diagnostics, index);
             let found = checker.check_expr(&constant.value);
             let scalar = matches!(&expected, Ty::Tensor(t) if t.axes.is_empty());
             if !scalar && !expected.is_error() {

@@ -130,7 +130,13 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
 }
 
 /// The scheduler loop: runs until every sender of jobs is gone.
-pub fn schedule(mut machine: Machine, limits: Limits, jobs: mpsc::Receiver<Job>, load: &Load, mut cache: PrefixCache) {
+pub fn run_batches(
+    mut machine: Machine,
+    limits: Limits,
+    jobs: mpsc::Receiver<Job>,
+    load: &Load,
+    mut cache: PrefixCache,
+) {
     let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
