@@ -22,12 +22,14 @@ CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
     cargo build --release --locked -p linnet --features cuda --bin linnet --target-dir target/gpu-check
 gzip -9 -c target/gpu-check/release/linnet > "$out/linnet.gz"
 
-# NAME, then linnetc's options: the artifact, its PTX beside it.
+# NAME, then linnetc's options: the artifact with its PTX section (its CPU
+# section's object file is left here: the device runs only the PTX, and the
+# manifest checks a section's file only when that section is loaded).
 artifact() {
     local name=$1
     shift
-    target/release/linnetc build models/qwen3.6-35b-a3b "$@" -o "$out/artifacts/$name"
-    target/release/linnetc build models/qwen3.6-35b-a3b "$@" --target nvptx --gpu-arch sm_90 -o "$out/artifacts/$name" 2>&1 | tee "$out/artifacts/$name/ptx.txt"
+    target/release/linnetc build models/qwen3.6-35b-a3b "$@" --target nvptx --gpu-arch sm_90 -o "$out/artifacts/$name" 2>&1 | tee "$out/ptx-$name.txt"
+    mv "$out/ptx-$name.txt" "$out/artifacts/$name/ptx.txt"
     rm -f "$out/artifacts/$name/kernels.o"
     gzip -9 -r "$out/artifacts/$name"
 }

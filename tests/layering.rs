@@ -177,14 +177,10 @@ fn the_graph_sees_what_the_cli_reaches() {
     }
 }
 
-/// The IR is a leaf below the language: it names no module of the
-/// standard library (which of its functions run as kernels is the
-/// frontend's `lower/library.rs`).
-#[test]
-fn the_ir_names_no_module_of_the_standard_library() {
-    let source = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../compiler/ir/src"));
-    let mut folders = vec![source.to_path_buf()];
-    let mut read = 0;
+/// Every Rust file under `dir`, with its text.
+fn rust_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut files = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
     while let Some(folder) = folders.pop() {
         for entry in std::fs::read_dir(&folder).unwrap() {
             let path = entry.unwrap().path();
@@ -192,11 +188,24 @@ fn the_ir_names_no_module_of_the_standard_library() {
                 folders.push(path);
             } else if path.extension().is_some_and(|extension| extension == "rs") {
                 let text = std::fs::read_to_string(&path).unwrap();
-                assert!(!text.contains("\"std.nn"), "{} names a module of the standard library", path.display());
-                read += 1;
+                files.push((path, text));
             }
         }
     }
+    files
+}
+
+/// The IR is a leaf below the language: it names no module of the
+/// standard library (which of its functions run as kernels is the
+/// frontend's `lower/library.rs`).
+#[test]
+fn the_ir_names_no_module_of_the_standard_library() {
+    let source = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../compiler/ir/src"));
+    let files = rust_files(source);
+    for (path, text) in &files {
+        assert!(!text.contains("\"std.nn"), "{} names a module of the standard library", path.display());
+    }
+    let read = files.len();
     assert!(read > 10, "read only {read} files of the IR crate");
 }
 
@@ -289,39 +298,30 @@ fn the_cpu_kernels_import_no_file_in_a_loop() {
 fn uncontracted_unsafe_fns(dir: &std::path::Path) -> Vec<String> {
     let indent = |line: &str| line.len() - line.trim_start().len();
     let mut missing = Vec::new();
-    let mut folders = vec![dir.to_path_buf()];
-    while let Some(folder) = folders.pop() {
-        for entry in std::fs::read_dir(&folder).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
+    for (path, text) in rust_files(dir) {
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            if !line.contains("unsafe fn ") || line.trim_start().starts_with("//") {
                 continue;
             }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let lines: Vec<&str> = text.lines().collect();
-            for (at, line) in lines.iter().enumerate() {
-                if !line.contains("unsafe fn ") || line.trim_start().starts_with("//") {
-                    continue;
-                }
-                let above = lines[..at].iter().rev().take_while(|l| {
-                    let l = l.trim_start();
-                    l.starts_with("///") || l.starts_with("#[")
-                });
-                if above.clone().any(|l| l.contains("# Safety")) {
-                    continue;
-                }
-                let owner = lines[..at].iter().rev().find(|l| {
-                    let t = l.trim_start();
-                    !t.is_empty() && !t.starts_with("//") && !t.starts_with('#') && indent(l) < indent(line)
-                });
-                let in_trait = owner.is_some_and(|owner| {
-                    let owner = owner.trim_start().trim_start_matches("pub(crate) ").trim_start_matches("pub ");
-                    let owner = owner.trim_start_matches("unsafe ");
-                    owner.starts_with("trait ") || (owner.starts_with("impl") && owner.contains(" for "))
-                });
-                if !in_trait {
-                    missing.push(format!("{}:{}", path.display(), at + 1));
-                }
+            let above = lines[..at].iter().rev().take_while(|l| {
+                let l = l.trim_start();
+                l.starts_with("///") || l.starts_with("#[")
+            });
+            if above.clone().any(|l| l.contains("# Safety")) {
+                continue;
+            }
+            let owner = lines[..at].iter().rev().find(|l| {
+                let t = l.trim_start();
+                !t.is_empty() && !t.starts_with("//") && !t.starts_with('#') && indent(l) < indent(line)
+            });
+            let in_trait = owner.is_some_and(|owner| {
+                let owner = owner.trim_start().trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+                let owner = owner.trim_start_matches("unsafe ");
+                owner.starts_with("trait ") || (owner.starts_with("impl") && owner.contains(" for "))
+            });
+            if !in_trait {
+                missing.push(format!("{}:{}", path.display(), at + 1));
             }
         }
     }
@@ -338,9 +338,7 @@ fn every_unsafe_fn_of_the_cpu_crates_states_its_contract() {
         assert!(missing.is_empty(), "unsafe fns without `# Safety`:\n{}", missing.join("\n"));
     }
     let mut unexplained = Vec::new();
-    for entry in std::fs::read_dir(root.join("kernels/src")).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
+    for (path, text) in rust_files(&root.join("kernels/src")) {
         let lines: Vec<&str> = text.lines().collect();
         for (at, line) in lines.iter().enumerate() {
             let opens = line.contains("unsafe {") && !line.trim_start().starts_with("//");
@@ -405,19 +403,10 @@ fn no_library_returns_a_string_as_its_error() {
     ];
     let mut found = Vec::new();
     for library in libraries {
-        let mut folders = vec![root.join(library)];
-        while let Some(folder) = folders.pop() {
-            for entry in std::fs::read_dir(&folder).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    folders.push(path);
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                for (at, line) in text.lines().enumerate() {
-                    if results_a_string(line) {
-                        found.push(format!("{}:{}: {}", path.display(), at + 1, line.trim()));
-                    }
+        for (path, text) in rust_files(&root.join(library)) {
+            for (at, line) in text.lines().enumerate() {
+                if results_a_string(line) {
+                    found.push(format!("{}:{}: {}", path.display(), at + 1, line.trim()));
                 }
             }
         }

@@ -18,11 +18,10 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::analysis::Analysis;
 use linnet_ir::Dtype;
 use linnet_ir::{Intrinsic, Model};
-use std::path::PathBuf;
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
+
+use common::root;
 
 /// The oracle model of `config` lowered with `lowering`, and its weights.
 fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) {
@@ -48,13 +47,7 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
 
 fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::BackendKind) -> Machine {
     let (model, params) = model(config, dtype, lowering);
-    match backend {
-        linnet_runtime::BackendKind::Interp => linnet_exec::interp::machine(model, params),
-        linnet_runtime::BackendKind::Cpu => {
-            linnet_cranelift::jit_machine(model, params, Elementwise::default()).unwrap_or_else(|e| panic!("{e}"))
-        }
-        other => panic!("these checks compare the interpreter and the CPU backend, not {other:?}"),
-    }
+    common::machine_on(backend, model, params)
 }
 
 /// Every output of `outputs` within the contract of the reference's.
@@ -116,25 +109,54 @@ fn kernels_equal_the_bodies_they_replace() {
     }
 }
 
-use linnet_runtime::BackendKind::{Cpu as OnCpu, Interp};
+use linnet_runtime::BackendKind::{self, Interp};
 
-/// Native code from Cranelift meets the contract against the interpreter
-/// through every entry path, f32 and bf16.
-#[test]
-fn the_cpu_backend_meets_the_contract() {
+/// Compiled code meets the contract against the interpreter through every
+/// entry path, f32 and bf16.
+fn meets_the_contract(backend: BackendKind) {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let started = std::time::Instant::now();
-        let native = script(&mut machine(config, dtype, Lowering::default(), OnCpu));
-        let native_time = started.elapsed();
+        let compiled = script(&mut machine(config, dtype, Lowering::default(), backend));
+        let compiled_time = started.elapsed();
         let started = std::time::Instant::now();
         let reference = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        let worst = within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype}: {e}"));
+        let worst = within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{config} {dtype}: {e}"));
         eprintln!(
-            "{config} {dtype}: cpu {native_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale",
+            "{config} {dtype}: {backend:?} {compiled_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale",
             started.elapsed()
         );
     }
 }
+
+/// Fused code (values inlined into their consumers) compiled meets the
+/// contract against the unfused model on the interpreter.
+fn fused_code_meets_the_contract(backend: BackendKind) {
+    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+        let unfused = Lowering { optimize: false, ..Lowering::default() };
+        let reference = script(&mut machine(config, dtype, unfused, Interp));
+        let compiled = script(&mut machine(config, dtype, Lowering::default(), backend));
+        within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{config} {dtype} fused on {backend:?}: {e}"));
+    }
+}
+
+/// The suite, once per compiled backend.
+macro_rules! conformance {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            #[test]
+            fn meets_the_contract() {
+                super::meets_the_contract($backend);
+            }
+
+            #[test]
+            fn fused_code_meets_the_contract() {
+                super::fused_code_meets_the_contract($backend);
+            }
+        }
+    };
+}
+
+common::for_each_compiled_backend!(conformance);
 
 /// The router's ranks, written out pair by pair in the seed, are recognized
 /// (`ir::ranking`) in every entry that routes, once per expert layer, so
@@ -152,11 +174,11 @@ fn the_routers_ranks_are_recognized() {
     }
 }
 
-/// Values inlined into their consumers give the results they gave stored:
-/// bit for bit on the interpreter, within the contract on the CPU; and
-/// the fused model has fewer nodes.
+/// Values inlined into their consumers give the results they gave stored,
+/// bit for bit on the interpreter (compiled backends: the suite above);
+/// and the fused model has fewer nodes.
 #[test]
-fn fusion_changes_no_result() {
+fn fusion_changes_no_result_on_the_interpreter() {
     for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
         let unfused = Lowering { optimize: false, ..Lowering::default() };
         let (fused_nodes, unfused_nodes) = (
@@ -170,8 +192,6 @@ fn fusion_changes_no_result() {
         let reference = script(&mut machine(config, dtype, unfused, Interp));
         let fused = script(&mut machine(config, dtype, Lowering::default(), Interp));
         assert_equal_outputs(&fused, &reference, &format!("{config} {dtype} on the interpreter"));
-        let native = script(&mut machine(config, dtype, Lowering::default(), OnCpu));
-        within_contract(&reference, &native).unwrap_or_else(|e| panic!("{config} {dtype} fused on the cpu: {e}"));
     }
 }
 

@@ -7,17 +7,17 @@
 //! with it, and as native code. The interpreter's two runs agree bit for
 //! bit; native code meets the numerics contract (`tolerance`).
 
-use linnet_cranelift::Elementwise;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_frontend::lower::Lowering;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
 use linnet_runtime::sampling::Rng;
+use linnet_runtime::BackendKind;
 use std::path::PathBuf;
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+mod common;
+
+use common::{machine_on, root};
 
 struct Program {
     rng: Rng,
@@ -117,8 +117,9 @@ impl Program {
     }
 }
 
-fn package(seed: u64, source: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("linnet-programs-{}-{seed}", std::process::id()));
+/// Program `seed`'s package, in a folder of its own for `backend`'s run.
+fn package(seed: u64, source: &str, backend: BackendKind) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("linnet-programs-{}-{backend:?}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::write(dir.join("linnet.toml"), "[package]\nname = \"fuzz\"\nversion = \"0.1.0\"\nlanguage = \"0.1\"\n")
@@ -140,12 +141,13 @@ fn same(a: &Tensor, b: &Tensor) -> bool {
     }
 }
 
-#[test]
-fn random_linnet_programs_agree_everywhere() {
+/// Each of 200 random programs: fused and unfused alike on the
+/// interpreter, bit for bit, and within the contract compiled.
+fn random_linnet_programs_agree_everywhere(backend: BackendKind) {
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     for seed in 0..200u64 {
         let source = Program::source(seed);
-        let dir = package(seed, &source);
+        let dir = package(seed, &source, backend);
         let model = |lowering: Lowering| {
             let (model, _) =
                 linnet_frontend::driver::lower_package_with(&dir, &options, lowering).unwrap_or_else(|checked| {
@@ -180,9 +182,7 @@ fn random_linnet_programs_agree_everywhere() {
             .remove(0);
         let fused = reference_machine(Lowering::default()).call("run", inputs.clone()).unwrap().remove(0);
         let (fused_model, params) = model(Lowering::default());
-        let mut cpu = linnet_cranelift::jit_machine(fused_model, params, Elementwise::default())
-            .unwrap_or_else(|e| panic!("program {seed}: {e}"));
-        let native = cpu.call("run", inputs).unwrap().remove(0);
+        let native = machine_on(backend, fused_model, params).call("run", inputs).unwrap().remove(0);
         assert!(same(&fused, &reference), "program {seed}: fusion changed the result\n{source}");
         if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &native) {
             panic!("program {seed}: native code breaks the contract: {mismatch}\n{source}");
@@ -194,12 +194,11 @@ fn random_linnet_programs_agree_everywhere() {
 /// Literals fold as the program computes at run time (`numerics`):
 /// integers in i64 with Euclidean division and remainder, by zero giving
 /// 0, so a literal `5 / 0` checks, lowers and runs on both backends.
-#[test]
-fn integer_literals_fold_as_the_runtime_divides() {
+fn integer_literals_fold_as_the_runtime_divides(backend: BackendKind) {
     let source = "module fuzz\n\npub block Prog<H: Dim, T: Float>\nwhere\n    H > 1\n{\n    param w: Tensor[H, H; T]\n    param v: Tensor[H; T]\n\n    \
                   pub entry run<N: Dim>(x: Tensor[N, H; f32], idx: Tensor[N; i32]) -> Tensor[N; i32]\n    where N > 0 {\n        \
                   let folded[n] = idx[n] * (7 / 2) + (0 - 7) / 2 + 5 / 0 + (0 - 7) % 3 + 9 % 0\n        return folded\n    }\n}\n";
-    let dir = package(9_000, source);
+    let dir = package(9_000, source, backend);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|_| panic!("lowers"));
@@ -212,11 +211,7 @@ fn integer_literals_fold_as_the_runtime_divides() {
         .call("run", vec![x.clone(), idx.clone()])
         .unwrap()
         .remove(0);
-    let native = linnet_cranelift::jit_machine(model, params, Elementwise::default())
-        .unwrap()
-        .call("run", vec![x, idx])
-        .unwrap()
-        .remove(0);
+    let native = machine_on(backend, model, params).call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -224,8 +219,7 @@ fn integer_literals_fold_as_the_runtime_divides() {
 /// A reduction to a scalar lowers as an index definition without indices,
 /// and an assertion names the block instance it failed in: the check of a
 /// sub in an array says which element, on the interpreter and natively.
-#[test]
-fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
+fn a_scalar_reduction_and_an_assertion_that_names_its_instance(backend: BackendKind) {
     let source = "module fuzz\n\nblock Check<H: Dim, T: Float> {\n    param v: Tensor[H; T]\n\n    \
                   pub fn total<N: Dim>(x: Tensor[N, H; f32]) -> f32 {\n        \
                   let sum_all = sum[n] sum[h] x[n, h] * cast<f32>(v[h])\n        \
@@ -233,7 +227,7 @@ fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
                   pub block Prog<H: Dim, T: Float> {\n    sub checks: [Check<H, T>; 2]\n\n    \
                   pub entry run<N: Dim>(x: Tensor[N, H; f32]) -> f32 {\n        var total = cast<f32>(0.0)\n        \
                   static for check in checks {\n            total = total + check.total(x)\n        }\n        return total\n    }\n}\n";
-    let dir = package(9_002, source);
+    let dir = package(9_002, source, backend);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|checked| panic!("lowers: {:?}", checked.diagnostics));
@@ -243,7 +237,7 @@ fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
     let small = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![0.5; 16]);
     let large = Tensor::from_f32(Dtype::F32, vec![2, 8], vec![10.0; 16]);
     let mut interpreted = linnet_exec::interp::machine(model.clone(), params.clone());
-    let mut native = linnet_cranelift::jit_machine(model, params, Elementwise::default()).unwrap();
+    let mut native = machine_on(backend, model, params);
     let sum = Tensor::from_f32(Dtype::F32, vec![], vec![16.0]);
     assert_eq!(interpreted.call("run", vec![small.clone()]).unwrap().remove(0), sum);
     assert_eq!(native.call("run", vec![small]).unwrap().remove(0), sum);
@@ -260,13 +254,12 @@ fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
 /// first of them (it once started at the failing lane's, and stored each
 /// element three positions late). Found by the random programs once views
 /// were read through into such selects.
-#[test]
-fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_lane() {
+fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_lane(backend: BackendKind) {
     let source = "module fuzz\n\npub block Prog<H: Dim, T: Float>\nwhere\n    H > 1\n{\n    param w: Tensor[H, H; T]\n\n    \
                   pub entry run<N: Dim>(x: Tensor[N, H; f32], idx: Tensor[N; i32]) -> Tensor[N, H; f32]\n    where N > 0 {\n        \
                   let a[n, h] = x[n, h] * 2.0\n        \
                   let t[n, h] = x[n, h] * (if h < 7 { a[n, (h - 0) + 1] } else { x[n, 0] })\n        return t\n    }\n}\n";
-    let dir = package(9_001, source);
+    let dir = package(9_001, source, backend);
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
         .unwrap_or_else(|_| panic!("lowers"));
@@ -281,11 +274,36 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
         .call("run", vec![x.clone(), idx.clone()])
         .unwrap()
         .remove(0);
-    let native = linnet_cranelift::jit_machine(model, params, Elementwise::default())
-        .unwrap()
-        .call("run", vec![x, idx])
-        .unwrap()
-        .remove(0);
+    let native = machine_on(backend, model, params).call("run", vec![x, idx]).unwrap().remove(0);
     assert_eq!((interpreted, native), (expected.clone(), expected));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The suite, once per compiled backend.
+macro_rules! programs {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            #[test]
+            fn random_linnet_programs_agree_everywhere() {
+                super::random_linnet_programs_agree_everywhere($backend);
+            }
+
+            #[test]
+            fn integer_literals_fold_as_the_runtime_divides() {
+                super::integer_literals_fold_as_the_runtime_divides($backend);
+            }
+
+            #[test]
+            fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
+                super::a_scalar_reduction_and_an_assertion_that_names_its_instance($backend);
+            }
+
+            #[test]
+            fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_lane() {
+                super::a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_lane($backend);
+            }
+        }
+    };
+}
+
+common::for_each_compiled_backend!(programs);

@@ -6,7 +6,10 @@
 
 pub mod server;
 
+use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_frontend::package::LoadOptions;
+use linnet_ir::Model;
 use linnet_runtime::{BackendKind, Loaded, Weights};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -33,6 +36,37 @@ pub fn load_on(
 pub fn load(package: &Path, options: &LoadOptions, weights: &Weights) -> Result<Loaded, String> {
     load_on(package, options, weights, BackendKind::Interp)
 }
+
+/// `model` with `params` on `backend`, compiled in this process: what a
+/// conformance suite holds to the reference interpreter.
+pub fn machine_on(backend: BackendKind, model: Model, params: Vec<Tensor>) -> Machine {
+    match backend {
+        BackendKind::Interp => linnet_exec::interp::machine(model, params),
+        BackendKind::Cpu => linnet_cranelift::jit_machine(model, params, linnet_cranelift::Elementwise::default())
+            .unwrap_or_else(|e| panic!("{e}")),
+        #[cfg(feature = "nvptx")]
+        BackendKind::MlirHost => {
+            Machine::new(model, params, linnet_gpu::host::MlirHost::default()).unwrap_or_else(|e| panic!("{e}"))
+        }
+        other => panic!("no machine on {other:?} in this build of the tests"),
+    }
+}
+
+/// Instantiates a conformance suite once per compiled backend, as burn's
+/// `testgen!` does: `$suite!(module, backend)` for native code on the CPU
+/// and, with the `nvptx` feature, the GPU kernels run on the host. A test
+/// written once in the suite runs on each, as `module::test`, held to the
+/// reference interpreter.
+#[allow(unused_macros)]
+macro_rules! for_each_compiled_backend {
+    ($suite:ident) => {
+        $suite!(cpu, linnet_runtime::BackendKind::Cpu);
+        #[cfg(feature = "nvptx")]
+        $suite!(gpu_kernels_on_the_host, linnet_runtime::BackendKind::MlirHost);
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use for_each_compiled_backend;
 
 /// The f32 oracle configuration: package card and weights.
 pub fn oracle() -> PathBuf {
