@@ -555,13 +555,11 @@ fn main() -> ExitCode {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
         Command::Serve { model, host, port, queue, api_key, prefix_cache_mb, prefix_block } => {
-            let loader = model.clone();
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
             let prefix_cache_bytes = prefix_cache_mb.saturating_mul(1 << 20);
             let prefix_block = prefix_block as usize;
             let options = linnet_server::Options { host, port, queue, api_key, prefix_cache_bytes, prefix_block };
-            linnet_server::serve(move || load(&loader).map_err(linnet_server::ServeError::Load), options)
-                .map_err(Into::into)
+            load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?))
         }
         Command::InitWeights { package, nest, overrides, seed, recipe: Some(recipe), output, .. } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };

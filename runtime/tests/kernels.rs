@@ -8,7 +8,7 @@
 //! DeltaNet states in place or not, and a deliberately wrong kernel fails
 //! the contract.
 
-use linnet_cpu::backend::Cpu;
+use linnet_cpu::Cpu;
 use linnet_cranelift::Elementwise;
 use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};

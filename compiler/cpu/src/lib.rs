@@ -7,7 +7,7 @@
 //! kernels it calls are `linnet-kernels`'.
 
 pub mod abi;
-pub mod backend;
+mod backend;
 pub mod helpers;
 pub mod host;
 pub mod load;

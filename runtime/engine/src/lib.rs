@@ -8,8 +8,8 @@
 
 pub mod bench;
 pub mod constrain;
-pub mod error;
-pub mod experts;
+mod error;
+mod experts;
 pub mod generate;
 pub mod gguf;
 pub mod init;

@@ -645,15 +645,9 @@ async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The model could not be loaded (built, read, or its weights found),
-    /// as the loader says.
-    #[error("{0}")]
-    Load(Box<dyn std::error::Error + Send + Sync>),
     /// The model has not what serving needs (its batched entries).
     #[error("{0}")]
     CannotServe(String),
-    #[error("the model thread stopped")]
-    ModelThread,
     #[error("cannot listen on {address}: {error}")]
     Listen { address: String, error: std::io::Error },
     /// The async runtime or the connection loop failed.
@@ -661,31 +655,18 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Serves until Ctrl-C. The model is loaded by `load` on the scheduler
-/// thread.
-pub fn serve(
-    load: impl FnOnce() -> Result<Loaded, ServeError> + Send + 'static,
-    options: Options,
-) -> Result<(), ServeError> {
+/// Serves `loaded` until Ctrl-C: its machine moves to the scheduler's
+/// thread, which alone runs it.
+pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
+    let Loaded { machine, text, .. } = loaded;
+    let limits = limits(&machine)?;
     let (jobs, receiver) = mpsc::channel::<Job>();
-    let (ready, started) = mpsc::channel::<Result<(Limits, Option<TextModel>), ServeError>>();
     let scheduler_load = Arc::new(Load::default());
     let held_load = scheduler_load.clone();
-    let (cache_bytes, cache_block) = (options.prefix_cache_bytes, options.prefix_block);
-    let scheduler = std::thread::spawn(move || {
-        let loaded = match load().and_then(|loaded| limits(&loaded.machine).map(|limits| (loaded, limits))) {
-            Ok(loaded) => loaded,
-            Err(message) => {
-                let _ = ready.send(Err(message));
-                return;
-            }
-        };
-        let (Loaded { machine, text, .. }, limits) = loaded;
-        let _ = ready.send(Ok((limits.clone(), text)));
-        let cache = prefix::PrefixCache::new(cache_bytes, cache_block);
-        run_batches(machine, limits, receiver, &scheduler_load, cache);
-    });
-    let (limits, text) = started.recv().map_err(|_| ServeError::ModelThread)??;
+    let cache = prefix::PrefixCache::new(options.prefix_cache_bytes, options.prefix_block);
+    let scheduler_limits = limits.clone();
+    let scheduler =
+        std::thread::spawn(move || run_batches(machine, scheduler_limits, receiver, &scheduler_load, cache));
     let capacity = limits.rows + options.queue;
     let app = Arc::new(App {
         jobs: std::sync::Mutex::new(jobs),
