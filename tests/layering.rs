@@ -64,6 +64,9 @@ const FORBIDDEN: &[(&str, &[&[&str]])] = &[
     // nothing: the HTTP server is a crate above it.
     ("linnet-runtime", &[COMPILER, &["linnet-server", "axum", "tokio"]]),
     ("linnet-server", &[COMPILER]),
+    // The compiler builds artifacts; it runs and serves nothing.
+    ("linnet-build", &[&["linnet-runtime", "linnet-server", "tokenizers", "llguidance", "axum", "tokio"]]),
+    ("linnetc", &[&["linnet-runtime", "linnet-server", "tokenizers", "llguidance", "axum", "tokio"]]),
 ];
 
 /// The one library that serves HTTP.

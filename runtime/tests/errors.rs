@@ -135,7 +135,7 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     let error = linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 100).unwrap_err().to_string();
     assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");
     assert_eq!(linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 62).unwrap().len(), 62);
-    let unbound = linnet_runtime::gguf::load::Naming::default();
+    let unbound = linnet_runtime::Naming::default();
     let problems =
         weights::load(machine.model(), &unbound, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse)
             .unwrap_err();

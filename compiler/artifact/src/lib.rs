@@ -312,7 +312,41 @@ impl Artifact {
     pub fn bindings(&self) -> HashMap<String, String> {
         self.manifest.params.iter().filter_map(|p| Some((p.path.clone(), p.tensor.clone()?))).collect()
     }
+
+    /// How its parameters are named in checkpoints, as it was built.
+    pub fn naming(&self) -> Naming {
+        Naming { bindings: self.bindings(), gguf_names: self.manifest.gguf_names.clone() }
+    }
 }
+
+/// How a model's parameters are named in checkpoints: its bindings
+/// (checkpoint tensor names) and, for llama.cpp's GGUF files, its
+/// `gguf.json` evaluated for the instance.
+#[derive(Clone, Debug, Default)]
+pub struct Naming {
+    pub bindings: HashMap<String, String>,
+    pub gguf_names: Option<GgufNames>,
+}
+
+/// What a runtime may ask of a compiler it does not link, for an artifact:
+/// the artifact rebuilt for a checkpoint's block formats, PTX for a device.
+/// The runtime takes one where it can be given (the `linnet` CLI gives
+/// `linnet_build::Builder`), and without one says which command builds
+/// what it lacks.
+pub trait Compiler {
+    /// The artifact of `base` for a checkpoint that stores the parameters
+    /// of `formats` in those block formats.
+    fn stored_variant(
+        &self,
+        base: &Artifact,
+        formats: &BTreeMap<String, BlockFormat>,
+    ) -> Result<Artifact, CompilerError>;
+    /// `artifact` with a PTX section for `arch`.
+    fn ptx(&self, artifact: Artifact, arch: &str) -> Result<Artifact, CompilerError>;
+}
+
+/// Why a [`Compiler`] could not build what was asked, as it says.
+pub type CompilerError = Box<dyn std::error::Error + Send + Sync>;
 
 #[cfg(test)]
 mod tests;

@@ -3,16 +3,17 @@
 //! `linnet-cranelift`, PTX by `linnet-gpu` with the `nvptx` feature), and
 //! written with its manifest as one artifact (`linnet-artifact`); the
 //! artifact cache that builds a package on demand (`cache`); and
-//! [`Builder`], the compiler the runtime calls back when a checkpoint or a
-//! device needs code the artifact lacks. What `linnetc build` and the
-//! `linnet` CLI call; the runtime library never links this crate.
+//! [`Builder`], the `linnet_artifact::Compiler` the runtime calls back when
+//! a checkpoint or a device needs code the artifact lacks. What `linnetc
+//! build` and the `linnet` CLI call; the runtime library never links this
+//! crate, nor this crate the runtime.
 
 pub mod cache;
 
 use linnet_artifact::gguf_names::GgufNames;
 use linnet_artifact::{
-    Artifact, ArtifactError, EntrySignature, Manifest, MemoryPlan, ParamRecord, Section, StateRecord, TensorSignature,
-    WeightSource,
+    Artifact, ArtifactError, Compiler, CompilerError, EntrySignature, Manifest, MemoryPlan, Naming, ParamRecord,
+    Section, StateRecord, TensorSignature, WeightSource,
 };
 use linnet_frontend::diagnostic;
 use linnet_frontend::driver::{self, Checked};
@@ -23,7 +24,6 @@ use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::Symbol;
 use linnet_ir::quant::BlockFormat;
 use linnet_ir::{plan, Dtype, Model};
-use linnet_runtime::gguf::load::Naming;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -280,17 +280,17 @@ pub fn add_ptx(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Builder;
 
-impl linnet_runtime::Compiler for Builder {
+impl Compiler for Builder {
     fn stored_variant(
         &self,
         base: &Artifact,
         formats: &BTreeMap<String, BlockFormat>,
-    ) -> Result<Artifact, linnet_runtime::CompilerError> {
+    ) -> Result<Artifact, CompilerError> {
         let dir = cache::stored_variant(base, formats)?;
         Ok(linnet_artifact::read(&dir)?)
     }
 
-    fn ptx(&self, artifact: Artifact, arch: &str) -> Result<Artifact, linnet_runtime::CompilerError> {
+    fn ptx(&self, artifact: Artifact, arch: &str) -> Result<Artifact, CompilerError> {
         #[cfg(feature = "nvptx")]
         {
             let started = std::time::Instant::now();

@@ -52,7 +52,7 @@ pub enum Error {
     Ptx(#[from] linnet_gpu::PtxError),
     /// What the compiler the runtime called back could not build.
     #[error("{0}")]
-    Compile(crate::CompilerError),
+    Compile(linnet_artifact::CompilerError),
 }
 
 impl Error {

@@ -24,13 +24,11 @@ pub mod vocab;
 pub mod weights;
 
 pub use error::{Error, Result};
-use gguf::load::Naming;
 use linnet_artifact::Artifact;
+pub use linnet_artifact::{Compiler, CompilerError, Naming};
 use linnet_exec::tensor::Tensor;
 use linnet_exec::Machine;
-use linnet_ir::quant::BlockFormat;
 use linnet_ir::Model;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Which backend runs a loaded model's entries.
@@ -67,23 +65,6 @@ pub struct Loaded {
     pub text: Option<text::TextModel>,
 }
 
-/// What loading may ask of a compiler, which the runtime does not link:
-/// the artifact rebuilt for a checkpoint's block formats, PTX for a device.
-pub trait Compiler {
-    /// The artifact of `base` for a checkpoint that stores the parameters
-    /// of `formats` in those block formats.
-    fn stored_variant(
-        &self,
-        base: &Artifact,
-        formats: &BTreeMap<String, BlockFormat>,
-    ) -> Result<Artifact, CompilerError>;
-    /// `artifact` with a PTX section for `arch`.
-    fn ptx(&self, artifact: Artifact, arch: &str) -> Result<Artifact, CompilerError>;
-}
-
-/// Why a [`Compiler`] could not build what was asked, as it says.
-pub type CompilerError = Box<dyn std::error::Error + Send + Sync>;
-
 /// The artifact in `dir` ready to run on `backend` with `weights`, or why
 /// not. A quantized checkpoint's formats need code built for them: by
 /// `compiler`, or refused without one.
@@ -107,14 +88,14 @@ pub fn load(
             if let Some(files) = &gguf_files {
                 // A quantized file's parameters are read in its blocks: the
                 // model is built for its formats.
-                let formats = gguf::load::formats(&built.model, &Naming::of_artifact(&built), files)?;
+                let formats = gguf::load::formats(&built.model, &built.naming(), files)?;
                 if !formats.is_empty() {
                     let compiler = compiler.ok_or_else(|| Error::Weights(format!("{} stores parameters in block formats, and this runtime has no compiler to build `{}` for them: run it with the `linnet` CLI", found.display(), built.model.name)))?;
                     built = compiler.stored_variant(&built, &formats).map_err(Error::Compile)?;
                 }
             }
             let model = &built.model;
-            let naming = Naming::of_artifact(&built);
+            let naming = built.naming();
             let params = match &gguf_files {
                 Some(files) => gguf::load::load(model, &naming, files, *non_finite),
                 None => weights::load(model, &naming, &found, &source.files, *non_finite),

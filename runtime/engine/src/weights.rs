@@ -5,8 +5,8 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
-use crate::gguf::load::Naming;
 use crate::Error;
+use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
 use linnet_ir::Dtype;
 use linnet_ir::Model;

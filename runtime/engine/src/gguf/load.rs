@@ -18,7 +18,7 @@ use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
 use crate::weights::NonFinite;
 use crate::Error;
 use linnet_artifact::gguf_names::{Change, Expected, GgufNames, Source};
-use linnet_artifact::Artifact;
+use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Tensor};
 use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::{Model, Param};
@@ -28,59 +28,39 @@ use std::sync::Arc;
 /// `general.architecture` of the files `linnet quantize` writes.
 pub const LINNET_ARCHITECTURE: &str = "linnet";
 
-/// How a package's parameters are named: its bindings (checkpoint names)
-/// and, for llama.cpp's files, its `gguf.json`.
-#[derive(Clone, Debug, Default)]
-pub struct Naming {
-    pub bindings: HashMap<String, String>,
-    pub gguf_names: Option<GgufNames>,
-}
-
-impl Naming {
-    /// Checkpoint names only.
-    pub fn bindings(bindings: HashMap<String, String>) -> Naming {
-        Naming { bindings, gguf_names: None }
+/// Where each parameter is in `files`: the bindings for `linnet
+/// quantize`'s files, `gguf.json` for a file of its architecture, whose
+/// metadata must then agree with the card.
+fn sources(naming: &Naming, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
+    let (gguf, path) = (files.first(), files.path());
+    let architecture = gguf.meta("general.architecture").and_then(Meta::as_str).unwrap_or("");
+    if architecture == LINNET_ARCHITECTURE {
+        return Ok(naming
+            .bindings
+            .iter()
+            .map(|(param, tensor)| {
+                (param.clone(), Source { tensors: vec![tensor.clone()], axis: 0, changes: Vec::new() })
+            })
+            .collect());
     }
-
-    /// An artifact's names, as it was built with them.
-    pub fn of_artifact(built: &Artifact) -> Naming {
-        Naming { bindings: built.bindings(), gguf_names: built.manifest.gguf_names.clone() }
-    }
-
-    /// Where each parameter is in `files`: the bindings for `linnet
-    /// quantize`'s files, `gguf.json` for a file of its architecture, whose
-    /// metadata must then agree with the card.
-    fn sources(&self, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
-        let (gguf, path) = (files.first(), files.path());
-        let architecture = gguf.meta("general.architecture").and_then(Meta::as_str).unwrap_or("");
-        if architecture == LINNET_ARCHITECTURE {
-            return Ok(self
-                .bindings
-                .iter()
-                .map(|(param, tensor)| {
-                    (param.clone(), Source { tensors: vec![tensor.clone()], axis: 0, changes: Vec::new() })
-                })
-                .collect());
-        }
-        match &self.gguf_names {
-            Some(names) if names.architecture == architecture => {
-                let problems = metadata_problems(names, gguf);
-                if problems.is_empty() {
-                    Ok(names.tensors.clone().into_iter().collect())
-                } else {
-                    Err(problems)
-                }
+    match &naming.gguf_names {
+        Some(names) if names.architecture == architecture => {
+            let problems = metadata_problems(names, gguf);
+            if problems.is_empty() {
+                Ok(names.tensors.clone().into_iter().collect())
+            } else {
+                Err(problems)
             }
-            Some(names) => Err(vec![format!(
-                "{} is a GGUF file for the `{architecture}` architecture; this package reads `{}` files (its gguf.json) and linnet's own",
-                path.display(),
-                names.architecture
-            )]),
-            None => Err(vec![format!(
-                "{} is a GGUF file for the `{architecture}` architecture, and this package has no gguf.json to read such files with (its nest.toml names none in [weights])",
-                path.display()
-            )]),
         }
+        Some(names) => Err(vec![format!(
+            "{} is a GGUF file for the `{architecture}` architecture; this package reads `{}` files (its gguf.json) and linnet's own",
+            path.display(),
+            names.architecture
+        )]),
+        None => Err(vec![format!(
+            "{} is a GGUF file for the `{architecture}` architecture, and this package has no gguf.json to read such files with (its nest.toml names none in [weights])",
+            path.display()
+        )]),
     }
 }
 
@@ -242,7 +222,7 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
 /// Where each parameter of `model` is in `files`, and how it reads: every
 /// problem at once.
 fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(Source<i64>, Plan<'g>)>, Vec<String>> {
-    let sources = naming.sources(files)?;
+    let sources = sources(naming, files)?;
     let mut problems = Vec::new();
     let mut plans = Vec::new();
     for param in &model.params {
