@@ -58,7 +58,9 @@ fn host_isa(position_independent: bool) -> Result<OwnedTargetIsa, EmitError> {
 
 /// A JIT module, kept alive while its functions may run. It is only
 /// dropped, never used, once its definitions are finalized.
-struct JitCode(#[allow(dead_code)] JITModule);
+struct JitCode {
+    _module: JITModule,
+}
 
 // SAFETY: the module is not touched after `finalize_definitions`; it owns
 // the executable memory the kernels point into, which any thread may run
@@ -87,7 +89,7 @@ pub fn jit(
         let node = def.record.node;
         kernels[node] = Some(NativeKernel { function, record: def.record });
     }
-    Ok(Compiled { code: Box::new(JitCode(module)), kernels })
+    Ok(Compiled { code: Box::new(JitCode { _module: module }), kernels })
 }
 
 /// Code compiled in process as a CPU machine readies each entry.
