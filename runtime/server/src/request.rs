@@ -188,7 +188,12 @@ pub fn parse_request(
         .map(|(spec, field)| {
             let grammars = served.grammars.as_ref().map_err(|why| bad(format!("`{field}`: {why}"), field))?;
             let after = thinking.then_some("</think>\n\n");
-            grammars.constraint(&spec, after).map_err(|why| bad(format!("`{field}` does not compile: {why}"), field))
+            // A grammar that does not compile is the request's fault; anything
+            // else (the tokenizer failing on the forced text) is the server's.
+            grammars.constraint(&spec, after).map_err(|why| match why.is_callers() {
+                true => bad(format!("`{field}` does not compile: {why}"), field),
+                false => error(StatusCode::INTERNAL_SERVER_ERROR, format!("`{field}`: {why}"), Some(field)),
+            })
         })
         .transpose()?;
     let (jobs, receivers) = (0..choices)
