@@ -108,8 +108,15 @@ pub struct CodeSection {
     pub calls: serde_json::Value,
 }
 
-fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
+/// A digest in lowercase hexadecimal, as manifests and content keys write
+/// them.
+pub fn hex(digest: impl AsRef<[u8]>) -> String {
+    digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The SHA-256 of `bytes`, in hexadecimal.
+pub fn sha256(bytes: &[u8]) -> String {
+    hex(Sha256::digest(bytes))
 }
 
 impl Manifest {

@@ -59,10 +59,6 @@ pub fn compiler_build() -> String {
     format!("{} ({})", env!("CARGO_PKG_VERSION"), env!("LINNET_COMPILER_SOURCE_HASH"))
 }
 
-fn hex(digest: impl AsRef<[u8]>) -> String {
-    digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 /// The key an artifact is cached by: the compiler build, the kernel ABI,
 /// the artifact format, the host, and every text the compilation read
 /// (modules, standard library, model card, bindings, `--set` values), with
@@ -82,7 +78,7 @@ pub fn content_key(sources: &SourceMap) -> String {
             hash.update(part);
         }
     }
-    hex(hash.finalize())
+    linnet_artifact::hex(hash.finalize())
 }
 
 /// The key of a variant of the artifact keyed `base`: the same sources
@@ -96,7 +92,7 @@ pub fn variant_key(base: &str, parts: &[(&str, &str)]) -> String {
             hash.update(part.as_bytes());
         }
     }
-    hex(hash.finalize())
+    linnet_artifact::hex(hash.finalize())
 }
 
 /// Why a package does not build: its diagnostics, rendered.

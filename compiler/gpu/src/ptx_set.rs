@@ -11,7 +11,6 @@ use linnet_artifact::{Artifact, ArtifactError, CodeSection, Section};
 use linnet_ir::dim::Dim;
 use linnet_ir::{Model, NodeKind};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// The layout of a PTX section's file; bumped when it changes.
@@ -113,7 +112,7 @@ pub enum PtxError {
 /// same nodes, shapes and types.
 pub fn fingerprint(model: &Model) -> String {
     let text = serde_json::to_vec(model).expect("the IR serializes");
-    Sha256::digest(&text).iter().map(|byte| format!("{byte:02x}")).collect()
+    linnet_artifact::sha256(&text)
 }
 
 impl PtxSet {

@@ -73,7 +73,7 @@ pub fn run(
     // computes what is hoisted.
     for round in 0..=repetitions {
         let measured = round > 0;
-        machine.reset().map_err(|e| Error::Input(e.to_string()))?;
+        machine.reset()?;
         if prompt > 0 {
             machine.set_profiling(profile && measured);
             let start = Instant::now();
@@ -81,7 +81,7 @@ pub fn run(
                 Tensor::from_i64(Dtype::I32, vec![rows, prompt], tokens.clone()),
                 Tensor::from_i64(Dtype::I32, Vec::new(), vec![0]),
             ];
-            machine.call("prefill", inputs).map_err(|e| Error::Input(e.to_string()))?;
+            machine.call("prefill", inputs)?;
             if measured {
                 report.prefill.push((rows * prompt) as f64 / start.elapsed().as_secs_f64());
                 report.prefill_profile = machine.profile();
@@ -95,7 +95,7 @@ pub fn run(
                 Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![(step as i64 * 31) % vocab; rows]),
                 Tensor::from_i64(Dtype::I32, Vec::new(), vec![(prompt + step) as i64]),
             ];
-            machine.call("decode", inputs).map_err(|e| Error::Input(e.to_string()))?;
+            machine.call("decode", inputs)?;
         }
         if measured && generate > 0 {
             report.decode.push((rows * generate) as f64 / start.elapsed().as_secs_f64());
@@ -165,7 +165,7 @@ pub fn decode_at(
                 Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
             ];
             let start = Instant::now();
-            machine.call("decode", inputs).map_err(|e| Error::Input(e.to_string()))?;
+            machine.call("decode", inputs)?;
             millis.push(start.elapsed().as_secs_f64() * 1e3);
         }
         let (mean, sd) = mean_sd(&millis);

@@ -117,7 +117,7 @@ impl Grammars {
         }
         let forced = match after {
             Some(text) => {
-                self.tokenizer.encode(text, false).map_err(|e| Error::Grammar(e.to_string()))?.get_ids().to_vec()
+                self.tokenizer.encode(text, false).map_err(|e| Error::Text(e.to_string()))?.get_ids().to_vec()
             }
             None => Vec::new(),
         };

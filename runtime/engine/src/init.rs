@@ -186,7 +186,8 @@ pub fn write(
     }
     progress.finish_and_clear();
     let index = serde_json::json!({ "metadata": { "total_size": needed }, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("JSON"))
-        .map_err(|e| Error::Weights(e.to_string()))?;
+    let index_path = dir.join("model.safetensors.index.json");
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index).expect("JSON"))
+        .map_err(io("write", &index_path))?;
     Ok(needed as usize)
 }
