@@ -265,8 +265,16 @@ fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, Failure> {
         .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k").into())
 }
 
+/// How the package is read for `model`: its card, `--set`, and the
+/// checkpoint folder's `config.json`, which the card's `[config]` reads.
 fn options(model: &Model) -> LoadOptions {
-    LoadOptions { nest: model.nest.clone(), overrides: model.overrides.clone(), ..LoadOptions::default() }
+    let checkpoint_config = model.weights.as_ref().map(|dir| dir.join("config.json")).filter(|path| path.is_file());
+    LoadOptions {
+        nest: model.nest.clone(),
+        overrides: model.overrides.clone(),
+        checkpoint_config,
+        ..LoadOptions::default()
+    }
 }
 
 fn load(model: &Model) -> Result<Loaded, Failure> {
@@ -577,21 +585,16 @@ fn main() -> ExitCode {
             })
         }
         Command::Quantize { package, weights, nest, overrides, recipe, output } => {
-            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            let checkpoint_config = weights.as_ref().map(|dir| dir.join("config.json")).filter(|path| path.is_file());
+            let options = LoadOptions { nest, overrides, checkpoint_config, ..LoadOptions::default() };
             linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
                 let bindings = linnet_build::bindings(&package);
                 let card = package.nest.as_ref();
                 let (repo, revision) = (card.and_then(|n| n.repo.as_deref()), card.and_then(|n| n.revision.as_deref()));
                 let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
-                let files = card.map(|n| n.weight_files.clone()).unwrap_or_default();
-                let params = linnet_runtime::weights::load(
-                    &model,
-                    &linnet_build::naming(&package),
-                    &dir,
-                    &files,
-                    NonFinite::Refuse,
-                )
-                .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
+                let params =
+                    linnet_runtime::weights::load(&model, &linnet_build::naming(&package), &dir, NonFinite::Refuse)
+                        .map_err(|problems| linnet_runtime::weights::unfit(&dir, &model, &problems))?;
                 let summary = linnet_runtime::quantize::from_params(&model, &bindings, &params, recipe, &output)?;
                 println!(
                     "quantized `{}` to {} in {}\n{}",

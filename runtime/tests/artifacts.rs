@@ -183,7 +183,6 @@ fn weights_are_used_in_place() {
         &model,
         &linnet_build::naming(&package),
         &oracle().join("weights-f32"),
-        &[],
         linnet_runtime::weights::NonFinite::Refuse,
     )
     .unwrap();
@@ -201,7 +200,6 @@ fn weights_are_used_in_place() {
         &model,
         &linnet_build::naming(&package),
         &calm.join("weights-bf16"),
-        &[],
         linnet_runtime::weights::NonFinite::Refuse,
     )
     .unwrap();

@@ -237,57 +237,88 @@ fn generate_runs_a_built_artifact() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
-/// A package on an oracle checkpoint, with its generics given on the
-/// command line as a user gives them to a checkpoint of another size:
-/// `generate` appends transformers' greedy tokens, and `run` writes
-/// transformers' logits (within the f32 bound of 1e-4 of the largest).
-/// `weights`: the checkpoint's folder, or a GGUF file made of it.
-fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: &[(&str, &str)], weights: &Path) {
-    let oracle = root().join("tests/fixtures/oracle").join(config);
-    let linnet = |args: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
-        command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(weights);
-        for (name, value) in generics.iter().chain(&[("T", "f32")]) {
-            command.arg("--set").arg(format!("{name}={value}"));
-        }
-        let output = command
-            .args(&args[1..])
-            .env("LINNET_STDLIB", root().join("stdlib"))
-            .env("LINNET_CACHE_DIR", cache())
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        output.stdout
-    };
-    let sequence = common::golden(&oracle, "f32").swap_remove(2);
+/// `generics` with the element type f32, as `--set` gives them.
+fn in_f32<'a>(generics: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    generics.iter().copied().chain([("T", "f32")]).collect()
+}
+
+/// `linnet COMMAND package --weights weights --set ...` with `args` after;
+/// its standard output.
+fn linnet_on(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str]) -> Vec<u8> {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
+    command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(weights);
+    for (name, value) in set {
+        command.arg("--set").arg(format!("{name}={value}"));
+    }
+    let output = command
+        .args(&args[1..])
+        .env("LINNET_STDLIB", root().join("stdlib"))
+        .env("LINNET_CACHE_DIR", cache())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    output.stdout
+}
+
+/// Runs `package` on `weights` through the CLI with `set` as `--set`:
+/// greedy generation after the third golden sequence of `golden_dir`
+/// equals transformers', and `run --entry forward` on it gives every
+/// argmax; returns the logits' largest distance over the largest
+/// reference logit.
+fn distance_from_the_oracle(golden_dir: &Path, package: &str, set: &[(&str, &str)], weights: &Path) -> f32 {
+    let sequence = common::golden(golden_dir, "f32").swap_remove(2);
     let listed: Vec<String> = sequence.tokens.iter().map(i64::to_string).collect();
-    let stdout = linnet(&["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"]);
+    let args = ["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"];
+    let stdout = linnet_on(package, weights, set, &args);
     let ids: Vec<i64> = String::from_utf8(stdout).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
     assert_eq!(ids, sequence.greedy);
+    let (ours, reference) = forward_logits(golden_dir, package, set, weights, 2);
+    let vocab = reference.len() / listed.len();
+    let argmax = |row: &[f32]| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+    for (at, (mine, theirs)) in ours.chunks(vocab).zip(reference.chunks(vocab)).enumerate() {
+        assert_eq!(argmax(mine), argmax(theirs), "argmax at position {at}");
+    }
+    distance(&ours, &reference)
+}
 
-    let dir = std::env::temp_dir().join(format!("linnet-cli-{config}-{}", std::process::id()));
+/// `run --entry forward` on golden sequence `at`: our logits and
+/// transformers', flat.
+fn forward_logits(
+    golden_dir: &Path,
+    package: &str,
+    set: &[(&str, &str)],
+    weights: &Path,
+    at: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let sequence = common::golden(golden_dir, "f32").swap_remove(at);
+    let name = golden_dir.file_name().unwrap().to_string_lossy();
+    let dir = std::env::temp_dir().join(format!("linnet-cli-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
-    let tensor =
-        linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, sequence.tokens.len()], sequence.tokens);
+    let length = sequence.tokens.len();
+    let tensor = linnet_exec::tensor::Tensor::from_i64(linnet_ir::Dtype::I32, vec![1, length], sequence.tokens);
     std::fs::write(&tokens, linnet_runtime::npy::write(&tensor)).unwrap();
     let logits = dir.join("logits.npy");
-    linnet(&[
-        "run",
-        "--entry",
-        "forward",
-        "--input",
-        &format!("tokens={}", tokens.display()),
-        "--output",
-        logits.to_str().unwrap(),
-    ]);
-    let ours = linnet_runtime::npy::read(&std::fs::read(&logits).unwrap()).unwrap();
-    let reference = sequence.logits.concat();
-    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = ours.as_f32().unwrap().iter().zip(&reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert_eq!(ours.as_f32().unwrap().len(), reference.len());
-    assert!(worst / scale <= 1e-4, "max|diff|/max|ref| = {:.2e}", worst / scale);
+    let input = format!("tokens={}", tokens.display());
+    let args = ["run", "--entry", "forward", "--input", &input, "--output", logits.to_str().unwrap()];
+    linnet_on(package, weights, set, &args);
+    let ours = linnet_runtime::npy::read(&std::fs::read(&logits).unwrap()).unwrap().as_f32().unwrap().to_vec();
     std::fs::remove_dir_all(&dir).unwrap();
+    let reference = sequence.logits.concat();
+    assert_eq!(ours.len(), reference.len());
+    (ours, reference)
+}
+
+/// The largest distance over the largest reference value.
+fn distance(ours: &[f32], reference: &[f32]) -> f32 {
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+fn runs_the_checkpoint_with_set_generics(config: &str, package: &str, generics: &[(&str, &str)], weights: &Path) {
+    let golden_dir = root().join("tests/fixtures/oracle").join(config);
+    let distance = distance_from_the_oracle(&golden_dir, package, &in_f32(generics), weights);
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
 #[test]
@@ -296,10 +327,43 @@ fn the_dense_package_runs_the_dense_checkpoint_with_set_generics() {
     runs_the_checkpoint_with_set_generics("tiny-qwen3.5-dense", "models/qwen3.8-27b", &DENSE_GENERICS, &weights);
 }
 
+/// The card's `[config]` reads the sizes, ε and θ from the checkpoint's
+/// config.json: no `--set` but the element type.
 #[test]
-fn the_qwen3_package_runs_the_qwen3_checkpoint_with_set_generics() {
-    let weights = root().join("tests/fixtures/oracle/tiny-qwen3-dense/weights-f32");
-    runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS, &weights);
+fn the_qwen3_package_reads_the_qwen3_checkpoint_s_settings_from_its_config() {
+    let oracle = root().join("tests/fixtures/oracle/tiny-qwen3-dense");
+    let distance = distance_from_the_oracle(&oracle, "models/qwen3-8b", &[], &oracle.join("weights-f32"));
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+}
+
+/// Llama 3 checkpoints (`tests/fixtures/llama3`, transformers'
+/// `LlamaForCausalLM`) with no `--set`: one with Llama 3.1's scaled rotary
+/// frequencies, ε 1e-5 and an index over three shards, one with its head
+/// tied to the embeddings, plain rotary positions and one unindexed
+/// `model.safetensors`.
+#[test]
+fn the_llama3_package_runs_llama3_checkpoints_with_the_settings_they_state() {
+    for name in ["tiny-llama3", "tiny-llama3-tied"] {
+        let fixture = root().join("tests/fixtures/llama3").join(name);
+        let distance = distance_from_the_oracle(&fixture, "models/llama3", &[], &fixture.join("weights-f32"));
+        assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
+    }
+}
+
+/// The settings a checkpoint states are the ones its logits follow: its
+/// ε (1e-5, not the 1e-6 of Qwen's cards) and its scaled rotary
+/// frequencies, each set otherwise, moves the logits out of the bound.
+#[test]
+fn a_llama3_checkpoint_s_logits_follow_its_stated_epsilon_and_rope_scaling() {
+    let fixture = root().join("tests/fixtures/llama3/tiny-llama3");
+    let weights = fixture.join("weights-f32");
+    let (ours, reference) = forward_logits(&fixture, "models/llama3", &[], &weights, 0);
+    assert!(distance(&ours, &reference) <= 1e-4);
+    for wrong in [("Eps", "1e-6"), ("RopeFactor", "1")] {
+        let (ours, reference) = forward_logits(&fixture, "models/llama3", &[wrong], &weights, 0);
+        let distance = distance(&ours, &reference);
+        assert!(distance > 1e-4, "{wrong:?} left the logits {distance:.2e} away");
+    }
 }
 
 /// The oracle checkpoints as llama.cpp's converter writes them
@@ -384,4 +448,35 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
     let refused = linnet(&["quantize", "--type", "q5_k", "-o", out.to_str().unwrap()]);
     assert!(!refused.status.success() && !out.exists());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("`q5_k` is not a format"));
+}
+
+/// A checkpoint whose config.json contradicts the card: the error shows
+/// the card's line and the file's value, and nothing runs.
+#[test]
+fn a_checkpoint_that_contradicts_the_card_is_refused_naming_both() {
+    let oracle = root().join("tests/fixtures/oracle/tiny-qwen3-dense/weights-f32");
+    let dir = std::env::temp_dir().join(format!("linnet-cli-contradiction-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&oracle).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let tied = config.replace("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+    assert_ne!(tied, config);
+    std::fs::write(dir.join("config.json"), tied).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
+        .args(["generate", root().join("models/qwen3-8b").to_str().unwrap(), "--prompt-ids", "1,2", "--print-ids"])
+        .arg("--weights")
+        .arg(&dir)
+        .env("LINNET_STDLIB", root().join("stdlib"))
+        .env("LINNET_CACHE_DIR", cache())
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("[checkpoint-config]"), "{stderr}");
+    assert!(stderr.contains("says `tie_word_embeddings` is true, where the card requires false"), "{stderr}");
+    assert!(stderr.contains("nest.toml") && stderr.contains("config.json"), "{stderr}");
 }

@@ -136,9 +136,8 @@ fn bad_inputs_name_the_entry_and_the_argument() {
     assert!(error.contains("need 102 positions; this model's caches hold 64"), "{error}");
     assert_eq!(linnet_runtime::generate::greedy(&mut machine, &[1, 2, 3], 62).unwrap().len(), 62);
     let unbound = linnet_runtime::Naming::default();
-    let problems =
-        weights::load(machine.model(), &unbound, &oracle().join("weights-f32"), &[], weights::NonFinite::Refuse)
-            .unwrap_err();
+    let problems = weights::load(machine.model(), &unbound, &oracle().join("weights-f32"), weights::NonFinite::Refuse)
+        .unwrap_err();
     assert_eq!(problems.len(), machine.model().params.len(), "every unbound parameter is reported");
 }
 

@@ -38,7 +38,6 @@ fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) 
         &model,
         &linnet_build::naming(&package),
         &dir.join(format!("weights-{dtype}")),
-        &[],
         linnet_runtime::weights::NonFinite::Refuse,
     )
     .unwrap();

@@ -133,7 +133,6 @@ fn quantized(package: &str, recipe: Recipe, options: &LoadOptions, dir: &Path) -
             &model,
             &linnet_build::naming(&package),
             &oracle().join("weights-f32"),
-            &[],
             NonFinite::Refuse,
         )
         .unwrap()
@@ -338,7 +337,7 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     let plain_bytes: usize = model.params.iter().filter(|p| formats.contains_key(&p.path)).map(|p| p.bytes()).sum();
     assert_eq!(quantized_bytes * 128, plain_bytes * 34, "q8_0 is 34 bytes per 32 f32 values (128 bytes)");
     // The plain model, given the quantized file: refused by name.
-    let problems = linnet_runtime::weights::load(&model, &naming, &file, &[], NonFinite::Refuse).err().unwrap();
+    let problems = linnet_runtime::weights::load(&model, &naming, &file, NonFinite::Refuse).err().unwrap();
     assert!(
         problems[0].contains("the file gives it as q8_0, and the model was built for plain elements"),
         "{problems:?}"
@@ -347,7 +346,7 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     // A file without the head: named, alone.
     let mut naming = naming.clone();
     naming.bindings.insert("lm_head.weight".into(), "no.such.tensor".into());
-    let problems = linnet_runtime::weights::load(&stored, &naming, &file, &[], NonFinite::Refuse).err().unwrap();
+    let problems = linnet_runtime::weights::load(&stored, &naming, &file, NonFinite::Refuse).err().unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("no tensor `no.such.tensor`"), "{problems:?}");
     std::fs::remove_dir_all(&dir).unwrap();

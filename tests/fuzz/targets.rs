@@ -162,7 +162,7 @@ fn safetensors(input: &[u8]) {
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     std::fs::write(dir.join("model.safetensors"), input).expect("the shard is written");
     ORACLE_MODEL.with(|(model, naming)| {
-        let _ = linnet_runtime::weights::load(model, naming, &dir, &[], NonFinite::Refuse);
+        let _ = linnet_runtime::weights::load(model, naming, &dir, NonFinite::Refuse);
     });
 }
 
@@ -244,7 +244,7 @@ fn llama_cpp_file(input: &[u8]) {
         let Ok(files) = linnet_runtime::gguf::Files::open(&path) else { return };
         let Ok(formats) = linnet_runtime::gguf::load::formats(model, naming, &files) else { return };
         let Ok(stored) = model.clone().stored_as(&formats) else { return };
-        let _ = linnet_runtime::weights::load(&stored, naming, &path, &[], NonFinite::Refuse);
+        let _ = linnet_runtime::weights::load(&stored, naming, &path, NonFinite::Refuse);
     });
     let _ = std::fs::remove_file(&path);
 }

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// Bumped whenever the files of an artifact change meaning.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 const MANIFEST: &str = "artifact.json";
 const IR: &str = "model.ir.json";
@@ -144,7 +144,6 @@ impl Manifest {
 pub struct WeightSource {
     pub repo: Option<String>,
     pub revision: Option<String>,
-    pub files: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -331,8 +330,23 @@ impl Artifact {
 /// `gguf.json` evaluated for the instance.
 #[derive(Clone, Debug, Default)]
 pub struct Naming {
+    /// Parameter path → the checkpoint's tensor name; a binding may name
+    /// alternatives, `A | B` ([`binding_names`]).
     pub bindings: HashMap<String, String>,
     pub gguf_names: Option<GgufNames>,
+}
+
+/// The tensor names a binding allows, in order: `lm_head.weight |
+/// model.embed_tokens.weight` is the head where the checkpoint has one, else
+/// the embeddings (a head tied to them). A loader takes the first the
+/// checkpoint holds; a writer writes the first.
+pub fn binding_names(binding: &str) -> impl Iterator<Item = &str> {
+    binding.split('|').map(str::trim)
+}
+
+/// The tensor name a writer gives a parameter bound by `binding`: its first.
+pub fn written_name(binding: &str) -> &str {
+    binding_names(binding).next().unwrap_or(binding)
 }
 
 /// What a runtime may ask of a compiler it does not link, for an artifact:

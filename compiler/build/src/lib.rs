@@ -174,7 +174,6 @@ fn manifest(model: &Model, package: &Package, key: String) -> Result<Manifest, C
         weights: WeightSource {
             repo: nest.and_then(|n| n.repo.clone()),
             revision: nest.and_then(|n| n.revision.clone()),
-            files: nest.map(|n| n.weight_files.clone()).unwrap_or_default(),
         },
         gguf_names: gguf_names_of(model, package)?,
         params: model

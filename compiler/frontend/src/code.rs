@@ -215,6 +215,12 @@ codes! {
     MissingGgufName = "missing-gguf-name":
         "A parameter of the model has no GGUF source in `gguf.json`, so a llama.cpp file could not be \
          loaded. Add its tensor name.",
+    CheckpointConfig = "checkpoint-config":
+        "The checkpoint's `config.json` contradicts the model card: a `[config]` line requires a value \
+         the file does not have (`tie_word_embeddings = false` where it says true), a derived size that \
+         does not hold, or a generic the file gives as something it cannot be (a fraction for a size). \
+         The report shows the card's line and the file's value. Run the checkpoint with a package \
+         written for it, or fix the card.",
     Unsupported = "unsupported":
         "The package checks, but lowering it to the tensor IR meets a construct the IR cannot express \
          yet. The report names the construct; rewrite it with what the language's reference lists as \

@@ -58,23 +58,24 @@ fn card_values(checked: &Checked) -> (Generics, HashMap<String, Dtype>) {
                         elems.insert(entry.name.clone(), dtype);
                     }
                 }
-                NestValue::Other(_) => {}
+                NestValue::Float(_) | NestValue::Other(_) => {}
             }
         }
     }
     (dims, elems)
 }
 
-/// `H = 2048`: the card's value of the size named at `offset`, when the
-/// name there is one the card (or `[check]`) sets.
+/// `H = 2048`, `Eps = 1e-5`: the card's value of the size or number named
+/// at `offset`, when the name there is one the card (or `[check]`) sets.
 pub fn card_dim_at(checked: &Checked, file: FileId, offset: usize) -> Option<String> {
     let text = &checked.sources.get(file).text;
     let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let start = text[..offset.min(text.len())].rfind(|c: char| !is_name(c)).map_or(0, |at| at + 1);
     let end = text[start..].find(|c: char| !is_name(c)).map_or(text.len(), |at| start + at);
     let name = &text[start..end];
-    let (dims, _) = card_values(checked);
-    dims.get(name).map(|value| format!("{name} = {value}"))
+    let nest = checked.package.as_ref()?.nest.as_ref()?;
+    let entry = nest.generics.iter().chain(&nest.check).rfind(|entry| entry.name == name)?;
+    matches!(entry.value, NestValue::Int(_) | NestValue::Float(_)).then(|| format!("{name} = {}", entry.value))
 }
 
 /// `[1, 8, 2, 256] bf16, 8.0 KiB` under the card's values, if they decide it.

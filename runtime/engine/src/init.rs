@@ -146,7 +146,8 @@ pub fn write(
     let per_shard = model.params.len().div_ceil(shards).max(1);
     let mut headers = Vec::new();
     for params in model.params.chunks(per_shard) {
-        let tensors: Vec<(&str, &Param)> = params.iter().map(|p| (bindings[&p.path].as_str(), p)).collect();
+        let tensors: Vec<(&str, &Param)> =
+            params.iter().map(|p| (linnet_artifact::written_name(&bindings[&p.path]), p)).collect();
         headers.push(shard_header(&tensors)?);
     }
     let needed = headers.iter().try_fold(0u64, |total, (text, data)| total.checked_add(8 + text.len() as u64 + data));
@@ -180,7 +181,7 @@ pub fn write(
                 file.write_all(&raw).map_err(failed)?;
                 progress.inc(raw.len() as u64);
             }
-            weight_map.insert(bindings[&param.path].clone(), name.clone());
+            weight_map.insert(linnet_artifact::written_name(&bindings[&param.path]).to_string(), name.clone());
         }
         finish_weights_file(file, &path)?;
     }

@@ -98,7 +98,7 @@ pub fn load(
             let naming = built.naming();
             let params = match &gguf_files {
                 Some(files) => gguf::load::load(model, &naming, files, *non_finite),
-                None => weights::load(model, &naming, &found, &source.files, *non_finite),
+                None => weights::load(model, &naming, &found, *non_finite),
             }
             .map_err(|problems| weights::unfit(&found, model, &problems))?;
             // A GGUF file's own vocabulary, else the tokenizer files beside it.

@@ -126,12 +126,12 @@ fn human(bytes: u64) -> String {
 /// What each parameter becomes: its checkpoint name and storage.
 fn plan(model: &Model, bindings: &HashMap<String, String>, recipe: Recipe) -> Result<Vec<Planned>, Error> {
     crate::init::every_param_bound(model, bindings)?;
-    let layers = layer_count(model.params.iter().map(|p| bindings[&p.path].as_str()));
+    let layers = layer_count(model.params.iter().map(|p| linnet_artifact::written_name(&bindings[&p.path])));
     Ok(model
         .params
         .iter()
         .map(|param| {
-            let name = bindings[&param.path].clone();
+            let name = linnet_artifact::written_name(&bindings[&param.path]).to_string();
             let storage = match recipe.format_of(&name, &param.shape, layers) {
                 Some(format) => Storage::Blocks(format),
                 None => Storage::Plain(param.dtype),

@@ -90,8 +90,10 @@ pub fn locate_in_caches(caches: &[PathBuf], repo: &str, revision: Option<&str>) 
 /// when it has `model.safetensors.index.json`.
 type Shards = (Vec<PathBuf>, Option<HashMap<String, PathBuf>>);
 
-/// Which files hold the tensors.
-fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Shards, Error> {
+/// Which files hold the tensors: the checkpoint's own, as its index lists
+/// them, else every `.safetensors` file in the folder (what
+/// `save_pretrained` writes below its shard size is one file, no index).
+fn tensor_files(dir: &Path) -> Result<Shards, Error> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| Error::Weights(format!("{}: {e}", index.display())))?;
@@ -106,14 +108,6 @@ fn tensor_files(dir: &Path, card_files: &[String]) -> Result<Shards, Error> {
         let files: BTreeSet<&PathBuf> = named.values().collect();
         return Ok((files.into_iter().cloned().collect(), Some(named)));
     }
-    tensor_files_unindexed(dir, card_files).map(|files| (files, None))
-}
-
-/// Without an index: the card's files, else every `.safetensors` file.
-fn tensor_files_unindexed(dir: &Path, card_files: &[String]) -> Result<Vec<PathBuf>, Error> {
-    if !card_files.is_empty() {
-        return Ok(card_files.iter().map(|f| dir.join(f)).collect());
-    }
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::Weights(format!("{}: {e}", dir.display())))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -123,7 +117,7 @@ fn tensor_files_unindexed(dir: &Path, card_files: &[String]) -> Result<Vec<PathB
     if files.is_empty() {
         return Err(Error::Weights(format!("{}: no .safetensors files", dir.display())));
     }
-    Ok(files)
+    Ok((files, None))
 }
 
 fn dtype_of(dtype: safetensors::Dtype) -> Option<Dtype> {
@@ -228,19 +222,13 @@ impl Stored<'_> {
 /// Errors list every problem found. A `.gguf` file in place of the folder
 /// is read by [`crate::gguf::load`], through `naming`'s `gguf.json` when it
 /// is llama.cpp's.
-pub fn load(
-    model: &Model,
-    naming: &Naming,
-    dir: &Path,
-    card_files: &[String],
-    non_finite: NonFinite,
-) -> Result<Vec<Tensor>, Vec<String>> {
+pub fn load(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
     if is_gguf(dir) {
         let files = crate::gguf::Files::open(dir).map_err(|e| vec![e.to_string()])?;
         return crate::gguf::load::load(model, naming, &files, non_finite);
     }
     let bindings = &naming.bindings;
-    let (files, index) = tensor_files(dir, card_files).map_err(|e| vec![e.to_string()])?;
+    let (files, index) = tensor_files(dir).map_err(|e| vec![e.to_string()])?;
     let mut problems = Vec::new();
     let mut maps = Vec::new();
     for path in &files {
@@ -288,10 +276,15 @@ pub fn load(
     let mut unfinite = Vec::new();
     for param in &model.params {
         progress.inc(1);
-        let Some(name) = bindings.get(&param.path) else {
+        let Some(binding) = bindings.get(&param.path) else {
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
             continue;
         };
+        // The first of the binding's names the checkpoint holds.
+        let name = &linnet_artifact::binding_names(binding)
+            .find(|name| holder.contains_key(*name))
+            .unwrap_or_else(|| linnet_artifact::written_name(binding))
+            .to_string();
         // Experts stored one tensor each are looked for only where the fused
         // tensor is missing, each part once.
         let per_expert = || {

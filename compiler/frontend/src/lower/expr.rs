@@ -154,8 +154,8 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                         return Err(unsupported(*span, "`static for` over something that is not a sub array"));
                     };
                     for index in 0..count {
-                        let instance = Instance { path: format!("{}{index}.", element.path), ..element.clone() };
-                        self.locals.push(HashMap::from([(var.name.clone(), Val::Sub(instance))]));
+                        let instance = Instance { path: format!("{}{index}.", element.path), ..(*element).clone() };
+                        self.locals.push(HashMap::from([(var.name.clone(), Val::Sub(Box::new(instance)))]));
                         let result = self.stmts(body, returned);
                         self.locals.pop();
                         result?;
@@ -207,9 +207,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     Ty::SubArray(_, count) => {
                         let count = instance.env.dim(count).as_constant().unwrap_or(0) as usize;
                         let element = self.lowerer.sub_instance(&instance, at, format!("{}{name}.", instance.path));
-                        element.map(|element| Val::SubArray(element, count))
+                        element.map(|element| Val::SubArray(Box::new(element), count))
                     }
-                    _ => self.lowerer.sub_instance(&instance, at, format!("{}{name}.", instance.path)).map(Val::Sub),
+                    _ => self
+                        .lowerer
+                        .sub_instance(&instance, at, format!("{}{name}.", instance.path))
+                        .map(|sub| Val::Sub(Box::new(sub))),
                 });
             }
             let path = format!("{}{name}", instance.path);
@@ -224,6 +227,10 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         }
         if let Some(dim) = self.env.dims.get(name) {
             return Ok(Some(Val::Dim(dim.clone())));
+        }
+        // Instantiation gives every number setting a value from the card.
+        if let Some(ty::Number::Known(value)) = self.env.numbers.get(name) {
+            return Ok(Some(Val::Literal(*value, true)));
         }
         if let Some(ItemRef::Const(_)) = self.lowerer.scope_item(self.module, name) {
             return Ok(Some(self.constant(name)?));
@@ -319,7 +326,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     .get(&method.name)
                     .ok_or_else(|| unsupported(method.span, "unknown method"))?;
                 let args = args.iter().map(|arg| self.expr(&arg.value)).collect::<Result<Vec<_>>>()?;
-                self.inline(fn_id, Some(instance), generics, args, expr.span)
+                self.inline(fn_id, Some(*instance), generics, args, expr.span)
             }
             ExprKind::If { cond, then, otherwise } => {
                 let cond = self.expr(cond)?;
@@ -521,6 +528,19 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         })
     }
 
+    /// Resolves an explicit argument of an `f32` generic to its value.
+    fn number_arg(&self, arg: &ast::GenericArg, span: Span) -> Result<f64> {
+        match arg {
+            ast::GenericArg::Number(value, _) => Ok(*value),
+            ast::GenericArg::Dim(ast::DimExpr::Int(value, _)) => Ok(*value as f64),
+            ast::GenericArg::Dim(ast::DimExpr::Name(ident)) => match self.env.numbers.get(ident.name.as_str()) {
+                Some(ty::Number::Known(value)) => Ok(*value),
+                _ => Err(unsupported(span, "a number that does not resolve")),
+            },
+            _ => Err(unsupported(span, "a type where a number is expected")),
+        }
+    }
+
     fn elem_arg(&self, arg: &ast::GenericArg, span: Span) -> Result<Dtype> {
         if let ast::GenericArg::Dim(ast::DimExpr::Name(ident)) = arg {
             if let Some(dtype) = Dtype::parse(&ident.name) {
@@ -579,6 +599,10 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 GenericKind::Float => {
                     let dtype = self.elem_arg(arg, span)?;
                     env.elems.insert(generic.name.clone(), ty::Elem::Known(dtype));
+                }
+                GenericKind::Number => {
+                    let value = self.number_arg(arg, span)?;
+                    env.numbers.insert(generic.name.clone(), ty::Number::Known(value));
                 }
                 GenericKind::Shape => return Err(unsupported(span, "an explicit variadic shape")),
                 // Refused by the checker: a function has no block generics.

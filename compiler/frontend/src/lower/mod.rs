@@ -45,9 +45,9 @@ pub enum Val {
     Dim(Dim),
     Tuple(Vec<Val>),
     Option(Option<Box<Val>>),
-    Sub(Instance),
+    Sub(Box<Instance>),
     /// The elements' block instance (without index) and the array's path.
-    SubArray(Instance, usize),
+    SubArray(Box<Instance>, usize),
     Unit,
 }
 

@@ -12,18 +12,35 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use toml::Spanned;
 
-/// A value given to a generic: a size, or a dtype name for a `Float`.
+/// A value given to a generic: a size, a number for an `f32`, or a dtype
+/// name for a `Float`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NestValue {
     Int(i64),
+    Float(f64),
     Text(String),
     Other(String),
+}
+
+impl NestValue {
+    /// A value as typed on the command line: an integer, a number, else
+    /// text.
+    pub fn parse(text: &str) -> NestValue {
+        if let Ok(value) = text.parse::<i64>() {
+            NestValue::Int(value)
+        } else if let Ok(value) = text.parse::<f64>() {
+            NestValue::Float(value)
+        } else {
+            NestValue::Text(text.to_string())
+        }
+    }
 }
 
 impl std::fmt::Display for NestValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NestValue::Int(value) => write!(f, "{value}"),
+            NestValue::Float(value) => write!(f, "{value:?}"),
             NestValue::Text(text) => write!(f, "\"{text}\""),
             NestValue::Other(text) => f.write_str(text),
         }
@@ -53,9 +70,13 @@ pub struct Nest {
     pub bindings_path: Option<(String, Span)>,
     /// `[weights] gguf`: where llama.cpp's GGUF files keep the parameters.
     pub gguf_names_path: Option<(String, Span)>,
-    pub weight_files: Vec<String>,
     pub repo: Option<String>,
     pub revision: Option<String>,
+    /// `[config]`: how a checkpoint's `config.json` gives the generics.
+    pub config: Vec<super::config::ConfigLine>,
+    /// The derived `[config]` values a checkpoint gave, to hold against
+    /// the generics once they are known.
+    pub config_checks: Vec<super::config::ConfigCheck>,
 }
 
 pub struct Bindings {
@@ -172,6 +193,7 @@ struct RawNest {
     generics: Option<Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
     check: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     weights: Option<RawWeights>,
+    config: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
 }
 
 #[derive(Deserialize)]
@@ -190,8 +212,6 @@ struct RawSource {
 struct RawWeights {
     repo: Option<String>,
     revision: Option<String>,
-    #[serde(default)]
-    files: Vec<String>,
     bindings: Option<Spanned<String>>,
     gguf: Option<Spanned<String>>,
 }
@@ -199,6 +219,7 @@ struct RawWeights {
 fn nest_value(value: &toml::Value) -> NestValue {
     match value {
         toml::Value::Integer(value) => NestValue::Int(*value),
+        toml::Value::Float(value) => NestValue::Float(*value),
         toml::Value::String(text) => NestValue::Text(text.clone()),
         other => NestValue::Other(other.to_string()),
     }
@@ -218,12 +239,9 @@ fn entries(file: FileId, table: BTreeMap<Spanned<String>, Spanned<toml::Value>>)
     entries
 }
 
-pub fn parse_nest(
-    file: FileId,
-    sources: &mut SourceMap,
-    overrides: &[(String, String)],
-    diagnostics: &mut Vec<Diagnostic>,
-) -> Option<Nest> {
+/// Reads a model card as written; [`apply_overrides`] and the checkpoint's
+/// `config.json` (`super::config::apply`) change its generics after.
+pub fn parse_nest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic>) -> Option<Nest> {
     let raw = match toml::from_str::<RawNest>(&sources.get(file).text) {
         Ok(raw) => raw,
         Err(error) => {
@@ -240,12 +258,12 @@ pub fn parse_nest(
     let named = |value: &Option<Spanned<String>>| value.as_ref().map(|v| (v.get_ref().clone(), span(v.span())));
     let root = source.as_ref().and_then(|(_, s)| named(&s.root));
     let entry = source.as_ref().and_then(|(_, s)| named(&s.entry));
-    let (generics_span, mut generics) = match raw.generics {
+    let (generics_span, generics) = match raw.generics {
         Some(table) => (span(table.span()), entries(file, table.into_inner())),
         None => (span(0..0), Vec::new()),
     };
-    let mut check = raw.check.map(|table| entries(file, table)).unwrap_or_default();
-    apply_overrides(sources, overrides, &mut generics, &mut check);
+    let check = raw.check.map(|table| entries(file, table)).unwrap_or_default();
+    let config = raw.config.map(|table| super::config::parse(file, table, diagnostics)).unwrap_or_default();
     let weights = raw.weights;
     Some(Nest {
         file,
@@ -259,21 +277,18 @@ pub fn parse_nest(
         check,
         bindings_path: weights.as_ref().and_then(|w| named(&w.bindings)),
         gguf_names_path: weights.as_ref().and_then(|w| named(&w.gguf)),
-        weight_files: weights.as_ref().map(|w| w.files.clone()).unwrap_or_default(),
         repo: weights.as_ref().and_then(|w| w.repo.clone()),
         revision: weights.and_then(|w| w.revision),
+        config,
+        config_checks: Vec::new(),
     })
 }
 
 /// `--set NAME=VALUE` replaces a `[check]` dim of that name, else a
 /// generic. The values live in a source of their own, the command line,
 /// so that a value that breaks a clause is shown where it was typed.
-fn apply_overrides(
-    sources: &mut SourceMap,
-    overrides: &[(String, String)],
-    generics: &mut Vec<NestEntry>,
-    check: &mut [NestEntry],
-) {
+pub fn apply_overrides(sources: &mut SourceMap, overrides: &[(String, String)], nest: &mut Nest) {
+    let (generics, check) = (&mut nest.generics, &mut nest.check);
     if overrides.is_empty() {
         return;
     }
@@ -293,7 +308,7 @@ fn apply_overrides(
     for ((name, value), (name_range, value_range)) in overrides.iter().zip(placed) {
         let entry = NestEntry {
             name: name.clone(),
-            value: value.parse::<i64>().map_or_else(|_| NestValue::Text(value.clone()), NestValue::Int),
+            value: NestValue::parse(value),
             name_span: Span::new(file, name_range),
             value_span: Span::new(file, value_range),
         };

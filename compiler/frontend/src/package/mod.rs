@@ -5,6 +5,7 @@
 //! library. All file IO of the frontend happens here; unsaved editor texts
 //! come in through an overlay and win over the disk.
 
+pub mod config;
 pub mod gguf_names;
 mod link;
 mod manifest;
@@ -107,6 +108,9 @@ pub struct LoadOptions {
     pub nest: Option<PathBuf>,
     /// `--set NAME=VALUE`: generics (and `[check]` dims) to override.
     pub overrides: Vec<(String, String)>,
+    /// The `config.json` of the checkpoint the model will run with: the
+    /// card's `[config]` reads generics from it (`--set` still wins).
+    pub checkpoint_config: Option<PathBuf>,
     pub overlay: HashMap<PathBuf, String>,
     /// Where the standard library lives; found next to the compiler if absent.
     pub stdlib: Option<PathBuf>,
@@ -139,6 +143,24 @@ fn file_start(sources: &mut SourceMap, path: &Path) -> Span {
     Span::new(file, 0..0)
 }
 
+/// Applies the checkpoint's `config.json` at `path` to the card's generics.
+fn read_checkpoint_config(path: &Path, nest: &mut Nest, sources: &mut SourceMap, diagnostics: &mut Vec<Diagnostic>) {
+    if nest.config.is_empty() {
+        return;
+    }
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let file = sources.add(path, text);
+            let stored = path.parent().and_then(config::stored_dtype);
+            nest.config_checks = config::apply(&nest.config, file, stored, sources, &mut nest.generics, diagnostics);
+        }
+        Err(error) => {
+            let span = nest.config.first().map_or(Span::new(nest.file, 0..0), |line| line.span);
+            diagnostics.push(unreadable(span, path, &error));
+        }
+    }
+}
+
 pub fn load(
     dir: &Path,
     options: &LoadOptions,
@@ -168,7 +190,13 @@ pub fn load(
     let nest = match options.read(&nest_path) {
         Ok(text) => {
             let file = sources.add(&nest_path, text);
-            manifest::parse_nest(file, sources, &options.overrides, diagnostics)
+            manifest::parse_nest(file, sources, diagnostics).map(|mut nest| {
+                if let Some(path) = &options.checkpoint_config {
+                    read_checkpoint_config(path, &mut nest, sources, diagnostics);
+                }
+                manifest::apply_overrides(sources, &options.overrides, &mut nest);
+                nest
+            })
         }
         Err(error) if options.nest.is_some() => {
             let span = file_start(sources, &nest_path);

@@ -10,7 +10,7 @@
 
 use super::facts::Facts;
 use super::program::Program;
-use super::ty::{compare, infer, Axis, Elem, SubTy, Subst, Ty};
+use super::ty::{compare, infer, Axis, Elem, Number, SubTy, Subst, Ty};
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::Span;
@@ -121,6 +121,7 @@ fn describe(program: &Program, bound: &SubTy) -> String {
         .filter_map(|g| match g.kind {
             GenericKind::Dim => bound.args.dims.get(&g.name).map(Dim::to_string),
             GenericKind::Float => bound.args.elems.get(&g.name).map(Elem::to_string),
+            GenericKind::Number => bound.args.numbers.get(&g.name).map(Number::to_string),
             GenericKind::Shape | GenericKind::Block => None,
         })
         .collect();
@@ -196,6 +197,9 @@ fn accepts(
             }
             GenericKind::Float => {
                 promised.elems.insert(generic.name.clone(), Elem::Generic(fresh));
+            }
+            GenericKind::Number => {
+                promised.numbers.insert(generic.name.clone(), Number::Generic(fresh));
             }
             GenericKind::Block => {}
         }

@@ -346,13 +346,14 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             self.define(name.span, generic.span);
             return match generic.kind {
                 GenericKind::Dim => Ty::DimValue(Dim::generic(&name.name)),
+                GenericKind::Number => Ty::Tensor(TensorTy::scalar(Elem::Known(Dtype::F32))),
                 kind => self.error(
                     Diagnostic::error(
                         Code::KindMismatch,
                         name.span,
-                        format!("`{}` is a {kind:?} generic, not a value", name.name),
+                        format!("`{}` is {} generic, not a value", name.name, kind.article()),
                     )
-                    .with_label("only a Dim generic can be used as a value"),
+                    .with_label("only a Dim or an f32 generic can be used as a value"),
                 ),
             };
         }

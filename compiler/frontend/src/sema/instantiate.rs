@@ -5,9 +5,9 @@
 //! other block's clauses follow from the root's. Then `bindings.json` must
 //! name a checkpoint tensor for every parameter of this instantiation.
 
-use super::program::{Clause, GenericSig, ItemRef, Program};
+use super::program::{Clause, GenericDefault, GenericSig, ItemRef, Program};
 use super::suggest;
-use super::ty::{Elem, SubTy, Subst, Ty};
+use super::ty::{Elem, Number, SubTy, Subst, Ty};
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::package::{gguf_names, Nest, NestValue};
@@ -23,6 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 pub struct Values {
     pub dims: HashMap<Symbol, i64>,
     pub elems: HashMap<Symbol, Dtype>,
+    pub numbers: HashMap<Symbol, f64>,
     pub blocks: HashMap<Symbol, (usize, Values)>,
     pub spans: HashMap<Symbol, Span>,
 }
@@ -56,6 +57,15 @@ impl Values {
                 inner.elems.insert(name.clone(), dtype);
             }
         }
+        for (name, number) in &args.numbers {
+            let value = match number {
+                Number::Known(value) => Some(*value),
+                Number::Generic(outer) => self.numbers.get(outer).copied(),
+            };
+            if let Some(value) = value {
+                inner.numbers.insert(name.clone(), value);
+            }
+        }
         inner
     }
 
@@ -77,6 +87,7 @@ impl Values {
             dims: self.dims.iter().map(|(name, value)| (name.clone(), Dim::constant(*value))).collect(),
             shapes: HashMap::new(),
             elems: self.elems.iter().map(|(name, dtype)| (name.clone(), Elem::Known(*dtype))).collect(),
+            numbers: self.numbers.iter().map(|(name, value)| (name.clone(), Number::Known(*value))).collect(),
             blocks: self
                 .blocks
                 .iter()
@@ -93,6 +104,7 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
     let Some((instance, given)) = root_generics(program, diagnostics) else { return };
     let Some((root, values)) = given.instance(&instance) else { return };
     check_clauses(&program.blocks[root].clauses, &values, diagnostics);
+    check_config(nest, &given, diagnostics);
     check_entries(program, root, nest, &values, diagnostics);
     let within_limits = source_is_sound && super::footprint::check(program, &instance, &given, diagnostics);
     if !within_limits {
@@ -199,6 +211,9 @@ fn identity(generics: &[GenericSig]) -> Subst {
             GenericKind::Float => {
                 subst.elems.insert(generic.name.clone(), Elem::Generic(generic.name.clone()));
             }
+            GenericKind::Number => {
+                subst.numbers.insert(generic.name.clone(), Number::Generic(generic.name.clone()));
+            }
             GenericKind::Shape | GenericKind::Block => {}
         }
     }
@@ -255,6 +270,16 @@ fn root_values(
                 diagnostics.push(bad("expected \"bf16\", \"f16\" or \"f32\""));
                 ok = false;
             }
+            (GenericKind::Number, NestValue::Int(value)) => {
+                values.numbers.insert(generic.name.clone(), *value as f64);
+            }
+            (GenericKind::Number, NestValue::Float(value)) if value.is_finite() => {
+                values.numbers.insert(generic.name.clone(), *value);
+            }
+            (GenericKind::Number, _) => {
+                diagnostics.push(bad("expected a finite number"));
+                ok = false;
+            }
             (GenericKind::Shape, _) => {
                 diagnostics.push(bad("a variadic shape cannot be set"));
                 ok = false;
@@ -271,8 +296,11 @@ fn root_values(
         let given = values.spans.contains_key(&generic.name);
         match (&generic.default, given) {
             (_, true) => {}
-            (Some(super::ty::Elem::Known(dtype)), false) => {
+            (Some(GenericDefault::Elem(super::ty::Elem::Known(dtype))), false) => {
                 values.elems.insert(generic.name.clone(), *dtype);
+            }
+            (Some(GenericDefault::Number(value)), false) => {
+                values.numbers.insert(generic.name.clone(), *value);
             }
             (_, false) if generic.kind == GenericKind::Block => {
                 diagnostics.push(
@@ -303,6 +331,27 @@ fn root_values(
         }
     }
     ok.then_some(values)
+}
+
+/// The checkpoint's derived `[config]` values against the card's generics.
+fn check_config(nest: &Nest, given: &Values, diagnostics: &mut Vec<Diagnostic>) {
+    let sizes: HashMap<String, i64> = given.dims.iter().map(|(name, value)| (name.to_string(), *value)).collect();
+    for check in &nest.config_checks {
+        let problem = match gguf_names::evaluate(&check.expression, &sizes) {
+            Ok(expected) if expected == check.found => continue,
+            Ok(expected) => format!("the card's generics make `{}` {expected}", check.expression),
+            Err(error) => format!("`{}` cannot be evaluated: {error}", check.expression),
+        };
+        diagnostics.push(
+            Diagnostic::error(
+                Code::CheckpointConfig,
+                check.span,
+                format!("the checkpoint's config.json says `{}` is {}, where {problem}", check.key, check.found),
+            )
+            .with_label("the card's `[config]` line")
+            .with_secondary(check.found_at, "the checkpoint says this"),
+        );
+    }
 }
 
 fn check_clauses(clauses: &[Clause], values: &Values, diagnostics: &mut Vec<Diagnostic>) {

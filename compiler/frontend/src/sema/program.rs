@@ -4,7 +4,7 @@
 //! and generics known by kind. Bodies are checked later against this.
 
 use super::suggest;
-use super::ty::{Axis, Elem, SubTy, Subst, TensorTy, Ty};
+use super::ty::{Axis, Elem, Number, SubTy, Subst, TensorTy, Ty};
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::package::Package;
@@ -15,11 +15,20 @@ use linnet_ir::Dtype;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// What a generic is when not given.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenericDefault {
+    /// A `Float`'s: `T: Float = bf16`.
+    Elem(Elem),
+    /// A number's: `Eps: f32 = 1e-6`.
+    Number(f64),
+}
+
 #[derive(Clone, Debug)]
 pub struct GenericSig {
     pub name: Symbol,
     pub kind: GenericKind,
-    pub default: Option<Elem>,
+    pub default: Option<GenericDefault>,
     /// A block generic's bound: its trait, with arguments over the
     /// generics declared before it.
     pub bound: Option<SubTy>,
@@ -288,6 +297,16 @@ pub fn resolve_type(ty: &ast::TypeExpr, scope: &GenericScope, diagnostics: &mut 
     }
 }
 
+fn bad_default(generic: &ast::Generic, label: &str) -> Diagnostic {
+    let span = generic.default.as_ref().map_or(generic.span, ast::GenericArg::span);
+    Diagnostic::error(
+        Code::TypeError,
+        span,
+        format!("not a default for `{}`, {}", generic.name.name, generic.kind.article()),
+    )
+    .with_label(label.to_string())
+}
+
 fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>) -> Vec<GenericSig> {
     let mut resolved: Vec<GenericSig> = Vec::new();
     for generic in generics {
@@ -303,17 +322,26 @@ fn resolve_generics(generics: &[ast::Generic], diagnostics: &mut Vec<Diagnostic>
             );
             continue;
         }
-        let default = generic.default.as_ref().and_then(|default| match (generic.kind, Dtype::parse(&default.name)) {
-            (GenericKind::Float, Some(dtype)) if dtype.is_float() => Some(Elem::Known(dtype)),
+        let default = generic.default.as_ref().and_then(|default| match (generic.kind, default) {
+            (GenericKind::Float, ast::GenericArg::Dim(ast::DimExpr::Name(name))) => {
+                match Dtype::parse(&name.name).filter(|dtype| dtype.is_float()) {
+                    Some(dtype) => Some(GenericDefault::Elem(Elem::Known(dtype))),
+                    None => {
+                        diagnostics.push(bad_default(generic, "a Float generic defaults to bf16, f16 or f32"));
+                        None
+                    }
+                }
+            }
+            (GenericKind::Number, ast::GenericArg::Number(value, _)) => Some(GenericDefault::Number(*value)),
+            (GenericKind::Number, ast::GenericArg::Dim(ast::DimExpr::Int(value, _))) => {
+                Some(GenericDefault::Number(*value as f64))
+            }
+            (GenericKind::Number, _) => {
+                diagnostics.push(bad_default(generic, "an f32 generic defaults to a number: `1e-6`, `10000`"));
+                None
+            }
             _ => {
-                diagnostics.push(
-                    Diagnostic::error(
-                        Code::TypeError,
-                        default.span,
-                        format!("`{}` is not a default for a {:?}", default.name, generic.kind),
-                    )
-                    .with_label("a Float generic defaults to bf16, f16 or f32"),
-                );
+                diagnostics.push(bad_default(generic, "only a Float or an f32 generic has a default"));
                 None
             }
         });
@@ -943,7 +971,7 @@ impl<'a> Program<'a> {
     }
 
     /// Binds explicit generic arguments to a callee's generics, by kind;
-    /// missing `Float`s take their defaults, and the rest are left to
+    /// missing `Float`s and numbers take their defaults, and the rest are left to
     /// inference unless `require_all`. `None` after reporting a problem.
     #[allow(clippy::too_many_arguments)]
     pub fn bind_generic_args(
@@ -997,6 +1025,17 @@ impl<'a> Program<'a> {
                         None => ok = false,
                     }
                 }
+                (GenericKind::Number, ast::GenericArg::Number(value, _)) => {
+                    subst.numbers.insert(generic.name.clone(), Number::Known(*value));
+                }
+                (GenericKind::Number, ast::GenericArg::Dim(ast::DimExpr::Int(value, _))) => {
+                    subst.numbers.insert(generic.name.clone(), Number::Known(*value as f64));
+                }
+                (GenericKind::Number, ast::GenericArg::Dim(ast::DimExpr::Name(ident)))
+                    if scope.find(&ident.name).is_some_and(|g| g.kind == GenericKind::Number) =>
+                {
+                    subst.numbers.insert(generic.name.clone(), Number::Generic(Arc::from(ident.name.as_str())));
+                }
                 (GenericKind::Block, ast::GenericArg::Dim(ast::DimExpr::Name(name)))
                 | (GenericKind::Block, ast::GenericArg::Type(ast::TypeExpr::Named { name, .. })) => {
                     let inner = match arg {
@@ -1027,8 +1066,11 @@ impl<'a> Program<'a> {
         let mut missing = Vec::new();
         for generic in &generics[args.len()..] {
             match &generic.default {
-                Some(default) => {
+                Some(GenericDefault::Elem(default)) => {
                     subst.elems.insert(generic.name.clone(), default.clone());
+                }
+                Some(GenericDefault::Number(value)) => {
+                    subst.numbers.insert(generic.name.clone(), Number::Known(*value));
                 }
                 None => missing.push(&*generic.name),
             }
@@ -1085,6 +1127,7 @@ pub(super) fn garg_uses(arg: &ast::GenericArg, scope: &GenericScope, uses: &mut 
     match arg {
         ast::GenericArg::Dim(dim) => dim_uses(dim, scope, uses),
         ast::GenericArg::Type(ty) => type_uses(ty, scope, uses),
+        ast::GenericArg::Number(..) => {}
     }
 }
 

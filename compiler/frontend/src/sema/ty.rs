@@ -1,7 +1,8 @@
 //! Types as the checker sees them: element types, tensors whose axes are
 //! [`Dim`]s or variadic shapes, tuples, options, dims used as values, and
 //! sub-blocks. A scalar is a tensor of rank 0. [`Subst`] maps a callee's
-//! generics to the caller's dims, shapes and element types.
+//! generics to the caller's dims, shapes, element types, numbers and
+//! blocks.
 
 use super::facts::Facts;
 use crate::code::Code;
@@ -77,6 +78,23 @@ impl fmt::Display for Elem {
             Elem::Generic(name) => f.write_str(name),
             Elem::IntLiteral => f.write_str("integer literal"),
             Elem::FloatLiteral => f.write_str("float literal"),
+        }
+    }
+}
+
+/// The value of a number setting (an `f32` generic): known, or another
+/// number generic's.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Number {
+    Known(f64),
+    Generic(Symbol),
+}
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Number::Known(value) => write!(f, "{value:?}"),
+            Number::Generic(name) => f.write_str(name),
         }
     }
 }
@@ -209,12 +227,14 @@ impl fmt::Display for Ty {
     }
 }
 
-/// Values for generics: dims, variadic shapes, element types and blocks.
+/// Values for generics: dims, variadic shapes, element types, numbers and
+/// blocks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Subst {
     pub dims: HashMap<Symbol, Dim>,
     pub shapes: HashMap<Symbol, Vec<Axis>>,
     pub elems: HashMap<Symbol, Elem>,
+    pub numbers: HashMap<Symbol, Number>,
     pub blocks: HashMap<Symbol, SubTy>,
 }
 
@@ -223,7 +243,16 @@ impl Subst {
         self.dims.contains_key(name)
             || self.shapes.contains_key(name)
             || self.elems.contains_key(name)
+            || self.numbers.contains_key(name)
             || self.blocks.contains_key(name)
+    }
+
+    /// The number `number` stands for under these values.
+    pub fn number(&self, number: &Number) -> Number {
+        match number {
+            Number::Generic(name) => self.numbers.get(name).cloned().unwrap_or_else(|| number.clone()),
+            known => known.clone(),
+        }
     }
 
     pub fn dim(&self, dim: &Dim) -> Dim {
@@ -301,6 +330,7 @@ impl Subst {
             dims: sub.args.dims.iter().map(|(k, v)| (k.clone(), self.dim(v))).collect(),
             shapes: sub.args.shapes.clone(),
             elems: sub.args.elems.iter().map(|(k, v)| (k.clone(), self.elem(v))).collect(),
+            numbers: sub.args.numbers.iter().map(|(k, v)| (k.clone(), self.number(v))).collect(),
             blocks: sub.args.blocks.iter().map(|(k, v)| (k.clone(), self.sub(v))).collect(),
         };
         SubTy { block: sub.block, args, generic: sub.generic.clone() }

@@ -68,6 +68,10 @@ pub enum GenericKind {
     Dim,
     Shape,
     Float,
+    /// A number setting, written `Eps: f32`: a value known before running
+    /// (ε, a rotary base, a scaling factor), used in expressions as an
+    /// `f32` scalar.
+    Number,
     /// A block type, bounded by a trait: `F: FeedForward<H, T>`.
     Block,
 }
@@ -79,12 +83,14 @@ impl GenericKind {
             GenericKind::Dim => "a Dim",
             GenericKind::Shape => "a Shape",
             GenericKind::Float => "a Float",
+            GenericKind::Number => "a number (f32)",
             GenericKind::Block => "a block",
         }
     }
 }
 
-/// `B: Dim`, `*S: Shape`, `T: Float = bf16`, `F: FeedForward<H, T>`.
+/// `B: Dim`, `*S: Shape`, `T: Float = bf16`, `Eps: f32 = 1e-6`,
+/// `F: FeedForward<H, T>`.
 #[derive(Clone, Debug)]
 pub struct Generic {
     pub name: Ident,
@@ -92,7 +98,9 @@ pub struct Generic {
     pub kind_span: Span,
     /// The trait a block generic must satisfy, with its arguments.
     pub bound: Option<(Ident, Vec<GenericArg>)>,
-    pub default: Option<Ident>,
+    /// What the generic is when not given: a dtype name for a `Float`, a
+    /// number for an `f32`.
+    pub default: Option<GenericArg>,
     pub span: Span,
 }
 
@@ -188,6 +196,9 @@ pub enum DimItem {
 pub enum GenericArg {
     Dim(DimExpr),
     Type(TypeExpr),
+    /// A number with a point or an exponent (`1e-5`, `-0.5`), for an `f32`
+    /// generic; an integer is a `Dim` until its parameter's kind says.
+    Number(f64, Span),
 }
 
 impl GenericArg {
@@ -195,6 +206,7 @@ impl GenericArg {
         match self {
             GenericArg::Dim(dim) => dim.span(),
             GenericArg::Type(ty) => ty.span(),
+            GenericArg::Number(_, span) => *span,
         }
     }
 }

@@ -107,6 +107,20 @@ fn keyword_ident(word: &'static str) -> impl Parser<Token, Ident, Error = Error>
     })
 }
 
+/// A float literal as a generic argument, `-` allowed: `1e-5`, `-0.5`.
+fn number_arg() -> impl Parser<Token, GenericArg, Error = Error> + Clone {
+    let float = filter_map(|span, token| match token {
+        Token::Float(text) => text
+            .parse::<f64>()
+            .map(|value| (value, span))
+            .map_err(|_| Simple::custom(span, format!("`{text}` is not a number"))),
+        found => Err(Simple::expected_input_found(span, Vec::new(), Some(found))),
+    });
+    just(Token::Minus).or_not().then(float).map_with_span(|(minus, (value, _)), span| {
+        GenericArg::Number(if minus.is_some() { -value } else { value }, span)
+    })
+}
+
 fn int_literal() -> impl Parser<Token, (u64, Span), Error = Error> + Clone {
     filter_map(|span, token| match token {
         Token::Int(text) => text
@@ -192,7 +206,7 @@ fn type_expr() -> impl Parser<Token, TypeExpr, Error = Error> + Clone {
                     .delimited_by(just(Token::LBracket), just(Token::RBracket)),
             )
             .map_with_span(|(dims, elem), span| TypeExpr::Tensor { dims, elem, span });
-        let generic_arg = tensor.clone().map(GenericArg::Type).or(dim_expr().map(GenericArg::Dim));
+        let generic_arg = choice((tensor.clone().map(GenericArg::Type), number_arg(), dim_expr().map(GenericArg::Dim)));
         let named = ident()
             .then(
                 generic_arg
@@ -222,7 +236,7 @@ fn generic_args() -> impl Parser<Token, Vec<GenericArg>, Error = Error> + Clone 
         let instance = ident()
             .then(args)
             .map_with_span(|(name, args), span| GenericArg::Type(TypeExpr::Named { name, args, span }));
-        let arg = choice((tensor, instance, dim_expr().map(GenericArg::Dim)));
+        let arg = choice((tensor, instance, number_arg(), dim_expr().map(GenericArg::Dim)));
         arg.separated_by(just(Token::Comma)).allow_trailing().at_least(1).delimited_by(just(Token::Lt), just(Token::Gt))
     })
 }
@@ -470,12 +484,13 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
 }
 
 fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
-    // `Dim`, `Shape`, `Float`, or a trait that bounds a block generic.
+    // `Dim`, `Shape`, `Float`, `f32`, or a trait that bounds a block generic.
     let kind = ident().then(generic_args().or_not()).map_with_span(|(ident, args), span| {
         let kind = match (ident.name.as_str(), &args) {
             ("Dim", None) => GenericKind::Dim,
             ("Shape", None) => GenericKind::Shape,
             ("Float", None) => GenericKind::Float,
+            ("f32", None) => GenericKind::Number,
             _ => return (GenericKind::Block, span, Some((ident, args.unwrap_or_default()))),
         };
         (kind, span, None)
@@ -485,7 +500,7 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
         .then(ident())
         .then_ignore(just(Token::Colon))
         .then(kind)
-        .then(just(Token::Assign).ignore_then(ident()).or_not())
+        .then(just(Token::Assign).ignore_then(generic_default()).or_not())
         .try_map(|(((star, name), (kind, kind_span, bound)), default), span| {
             if star.is_some() != (kind == GenericKind::Shape) {
                 return Err(Simple::custom(
@@ -501,6 +516,12 @@ fn generics() -> impl Parser<Token, Vec<Generic>, Error = Error> + Clone {
         .delimited_by(just(Token::Lt), just(Token::Gt))
         .or_not()
         .map(Option::unwrap_or_default)
+}
+
+/// A generic's default: a dtype name (`bf16`) or a number (`1e-6`, `10000`).
+fn generic_default() -> impl Parser<Token, GenericArg, Error = Error> + Clone {
+    let int = int_literal().map(|(value, span)| GenericArg::Dim(DimExpr::Int(value, span)));
+    choice((number_arg(), int, ident().map(|name| GenericArg::Dim(DimExpr::Name(name)))))
 }
 
 type Signature = ((((Ident, Vec<Generic>), Vec<FnParam>), Option<TypeExpr>), Vec<WhereClause>);
