@@ -336,7 +336,7 @@ fn the_qwen3_package_reads_the_qwen3_checkpoint_s_settings_from_its_config() {
     assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
-/// Llama 3 checkpoints (`tests/fixtures/llama3`, transformers'
+/// Llama 3 checkpoints (`tests/fixtures/families`, transformers'
 /// `LlamaForCausalLM`) with no `--set`: one with Llama 3.1's scaled rotary
 /// frequencies, ε 1e-5 and an index over three shards, one with its head
 /// tied to the embeddings, plain rotary positions and one unindexed
@@ -344,25 +344,43 @@ fn the_qwen3_package_reads_the_qwen3_checkpoint_s_settings_from_its_config() {
 #[test]
 fn the_llama3_package_runs_llama3_checkpoints_with_the_settings_they_state() {
     for name in ["tiny-llama3", "tiny-llama3-tied"] {
-        let fixture = root().join("tests/fixtures/llama3").join(name);
+        let fixture = root().join("tests/fixtures/families").join(name);
         let distance = distance_from_the_oracle(&fixture, "models/llama3", &[], &fixture.join("weights-f32"));
         assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
     }
 }
 
-/// The settings a checkpoint states are the ones its logits follow: its
-/// ε (1e-5, not the 1e-6 of Qwen's cards) and its scaled rotary
-/// frequencies, each set otherwise, moves the logits out of the bound.
+/// A gpt-oss checkpoint (`GptOssForCausalLM`) with no `--set`: sliding
+/// and full attention with sinks, YaRN positions, a biased router over
+/// eight clamped-SwiGLU experts.
 #[test]
-fn a_llama3_checkpoint_s_logits_follow_its_stated_epsilon_and_rope_scaling() {
-    let fixture = root().join("tests/fixtures/llama3/tiny-llama3");
-    let weights = fixture.join("weights-f32");
-    let (ours, reference) = forward_logits(&fixture, "models/llama3", &[], &weights, 0);
-    assert!(distance(&ours, &reference) <= 1e-4);
-    for wrong in [("Eps", "1e-6"), ("RopeFactor", "1")] {
-        let (ours, reference) = forward_logits(&fixture, "models/llama3", &[wrong], &weights, 0);
-        let distance = distance(&ours, &reference);
-        assert!(distance > 1e-4, "{wrong:?} left the logits {distance:.2e} away");
+fn the_gpt_oss_package_runs_a_gpt_oss_checkpoint_with_the_settings_it_states() {
+    let fixture = root().join("tests/fixtures/families/tiny-gpt-oss");
+    let distance = distance_from_the_oracle(&fixture, "models/gpt-oss", &[], &fixture.join("weights-f32"));
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+}
+
+/// The settings a checkpoint states are the ones its logits follow: each
+/// set otherwise moves them out of the bound (Llama's ε of 1e-5, not the
+/// 1e-6 of Qwen's cards; its scaled rotary frequencies; gpt-oss's window,
+/// clamp and YaRN factor).
+#[test]
+fn each_family_s_logits_follow_the_settings_its_checkpoint_states() {
+    type Settings<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, &str, Settings); 2] = [
+        ("tiny-llama3", "models/llama3", &[("Eps", "1e-6"), ("RopeFactor", "1")]),
+        ("tiny-gpt-oss", "models/gpt-oss", &[("Window", "64"), ("Limit", "7"), ("RopeFactor", "1")]),
+    ];
+    for (name, package, wrongs) in cases {
+        let fixture = root().join("tests/fixtures/families").join(name);
+        let weights = fixture.join("weights-f32");
+        let (ours, reference) = forward_logits(&fixture, package, &[], &weights, 0);
+        assert!(distance(&ours, &reference) <= 1e-4, "{name}");
+        for wrong in wrongs {
+            let (ours, reference) = forward_logits(&fixture, package, &[*wrong], &weights, 0);
+            let distance = distance(&ours, &reference);
+            assert!(distance > 1e-4, "{name}: {wrong:?} left the logits {distance:.2e} away");
+        }
     }
 }
 

@@ -450,6 +450,43 @@ fn a_failure_is_an_error_not_an_answer() {
     std::fs::remove_dir_all(&weights).unwrap();
 }
 
+/// Each family's package serves chat on its checkpoint with its own
+/// template: the conversation rendered as transformers renders it
+/// (`tests/fixtures/chat-templates/rendered.json`, tokenized alike), and an
+/// answer of the length asked for, through `prefill_slots` and
+/// `decode_rows` as the standard library's decoder provides them.
+#[test]
+fn each_family_serves_chat_with_its_template() {
+    let templates = root().join("tests/fixtures/chat-templates");
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(templates.join("rendered.json")).unwrap()).unwrap();
+    for (package, fixture, template) in
+        [("models/llama3", "tiny-llama3", "llama3.1"), ("models/gpt-oss", "tiny-gpt-oss", "gpt-oss")]
+    {
+        let weights = root().join("tests/fixtures/families").join(fixture).join("weights-f32");
+        let template_file = templates.join(format!("{template}.jinja"));
+        let server = Server::spawn_package(
+            &root().join(package),
+            &["--weights", weights.to_str().unwrap(), "--chat-template", template_file.to_str().unwrap()],
+        );
+        let messages = golden["conversation"].clone();
+        let tokens = |body: Value| {
+            let (status, response) = server.call("POST", "/tokenize", &body.to_string());
+            assert_eq!(status, 200, "{package}: {response}");
+            serde_json::from_str::<Value>(&response).unwrap()["tokens"].clone()
+        };
+        let ours = tokens(json!({ "messages": messages }));
+        assert_eq!(ours, tokens(json!({ "prompt": golden["rendered"][template] })), "{package}");
+        let body = json!({ "messages": messages, "max_tokens": 4, "temperature": 0 });
+        let (status, response) = server.call("POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{package}: {response}");
+        let answer: Value = serde_json::from_str(&response).unwrap();
+        assert_eq!(answer["usage"]["prompt_tokens"], ours.as_array().unwrap().len(), "{package}: {answer}");
+        assert_eq!(answer["usage"]["completion_tokens"], 4, "{package}: {answer}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "length", "{package}: {answer}");
+    }
+}
+
 /// Constrained output over Qwen3.5's real vocabulary (llama.cpp's
 /// vocabulary file) and chat template, with random weights: every answer
 /// to a JSON schema parses and holds to it, a regex's matches it, thinking

@@ -7,6 +7,7 @@
 //! [`Compiler`] it is given (the CLI's, which builds on demand).
 
 pub mod bench;
+mod clock;
 pub mod constrain;
 mod error;
 mod experts;

@@ -226,7 +226,8 @@ impl TextModel {
 
 /// Renders a chat template as Jinja2 in Python would: Python's string and
 /// list methods (`startswith`, `split`, `strip`, …) through minijinja's
-/// Python compatibility, `raise_exception` as templates call it, and
+/// Python compatibility, `raise_exception` and `strftime_now` (in UTC) as
+/// templates call them, and
 /// `messages` and `add_generation_prompt` over the caller's options.
 pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Value>) -> Result<String, Error> {
     let mut env = minijinja::Environment::new();
@@ -234,6 +235,7 @@ pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Val
     env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
     });
+    env.add_function("strftime_now", |format: String| crate::clock::strftime_now(&format));
     env.add_filter("tojson", python_json);
     env.add_template("chat", template).map_err(|e| Error::Text(format!("the chat template does not parse: {e}")))?;
     let mut context = options.clone();
@@ -365,6 +367,28 @@ mod tests {
             json!({ "role": "assistant", "content": "<think>\nhmm\n</think>\n\nHello" }),
             json!({ "role": "user", "content": [{ "type": "text", "text": "Bye" }] }),
         ]
+    }
+
+    /// Llama 3.1's and gpt-oss's templates as their checkpoints ship them
+    /// render one conversation as transformers' `apply_chat_template` does
+    /// (`tests/fixtures/chat-templates/rendered.json`), byte for byte but
+    /// for gpt-oss's date of today.
+    #[test]
+    fn each_family_s_template_renders_as_transformers_does() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/chat-templates");
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/rendered.json")).unwrap()).unwrap();
+        let messages = golden["conversation"].as_array().unwrap();
+        let undated = |text: &str| match text.split_once("Current date: ") {
+            Some((before, after)) => format!("{before}Current date: DATE{}", &after[10..]),
+            None => text.to_string(),
+        };
+        for name in ["llama3.1", "gpt-oss"] {
+            let template = std::fs::read_to_string(format!("{dir}/{name}.jinja")).unwrap();
+            let ours = render_chat(&template, messages, &Map::new()).unwrap();
+            let theirs = golden["rendered"][name].as_str().unwrap();
+            assert_eq!(undated(&ours), undated(theirs), "{name}");
+        }
     }
 
     /// The real template calls Python's string methods (`startswith`,

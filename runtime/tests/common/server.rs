@@ -35,11 +35,16 @@ impl Server {
 
     /// The seed package under the model card `card`, with `args`.
     pub fn spawn_card(card: &Path, args: &[&str]) -> Server {
+        let mut with_card = vec!["--nest", card.to_str().unwrap()];
+        with_card.extend(args);
+        Server::spawn_package(&root().join("models/qwen3.6-35b-a3b"), &with_card)
+    }
+
+    /// The package at `package` under its own card, with `args`.
+    pub fn spawn_package(package: &Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_linnet"))
             .arg("serve")
-            .arg(root().join("models/qwen3.6-35b-a3b"))
-            .arg("--nest")
-            .arg(card)
+            .arg(package)
             .args(["--port", "0"])
             .args(args)
             .env("LINNET_STDLIB", root().join("stdlib"))

@@ -11,7 +11,8 @@
 //!   only when it is not the default);
 //! - a value (`"tie_word_embeddings" = false`, `"hidden_act" = "silu"`):
 //!   the file must say the same; `{ one_of = ["default", "llama3"] }`:
-//!   one of these;
+//!   one of these (`{ one_of = [] }`: the file must not have the key;
+//!   `required = true` beside `one_of`: the file must have it);
 //! - an expression over the generics (`"head_dim" = "H / Heads"`): the
 //!   file's value must equal it under the generics the card ends with.
 //!
@@ -34,8 +35,9 @@ pub enum Rule {
     Generic { name: String, per: i64, otherwise: Option<toml::Value> },
     /// The value must be this.
     Equals(toml::Value),
-    /// The value must be one of these.
-    OneOf(Vec<toml::Value>),
+    /// The value must be one of these; with `required`, the file must
+    /// have it.
+    OneOf { allowed: Vec<toml::Value>, required: bool },
     /// The value must equal this expression over the integer generics.
     Derived(String),
 }
@@ -98,7 +100,8 @@ pub fn parse(
     lines
 }
 
-/// `{ generic = "Name", otherwise = VALUE }` or `{ one_of = [VALUES] }`.
+/// `{ generic = "Name", otherwise = VALUE }` or `{ one_of = [VALUES] }`
+/// (with `required = true` or not).
 fn table_rule(table: &toml::value::Table) -> Option<Rule> {
     let keys: Vec<&str> = table.keys().map(String::as_str).collect();
     match keys.as_slice() {
@@ -108,7 +111,10 @@ fn table_rule(table: &toml::value::Table) -> Option<Rule> {
             }
             _ => None,
         },
-        ["one_of"] => Some(Rule::OneOf(table["one_of"].as_array()?.clone())),
+        ["one_of"] => Some(Rule::OneOf { allowed: table["one_of"].as_array()?.clone(), required: false }),
+        ["one_of", "required"] | ["required", "one_of"] => {
+            Some(Rule::OneOf { allowed: table["one_of"].as_array()?.clone(), required: table["required"].as_bool()? })
+        }
         _ => None,
     }
 }
@@ -253,6 +259,19 @@ pub fn apply(
     let mut checks = Vec::new();
     for line in lines {
         let Some((key, found)) = line.keys.iter().find_map(|key| Some((key, lookup(&config, key)?))) else {
+            if let Rule::OneOf { required: true, .. } = &line.rule {
+                diagnostics.push(
+                    Diagnostic::error(
+                        Code::CheckpointConfig,
+                        line.span,
+                        format!(
+                            "the checkpoint's config.json has no `{}`, which the card requires",
+                            line.keys.join("` or `")
+                        ),
+                    )
+                    .with_label(format!("the card's `[config]` line; {path} does not say it")),
+                );
+            }
             if let Rule::Generic { name, otherwise: Some(value), .. } = &line.rule {
                 let value = match value {
                     toml::Value::Integer(whole) => NestValue::Int(*whole),
@@ -280,8 +299,11 @@ pub fn apply(
         match &line.rule {
             Rule::Equals(expected) if same(expected, found) => {}
             Rule::Equals(expected) => diagnostics.push(contradiction(format!("requires {expected}"))),
-            Rule::OneOf(allowed) if allowed.iter().any(|expected| same(expected, found)) => {}
-            Rule::OneOf(allowed) => {
+            Rule::OneOf { allowed, .. } if allowed.iter().any(|expected| same(expected, found)) => {}
+            Rule::OneOf { allowed, .. } if allowed.is_empty() => {
+                diagnostics.push(contradiction("does not read it: the package cannot run this setting".to_string()))
+            }
+            Rule::OneOf { allowed, .. } => {
                 let listed: Vec<String> = allowed.iter().map(toml::Value::to_string).collect();
                 diagnostics.push(contradiction(format!("requires one of {}", listed.join(", "))));
             }
