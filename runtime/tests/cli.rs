@@ -360,16 +360,32 @@ fn the_gpt_oss_package_runs_a_gpt_oss_checkpoint_with_the_settings_it_states() {
     assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
+/// A Gemma 3 checkpoint (`Gemma3ForCausalLM`) with no `--set`: eight
+/// layers, so the pattern of five sliding layers to one global runs past
+/// its end; four norms a layer, scaled embeddings, a tied head.
+#[test]
+fn the_gemma3_package_runs_a_gemma3_checkpoint_with_the_settings_it_states() {
+    let fixture = root().join("tests/fixtures/families/tiny-gemma3");
+    let distance = distance_from_the_oracle(&fixture, "models/gemma3", &[], &fixture.join("weights-f32"));
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+}
+
 /// The settings a checkpoint states are the ones its logits follow: each
 /// set otherwise moves them out of the bound (Llama's ε of 1e-5, not the
 /// 1e-6 of Qwen's cards; its scaled rotary frequencies; gpt-oss's window,
-/// clamp and YaRN factor).
+/// clamp and YaRN factor; Gemma's window, pattern, query scale and global
+/// rotary scaling).
 #[test]
 fn each_family_s_logits_follow_the_settings_its_checkpoint_states() {
     type Settings<'a> = &'a [(&'a str, &'a str)];
-    let cases: [(&str, &str, Settings); 2] = [
+    let cases: [(&str, &str, Settings); 3] = [
         ("tiny-llama3", "models/llama3", &[("Eps", "1e-6"), ("RopeFactor", "1")]),
         ("tiny-gpt-oss", "models/gpt-oss", &[("Window", "64"), ("Limit", "7"), ("RopeFactor", "1")]),
+        (
+            "tiny-gemma3",
+            "models/gemma3",
+            &[("Window", "64"), ("Pattern", "4"), ("QueryScale", "16"), ("GlobalFactor", "1")],
+        ),
     ];
     for (name, package, wrongs) in cases {
         let fixture = root().join("tests/fixtures/families").join(name);

@@ -450,25 +450,35 @@ fn a_failure_is_an_error_not_an_answer() {
     std::fs::remove_dir_all(&weights).unwrap();
 }
 
-/// Each family's package serves chat on its checkpoint with its own
-/// template: the conversation rendered as transformers renders it
-/// (`tests/fixtures/chat-templates/rendered.json`, tokenized alike), and an
-/// answer of the length asked for, through `prefill_slots` and
-/// `decode_rows` as the standard library's decoder provides them.
+/// Each family's package serves its checkpoint: greedy completions of
+/// the oracle's prompts are transformers' tokens (through `prefill_slots`
+/// and `decode_rows` as the standard library's decoder provides them), and
+/// where the family's chat template is here, a conversation rendered as
+/// transformers renders it (`tests/fixtures/chat-templates/rendered.json`,
+/// tokenized alike) gets an answer of the length asked for.
 #[test]
-fn each_family_serves_chat_with_its_template() {
+fn each_family_serves_its_checkpoint_and_chat_template() {
     let templates = root().join("tests/fixtures/chat-templates");
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(templates.join("rendered.json")).unwrap()).unwrap();
-    for (package, fixture, template) in
-        [("models/llama3", "tiny-llama3", "llama3.1"), ("models/gpt-oss", "tiny-gpt-oss", "gpt-oss")]
-    {
-        let weights = root().join("tests/fixtures/families").join(fixture).join("weights-f32");
-        let template_file = templates.join(format!("{template}.jinja"));
-        let server = Server::spawn_package(
-            &root().join(package),
-            &["--weights", weights.to_str().unwrap(), "--chat-template", template_file.to_str().unwrap()],
-        );
+    for (package, fixture, template) in [
+        ("models/llama3", "tiny-llama3", Some("llama3.1")),
+        ("models/gpt-oss", "tiny-gpt-oss", Some("gpt-oss")),
+        ("models/gemma3", "tiny-gemma3", None),
+    ] {
+        let dir = root().join("tests/fixtures/families").join(fixture);
+        let weights = dir.join("weights-f32");
+        let mut args = vec!["--weights".to_string(), weights.to_str().unwrap().to_string()];
+        if let Some(template) = template {
+            args.push("--chat-template".into());
+            args.push(templates.join(format!("{template}.jinja")).to_str().unwrap().into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::spawn_package(&root().join(package), &args);
+        for sequence in common::golden(&dir, "f32").into_iter().take(3) {
+            assert_eq!(server.complete(&sequence.tokens, sequence.greedy.len()), sequence.greedy, "{package}");
+        }
+        let Some(template) = template else { continue };
         let messages = golden["conversation"].clone();
         let tokens = |body: Value| {
             let (status, response) = server.call("POST", "/tokenize", &body.to_string());

@@ -149,13 +149,17 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                     self.assign(target, value, *span)?;
                 }
                 Stmt::Return { value, .. } => *returned = self.expr(value)?,
-                Stmt::StaticFor { var, over, body, span } => {
+                Stmt::StaticFor { var, index: position, over, body, span } => {
                     let Some(Val::SubArray(element, count)) = self.lookup(&over.name)? else {
                         return Err(unsupported(*span, "`static for` over something that is not a sub array"));
                     };
                     for index in 0..count {
                         let instance = Instance { path: format!("{}{index}.", element.path), ..(*element).clone() };
-                        self.locals.push(HashMap::from([(var.name.clone(), Val::Sub(Box::new(instance)))]));
+                        let mut bound = HashMap::from([(var.name.clone(), Val::Sub(Box::new(instance)))]);
+                        if let Some(position) = position {
+                            bound.insert(position.name.clone(), Val::Literal(index as f64, false));
+                        }
+                        self.locals.push(bound);
                         let result = self.stmts(body, returned);
                         self.locals.pop();
                         result?;

@@ -165,7 +165,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 let found = self.check_expr(value);
                 self.check_returned(value, &found, ret);
             }
-            Stmt::StaticFor { var, over, body, .. } => {
+            Stmt::StaticFor { var, index, over, body, .. } => {
                 if let Some(declared) = self.member_span(&over.name) {
                     self.define(over.span, declared);
                 }
@@ -184,6 +184,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 };
                 self.locals.push(HashMap::new());
                 self.bind(var, element, LocalKind::Let);
+                if let Some(index) = index {
+                    self.bind(index, Ty::Tensor(TensorTy::scalar(Elem::Known(Dtype::I32))), LocalKind::Let);
+                }
                 self.check_stmts(body, ret);
                 self.locals.pop();
             }

@@ -356,11 +356,35 @@ pub enum Pattern {
 
 #[derive(Clone, Debug)]
 pub enum Stmt {
-    Let { pattern: Pattern, value: Expr, span: Span },
-    Var { name: Ident, value: Expr, span: Span },
-    Assign { target: Ident, value: Expr, span: Span },
-    Return { value: Expr, span: Span },
-    StaticFor { var: Ident, over: Ident, body: Vec<Stmt>, span: Span },
+    Let {
+        pattern: Pattern,
+        value: Expr,
+        span: Span,
+    },
+    Var {
+        name: Ident,
+        value: Expr,
+        span: Span,
+    },
+    Assign {
+        target: Ident,
+        value: Expr,
+        span: Span,
+    },
+    Return {
+        value: Expr,
+        span: Span,
+    },
+    /// `static for var in over { ... }`, or `static for var, index in
+    /// over`: `index` the element's position (an `i32`, known before
+    /// running).
+    StaticFor {
+        var: Ident,
+        index: Option<Ident>,
+        over: Ident,
+        body: Vec<Stmt>,
+        span: Span,
+    },
     Expr(Expr),
     Error(Span),
 }

@@ -468,10 +468,11 @@ fn statements() -> impl Parser<Token, Vec<Stmt>, Error = Error> + Clone {
         let for_stmt = just(Token::Static)
             .ignore_then(just(Token::For))
             .ignore_then(ident())
+            .then(just(Token::Comma).ignore_then(ident()).or_not())
             .then_ignore(just(Token::In))
             .then(ident())
             .then(body)
-            .map_with_span(|((var, over), body), span| Stmt::StaticFor { var, over, body, span });
+            .map_with_span(|(((var, index), over), body), span| Stmt::StaticFor { var, index, over, body, span });
         let assign = ident()
             .then_ignore(just(Token::Assign))
             .then(expr())
