@@ -184,6 +184,11 @@ codes! {
          trait declares, or declares it with another signature.",
     TraitBody = "trait-body":
         "A trait's function is a signature without a body; the blocks that meet the trait define it.",
+    UnusedLet = "unused-let":
+        "A name bound by `let`, `var` or `static for` is never read (a warning). Its value is computed \
+         for nothing, which is often a mistake: a cache written to a `let` and not assigned back to \
+         its `state`, a result the next line meant to use. Use it, drop it, or start its name with \
+         `_` where that is meant.",
     UnknownRoot = "unknown-root":
         "The model card (`nest.toml`) names no root block, or one that the source does not declare: \
          `[source] root = \"Model\"`.",
@@ -203,6 +208,11 @@ codes! {
     UnknownCheckDim = "unknown-check-dim":
         "The model card's `[check]` gives a dim that no entry of the root block declares (a warning: \
          the value is not used).",
+    NoWeights = "no-weights":
+        "The model card has no `[weights] bindings` (nor a `gguf` naming), so no checkpoint can be \
+         loaded for it: `linnet run` would report every parameter as unbound. A warning, since a card \
+         may be meant for checking alone. Add `[weights]` with `bindings = \"bindings.json\"`, the \
+         file mapping each parameter path to the checkpoint's tensor name.",
     MissingBinding = "missing-binding":
         "A parameter of the model has no checkpoint tensor in `bindings.json`, so loading weights would \
          fail. Add its binding.",

@@ -52,6 +52,9 @@ pub struct BodyChecker<'p, 'a> {
     generics: Vec<GenericSig>,
     locals: Vec<HashMap<String, Local>>,
     index_frames: Vec<Vec<IndexVar>>,
+    /// Every name a `let`, `var` or `static for` bound, where: one never
+    /// read is a warning.
+    bound: Vec<(String, Span)>,
     pub(super) diagnostics: &'p mut Vec<Diagnostic>,
     index: &'p mut super::SourceIndex,
 }
@@ -74,6 +77,7 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             generics,
             locals: vec![HashMap::new()],
             index_frames: Vec::new(),
+            bound: Vec::new(),
             diagnostics,
             index,
         }
@@ -95,11 +99,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
 
     fn bind(&mut self, name: &ast::Ident, ty: Ty, kind: LocalKind) {
         self.index.types.push((name.span, ty.clone()));
+        self.bound.push((name.name.clone(), name.span));
         self.locals.last_mut().expect("a scope").insert(name.name.clone(), Local { ty, kind, span: name.span });
     }
 
     /// Checks a function body against its declared return type.
     pub fn check_body(&mut self, body: &[Stmt], ret: &Ty, name: &ast::Ident) {
+        let errors_before = self.error_count();
         self.check_stmts(body, ret);
         let returns = matches!(body.last(), Some(Stmt::Return { .. }) | Some(Stmt::Error(_)));
         if *ret != Ty::Unit && !returns {
@@ -111,6 +117,29 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 )
                 .with_label(format!("declared to return `{ret}`")),
             );
+        }
+        // A body with errors may not have recorded the reads its broken
+        // expressions make: its unused names would be noise.
+        if self.error_count() == errors_before {
+            self.report_unused();
+        }
+    }
+
+    fn error_count(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.severity == crate::diagnostic::Severity::Error).count()
+    }
+
+    /// A warning for each name bound and never read (one that starts with
+    /// `_` is meant to be unused).
+    fn report_unused(&mut self) {
+        for (name, span) in std::mem::take(&mut self.bound) {
+            let read = self.index.definitions.iter().any(|(_, declared)| *declared == span);
+            if !read && !name.starts_with('_') {
+                self.diagnostics.push(
+                    Diagnostic::warning(Code::UnusedLet, span, format!("`{name}` is never read"))
+                        .with_label("bound here and not used: drop it, or name it `_` if that is meant"),
+                );
+            }
         }
     }
 

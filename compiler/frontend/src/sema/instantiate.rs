@@ -110,6 +110,16 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
     if !within_limits {
         return;
     }
+    if nest.bindings_path.is_none() && nest.gguf_names_path.is_none() {
+        diagnostics.push(
+            Diagnostic::warning(
+                Code::NoWeights,
+                Span::new(nest.file, 0..0),
+                "the model card names no `[weights] bindings`: no checkpoint can be loaded for it",
+            )
+            .with_label("add `[weights]` with `bindings = \"bindings.json\"`"),
+        );
+    }
     if let Some(bindings) = &program.package.bindings {
         let entries = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
         let covers =
