@@ -5,14 +5,14 @@
 
 use clap::{Args, Parser, Subcommand};
 use linnet_exec::tensor::{Data, Tensor};
-use linnet_frontend::package::LoadOptions;
+use linnet_frontend::package::{Checkpoint, LoadOptions};
 use linnet_ir::Dtype;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{bench, generate, npy, Loaded, Weights};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Why a command failed, as the CLI prints it: any library's error.
@@ -265,16 +265,32 @@ fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, Failure> {
         .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k").into())
 }
 
-/// How the package is read for `model`: its card, `--set`, and the
-/// checkpoint folder's `config.json`, which the card's `[config]` reads.
+/// How the package is read for `model`: its card, `--set`, and what the
+/// checkpoint says of itself.
 fn options(model: &Model) -> LoadOptions {
-    let checkpoint_config = model.weights.as_ref().map(|dir| dir.join("config.json")).filter(|path| path.is_file());
-    LoadOptions {
-        nest: model.nest.clone(),
-        overrides: model.overrides.clone(),
-        checkpoint_config,
-        ..LoadOptions::default()
+    let checkpoint = model.weights.as_deref().and_then(checkpoint_of);
+    LoadOptions { nest: model.nest.clone(), overrides: model.overrides.clone(), checkpoint, ..LoadOptions::default() }
+}
+
+/// What the checkpoint at `weights` says of its model: a folder's
+/// `config.json` (read through the card's `[config]`), or a GGUF file's
+/// metadata (through `gguf.json`). A file that does not open is left to
+/// the loader, which says why.
+fn checkpoint_of(weights: &Path) -> Option<Checkpoint> {
+    let config = weights.join("config.json");
+    if config.is_file() {
+        return Some(Checkpoint::Config(config));
     }
+    if !linnet_runtime::weights::is_gguf(weights) {
+        return None;
+    }
+    let files = linnet_runtime::gguf::Files::open(weights).ok()?;
+    let gguf = files.first();
+    Some(Checkpoint::GgufMetadata {
+        path: files.path().to_path_buf(),
+        values: gguf.scalar_metadata(),
+        stored: gguf.float_type().map(str::to_string),
+    })
 }
 
 fn load(model: &Model) -> Result<Loaded, Failure> {
@@ -585,8 +601,8 @@ fn main() -> ExitCode {
             })
         }
         Command::Quantize { package, weights, nest, overrides, recipe, output } => {
-            let checkpoint_config = weights.as_ref().map(|dir| dir.join("config.json")).filter(|path| path.is_file());
-            let options = LoadOptions { nest, overrides, checkpoint_config, ..LoadOptions::default() };
+            let checkpoint = weights.as_deref().and_then(checkpoint_of);
+            let options = LoadOptions { nest, overrides, checkpoint, ..LoadOptions::default() };
             linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
                 let bindings = linnet_build::bindings(&package);
                 let card = package.nest.as_ref();

@@ -419,6 +419,23 @@ fn each_package_runs_llama_cpp_s_file_of_its_checkpoint() {
     runs_the_checkpoint_with_set_generics("tiny-qwen3-dense", "models/qwen3-8b", &QWEN3_GENERICS, &second);
 }
 
+/// The Llama checkpoints as llama.cpp's converter writes them (its query
+/// and key rows permuted for its rotary layout, no `output.weight` where
+/// the head is tied), read through `gguf.json` with the sizes, ε and θ
+/// from the file's metadata. Llama 3.1's rotary scaling is not in the
+/// metadata (the converter bakes it into a `rope_freqs` tensor): it is set.
+#[test]
+fn the_llama3_package_runs_llama_cpp_s_files_of_llama_checkpoints() {
+    let file = |name: &str| root().join("tests/fixtures/llama-cpp").join(name);
+    let families = root().join("tests/fixtures/families");
+    let scaled = [("RopeFactor", "8"), ("LowFreqFactor", "1"), ("HighFreqFactor", "4"), ("OriginalContext", "32")];
+    for (name, set) in [("tiny-llama3", &scaled[..]), ("tiny-llama3-tied", &[("RopeFactor", "1")][..])] {
+        let gguf = file(&format!("{name}-f32.gguf"));
+        let distance = distance_from_the_oracle(&families.join(name), "models/llama3", set, &gguf);
+        assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
+    }
+}
+
 /// `linnet quantize` on the oracle checkpoint: every tensor under its
 /// checkpoint name; Q8_0 where rows are whole blocks, each value back
 /// within half a step of its block's scale (and the scale's rounding); the rest (norms, decays,

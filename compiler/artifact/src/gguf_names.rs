@@ -20,6 +20,11 @@ pub enum Change<N> {
     /// elements are stored tiled (`[per_group][groups][head]`) where the
     /// parameter holds them grouped (`[groups][per_group][head]`).
     TiledHeads { axis: usize, from: N, groups: N, per_group: N, head: N },
+    /// Along `axis`, each of `heads` heads of `head` elements holds its two
+    /// halves interleaved (`[head / 2][2]`) where the parameter holds them
+    /// one after the other (`[2][head / 2]`): llama.cpp's converter so
+    /// permutes Llama's query and key rows for its rotary layout.
+    RotaryPairs { axis: usize, heads: N, head: N },
 }
 
 /// Where one parameter's values are in the file.

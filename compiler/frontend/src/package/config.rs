@@ -121,7 +121,7 @@ fn table_rule(table: &toml::value::Table) -> Option<Rule> {
 
 /// `"H"` is a generic, `"4 * Groups"` a generic per 4, `"H / Heads"` a
 /// derived value; text that is not an expression is a value to equal.
-fn rule_of(text: &str) -> Rule {
+pub(super) fn rule_of(text: &str) -> Rule {
     let is_name = |word: &str| {
         word.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -139,13 +139,12 @@ fn rule_of(text: &str) -> Rule {
     }
 }
 
-/// The value at `key` (a dotted path), `None` where absent or `null`.
+/// The value at `key`: a key of the top object as it is (GGUF metadata's
+/// keys have dots in them), else a dotted path; `None` where absent or
+/// `null`.
 fn lookup<'v>(config: &'v serde_json::Value, key: &str) -> Option<&'v serde_json::Value> {
-    let mut at = config;
-    for part in key.split('.') {
-        at = at.get(part)?;
-    }
-    (!at.is_null()).then_some(at)
+    let found = config.get(key).or_else(|| key.split('.').try_fold(config, |at, part| at.get(part)))?;
+    (!found.is_null()).then_some(found)
 }
 
 /// The span of the last segment of `key` (`"rope_theta":`) in the file's
@@ -179,12 +178,15 @@ fn dtype_name(torch: &str) -> &str {
     }
 }
 
+/// Numbers are equal at f32's precision: a GGUF file stores its settings as
+/// f32 (`1e-6` is `9.99999997e-7` there).
 fn same(expected: &toml::Value, found: &serde_json::Value) -> bool {
+    let number = |want: f64| found.as_f64().is_some_and(|have| have == want || have as f32 == want as f32);
     match (expected, found) {
         (toml::Value::Boolean(a), serde_json::Value::Bool(b)) => a == b,
         (toml::Value::String(a), serde_json::Value::String(b)) => a == b,
-        (toml::Value::Integer(a), found) => found.as_f64() == Some(*a as f64),
-        (toml::Value::Float(a), found) => found.as_f64() == Some(*a),
+        (toml::Value::Integer(a), _) => number(*a as f64),
+        (toml::Value::Float(a), _) => number(*a),
         _ => false,
     }
 }
@@ -357,5 +359,7 @@ mod tests {
         assert_eq!(lookup(&config, "rope_parameters.rope_theta").and_then(|v| v.as_f64()), Some(1e6));
         assert!(lookup(&config, "sliding_window").is_none());
         assert!(lookup(&config, "rope_theta").is_none());
+        let metadata = serde_json::json!({"llama.block_count": 3});
+        assert_eq!(lookup(&metadata, "llama.block_count").and_then(|v| v.as_i64()), Some(3));
     }
 }

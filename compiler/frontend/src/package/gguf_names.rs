@@ -150,20 +150,44 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
 }
 
 /// `package`'s `gguf.json` for the instance its card makes (its integer
-/// generics, after `--set`); `None` without one, or when an entry does not
-/// evaluate (each such a diagnostic at its key).
+/// generics and number settings, after `--set`); `None` without one, or
+/// when an entry does not evaluate (each such a diagnostic at its key).
 pub fn of_package(package: &super::Package, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
     let file = package.gguf_names.as_ref()?;
-    let values = package
-        .nest
-        .iter()
-        .flat_map(|nest| &nest.generics)
+    let generics = package.nest.iter().flat_map(|nest| &nest.generics);
+    let values = generics
+        .clone()
         .filter_map(|entry| match entry.value {
             NestValue::Int(value) => Some((entry.name.clone(), value)),
             _ => None,
         })
         .collect();
-    resolve(file, &values, diagnostics)
+    let numbers = generics
+        .filter_map(|entry| match entry.value {
+            NestValue::Float(value) => Some((entry.name.clone(), value)),
+            NestValue::Int(value) => Some((entry.name.clone(), value as f64)),
+            _ => None,
+        })
+        .collect();
+    resolve(file, &values, &numbers, diagnostics)
+}
+
+/// The metadata lines of `gguf.json` as `[config]` lines: a GGUF file's
+/// metadata gives the generics they name (`"llama.embedding_length": "H"`)
+/// as a checkpoint's `config.json` gives those of `[config]`.
+pub fn config_lines(file: &GgufFile) -> Vec<super::config::ConfigLine> {
+    file.metadata
+        .iter()
+        .map(|(key, expected, span)| super::config::ConfigLine {
+            keys: vec![key.clone()],
+            rule: match expected {
+                RawExpected::Int(value) => super::config::Rule::Equals(toml::Value::Integer(*value)),
+                RawExpected::Float(value) => super::config::Rule::Equals(toml::Value::Float(*value)),
+                RawExpected::Expr(text) => super::config::rule_of(text),
+            },
+            span: *span,
+        })
+        .collect()
 }
 
 /// Why a size in `gguf.json` does not evaluate.
@@ -295,19 +319,33 @@ fn resolve_change(change: &Change<Size>, values: &HashMap<String, i64>) -> Resul
             per_group: size(per_group, values)?,
             head: size(head, values)?,
         },
+        Change::RotaryPairs { axis, heads, head } => {
+            Change::RotaryPairs { axis: *axis, heads: size(heads, values)?, head: size(head, values)? }
+        }
     })
 }
 
 /// `file` for the instance whose generics are `values`; every entry that
 /// cannot be evaluated is a diagnostic at its key.
-pub fn resolve(file: &GgufFile, values: &HashMap<String, i64>, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
+/// A metadata value that names a number setting (`"Eps"`) is that
+/// setting's value.
+pub fn resolve(
+    file: &GgufFile,
+    values: &HashMap<String, i64>,
+    numbers: &HashMap<String, f64>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<GgufNames> {
     let before = diagnostics.len();
     let mut metadata = BTreeMap::new();
     for (key, expected, span) in &file.metadata {
         let value = match expected {
             RawExpected::Int(value) => Ok(Expected::Int(*value)),
             RawExpected::Float(value) => Ok(Expected::Float(*value)),
-            RawExpected::Expr(text) => evaluate(text, values).map(Expected::Int),
+            RawExpected::Expr(text) if values.contains_key(text.trim()) => evaluate(text, values).map(Expected::Int),
+            RawExpected::Expr(text) => match numbers.get(text.trim()) {
+                Some(number) => Ok(Expected::Float(*number)),
+                None => evaluate(text, values).map(Expected::Int),
+            },
         };
         match value {
             Ok(value) => {
@@ -371,13 +409,13 @@ mod tests {
         assert!(messages[0].contains("entry `c`") && messages[1].contains("entry `d`"), "{messages:?}");
         assert_eq!(&text[diagnostics[0].primary.span.range()], "\"c\"");
         diagnostics.clear();
-        assert!(resolve(&parsed, &values(), &mut diagnostics).is_none());
+        assert!(resolve(&parsed, &values(), &HashMap::new(), &mut diagnostics).is_none());
         assert_eq!(diagnostics.len(), 1);
         assert!(diagnostics[0].message.contains("metadata `bad`"));
         let mut fine = values();
         fine.insert("Layers".into(), 1);
         diagnostics.clear();
-        let names = resolve(&parsed, &fine, &mut diagnostics).unwrap();
+        let names = resolve(&parsed, &fine, &HashMap::new(), &mut diagnostics).unwrap();
         assert_eq!(names.metadata["qwen35moe.block_count"], Expected::Int(40));
         assert_eq!(names.metadata["qwen35moe.rope.freq_base"], Expected::Float(1e7));
         assert_eq!(names.tensors["a"], Source { tensors: vec!["x".into(), "y".into()], axis: 1, changes: vec![] });

@@ -99,6 +99,20 @@ impl ParseCache {
     }
 }
 
+/// What a checkpoint says of its model, for the card to read its generics
+/// from.
+#[derive(Clone, Debug)]
+pub enum Checkpoint {
+    /// A checkpoint folder's `config.json`, read through the card's
+    /// `[config]` (a config that does not say its `dtype` is read as
+    /// stating the type its tensors are stored in).
+    Config(PathBuf),
+    /// A GGUF file's metadata (at `path`), read through `gguf.json`'s
+    /// `metadata`; `stored` is the type of its floating tensors, as torch
+    /// names it (`bfloat16`), where the file says one.
+    GgufMetadata { path: PathBuf, values: serde_json::Map<String, serde_json::Value>, stored: Option<String> },
+}
+
 /// How to load: which model card to read, which values to override, and
 /// unsaved texts that replace files on disk.
 #[derive(Default)]
@@ -108,9 +122,9 @@ pub struct LoadOptions {
     pub nest: Option<PathBuf>,
     /// `--set NAME=VALUE`: generics (and `[check]` dims) to override.
     pub overrides: Vec<(String, String)>,
-    /// The `config.json` of the checkpoint the model will run with: the
-    /// card's `[config]` reads generics from it (`--set` still wins).
-    pub checkpoint_config: Option<PathBuf>,
+    /// What the checkpoint the model will run with says of itself: the
+    /// card reads generics from it (`--set` still wins).
+    pub checkpoint: Option<Checkpoint>,
     pub overlay: HashMap<PathBuf, String>,
     /// Where the standard library lives; found next to the compiler if absent.
     pub stdlib: Option<PathBuf>,
@@ -143,22 +157,47 @@ fn file_start(sources: &mut SourceMap, path: &Path) -> Span {
     Span::new(file, 0..0)
 }
 
-/// Applies the checkpoint's `config.json` at `path` to the card's generics.
-fn read_checkpoint_config(path: &Path, nest: &mut Nest, sources: &mut SourceMap, diagnostics: &mut Vec<Diagnostic>) {
-    if nest.config.is_empty() {
-        return;
-    }
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let file = sources.add(path, text);
-            let stored = path.parent().and_then(config::stored_dtype);
-            nest.config_checks = config::apply(&nest.config, file, stored, sources, &mut nest.generics, diagnostics);
+/// Applies what `checkpoint` says to the card's generics: a `config.json`
+/// through `[config]`, a GGUF file's metadata through `gguf.json`.
+fn read_checkpoint(
+    checkpoint: &Checkpoint,
+    nest: &mut Nest,
+    gguf_names: Option<&gguf_names::GgufFile>,
+    sources: &mut SourceMap,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let (lines, file, stored) = match checkpoint {
+        Checkpoint::Config(path) => {
+            if nest.config.is_empty() {
+                return;
+            }
+            let stored = path.parent().and_then(config::stored_dtype).map(str::to_string);
+            match std::fs::read_to_string(path) {
+                Ok(text) => (nest.config.clone(), sources.add(path, text), stored),
+                Err(error) => {
+                    diagnostics.push(unreadable(nest.config[0].span, path, &error));
+                    return;
+                }
+            }
         }
-        Err(error) => {
-            let span = nest.config.first().map_or(Span::new(nest.file, 0..0), |line| line.span);
-            diagnostics.push(unreadable(span, path, &error));
+        Checkpoint::GgufMetadata { path, values, stored } => {
+            let Some(names) = gguf_names else { return };
+            let mut lines = gguf_names::config_lines(names);
+            // The stored type gives `T` where the card has one.
+            if nest.generics.iter().any(|entry| entry.name == "T") {
+                let span = Span::new(nest.file, 0..0);
+                lines.push(config::ConfigLine {
+                    keys: vec!["dtype".into()],
+                    rule: config::Rule::Generic { name: "T".into(), per: 1, otherwise: None },
+                    span,
+                });
+            }
+            let text = serde_json::to_string_pretty(values).unwrap_or_default();
+            let shown = PathBuf::from(format!("{} (metadata)", path.display()));
+            (lines, sources.add(&shown, text), stored.clone())
         }
-    }
+    };
+    nest.config_checks = config::apply(&lines, file, stored.as_deref(), sources, &mut nest.generics, diagnostics);
 }
 
 pub fn load(
@@ -190,13 +229,7 @@ pub fn load(
     let nest = match options.read(&nest_path) {
         Ok(text) => {
             let file = sources.add(&nest_path, text);
-            manifest::parse_nest(file, sources, diagnostics).map(|mut nest| {
-                if let Some(path) = &options.checkpoint_config {
-                    read_checkpoint_config(path, &mut nest, sources, diagnostics);
-                }
-                manifest::apply_overrides(sources, &options.overrides, &mut nest);
-                nest
-            })
+            manifest::parse_nest(file, sources, diagnostics)
         }
         Err(error) if options.nest.is_some() => {
             let span = file_start(sources, &nest_path);
@@ -224,6 +257,13 @@ pub fn load(
     let gguf_file = beside(nest.as_ref().and_then(|nest| nest.gguf_names_path.clone()));
     let bindings = bindings_file.and_then(|file| manifest::parse_bindings(file, sources, diagnostics));
     let gguf_names = gguf_file.and_then(|file| gguf_names::parse(file, sources, diagnostics));
+    let mut nest = nest;
+    if let Some(nest) = nest.as_mut() {
+        if let Some(checkpoint) = &options.checkpoint {
+            read_checkpoint(checkpoint, nest, gguf_names.as_ref(), sources, diagnostics);
+        }
+        manifest::apply_overrides(sources, &options.overrides, nest);
+    }
 
     let root = Member {
         name: manifest.name,

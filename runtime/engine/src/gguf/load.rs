@@ -32,6 +32,23 @@ pub const LINNET_ARCHITECTURE: &str = "linnet";
 /// quantize`'s files, `gguf.json` for a file of its architecture, whose
 /// metadata must then agree with the card.
 fn sources(naming: &Naming, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
+    let named = named_sources(naming, files)?;
+    // A name with alternatives (`output.weight | token_embd.weight`) is the
+    // first the file holds.
+    let held = |name: &String| {
+        linnet_artifact::binding_names(name)
+            .find(|alternative| files.tensor(alternative).is_some())
+            .unwrap_or_else(|| linnet_artifact::written_name(name))
+            .to_string()
+    };
+    Ok(named
+        .into_iter()
+        .map(|(param, source)| (param, Source { tensors: source.tensors.iter().map(held).collect(), ..source }))
+        .collect())
+}
+
+/// Each parameter's source as the package names it.
+fn named_sources(naming: &Naming, files: &Files) -> Result<HashMap<String, Source<i64>>, Vec<String>> {
     let (gguf, path) = (files.first(), files.path());
     let architecture = gguf.meta("general.architecture").and_then(Meta::as_str).unwrap_or("");
     if architecture == LINNET_ARCHITECTURE {
@@ -182,15 +199,22 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
         )));
     }
     for change in &source.changes {
-        if let Change::TiledHeads { axis, from, groups, per_group, head } = *change {
-            let length = groups.checked_mul(per_group).and_then(|n| n.checked_mul(head));
-            let end = length.filter(|&l| l >= 0 && from >= 0).and_then(|l| from.checked_add(l));
-            let fits = end.is_some_and(|end| axis < shape.len() && end as usize <= shape[axis]);
-            if !fits {
-                return Err(Error::Weights(format!(
-                    "gguf.json reorders heads {from}..{from}+{groups}×{per_group}×{head} along axis {axis}, outside the shape {shape:?}"
-                )));
+        let (axis, from, length) = match *change {
+            Change::TiledHeads { axis, from, groups, per_group, head } => {
+                (axis, from, groups.checked_mul(per_group).and_then(|n| n.checked_mul(head)))
             }
+            Change::RotaryPairs { axis, heads, head } if head % 2 == 0 => (axis, 0, heads.checked_mul(head)),
+            Change::RotaryPairs { head, .. } => {
+                return Err(Error::Weights(format!("gguf.json pairs the halves of heads of {head}, an odd size")))
+            }
+            Change::Plus(_) | Change::NegatedExp => continue,
+        };
+        let end = length.filter(|&l| l >= 0 && from >= 0).and_then(|l| from.checked_add(l));
+        let fits = end.is_some_and(|end| axis < shape.len() && end as usize <= shape[axis]);
+        if !fits {
+            return Err(Error::Weights(format!(
+                "gguf.json reorders {change:?} along axis {axis}, outside the shape {shape:?}"
+            )));
         }
     }
     let format = match parts.first().map(|(_, p)| p.storage) {
@@ -212,6 +236,9 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
                 Change::TiledHeads { axis, from, head, .. } => {
                     whole_blocks(shape, axis, from as usize, head as usize, values)
                 }
+                // Runs of one element along the axis: whole blocks only
+                // when the axis is not the blocks' own.
+                Change::RotaryPairs { axis, .. } => whole_blocks(shape, axis, 0, 1, values),
                 Change::Plus(_) | Change::NegatedExp => false,
             })
     };
@@ -297,11 +324,21 @@ fn untile<T: Copy>(
 }
 
 /// `data` (of `shape` in units of `unit`) with every head reordering of
-/// `changes` undone, the last change first.
+/// `changes` undone, the last change first. A head whose halves are
+/// interleaved is a head of two tiled groups of one element.
 fn unmove<T: Copy>(data: &mut [T], shape: &[usize], changes: &[Change<i64>], unit: usize) {
     for change in changes.iter().rev() {
-        if let Change::TiledHeads { axis, from, groups, per_group, head } = *change {
-            untile(data, shape, axis, from as usize, (groups as usize, per_group as usize, head as usize), unit);
+        match *change {
+            Change::TiledHeads { axis, from, groups, per_group, head } => {
+                untile(data, shape, axis, from as usize, (groups as usize, per_group as usize, head as usize), unit);
+            }
+            Change::RotaryPairs { axis, heads, head } => {
+                let head = head as usize;
+                for at in 0..heads as usize {
+                    untile(data, shape, axis, at * head, (2, head / 2, 1), unit);
+                }
+            }
+            Change::Plus(_) | Change::NegatedExp => {}
         }
     }
 }
@@ -394,7 +431,9 @@ fn read(
         match *change {
             Change::Plus(constant) => values.iter_mut().for_each(|v| *v = (*v as f64 - constant) as f32),
             Change::NegatedExp => values.iter_mut().for_each(|v| *v = (-*v).ln()),
-            Change::TiledHeads { .. } => unmove(&mut values, &param.shape, std::slice::from_ref(change), 1),
+            Change::TiledHeads { .. } | Change::RotaryPairs { .. } => {
+                unmove(&mut values, &param.shape, std::slice::from_ref(change), 1)
+            }
         }
     }
     if let Some(first) = values.iter().position(|v| !v.is_finite()) {

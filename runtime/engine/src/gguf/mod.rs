@@ -192,6 +192,37 @@ impl Gguf {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// The metadata's numbers, strings and flags as JSON (lists, such as
+    /// the vocabulary, left out): what a model card reads generics from.
+    pub fn scalar_metadata(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::Value;
+        let scalar = |meta: &Meta| match meta {
+            Meta::F32(v) => serde_json::Number::from_f64(f64::from(*v)).map(Value::Number),
+            Meta::F64(v) => serde_json::Number::from_f64(*v).map(Value::Number),
+            Meta::Bool(v) => Some(Value::Bool(*v)),
+            Meta::Str(text) => Some(Value::String(text.clone())),
+            Meta::I8(v) => Some(Value::from(*v)),
+            Meta::I16(v) => Some(Value::from(*v)),
+            Meta::I32(v) => Some(Value::from(*v)),
+            Meta::I64(v) => Some(Value::from(*v)),
+            Meta::Array(_) => None,
+            other => other.as_u64().map(Value::from),
+        };
+        self.metadata.iter().filter_map(|(key, meta)| Some((key.clone(), scalar(meta)?))).collect()
+    }
+
+    /// The type its floating tensors are stored in, as torch names it
+    /// (`general.file_type` 0, 1 and 32: f32, f16, bf16); `None` for a
+    /// file of block formats, whose values are computed in the card's type.
+    pub fn float_type(&self) -> Option<&'static str> {
+        match self.meta("general.file_type")?.as_u64()? {
+            0 => Some("float32"),
+            1 => Some("float16"),
+            32 => Some("bfloat16"),
+            _ => None,
+        }
+    }
+
     /// A tensor's bytes within the whole file's.
     pub fn tensor_bytes<'f>(&self, file: &'f [u8], tensor: &TensorInfo) -> &'f [u8] {
         let start = (self.data_offset + tensor.offset) as usize;
