@@ -291,8 +291,12 @@ fn forward_logits(
     at: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let sequence = common::golden(golden_dir, "f32").swap_remove(at);
+    // Tests run side by side, some on the same golden sequences: each
+    // call has its own folder.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = golden_dir.file_name().unwrap().to_string_lossy();
-    let dir = std::env::temp_dir().join(format!("linnet-cli-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("linnet-cli-{name}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.npy");
     let length = sequence.tokens.len();
@@ -434,6 +438,21 @@ fn the_llama3_package_runs_llama_cpp_s_files_of_llama_checkpoints() {
         let distance = distance_from_the_oracle(&families.join(name), "models/llama3", set, &gguf);
         assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
     }
+}
+
+/// The Gemma 3 checkpoint as llama.cpp's converter writes it (every norm
+/// stored plus one, no `output.weight`: the head is the embeddings), read
+/// through `gguf.json` with the sizes, ε, window and both θ from the
+/// file's metadata. The metadata has no vocabulary size, no query scale
+/// (llama.cpp derives it from the head size) and no rotary scaling factor
+/// (the converter drops it): those are set.
+#[test]
+fn the_gemma3_package_runs_llama_cpp_s_file_of_a_gemma3_checkpoint() {
+    let gguf = root().join("tests/fixtures/llama-cpp/tiny-gemma3-f32.gguf");
+    let golden = root().join("tests/fixtures/families/tiny-gemma3");
+    let set = [("Vocab", "256"), ("QueryScale", "24"), ("GlobalFactor", "8")];
+    let distance = distance_from_the_oracle(&golden, "models/gemma3", &set, &gguf);
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
 /// `linnet quantize` on the oracle checkpoint: every tensor under its
