@@ -444,12 +444,12 @@ fn generate_text(
     let Loaded { mut machine, text, .. } = load(model)?;
     let prompt_ids = match (&prompt, &text) {
         (Some(prompt), Some(text)) => {
-            let prompt = if chat {
-                text.chat(&[serde_json::json!({ "role": "user", "content": prompt })], &serde_json::Map::new())?
+            if chat {
+                let message = serde_json::json!({ "role": "user", "content": prompt });
+                text.encode(&text.chat(&[message], &serde_json::Map::new())?)?
             } else {
-                prompt.clone()
-            };
-            text.encode(&prompt)?
+                text.encode_prompt(prompt)?
+            }
         }
         (Some(_), None) => return Err("--prompt needs a tokenizer.json beside the weights; pass --prompt-ids".into()),
         (None, _) if chat => return Err("--chat needs a text --prompt".into()),

@@ -464,7 +464,7 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
     for (package, fixture, template) in [
         ("models/llama3", "tiny-llama3", Some("llama3.1")),
         ("models/gpt-oss", "tiny-gpt-oss", Some("gpt-oss")),
-        ("models/gemma3", "tiny-gemma3", None),
+        ("models/gemma3", "tiny-gemma3", Some("gemma3")),
     ] {
         let dir = root().join("tests/fixtures/families").join(fixture);
         let weights = dir.join("weights-f32");

@@ -2,7 +2,11 @@
 //! crate), its chat template (`tokenizer_config.json` or
 //! `chat_template.jinja`, rendered with minijinja), and its end-of-sequence
 //! ids (`generation_config.json`, else `config.json`); or all three from
-//! a GGUF file's metadata ([`crate::vocab`]).
+//! a GGUF file's metadata ([`crate::vocab`]). Text given as a prompt gets
+//! the tokenizer's own additions (Llama's and Gemma's beginning of
+//! sequence), as transformers' `tokenizer(text)` and vLLM's completions
+//! give them; a rendered chat gets them from its template, which reads
+//! the special tokens by name (`bos_token`, …) as transformers passes them.
 
 use crate::Error;
 use serde_json::{Map, Value};
@@ -13,6 +17,9 @@ use tokenizers::{DecoderWrapper, Tokenizer};
 pub struct TextModel {
     tokenizer: Tokenizer,
     chat_template: Option<String>,
+    /// The special tokens a template reads by name (`bos_token`,
+    /// `eos_token`, `unk_token`, `pad_token`), as their text.
+    named_tokens: Map<String, Value>,
     /// Generation stops after any of these.
     pub end_ids: Vec<i64>,
     /// The added tokens marked special: left out of decoded text.
@@ -73,10 +80,21 @@ impl TextModel {
             .map(|config| ids(&config["eos_token_id"]))
             .find(|ids| !ids.is_empty())
             .unwrap_or_default();
-        let chat_template = json(&dir.join("tokenizer_config.json"))
-            .and_then(|config| config["chat_template"].as_str().map(str::to_string))
+        let config = json(&dir.join("tokenizer_config.json")).unwrap_or_default();
+        let chat_template = config["chat_template"]
+            .as_str()
+            .map(str::to_string)
             .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
-        Ok(Some(TextModel::new(tokenizer, chat_template, end_ids)))
+        // Each is its text, or an added token's description with it.
+        let named_tokens = NAMED_TOKENS
+            .iter()
+            .filter_map(|name| {
+                let token = &config[*name];
+                let text = token.as_str().or_else(|| token["content"].as_str())?;
+                Some((name.to_string(), Value::String(text.to_string())))
+            })
+            .collect();
+        Ok(Some(TextModel::new(tokenizer, chat_template, end_ids).with_named_tokens(named_tokens)))
     }
 
     /// A text side from its parts.
@@ -88,7 +106,13 @@ impl TextModel {
             .map(|(id, _)| id)
             .collect();
         let byte_alphabet = matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))).then(byte_of_char);
-        TextModel { tokenizer, chat_template, end_ids, specials, byte_alphabet }
+        TextModel { tokenizer, chat_template, named_tokens: Map::new(), end_ids, specials, byte_alphabet }
+    }
+
+    /// The special tokens the chat template reads by name.
+    pub fn with_named_tokens(mut self, named_tokens: Map<String, Value>) -> TextModel {
+        self.named_tokens = named_tokens;
+        self
     }
 
     /// The text side of the GGUF file at `path`, from its own metadata
@@ -105,12 +129,27 @@ impl TextModel {
         else {
             return Ok(None);
         };
-        Ok(Some(TextModel::new(tokenizer, crate::vocab::chat_template(gguf), crate::vocab::end_ids(gguf))))
+        let text = TextModel::new(tokenizer, crate::vocab::chat_template(gguf), crate::vocab::end_ids(gguf));
+        Ok(Some(text.with_named_tokens(crate::vocab::named_tokens(gguf))))
     }
 
+    /// The tokens of `text` as it stands: a rendered chat, a stop sequence.
     pub fn encode(&self, text: &str) -> Result<Vec<i64>, Error> {
-        let encoding =
-            self.tokenizer.encode(text, false).map_err(|e| Error::Text(format!("cannot tokenize the prompt: {e}")))?;
+        self.encode_with(text, false)
+    }
+
+    /// The tokens of a prompt given as text, with what the tokenizer adds
+    /// to a sequence (Llama's and Gemma's beginning of sequence; nothing
+    /// for Qwen's).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<i64>, Error> {
+        self.encode_with(text, true)
+    }
+
+    fn encode_with(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>, Error> {
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::Text(format!("cannot tokenize the prompt: {e}")))?;
         Ok(encoding.get_ids().iter().map(|&id| id as i64).collect())
     }
 
@@ -220,9 +259,14 @@ impl TextModel {
     pub fn chat(&self, messages: &[Value], options: &Map<String, Value>) -> Result<String, Error> {
         let template =
             self.chat_template.as_ref().ok_or_else(|| Error::Text("the checkpoint has no chat template".into()))?;
-        render_chat(template, messages, options)
+        let mut context = self.named_tokens.clone();
+        context.extend(options.clone());
+        render_chat(template, messages, &context)
     }
 }
+
+/// The special tokens transformers hands a chat template by name.
+const NAMED_TOKENS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
 
 /// Renders a chat template as Jinja2 in Python would: Python's string and
 /// list methods (`startswith`, `split`, `strip`, …) through minijinja's
@@ -369,8 +413,9 @@ mod tests {
         ]
     }
 
-    /// Llama 3.1's and gpt-oss's templates as their checkpoints ship them
-    /// render one conversation as transformers' `apply_chat_template` does
+    /// Llama 3.1's, gpt-oss's and Gemma 3's templates as their checkpoints
+    /// ship them render one conversation as transformers'
+    /// `apply_chat_template` does, given each tokenizer's named tokens
     /// (`tests/fixtures/chat-templates/rendered.json`), byte for byte but
     /// for gpt-oss's date of today.
     #[test]
@@ -383,12 +428,48 @@ mod tests {
             Some((before, after)) => format!("{before}Current date: DATE{}", &after[10..]),
             None => text.to_string(),
         };
-        for name in ["llama3.1", "gpt-oss"] {
+        for name in ["llama3.1", "gpt-oss", "gemma3"] {
             let template = std::fs::read_to_string(format!("{dir}/{name}.jinja")).unwrap();
-            let ours = render_chat(&template, messages, &Map::new()).unwrap();
+            let named_tokens = golden["named_tokens"][name].as_object().unwrap();
+            let ours = render_chat(&template, messages, named_tokens).unwrap();
             let theirs = golden["rendered"][name].as_str().unwrap();
             assert_eq!(undated(&ours), undated(theirs), "{name}");
         }
+    }
+
+    /// A checkpoint's `tokenizer_config.json` names its special tokens (as
+    /// text, or as an added token's description): its template reads them,
+    /// and a prompt given as text gets what the tokenizer adds to a
+    /// sequence, where a rendered chat does not get it twice.
+    #[test]
+    fn the_template_reads_the_named_tokens_and_prompts_get_the_tokenizer_s_additions() {
+        let dir = std::env::temp_dir().join(format!("linnet-text-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "decoder": null,
+            "added_tokens": [{ "id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false,
+                               "normalized": false, "special": true }],
+            "pre_tokenizer": { "type": "WhitespaceSplit" },
+            "post_processor": { "type": "TemplateProcessing",
+                "single": [{ "SpecialToken": { "id": "<s>", "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }],
+                "pair": [{ "Sequence": { "id": "A", "type_id": 0 } }, { "Sequence": { "id": "B", "type_id": 1 } }],
+                "special_tokens": { "<s>": { "id": "<s>", "ids": [0], "tokens": ["<s>"] } } },
+            "model": { "type": "WordLevel", "vocab": { "<s>": 0, "hi": 1, "there": 2, "<unk>": 3 }, "unk_token": "<unk>" },
+        });
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let config = json!({ "bos_token": { "content": "<s>", "special": true }, "eos_token": "there",
+                             "chat_template": "{{ bos_token }} {{ messages[0]['content'] }} {{ eos_token }}" });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        let text = TextModel::load(&dir).unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let chat = text.chat(&[json!({ "role": "user", "content": "hi" })], &Map::new()).unwrap();
+        assert_eq!(chat, "<s> hi there");
+        assert_eq!(text.encode(&chat).unwrap(), [0, 1, 2]);
+        assert_eq!(text.encode_prompt("hi there").unwrap(), [0, 1, 2]);
+        assert_eq!(text.encode("hi there").unwrap(), [1, 2]);
+        // The caller's variables win over the tokenizer's.
+        let options = Map::from_iter([("eos_token".to_string(), json!("hi"))]);
+        assert_eq!(text.chat(&[json!({ "role": "user", "content": "hi" })], &options).unwrap(), "<s> hi hi");
     }
 
     /// The real template calls Python's string methods (`startswith`,

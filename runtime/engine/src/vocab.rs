@@ -124,6 +124,20 @@ pub fn end_ids(gguf: &Gguf) -> Vec<i64> {
     ids
 }
 
+/// The special tokens a chat template reads by name, from the file's
+/// special ids: `bos_token` for `tokenizer.ggml.bos_token_id`, and so on.
+pub fn named_tokens(gguf: &Gguf) -> serde_json::Map<String, Value> {
+    let Ok(tokens) = strings(gguf, "tokenizer.ggml.tokens") else { return serde_json::Map::new() };
+    [("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")]
+        .iter()
+        .filter_map(|(name, key)| {
+            let id = gguf.meta(&format!("tokenizer.ggml.{key}_token_id"))?.as_u64()?;
+            let text = tokens.get(usize::try_from(id).ok()?)?;
+            Some((name.to_string(), Value::String(text.to_string())))
+        })
+        .collect()
+}
+
 /// The file's chat template, if it has one.
 pub fn chat_template(gguf: &Gguf) -> Option<String> {
     gguf.meta("tokenizer.chat_template").and_then(Meta::as_str).map(str::to_string)

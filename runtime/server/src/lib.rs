@@ -557,12 +557,20 @@ async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response 
 async fn tokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
     let tokens = json_body(body).and_then(|body| {
         let text = app.served.text.as_ref().ok_or_else(|| bad("this model has no tokenizer", "prompt"))?;
-        let prompt = match (body.get("prompt"), body.get("messages")) {
-            (Some(Value::String(prompt)), None) => prompt.clone(),
-            (None, Some(_)) => chat_text(&app.served, &body)?,
+        // As vLLM's: a prompt gets the tokenizer's additions, a rendered
+        // chat has them from its template, unless `add_special_tokens` says.
+        let (prompt, adds_by_default) = match (body.get("prompt"), body.get("messages")) {
+            (Some(Value::String(prompt)), None) => (prompt.clone(), true),
+            (None, Some(_)) => (chat_text(&app.served, &body)?, false),
             _ => return Err(bad("give `prompt` (a string) or `messages`", "prompt")),
         };
-        text.encode(&prompt).map_err(|e| bad(e.to_string(), "prompt"))
+        let add_special_tokens = match body.get("add_special_tokens").map(Value::as_bool) {
+            None => adds_by_default,
+            Some(Some(given)) => given,
+            Some(None) => return Err(bad("`add_special_tokens` must be true or false", "add_special_tokens")),
+        };
+        let tokens = if add_special_tokens { text.encode_prompt(&prompt) } else { text.encode(&prompt) };
+        tokens.map_err(|e| bad(e.to_string(), "prompt"))
     });
     match tokens {
         Ok(tokens) => {

@@ -386,7 +386,7 @@ pub fn prompt_of(served: &Served, body: &Value) -> Result<Prompt, Response> {
 fn completion_prompt(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
     match body.get("prompt") {
         Some(Value::String(text)) => match &served.text {
-            Some(text_model) => text_model.encode(text).map_err(|e| bad(e.to_string(), "prompt")),
+            Some(text_model) => text_model.encode_prompt(text).map_err(|e| bad(e.to_string(), "prompt")),
             None => Err(bad("this model has no tokenizer: send the prompt as token ids", "prompt")),
         },
         Some(Value::Array(items)) if items.iter().all(Value::is_i64) => {
