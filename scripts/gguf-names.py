@@ -2,7 +2,8 @@
 """Writes a package's gguf.json from its bindings.json: where llama.cpp's
 converter (convert_hf_to_gguf.py) puts each checkpoint tensor the bindings
 name, and what it changes on the way, for the Qwen3 (`qwen3`), Qwen3.5
-dense (`qwen35`) and Qwen3.5 MoE (`qwen35moe`) architectures.
+dense (`qwen35`), Qwen3.5 MoE (`qwen35moe`) and gpt-oss (`gpt-oss`)
+architectures.
 
 The changes, as the converter makes them (conversion/qwen.py):
 - Qwen3.5: RMS norm weights are stored plus one (the DeltaNet output norm
@@ -13,6 +14,10 @@ The changes, as the converter makes them (conversion/qwen.py):
   and Z projections, the convolution, `A`, `dt_bias`, `a`, `b` and the
   output projection.
 - Qwen3: renames only.
+- gpt-oss (conversion/gpt_oss.py, experts not in MXFP4): the experts'
+  matrices transposed to `[out, in]`, the fused gate and up projection
+  (and its bias) split into two tensors from its interleaved columns,
+  the sinks as `attn_sinks.weight`.
 
 Usage: scripts/gguf-names.py models/qwen3.6-35b-a3b qwen35moe
 """
@@ -22,16 +27,33 @@ package, architecture = sys.argv[1], sys.argv[2]
 bindings = json.load(open(f"{package}/bindings.json"))
 a = architecture
 
+GPT_OSS = a == "gpt-oss"
 metadata = {
     f"{a}.embedding_length": "H",
     f"{a}.attention.head_count": "Heads",
     f"{a}.attention.head_count_kv": "KvHeads",
     f"{a}.attention.key_length": "HeadDim",
     f"{a}.attention.value_length": "HeadDim",
-    f"{a}.rope.freq_base": 10000000.0 if a != "qwen3" else 1000000.0,
-    f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+    # Qwen3.5's packages fix θ and ε; Qwen3's card has them as settings.
+    f"{a}.rope.freq_base": 10000000.0 if a != "qwen3" else "Theta",
+    f"{a}.attention.layer_norm_rms_epsilon": 1e-6 if a != "qwen3" else "Eps",
 }
-if a == "qwen3":
+if GPT_OSS:
+    metadata.update({
+        f"{a}.block_count": "2 * Groups",
+        f"{a}.feed_forward_length": "Inner",
+        f"{a}.expert_feed_forward_length": "Inner",
+        f"{a}.expert_count": "Experts",
+        f"{a}.expert_used_count": "TopK",
+        f"{a}.attention.sliding_window": "Window",
+        f"{a}.attention.layer_norm_rms_epsilon": "Eps",
+        f"{a}.rope.freq_base": "Theta",
+        f"{a}.rope.scaling.factor": "RopeFactor",
+        f"{a}.rope.scaling.original_context_length": "OriginalContext",
+        f"{a}.rope.scaling.yarn_beta_fast": "BetaFast",
+        f"{a}.rope.scaling.yarn_beta_slow": "BetaSlow",
+    })
+elif a == "qwen3":
     metadata[f"{a}.block_count"] = "Layers"
     metadata[f"{a}.feed_forward_length"] = "Inner"
 else:
@@ -83,6 +105,14 @@ LAYER = {
     "linear_attn.conv1d.weight": "ssm_conv1d.weight",
     "linear_attn.A_log": "ssm_a",
     "linear_attn.dt_bias": "ssm_dt.bias",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
 }
 GLOBAL = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 
@@ -94,6 +124,8 @@ def tiled(axis, start, head):
 
 def changes(name):
     """What the converter does to checkpoint tensor `name`, in order."""
+    if GPT_OSS:
+        return ["transposed"] if name.endswith("mlp.experts.down_proj") else []
     if a == "qwen3":
         return []
     out = []
@@ -124,6 +156,17 @@ for param, name in bindings.items():
     layer = re.match(r"layers\.(\d+)\.(.*)$", short)
     if layer:
         n, rest = layer.groups()
+        if rest == "mlp.experts.gate_up_proj" and GPT_OSS:
+            # [experts, in, 2 × out], gate and up interleaved along the last axis.
+            halves = {"tiled_heads": {"axis": 2, "from": 0, "groups": "Inner", "per_group": 2, "head": 1}}
+            tensors[param] = {"concat": [f"blk.{n}.ffn_gate_exps.weight", f"blk.{n}.ffn_up_exps.weight"], "axis": 2,
+                              "changes": [halves, "transposed"]}
+            continue
+        if rest == "mlp.experts.gate_up_proj_bias":
+            halves = {"tiled_heads": {"axis": 1, "from": 0, "groups": "Inner", "per_group": 2, "head": 1}}
+            tensors[param] = {"concat": [f"blk.{n}.ffn_gate_exps.bias", f"blk.{n}.ffn_up_exps.bias"], "axis": 1,
+                              "changes": [halves]}
+            continue
         if rest == "mlp.experts.gate_up_proj":
             tensors[param] = {"concat": [f"blk.{n}.ffn_gate_exps.weight", f"blk.{n}.ffn_up_exps.weight"], "axis": 1}
             continue

@@ -455,6 +455,21 @@ fn the_gemma3_package_runs_llama_cpp_s_file_of_a_gemma3_checkpoint() {
     assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
+/// The gpt-oss checkpoint as llama.cpp's converter writes it when its
+/// experts are not in MXFP4: the experts' matrices transposed, the fused
+/// gate and up projection and its bias split from their interleaved
+/// columns, read back through `gguf.json` with the sizes, ε, θ, window and
+/// YaRN scaling from the file's metadata. The metadata has no vocabulary
+/// size and no SwiGLU limit (llama.cpp fixes it at 7): those are set.
+#[test]
+fn the_gpt_oss_package_runs_llama_cpp_s_file_of_a_gpt_oss_checkpoint() {
+    let gguf = root().join("tests/fixtures/llama-cpp/tiny-gpt-oss-f32.gguf");
+    let golden = root().join("tests/fixtures/families/tiny-gpt-oss");
+    let set = [("Vocab", "256"), ("Limit", "1.5")];
+    let distance = distance_from_the_oracle(&golden, "models/gpt-oss", &set, &gguf);
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+}
+
 /// `linnet quantize` on the oracle checkpoint: every tensor under its
 /// checkpoint name; Q8_0 where rows are whole blocks, each value back
 /// within half a step of its block's scale (and the scale's rounding); the rest (norms, decays,

@@ -25,6 +25,11 @@ pub enum Change<N> {
     /// one after the other (`[2][head / 2]`): llama.cpp's converter so
     /// permutes Llama's query and key rows for its rotary layout.
     RotaryPairs { axis: usize, heads: N, head: N },
+    /// Each of the file's tensors holds its part of the parameter with the
+    /// last two axes swapped (gpt-oss's experts, stored `[in, out]` in the
+    /// checkpoint and `[out, in]` in the file); undone before the tensors
+    /// are concatenated.
+    Transposed,
 }
 
 /// Where one parameter's values are in the file.

@@ -312,6 +312,7 @@ fn resolve_change(change: &Change<Size>, values: &HashMap<String, i64>) -> Resul
     Ok(match change {
         Change::Plus(constant) => Change::Plus(*constant),
         Change::NegatedExp => Change::NegatedExp,
+        Change::Transposed => Change::Transposed,
         Change::TiledHeads { axis, from, groups, per_group, head } => Change::TiledHeads {
             axis: *axis,
             from: size(from, values)?,
@@ -395,7 +396,7 @@ mod tests {
             "metadata": {"qwen35moe.block_count": "4 * Groups", "qwen35moe.rope.freq_base": 1e7, "bad": "Layers"},
             "tensors": {
               "norm.weight": {"tensor": "output_norm.weight", "changes": [{"plus": 1}]},
-              "a": {"concat": ["x", "y"], "axis": 1},
+              "a": {"concat": ["x", "y"], "axis": 1, "changes": ["transposed"]},
               "b": {"tensor": "z", "changes": [{"tiled_heads": {"axis": 0, "from": 0, "groups": "KeyHeads",
                     "per_group": "ValueHeads / KeyHeads", "head": 128}}, "negated_exp"]},
               "c": {"tensor": "z", "concat": ["w"]},
@@ -418,7 +419,8 @@ mod tests {
         let names = resolve(&parsed, &fine, &HashMap::new(), &mut diagnostics).unwrap();
         assert_eq!(names.metadata["qwen35moe.block_count"], Expected::Int(40));
         assert_eq!(names.metadata["qwen35moe.rope.freq_base"], Expected::Float(1e7));
-        assert_eq!(names.tensors["a"], Source { tensors: vec!["x".into(), "y".into()], axis: 1, changes: vec![] });
+        let a = Source { tensors: vec!["x".into(), "y".into()], axis: 1, changes: vec![Change::Transposed] };
+        assert_eq!(names.tensors["a"], a);
         assert_eq!(
             names.tensors["b"].changes,
             vec![Change::TiledHeads { axis: 0, from: 0, groups: 16, per_group: 2, head: 128 }, Change::NegatedExp]

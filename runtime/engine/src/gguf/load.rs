@@ -10,8 +10,8 @@
 //! where it lies in the mapped file. One concatenated from several tensors
 //! or with heads to reorder keeps its blocks when the moves are of whole
 //! blocks (rows, or runs of whole blocks within rows), copied once. A
-//! change of values (`plus`, `negated_exp`) or a move that would split
-//! blocks reads plain values (blocks dequantized), the converter's changes
+//! change of values (`plus`, `negated_exp`), a transposition, or a move
+//! that would split blocks reads plain values (blocks dequantized), the converter's changes
 //! undone in f32, rounded to the parameter's dtype.
 
 use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
@@ -173,6 +173,10 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
     for name in &source.tensors {
         parts.push(files.tensor(name).ok_or_else(|| Error::Weights(format!("the file has no tensor `{name}`")))?);
     }
+    let transposed = source.changes.contains(&Change::Transposed);
+    if transposed && shape.len() < 2 {
+        return Err(Error::Weights(format!("gguf.json transposes a parameter of shape {shape:?}")));
+    }
     let along = shape.get(axis).copied().unwrap_or(1);
     let across = elements(shape) / along.max(1);
     let mut lengths = Vec::new();
@@ -184,7 +188,11 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
             *slot = count.checked_div(across).unwrap_or(0);
         }
         let file_shape: Vec<usize> = part.shape().iter().map(|&d| d as usize).collect();
-        if squeezed(&file_shape) != squeezed(&wanted) || elements(&wanted) != count {
+        let mut stored = wanted.clone();
+        if transposed {
+            stored.swap(shape.len() - 2, shape.len() - 1);
+        }
+        if squeezed(&file_shape) != squeezed(&stored) || elements(&wanted) != count {
             let expected = if parts.len() == 1 { format!("{shape:?}") } else { format!("{shape:?} together") };
             return Err(Error::Weights(format!("`{}` has shape {file_shape:?}, expected {expected}", part.name)));
         }
@@ -207,7 +215,7 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
             Change::RotaryPairs { head, .. } => {
                 return Err(Error::Weights(format!("gguf.json pairs the halves of heads of {head}, an odd size")))
             }
-            Change::Plus(_) | Change::NegatedExp => continue,
+            Change::Plus(_) | Change::NegatedExp | Change::Transposed => continue,
         };
         let end = length.filter(|&l| l >= 0 && from >= 0).and_then(|l| from.checked_add(l));
         let fits = end.is_some_and(|end| axis < shape.len() && end as usize <= shape[axis]);
@@ -239,7 +247,7 @@ fn plan<'g>(param: &Param, source: &Source<i64>, files: &'g Files) -> Result<Pla
                 // Runs of one element along the axis: whole blocks only
                 // when the axis is not the blocks' own.
                 Change::RotaryPairs { axis, .. } => whole_blocks(shape, axis, 0, 1, values),
-                Change::Plus(_) | Change::NegatedExp => false,
+                Change::Plus(_) | Change::NegatedExp | Change::Transposed => false,
             })
     };
     let blocks = format.filter(|&f| param.dtype.is_float() && keeps(f));
@@ -338,7 +346,7 @@ fn unmove<T: Copy>(data: &mut [T], shape: &[usize], changes: &[Change<i64>], uni
                     untile(data, shape, axis, at * head, (2, head / 2, 1), unit);
                 }
             }
-            Change::Plus(_) | Change::NegatedExp => {}
+            Change::Plus(_) | Change::NegatedExp | Change::Transposed => {}
         }
     }
 }
@@ -425,6 +433,13 @@ fn read(
             }
         }
     }
+    if source.changes.contains(&Change::Transposed) {
+        for (part, &length) in parts.iter_mut().zip(&plan.lengths) {
+            let mut shape = param.shape.clone();
+            shape[source.axis] = length;
+            *part = untranspose(part, &shape);
+        }
+    }
     let slices: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
     let mut values = concatenate(&slices, &param.shape, source.axis, &plan.lengths, 1);
     for change in source.changes.iter().rev() {
@@ -434,12 +449,27 @@ fn read(
             Change::TiledHeads { .. } | Change::RotaryPairs { .. } => {
                 unmove(&mut values, &param.shape, std::slice::from_ref(change), 1)
             }
+            // Undone on each part, before the concatenation.
+            Change::Transposed => {}
         }
     }
     if let Some(first) = values.iter().position(|v| !v.is_finite()) {
         non_finite.report(unfinite(param, &name, first), "file", problems);
     }
     Some(Tensor::from_f32(param.dtype, param.shape.clone(), values).into_bits())
+}
+
+/// The values of `shape` from a file that holds them with the last two
+/// axes swapped (`[…, columns, rows]`).
+fn untranspose(stored: &[f32], shape: &[usize]) -> Vec<f32> {
+    let (rows, columns) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let mut out = Vec::with_capacity(stored.len());
+    for matrix in stored.chunks_exact((rows * columns).max(1)) {
+        for row in 0..rows {
+            out.extend((0..columns).map(|column| matrix[column * rows + row]));
+        }
+    }
+    out
 }
 
 /// `change` with its sizes along the last axis of `shape` counted in
