@@ -52,6 +52,8 @@ if GPT_OSS:
         f"{a}.rope.scaling.original_context_length": "OriginalContext",
         f"{a}.rope.scaling.yarn_beta_fast": "BetaFast",
         f"{a}.rope.scaling.yarn_beta_slow": "BetaSlow",
+        # A list stands for its length: the vocabulary's size.
+        "tokenizer.ggml.tokens": "Vocab",
     })
 elif a == "qwen3":
     metadata[f"{a}.block_count"] = "Layers"

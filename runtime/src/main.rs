@@ -288,7 +288,7 @@ fn checkpoint_of(weights: &Path) -> Option<Checkpoint> {
     let gguf = files.first();
     Some(Checkpoint::GgufMetadata {
         path: files.path().to_path_buf(),
-        values: gguf.scalar_metadata(),
+        values: gguf.card_metadata(),
         stored: gguf.float_type().map(str::to_string),
     })
 }

@@ -54,6 +54,10 @@ pub struct GgufNames {
     /// `general.architecture` of the files it reads.
     pub architecture: String,
     pub metadata: BTreeMap<String, Expected>,
+    /// What a key of `metadata` means where the file leaves it out (the
+    /// converter writes some only where the checkpoint has them).
+    #[serde(default)]
+    pub absent_means: BTreeMap<String, Expected>,
     /// Parameter path to where its values are.
     pub tensors: BTreeMap<String, Source<i64>>,
 }

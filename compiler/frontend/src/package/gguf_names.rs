@@ -61,6 +61,20 @@ enum RawExpected {
     Int(i64),
     Float(f64),
     Expr(String),
+    /// `{ "generic": "GlobalFactor", "otherwise": 1.0 }`: a key the file
+    /// may leave out, which then means `otherwise`.
+    Optional {
+        generic: String,
+        otherwise: serde_json::Number,
+    },
+}
+
+/// A number as the value it is: an integer where it is one.
+fn expected_of(number: &serde_json::Number) -> Expected {
+    match number.as_i64() {
+        Some(value) => Expected::Int(value),
+        None => Expected::Float(number.as_f64().unwrap_or(f64::NAN)),
+    }
 }
 
 /// `gguf.json` as written, with the place of each entry.
@@ -119,8 +133,8 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
             Ok(expected) => metadata.push((key, expected, span)),
             Err(_) => diagnostics.push(problem(
                 span,
-                format!("metadata `{key}` is neither a number nor an expression"),
-                "expected a number, or a string such as \"4 * Groups\"",
+                format!("metadata `{key}` is neither a number, an expression nor a generic with its default"),
+                "expected a number, a string such as \"4 * Groups\", or {\"generic\": NAME, \"otherwise\": NUMBER}",
             )),
         }
     }
@@ -184,6 +198,16 @@ pub fn config_lines(file: &GgufFile) -> Vec<super::config::ConfigLine> {
                 RawExpected::Int(value) => super::config::Rule::Equals(toml::Value::Integer(*value)),
                 RawExpected::Float(value) => super::config::Rule::Equals(toml::Value::Float(*value)),
                 RawExpected::Expr(text) => super::config::rule_of(text),
+                RawExpected::Optional { generic, otherwise } => match super::config::rule_of(generic) {
+                    super::config::Rule::Generic { name, per, .. } => {
+                        let otherwise = match expected_of(otherwise) {
+                            Expected::Int(value) => toml::Value::Integer(value),
+                            Expected::Float(value) => toml::Value::Float(value),
+                        };
+                        super::config::Rule::Generic { name, per, otherwise: Some(otherwise) }
+                    }
+                    other => other,
+                },
             },
             span: *span,
         })
@@ -338,15 +362,20 @@ pub fn resolve(
 ) -> Option<GgufNames> {
     let before = diagnostics.len();
     let mut metadata = BTreeMap::new();
+    let mut absent_means = BTreeMap::new();
+    let setting = |text: &String| match numbers.get(text.trim()) {
+        Some(number) if !values.contains_key(text.trim()) => Ok(Expected::Float(*number)),
+        _ => evaluate(text, values).map(Expected::Int),
+    };
     for (key, expected, span) in &file.metadata {
         let value = match expected {
             RawExpected::Int(value) => Ok(Expected::Int(*value)),
             RawExpected::Float(value) => Ok(Expected::Float(*value)),
-            RawExpected::Expr(text) if values.contains_key(text.trim()) => evaluate(text, values).map(Expected::Int),
-            RawExpected::Expr(text) => match numbers.get(text.trim()) {
-                Some(number) => Ok(Expected::Float(*number)),
-                None => evaluate(text, values).map(Expected::Int),
-            },
+            RawExpected::Expr(text) => setting(text),
+            RawExpected::Optional { generic, otherwise } => {
+                absent_means.insert(key.clone(), expected_of(otherwise));
+                setting(generic)
+            }
         };
         match value {
             Ok(value) => {
@@ -366,7 +395,12 @@ pub fn resolve(
             Err(why) => diagnostics.push(problem(*span, format!("entry `{path}`: {why}"), "where this parameter is")),
         }
     }
-    (diagnostics.len() == before).then(|| GgufNames { architecture: file.architecture.clone(), metadata, tensors })
+    (diagnostics.len() == before).then(|| GgufNames {
+        architecture: file.architecture.clone(),
+        metadata,
+        absent_means,
+        tensors,
+    })
 }
 
 #[cfg(test)]

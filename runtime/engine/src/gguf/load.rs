@@ -81,8 +81,12 @@ fn named_sources(naming: &Naming, files: &Files) -> Result<HashMap<String, Sourc
     }
 }
 
-/// The file's value of `key` as a number, and whether it equals `expected`.
+/// The file's value of `key` as a number, and whether it equals `expected`
+/// (an array's value is its length: `tokenizer.ggml.tokens`, the vocabulary).
 fn agrees(value: &Meta, expected: &Expected) -> Option<bool> {
+    if let Meta::Array(items) = value {
+        return Some(matches!(expected, Expected::Int(want) if usize::try_from(*want) == Ok(items.len())));
+    }
     let float = match *value {
         Meta::F32(v) => Some(v as f64),
         Meta::F64(v) => Some(v),
@@ -109,18 +113,27 @@ fn shown(value: &Meta) -> String {
     }
 }
 
+fn shown_expected(expected: &Expected) -> String {
+    match expected {
+        Expected::Int(v) => v.to_string(),
+        Expected::Float(v) => v.to_string(),
+    }
+}
+
 /// Each metadata value the card's generics disagree with, as a sentence
 /// naming both.
 fn metadata_problems(names: &GgufNames, gguf: &Gguf) -> Vec<String> {
     let mut problems = Vec::new();
     for (key, expected) in &names.metadata {
-        let want = match expected {
-            Expected::Int(v) => v.to_string(),
-            Expected::Float(v) => v.to_string(),
-        };
-        match gguf.meta(key) {
-            None => problems.push(format!("the file has no metadata `{key}` (the model card makes it {want})")),
-            Some(value) => match agrees(value, expected) {
+        let want = shown_expected(expected);
+        match (gguf.meta(key), names.absent_means.get(key)) {
+            (None, Some(absent)) if absent == expected => {}
+            (None, Some(absent)) => problems.push(format!(
+                "the file has no metadata `{key}`, which means {}, and the model card makes it {want}: set the card's generics to the file's (`--set`)",
+                shown_expected(absent)
+            )),
+            (None, None) => problems.push(format!("the file has no metadata `{key}` (the model card makes it {want})")),
+            (Some(value), _) => match agrees(value, expected) {
                 Some(true) => {}
                 Some(false) => problems.push(format!(
                     "metadata `{key}` is {} in the file, and the model card makes it {want}: set the card's generics to the file's (`--set`)",
@@ -507,5 +520,56 @@ pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite
         Ok(params)
     } else {
         Err(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(metadata: &[(&str, Expected)], absent_means: &[(&str, Expected)]) -> GgufNames {
+        let map = |entries: &[(&str, Expected)]| entries.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        GgufNames {
+            architecture: "gemma3".into(),
+            metadata: map(metadata),
+            absent_means: map(absent_means),
+            tensors: BTreeMap::new(),
+        }
+    }
+
+    fn file(metadata: Vec<(&str, Meta)>) -> Gguf {
+        let metadata = metadata.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        Gguf { metadata, tensors: Vec::new(), data_offset: 0, alignment: 32 }
+    }
+
+    /// A list is held to its length; a key the converter leaves out is
+    /// held to what its absence means; a key that must be there is.
+    #[test]
+    fn the_metadata_is_held_to_the_card() {
+        let tokens = Meta::Array((0..3).map(|t| Meta::Str(format!("t{t}"))).collect());
+        let names = names(
+            &[("tokenizer.ggml.tokens", Expected::Int(3)), ("gemma3.rope.scaling.factor", Expected::Float(1.0))],
+            &[("gemma3.rope.scaling.factor", Expected::Float(1.0))],
+        );
+        assert!(metadata_problems(&names, &file(vec![("tokenizer.ggml.tokens", tokens.clone())])).is_empty());
+        let scaled =
+            file(vec![("tokenizer.ggml.tokens", tokens.clone()), ("gemma3.rope.scaling.factor", Meta::F32(8.0))]);
+        let problems = metadata_problems(&names, &scaled);
+        assert!(problems.len() == 1 && problems[0].contains("is 8 in the file"), "{problems:?}");
+        let card_scaled = names_with_factor(8.0);
+        let problems = metadata_problems(&card_scaled, &file(vec![("tokenizer.ggml.tokens", tokens)]));
+        assert!(
+            problems.len() == 1 && problems[0].contains("which means 1, and the model card makes it 8"),
+            "{problems:?}"
+        );
+        let problems = metadata_problems(&card_scaled, &file(vec![]));
+        assert!(problems.iter().any(|p| p.contains("no metadata `tokenizer.ggml.tokens`")), "{problems:?}");
+    }
+
+    fn names_with_factor(factor: f64) -> GgufNames {
+        names(
+            &[("tokenizer.ggml.tokens", Expected::Int(3)), ("gemma3.rope.scaling.factor", Expected::Float(factor))],
+            &[("gemma3.rope.scaling.factor", Expected::Float(1.0))],
+        )
     }
 }

@@ -192,9 +192,10 @@ impl Gguf {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The metadata's numbers, strings and flags as JSON (lists, such as
-    /// the vocabulary, left out): what a model card reads generics from.
-    pub fn scalar_metadata(&self) -> serde_json::Map<String, serde_json::Value> {
+    /// The metadata's numbers, strings and flags as JSON, each list as its
+    /// length (`tokenizer.ggml.tokens`: the vocabulary's size): what a
+    /// model card reads generics from.
+    pub fn card_metadata(&self) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::Value;
         let scalar = |meta: &Meta| match meta {
             Meta::F32(v) => serde_json::Number::from_f64(f64::from(*v)).map(Value::Number),
@@ -205,7 +206,8 @@ impl Gguf {
             Meta::I16(v) => Some(Value::from(*v)),
             Meta::I32(v) => Some(Value::from(*v)),
             Meta::I64(v) => Some(Value::from(*v)),
-            Meta::Array(_) => None,
+            // An array stands for its length (`tokenizer.ggml.tokens`: the vocabulary).
+            Meta::Array(items) => Some(Value::from(items.len())),
             other => other.as_u64().map(Value::from),
         };
         self.metadata.iter().filter_map(|(key, meta)| Some((key.clone(), scalar(meta)?))).collect()
