@@ -31,6 +31,33 @@ pub struct Label {
     pub message: String,
 }
 
+/// How sure a suggested fix is, as rustc grades them: certain (a tool
+/// may apply it unasked), or a guess for the author to confirm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applicability {
+    MachineApplicable,
+    MaybeIncorrect,
+}
+
+impl Applicability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Applicability::MachineApplicable => "machine-applicable",
+            Applicability::MaybeIncorrect => "maybe-incorrect",
+        }
+    }
+}
+
+/// A `help:` that names its fix: `replacement` in place of the text at
+/// `span` (an empty replacement deletes it).
+#[derive(Clone, Debug)]
+pub struct Suggestion {
+    pub message: String,
+    pub span: Span,
+    pub replacement: String,
+    pub applicability: Applicability,
+}
+
 #[derive(Clone, Debug)]
 pub struct Diagnostic {
     pub severity: Severity,
@@ -41,6 +68,7 @@ pub struct Diagnostic {
     pub primary: Label,
     pub secondary: Vec<Label>,
     pub notes: Vec<String>,
+    pub suggestions: Vec<Suggestion>,
 }
 
 impl Diagnostic {
@@ -52,6 +80,7 @@ impl Diagnostic {
             primary: Label { span, message: String::new() },
             secondary: Vec::new(),
             notes: Vec::new(),
+            suggestions: Vec::new(),
         }
     }
 
@@ -72,6 +101,19 @@ impl Diagnostic {
 
     pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
         self.notes.push(note.into());
+        self
+    }
+
+    /// A `help:` with its fix: `replacement` in place of `span`.
+    pub fn with_suggestion(
+        mut self,
+        message: impl Into<String>,
+        span: Span,
+        replacement: impl Into<String>,
+        applicability: Applicability,
+    ) -> Diagnostic {
+        let suggestion = Suggestion { message: message.into(), span, replacement: replacement.into(), applicability };
+        self.suggestions.push(suggestion);
         self
     }
 
@@ -126,6 +168,9 @@ pub fn render_human(
         for note in &diagnostic.notes {
             report = report.with_note(note);
         }
+        for suggestion in &diagnostic.suggestions {
+            report = report.with_help(&suggestion.message);
+        }
         report.finish().write(&mut cache, &mut *out)?;
     }
     Ok(())
@@ -146,7 +191,9 @@ fn label_json(label: &Label, sources: &SourceMap) -> serde_json::Value {
 }
 
 /// One JSON object per diagnostic: severity, code, message, the primary
-/// label's file and 1-based range, and the secondary labels.
+/// label's file and 1-based range, the secondary labels, the notes, and
+/// the suggestions (each a range with its `replacement` and
+/// `applicability`, as rustc's JSON gives them).
 pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> serde_json::Value {
     let mut object = label_json(&diagnostic.primary, sources);
     let fields = object.as_object_mut().expect("label_json builds an object");
@@ -157,5 +204,12 @@ pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> serde_json::Valu
     fields.insert("label".into(), label);
     fields.insert("secondary".into(), diagnostic.secondary.iter().map(|label| label_json(label, sources)).collect());
     fields.insert("notes".into(), diagnostic.notes.clone().into());
+    let suggestions = diagnostic.suggestions.iter().map(|suggestion| {
+        let mut object = label_json(&Label { span: suggestion.span, message: suggestion.message.clone() }, sources);
+        object["replacement"] = suggestion.replacement.clone().into();
+        object["applicability"] = suggestion.applicability.as_str().into();
+        object
+    });
+    fields.insert("suggestions".into(), suggestions.collect());
     object
 }

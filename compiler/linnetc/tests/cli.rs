@@ -73,6 +73,23 @@ fn json_diagnostics_have_positions_and_codes() {
         .any(|label| label["file"].as_str().is_some_and(|f| f.ends_with("stdlib/nn/softmax.linnet"))));
 }
 
+/// A typo's fix is in the JSON as rustc gives one: the range to replace,
+/// the text to put there, and how sure it is.
+#[test]
+fn json_diagnostics_carry_suggested_fixes() {
+    let output = linnetc(&["check", "models/qwen3.6-35b-a3b", "--set", "TopP=1", "--message-format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
+    let diagnostic: serde_json::Value = serde_json::from_str(stdout.lines().next().expect("a diagnostic")).unwrap();
+    assert_eq!(diagnostic["code"], "unknown-generic");
+    let fix = &diagnostic["suggestions"][0];
+    assert_eq!(fix["replacement"], "TopK", "{diagnostic}");
+    assert_eq!(fix["applicability"], "maybe-incorrect");
+    for field in ["file", "line", "column", "end_line", "end_column"] {
+        assert_eq!(fix[field], diagnostic[field], "{field}");
+    }
+}
+
 #[test]
 fn another_model_card_and_overrides() {
     let nest = "tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml";

@@ -216,6 +216,39 @@ fn an_editor_session_on_the_dense_package() {
         let expected_line = position_of(&changed, replace, *within)["line"].clone();
         assert_eq!(diagnostics[0]["range"]["start"]["line"], expected_line, "{diagnostics:?}");
     }
+    // A typo's fix is offered as a quick fix to confirm; an unused name's,
+    // certain, is preferred. Applied, each leaves the file clean.
+    let fixes = [
+        ("let v = reshape(v_proj", "let v = reshape(v_prj", "v_proj", false),
+        (
+            "let v = reshape(v_proj",
+            "let v_unread = v_proj.forward(x)\n        let v = reshape(v_proj",
+            "_v_unread",
+            true,
+        ),
+    ];
+    for (version, (find, replace, fixed, preferred)) in fixes.iter().enumerate() {
+        let changed = text.replacen(find, replace, 1);
+        client.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": uri, "version": version + 5 }, "contentChanges": [{ "text": changed }] }),
+        );
+        let diagnostics = client.diagnostics_for(&uri);
+        assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+        let range = diagnostics[0]["range"].clone();
+        let context = json!({ "diagnostics": diagnostics });
+        let actions = client.request(
+            "textDocument/codeAction",
+            json!({ "textDocument": { "uri": uri }, "range": range, "context": context }),
+        );
+        assert_eq!(actions.as_array().map(Vec::len), Some(1), "{actions}");
+        let action = &actions[0];
+        assert_eq!(action["kind"], "quickfix");
+        assert_eq!(action["isPreferred"], *preferred, "{action}");
+        let edit = &action["edit"]["changes"][&uri][0];
+        assert_eq!(edit["range"], range, "{action}");
+        assert_eq!(edit["newText"], *fixed, "{action}");
+    }
     // Half-typed code: no crash, a syntax error.
     let broken = text.replacen("let v = reshape(", "let v = reshape(v_proj.", 1);
     client.notify(

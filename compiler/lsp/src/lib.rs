@@ -6,12 +6,14 @@
 //! open documents, and diagnostics are published for the files whose
 //! diagnostics changed. It answers hover (types, concrete shapes under the
 //! model card, signatures and docs), go to definition, find references,
-//! document symbols and formatting from the last check; a standard-library
-//! file opened by navigation is served from the package that read it.
+//! document symbols, formatting, and code actions (each diagnostic's
+//! suggested fixes, the certain ones preferred) from the last check; a
+//! standard-library file opened by navigation is served from the package
+//! that read it.
 
 mod features;
 
-use linnet_frontend::diagnostic::{Diagnostic, Severity};
+use linnet_frontend::diagnostic::{Applicability, Diagnostic, Severity};
 use linnet_frontend::driver::{check_package, Checked};
 use linnet_frontend::package::LoadOptions;
 use linnet_frontend::source::{FileId, Span};
@@ -19,9 +21,10 @@ use lsp_server::{Connection, Message, Notification, Request, RequestId, Response
 use lsp_types::notification::{self, Notification as _};
 use lsp_types::request::{self, Request as _};
 use lsp_types::{
-    DiagnosticRelatedInformation, DiagnosticSeverity, DocumentSymbol, Hover, HoverContents, Location, MarkupContent,
-    MarkupKind, NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range, ServerCapabilities,
-    TextDocumentSyncCapability, TextDocumentSyncKind, TextEdit, Url,
+    CodeAction, CodeActionKind, CodeActionOrCommand, CodeActionProviderCapability, DiagnosticRelatedInformation,
+    DiagnosticSeverity, DocumentSymbol, Hover, HoverContents, Location, MarkupContent, MarkupKind, NumberOrString,
+    OneOf, Position, PublishDiagnosticsParams, Range, ServerCapabilities, TextDocumentSyncCapability,
+    TextDocumentSyncKind, TextEdit, Url,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::error::Error;
@@ -43,6 +46,7 @@ pub fn serve() -> Result<(), Failure> {
         references_provider: Some(OneOf::Left(true)),
         document_symbol_provider: Some(OneOf::Left(true)),
         document_formatting_provider: Some(OneOf::Left(true)),
+        code_action_provider: Some(CodeActionProviderCapability::Simple(true)),
         ..ServerCapabilities::default()
     };
     let initialize = connection.initialize(serde_json::to_value(capabilities)?)?;
@@ -329,6 +333,7 @@ impl Server {
             request::References::METHOD => self.references(request),
             request::DocumentSymbolRequest::METHOD => self.symbols(request),
             request::Formatting::METHOD => self.formatting(request),
+            request::CodeActionRequest::METHOD => self.code_actions(request),
             _ => {
                 return Response::new_err(
                     id,
@@ -445,6 +450,42 @@ impl Server {
         }
         let whole = Range { start: Position { line: 0, character: 0 }, end: position_at(&text, text.len()) };
         Ok(serde_json::to_value(vec![TextEdit { range: whole, new_text: formatted }]).unwrap_or_default())
+    }
+
+    /// The suggested fixes of the diagnostics whose range meets the
+    /// request's, as quick fixes; the certain ones are preferred.
+    fn code_actions(&self, request: Request) -> Result<serde_json::Value, InvalidParams> {
+        let params: lsp_types::CodeActionParams =
+            serde_json::from_value(request.params).map_err(|e| InvalidParams(e.to_string()))?;
+        let Some((checked, file)) = self.checked_with(&params.text_document.uri) else {
+            return Ok(serde_json::Value::Null);
+        };
+        let key = |position: Position| (position.line, position.character);
+        let wanted = (key(params.range.start), key(params.range.end));
+        let meets = |range: Range| key(range.start) <= wanted.1 && wanted.0 <= key(range.end);
+        let mut actions = Vec::new();
+        for diagnostic in &checked.diagnostics {
+            if diagnostic.primary.span.file != file || !meets(range_of(checked, diagnostic.primary.span)) {
+                continue;
+            }
+            for suggestion in &diagnostic.suggestions {
+                let Ok(uri) = Url::from_file_path(checked.sources.path(suggestion.span.file)) else { continue };
+                let edit =
+                    TextEdit { range: range_of(checked, suggestion.span), new_text: suggestion.replacement.clone() };
+                actions.push(CodeActionOrCommand::CodeAction(CodeAction {
+                    title: suggestion.message.clone(),
+                    kind: Some(CodeActionKind::QUICKFIX),
+                    diagnostics: Some(vec![to_lsp(checked, diagnostic)]),
+                    edit: Some(lsp_types::WorkspaceEdit {
+                        changes: Some(HashMap::from([(uri, vec![edit])])),
+                        ..lsp_types::WorkspaceEdit::default()
+                    }),
+                    is_preferred: Some(suggestion.applicability == Applicability::MachineApplicable),
+                    ..CodeAction::default()
+                }));
+            }
+        }
+        Ok(serde_json::to_value(actions).unwrap_or_default())
     }
 }
 

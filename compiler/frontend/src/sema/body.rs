@@ -137,7 +137,13 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
             if !read && !name.starts_with('_') {
                 self.diagnostics.push(
                     Diagnostic::warning(Code::UnusedLet, span, format!("`{name}` is never read"))
-                        .with_label("bound here and not used: drop it, or name it `_` if that is meant"),
+                        .with_label("bound here and not used: drop it, or mark it as meant")
+                        .with_suggestion(
+                            format!("if that is meant, name it `_{name}`"),
+                            span,
+                            format!("_{name}"),
+                            crate::diagnostic::Applicability::MachineApplicable,
+                        ),
                 );
             }
         }
@@ -341,11 +347,9 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
 
     fn unknown_name(&mut self, name: &ast::Ident) -> Ty {
         let names = self.visible_names();
-        let hint = suggest::hint(&name.name, names.iter().map(String::as_str));
-        self.error(
-            Diagnostic::error(Code::UnknownName, name.span, format!("no `{}` in scope{hint}", name.name))
-                .with_label("not found"),
-        )
+        let unknown = Diagnostic::error(Code::UnknownName, name.span, format!("no `{}` in scope", name.name))
+            .with_label("not found");
+        self.error(suggest::did_you_mean(unknown, &name.name, names.iter().map(String::as_str), false))
     }
 
     fn lookup_value(&mut self, name: &ast::Ident) -> Ty {
@@ -1021,7 +1025,6 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
         };
         let block = &self.program.blocks[sub.block];
         let Some(&fn_id) = block.fns.get(&method.name) else {
-            let hint = suggest::hint(&method.name, block.fns.keys().map(String::as_str));
             let (what, label) = match &sub.generic {
                 Some(generic) => (
                     format!("`{generic}` is bounded by trait `{}`, which", block.name),
@@ -1029,15 +1032,19 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 ),
                 None => (format!("block `{}`", block.name), "not found"),
             };
-            return self.error(
-                Diagnostic::error(
-                    Code::UnknownMethod,
-                    method.span,
-                    format!("{what} has no function `{}`{hint}", method.name),
-                )
-                .with_label(label)
-                .with_secondary(block.decl.name.span, "defined here"),
-            );
+            let unknown = Diagnostic::error(
+                Code::UnknownMethod,
+                method.span,
+                format!("{what} has no function `{}`", method.name),
+            )
+            .with_label(label)
+            .with_secondary(block.decl.name.span, "defined here");
+            return self.error(suggest::did_you_mean(
+                unknown,
+                &method.name,
+                block.fns.keys().map(String::as_str),
+                false,
+            ));
         };
         let function = &self.program.fns[fn_id];
         let declared = function.decl.name.span;
@@ -1092,15 +1099,18 @@ impl<'p, 'a> BodyChecker<'p, 'a> {
                 self.check_args_quietly(args);
                 let mut names = self.visible_names();
                 names.extend(crate::builtin::names().map(str::to_string));
-                let hint = suggest::hint(&callee.name, names.iter().map(String::as_str));
-                return self.error(
-                    Diagnostic::error(
-                        Code::UnknownFunction,
-                        callee.span,
-                        format!("no function `{}` in scope{hint}", callee.name),
-                    )
-                    .with_label("not defined, imported or built in"),
-                );
+                let unknown = Diagnostic::error(
+                    Code::UnknownFunction,
+                    callee.span,
+                    format!("no function `{}` in scope", callee.name),
+                )
+                .with_label("not defined, imported or built in");
+                return self.error(suggest::did_you_mean(
+                    unknown,
+                    &callee.name,
+                    names.iter().map(String::as_str),
+                    false,
+                ));
             }
         };
         let declared = self.program.fns[fn_id].decl.name.span;

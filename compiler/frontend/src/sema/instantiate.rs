@@ -197,14 +197,13 @@ pub fn root_generics(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Op
                 .filter(|b| b.module == 0 && b.decl.kind == BlockKind::Block)
                 .map(|b| b.name.as_str())
                 .chain(program.aliases.iter().filter(|a| a.module == 0).map(|a| a.name.as_str()));
-            diagnostics.push(
-                Diagnostic::error(
-                    Code::UnknownRoot,
-                    *root_span,
-                    format!("no block or `type` `{root_name}` in the root module{}", suggest::hint(root_name, roots)),
-                )
-                .with_label("the root block is defined in the source file"),
-            );
+            let unknown = Diagnostic::error(
+                Code::UnknownRoot,
+                *root_span,
+                format!("no block or `type` `{root_name}` in the root module"),
+            )
+            .with_label("the root block is defined in the source file");
+            diagnostics.push(suggest::did_you_mean(unknown, root_name, roots, true));
             None
         }
     }
@@ -244,15 +243,14 @@ fn root_values(
     for entry in &nest.generics {
         let Some(generic) = generics.iter().find(|g| *g.name == entry.name) else {
             let names = generics.iter().map(|g| &*g.name);
-            diagnostics.push(
-                Diagnostic::error(
-                    Code::UnknownGeneric,
-                    entry.name_span,
-                    format!("`{root_name}` has no generic `{}`{}", entry.name, suggest::hint(&entry.name, names)),
-                )
-                .with_label("not a generic of the root block")
-                .with_secondary(root_span, "root block"),
-            );
+            let unknown = Diagnostic::error(
+                Code::UnknownGeneric,
+                entry.name_span,
+                format!("`{root_name}` has no generic `{}`", entry.name),
+            )
+            .with_label("not a generic of the root block")
+            .with_secondary(root_span, "root block");
+            diagnostics.push(suggest::did_you_mean(unknown, &entry.name, names, false));
             ok = false;
             continue;
         };
@@ -426,14 +424,10 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
     if let Some((name, span)) = &nest.entry {
         if !entries.iter().any(|f| &f.name == name) {
             let names = entries.iter().map(|f| f.name.as_str());
-            diagnostics.push(
-                Diagnostic::error(
-                    Code::UnknownEntry,
-                    *span,
-                    format!("`{}` has no entry `{name}`{}", block.name, suggest::hint(name, names)),
-                )
-                .with_label("not an entry of the root block"),
-            );
+            let unknown =
+                Diagnostic::error(Code::UnknownEntry, *span, format!("`{}` has no entry `{name}`", block.name))
+                    .with_label("not an entry of the root block");
+            diagnostics.push(suggest::did_you_mean(unknown, name, names, true));
         }
     }
     for function in entries {
@@ -533,15 +527,10 @@ fn check_coverage(
         let structural: Vec<&str> =
             path.split('.').map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part }).collect();
         if !shapes.contains(&structural.join(".")) {
-            let hint = suggest::hint(path, paths.iter().map(String::as_str));
-            diagnostics.push(
-                Diagnostic::warning(
-                    Code::UnknownBinding,
-                    span,
-                    format!("`{path}` is not a parameter of this model{hint}"),
-                )
-                .with_label("binds nothing"),
-            );
+            let unknown =
+                Diagnostic::warning(Code::UnknownBinding, span, format!("`{path}` is not a parameter of this model"))
+                    .with_label("binds nothing");
+            diagnostics.push(suggest::did_you_mean(unknown, path, paths.iter().map(String::as_str), true));
         }
     }
 }

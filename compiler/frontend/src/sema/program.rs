@@ -156,14 +156,10 @@ pub fn resolve_dim(expr: &ast::DimExpr, scope: &GenericScope, diagnostics: &mut 
                 None
             }
             None => {
-                diagnostics.push(
-                    Diagnostic::error(
-                        Code::UnknownName,
-                        ident.span,
-                        format!("no generic `{}` in scope{}", ident.name, suggest::hint(&ident.name, scope.names())),
-                    )
-                    .with_label("not a generic of this block or function"),
-                );
+                let unknown =
+                    Diagnostic::error(Code::UnknownName, ident.span, format!("no generic `{}` in scope", ident.name))
+                        .with_label("not a generic of this block or function");
+                diagnostics.push(suggest::did_you_mean(unknown, &ident.name, scope.names(), false));
                 None
             }
         },
@@ -204,14 +200,9 @@ pub fn resolve_elem(ident: &ast::Ident, scope: &GenericScope, diagnostics: &mut 
         }
         None => {
             let candidates = ["bf16", "f16", "f32", "i32", "i64", "bool"].into_iter().chain(scope.names());
-            diagnostics.push(
-                Diagnostic::error(
-                    Code::UnknownName,
-                    ident.span,
-                    format!("no element type `{}`{}", ident.name, suggest::hint(&ident.name, candidates)),
-                )
-                .with_label("not a dtype or a Float generic"),
-            );
+            let unknown = Diagnostic::error(Code::UnknownName, ident.span, format!("no element type `{}`", ident.name))
+                .with_label("not a dtype or a Float generic");
+            diagnostics.push(suggest::did_you_mean(unknown, &ident.name, candidates, false));
             None
         }
     }
@@ -618,18 +609,13 @@ impl<'a> Program<'a> {
                         None => {
                             self.scopes[module_index].entry(name.name.clone()).or_insert(ItemRef::Unresolved);
                             let public = self.items[target].iter().filter(|(_, (_, p))| *p).map(|(n, _)| n.as_str());
-                            diagnostics.push(
-                                Diagnostic::error(
-                                    Code::UnknownImport,
-                                    name.span,
-                                    format!(
-                                        "`{qualified}` has no item `{}`{}",
-                                        name.name,
-                                        suggest::hint(&name.name, public)
-                                    ),
-                                )
-                                .with_label("not found in that module"),
-                            );
+                            let unknown = Diagnostic::error(
+                                Code::UnknownImport,
+                                name.span,
+                                format!("`{qualified}` has no item `{}`", name.name),
+                            )
+                            .with_label("not found in that module");
+                            diagnostics.push(suggest::did_you_mean(unknown, &name.name, public, false));
                         }
                     }
                 }
@@ -818,14 +804,13 @@ impl<'a> Program<'a> {
                         })
                         .map(|(name, _)| name.as_str())
                         .chain(["Dim", "Shape", "Float"]);
-                    diagnostics.push(
-                        Diagnostic::error(
-                            Code::UnknownName,
-                            name.span,
-                            format!("no kind or trait `{}` in scope{}", name.name, suggest::hint(&name.name, traits)),
-                        )
-                        .with_label("a generic is a `Dim`, a `Shape`, a `Float` or a block bounded by a trait"),
-                    );
+                    let unknown = Diagnostic::error(
+                        Code::UnknownName,
+                        name.span,
+                        format!("no kind or trait `{}` in scope", name.name),
+                    )
+                    .with_label("a generic is a `Dim`, a `Shape`, a `Float` or a block bounded by a trait");
+                    diagnostics.push(suggest::did_you_mean(unknown, &name.name, traits, false));
                     continue;
                 }
             };
@@ -957,14 +942,10 @@ impl<'a> Program<'a> {
                     .filter(|(_, item)| matches!(item, ItemRef::Block(_) | ItemRef::Alias(_)))
                     .map(|(name, _)| name.as_str())
                     .chain(scope.names());
-                diagnostics.push(
-                    Diagnostic::error(
-                        Code::UnknownName,
-                        name.span,
-                        format!("no block `{}` in scope{}", name.name, suggest::hint(&name.name, blocks)),
-                    )
-                    .with_label("not defined or imported in this module"),
-                );
+                let unknown =
+                    Diagnostic::error(Code::UnknownName, name.span, format!("no block `{}` in scope", name.name))
+                        .with_label("not defined or imported in this module");
+                diagnostics.push(suggest::did_you_mean(unknown, &name.name, blocks, false));
                 None
             }
         }

@@ -1,5 +1,7 @@
 //! "Did you mean" for unknown names: the closest candidate by edit
-//! distance, if it is close enough to be a typo.
+//! distance, if it is close enough to be a typo, offered as a fix.
+
+use crate::diagnostic::{Applicability, Diagnostic};
 
 pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let limit = (name.chars().count() / 3).max(1);
@@ -26,9 +28,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// " (did you mean `x`?)" or nothing.
-pub fn hint<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
-    closest(name, candidates).map(|c| format!("; did you mean `{c}`?")).unwrap_or_default()
+/// `diagnostic`, about the unknown `name` at its primary span, with a
+/// `help:` that offers the closest of `candidates` in its place (a guess
+/// to confirm); `quoted` where the span covers a quoted string (a model
+/// card's value, a JSON key), whose quotes the fix keeps.
+pub fn did_you_mean<'a>(
+    diagnostic: Diagnostic,
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+    quoted: bool,
+) -> Diagnostic {
+    let Some(candidate) = closest(name, candidates) else { return diagnostic };
+    let span = diagnostic.primary.span;
+    let replacement = if quoted { format!("\"{candidate}\"") } else { candidate.to_string() };
+    diagnostic.with_suggestion(format!("did you mean `{candidate}`?"), span, replacement, Applicability::MaybeIncorrect)
 }
 
 #[cfg(test)]
