@@ -189,6 +189,9 @@ codes! {
          for nothing, which is often a mistake: a cache written to a `let` and not assigned back to \
          its `state`, a result the next line meant to use. Use it, drop it, or start its name with \
          `_` where that is meant.",
+    UnusedImport = "unused-import":
+        "A name a module's `use` brings in is never referred to in that module (a warning). Remove \
+         it (the fix offered does), or use it.",
     UnknownRoot = "unknown-root":
         "The model card (`nest.toml`) names no root block, or one that the source does not declare: \
          `[source] root = \"Model\"`.",

@@ -9,6 +9,7 @@ pub mod body;
 mod builtins;
 pub mod facts;
 pub mod footprint;
+mod imports;
 pub mod instantiate;
 pub mod program;
 mod suggest;
@@ -85,6 +86,7 @@ pub fn check(package: &Package, diagnostics: &mut Vec<Diagnostic>) -> SourceInde
         check_fn(&program, fn_id, diagnostics, &mut index);
     }
     check_consts(&program, diagnostics, &mut index);
+    imports::report_unused(package, &index, diagnostics);
     let source_is_sound = !diagnostics.iter().any(Diagnostic::is_error);
     instantiate::check(&program, source_is_sound, diagnostics);
     index
