@@ -17,6 +17,9 @@ pub struct Facts {
     nonnegative: Vec<Dim>,
     /// Each `P` here is known to be non-zero.
     nonzero: Vec<Dim>,
+    /// `a := d * (a / d)` for each `a % d == 0` with a generic `d`: tried
+    /// when an equality does not hold as normalized.
+    tilings: Vec<(Atom, Dim)>,
 }
 
 /// How far the prover chases bounds before giving up.
@@ -41,7 +44,19 @@ impl Facts {
     }
 
     pub fn equal(&self, a: &Dim, b: &Dim) -> bool {
-        a == b || self.normalize(&a.sub(b)).is_zero()
+        a == b || self.is_zero(&self.normalize(&a.sub(b)))
+    }
+
+    /// Whether a normalized difference is zero, dividends tiled by their
+    /// generic divisors where the facts say they divide exactly.
+    fn is_zero(&self, difference: &Dim) -> bool {
+        difference.is_zero()
+            || (!self.tilings.is_empty()
+                && self
+                    .normalize(&difference.map_atoms(&mut |atom| {
+                        self.tilings.iter().find(|(from, _)| from == atom).map(|(_, to)| to.clone())
+                    }))
+                    .is_zero())
     }
 
     /// Adds `lhs op rhs` as a known fact.
@@ -70,8 +85,14 @@ impl Facts {
             return;
         };
         // a % c == 0 for a lone atom a also means a == c * (a / c), which
-        // lets `2 * (D / 2)` and `D` meet.
+        // lets `2 * (D / 2)` and `D` meet. With a generic divisor
+        // (`H % Heads == 0`) the same holds, but kept aside for equalities
+        // only: as a rewrite it would spell every `H` as
+        // `Heads * (H / Heads)` in the types the messages show.
         if let Atom::Rem(dividend, divisor) = &atom {
+            if let (Some(inner), Some(_), 1) = (dividend.as_atom(), divisor.as_atom(), difference.terms().count()) {
+                self.tilings.push((inner.clone(), dividend.div(divisor).mul(divisor)));
+            }
             if let (Some(inner), Some(_)) = (dividend.as_atom(), divisor.as_constant()) {
                 if difference.terms().count() == 1 {
                     let whole = dividend.div(divisor).mul(divisor);
@@ -98,7 +119,7 @@ impl Facts {
     pub fn proves(&self, lhs: &Dim, op: CmpOp, rhs: &Dim) -> bool {
         let difference = self.normalize(&lhs.sub(rhs));
         match op {
-            CmpOp::Eq => difference.is_zero(),
+            CmpOp::Eq => self.is_zero(&difference),
             CmpOp::Ne => {
                 self.positive(&difference)
                     || self.positive(&difference.scale(-1))
@@ -217,6 +238,14 @@ mod tests {
         facts.assume(&quarter.rem(&Dim::constant(2)), CmpOp::Eq, &Dim::constant(0));
         assert!(facts.proves(&quarter.rem(&Dim::constant(2)), CmpOp::Eq, &Dim::constant(0)));
         assert!(!Facts::default().proves(&quarter.rem(&Dim::constant(2)), CmpOp::Eq, &Dim::constant(0)));
+        // H % Heads == 0: the heads tile H exactly, and H stays positive.
+        let whole = g("Heads").mul(&g("H").div(&g("Heads")));
+        assert!(!Facts::default().equal(&whole, &g("H")));
+        let mut facts = Facts::default();
+        facts.assume(&g("H"), CmpOp::Gt, &Dim::constant(0));
+        facts.assume(&g("H").rem(&g("Heads")), CmpOp::Eq, &Dim::constant(0));
+        assert!(facts.equal(&whole, &g("H")));
+        assert!(facts.proves(&g("H"), CmpOp::Gt, &Dim::constant(0)));
     }
 
     #[test]
