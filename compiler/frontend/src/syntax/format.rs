@@ -3,10 +3,17 @@
 //! keeps the author's line breaks (at most one blank line in a row),
 //! indents by four spaces per open bracket line and for `where` clause
 //! lists, spaces tokens by one rule set, and keeps every comment where it
-//! was. Formatting its own output changes nothing.
+//! was. A line wider than [`MAX_WIDTH`] is broken as rustfmt breaks one:
+//! its widest bracketed list one item a line, the closing bracket on a
+//! line of its own, then again inside where a line is still too wide.
+//! Formatting its own output changes nothing.
 
 use super::lexer::{self, Token};
 use crate::source::FileId;
+
+/// The widest a line may be before its lists are broken (as the Rust
+/// code's `rustfmt.toml` has it).
+pub const MAX_WIDTH: usize = 120;
 
 /// A token or a comment, with the line it starts on.
 struct Piece {
@@ -42,8 +49,64 @@ pub fn format(text: &str) -> Option<String> {
         (comment.span.start, piece)
     }));
     pieces.sort_by_key(|(start, _)| *start);
-    let pieces: Vec<Piece> = pieces.into_iter().map(|(_, piece)| piece).collect();
-    Some(layout(&pieces))
+    let mut pieces: Vec<Piece> = pieces.into_iter().map(|(_, piece)| piece).collect();
+    loop {
+        let (text, widths) = layout(&pieces);
+        let broken = widths.iter().any(|&(line, width)| width > MAX_WIDTH && break_widest_list(&mut pieces, line));
+        if !broken {
+            return Some(text);
+        }
+    }
+}
+
+/// Breaks the widest bracketed list that opens and closes on `line` one
+/// item a line (after the opening bracket, after each of its own commas,
+/// before the closing one); `false` where the line has no list to break.
+fn break_widest_list(pieces: &mut [Piece], line: usize) -> bool {
+    let on_line: Vec<usize> = (0..pieces.len()).filter(|&at| pieces[at].line == line).collect();
+    let width = |from: usize, to: usize| pieces[from..=to].iter().map(|p| p.text.len() + 1).sum::<usize>();
+    // Each list as (opener, closer, the commas at its own depth); generic
+    // arguments are lists too, other `<` and `>` compare.
+    let mut lists: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    let mut stack: Vec<(usize, Vec<usize>)> = Vec::new();
+    for &at in &on_line {
+        let token = &pieces[at].token;
+        let closes_generics =
+            token == &Some(Token::Gt) && stack.last().is_some_and(|(o, _)| pieces[*o].token == Some(Token::Lt));
+        if is_opener(token) || (token == &Some(Token::Lt) && opens_generics(pieces, at)) {
+            stack.push((at, Vec::new()));
+        } else if is_closer(token) || closes_generics {
+            if let Some((opener, commas)) = stack.pop() {
+                if at > opener + 1 {
+                    lists.push((opener, at, commas));
+                }
+            }
+        } else if token == &Some(Token::Comma) {
+            if let Some((_, commas)) = stack.last_mut() {
+                commas.push(at);
+            }
+        }
+    }
+    let Some((opener, closer, commas)) = lists.into_iter().max_by_key(|(opener, closer, _)| width(*opener, *closer))
+    else {
+        return false;
+    };
+    let mut starts: Vec<usize> = vec![opener + 1];
+    starts.extend(commas.iter().map(|comma| comma + 1).filter(|&at| at < closer));
+    starts.push(closer);
+    // Each start and what follows it on the line move down a line more
+    // than the one before; the lines after move down by as many.
+    let line_end = on_line.last().map_or(0, |last| last + 1);
+    for (shift, &start) in starts.iter().enumerate() {
+        let end = starts.get(shift + 1).copied().unwrap_or(line_end);
+        for piece in &mut pieces[start..end] {
+            piece.line += shift + 1;
+        }
+    }
+    for piece in &mut pieces[line_end..] {
+        piece.line += starts.len();
+    }
+    true
 }
 
 fn is_opener(token: &Option<Token>) -> bool {
@@ -104,7 +167,8 @@ enum Open {
     Generic,
 }
 
-fn layout(pieces: &[Piece]) -> String {
+/// The text, and each line's width with the piece line it holds.
+fn layout(pieces: &[Piece]) -> (String, Vec<(usize, usize)>) {
     let generic_openers: Vec<bool> =
         (0..pieces.len()).map(|at| pieces[at].token == Some(Token::Lt) && opens_generics(pieces, at)).collect();
     let mut generic_closers = vec![false; pieces.len()];
@@ -119,6 +183,8 @@ fn layout(pieces: &[Piece]) -> String {
         }
     }
     let mut out = String::new();
+    let mut widths = Vec::new();
+    let mut line_start = 0;
     // Each open bracket, with its kind and the line it was opened on.
     let mut open: Vec<(Open, usize)> = Vec::new();
     let mut in_where = false;
@@ -133,6 +199,7 @@ fn layout(pieces: &[Piece]) -> String {
         }
         if new_line {
             if let Some(p) = previous {
+                widths.push((pieces[p].line, out[line_start..].chars().count()));
                 out.push('\n');
                 if piece.line > pieces[p].line + 1 + lines_in(&pieces[p].text) {
                     out.push('\n');
@@ -150,6 +217,7 @@ fn layout(pieces: &[Piece]) -> String {
             let mut lines: Vec<usize> = open.iter().map(|(_, line)| *line).collect();
             lines.dedup();
             let depth = lines.len() + usize::from(in_where) + usize::from(continues);
+            line_start = out.len();
             out.push_str(&"    ".repeat(depth));
         } else if let Some(p) = previous {
             if space_between(pieces, p, at, inner, &generic_openers, &generic_closers) {
@@ -177,8 +245,11 @@ fn layout(pieces: &[Piece]) -> String {
         }
         previous = Some(at);
     }
+    if let Some(p) = previous {
+        widths.push((pieces[p].line, out[line_start..].chars().count()));
+    }
     out.push('\n');
-    out
+    (out, widths)
 }
 
 /// Whether a line ending in this token continues on the next one.
@@ -291,6 +362,30 @@ mod tests {
             "pub fn f<B: Dim>(x: Tensor[B; f32]) -> Tensor[B; f32]\nwhere B > 0 {\n    let y[b] = -x[b] * cast<f32>(iota<i64>(B)[b])\n    return concat(y, x[0:B / 2], axis = -1)\n}\n"
         );
         assert_eq!(format(&formatted).unwrap(), formatted);
+    }
+
+    /// A line past the width has its widest list broken, one item a line,
+    /// and again inside while a line is too wide; the result is stable.
+    #[test]
+    fn long_lines_break_at_their_widest_list() {
+        let names: Vec<String> = (0..12).map(|i| format!("Generic{i}")).collect();
+        let long = format!(
+            "fn f(first: Tensor[{}; f32], second: Tensor[B; f32]) -> Tensor[B; f32] {{ // note\n    return second\n}}\n",
+            names.join(", ")
+        );
+        let formatted = format(&long).unwrap();
+        let expected = format!(
+            "fn f(\n    first: Tensor[\n        {}; f32\n    ],\n    second: Tensor[B; f32]\n) -> Tensor[B; f32] {{ // note\n    return second\n}}\n",
+            names.iter().map(String::as_str).collect::<Vec<_>>().join(",\n        ")
+        );
+        assert_eq!(formatted, expected);
+        assert!(formatted.lines().all(|line| line.len() <= super::MAX_WIDTH));
+        assert_eq!(format(&formatted).unwrap(), formatted);
+        // Generic arguments are a list; a comparison is not.
+        let generic = format!("type M = Outer<{}, Inner<A, B>>\n", names.join(", ").repeat(2));
+        let formatted = format(&generic).unwrap();
+        assert!(formatted.starts_with("type M = Outer<\n    Generic0,\n"), "{formatted}");
+        assert!(formatted.ends_with("    Inner<A, B>\n>\n"), "{formatted}");
     }
 
     #[test]
