@@ -34,8 +34,8 @@ metadata = {
     f"{a}.attention.head_count_kv": "KvHeads",
     f"{a}.attention.key_length": "HeadDim",
     f"{a}.attention.value_length": "HeadDim",
-    # Qwen3.5's packages fix θ and ε; Qwen3's card has them as settings.
-    f"{a}.rope.freq_base": 10000000.0 if a != "qwen3" else "Theta",
+    # θ is a setting of every card; Qwen3.5's packages fix ε.
+    f"{a}.rope.freq_base": "Theta",
     f"{a}.attention.layer_norm_rms_epsilon": 1e-6 if a != "qwen3" else "Eps",
 }
 if GPT_OSS:

@@ -374,6 +374,65 @@ fn the_gemma3_package_runs_a_gemma3_checkpoint_with_the_settings_it_states() {
     assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
+/// The oracle checkpoint at `weights` copied to a folder of its own with
+/// `change` made to its `config.json`.
+fn with_config(weights: &Path, name: &str, change: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("linnet-config-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(weights).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    change(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// The Qwen3.5 packages read their checkpoint's `config.json` too: the
+/// oracle checkpoints run with no `--set` (sizes, type, θ from the file,
+/// `Conv` following the sizes); a checkpoint of the seed's architecture
+/// whose config says `rope_theta` 10,000 gets θ 10,000, its logits those
+/// of `--set Theta=10000` and away from the oracle's; one whose ε is not
+/// the 1e-6 the packages compute with is refused, both values named.
+#[test]
+fn the_qwen35_packages_run_their_checkpoints_with_the_settings_they_state() {
+    for (config, package) in
+        [("tiny-qwen3.5-moe", "models/qwen3.6-35b-a3b"), ("tiny-qwen3.5-dense", "models/qwen3.8-27b")]
+    {
+        let golden = root().join("tests/fixtures/oracle").join(config);
+        let weights = golden.join("weights-f32");
+        let distance = distance_from_the_oracle(&golden, package, &[], &weights);
+        assert!(distance <= 1e-4, "{package}: max|diff|/max|ref| = {distance:.2e}");
+    }
+    let golden = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe");
+    let weights = golden.join("weights-f32");
+    let package = "models/qwen3.6-35b-a3b";
+    let slow = with_config(&weights, "theta", |config| config["rope_parameters"]["rope_theta"] = 10000.0.into());
+    let (followed, reference) = forward_logits(&golden, package, &[], &slow, 0);
+    let (set, _) = forward_logits(&golden, package, &[("Theta", "10000")], &weights, 0);
+    assert_eq!(followed, set, "the file's θ is the one used");
+    assert!(distance(&followed, &reference) > 1e-3, "θ 10,000 moves the logits");
+    std::fs::remove_dir_all(&slow).unwrap();
+    let eps = with_config(&weights, "eps", |config| config["rms_norm_eps"] = 1e-5.into());
+    let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
+        .args(["generate", root().join(package).to_str().unwrap(), "--weights", eps.to_str().unwrap()])
+        .args(["--prompt-ids", "1,2", "--max-tokens", "1"])
+        .env("LINNET_STDLIB", root().join("stdlib"))
+        .env("LINNET_CACHE_DIR", cache())
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&eps).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains("`rms_norm_eps` is 0.00001")
+            && stderr.contains("requires 0.000001"),
+        "{stderr}"
+    );
+}
+
 /// The settings a checkpoint states are the ones its logits follow: each
 /// set otherwise moves them out of the bound (Llama's ε of 1e-5, not the
 /// 1e-6 of Qwen's cards; its scaled rotary frequencies; gpt-oss's window,

@@ -474,7 +474,7 @@ fn definitions_see_through_block_generics() {
         json!({ "textDocument": { "uri": uri }, "position": at, "context": { "includeDeclaration": false } }),
     );
     assert_eq!(found.as_array().unwrap().len(), 2, "`LayerGroup`'s `F`, given to both kinds of layer: {found}");
-    let target = definition(&mut client, "SwiGlu<H, Inner, T>>", 1);
+    let target = definition(&mut client, "SwiGlu<H, Inner, T>\n    >", 1);
     assert!(target["uri"].as_str().unwrap().ends_with("stdlib/nn/mlp.linnet"), "{target}");
     let shown = hover(&mut client, &uri, &text, "Model<\n");
     assert!(shown.contains("pub type Model<") && shown.contains("= Decoder<"), "{shown}");

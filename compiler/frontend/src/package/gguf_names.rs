@@ -169,13 +169,22 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
 pub fn of_package(package: &super::Package, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
     let file = package.gguf_names.as_ref()?;
     let generics = package.nest.iter().flat_map(|nest| &nest.generics);
-    let values = generics
+    let mut values: HashMap<String, i64> = generics
         .clone()
         .filter_map(|entry| match entry.value {
             NestValue::Int(value) => Some((entry.name.clone(), value)),
             _ => None,
         })
         .collect();
+    // A dim the card derives from others (`Conv = "2 * KeyHeads * KeyDim"`),
+    // in the card's order.
+    for entry in generics.clone() {
+        if let NestValue::Text(expression) = &entry.value {
+            if let Ok(value) = evaluate(expression, &values) {
+                values.insert(entry.name.clone(), value);
+            }
+        }
+    }
     let numbers = generics
         .filter_map(|entry| match entry.value {
             NestValue::Float(value) => Some((entry.name.clone(), value)),

@@ -230,7 +230,9 @@ fn identity(generics: &[GenericSig]) -> Subst {
 }
 
 /// The values `[generics]` gives the root's generics (a block's or a
-/// `type`'s), defaults filling the rest.
+/// `type`'s), defaults filling the rest. A dim may be given as an
+/// expression over the others (`Conv = "2 * KeyHeads * KeyDim"`), so
+/// that it follows them wherever they come from (`[config]`, `--set`).
 fn root_values(
     generics: &[GenericSig],
     root_name: &str,
@@ -240,6 +242,7 @@ fn root_values(
 ) -> Option<Values> {
     let mut values = Values::default();
     let mut ok = true;
+    let mut derived = Vec::new();
     for entry in &nest.generics {
         let Some(generic) = generics.iter().find(|g| *g.name == entry.name) else {
             let names = generics.iter().map(|g| &*g.name);
@@ -267,6 +270,7 @@ fn root_values(
             (GenericKind::Dim, NestValue::Int(size)) if *size >= 0 => {
                 values.dims.insert(generic.name.clone(), *size);
             }
+            (GenericKind::Dim, NestValue::Text(expression)) => derived.push((generic, entry, expression)),
             (GenericKind::Dim, _) => {
                 diagnostics.push(bad("expected a non-negative integer"));
                 ok = false;
@@ -298,6 +302,31 @@ fn root_values(
             }
         }
         values.spans.insert(generic.name.clone(), entry.value_span);
+    }
+    // In the card's order: one may use another given before it.
+    for (generic, entry, expression) in derived {
+        let known: HashMap<String, i64> = values.dims.iter().map(|(name, v)| (name.to_string(), *v)).collect();
+        match gguf_names::evaluate(expression, &known) {
+            Ok(size) if size >= 0 => {
+                values.dims.insert(generic.name.clone(), size);
+            }
+            outcome => {
+                let why = match outcome {
+                    Ok(size) => format!("it comes to {size}"),
+                    Err(error) => error.to_string(),
+                };
+                diagnostics.push(
+                    Diagnostic::error(
+                        Code::BadGenericValue,
+                        entry.value_span,
+                        format!("`{}` = \"{expression}\" is not a size: {why}", entry.name),
+                    )
+                    .with_label("an integer, or an expression over the card's other dims")
+                    .with_secondary(generic.span, "declared here"),
+                );
+                ok = false;
+            }
+        }
     }
     for generic in generics {
         // A value given but refused above is not missing as well.
