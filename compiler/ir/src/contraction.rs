@@ -25,9 +25,71 @@
 //! backends compute the sum's totals as above and the expression from
 //! them, each output from its own total, in the same kernel.
 
-use super::{BinaryOp, Entry, NodeKind, ReduceOp, Scalar, Value};
+use super::{BinaryOp, Entry, Model, NodeKind, ReduceOp, Scalar, Value};
 use crate::dim::Dim;
 use crate::Dtype;
+
+/// A sum of products with a stored weight that the matrix kernels do not
+/// run (it runs as generated loops, slower): what the build reports, so a
+/// layout that costs speed is not silent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missed {
+    pub entry: String,
+    /// The parameter summed over.
+    pub param: usize,
+    /// Its axis the sum runs over.
+    pub axis: usize,
+    pub why: &'static str,
+}
+
+/// Every sum over an axis of a parameter (of two or more axes) in
+/// `model`'s entries whose node is not a contraction the kernels run.
+pub fn missed(model: &Model) -> Vec<Missed> {
+    let mut found = Vec::new();
+    for entry in &model.entries {
+        for (at, node) in entry.nodes.iter().enumerate() {
+            let NodeKind::Compute(expression) = &node.kind else { continue };
+            if of(entry, at).is_some() {
+                continue;
+            }
+            walk(expression, &mut |scalar| {
+                let Scalar::Reduce { op: ReduceOp::Sum, index, body, .. } = scalar else { return };
+                walk(body, &mut |operand| {
+                    if let Some(missed) = summed_param(entry, operand, *index) {
+                        let missed = Missed { entry: entry.name.clone(), ..missed };
+                        if !found.contains(&missed) {
+                            found.push(missed);
+                        }
+                    }
+                });
+            });
+        }
+    }
+    found
+}
+
+/// Calls `visit` on `scalar` and everything in it.
+fn walk<'s>(scalar: &'s Scalar, visit: &mut dyn FnMut(&'s Scalar)) {
+    visit(scalar);
+    scalar.for_each_child(&mut |child| walk(child, visit));
+}
+
+/// `operand` as a read of a parameter of two or more axes with `index`
+/// alone at one of its positions, and why a kernel does not run it.
+fn summed_param(entry: &Entry, operand: &Scalar, index: u32) -> Option<Missed> {
+    let Scalar::Load(value, positions, _) = operand else { return None };
+    let NodeKind::Param(param) = entry.nodes[value.index()].kind else { return None };
+    if positions.len() < 2 {
+        return None;
+    }
+    let axis = positions.iter().position(|p| matches!(p, Scalar::Index(k, _) if *k == index))?;
+    let why = if axis + 1 == positions.len() {
+        "the product is not of the kernels' form `out[…, n] = sum[k] x[…, k] * W[…, n, k]` (f32 products summed in f32, the weight's rows the output's last axis)"
+    } else {
+        "the sum runs over an axis of the weight other than its last, where the kernels read each of its rows contiguously: store (or bind) it with the summed axis last, as `[…, out, in]`"
+    };
+    Some(Missed { entry: String::new(), param, axis, why })
+}
 
 /// One operand: the value and its positions before the contracted axes
 /// (for `W`, also before the output axis).

@@ -378,6 +378,36 @@ fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<PathB
     ExitCode::from(2)
 }
 
+/// The products outside the matrix kernels, as lines for the build's
+/// report: one for each parameter (layers' copies as one, `#` for their
+/// numbers), its axis summed over and why.
+fn missed_products(model: &linnet_ir::Model) -> Vec<String> {
+    let mut lines: Vec<(String, usize, &str, Vec<String>)> = Vec::new();
+    for missed in linnet_ir::contraction::missed(model) {
+        let param = &model.params[missed.param];
+        let structural: Vec<&str> = param
+            .path
+            .split('.')
+            .map(|part| if part.bytes().all(|b| b.is_ascii_digit()) { "#" } else { part })
+            .collect();
+        let structural = structural.join(".");
+        match lines.iter_mut().find(|(path, axis, ..)| *path == structural && *axis == missed.axis) {
+            Some((.., entries)) => {
+                if !entries.contains(&missed.entry) {
+                    entries.push(missed.entry);
+                }
+            }
+            None => lines.push((structural, missed.axis, missed.why, vec![missed.entry])),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(path, axis, why, entries)| {
+            format!("  `{path}`, summed over its axis {axis} (in {}): {why}", entries.join(", "))
+        })
+        .collect()
+}
+
 fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {
     let started = std::time::Instant::now();
     let Some((model, checked, key)) = lowered(package, options) else { return ExitCode::from(1) };
@@ -406,6 +436,10 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
                 model.entries.len(),
                 manifest.plan.describe()
             );
+            let missed = missed_products(&model);
+            if !missed.is_empty() {
+                eprintln!("products outside the matrix kernels (generated loops, slower):\n{}", missed.join("\n"));
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {

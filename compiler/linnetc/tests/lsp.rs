@@ -153,7 +153,7 @@ fn an_editor_session_on_the_dense_package() {
 
     // Go to definition across modules: `tables` lives in rope.linnet,
     // `grouped_attention` in the standard library.
-    let at = position_of(&text, "tables<S, HeadDim / 4, T>()", 1);
+    let at = position_of(&text, "tables<S, HeadDim / 4, T>(Theta)", 1);
     let target = client.request("textDocument/definition", json!({ "textDocument": { "uri": uri }, "position": at }));
     assert!(target["uri"].as_str().unwrap().ends_with("src/rope.linnet"), "{target}");
     let at = position_of(&text, "grouped_attention(\n", 1);
@@ -182,7 +182,7 @@ fn an_editor_session_on_the_dense_package() {
     // A size the card sets shows its value, where it is declared and used.
     let shown = hover(&mut client, &uri, &text, "KvHeads: Dim");
     assert!(shown.contains("KvHeads = 4"), "{shown}");
-    let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>()");
+    let shown = hover(&mut client, &uri, &text, "HeadDim / 4, T>(Theta)");
     assert!(shown.contains("HeadDim = 256"), "{shown}");
 
     // Outline.
@@ -200,7 +200,12 @@ fn an_editor_session_on_the_dense_package() {
             20,
         ),
         ("[B, S, KvHeads, HeadDim])\n", "[B, S, Heads, HeadDim])\n", "reshape-size", 0),
-        ("rows<1, HeadDim / 4, T>(at)", "rows<1, HeadDim / 4, T>(reshape(pos, [1]))", "dtype-mismatch", 24),
+        (
+            "rows<1, HeadDim / 4, T>(at, Theta)",
+            "rows<1, HeadDim / 4, T>(reshape(pos, [1]), Theta)",
+            "dtype-mismatch",
+            24,
+        ),
     ];
     for (version, (find, replace, code, within)) in mistakes.iter().enumerate() {
         let changed = text.replacen(find, replace, 1);
