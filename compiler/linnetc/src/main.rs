@@ -36,6 +36,10 @@ enum Command {
         /// Colour in human output.
         #[arg(long, value_enum, default_value_t = Colour::Auto)]
         color: Colour,
+        /// Also lower a clean package and name the products the matrix
+        /// kernels cannot run, with why (as `build` reports them).
+        #[arg(long)]
+        perf: bool,
     },
     /// Explain a diagnostic's code (`linnetc explain shape-mismatch`), or
     /// list every code.
@@ -267,7 +271,7 @@ fn main() -> ExitCode {
                 Target::Nvptx => build_nvptx(&package, output, &gpu_arch, libdevice, &options),
             }
         }
-        Command::Check { package, message_format, nest, overrides, color } => {
+        Command::Check { package, message_format, nest, overrides, color, perf } => {
             let package = match package_of(package, "check") {
                 Ok(package) => package,
                 Err(code) => return code,
@@ -308,10 +312,19 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             if checked.has_errors() {
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
+                return ExitCode::from(1);
             }
+            if perf {
+                let Ok((model, _)) = driver::lower_checked(checked, linnet_frontend::lower::Lowering::default()) else {
+                    eprintln!("linnetc check: the package checks clean but does not lower");
+                    return ExitCode::from(1);
+                };
+                match missed_products(&model) {
+                    Some(report) => eprintln!("{report}"),
+                    None => eprintln!("every product with a stored weight runs on the matrix kernels"),
+                }
+            }
+            ExitCode::SUCCESS
         }
     }
 }
@@ -378,10 +391,11 @@ fn build_nvptx(_: &std::path::Path, _: Option<PathBuf>, _: &str, _: Option<PathB
     ExitCode::from(2)
 }
 
-/// The products outside the matrix kernels, as lines for the build's
-/// report: one for each parameter (layers' copies as one, `#` for their
-/// numbers), its axis summed over and why.
-fn missed_products(model: &linnet_ir::Model) -> Vec<String> {
+/// The products outside the matrix kernels, as the build's report says
+/// them (`None` where there are none): one line for each parameter
+/// (layers' copies as one, `#` for their numbers), its axis summed over
+/// and why.
+fn missed_products(model: &linnet_ir::Model) -> Option<String> {
     let mut lines: Vec<(String, usize, &str, Vec<String>)> = Vec::new();
     for missed in linnet_ir::contraction::missed(model) {
         let param = &model.params[missed.param];
@@ -400,12 +414,14 @@ fn missed_products(model: &linnet_ir::Model) -> Vec<String> {
             None => lines.push((structural, missed.axis, missed.why, vec![missed.entry])),
         }
     }
-    lines
+    let lines: Vec<String> = lines
         .into_iter()
         .map(|(path, axis, why, entries)| {
             format!("  `{path}`, summed over its axis {axis} (in {}): {why}", entries.join(", "))
         })
-        .collect()
+        .collect();
+    (!lines.is_empty())
+        .then(|| format!("products outside the matrix kernels (generated loops, slower):\n{}", lines.join("\n")))
 }
 
 fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>, options: &LoadOptions) -> ExitCode {
@@ -436,9 +452,8 @@ fn build(package: &std::path::Path, output: Option<PathBuf>, emit: Option<Emit>,
                 model.entries.len(),
                 manifest.plan.describe()
             );
-            let missed = missed_products(&model);
-            if !missed.is_empty() {
-                eprintln!("products outside the matrix kernels (generated loops, slower):\n{}", missed.join("\n"));
+            if let Some(report) = missed_products(&model) {
+                eprintln!("{report}");
             }
             ExitCode::SUCCESS
         }

@@ -204,6 +204,13 @@ fn build_reports_the_products_outside_the_matrix_kernels() {
         }
     }
     std::fs::remove_dir_all(&out).unwrap();
+    // `check --perf` says the same without writing an artifact.
+    let checked = linnetc(&["check", "models/gpt-oss", "--perf", "--set", "Groups=1"]);
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    assert!(String::from_utf8_lossy(&checked.stderr).contains(missed.trim_end()), "{missed}");
+    let checked = linnetc(&["check", "models/llama3", "--perf", "--set", "Layers=1"]);
+    let said = String::from_utf8_lossy(&checked.stderr);
+    assert!(said.contains("every product with a stored weight runs on the matrix kernels"), "{said}");
 }
 
 #[test]
