@@ -499,35 +499,29 @@ fn the_llama3_package_runs_llama_cpp_s_files_of_llama_checkpoints() {
     }
 }
 
-/// The Gemma 3 checkpoint as llama.cpp's converter writes it (every norm
-/// stored plus one, no `output.weight`: the head is the embeddings), read
-/// through `gguf.json` with the sizes (the vocabulary's from its token
-/// list), ε, window, both θ and the global rotary scaling from the file's
-/// metadata. The metadata has no query scale (llama.cpp derives it from
-/// the sizes): it is set.
+/// The Gemma 3 and gpt-oss checkpoints as llama.cpp's converter writes
+/// them, read through `gguf.json` with the sizes (the vocabulary's from
+/// the token list), ε, θ and windows from the file's metadata. Gemma's:
+/// every norm stored plus one, no `output.weight` (the head is the
+/// embeddings), the global rotary scaling in the metadata; its query scale
+/// is not (llama.cpp derives it from the sizes): it is set. gpt-oss's,
+/// experts not in MXFP4: the experts' matrices transposed, the fused gate
+/// and up projection and its bias split from their interleaved columns,
+/// YaRN in the metadata; its SwiGLU limit is not (llama.cpp fixes it at
+/// 7): it is set.
 #[test]
-fn the_gemma3_package_runs_llama_cpp_s_file_of_a_gemma3_checkpoint() {
-    let gguf = root().join("tests/fixtures/llama-cpp/tiny-gemma3-f32.gguf");
-    let golden = root().join("tests/fixtures/families/tiny-gemma3");
-    let set = [("QueryScale", "24")];
-    let distance = distance_from_the_oracle(&golden, "models/gemma3", &set, &gguf);
-    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
-}
-
-/// The gpt-oss checkpoint as llama.cpp's converter writes it when its
-/// experts are not in MXFP4: the experts' matrices transposed, the fused
-/// gate and up projection and its bias split from their interleaved
-/// columns, read back through `gguf.json` with the sizes (the
-/// vocabulary's from its token list), ε, θ, window and YaRN scaling from
-/// the file's metadata. The metadata has no SwiGLU limit (llama.cpp fixes
-/// it at 7): it is set.
-#[test]
-fn the_gpt_oss_package_runs_llama_cpp_s_file_of_a_gpt_oss_checkpoint() {
-    let gguf = root().join("tests/fixtures/llama-cpp/tiny-gpt-oss-f32.gguf");
-    let golden = root().join("tests/fixtures/families/tiny-gpt-oss");
-    let set = [("Limit", "1.5")];
-    let distance = distance_from_the_oracle(&golden, "models/gpt-oss", &set, &gguf);
-    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+fn the_gemma3_and_gpt_oss_packages_run_llama_cpp_s_files_of_their_checkpoints() {
+    type Settings<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, &str, Settings); 2] = [
+        ("tiny-gemma3", "models/gemma3", &[("QueryScale", "24")]),
+        ("tiny-gpt-oss", "models/gpt-oss", &[("Limit", "1.5")]),
+    ];
+    for (name, package, set) in cases {
+        let gguf = root().join("tests/fixtures/llama-cpp").join(format!("{name}-f32.gguf"));
+        let golden = root().join("tests/fixtures/families").join(name);
+        let distance = distance_from_the_oracle(&golden, package, set, &gguf);
+        assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
+    }
 }
 
 /// `linnet quantize` on the oracle checkpoint: every tensor under its

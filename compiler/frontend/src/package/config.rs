@@ -150,14 +150,7 @@ fn lookup<'v>(config: &'v serde_json::Value, key: &str) -> Option<&'v serde_json
 /// The span of the last segment of `key` (`"rope_theta":`) in the file's
 /// text, for pointing at what it says.
 fn found_span(file: FileId, text: &str, key: &str) -> Span {
-    let last = key.rsplit('.').next().unwrap_or(key);
-    let quoted = serde_json::to_string(last).unwrap_or_default();
-    let at = text
-        .match_indices(&quoted)
-        .map(|(at, _)| at)
-        .find(|at| text[at + quoted.len()..].trim_start().starts_with(':'))
-        .unwrap_or(0);
-    Span::new(file, at..at + quoted.len())
+    super::json_key_span(file, text, key.rsplit('.').next().unwrap_or(key))
 }
 
 /// Gives a generic the value `entry` says, in place of the card's.

@@ -85,17 +85,6 @@ pub struct GgufFile {
     pub tensors: Vec<(String, Source<Size>, Span)>,
 }
 
-/// The span of `"key":` in `text`, for messages about its entry.
-fn key_span(file: FileId, text: &str, key: &str) -> Span {
-    let quoted = serde_json::to_string(key).unwrap_or_default();
-    let at = text
-        .match_indices(&quoted)
-        .map(|(at, _)| at)
-        .find(|at| text[at + quoted.len()..].trim_start().starts_with(':'))
-        .unwrap_or(0);
-    Span::new(file, at..at + quoted.len())
-}
-
 fn problem(span: Span, message: String, label: &str) -> Diagnostic {
     Diagnostic::error(Code::GgufNames, span, message).with_label(label.to_string())
 }
@@ -128,7 +117,7 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
     let object = |key: &str| root.get(key).and_then(|v| v.as_object()).cloned().unwrap_or_default();
     let mut metadata = Vec::new();
     for (key, value) in object("metadata") {
-        let span = key_span(file, text, &key);
+        let span = super::json_key_span(file, text, &key);
         match serde_json::from_value::<RawExpected>(value) {
             Ok(expected) => metadata.push((key, expected, span)),
             Err(_) => diagnostics.push(problem(
@@ -140,7 +129,7 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
     }
     let mut tensors = Vec::new();
     for (path, value) in object("tensors") {
-        let span = key_span(file, text, &path);
+        let span = super::json_key_span(file, text, &path);
         let source = match serde_json::from_value::<RawEntry>(value.clone()) {
             Ok(RawEntry::Name(name)) => Ok(Source { tensors: vec![name], axis: 0, changes: Vec::new() }),
             Ok(RawEntry::Source(raw)) => match (raw.tensor, raw.concat) {

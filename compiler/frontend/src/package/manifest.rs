@@ -343,13 +343,7 @@ pub fn parse_bindings(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
     };
     let mut entries = Vec::new();
     for (key, value) in map {
-        let quoted = serde_json::to_string(&key).unwrap_or_default();
-        let at = text
-            .match_indices(&quoted)
-            .map(|(at, _)| at)
-            .find(|at| text[at + quoted.len()..].trim_start().starts_with(':'))
-            .unwrap_or(0);
-        let key_span = Span::new(file, at..at + quoted.len());
+        let key_span = super::json_key_span(file, &text, &key);
         match value {
             serde_json::Value::String(tensor) => entries.push((key, tensor, key_span)),
             _ => diagnostics.push(

@@ -145,6 +145,18 @@ impl LoadOptions {
     }
 }
 
+/// The span of `"key":` in a JSON file's `text` (its first occurrence as
+/// a key), for messages about its entry; the file's start if it has none.
+fn json_key_span(file: FileId, text: &str, key: &str) -> Span {
+    let quoted = serde_json::to_string(key).unwrap_or_default();
+    let at = text
+        .match_indices(&quoted)
+        .map(|(at, _)| at)
+        .find(|at| text[at + quoted.len()..].trim_start().starts_with(':'))
+        .unwrap_or(0);
+    Span::new(file, at..at + quoted.len())
+}
+
 /// A file that could not be read, reported at a span in whatever mentioned it.
 fn unreadable(span: Span, path: &Path, error: &std::io::Error) -> Diagnostic {
     Diagnostic::error(Code::PackageError, span, format!("cannot read `{}`: {error}", path.display()))
