@@ -343,7 +343,7 @@ pub fn parse_bindings(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<D
     };
     let mut entries = Vec::new();
     for (key, value) in map {
-        let key_span = super::json_key_span(file, &text, &key);
+        let key_span = super::json_key_span(file, text, &key);
         match value {
             serde_json::Value::String(tensor) => entries.push((key, tensor, key_span)),
             _ => diagnostics.push(
