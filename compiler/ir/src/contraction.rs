@@ -86,7 +86,7 @@ fn summed_param(entry: &Entry, operand: &Scalar, index: u32) -> Option<Missed> {
     let why = if axis + 1 == positions.len() {
         "the product is not of the kernels' form `out[…, n] = sum[k] x[…, k] * W[…, n, k]` (f32 products summed in f32, the weight's rows the output's last axis)"
     } else {
-        "the sum runs over an axis of the weight other than its last, where the kernels read each of its rows contiguously: store (or bind) it with the summed axis last, as `[…, out, in]`"
+        "the sum runs over an axis of the weight other than its last, where the kernels read each of its rows contiguously: a weight stored with the summed axis last, as `[…, out, in]`, takes them"
     };
     Some(Missed { entry: String::new(), param, axis, why })
 }
