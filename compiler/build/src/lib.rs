@@ -17,7 +17,6 @@ use linnet_artifact::{
 };
 use linnet_frontend::diagnostic;
 use linnet_frontend::driver::{self, Checked};
-use linnet_frontend::package::gguf_names;
 use linnet_frontend::package::{LoadOptions, Package};
 use linnet_frontend::source::SourceMap;
 use linnet_ir::analysis::Analysis;
@@ -123,11 +122,11 @@ pub fn bindings(package: &Package) -> HashMap<String, String> {
 
 /// How a package's parameters are named in checkpoints, for its instance.
 pub fn naming(package: &Package) -> Naming {
-    Naming { bindings: bindings(package), gguf_names: gguf_names::of_package(package, &mut Vec::new()) }
+    Naming { bindings: bindings(package), gguf_names: linnet_frontend::sema::instantiate::gguf_names(package) }
 }
 
 fn gguf_names_of(model: &Model, package: &Package) -> Result<Option<GgufNames>, CompileError> {
-    match (&package.gguf_names, gguf_names::of_package(package, &mut Vec::new())) {
+    match (&package.gguf_names, linnet_frontend::sema::instantiate::gguf_names(package)) {
         (Some(_), None) => Err(CompileError::GgufNames(model.name.clone())),
         (_, names) => Ok(names),
     }

@@ -21,7 +21,6 @@
 //! instance being built: [`resolve`] gives the concrete [`GgufNames`] an
 //! artifact records and the runtime applies.
 
-use super::NestValue;
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
@@ -150,38 +149,6 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
         }
     }
     Some(GgufFile { file, architecture: architecture.to_string(), metadata, tensors })
-}
-
-/// `package`'s `gguf.json` for the instance its card makes (its integer
-/// generics and number settings, after `--set`); `None` without one, or
-/// when an entry does not evaluate (each such a diagnostic at its key).
-pub fn of_package(package: &super::Package, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
-    let file = package.gguf_names.as_ref()?;
-    let generics = package.nest.iter().flat_map(|nest| &nest.generics);
-    let mut values: HashMap<String, i64> = generics
-        .clone()
-        .filter_map(|entry| match entry.value {
-            NestValue::Int(value) => Some((entry.name.clone(), value)),
-            _ => None,
-        })
-        .collect();
-    // A dim the card derives from others (`Conv = "2 * KeyHeads * KeyDim"`),
-    // in the card's order.
-    for entry in generics.clone() {
-        if let NestValue::Text(expression) = &entry.value {
-            if let Ok(value) = evaluate(expression, &values) {
-                values.insert(entry.name.clone(), value);
-            }
-        }
-    }
-    let numbers = generics
-        .filter_map(|entry| match entry.value {
-            NestValue::Float(value) => Some((entry.name.clone(), value)),
-            NestValue::Int(value) => Some((entry.name.clone(), value as f64)),
-            _ => None,
-        })
-        .collect();
-    resolve(file, &values, &numbers, diagnostics)
 }
 
 /// The metadata lines of `gguf.json` as `[config]` lines: a GGUF file's

@@ -13,6 +13,7 @@ use crate::diagnostic::Diagnostic;
 use crate::package::{gguf_names, Nest, NestValue};
 use crate::source::Span;
 use crate::syntax::ast::{BlockKind, GenericKind};
+use linnet_artifact::gguf_names::GgufNames;
 use linnet_ir::dim::{Atom, Dim, Symbol};
 use linnet_ir::Dtype;
 use std::collections::{BTreeSet, HashMap};
@@ -127,7 +128,7 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
         check_coverage(program, root, &values, &covers, entries, diagnostics);
     }
     if let Some(names) = &program.package.gguf_names {
-        gguf_names::of_package(program.package, diagnostics);
+        gguf_names_of(program, &given, diagnostics);
         let entries = names.tensors.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
         let covers =
             Covers { file: names.file, name: "gguf.json", missing: Code::MissingGgufName, what: "GGUF source" };
@@ -150,6 +151,28 @@ struct Covers {
 pub fn root_instance(program: &Program, diagnostics: &mut Vec<Diagnostic>) -> Option<(usize, Values)> {
     let (instance, given) = root_generics(program, diagnostics)?;
     given.instance(&instance)
+}
+
+/// `gguf.json` for the instance the card makes, its sizes and settings as
+/// the root's generics take them (`given`: the card's values, `[config]`'s
+/// and `--set`'s, defaults and derived dims included); `None` without
+/// one, or when an entry does not evaluate (each such a diagnostic at its key).
+fn gguf_names_of(program: &Program, given: &Values, diagnostics: &mut Vec<Diagnostic>) -> Option<GgufNames> {
+    let file = program.package.gguf_names.as_ref()?;
+    let dims = given.dims.iter().map(|(name, value)| (name.to_string(), *value)).collect();
+    let numbers = given.numbers.iter().map(|(name, value)| (name.to_string(), *value)).collect();
+    gguf_names::resolve(file, &dims, &numbers, diagnostics)
+}
+
+/// `package`'s `gguf.json` for the instance its card makes (see
+/// [`gguf_names_of`]); `None` without one, or when the card or an entry
+/// does not evaluate, which `linnetc check` reports.
+pub fn gguf_names(package: &crate::package::Package) -> Option<GgufNames> {
+    package.gguf_names.as_ref()?;
+    let mut diagnostics = Vec::new();
+    let program = Program::build(package, &mut diagnostics);
+    let (_, given) = root_generics(&program, &mut diagnostics)?;
+    gguf_names_of(&program, &given, &mut diagnostics)
 }
 
 /// The root (a block, or a `type` naming one) as an instance over the

@@ -547,10 +547,7 @@ mod tests {
     #[test]
     fn the_metadata_is_held_to_the_card() {
         let tokens = Meta::Array((0..3).map(|t| Meta::Str(format!("t{t}"))).collect());
-        let names = names(
-            &[("tokenizer.ggml.tokens", Expected::Int(3)), ("gemma3.rope.scaling.factor", Expected::Float(1.0))],
-            &[("gemma3.rope.scaling.factor", Expected::Float(1.0))],
-        );
+        let names = names_with_factor(1.0);
         assert!(metadata_problems(&names, &file(vec![("tokenizer.ggml.tokens", tokens.clone())])).is_empty());
         let scaled =
             file(vec![("tokenizer.ggml.tokens", tokens.clone()), ("gemma3.rope.scaling.factor", Meta::F32(8.0))]);
