@@ -202,6 +202,24 @@ fn apply(case: &Case, dir: &Path) -> Result<HashMap<PathBuf, String>, String> {
     Ok(overlay)
 }
 
+/// A layer that leaves `decode` out takes `DecoderLayer`'s default (a
+/// prefill of one token): the seed checks clean and lowers without its
+/// hybrid layer group's own `decode`.
+#[test]
+fn a_layer_without_decode_takes_the_traits_default() {
+    let path = root().join("models/qwen3.8-27b/src/lib.linnet");
+    let text = std::fs::read_to_string(&path).expect("readable");
+    let own = "    pub fn decode(x: Tensor[Batch, 1, H; T], pos: i32) -> Tensor[Batch, 1, H; T] {\n        var y = x\n        \
+               static for layer in linear {\n            y = layer.decode(y)\n        }\n        return full.decode(y, pos)\n    }\n";
+    assert_eq!(text.matches(own).count(), 1, "the layer group's own decode");
+    let overlay = HashMap::from([(path, text.replacen(own, "", 1))]);
+    let checked = check_package(&model_dir(), &LoadOptions { overlay: overlay.clone(), ..options() });
+    assert_clean(&checked);
+    if let Err(checked) = lower_package(&model_dir(), &LoadOptions { overlay, ..options() }) {
+        panic!("lowers:\n{}", render(&checked));
+    }
+}
+
 #[test]
 fn model_mistakes_are_reported_where_they_are() {
     let corpus_path = root().join("tests/ui/model-mistakes.toml");

@@ -279,6 +279,36 @@ fn a_load_outside_its_value_in_a_lane_by_lane_branch_falls_back_from_the_first_l
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A trait's default method, reached through a bound, runs with the given
+/// block's own functions: `twice` (a default) calls `scale` (each block's)
+/// and `offset` (a default `Doubler` overrides); `Tripler` overrides
+/// `twice` itself. The blocks name their width otherwise than the trait.
+fn a_trait_default_runs_the_given_blocks_functions(backend: BackendKind) {
+    let source = "module fuzz\n\n\
+                  trait Scaler<H: Dim> {\n    fn scale<N: Dim>(x: Tensor[N, H; f32]) -> Tensor[N, H; f32]\n\n    \
+                  fn twice<N: Dim>(x: Tensor[N, H; f32]) -> Tensor[N, H; f32] {\n        return scale(scale(x)) + offset(x)\n    }\n\n    \
+                  fn offset<N: Dim>(x: Tensor[N, H; f32]) -> Tensor[N, H; f32] {\n        return x * 0.0\n    }\n}\n\n\
+                  block Doubler<Width: Dim> {\n    pub fn scale<N: Dim>(x: Tensor[N, Width; f32]) -> Tensor[N, Width; f32] {\n        return x * 2.0\n    }\n\n    \
+                  pub fn offset<N: Dim>(x: Tensor[N, Width; f32]) -> Tensor[N, Width; f32] {\n        return x\n    }\n}\n\n\
+                  block Tripler<Width: Dim> {\n    pub fn scale<N: Dim>(x: Tensor[N, Width; f32]) -> Tensor[N, Width; f32] {\n        return x * 3.0\n    }\n\n    \
+                  pub fn twice<N: Dim>(x: Tensor[N, Width; f32]) -> Tensor[N, Width; f32] {\n        return x * 100.0\n    }\n}\n\n\
+                  block Pair<H: Dim, A: Scaler<H>, B: Scaler<H>> {\n    sub a: A\n    sub b: B\n\n    \
+                  pub fn run<N: Dim>(x: Tensor[N, H; f32]) -> Tensor[N, H; f32] {\n        return a.twice(x) + b.twice(x)\n    }\n}\n\n\
+                  pub block Prog<H: Dim, T: Float> {\n    sub pair: Pair<H, Doubler<H>, Tripler<H>>\n\n    \
+                  pub entry run<N: Dim>(x: Tensor[N, H; f32]) -> Tensor[N, H; f32] {\n        return pair.run(x)\n    }\n}\n";
+    let dir = package(9_003, source, backend);
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
+        .unwrap_or_else(|checked| panic!("lowers: {:?}", checked.diagnostics));
+    let x = Tensor::from_f32(Dtype::F32, vec![2, 8], (0..16).map(|i| i as f32).collect());
+    // Doubler: 2·2·x + x; Tripler: its own 100·x.
+    let expected = Tensor::from_f32(Dtype::F32, vec![2, 8], (0..16).map(|i| 105.0 * i as f32).collect());
+    let interpreted = linnet_exec::interp::machine(model.clone(), Vec::new()).call("run", vec![x.clone()]).unwrap();
+    let native = machine_on(backend, model, Vec::new()).call("run", vec![x]).unwrap();
+    assert_eq!((interpreted, native), (vec![expected.clone()], vec![expected]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The suite, once per compiled backend.
 macro_rules! programs {
     ($name:ident, $backend:expr) => {
@@ -296,6 +326,11 @@ macro_rules! programs {
             #[test]
             fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
                 super::a_scalar_reduction_and_an_assertion_that_names_its_instance($backend);
+            }
+
+            #[test]
+            fn a_trait_default_runs_the_given_blocks_functions() {
+                super::a_trait_default_runs_the_given_blocks_functions($backend);
             }
 
             #[test]

@@ -182,8 +182,6 @@ codes! {
     UnmetBound = "unmet-bound":
         "A block given for a generic does not meet the generic's trait bound: it lacks a function the \
          trait declares, or declares it with another signature.",
-    TraitBody = "trait-body":
-        "A trait's function is a signature without a body; the blocks that meet the trait define it.",
     UnusedLet = "unused-let":
         "A name bound by `let`, `var` or `static for` is never read (a warning). Its value is computed \
          for nothing, which is often a mistake: a cache written to a `let` and not assigned back to \

@@ -16,6 +16,7 @@ pub mod carry;
 mod cmp;
 pub mod contraction;
 pub mod cse;
+pub mod dead;
 pub mod dim;
 mod dtype;
 pub mod fuse;

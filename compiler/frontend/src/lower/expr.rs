@@ -43,6 +43,9 @@ pub(crate) struct Frame<'l, 'p, 'a> {
     locals: Vec<HashMap<String, Val>>,
     indices: Vec<(String, IndexVar)>,
     generics: Vec<GenericSig>,
+    /// Whether this is a trait's default method, whose calls by name reach
+    /// the instance's functions and the trait's other defaults.
+    in_trait: bool,
     /// The path of the innermost block instance the code runs in (a free
     /// function runs in its caller's), for messages: `groups.0.linear.1.mlp`.
     place: String,
@@ -106,6 +109,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             locals: vec![locals],
             indices: Vec::new(),
             generics: Vec::new(),
+            in_trait: false,
             place,
         }
     }
@@ -198,12 +202,13 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         Ok(())
     }
 
-    /// A name's value: a local, a member of the block, a generic, a constant.
+    /// A name's value: a local, a member of the block (a trait's default
+    /// has none), a generic, a constant.
     fn lookup(&mut self, name: &str) -> Result<Option<Val>> {
         if let Some(value) = self.locals.iter().rev().find_map(|scope| scope.get(name)) {
             return Ok(Some(value.clone()));
         }
-        if let Some(instance) = self.instance.clone() {
+        if let Some(instance) = self.instance.clone().filter(|_| !self.in_trait) {
             let block = &self.lowerer.program.blocks[instance.block];
             if let Some(at) = block.subs.iter().position(|sub| sub.name == name) {
                 let sub = &block.subs[at];
@@ -325,9 +330,9 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
                 let Val::Sub(instance) = self.expr(receiver)? else {
                     return Err(unsupported(receiver.span, "a method of something that is not a sub"));
                 };
-                let fn_id = *self.lowerer.program.blocks[instance.block]
-                    .fns
-                    .get(&method.name)
+                let fn_id = self
+                    .lowerer
+                    .method(&instance, &method.name)
                     .ok_or_else(|| unsupported(method.span, "unknown method"))?;
                 let args = args.iter().map(|arg| self.expr(&arg.value)).collect::<Result<Vec<_>>>()?;
                 self.inline(fn_id, Some(*instance), generics, args, expr.span)
@@ -567,8 +572,10 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
         if builtin::lookup(&callee.name).is_some() {
             return self.builtin(callee, generics, args, span);
         }
-        let own =
-            self.instance.as_ref().and_then(|i| self.lowerer.program.blocks[i.block].fns.get(&callee.name).copied());
+        let own = self.instance.as_ref().and_then(|instance| match self.in_trait {
+            true => self.lowerer.method(instance, &callee.name),
+            false => self.lowerer.program.blocks[instance.block].fns.get(&callee.name).copied(),
+        });
         let fn_id = match own {
             Some(id) => id,
             None => match self.lowerer.scope_item(self.module, &callee.name) {
@@ -593,7 +600,12 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
     ) -> Result<Val> {
         let program = self.lowerer.program;
         let function = &program.fns[fn_id];
-        let mut env = instance.as_ref().map_or_else(Subst::default, |i| i.env.clone());
+        let in_trait = function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait);
+        let mut env = match (&instance, in_trait) {
+            (Some(instance), true) => instance.bound.as_ref().map_or_else(Subst::default, |bound| bound.env.clone()),
+            (Some(instance), false) => instance.env.clone(),
+            (None, _) => Subst::default(),
+        };
         for (generic, arg) in function.generics.iter().zip(explicit) {
             match generic.kind {
                 GenericKind::Dim => {
@@ -700,6 +712,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
             frame.place = caller_place;
         }
         frame.generics = generics;
+        frame.in_trait = in_trait;
         frame.body(body)
     }
 

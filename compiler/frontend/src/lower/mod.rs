@@ -12,7 +12,7 @@ mod library;
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::sema::program::{ItemRef, Program};
-use crate::sema::ty::{Subst, Ty};
+use crate::sema::ty::{SubTy, Subst, Ty};
 use crate::source::{FileId, SourceMap, Span};
 use linnet_ir::dim::{Dim, Symbol};
 use linnet_ir::Dtype;
@@ -27,13 +27,23 @@ pub(crate) fn unsupported(span: Span, what: impl Into<String>) -> Box<Diagnostic
     Box::new(Diagnostic::error(Code::Unsupported, span, what.into()).with_label("the IR cannot express this yet"))
 }
 
-/// A block as instantiated: which block, its generics' values, and the
-/// path prefix of its members (`groups.3.linear.1.`).
+/// A block as instantiated: which block, its generics' values, the path
+/// prefix of its members (`groups.3.linear.1.`), and, where it was given
+/// for a block generic, the trait that bounds it (whose defaults it has).
 #[derive(Clone, Debug)]
 pub struct Instance {
     pub block: usize,
     pub env: Subst,
     pub path: String,
+    pub bound: Option<Box<Bound>>,
+}
+
+/// The trait an instance is seen through, with the trait's generics'
+/// values: what a default method's body is lowered with.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub trait_block: usize,
+    pub env: Subst,
 }
 
 /// A value during lowering.
@@ -83,7 +93,7 @@ pub fn lower(
     let Some((root, values)) = crate::sema::instantiate::root_instance(program, &mut diagnostics) else {
         return Err(diagnostics);
     };
-    let instance = Instance { block: root, env: values.to_subst(), path: String::new() };
+    let instance = Instance { block: root, env: values.to_subst(), path: String::new(), bound: None };
     let mut lowerer = Lowerer {
         program,
         sources,
@@ -101,6 +111,7 @@ pub fn lower(
         lowerer.model.entries.push(entry);
     }
     let mut model = lowerer.model;
+    ir::dead::eliminate(&mut model);
     let passes = if lowering.optimize { ir::passes::OPTIMIZE } else { &[] };
     if let Err(failure) = ir::passes::run(&mut model, passes, ir::passes::Checking::default_for_build()) {
         let span = program.blocks[root].decl.name.span;
@@ -127,9 +138,21 @@ pub(crate) struct Lowerer<'p, 'a> {
 impl Lowerer<'_, '_> {
     /// The instance of `sub` inside `parent`.
     pub fn sub_instance(&self, parent: &Instance, sub: usize, path: String) -> Option<Instance> {
-        let sig = &self.program.blocks[parent.block].subs[sub];
-        let target = parent.env.sub(sig.target.as_ref()?);
-        Some(Instance { block: target.block, env: target.args, path })
+        let declared = self.program.blocks[parent.block].subs[sub].target.as_ref()?;
+        let target = parent.env.sub(declared);
+        let bound = declared.generic.as_ref().map(|_| {
+            let arguments = SubTy::concrete(declared.block, declared.args.clone());
+            Box::new(Bound { trait_block: declared.block, env: parent.env.sub(&arguments).args })
+        });
+        Some(Instance { block: target.block, env: target.args, path, bound })
+    }
+
+    /// The function `name` of `instance`: its block's own, or else the
+    /// default of the trait it is seen through.
+    pub fn method(&self, instance: &Instance, name: &str) -> Option<usize> {
+        let own = self.program.blocks[instance.block].fns.get(name);
+        let default = || instance.bound.as_ref().and_then(|bound| self.program.blocks[bound.trait_block].fns.get(name));
+        own.or_else(default).copied()
     }
 
     fn concrete(dims: &[Dim], span: Span) -> Result<Vec<usize>> {

@@ -6,7 +6,8 @@
 //! for each, it has a public function of the same name that accepts every
 //! call the signature allows and returns what the signature promises:
 //! checked as a call whose arguments have the signature's parameter types,
-//! the signature's own generics held abstract.
+//! the signature's own generics held abstract. A trait's function with a
+//! body is a default: a block that lacks it takes the trait's.
 
 use super::facts::Facts;
 use super::program::Program;
@@ -148,7 +149,9 @@ fn unmet(program: &Program, block: &SubTy, bound: &SubTy, facts: &Facts) -> Vec<
     let mut problems = Vec::new();
     for (name, &signature_id) in required {
         let Some(&fn_id) = implementor.fns.get(name) else {
-            problems.push(format!("it has no function `{name}`"));
+            if program.fns[signature_id].decl.body.is_none() {
+                problems.push(format!("it has no function `{name}`"));
+            }
             continue;
         };
         let function = &program.fns[fn_id];

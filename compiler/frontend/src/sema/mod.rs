@@ -126,16 +126,11 @@ fn check_alias(program: &Program, alias: &program::AliasSig, diagnostics: &mut V
 fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, index: &mut SourceIndex) {
     let function = &program.fns[fn_id];
     let decl = function.decl;
-    if function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait) {
-        if decl.body.is_some() {
-            diagnostics.push(
-                Diagnostic::error(Code::TraitBody, decl.name.span, "a trait's function is a signature, without a body")
-                    .with_label("the blocks that meet the trait define it"),
-            );
-        }
-        return;
-    }
+    // A trait's function is a signature the blocks that meet the trait
+    // define, or, with a body, a default for those that do not.
+    let in_trait = function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait);
     match (decl.kind, function.block, &decl.body) {
+        _ if in_trait => {}
         (FnKind::Entry, None, _) => diagnostics.push(
             Diagnostic::error(Code::MisplacedEntry, decl.name.span, "an `entry` belongs to a block")
                 .with_label("move it into the model's root block"),
