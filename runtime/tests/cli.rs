@@ -374,6 +374,18 @@ fn the_gemma3_package_runs_a_gemma3_checkpoint_with_the_settings_it_states() {
     assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
+/// A GPT-2 checkpoint (`GPT2LMHeadModel`) with no `--set`: learned
+/// positions added to the embeddings (the decoder's hook), layer norms
+/// with biases, `Conv1D` projections, a tied head; its greedy tokens come
+/// from `DecoderLayer`'s default `decode`, which the package does not
+/// write.
+#[test]
+fn the_gpt2_package_runs_a_gpt2_checkpoint_with_the_settings_it_states() {
+    let fixture = root().join("tests/fixtures/families/tiny-gpt2");
+    let distance = distance_from_the_oracle(&fixture, "models/gpt2", &[], &fixture.join("weights-f32"));
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
+}
+
 /// The oracle checkpoint at `weights` copied to a folder of its own with
 /// `change` made to its `config.json`.
 fn with_config(weights: &Path, name: &str, change: impl Fn(&mut serde_json::Value)) -> PathBuf {

@@ -465,6 +465,9 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
         ("models/llama3", "tiny-llama3", Some("llama3.1")),
         ("models/gpt-oss", "tiny-gpt-oss", Some("gpt-oss")),
         ("models/gemma3", "tiny-gemma3", Some("gemma3")),
+        // GPT-2 has no chat template; its rows decode through
+        // `DecoderLayer`'s default `decode_rows`.
+        ("models/gpt2", "tiny-gpt2", None),
     ] {
         let dir = root().join("tests/fixtures/families").join(fixture);
         let weights = dir.join("weights-f32");
