@@ -589,6 +589,8 @@ fn main() -> ExitCode {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
                 let bindings = linnet_build::bindings(&package);
+                // The file holds the parameters as a checkpoint stores them.
+                let model = model.as_stored();
                 let summary = linnet_runtime::quantize::random(&model, &bindings, seed, recipe, &output)?;
                 println!(
                     "wrote random `{}` as {} to {}\n{}",
@@ -605,6 +607,8 @@ fn main() -> ExitCode {
             let options = LoadOptions { nest, overrides, checkpoint, ..LoadOptions::default() };
             linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
                 let bindings = linnet_build::bindings(&package);
+                // Read and written as the checkpoint stores the parameters.
+                let model = model.as_stored();
                 let card = package.nest.as_ref();
                 let (repo, revision) = (card.and_then(|n| n.repo.as_deref()), card.and_then(|n| n.revision.as_deref()));
                 let dir = linnet_runtime::weights::locate(weights.as_deref(), repo, revision)?;
@@ -625,6 +629,8 @@ fn main() -> ExitCode {
         Command::InitWeights { package, nest, overrides, seed, shards, recipe: None, output } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
             linnet_build::lower(&package, &options).map_err(Failure::from).and_then(|(model, package)| {
+                // A checkpoint holds the parameters as it stores them.
+                let model = model.as_stored();
                 let written =
                     linnet_runtime::init::write(&model, &linnet_build::bindings(&package), seed, shards, &output)?;
                 linnet_runtime::init::copy_text_files(package.dir(), &output)?;

@@ -712,7 +712,13 @@ fn parameters_in_blocks_read_their_values_exactly() {
     let identity: Vec<f32> = (0..depth * depth).map(|at| f32::from(u8::from(at / depth == at % depth))).collect();
     let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
     for (seed, format) in BlockFormat::ALL.into_iter().enumerate() {
-        let param = Param { path: "w".into(), shape: vec![columns, depth], dtype: Dtype::F32, storage: Some(format) };
+        let param = Param {
+            path: "w".into(),
+            shape: vec![columns, depth],
+            dtype: Dtype::F32,
+            storage: Some(format),
+            axes: None,
+        };
         let model =
             Model { name: "blocks".into(), params: vec![param], states: Vec::new(), entries: vec![entry.clone()] };
         let blocks = arbitrary_blocks(format, columns * depth / format.block_values(), seed as u64 + 3);

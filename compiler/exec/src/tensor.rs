@@ -235,6 +235,36 @@ impl Tensor {
         }
     }
 
+    /// A parameter's tensor as its checkpoint stores it
+    /// (`Param::checkpoint_shape`), laid out as the model keeps it
+    /// (`Param::axes`): its values moved, blocks dequantized first.
+    pub fn laid_out(self, param: &Param) -> Tensor {
+        let Some(axes) = &param.axes else { return self };
+        let widened = self.widened();
+        let values = widened.as_f32().expect("a laid-out parameter is a float");
+        let from = &self.shape;
+        // Each kept axis's stride in the stored tensor.
+        let mut stored_strides = vec![1usize; from.len()];
+        for axis in (0..from.len().saturating_sub(1)).rev() {
+            stored_strides[axis] = stored_strides[axis + 1] * from[axis + 1];
+        }
+        let strides: Vec<usize> = axes.iter().map(|&axis| stored_strides[axis]).collect();
+        let shape: Vec<usize> = axes.iter().map(|&axis| from[axis]).collect();
+        let mut out = Vec::with_capacity(values.len());
+        let mut at = vec![0usize; shape.len()];
+        for _ in 0..values.len() {
+            out.push(values[at.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>()]);
+            for axis in (0..shape.len()).rev() {
+                at[axis] += 1;
+                if at[axis] < shape[axis] {
+                    break;
+                }
+                at[axis] = 0;
+            }
+        }
+        Tensor::from_f32(self.dtype, shape, out).into_bits()
+    }
+
     pub fn as_i64(&self) -> Option<&[i64]> {
         match &self.data {
             Data::I64(values) => Some(values),
@@ -305,3 +335,30 @@ macro_rules! __host_memory {
     };
 }
 pub use crate::__host_memory as host_memory;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parameter_is_laid_out_with_its_axes_moved() {
+        // Stored [2, 3, 4]; kept with axis 1 last: [2, 4, 3].
+        let param = Param {
+            path: "w".into(),
+            shape: vec![2, 4, 3],
+            dtype: Dtype::Bf16,
+            storage: None,
+            axes: Some(vec![0, 2, 1]),
+        };
+        assert_eq!(param.checkpoint_shape(), vec![2, 3, 4]);
+        let stored = Tensor::from_f32(Dtype::Bf16, vec![2, 3, 4], (0..24).map(|v| v as f32).collect()).into_bits();
+        let kept = stored.laid_out(&param);
+        assert_eq!((kept.shape.clone(), kept.dtype), (vec![2, 4, 3], Dtype::Bf16));
+        assert!(matches!(kept.data, Data::Bf16(_)), "bf16 stays bits");
+        // kept[a][c][b] = stored[a][b][c] = 12a + 4b + c.
+        let values = kept.widened().as_f32().unwrap().to_vec();
+        let expected: Vec<f32> =
+            (0..2).flat_map(|a| (0..4).flat_map(move |c| (0..3).map(move |b| (12 * a + 4 * b + c) as f32))).collect();
+        assert_eq!(values, expected);
+    }
+}

@@ -21,6 +21,7 @@ pub mod dim;
 mod dtype;
 pub mod fuse;
 pub mod invariant;
+pub mod layout;
 pub mod numerics;
 pub mod passes;
 pub mod plan;
@@ -61,9 +62,24 @@ pub struct Param {
     /// backends read the blocks where they lie. `None`: `dtype` elements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<quant::BlockFormat>,
+    /// Where the model keeps the checkpoint's axes in another order (its
+    /// axis `j` is the checkpoint's axis `axes[j]`, `layout`): the loaders
+    /// read the checkpoint's tensor and lay it out so. `None`: as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub axes: Option<Vec<usize>>,
 }
 
 impl Param {
+    /// Its shape in the checkpoint, before `axes` reorders it.
+    pub fn checkpoint_shape(&self) -> Vec<usize> {
+        let Some(axes) = &self.axes else { return self.shape.clone() };
+        let mut shape = vec![0; self.shape.len()];
+        for (kept, &from) in axes.iter().enumerate() {
+            shape[from] = self.shape[kept];
+        }
+        shape
+    }
+
     /// The bytes it takes where it is stored.
     pub fn bytes(&self) -> usize {
         let count = self.shape.iter().product::<usize>();
@@ -435,6 +451,19 @@ impl Model {
         } else {
             Err(problems)
         }
+    }
+
+    /// The model with each parameter as its checkpoint stores it (the
+    /// shape before `axes`, no `axes`): what the readers and writers of
+    /// checkpoint files see. Its entries still read the parameters as laid
+    /// out (`layout`), so it is not one to run.
+    pub fn as_stored(&self) -> Model {
+        let mut stored = self.clone();
+        for param in &mut stored.params {
+            param.shape = param.checkpoint_shape();
+            param.axes = None;
+        }
+        stored
     }
 
     pub fn state_bytes(&self) -> usize {

@@ -79,19 +79,30 @@ pub fn values(param: &Param, seed: u64, index: usize) -> Result<Vec<f32>, Error>
 
 /// Every parameter of `model`, drawn in parallel, bf16 ones held as their
 /// bits (as a checkpoint's are: a full-size model's draw fits in memory);
-/// a parameter too large to hold is an error that names it.
+/// a parameter too large to hold is an error that names it. Each is drawn
+/// as a checkpoint stores it (the values `init-weights` writes), then laid
+/// out as the model keeps it.
 pub fn params(model: &Model, seed: u64) -> Result<Vec<Tensor>, Error> {
-    let drawn: Vec<Drawn> =
-        model.params.par_iter().enumerate().map(|(index, param)| draw(param, seed, index)).collect::<Result<_, _>>()?;
-    Ok(model
+    let stored = model.as_stored();
+    let drawn: Vec<Drawn> = stored
+        .params
+        .par_iter()
+        .enumerate()
+        .map(|(index, param)| draw(param, seed, index))
+        .collect::<Result<_, _>>()?;
+    Ok(stored
         .params
         .iter()
+        .zip(&model.params)
         .zip(drawn)
-        .map(|(param, drawn)| match drawn {
-            Drawn::Floats(values) => Tensor::from_f32(param.dtype, param.shape.clone(), values),
-            Drawn::Bits(bits) => {
-                Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) }
-            }
+        .map(|((param, kept), drawn)| {
+            let tensor = match drawn {
+                Drawn::Floats(values) => Tensor::from_f32(param.dtype, param.shape.clone(), values),
+                Drawn::Bits(bits) => {
+                    Tensor { dtype: param.dtype, shape: param.shape.clone(), data: Data::Bf16(bits.into()) }
+                }
+            };
+            tensor.laid_out(kept)
         })
         .collect())
 }

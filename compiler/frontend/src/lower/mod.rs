@@ -112,6 +112,7 @@ pub fn lower(
     }
     let mut model = lowerer.model;
     ir::dead::eliminate(&mut model);
+    ir::layout::canonicalize(&mut model);
     let passes = if lowering.optimize { ir::passes::OPTIMIZE } else { &[] };
     if let Err(failure) = ir::passes::run(&mut model, passes, ir::passes::Checking::default_for_build()) {
         let span = program.blocks[root].decl.name.span;
@@ -169,7 +170,13 @@ impl Lowerer<'_, '_> {
             let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;
             let path = format!("{}{name}", instance.path);
             self.params.insert(path.clone(), self.model.params.len());
-            self.model.params.push(ir::Param { path, shape: Self::concrete(&shape, *span)?, dtype, storage: None });
+            self.model.params.push(ir::Param {
+                path,
+                shape: Self::concrete(&shape, *span)?,
+                dtype,
+                storage: None,
+                axes: None,
+            });
         }
         for (name, ty, span) in &block.states {
             let (shape, dtype) = self.tensor_type(ty, &instance.env, *span)?;

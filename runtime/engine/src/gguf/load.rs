@@ -293,12 +293,15 @@ fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(So
 
 /// The block format of each parameter that keeps its blocks from
 /// `files`: what the model is built for before it loads.
+/// A parameter the model lays out otherwise than the file stores it
+/// (`Param::axes`) is read as values, whatever the file's format.
 pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, Error> {
-    let plans = plans(model, naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
+    let plans = plans(&model.as_stored(), naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
     Ok(model
         .params
         .iter()
         .zip(plans)
+        .filter(|(param, _)| param.axes.is_none())
         .filter_map(|(param, (_, plan))| Some((param.path.clone(), plan.blocks?)))
         .collect())
 }
@@ -497,13 +500,15 @@ fn in_blocks(change: &Change<i64>, shape: &[usize], values: usize) -> Change<i64
     }
 }
 
-/// Every parameter of `model` from `files`.
+/// Every parameter of `model` from `files`, laid out as the model keeps
+/// it (`Tensor::laid_out`).
 pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
-    let plans = plans(model, naming, files)?;
+    let stored = model.as_stored();
+    let plans = plans(&stored, naming, files)?;
     let mut problems = Vec::new();
     let mut params = Vec::with_capacity(model.params.len());
-    for (param, (source, plan)) in model.params.iter().zip(&plans) {
-        if plan.blocks != param.storage {
+    for ((param, kept), (source, plan)) in stored.params.iter().zip(&model.params).zip(&plans) {
+        if plan.blocks != param.storage && kept.axes.is_none() {
             let built = param.storage.map_or("plain elements", BlockFormat::name);
             let stored = plan.blocks.map_or("plain elements", BlockFormat::name);
             problems.push(format!(
@@ -513,7 +518,7 @@ pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite
             continue;
         }
         if let Some(tensor) = read(param, source, plan, non_finite, &mut problems) {
-            params.push(tensor);
+            params.push(tensor.laid_out(kept));
         }
     }
     if problems.is_empty() {
