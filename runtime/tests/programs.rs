@@ -309,6 +309,53 @@ fn a_trait_default_runs_the_given_blocks_functions(backend: BackendKind) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The decoder's hooks in the standard library compute what they say: a
+/// soft-capped head is `Cap · tanh(x·Wᵀ / Cap)` of the plain product, and
+/// learned positions add the row of each token's position.
+fn the_decoders_hooks_compute_what_they_say(backend: BackendKind) {
+    let source = "module fuzz\n\nuse std.nn.embedding::{PositionalEmbedding}\n\
+                  use std.nn.linear::{Linear, SoftcappedLinear}\n\n\
+                  pub block Prog<H: Dim, T: Float> {\n    sub plain: Linear<H, H, f32>\n    sub capped: SoftcappedLinear<H, H, f32, 2.0>\n    \
+                  sub embed: PositionalEmbedding<4, H, 6, f32>\n\n    \
+                  pub entry run<N: Dim>(x: Tensor[N, H; f32], tokens: Tensor[1, N; i32], at: Tensor[1, N; i64]) -> (Tensor[N, H; f32], Tensor[N, H; f32], Tensor[1, N, H; f32]) {\n        \
+                  return (plain.forward(x), capped.forward(x), embed.at(tokens, at))\n    }\n}\n";
+    let dir = package(9_004, source, backend);
+    let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
+    let (model, _) = linnet_frontend::driver::lower_package_with(&dir, &options, Lowering::default())
+        .unwrap_or_else(|checked| panic!("lowers: {:?}", checked.diagnostics));
+    let mut rng = Rng::new(11);
+    let mut draw = |shape: Vec<usize>, scale: f64| {
+        let count = shape.iter().product();
+        Tensor::from_f32(Dtype::F32, shape, (0..count).map(|_| ((rng.next_f64() - 0.5) * scale) as f32).collect())
+    };
+    // The two heads share their weight; the table and positions are `[4, 8]` and `[6, 8]`.
+    let weight = draw(vec![8, 8], 4.0);
+    let params = vec![weight.clone(), weight, draw(vec![4, 8], 1.0), draw(vec![6, 8], 1.0)];
+    let x = draw(vec![3, 8], 4.0);
+    let tokens = Tensor::from_i64(Dtype::I32, vec![1, 3], vec![3, 0, 3]);
+    let at = Tensor::from_i64(Dtype::I64, vec![1, 3], vec![5, 1, 0]);
+    let inputs = vec![x, tokens, at];
+    for outputs in [
+        linnet_exec::interp::machine(model.clone(), params.clone()).call("run", inputs.clone()).unwrap(),
+        machine_on(backend, model.clone(), params.clone()).call("run", inputs.clone()).unwrap(),
+    ] {
+        let (plain, capped) = (outputs[0].as_f32().unwrap(), outputs[1].as_f32().unwrap());
+        for (p, c) in plain.iter().zip(capped) {
+            let expected = 2.0 * (f64::from(*p) / 2.0).tanh();
+            assert!((f64::from(*c) - expected).abs() < 1e-6, "{c} against 2·tanh({p}/2)");
+        }
+        assert!(plain.iter().any(|p| p.abs() > 2.0), "some logits are past the cap");
+        let (table, positions) = (params[2].as_f32().unwrap(), params[3].as_f32().unwrap());
+        let rows = outputs[2].as_f32().unwrap();
+        for (n, (token, position)) in [(3, 5), (0, 1), (3, 0)].into_iter().enumerate() {
+            for h in 0..8 {
+                assert_eq!(rows[n * 8 + h], table[token * 8 + h] + positions[position * 8 + h], "row {n}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The suite, once per compiled backend.
 macro_rules! programs {
     ($name:ident, $backend:expr) => {
@@ -326,6 +373,11 @@ macro_rules! programs {
             #[test]
             fn a_scalar_reduction_and_an_assertion_that_names_its_instance() {
                 super::a_scalar_reduction_and_an_assertion_that_names_its_instance($backend);
+            }
+
+            #[test]
+            fn the_decoders_hooks_compute_what_they_say() {
+                super::the_decoders_hooks_compute_what_they_say($backend);
             }
 
             #[test]
