@@ -75,15 +75,19 @@ fn a_server_session() {
     assert_eq!(status, 400);
     // Fields that would change the answer and are not done yet are refused
     // by name, not ignored; their "not asked for" values are accepted.
-    for (field, value) in [("n", json!(0)), ("echo", json!(true)), ("stream_options", json!({ "include_usage": true }))]
-    {
+    for (field, value) in [
+        ("n", json!(0)),
+        ("suffix", json!("t9")),
+        ("prompt_logprobs", json!(1)),
+        ("stream_options", json!({ "include_usage": true })),
+    ] {
         // (`stream_options` belongs to a stream: refused without one.)
         let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
         body[field] = value;
         let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
         assert!(status == 400 && response.contains(&format!("`{field}`")), "{field}: {status} {response}");
     }
-    let accepted = json!({ "prompt": [1, 2], "max_tokens": 2, "n": 1, "logprobs": false, "echo": false, "stop": [], "stream_options": null, "temperature": 0 });
+    let accepted = json!({ "prompt": [1, 2], "max_tokens": 2, "n": 1, "logprobs": false, "echo": false, "suffix": "", "prompt_logprobs": 0, "stop": [], "stream_options": null, "temperature": 0 });
     let (status, response) = server.call("POST", "/v1/completions", &accepted.to_string());
     assert_eq!(status, 200, "{response}");
     // Another model's name is a 404; the model's own name is fine.
@@ -184,8 +188,9 @@ fn a_server_session() {
             server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "stop": refused }).to_string());
         assert!(status == 400 && response.contains("`stop`"), "{refused}: {status} {response}");
     }
-    // A body over the limit is a 413.
-    let huge = format!(r#"{{"prompt": "{}"}}"#, "t1 ".repeat(1 << 20));
+    // A body over the limit (8 MiB here, room for a full context's text
+    // beyond) is a 413.
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "t1 ".repeat(3 << 20));
     assert_eq!(server.call("POST", "/v1/completions", &huge).0, 413);
     // Content as text parts, as the chat API allows.
     let parts = json!({ "messages": [{ "role": "user", "content": [{ "type": "text", "text": "t1" }, { "type": "text", "text": " t2" }] }], "max_tokens": 2 });
@@ -235,6 +240,10 @@ fn a_full_server_answers_429() {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.1 429") && response.to_lowercase().contains("retry-after: 1"), "{response}");
+    assert!(
+        response.contains(r#""type":"requests""#) && response.contains(r#""code":"rate_limit_exceeded""#),
+        "{response}"
+    );
     drop(streams);
     let served = (0..50).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -253,6 +262,88 @@ fn ctrl_c_stops_the_server() {
     assert!(exit.success(), "{exit:?}");
 }
 
+/// What a client of vLLM or llama-server sends, honoured as they do: an
+/// answer without `max_tokens` runs to the end of the context, sampling
+/// without `seed` differs request to request, `logit_bias`, `top_k: -1`,
+/// `ignore_eos`, `echo`, a list of prompts; a stream's deltas as vLLM's;
+/// routes and methods it does not have, another model at `/tokenize`, in
+/// OpenAI's error shape. (Constrained output and chat rendering need a
+/// real vocabulary: `structured_output_holds_on_a_real_vocabulary`.)
+#[test]
+fn the_server_as_vllm_clients_expect() {
+    let server = Server::start();
+    let post = |body: Value| {
+        let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{body} -> {response}");
+        serde_json::from_str::<Value>(&response).unwrap()
+    };
+    let ids = |answer: &Value, at: usize| -> Vec<i64> {
+        answer["choices"][at]["token_ids"].as_array().unwrap().iter().map(|id| id.as_i64().unwrap()).collect()
+    };
+    // To the end of the context (64 positions, a prompt of 2), unless an
+    // end of turn comes first.
+    let whole = post(json!({ "prompt": [1, 2], "temperature": 0, "ignore_eos": true }));
+    assert_eq!(
+        (whole["usage"]["completion_tokens"].as_u64(), whole["choices"][0]["finish_reason"].as_str()),
+        (Some(62), Some("length")),
+        "{whole}"
+    );
+    // Without a seed, three samples are not one.
+    let samples: Vec<Vec<i64>> =
+        (0..3).map(|_| ids(&post(json!({ "prompt": [1, 2], "max_tokens": 8, "temperature": 1.0 })), 0)).collect();
+    assert!(samples[0] != samples[1] || samples[1] != samples[2], "{samples:?}");
+    // A bias of 100 makes token 7 the answer, greedy or not; -1 is top_k off.
+    let biased =
+        post(json!({ "prompt": [1, 2], "max_tokens": 4, "temperature": 1.0, "top_k": -1, "logit_bias": { "7": 100 } }));
+    assert_eq!(ids(&biased, 0), [7, 7, 7, 7], "{biased}");
+    for (field, value) in
+        [("logit_bias", json!({ "99999": 1 })), ("logit_bias", json!({ "7": 101 })), ("top_p", json!(0))]
+    {
+        let mut body = json!({ "prompt": [1, 2], "max_tokens": 2 });
+        body[field] = value;
+        let (status, response) = server.call("POST", "/v1/completions", &body.to_string());
+        let error: Value = serde_json::from_str(&response).unwrap();
+        assert!(status == 400 && error["error"]["param"] == field, "{field}: {status} {response}");
+    }
+    // A list of prompts, `n` each: choice `i` answers prompt `i / n`, as the
+    // prompt alone would; `echo` puts each prompt's text first.
+    let listed = post(json!({ "prompt": ["t5 t17", "t42"], "n": 2, "max_tokens": 3, "temperature": 0, "echo": true }));
+    assert_eq!(listed["choices"].as_array().unwrap().len(), 4, "{listed}");
+    for (at, prompt) in [(0, "t5 t17"), (1, "t5 t17"), (2, "t42"), (3, "t42")] {
+        let alone = post(json!({ "prompt": prompt, "max_tokens": 3, "temperature": 0 }));
+        assert_eq!(ids(&listed, at), ids(&alone, 0), "choice {at}");
+        let text = listed["choices"][at]["text"].as_str().unwrap();
+        assert_eq!(text, format!("{prompt}{}", alone["choices"][0]["text"].as_str().unwrap()), "choice {at}");
+    }
+    assert_eq!(listed["usage"]["prompt_tokens"], 3, "each prompt counted once: {listed}");
+    let token_lists = post(json!({ "prompt": [[5, 17], [42]], "max_tokens": 3, "temperature": 0 }));
+    assert_eq!((ids(&token_lists, 0), ids(&token_lists, 1)), (ids(&listed, 0), ids(&listed, 2)));
+    // A stream's first delta has the role; later ones only what they add.
+    let (_, streamed) = server.call(
+        "POST",
+        "/v1/chat/completions",
+        &json!({ "messages": [{ "role": "user", "content": "t1 t2" }], "max_tokens": 4, "stream": true, "temperature": 0 }).to_string(),
+    );
+    let deltas: Vec<Value> = streamed
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok())
+        .map(|chunk| chunk["choices"][0]["delta"].clone())
+        .collect();
+    assert_eq!(deltas[0]["role"], "assistant", "{streamed}");
+    assert!(
+        deltas[1..].iter().all(|delta| delta.get("role").is_none() && delta.get("content") != Some(&json!(""))),
+        "{streamed}"
+    );
+    // Routes and methods the server does not have; another model's name.
+    for (method, path, status) in [("GET", "/v2/nothing", 404), ("GET", "/v1/completions", 405)] {
+        let (got, response) = server.call(method, path, "");
+        let error: Value = serde_json::from_str(&response).unwrap_or_default();
+        assert!(got == status && error["error"]["message"].is_string(), "{method} {path}: {got} {response}");
+    }
+    let (status, _) = server.call("POST", "/tokenize", &json!({ "prompt": "t5", "model": "gpt-4" }).to_string());
+    assert_eq!(status, 404);
+}
+
 /// What clients of an OpenAI-compatible server lean on: an API key on every
 /// `/v1` route (not `/health`), a model's own card, tokenize and
 /// detokenize, OpenAI's ranges and whole numbers, penalties, ids that never
@@ -269,6 +360,8 @@ fn the_server_for_clients_and_operators() {
     assert_eq!(server.call_with("GET", "/v1/models", "", "").0, 401);
     assert_eq!(server.call("GET", "/health", "").0, 200);
     let call = |method: &str, path: &str, body: &str| server.call_with(method, path, body, key);
+    // The scheme's name is not case-sensitive.
+    assert_eq!(server.call_with("GET", "/v1/models", "", "Authorization: bearer sk-test\r\n").0, 200);
 
     let (status, first) = call("POST", "/v1/completions", &body);
     let (_, second) = call("POST", "/v1/completions", &body);
@@ -504,9 +597,11 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
 /// vocabulary file) and chat template, with random weights: every answer
 /// to a JSON schema parses and holds to it, a regex's matches it, thinking
 /// is closed before the answer, a forced tool choice gets a call of the
-/// template's format with arguments under the tool's schema; a schema
-/// that does not compile, a tool that is not there, and a
-/// tokenizer that is not byte-level, are refused by name.
+/// template's format with arguments under the tool's schema, a list of
+/// choices gives one of them, a GBNF grammar (llama-server's) a sentence of
+/// it; a schema that does not compile, a tool that is not there, and a
+/// tokenizer that is not byte-level, are refused by name. And a chat
+/// rendered as the request's options say.
 #[test]
 fn structured_output_holds_on_a_real_vocabulary() {
     let vocab = root().join("tests/fixtures/llama-cpp/ggml-vocab-qwen35.gguf");
@@ -629,6 +724,55 @@ fn structured_output_holds_on_a_real_vocabulary() {
     let (status, response) = chat(json!({ "guided_json": { "type": "object", "properties": { "a": { "type": 7 } } } }));
     assert_eq!(status, 400, "{response}");
     assert!(response["error"]["message"].as_str().unwrap().contains("`guided_json` does not compile"), "{response}");
+    // vLLM's choices and llama-server's GBNF grammar and top-level schema.
+    for extra in [
+        json!({ "guided_choice": ["cat", "dog 🐕"] }),
+        json!({ "structured_outputs": { "choice": ["cat", "dog 🐕"] } }),
+    ] {
+        let (status, response) = chat(extra.clone());
+        assert_eq!(status, 200, "{extra}: {response}");
+        for choice in response["choices"].as_array().unwrap() {
+            assert!(["cat", "dog 🐕"].contains(&choice["message"]["content"].as_str().unwrap()), "{response}");
+        }
+    }
+    let grammar = "root ::= greeting \" \" [0-9]{2,3}\ngreeting ::= (\"hi\" | \"yo\") \"!\"?  # a comment\n";
+    let (status, response) = chat(json!({ "grammar": grammar }));
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        let content = choice["message"]["content"].as_str().unwrap();
+        let (greeting, number) = content.split_once(' ').unwrap_or_else(|| panic!("{content:?}"));
+        assert!(["hi", "yo", "hi!", "yo!"].contains(&greeting), "{content:?}");
+        assert!((2..=3).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit()), "{content:?}");
+    }
+    let (status, response) = chat(json!({ "grammar": "root ::= item" }));
+    assert!(status == 400 && response["error"]["message"].as_str().unwrap().contains("`item` is used but not defined"));
+    let (status, response) = chat(json!({ "json_schema": { "enum": ["cat", "dog"] } }));
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        assert!(["\"cat\"", "\"dog\""].contains(&choice["message"]["content"].as_str().unwrap()), "{response}");
+    }
+    // A chat's turns as vLLM renders them: `developer` as `system` where the
+    // template has none, `add_generation_prompt: false`, and
+    // `continue_final_message`, the last message left open.
+    let rendered = |body: Value| {
+        let (status, response) = server.call("POST", "/tokenize", &body.to_string());
+        assert_eq!(status, 200, "{body}: {response}");
+        let tokens = serde_json::from_str::<Value>(&response).unwrap()["tokens"].clone();
+        let (_, text) =
+            server.call("POST", "/detokenize", &json!({ "tokens": tokens, "skip_special_tokens": false }).to_string());
+        serde_json::from_str::<Value>(&text).unwrap()["prompt"].as_str().unwrap().to_string()
+    };
+    let turns = |first: &str| json!([{ "role": first, "content": "Be brief." }, { "role": "user", "content": "Hi?" }]);
+    let with_system = rendered(json!({ "messages": turns("system") }));
+    assert_eq!(rendered(json!({ "messages": turns("developer") })), with_system);
+    let closed = rendered(json!({ "messages": turns("system"), "add_generation_prompt": false }));
+    assert!(with_system.starts_with(&closed) && with_system.len() > closed.len(), "{closed:?} {with_system:?}");
+    let mut answered = turns("system");
+    answered.as_array_mut().unwrap().push(json!({ "role": "assistant", "content": "Hello, I" }));
+    let continued = rendered(json!({ "messages": answered, "continue_final_message": true }));
+    assert!(continued.ends_with("Hello, I"), "{continued:?}");
+    let both = json!({ "messages": answered, "continue_final_message": true, "add_generation_prompt": true });
+    assert_eq!(server.call("POST", "/tokenize", &both.to_string()).0, 400);
     drop(server);
 
     // The oracle's word-level tokenizer spells no bytes: refused by name.

@@ -11,6 +11,7 @@ mod clock;
 pub mod constrain;
 mod error;
 mod experts;
+pub mod gbnf;
 pub mod generate;
 pub mod gguf;
 pub mod init;

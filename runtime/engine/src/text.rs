@@ -252,7 +252,14 @@ impl TextModel {
         self.chat_template.is_some()
     }
 
-    /// The prompt for a conversation, ready for the assistant's turn:
+    /// Whether the chat template has a turn for `role` of its own (names
+    /// it anywhere): a `developer` turn is rendered as `system` where not.
+    pub fn template_knows_role(&self, role: &str) -> bool {
+        self.chat_template.as_deref().is_some_and(|template| template.contains(role))
+    }
+
+    /// The prompt for a conversation, ready for the assistant's turn
+    /// (unless `options` sets `add_generation_prompt` false):
     /// `messages` as the chat API sends them (`role`, `content`, and what
     /// else the template reads), `options` the template's own variables
     /// (`chat_template_kwargs`: `enable_thinking`, …).
@@ -272,7 +279,8 @@ const NAMED_TOKENS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_tok
 /// list methods (`startswith`, `split`, `strip`, …) through minijinja's
 /// Python compatibility, `raise_exception` and `strftime_now` (in UTC) as
 /// templates call them, and
-/// `messages` and `add_generation_prompt` over the caller's options.
+/// `messages` over the caller's options, and `add_generation_prompt`
+/// true unless they set it.
 pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Value>) -> Result<String, Error> {
     let mut env = minijinja::Environment::new();
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -284,7 +292,7 @@ pub fn render_chat(template: &str, messages: &[Value], options: &Map<String, Val
     env.add_template("chat", template).map_err(|e| Error::Text(format!("the chat template does not parse: {e}")))?;
     let mut context = options.clone();
     context.insert("messages".into(), Value::Array(messages.to_vec()));
-    context.insert("add_generation_prompt".into(), Value::Bool(true));
+    context.entry("add_generation_prompt").or_insert(Value::Bool(true));
     env.get_template("chat")
         .and_then(|t| t.render(&context))
         .map_err(|e| Error::Text(format!("the chat template failed: {e}")))

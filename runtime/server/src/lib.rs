@@ -34,7 +34,7 @@ use linnet_runtime::text::TextModel;
 use linnet_runtime::Loaded;
 use metrics::Metrics;
 use reasoning::Split;
-use request::{chat_prompt, chat_text, parse_request, prompt_of, Prompt, Request};
+use request::{chat_prompt, chat_text, check_model, parse_request, prompt_of, Prompt, Request};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -83,8 +83,8 @@ impl Served {
         let body: Value = serde_json::from_slice(body).map_err(|_| StatusCode::BAD_REQUEST.as_u16())?;
         let prompt = if chat { chat_prompt(self, &body) } else { prompt_of(self, &body) };
         prompt
-            .and_then(|(prompt, thinking)| parse_request(self, &body, prompt, chat, thinking))
-            .map(|request| request.prompt)
+            .and_then(|(prompts, thinking)| parse_request(self, &body, prompts, chat, thinking))
+            .map(|request| request.prompts.concat())
             .map_err(|refusal| refusal.status().as_u16())
     }
 }
@@ -121,10 +121,21 @@ fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) ->
     (status, Json(error_object(status, message, param))).into_response()
 }
 
-/// OpenAI's error object, as a response's body or a stream's last event.
+/// OpenAI's error object, as a response's body or a stream's last event:
+/// `invalid_request_error` for the request's fault, `requests` with code
+/// `rate_limit_exceeded` for too many, `server_error` for the server's
+/// (logged, as the client's view of it may be all there is).
 fn error_object(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Value {
-    let kind = if status.is_client_error() { "invalid_request_error" } else { "server_error" };
-    json!({ "error": { "message": message.into(), "type": kind, "param": param, "code": Value::Null } })
+    let message = message.into();
+    let (kind, code) = match status {
+        StatusCode::TOO_MANY_REQUESTS => ("requests", json!("rate_limit_exceeded")),
+        status if status.is_client_error() => ("invalid_request_error", Value::Null),
+        _ => {
+            tracing::error!(status = status.as_u16(), %message, "answered with a server error");
+            ("server_error", Value::Null)
+        }
+    };
+    json!({ "error": { "message": message, "type": kind, "param": param, "code": code } })
 }
 
 fn bad(message: impl Into<String>, param: &str) -> Response {
@@ -243,22 +254,40 @@ impl ChatAnswer {
     }
 }
 
-/// A chat answer's message or delta: its `content`, its
-/// `reasoning_content` where the model thought aloud, and its tool calls.
-fn message(parts: reasoning::Parts, calls: &[tools::Call], delta: bool) -> Value {
-    let mut message = json!({ "role": "assistant", "content": parts.answer });
+/// How a chat answer's part is sent: whole, or as a stream's delta (the
+/// first of its choice's, or a later one).
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    Message,
+    FirstDelta,
+    Delta,
+}
+
+/// A chat answer's message or delta, as OpenAI's API and vLLM send them: a
+/// message has its `role`, its `content` (null where the answer is only
+/// reasoning or tool calls), `reasoning_content` and tool calls; a
+/// stream's first delta has the `role` and `content` (`""` if nothing
+/// yet), later ones only what they add.
+fn message(parts: reasoning::Parts, calls: &[tools::Call], shape: Shape) -> Value {
+    let mut message = json!({});
+    if shape != Shape::Delta {
+        message["role"] = json!("assistant");
+    }
+    let only_else = parts.answer.is_empty() && (!parts.reasoning.is_empty() || !calls.is_empty());
+    match shape {
+        Shape::Message if only_else => message["content"] = Value::Null,
+        Shape::Delta if parts.answer.is_empty() => {}
+        _ => message["content"] = json!(parts.answer),
+    }
     if !parts.reasoning.is_empty() {
         message["reasoning_content"] = json!(parts.reasoning);
-    } else if !delta {
+    } else if shape == Shape::Message {
         message["reasoning_content"] = Value::Null;
     }
     if !calls.is_empty() {
         let calls: Vec<Value> =
             calls.iter().enumerate().map(|(at, call)| call.to_json(&response_id("call"), at)).collect();
         message["tool_calls"] = Value::Array(calls);
-        if !delta && message["content"] == "" {
-            message["content"] = Value::Null;
-        }
     }
     message
 }
@@ -279,18 +308,39 @@ struct Choice {
     chat: ChatAnswer,
     /// Bytes of text streamed so far (log-probabilities' offsets).
     streamed: usize,
+    /// Whether a chunk of it was sent.
+    started: bool,
     /// A finish reason was sent.
     ended: bool,
+    /// The tokens made while the model was reasoning.
+    reasoning_tokens: usize,
+    /// The completions API's `echo`: the prompt's text, before the answer.
+    echo: String,
 }
 
 impl Choice {
     /// A choice of a chat answer (`chat`) shows the tags `chat_tags`
     /// that are special tokens, for its parsers; a completion's text
     /// leaves every special token out.
-    fn new(stops: &[String], chat: bool, chat_tags: &[u32], thinking: bool, tools: &[Value]) -> Choice {
+    fn new(stops: &[String], chat: bool, chat_tags: &[u32], thinking: bool, tools: &[Value], echo: String) -> Choice {
         let shown = if chat { chat_tags.to_vec() } else { Vec::new() };
         let answer = ChatAnswer { split: Split::new(thinking), calls: (!tools.is_empty()).then(|| Calls::new(tools)) };
-        Choice { detokenizer: Detokenizer::new(stops.to_vec(), shown), chat: answer, streamed: 0, ended: false }
+        Choice {
+            detokenizer: Detokenizer::new(stops.to_vec(), shown),
+            chat: answer,
+            streamed: 0,
+            started: false,
+            ended: false,
+            reasoning_tokens: 0,
+            echo,
+        }
+    }
+
+    /// The text of `token`, and whether a stop string ended the answer
+    /// with it; counted as reasoning if the model was reasoning.
+    fn push(&mut self, text: Option<&TextModel>, token: i64) -> (String, bool) {
+        self.reasoning_tokens += usize::from(self.chat.split.is_thinking());
+        self.detokenizer.push(text, token)
     }
 }
 
@@ -298,7 +348,14 @@ impl Choice {
 /// prompt left the model inside a `<think>` block. Each of its `n` choices
 /// is a row of its own, sampled from a seed of its own.
 async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
-    let Request { prompt, tools, jobs, stream, stream_usage, stops, receivers } = request;
+    let Request { prompts, echo, tools, jobs, stream, stream_usage, stops, receivers } = request;
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    // Choice `i` answers prompt `i / per_prompt`.
+    let per_prompt = jobs.len() / prompts.len().max(1);
+    let echoed = |index: usize| match (echo, app.served.text.as_ref()) {
+        (true, Some(text)) => text.decode(&prompts[index / per_prompt.max(1)]),
+        _ => String::new(),
+    };
 
     let asked_logprobs = jobs[0].logprobs.is_some();
     // The prompt is prefilled for each choice; its first's cache hit is
@@ -320,21 +377,22 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     if !sent {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the model is not running", None);
     }
-    app.metrics.prompt(prompt.len());
+    app.metrics.prompt(prompt_tokens);
     let mut clock = Clock { last: Instant::now(), first: true };
     let id = response_id(if chat { "chatcmpl" } else { "cmpl" });
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
-    let mut choices: Vec<Choice> =
-        receivers.iter().map(|_| Choice::new(&stops, chat, &app.served.chat_tags, thinking, &tools)).collect();
+    let mut choices: Vec<Choice> = (0..receivers.len())
+        .map(|index| Choice::new(&stops, chat, &app.served.chat_tags, thinking, &tools, echoed(index)))
+        .collect();
     if stream {
         let mut failed = false;
         // The tokens of the answer, once every choice ended well: the usage
         // chunk's.
-        let answered = Arc::new(std::sync::Mutex::new(None::<usize>));
+        let answered = Arc::new(std::sync::Mutex::new(None::<(usize, usize)>));
         let answer_tokens = answered.clone();
         let usage_field = if stream_usage { Some(Value::Null) } else { None };
-        let (usage_id, usage_model, prompt_tokens) = (id.clone(), model.clone(), prompt.len());
+        let (usage_id, usage_model) = (id.clone(), model.clone());
         let mut updates = tokio_stream::StreamMap::new();
         for (index, receiver) in receivers.into_iter().enumerate() {
             updates.insert(index, UnboundedReceiverStream::new(receiver));
@@ -362,7 +420,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                         logprobs = logprobs_json(text, &[(token, found)], chat, choice.streamed);
                     }
                     token_ids.push(token);
-                    let (piece, stopped) = choice.detokenizer.push(text, token);
+                    let (piece, stopped) = choice.push(text, token);
                     choice.streamed += piece.len();
                     (piece, if stopped { json!("stop") } else { Value::Null })
                 }
@@ -377,17 +435,21 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                 }
             };
             choice.ended = !finish.is_null();
+            let shape = if choice.started { Shape::Delta } else { Shape::FirstDelta };
+            choice.started = true;
             let delta = if chat {
                 let (parts, calls) =
                     if finish.is_null() { (choice.chat.push(&piece), Vec::new()) } else { choice.chat.finish(&piece) };
                 let finish = finish_reason(finish, &calls);
-                json!({ "index": index, "delta": message(parts, &calls, true), "logprobs": logprobs, "finish_reason": finish, "token_ids": token_ids })
+                json!({ "index": index, "delta": message(parts, &calls, shape), "logprobs": logprobs, "finish_reason": finish, "token_ids": token_ids })
             } else {
+                let piece = if shape == Shape::FirstDelta { std::mem::take(&mut choice.echo) + &piece } else { piece };
                 json!({ "index": index, "text": piece, "logprobs": logprobs, "finish_reason": finish, "token_ids": token_ids })
             };
             if choices.iter().all(|choice| choice.ended) {
                 let tokens = choices.iter().map(|choice| choice.detokenizer.ids().len()).sum();
-                *answer_tokens.lock().expect("not poisoned") = Some(tokens);
+                let reasoning = choices.iter().map(|choice| choice.reasoning_tokens).sum();
+                *answer_tokens.lock().expect("not poisoned") = Some((tokens, reasoning));
             }
             let mut chunk = json!({ "id": id, "object": format!("{object}.chunk"), "created": now(), "model": model, "choices": [delta] });
             if let Some(usage) = &usage_field {
@@ -398,8 +460,8 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         // Asked for, and the answer ended well: its usage, in a last chunk
         // without choices, as OpenAI's API sends it.
         let usage = std::iter::once_with(move || {
-            let completion = (*answered.lock().expect("not poisoned")).filter(|_| stream_usage)?;
-            let usage = usage_json(prompt_tokens, cached.load(Ordering::Acquire), completion);
+            let (completion, reasoning) = (*answered.lock().expect("not poisoned")).filter(|_| stream_usage)?;
+            let usage = usage_json(prompt_tokens, cached.load(Ordering::Acquire), completion, chat.then_some(reasoning));
             let chunk = json!({ "id": usage_id, "object": format!("{object}.chunk"), "created": now(), "model": usage_model, "choices": [], "usage": usage });
             Some(Ok(Event::default().data(chunk.to_string())))
         })
@@ -410,7 +472,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     }
     let text = app.served.text.as_ref();
     let mut answers = Vec::with_capacity(choices.len());
-    let mut completion_tokens = 0;
+    let (mut completion_tokens, mut reasoning_tokens) = (0, 0);
     for (index, (mut receiver, choice)) in receivers.into_iter().zip(&mut choices).enumerate() {
         let mut answer = String::new();
         let mut finish = "length";
@@ -420,7 +482,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                 Update::Token(token, found) => {
                     clock.tick(&app.metrics);
                     found_logprobs.extend(found.map(|found| (token, found)));
-                    let (piece, stopped) = choice.detokenizer.push(text, token);
+                    let (piece, stopped) = choice.push(text, token);
                     answer.push_str(&piece);
                     if stopped {
                         finish = "stop";
@@ -441,6 +503,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         }
         let ids = choice.detokenizer.ids();
         completion_tokens += ids.len();
+        reasoning_tokens += choice.reasoning_tokens;
         found_logprobs.truncate(ids.len());
         let logprobs = if found_logprobs.is_empty() && !asked_logprobs {
             Value::Null
@@ -450,26 +513,32 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         answers.push(if chat {
             let (parts, calls) = choice.chat.finish(&answer);
             let finish = finish_reason(json!(finish), &calls);
-            json!({ "index": index, "message": message(parts, &calls, false), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
+            json!({ "index": index, "message": message(parts, &calls, Shape::Message), "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
         } else {
-            json!({ "index": index, "text": answer, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
+            let text = std::mem::take(&mut choice.echo) + &answer;
+            json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "token_ids": ids })
         });
     }
     drop(admitted);
-    let usage = usage_json(prompt.len(), cached.load(Ordering::Acquire), completion_tokens);
+    let reasoning = chat.then_some(reasoning_tokens);
+    let usage = usage_json(prompt_tokens, cached.load(Ordering::Acquire), completion_tokens, reasoning);
     Json(json!({ "id": id, "object": object, "created": now(), "model": model, "choices": answers, "usage": usage }))
         .into_response()
 }
 
 /// OpenAI's usage object; `cached` of the prompt's tokens came from the
-/// prefix cache.
-fn usage_json(prompt: usize, cached: usize, completion: usize) -> Value {
-    json!({
+/// prefix cache; a chat's `reasoning` of the answer's were reasoning.
+fn usage_json(prompt: usize, cached: usize, completion: usize, reasoning: Option<usize>) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": { "cached_tokens": cached },
-    })
+    });
+    if let Some(reasoning) = reasoning {
+        usage["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning });
+    }
+    usage
 }
 
 /// One request counted against the server's capacity while it is held.
@@ -559,6 +628,7 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRej
         let text = app.served.text.as_ref().ok_or_else(|| bad("this model has no tokenizer", "prompt"))?;
         // As vLLM's: a prompt gets the tokenizer's additions, a rendered
         // chat has them from its template, unless `add_special_tokens` says.
+        check_model(&app.served, &body)?;
         let (prompt, adds_by_default) = match (body.get("prompt"), body.get("messages")) {
             (Some(Value::String(prompt)), None) => (prompt.clone(), true),
             (None, Some(_)) => (chat_text(&app.served, &body)?, false),
@@ -592,6 +662,7 @@ async fn detokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonR
                 return Err(bad(format!("`skip_special_tokens` must be a boolean, got {other}"), "skip_special_tokens"))
             }
         };
+        check_model(&app.served, &body)?;
         let text = app.served.text.as_ref().ok_or_else(|| bad("this model has no tokenizer", "tokens"))?;
         let vocab = app.served.limits.vocab as u64;
         let tokens: Vec<i64> = body
@@ -616,6 +687,23 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// A route this server does not have, in OpenAI's error shape.
+async fn no_route(request: HttpRequest) -> Response {
+    error(StatusCode::NOT_FOUND, format!("no route {} {}", request.method(), request.uri().path()), None)
+}
+
+/// A route asked with a method it does not take.
+async fn wrong_method(request: HttpRequest) -> Response {
+    let message = format!("{} does not take {}", request.uri().path(), request.method());
+    error(StatusCode::METHOD_NOT_ALLOWED, message, None)
+}
+
+/// The most bytes a request body may have: room for a prompt that fills
+/// the context as text or ids, with the JSON around it (never under 8 MiB).
+fn body_limit(max_seq: usize) -> usize {
+    (64 * max_seq).max(8 << 20)
+}
+
 /// Whether two strings are equal, in a time that depends on their lengths
 /// only, not on where they differ.
 fn same_secret(given: &[u8], key: &[u8]) -> bool {
@@ -631,7 +719,11 @@ fn same_secret(given: &[u8], key: &[u8]) -> bool {
 async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
     if let Some(key) = &app.api_key {
         let given = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
-        let token = given.and_then(|value| value.strip_prefix("Bearer ")).unwrap_or_default();
+        // The scheme's name is case-insensitive (RFC 9110).
+        let token = given
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token.trim_start());
         if !same_secret(token.as_bytes(), key.as_bytes()) {
             let mut refused = (
                 StatusCode::UNAUTHORIZED,
@@ -693,7 +785,13 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
-    let router = guarded.route("/health", get(health)).route("/metrics", get(metrics)).with_state(app.clone());
+    let router = guarded
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit(app.served.limits.max_seq)))
+        .with_state(app.clone());
     let (host, port) = (options.host.as_str(), options.port);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -55,6 +55,11 @@ impl Split {
         Split { thinking, held: String::new(), answered: false, reasoned: false, closed: false }
     }
 
+    /// Whether the model is inside a `<think>` block now.
+    pub fn is_thinking(&self) -> bool {
+        self.thinking
+    }
+
     /// The parts of the text so far that are final, given the next piece.
     pub fn push(&mut self, piece: &str) -> Parts {
         self.held.push_str(piece);

@@ -13,11 +13,16 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub struct Request {
-    pub prompt: Vec<i64>,
+    /// The prompts: one, or each of a completions request's list.
+    pub prompts: Vec<Vec<i64>>,
+    /// The completions API's `echo`: each choice's text starts with its
+    /// prompt's.
+    pub echo: bool,
     /// The tools the model may call (the chat API's `tools`), whose calls
     /// the answer is read for.
     pub tools: Vec<Value>,
-    /// One job per choice (`n`), each with its own seed.
+    /// One job per choice (`n` for each prompt, the prompts in order),
+    /// each with its own seed.
     pub jobs: Vec<Job>,
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
@@ -68,12 +73,18 @@ type Unasked = fn(&Value) -> bool;
 /// Request fields that would change the answer and that this server does
 /// not do yet, with the value that means "not asked for": a request that
 /// asks for one is refused, never answered as if it had not.
-const NOT_YET: [(&str, Unasked); 5] = [
+const NOT_YET: [(&str, Unasked); 6] = [
     ("best_of", |v| v.as_f64() == Some(1.0)),
-    ("echo", |v| v == &Value::Bool(false)),
-    ("logit_bias", |v| v.as_object().is_some_and(|o| o.is_empty())),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v.as_str() == Some("none")),
+    // The prompt's own log-probabilities need the logits of every prompt
+    // position, which the serving entries do not return.
+    ("prompt_logprobs", |v| v.as_u64() == Some(0) || v == &Value::Bool(false)),
+    // Filling in between a prompt and a suffix needs a model trained for it.
+    ("suffix", |v| v.as_str() == Some("")),
+    // The chat API's `echo` (the last message again); the completions
+    // API's is honoured.
+    ("echo", |v| v == &Value::Bool(false)),
 ];
 
 /// The most alternatives a token's log-probabilities come with, as OpenAI
@@ -102,65 +113,156 @@ fn logprobs(body: &Value, chat: bool) -> Result<Option<usize>, Response> {
     Ok(asked.then_some(top))
 }
 
+/// `model`, where given, must be the model served (404 otherwise, as
+/// OpenAI's API answers).
+pub fn check_model(served: &Served, body: &Value) -> Result<(), Response> {
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(name)) if *name == served.limits.model => Ok(()),
+        Some(other) => Err(error(
+            StatusCode::NOT_FOUND,
+            format!("this server runs `{}`, not {other}", served.limits.model),
+            Some("model"),
+        )),
+    }
+}
+
+/// A field that must be a boolean, or absent.
+fn flag(body: &Value, name: &str, default: bool) -> Result<bool, Response> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(value)) => Ok(*value),
+        Some(other) => Err(bad(format!("`{name}` must be a boolean, got {other}"), name)),
+    }
+}
+
+/// `top_k`: 0 or -1 (vLLM's "off") keep every token.
+fn top_k(body: &Value, vocab: usize) -> Result<usize, Response> {
+    if body.get("top_k").and_then(Value::as_i64) == Some(-1) {
+        return Ok(0);
+    }
+    Ok(whole(body, "top_k", 0, 0..=vocab as u64)? as usize)
+}
+
+/// OpenAI's `logit_bias`: token ids (as the object's keys) to a bias from
+/// -100 to 100, added to their logits before sampling.
+fn logit_bias(body: &Value, vocab: usize) -> Result<Vec<(usize, f64)>, Response> {
+    let biases = match body.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(biases)) => biases,
+        Some(other) => {
+            return Err(bad(
+                format!("`logit_bias` must be an object of token ids to biases, got {other}"),
+                "logit_bias",
+            ))
+        }
+    };
+    biases
+        .iter()
+        .map(|(token, given)| {
+            let id = token.parse::<usize>().ok().filter(|&id| id < vocab);
+            let bias = given.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+            match (id, bias) {
+                (Some(id), Some(bias)) => Ok((id, bias)),
+                (None, _) => {
+                    Err(bad(format!("`logit_bias` names `{token}`, not a token id in 0..{vocab}"), "logit_bias"))
+                }
+                (_, None) => Err(bad(
+                    format!("`logit_bias` of {token} must be a number from -100 to 100, got {given}"),
+                    "logit_bias",
+                )),
+            }
+        })
+        .collect()
+}
+
+/// A seed no other request of this process has drawn: the process's own
+/// random keys (`RandomState`) over a count and the time.
+fn fresh_seed() -> u64 {
+    use std::hash::BuildHasher;
+    static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one((count, time))
+}
+
 /// `thinking`: the prompt leaves the model inside a `<think>` block (a
 /// constrained answer closes it first).
 pub fn parse_request(
     served: &Served,
     body: &Value,
-    prompt: Vec<i64>,
+    prompts: Vec<Vec<i64>>,
     chat: bool,
     thinking: bool,
 ) -> Result<Request, Response> {
     let limits = &served.limits;
-    match body.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(name)) if *name == limits.model => {}
-        Some(other) => {
-            return Err(error(
-                StatusCode::NOT_FOUND,
-                format!("this server runs `{}`, not {other}", limits.model),
-                Some("model"),
-            ))
-        }
-    }
-    for (field, unasked) in NOT_YET {
-        match body.get(field) {
+    check_model(served, body)?;
+    for (field, unasked) in NOT_YET.iter().filter(|(field, _)| chat || *field != "echo") {
+        match body.get(*field) {
             None | Some(Value::Null) => {}
             Some(value) if unasked(value) => {}
             Some(value) => return Err(bad(format!("`{field}` ({value}) is not supported by this server yet"), field)),
         }
     }
-    if prompt.is_empty() {
-        return Err(bad("the prompt is empty", "prompt"));
+    if prompts.is_empty() {
+        return Err(bad("`prompt` is an empty list", "prompt"));
     }
-    if let Some(token) = prompt.iter().find(|&&t| t < 0 || t as usize >= limits.vocab) {
-        return Err(bad(format!("token {token} is outside the vocabulary (0..{})", limits.vocab), "prompt"));
+    for prompt in &prompts {
+        if prompt.is_empty() {
+            return Err(bad("the prompt is empty", "prompt"));
+        }
+        if let Some(token) = prompt.iter().find(|&&t| t < 0 || t as usize >= limits.vocab) {
+            return Err(bad(format!("token {token} is outside the vocabulary (0..{})", limits.vocab), "prompt"));
+        }
+        if prompt.len() >= limits.max_seq {
+            return Err(bad(
+                format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq),
+                "prompt",
+            ));
+        }
     }
-    if prompt.len() >= limits.max_seq {
-        return Err(bad(
-            format!("the prompt has {} tokens; this model holds {} positions", prompt.len(), limits.max_seq),
-            "prompt",
-        ));
-    }
-    let room = (limits.max_seq - prompt.len()) as u64;
-    // `max_completion_tokens` is the chat API's newer name for it.
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let room = (limits.max_seq - longest) as u64;
+    // `max_completion_tokens` is the chat API's newer name for it. Without
+    // either, an answer may run to the end of the context, as vLLM's and
+    // OpenAI's do.
     let limit_field = if body.get("max_completion_tokens").is_some_and(|v| !v.is_null()) {
         "max_completion_tokens"
     } else {
         "max_tokens"
     };
-    let max_tokens = whole(body, limit_field, 16.min(room), 1..=room)? as usize;
+    let asked_tokens = match body.get(limit_field) {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(whole(body, limit_field, room, 1..=room)? as usize),
+    };
+    let top_p = number(body, "top_p", 1.0, 0.0..=1.0)?;
+    if top_p == 0.0 {
+        return Err(bad("`top_p` must be in (0, 1], got 0", "top_p"));
+    }
     let sampling = Sampling {
         temperature: number(body, "temperature", 1.0, 0.0..=100.0)?,
-        top_p: number(body, "top_p", 1.0, 0.0..=1.0)?,
-        top_k: whole(body, "top_k", 0, 0..=limits.vocab as u64)? as usize,
+        top_p,
+        top_k: top_k(body, limits.vocab)?,
         min_p: number(body, "min_p", 0.0, 0.0..=1.0)?,
         repetition_penalty: number(body, "repetition_penalty", 1.0, 0.01..=100.0)?,
         frequency_penalty: number(body, "frequency_penalty", 0.0, -2.0..=2.0)?,
         presence_penalty: number(body, "presence_penalty", 0.0, -2.0..=2.0)?,
+        logit_bias: logit_bias(body, limits.vocab)?,
     };
     sampling.validate().map_err(|error| bad(error.to_string(), "sampling"))?;
-    let seed = whole(body, "seed", 0, 0..=u64::MAX)?;
+    // Without a seed, each request samples afresh, as OpenAI's and vLLM's.
+    let seed = match body.get("seed") {
+        None | Some(Value::Null) => fresh_seed(),
+        Some(_) => whole(body, "seed", 0, 0..=u64::MAX)?,
+    };
+    let echo = !chat && flag(body, "echo", false)?;
+    if echo && logprobs(body, chat)?.is_some() {
+        return Err(bad(
+            "`echo` with `logprobs` needs the prompt's log-probabilities, which this server does not give yet",
+            "echo",
+        ));
+    }
+    let ignore_eos = flag(body, "ignore_eos", false)?;
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -171,7 +273,11 @@ pub fn parse_request(
     if !stops.is_empty() && served.text.is_none() {
         return Err(bad("`stop` strings need a tokenizer, and this model has none", "stop"));
     }
-    let stop = served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
+    // `ignore_eos`: the end of turn does not end the answer (benchmarks).
+    let stop = match ignore_eos {
+        true => Vec::new(),
+        false => served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default(),
+    };
     let logprobs = logprobs(body, chat)?;
     let (tools, forced_calls) = tools(served, body, chat)?;
     let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
@@ -196,13 +302,15 @@ pub fn parse_request(
             })
         })
         .transpose()?;
-    let (jobs, receivers) = (0..choices)
-        .map(|choice| {
+    let (jobs, receivers) = prompts
+        .iter()
+        .flat_map(|prompt| (0..choices).map(move |choice| (prompt, choice)))
+        .map(|(prompt, choice)| {
             let (updates, receiver) = unbounded_channel();
             let seed = seed.wrapping_add(choice);
             let job = Job {
                 prompt: prompt.clone(),
-                max_tokens,
+                max_tokens: asked_tokens.unwrap_or(limits.max_seq - prompt.len()),
                 sampling: sampling.clone(),
                 seed,
                 stop: stop.clone(),
@@ -214,7 +322,7 @@ pub fn parse_request(
             (job, receiver)
         })
         .unzip();
-    Ok(Request { prompt, tools, jobs, stream, stream_usage, stops, receivers })
+    Ok(Request { prompts, echo, tools, jobs, stream, stream_usage, stops, receivers })
 }
 
 /// What the answer must match, and the field that says so: OpenAI's
@@ -252,13 +360,21 @@ fn structured(body: &Value) -> Result<Option<(Spec, &'static str)>, Response> {
         Value::Object(_) | Value::Bool(_) => Ok(Spec::JsonSchema(value.clone())),
         other => Err(bad(format!("`{field}` must be a JSON schema, got {other}"), field)),
     };
-    for (field, value) in ["guided_json", "guided_regex", "guided_grammar"]
+    for (field, value) in ["guided_json", "guided_regex", "guided_grammar", "guided_choice", "json_schema", "grammar"]
         .iter()
         .filter_map(|&field| Some((field, body.get(field).filter(|v| !v.is_null())?)))
     {
         found.push(match field {
-            "guided_json" => (schema(value, field)?, field),
+            // vLLM's older names, and llama-server's `json_schema` and
+            // `grammar` (GBNF, read as Lark).
+            "guided_json" | "json_schema" => (schema(value, field)?, field),
             "guided_regex" => (Spec::Regex(text(value, field)?), field),
+            "guided_choice" => (choice(value, field)?, field),
+            "grammar" => {
+                let lark = linnet_runtime::gbnf::to_lark(&text(value, field)?)
+                    .map_err(|why| bad(format!("`grammar` is not GBNF: {why}"), field))?;
+                (Spec::Lark(lark), field)
+            }
             _ => (Spec::Lark(text(value, field)?), field),
         });
     }
@@ -272,6 +388,7 @@ fn structured(body: &Value) -> Result<Option<(Spec, &'static str)>, Response> {
                 "json" => (schema(value, field)?, field),
                 "regex" => (Spec::Regex(text(value, field)?), field),
                 "grammar" => (Spec::Lark(text(value, field)?), field),
+                "choice" => (choice(value, field)?, field),
                 other => {
                     return Err(bad(format!("`{field}.{other}` is not supported by this server yet"), field));
                 }
@@ -285,6 +402,24 @@ fn structured(body: &Value) -> Result<Option<(Spec, &'static str)>, Response> {
             Err(bad(format!("give one output constraint, not {}", fields.join(" and ")), fields[1]))
         }
     }
+}
+
+/// vLLM's `choice`: the answer is one of these strings, exactly.
+fn choice(value: &Value, field: &'static str) -> Result<Spec, Response> {
+    let choices: Option<Vec<&str>> = value.as_array().and_then(|items| items.iter().map(Value::as_str).collect());
+    match choices {
+        Some(choices) if !choices.is_empty() => {
+            let alternatives: Vec<String> = choices.iter().map(|choice| regex_literal(choice)).collect();
+            Ok(Spec::Regex(alternatives.join("|")))
+        }
+        _ => Err(bad(format!("`{field}` must be a non-empty list of strings, got {value}"), field)),
+    }
+}
+
+/// `text` as a regular expression that matches it alone: every character
+/// but letters and digits escaped as `\x{…}`.
+fn regex_literal(text: &str) -> String {
+    text.chars().map(|c| if c.is_alphanumeric() { c.to_string() } else { format!("\\x{{{:x}}}", c as u32) }).collect()
 }
 
 /// `stream_options: {"include_usage": bool}`, which only a stream takes.
@@ -374,26 +509,35 @@ fn stop_strings(body: &Value) -> Result<Vec<String>, Response> {
     Ok(stops)
 }
 
-/// A request's prompt: its token ids, and whether it leaves the model
-/// thinking (a chat template that opened a `<think>` block).
-pub type Prompt = (Vec<i64>, bool);
+/// A request's prompts (a chat's one, or a completions request's each)
+/// as token ids, and whether they leave the model thinking (a chat
+/// template that opened a `<think>` block).
+pub type Prompt = (Vec<Vec<i64>>, bool);
 
-/// `/v1/completions`' prompt: text through the tokenizer, or token ids.
+/// `/v1/completions`' prompt: text through the tokenizer, token ids, or a
+/// list of either (one answer for each, as vLLM gives).
 pub fn prompt_of(served: &Served, body: &Value) -> Result<Prompt, Response> {
-    completion_prompt(served, body).map(|ids| (ids, false))
+    let prompt = body.get("prompt").ok_or_else(|| bad("`prompt` is required", "prompt"))?;
+    let prompts = match prompt {
+        Value::Array(items) if !items.is_empty() && items.iter().all(|item| item.is_string() || item.is_array()) => {
+            items.iter().map(|item| one_prompt(served, item)).collect::<Result<_, _>>()?
+        }
+        one => vec![one_prompt(served, one)?],
+    };
+    Ok((prompts, false))
 }
 
-fn completion_prompt(served: &Served, body: &Value) -> Result<Vec<i64>, Response> {
-    match body.get("prompt") {
-        Some(Value::String(text)) => match &served.text {
+fn one_prompt(served: &Served, prompt: &Value) -> Result<Vec<i64>, Response> {
+    match prompt {
+        Value::String(text) => match &served.text {
             Some(text_model) => text_model.encode_prompt(text).map_err(|e| bad(e.to_string(), "prompt")),
             None => Err(bad("this model has no tokenizer: send the prompt as token ids", "prompt")),
         },
-        Some(Value::Array(items)) if items.iter().all(Value::is_i64) => {
-            Ok(items.iter().filter_map(Value::as_i64).collect())
-        }
-        Some(other) => Err(bad(format!("`prompt` must be a string or an array of token ids, got {other}"), "prompt")),
-        None => Err(bad("`prompt` is required", "prompt")),
+        Value::Array(items) if items.iter().all(Value::is_i64) => Ok(items.iter().filter_map(Value::as_i64).collect()),
+        other => Err(bad(
+            format!("`prompt` must be a string, an array of token ids, or a list of either, got {other}"),
+            "prompt",
+        )),
     }
 }
 
@@ -476,9 +620,14 @@ fn template_options(body: &Value) -> Result<Map<String, Value>, Response> {
 }
 
 /// The text a chat request's messages make, through the model's template
-/// (or, without one, the contents joined by lines).
+/// (or, without one, the contents joined by lines). As vLLM's:
+/// `add_generation_prompt: false` leaves the assistant's turn unopened,
+/// `continue_final_message: true` leaves the last message open for the
+/// answer to continue (the rendering cut after its content), and a
+/// `developer` message is a `system` one where the template has no
+/// `developer` turn.
 pub fn chat_text(served: &Served, body: &Value) -> Result<String, Response> {
-    let messages = chat_messages(body)?;
+    let mut messages = chat_messages(body)?;
     let mut options = template_options(body)?;
     let (tools, _) = tools(served, body, true)?;
     if !tools.is_empty() {
@@ -487,10 +636,35 @@ pub fn chat_text(served: &Served, body: &Value) -> Result<String, Response> {
     let Some(text) = &served.text else {
         return Err(bad("this model has no tokenizer, so it cannot chat", "messages"));
     };
-    if text.has_chat_template() {
-        text.chat(&messages, &options).map_err(|e| bad(e.to_string(), "messages"))
+    let continues = flag(body, "continue_final_message", false)?;
+    let generation_prompt = flag(body, "add_generation_prompt", !continues)?;
+    if continues && generation_prompt {
+        return Err(bad(
+            "`continue_final_message` and `add_generation_prompt` cannot both be true",
+            "continue_final_message",
+        ));
+    }
+    options.insert("add_generation_prompt".into(), Value::Bool(generation_prompt));
+    if !text.template_knows_role("developer") {
+        for message in messages.iter_mut().filter(|message| message["role"] == "developer") {
+            message["role"] = Value::from("system");
+        }
+    }
+    let rendered = if text.has_chat_template() {
+        text.chat(&messages, &options).map_err(|e| bad(e.to_string(), "messages"))?
     } else {
-        Ok(messages.iter().filter_map(|m| m["content"].as_str()).collect::<Vec<_>>().join("\n"))
+        messages.iter().filter_map(|m| m["content"].as_str()).collect::<Vec<_>>().join("\n")
+    };
+    if !continues {
+        return Ok(rendered);
+    }
+    let last = messages.last().and_then(|message| message["content"].as_str()).unwrap_or_default();
+    match rendered.rfind(last) {
+        Some(at) if !last.is_empty() => Ok(rendered[..at + last.len()].to_string()),
+        _ => Err(bad(
+            "`continue_final_message`: the template does not render the last message's content as it is",
+            "continue_final_message",
+        )),
     }
 }
 
@@ -499,5 +673,5 @@ pub fn chat_prompt(served: &Served, body: &Value) -> Result<Prompt, Response> {
     let prompt = chat_text(served, body)?;
     let text = served.text.as_ref().expect("chat_text needs a tokenizer");
     let ids = text.encode(&prompt).map_err(|e| bad(e.to_string(), "messages"))?;
-    Ok((ids, super::reasoning::prompt_opens_thinking(&prompt)))
+    Ok((vec![ids], super::reasoning::prompt_opens_thinking(&prompt)))
 }
