@@ -152,6 +152,11 @@ enum Command {
         /// multiples.
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         prefix_block: u32,
+        /// On SIGTERM or Ctrl-C, how long requests already held may go on
+        /// (new ones get 503 and `/ready` fails) before they are ended with
+        /// `finish_reason: "abort"`, in seconds.
+        #[arg(long, default_value_t = 30.0)]
+        drain_timeout: f64,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -578,12 +583,22 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
-        Command::Serve { model, host, port, queue, api_key, prefix_cache_mb, prefix_block } => {
+        Command::Serve { model, host, port, queue, api_key, prefix_cache_mb, prefix_block, drain_timeout } => {
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
             let prefix_cache_bytes = prefix_cache_mb.saturating_mul(1 << 20);
             let prefix_block = prefix_block as usize;
-            let options = linnet_server::Options { host, port, queue, api_key, prefix_cache_bytes, prefix_block };
-            load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?))
+            let drain_timeout = std::time::Duration::try_from_secs_f64(drain_timeout)
+                .map_err(|_| Failure::from(format!("--drain-timeout must be 0 or more seconds, not {drain_timeout}")));
+            let options = drain_timeout.map(|drain_timeout| linnet_server::Options {
+                host,
+                port,
+                queue,
+                api_key,
+                prefix_cache_bytes,
+                prefix_block,
+                drain_timeout,
+            });
+            options.and_then(|options| load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?)))
         }
         Command::InitWeights { package, nest, overrides, seed, recipe: Some(recipe), output, .. } => {
             let options = LoadOptions { nest, overrides, ..LoadOptions::default() };

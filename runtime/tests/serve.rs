@@ -262,6 +262,87 @@ fn ctrl_c_stops_the_server() {
     assert!(exit.success(), "{exit:?}");
 }
 
+/// Under load, `/metrics` says what a router reads (vLLM's names: rows
+/// running, requests waiting, the states' use, the cache's config, the
+/// latency and token histograms); then SIGTERM drains, as Kubernetes stops
+/// a pod: new requests get 503 and `/ready` fails (`/health`, liveness,
+/// does not), the streams already open go on until `--drain-timeout`, then
+/// each ends with a `finish_reason` and `[DONE]`, and the server exits
+/// cleanly.
+#[test]
+fn sigterm_drains_the_open_streams() {
+    let mut server = Server::start_with(&["--set", "MaxSeq=4000", "--drain-timeout", "0.5"]);
+    assert_eq!(server.call("GET", "/ready", "").0, 200);
+    let port = server.port;
+    let streams: Vec<_> = (0..3)
+        .map(|at| {
+            std::thread::spawn(move || {
+                let body = json!({ "prompt": [1, 2 + at], "max_tokens": 3900, "temperature": 0, "ignore_eos": true, "stream": true }).to_string();
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                response
+            })
+        })
+        .collect();
+    // Each stream under way (its first tokens sent) before the signal.
+    let running = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        server
+            .call("GET", "/metrics", "")
+            .1
+            .contains("vllm:num_requests_running{model_name=\"tiny-qwen3.5-moe-f32\"} 2")
+    });
+    assert!(running, "two rows decoding");
+    // What the Gateway API Inference Extension reads, under vLLM's names:
+    // the third request waits, the rows' states are partly in use.
+    let metrics = server.call("GET", "/metrics", "").1;
+    let sample = |name: &str| -> f64 {
+        let line =
+            metrics.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("no {name}:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(sample("vllm:num_requests_waiting{"), 1.0, "{metrics}");
+    let usage = sample("vllm:kv_cache_usage_perc{");
+    assert!(usage > 0.0 && usage < 1.0, "{usage}");
+    assert!(
+        metrics.contains("vllm:cache_config_info{model_name=\"tiny-qwen3.5-moe-f32\",block_size=\"64\""),
+        "{metrics}"
+    );
+    for histogram in [
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ] {
+        assert!(metrics.contains(&format!("# TYPE {histogram} histogram")), "{histogram}");
+    }
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (refused, response) =
+        server.call("POST", "/v1/completions", &json!({ "prompt": [1, 2], "max_tokens": 2 }).to_string());
+    assert!(refused == 503 && response.contains("draining"), "{refused} {response}");
+    assert_eq!(server.call("GET", "/ready", "").0, 503);
+    assert_eq!(server.call("GET", "/health", "").0, 200);
+    for stream in streams {
+        let response = stream.join().unwrap();
+        let chunks: Vec<Value> = response
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok())
+            .collect();
+        let last = chunks.last().unwrap_or_else(|| panic!("{response}"));
+        assert_eq!(last["choices"][0]["finish_reason"], "abort", "{last}");
+        let done = response.find("data: [DONE]").unwrap_or_else(|| panic!("{response}"));
+        assert!(response.rfind(r#""finish_reason":"abort""#) < Some(done), "{response}");
+    }
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
 /// What a client of vLLM or llama-server sends, honoured as they do: an
 /// answer without `max_tokens` runs to the end of the context, sampling
 /// without `seed` differs request to request, `logit_bias`, `top_k: -1`,

@@ -16,9 +16,11 @@ use linnet_ir::Dtype;
 use linnet_runtime::constrain::Constraint;
 use linnet_runtime::sampling::{Logprobs, Rng, Sampling};
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 #[derive(Debug)]
@@ -44,6 +46,8 @@ pub struct Job {
     /// The prompt's tokens found in the prefix cache, set before its first
     /// token is sent.
     pub cached: Arc<AtomicUsize>,
+    /// When it left the queue for a row (its queue time's end).
+    pub started: Arc<std::sync::OnceLock<Instant>>,
 }
 
 struct Row {
@@ -62,6 +66,48 @@ pub struct Limits {
     pub rows: usize,
     pub max_seq: usize,
     pub vocab: usize,
+    /// What the rows' states hold, for the cache's use over its capacity.
+    pub states: StateBytes,
+}
+
+/// The bytes of the model's states (the caches and recurrent states every
+/// row has): those a row fills position by position (attention's keys
+/// and values) and those it holds whole (DeltaNet's state, the
+/// convolution's history), per row and in all.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StateBytes {
+    pub per_position: f64,
+    pub per_row: f64,
+    pub total: f64,
+}
+
+impl StateBytes {
+    fn of(model: &linnet_ir::Model, rows: usize, max_seq: usize) -> StateBytes {
+        let positional = linnet_exec::rows::positional_states(model);
+        let mut states = StateBytes::default();
+        for (state, &at_positions) in model.states.iter().zip(&positional) {
+            let bytes = (state.shape.iter().product::<usize>() * state.dtype.bytes()) as f64;
+            states.total += bytes;
+            let row = bytes / rows.max(1) as f64;
+            if at_positions {
+                states.per_position += row / max_seq.max(1) as f64;
+            } else {
+                states.per_row += row;
+            }
+        }
+        states
+    }
+
+    /// The share of the states that rows hold, each row at its position:
+    /// the recurrent states of every row in use and the caches' filled
+    /// positions, over all of them (vLLM's `kv_cache_usage_perc`, 0 to 1).
+    pub fn usage(&self, positions: impl Iterator<Item = usize>) -> f64 {
+        if self.total == 0.0 {
+            return 0.0;
+        }
+        let held: f64 = positions.map(|position| self.per_row + self.per_position * position as f64).sum();
+        (held / self.total).clamp(0.0, 1.0)
+    }
 }
 
 pub fn limits(machine: &Machine) -> Result<Limits, ServeError> {
@@ -76,7 +122,8 @@ pub fn limits(machine: &Machine) -> Result<Limits, ServeError> {
     let vocab = output.shape.last().and_then(|d| d.as_constant()).ok_or_else(|| cannot("no vocabulary size"))?;
     let (rows, vocab) = (rows as usize, vocab as usize);
     let max_seq = linnet_runtime::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
-    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab })
+    let states = StateBytes::of(model, rows, max_seq);
+    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab, states })
 }
 
 fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
@@ -140,7 +187,13 @@ pub fn run_batches(
     let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
-        load.note(&rows, &queue);
+        load.note(&rows, &queue, &limits);
+        // A drain that ran out of time ends every answer where it is.
+        if load.abort.load(Ordering::Acquire) {
+            for job in rows.iter_mut().filter_map(Option::take).map(|row| row.job).chain(queue.drain(..)) {
+                let _ = job.updates.send(Update::Finished("abort"));
+            }
+        }
         let busy = rows.iter().any(Option::is_some);
         if !busy && queue.is_empty() {
             match jobs.recv() {
@@ -163,6 +216,11 @@ pub fn run_batches(
         let admitted: Vec<(usize, Job)> = free.into_iter().zip(std::iter::from_fn(|| queue.pop_front())).collect();
         if !admitted.is_empty() {
             tracing::debug!(requests = admitted.len(), waiting = queue.len(), "prefill_slots");
+            let now = Instant::now();
+            for (_, job) in &admitted {
+                // Set once: a job is admitted once.
+                let _ = job.started.set(now);
+            }
             let prompts: Vec<(usize, &[i64])> = admitted.iter().map(|(slot, job)| (*slot, &job.prompt[..])).collect();
             match prefill(&mut machine, &mut cache, &prompts, load) {
                 Ok(prefilled) => {
@@ -188,7 +246,7 @@ pub fn run_batches(
             }
             load.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
         }
-        load.note(&rows, &queue);
+        load.note(&rows, &queue, &limits);
         if !rows.iter().any(Option::is_some) {
             continue;
         }
@@ -303,11 +361,38 @@ pub struct Load {
     pub prefix_hits: AtomicU64,
     pub prefix_tokens: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// The share of the rows' states in use (`StateBytes::usage`), as f64
+    /// bits.
+    pub state_usage: AtomicU64,
+    /// Set when a drain ran out of time: every answer ends (`"abort"`).
+    pub abort: AtomicBool,
 }
 
 impl Load {
-    fn note(&self, rows: &[Option<Row>], queue: &VecDeque<Job>) {
+    fn note(&self, rows: &[Option<Row>], queue: &VecDeque<Job>, limits: &Limits) {
         self.running.store(rows.iter().filter(|row| row.is_some()).count(), Ordering::Relaxed);
         self.waiting.store(queue.len(), Ordering::Relaxed);
+        let usage = limits.states.usage(rows.iter().flatten().map(|row| row.position));
+        self.state_usage.store(usage.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn usage(&self) -> f64 {
+        f64::from_bits(self.state_usage.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recurrent states count whole for each row in use, caches by the
+    /// positions filled; nothing in use is 0, every row full is 1.
+    #[test]
+    fn the_states_use_counts_rows_and_positions() {
+        // Two rows of 100 positions: 4 bytes a position, 600 a row whole.
+        let states = StateBytes { per_position: 4.0, per_row: 600.0, total: 2.0 * (400.0 + 600.0) };
+        assert_eq!(states.usage(std::iter::empty()), 0.0);
+        assert_eq!(states.usage([50].into_iter()), (600.0 + 200.0) / 2000.0);
+        assert_eq!(states.usage([100, 100].into_iter()), 1.0);
     }
 }

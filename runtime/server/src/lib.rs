@@ -3,8 +3,9 @@
 //! `request` reads what a client asks for, `metrics` counts what was done,
 //! `prefix` keeps what prompts left in their rows for the prompts after.
 //! Routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models` and
-//! `/v1/models/{id}`, `/tokenize`, `/detokenize`, `/metrics`, `/health`.
-//! With an API key, every route but `/health` and `/metrics` needs it.
+//! `/v1/models/{id}`, `/tokenize`, `/detokenize`, `/metrics`, `/health`
+//! (liveness), `/ready` (readiness). With an API key, every route but
+//! `/health`, `/ready` and `/metrics` needs it. SIGTERM or Ctrl-C drains.
 
 // The error side of request parsing is an HTTP response, built only when
 // a request is refused.
@@ -17,7 +18,7 @@ mod reasoning;
 mod request;
 mod tools;
 
-pub use batching::{limits, run_batches, Job, Limits, Load, Update};
+pub use batching::{limits, run_batches, Job, Limits, Load, StateBytes, Update};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request as HttpRequest, State};
@@ -36,7 +37,7 @@ use metrics::Metrics;
 use reasoning::Split;
 use request::{chat_prompt, chat_text, check_model, parse_request, prompt_of, Prompt, Request};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -103,6 +104,9 @@ pub struct Options {
     /// block, in tokens: snapshots are taken at multiples of it.
     pub prefix_cache_bytes: usize,
     pub prefix_block: usize,
+    /// How long a drain (on SIGTERM or Ctrl-C) lets held requests finish
+    /// before it ends them.
+    pub drain_timeout: std::time::Duration,
 }
 
 struct App {
@@ -115,6 +119,9 @@ struct App {
     metrics: Metrics,
     load: Arc<Load>,
     api_key: Option<String>,
+    /// Set on SIGTERM or Ctrl-C: new requests are refused (503) while
+    /// those held finish.
+    draining: AtomicBool,
 }
 
 fn error(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Response {
@@ -292,6 +299,15 @@ fn message(parts: reasoning::Parts, calls: &[tools::Call], shape: Shape) -> Valu
     message
 }
 
+/// A finish reason as `/metrics` counts it.
+fn reason_name(reason: &Value) -> &'static str {
+    match reason.as_str() {
+        Some("stop") => "stop",
+        Some("length") => "length",
+        _ => "abort",
+    }
+}
+
 /// The finish reason of an answer that made `calls`.
 fn finish_reason(reason: Value, calls: &[tools::Call]) -> Value {
     if !calls.is_empty() && reason == "stop" {
@@ -349,12 +365,22 @@ impl Choice {
 /// is a row of its own, sampled from a seed of its own.
 async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) -> Response {
     let Request { prompts, echo, tools, jobs, stream, stream_usage, stops, receivers } = request;
+    let arrived = Instant::now();
+    let started: Vec<_> = jobs.iter().map(|job| job.started.clone()).collect();
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     // Choice `i` answers prompt `i / per_prompt`.
     let per_prompt = jobs.len() / prompts.len().max(1);
     let echoed = |index: usize| match (echo, app.served.text.as_ref()) {
         (true, Some(text)) => text.decode(&prompts[index / per_prompt.max(1)]),
         _ => String::new(),
+    };
+    // An answer's end, for `/metrics`.
+    let prompt_lengths: Vec<usize> = (0..jobs.len()).map(|index| prompts[index / per_prompt.max(1)].len()).collect();
+    let finished = move |metrics: &Metrics, index: usize, reason: &'static str, generated_tokens: usize| {
+        let queued_seconds = started[index].get().map_or(0.0, |at| at.duration_since(arrived).as_secs_f64());
+        let seconds = arrived.elapsed().as_secs_f64();
+        let prompt_tokens = prompt_lengths[index];
+        metrics.finished(metrics::Finished { reason, prompt_tokens, generated_tokens, seconds, queued_seconds });
     };
 
     let asked_logprobs = jobs[0].logprobs.is_some();
@@ -435,6 +461,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
                 }
             };
             choice.ended = !finish.is_null();
+            if choice.ended {
+                finished(&app.metrics, index, reason_name(&finish), choice.detokenizer.ids().len());
+            }
             let shape = if choice.started { Shape::Delta } else { Shape::FirstDelta };
             choice.started = true;
             let delta = if chat {
@@ -504,6 +533,7 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
         let ids = choice.detokenizer.ids();
         completion_tokens += ids.len();
         reasoning_tokens += choice.reasoning_tokens;
+        finished(&app.metrics, index, finish, ids.len());
         found_logprobs.truncate(ids.len());
         let logprobs = if found_logprobs.is_empty() && !asked_logprobs {
             Value::Null
@@ -679,12 +709,70 @@ async fn detokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonR
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let text = app.metrics.render(&app.served.limits.model, &app.load);
+    let text = app.metrics.render(&app.served.limits, &app.load);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
+}
+
+/// `/ready`: whether the server takes requests (not while draining), as
+/// Kubernetes' readiness probe reads it; `/health` is its liveness.
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    match app.draining.load(Ordering::Acquire) {
+        false => Json(json!({ "status": "ready" })).into_response(),
+        true => error(StatusCode::SERVICE_UNAVAILABLE, "the server is draining: it takes no new requests", None),
+    }
+}
+
+/// While draining, a new request is refused with 503 (another replica
+/// takes it); those already held go on.
+async fn refuse_while_draining(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
+    if app.draining.load(Ordering::Acquire) {
+        let mut refused =
+            error(StatusCode::SERVICE_UNAVAILABLE, "the server is draining: it takes no new requests", None);
+        refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return refused;
+    }
+    next.run(request).await
+}
+
+/// Waits for SIGTERM or Ctrl-C, then drains: new requests are refused,
+/// those held may finish within `timeout`, then every answer still going
+/// ends with `finish_reason: "abort"` (a stream with its last chunk and
+/// `[DONE]`), and the server stops once they are sent.
+async fn drain(app: Arc<App>, timeout: std::time::Duration) {
+    #[cfg(unix)]
+    let terminated = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => drop(signal.recv().await),
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminated = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminated => {}
+    }
+    app.draining.store(true, Ordering::Release);
+    let held = || app.held.load(Ordering::Acquire);
+    eprintln!("linnet: draining: {} request(s) held, up to {:.0} s", held(), timeout.as_secs_f64());
+    let deadline = tokio::time::Instant::now() + timeout;
+    while held() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if held() > 0 {
+        eprintln!("linnet: drain timed out: ending {} request(s)", held());
+        app.load.abort.store(true, Ordering::Release);
+        // Their last chunks go out as soon as the scheduler ends them.
+        let grace = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while held() > 0 && tokio::time::Instant::now() < grace {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    eprintln!("linnet: shutting down");
 }
 
 /// A route this server does not have, in OpenAI's error shape.
@@ -773,7 +861,11 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
         served: Served::new(limits, text),
         held: Arc::new(AtomicUsize::new(0)),
         capacity,
-        metrics: Metrics::default(),
+        metrics: Metrics::new(metrics::CacheConfig {
+            block: options.prefix_block,
+            prefix_cache_bytes: options.prefix_cache_bytes,
+        }),
+        draining: AtomicBool::new(false),
         load: held_load,
         api_key: options.api_key.filter(|key| !key.is_empty()),
     });
@@ -784,9 +876,11 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
-        .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
+        .route_layer(middleware::from_fn_with_state(app.clone(), authorize))
+        .route_layer(middleware::from_fn_with_state(app.clone(), refuse_while_draining));
     let router = guarded
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -811,10 +905,7 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
         );
         tracing::info!(%address, "serving");
         axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-                eprintln!("linnet: shutting down");
-            })
+            .with_graceful_shutdown(drain(app.clone(), options.drain_timeout))
             .await
             .map_err(ServeError::Io)
     })?;

@@ -318,6 +318,7 @@ pub fn parse_request(
                 constraint: constraint.as_ref().map(Constraint::copy),
                 updates,
                 cached: Default::default(),
+                started: Default::default(),
             };
             (job, receiver)
         })
