@@ -456,9 +456,10 @@ fn the_server_for_clients_and_operators() {
     assert!(status == 200 && card.contains(&format!(r#""id":"{name}""#)), "{card}");
     assert_eq!(call("GET", "/v1/models/gpt-4", "").0, 404);
 
-    let (status, tokens) = call("POST", "/tokenize", r#"{"prompt": "t5 t17 t42"}"#);
+    let (status, tokens) = call("POST", "/tokenize", r#"{"prompt": "t5 t17 t42", "return_token_strs": true}"#);
     let tokens: Value = serde_json::from_str(&tokens).unwrap();
     assert!(status == 200 && tokens["count"] == 3, "{tokens}");
+    assert_eq!(tokens["token_strs"], json!(["t5", "t17", "t42"]), "{tokens}");
     let (status, text) = call("POST", "/detokenize", &json!({ "tokens": tokens["tokens"] }).to_string());
     assert!(status == 200 && text.contains(r#""prompt":"t5 t17 t42""#), "{text}");
     assert_eq!(call("POST", "/detokenize", r#"{"tokens": [1, -2]}"#).0, 400);

@@ -670,13 +670,20 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRej
             Some(None) => return Err(bad("`add_special_tokens` must be true or false", "add_special_tokens")),
         };
         let tokens = if add_special_tokens { text.encode_prompt(&prompt) } else { text.encode(&prompt) };
-        tokens.map_err(|e| bad(e.to_string(), "prompt"))
+        let tokens = tokens.map_err(|e| bad(e.to_string(), "prompt"))?;
+        let mut answer = json!({ "count": tokens.len(), "max_model_len": app.served.limits.max_seq, "tokens": tokens });
+        // vLLM's `return_token_strs`: each token as the vocabulary spells it.
+        if request::flag(&body, "return_token_strs", false)? {
+            let spelled: Vec<Value> = tokens
+                .iter()
+                .map(|&id| text.tokenizer().id_to_token(id as u32).map_or(Value::Null, Value::String))
+                .collect();
+            answer["token_strs"] = Value::Array(spelled);
+        }
+        Ok(answer)
     });
     match tokens {
-        Ok(tokens) => {
-            Json(json!({ "count": tokens.len(), "max_model_len": app.served.limits.max_seq, "tokens": tokens }))
-                .into_response()
-        }
+        Ok(answer) => Json(answer).into_response(),
         Err(response) => response,
     }
 }

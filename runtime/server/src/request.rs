@@ -128,7 +128,7 @@ pub fn check_model(served: &Served, body: &Value) -> Result<(), Response> {
 }
 
 /// A field that must be a boolean, or absent.
-fn flag(body: &Value, name: &str, default: bool) -> Result<bool, Response> {
+pub fn flag(body: &Value, name: &str, default: bool) -> Result<bool, Response> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(value)) => Ok(*value),
