@@ -271,13 +271,15 @@ fn ctrl_c_stops_the_server() {
 /// cleanly.
 #[test]
 fn sigterm_drains_the_open_streams() {
-    let mut server = Server::start_with(&["--set", "MaxSeq=4000", "--drain-timeout", "0.5"]);
+    // Answers far longer than the drain's half second, so the drain, not
+    // their length, ends them.
+    let mut server = Server::start_with(&["--set", "MaxSeq=16000", "--drain-timeout", "0.5"]);
     assert_eq!(server.call("GET", "/ready", "").0, 200);
     let port = server.port;
     let streams: Vec<_> = (0..3)
         .map(|at| {
             std::thread::spawn(move || {
-                let body = json!({ "prompt": [1, 2 + at], "max_tokens": 3900, "temperature": 0, "ignore_eos": true, "stream": true }).to_string();
+                let body = json!({ "prompt": [1, 2 + at], "max_tokens": 15900, "temperature": 0, "ignore_eos": true, "stream": true }).to_string();
                 let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
                 let mut response = String::new();
