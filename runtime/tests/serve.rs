@@ -189,8 +189,8 @@ fn a_server_session() {
         assert!(status == 400 && response.contains("`stop`"), "{refused}: {status} {response}");
     }
     // A body over the limit (8 MiB here, room for a full context's text
-    // beyond) is a 413.
-    let huge = format!(r#"{{"prompt": "{}"}}"#, "t1 ".repeat(3 << 20));
+    // beyond) is a 413: one just over it, all of it sent.
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "t1 ".repeat(((8 << 20) + (64 << 10)) / 3));
     assert_eq!(server.call("POST", "/v1/completions", &huge).0, 413);
     // Content as text parts, as the chat API allows.
     let parts = json!({ "messages": [{ "role": "user", "content": [{ "type": "text", "text": "t1" }, { "type": "text", "text": " t2" }] }], "max_tokens": 2 });

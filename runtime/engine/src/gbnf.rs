@@ -52,8 +52,9 @@ pub fn to_lark(gbnf: &str) -> Result<String, GbnfError> {
 }
 
 /// A GBNF rule's name as a Lark rule's: `root` is `start`, the others
-/// lower case under a prefix of their own (GBNF names may hold `-` and
-/// capitals; `Ab` and `ab` stay apart).
+/// lower case under a prefix of their own, spelled so that no two names
+/// meet (a capital is `_` and its small letter, `-` is `__`, `_` is `_0`:
+/// `Ab`, `ab`, `a-b` and `a_b` stay apart).
 fn lark_name(name: &str) -> String {
     if name == "root" {
         return "start".into();
@@ -66,7 +67,8 @@ fn lark_name(name: &str) -> String {
                 out.push('_');
                 out.push(c.to_ascii_lowercase());
             }
-            _ => out.push_str("__"),
+            '-' => out.push_str("__"),
+            _ => out.push_str("_0"),
         }
     }
     out
@@ -280,6 +282,13 @@ mod tests {
              r_answer: \"yes\" | \"no\" | /[\\x{30}-\\x{39}]/+ \"\\n\"\n\
              r__ab__c: /[^\\x{5d}\\x{61}]/ /(?s:.)/*\n"
         );
+    }
+
+    #[test]
+    fn names_that_differ_stay_apart() {
+        let names = ["Ab", "ab", "a-b", "a_b", "a__b", "a-_b"];
+        let lark: std::collections::BTreeSet<String> = names.iter().map(|name| lark_name(name)).collect();
+        assert_eq!(lark.len(), names.len(), "{lark:?}");
     }
 
     #[test]
