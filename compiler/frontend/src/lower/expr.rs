@@ -600,7 +600,7 @@ impl<'l, 'p, 'a> Frame<'l, 'p, 'a> {
     ) -> Result<Val> {
         let program = self.lowerer.program;
         let function = &program.fns[fn_id];
-        let in_trait = function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait);
+        let in_trait = program.is_trait_function(function);
         let mut env = match (&instance, in_trait) {
             (Some(instance), true) => instance.bound.as_ref().map_or_else(Subst::default, |bound| bound.env.clone()),
             (Some(instance), false) => instance.env.clone(),

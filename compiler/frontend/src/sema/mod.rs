@@ -128,7 +128,7 @@ fn check_fn(program: &Program, fn_id: usize, diagnostics: &mut Vec<Diagnostic>, 
     let decl = function.decl;
     // A trait's function is a signature the blocks that meet the trait
     // define, or, with a body, a default for those that do not.
-    let in_trait = function.block.is_some_and(|block| program.blocks[block].decl.kind == ast::BlockKind::Trait);
+    let in_trait = program.is_trait_function(function);
     match (decl.kind, function.block, &decl.body) {
         _ if in_trait => {}
         (FnKind::Entry, None, _) => diagnostics.push(

@@ -491,6 +491,12 @@ impl<'a> Program<'a> {
         &self.package.modules[module].name
     }
 
+    /// Whether `function` is a trait's: a signature, or with a body a
+    /// default.
+    pub fn is_trait_function(&self, function: &FnSig) -> bool {
+        function.block.is_some_and(|block| self.blocks[block].decl.kind == ast::BlockKind::Trait)
+    }
+
     /// Gives every item an id and fills each module's own table.
     fn collect(&mut self, diagnostics: &mut Vec<Diagnostic>) {
         for (module_index, module) in self.package.modules.iter().enumerate() {
