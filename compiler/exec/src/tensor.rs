@@ -248,8 +248,8 @@ impl Tensor {
         for axis in (0..from.len().saturating_sub(1)).rev() {
             stored_strides[axis] = stored_strides[axis + 1] * from[axis + 1];
         }
-        let strides: Vec<usize> = axes.iter().map(|&axis| stored_strides[axis]).collect();
-        let shape: Vec<usize> = axes.iter().map(|&axis| from[axis]).collect();
+        let strides = linnet_ir::layout::permuted(&stored_strides, axes);
+        let shape = linnet_ir::layout::permuted(from, axes);
         let mut out = Vec::with_capacity(values.len());
         let mut at = vec![0usize; shape.len()];
         for _ in 0..values.len() {

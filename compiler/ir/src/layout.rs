@@ -109,16 +109,22 @@ fn summed_axis(positions: &[Scalar], summed: &[u32]) -> Reads {
     }
 }
 
+/// `items` (a shape, positions, strides) in the order `axes`: item `j` is
+/// `items[axes[j]]`.
+pub fn permuted<T: Clone>(items: &[T], axes: &[usize]) -> Vec<T> {
+    axes.iter().map(|&axis| items[axis].clone()).collect()
+}
+
 /// Keeps `param`'s checkpoint axes in the order `axes`, its reads with it.
 fn lay_out(model: &mut Model, param: usize, axes: Vec<usize>) {
     let info = &mut model.params[param];
-    info.shape = axes.iter().map(|&axis| info.shape[axis]).collect();
+    info.shape = permuted(&info.shape, &axes);
     for entry in &mut model.entries {
         let reads_it: Vec<bool> =
             entry.nodes.iter().map(|node| matches!(node.kind, NodeKind::Param(p) if p == param)).collect();
         for (node, &is_it) in entry.nodes.iter_mut().zip(&reads_it) {
             if is_it {
-                node.shape = axes.iter().map(|&axis| node.shape[axis].clone()).collect();
+                node.shape = permuted(&node.shape, &axes);
             } else if let NodeKind::Compute(scalar) = &mut node.kind {
                 reorder(scalar, &reads_it, &axes);
             }
@@ -130,7 +136,7 @@ fn lay_out(model: &mut Model, param: usize, axes: Vec<usize>) {
 fn reorder(scalar: &mut Scalar, reads_it: &[bool], axes: &[usize]) {
     if let Scalar::Load(value, positions, _) = scalar {
         if reads_it[value.index()] {
-            *positions = axes.iter().map(|&axis| positions[axis].clone()).collect();
+            *positions = permuted(positions, axes);
         }
     }
     scalar.for_each_child_mut(&mut |child| reorder(child, reads_it, axes));

@@ -453,17 +453,16 @@ impl Model {
         }
     }
 
-    /// The model with each parameter as its checkpoint stores it (the
-    /// shape before `axes`, no `axes`): what the readers and writers of
-    /// checkpoint files see. Its entries still read the parameters as laid
-    /// out (`layout`), so it is not one to run.
+    /// The model's parameters as its checkpoint stores them (the shape
+    /// before `axes`, no `axes`), its states, and no entries: what the
+    /// readers and writers of checkpoint files see, not a model to run.
     pub fn as_stored(&self) -> Model {
-        let mut stored = self.clone();
-        for param in &mut stored.params {
-            param.shape = param.checkpoint_shape();
-            param.axes = None;
-        }
-        stored
+        let params = self
+            .params
+            .iter()
+            .map(|param| Param { shape: param.checkpoint_shape(), axes: None, ..param.clone() })
+            .collect();
+        Model { name: self.name.clone(), params, states: self.states.clone(), entries: Vec::new() }
     }
 
     pub fn state_bytes(&self) -> usize {

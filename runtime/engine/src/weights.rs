@@ -227,9 +227,6 @@ pub fn load(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite) -
         let files = crate::gguf::Files::open(dir).map_err(|e| vec![e.to_string()])?;
         return crate::gguf::load::load(model, naming, &files, non_finite);
     }
-    if model.params.iter().all(|param| param.axes.is_none()) {
-        return load_stored(model, naming, dir, non_finite);
-    }
     let tensors = load_stored(&model.as_stored(), naming, dir, non_finite)?;
     Ok(tensors.into_iter().zip(&model.params).map(|(tensor, param)| tensor.laid_out(param)).collect())
 }

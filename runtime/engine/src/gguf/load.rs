@@ -292,9 +292,9 @@ fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(So
 }
 
 /// The block format of each parameter that keeps its blocks from
-/// `files`: what the model is built for before it loads.
-/// A parameter the model lays out otherwise than the file stores it
-/// (`Param::axes`) is read as values, whatever the file's format.
+/// `files`: what the model is built for before it loads. A parameter the
+/// model lays out otherwise than the file stores it (`Param::axes`) is
+/// read as values, whatever the file's format.
 pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, Error> {
     let plans = plans(&model.as_stored(), naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
     Ok(model
