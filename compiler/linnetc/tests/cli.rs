@@ -194,6 +194,7 @@ fn build_writes_an_artifact_and_reports_its_memory_plan() {
 fn build_reports_the_products_outside_the_matrix_kernels() {
     for (package, set) in [("models/gpt-oss", "Groups=1"), ("models/gpt2", "Layers=1")] {
         let checked = linnetc(&["check", package, "--perf", "--set", set]);
+        assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
         let said = String::from_utf8_lossy(&checked.stderr);
         assert!(said.contains("every product with a stored weight runs on the matrix kernels"), "{package}: {said}");
     }
@@ -225,6 +226,7 @@ fn build_reports_the_products_outside_the_matrix_kernels() {
         "{missed}"
     );
     let checked = linnetc(&["check", dir.to_str().unwrap(), "--perf"]);
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
     assert!(String::from_utf8_lossy(&checked.stderr).contains(missed.trim_end()), "{missed}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
