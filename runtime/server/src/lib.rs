@@ -368,14 +368,17 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let arrived = Instant::now();
     let started: Vec<_> = jobs.iter().map(|job| job.started.clone()).collect();
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    // Choice `i` answers prompt `i / per_prompt`.
-    let per_prompt = jobs.len() / prompts.len().max(1);
-    let echoed = |index: usize| match (echo, app.served.text.as_ref()) {
-        (true, Some(text)) => text.decode(&prompts[index / per_prompt.max(1)]),
-        _ => String::new(),
-    };
+    // Each choice's prompt: its text first where echoed, its length for
+    // `/metrics`.
+    let echoes: Vec<String> = jobs
+        .iter()
+        .map(|job| match (echo, app.served.text.as_ref()) {
+            (true, Some(text)) => text.decode(&job.prompt),
+            _ => String::new(),
+        })
+        .collect();
+    let prompt_lengths: Vec<usize> = jobs.iter().map(|job| job.prompt.len()).collect();
     // An answer's end, for `/metrics`.
-    let prompt_lengths: Vec<usize> = (0..jobs.len()).map(|index| prompts[index / per_prompt.max(1)].len()).collect();
     let finished = move |metrics: &Metrics, index: usize, reason: &'static str, generated_tokens: usize| {
         let queued_seconds = started[index].get().map_or(0.0, |at| at.duration_since(arrived).as_secs_f64());
         let seconds = arrived.elapsed().as_secs_f64();
@@ -408,8 +411,9 @@ async fn respond(app: Arc<App>, request: Request, chat: bool, thinking: bool) ->
     let id = response_id(if chat { "chatcmpl" } else { "cmpl" });
     let model = app.served.limits.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
-    let mut choices: Vec<Choice> = (0..receivers.len())
-        .map(|index| Choice::new(&stops, chat, &app.served.chat_tags, thinking, &tools, echoed(index)))
+    let mut choices: Vec<Choice> = echoes
+        .into_iter()
+        .map(|echo| Choice::new(&stops, chat, &app.served.chat_tags, thinking, &tools, echo))
         .collect();
     if stream {
         let mut failed = false;
@@ -692,13 +696,7 @@ async fn tokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRej
 /// tokens left out unless `"skip_special_tokens": false`.
 async fn detokenize(State(app): State<Arc<App>>, body: Result<Json<Value>, JsonRejection>) -> Response {
     let text = json_body(body).and_then(|body| {
-        let skip_specials = match body.get("skip_special_tokens") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(skip)) => *skip,
-            Some(other) => {
-                return Err(bad(format!("`skip_special_tokens` must be a boolean, got {other}"), "skip_special_tokens"))
-            }
-        };
+        let skip_specials = request::flag(&body, "skip_special_tokens", true)?;
         check_model(&app.served, &body)?;
         let text = app.served.text.as_ref().ok_or_else(|| bad("this model has no tokenizer", "tokens"))?;
         let vocab = app.served.limits.vocab as u64;
@@ -729,16 +727,20 @@ async fn health() -> Json<Value> {
 async fn ready(State(app): State<Arc<App>>) -> Response {
     match app.draining.load(Ordering::Acquire) {
         false => Json(json!({ "status": "ready" })).into_response(),
-        true => error(StatusCode::SERVICE_UNAVAILABLE, "the server is draining: it takes no new requests", None),
+        true => draining(),
     }
+}
+
+/// The answer while the server drains: 503.
+fn draining() -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, "the server is draining: it takes no new requests", None)
 }
 
 /// While draining, a new request is refused with 503 (another replica
 /// takes it); those already held go on.
 async fn refuse_while_draining(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
     if app.draining.load(Ordering::Acquire) {
-        let mut refused =
-            error(StatusCode::SERVICE_UNAVAILABLE, "the server is draining: it takes no new requests", None);
+        let mut refused = draining();
         refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         return refused;
     }
@@ -766,18 +768,19 @@ async fn drain(app: Arc<App>, timeout: std::time::Duration) {
     app.draining.store(true, Ordering::Release);
     let held = || app.held.load(Ordering::Acquire);
     eprintln!("linnet: draining: {} request(s) held, up to {:.0} s", held(), timeout.as_secs_f64());
-    let deadline = tokio::time::Instant::now() + timeout;
-    while held() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    if held() > 0 {
+    // Whether every request held has gone within `within`.
+    let all_gone = |within: std::time::Duration| async move {
+        let deadline = tokio::time::Instant::now() + within;
+        while held() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        held() == 0
+    };
+    if !all_gone(timeout).await {
         eprintln!("linnet: drain timed out: ending {} request(s)", held());
         app.load.abort.store(true, Ordering::Release);
         // Their last chunks go out as soon as the scheduler ends them.
-        let grace = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        while held() > 0 && tokio::time::Instant::now() < grace {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        all_gone(std::time::Duration::from_secs(5)).await;
     }
     eprintln!("linnet: shutting down");
 }

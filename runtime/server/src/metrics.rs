@@ -47,21 +47,19 @@ impl Histogram {
         self.sum += value;
     }
 
-    /// The histogram under each of `names` (the same samples), labelled.
-    fn write(&self, out: &mut String, names: &[&str], labels: &str, help: &str) {
-        for name in names {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            let sep = if labels.is_empty() { "" } else { "," };
-            for (count, bound) in self.buckets.iter().zip(self.bounds) {
-                let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {count}");
-            }
-            let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}\n{name}_sum{braces} {}\n{name}_count{braces} {}",
-                self.count, self.sum, self.count
-            );
+    /// The histogram under `name`, labelled.
+    fn write(&self, out: &mut String, name: &str, labels: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (count, bound) in self.buckets.iter().zip(self.bounds) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {count}");
         }
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}\n{name}_sum{braces} {}\n{name}_count{braces} {}",
+            self.count, self.sum, self.count
+        );
     }
 }
 
@@ -222,7 +220,7 @@ impl Metrics {
             let histogram = histogram.lock().expect("metrics");
             for name in names {
                 let labels = if name.starts_with("vllm:") { label.as_str() } else { "" };
-                histogram.write(&mut out, &[name], labels, help);
+                histogram.write(&mut out, name, labels, help);
             }
         }
         let _ = writeln!(out, "# HELP linnet_model_info The model served.\n# TYPE linnet_model_info gauge");

@@ -101,11 +101,7 @@ fn logprobs(body: &Value, chat: bool) -> Result<Option<usize>, Response> {
             Some(_) => Ok(Some(whole(body, "logprobs", 0, 0..=MOST_LOGPROBS)? as usize)),
         };
     }
-    let asked = match body.get("logprobs") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(asked)) => *asked,
-        Some(other) => return Err(bad(format!("`logprobs` must be a boolean, got {other}"), "logprobs")),
-    };
+    let asked = flag(body, "logprobs", false)?;
     let top = whole(body, "top_logprobs", 0, 0..=MOST_LOGPROBS)? as usize;
     if top > 0 && !asked {
         return Err(bad("`top_logprobs` needs `logprobs: true`", "top_logprobs"));
@@ -256,18 +252,8 @@ pub fn parse_request(
         Some(_) => whole(body, "seed", 0, 0..=u64::MAX)?,
     };
     let echo = !chat && flag(body, "echo", false)?;
-    if echo && logprobs(body, chat)?.is_some() {
-        return Err(bad(
-            "`echo` with `logprobs` needs the prompt's log-probabilities, which this server does not give yet",
-            "echo",
-        ));
-    }
     let ignore_eos = flag(body, "ignore_eos", false)?;
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(bad(format!("`stream` must be a boolean, got {other}"), "stream")),
-    };
+    let stream = flag(body, "stream", false)?;
     let stream_usage = stream_usage(body, stream)?;
     let stops = stop_strings(body)?;
     if !stops.is_empty() && served.text.is_none() {
@@ -279,6 +265,12 @@ pub fn parse_request(
         false => served.text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default(),
     };
     let logprobs = logprobs(body, chat)?;
+    if echo && logprobs.is_some() {
+        return Err(bad(
+            "`echo` with `logprobs` needs the prompt's log-probabilities, which this server does not give yet",
+            "echo",
+        ));
+    }
     let (tools, forced_calls) = tools(served, body, chat)?;
     let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
     let structured = match (structured(body)?, forced_calls) {
