@@ -266,8 +266,11 @@ fn assignment(text: &str) -> Result<(String, String), Failure> {
 }
 
 fn recipe(text: &str) -> Result<linnet_runtime::quantize::Recipe, Failure> {
-    linnet_runtime::quantize::Recipe::parse(text)
-        .ok_or_else(|| format!("`{text}` is not a format Linnet writes: q8_0, q4_k, q4_k_m or q6_k").into())
+    use linnet_runtime::quantize::Recipe;
+    Recipe::parse(text).ok_or_else(|| {
+        let known: Vec<&str> = Recipe::names().collect();
+        format!("`{text}` is not a format Linnet writes: {}", known.join(", ")).into()
+    })
 }
 
 /// How the package is read for `model`: its card, `--set`, and what the

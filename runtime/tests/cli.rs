@@ -596,9 +596,11 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
     assert!(!PathBuf::from(format!("{}.partial", out.display())).exists(), "written aside, then renamed");
     std::fs::remove_file(&out).unwrap();
 
-    let refused = linnet(&["quantize", "--type", "q5_k", "-o", out.to_str().unwrap()]);
+    let refused = linnet(&["quantize", "--type", "q3_k_l", "-o", out.to_str().unwrap()]);
     assert!(!refused.status.success() && !out.exists());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("`q5_k` is not a format"));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("`q3_k_l` is not a format Linnet writes: q4_0, "), "{stderr}");
+    assert!(stderr.contains("mxfp4_moe, q8_0, q3_k, q4_k, q5_k, q6_k, mxfp4"), "{stderr}");
 }
 
 /// A checkpoint whose config.json contradicts the card: the error shows

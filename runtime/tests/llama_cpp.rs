@@ -2,10 +2,10 @@
 //! by llama.cpp's own `convert_hf_to_gguf.py` (renamed tensors, the
 //! experts' gate and up split, norms plus one, `-exp(A_log)`, value heads
 //! tiled), read through the package's `gguf.json`, gives transformers'
-//! logits and greedy tokens on the interpreter and the CPU; its Q8_0
-//! rewrite (llama.cpp's `gguf` package) keeps its blocks where whole
-//! blocks move and runs bit for bit as its values dequantized into a
-//! plain file, on the CPU within the f32 contract; a card whose generics disagree with the file's metadata, and a
+//! logits and greedy tokens on the interpreter and the CPU; its Q8_0,
+//! Q4_0, Q5_1 and MXFP4 rewrites (llama.cpp's `gguf` package) keep their
+//! blocks where whole blocks move and run bit for bit as their values
+//! dequantized into a plain file, on the CPU within the f32 contract; a card whose generics disagree with the file's metadata, and a
 //! package for another architecture, are refused with both values named.
 //! The files and how they were made: `tests/fixtures/llama-cpp`.
 
@@ -72,34 +72,37 @@ fn llama_cpp_f32_file_gives_the_oracle_logits() {
 }
 
 #[test]
-fn llama_cpp_q8_0_file_keeps_whole_blocks_and_runs() {
+fn llama_cpp_quantized_files_keep_whole_blocks_and_run() {
     let (model, package) = linnet_build::lower(&root().join(MOE), &oracle_options()).unwrap();
-    let files = Files::open(&fixture("tiny-qwen3.5-moe-q8_0.gguf")).unwrap();
-    let formats = linnet_runtime::gguf::load::formats(&model, &linnet_build::naming(&package), &files).unwrap();
-    let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
-    // Concatenated rows (gate and up) and heads moved as whole rows keep
-    // their blocks; heads moved within rows of 32-value blocks by 16
-    // values do not; changed values (norms) are plain.
-    assert_eq!(at("mlp.gate_up_proj"), Some(BlockFormat::Q8_0));
-    assert_eq!(at("linear_attn.in_proj_qkv.weight"), Some(BlockFormat::Q8_0));
-    assert_eq!(at("linear_attn.in_proj_b.weight"), Some(BlockFormat::Q8_0));
-    assert_eq!(at("linear_attn.out_proj.weight"), None);
-    assert_eq!(at("input_layernorm.weight"), None);
-    // The reference: the same file with every block dequantized, read as
-    // plain values (each change undone on values, not blocks).
-    let plain = dequantized(&fixture("tiny-qwen3.5-moe-q8_0.gguf"));
-    let weights = Weights::Checkpoint { dir: Some(plain.clone()), non_finite: NonFinite::Refuse };
-    let (expected, expected_tokens) = run(&weights, BackendKind::Interp);
-    std::fs::remove_file(&plain).unwrap();
-    let (reference, reference_tokens) = run(&file("tiny-qwen3.5-moe-q8_0.gguf"), BackendKind::Interp);
-    assert!(reference.concat().iter().zip(expected.concat()).all(|(a, b)| a.to_bits() == b.to_bits()));
-    assert_eq!(reference_tokens, expected_tokens);
-    let (on_cpu, cpu_tokens) = run(&file("tiny-qwen3.5-moe-q8_0.gguf"), BackendKind::Cpu);
-    for (n, (cpu, interp)) in on_cpu.iter().zip(&reference).enumerate() {
-        let apart = distance(cpu, interp);
-        assert!(apart <= 1e-4, "sequence {n}: the cpu is {apart:.2e} of the scale from the interpreter");
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q5_1, BlockFormat::Mxfp4] {
+        let name = format!("tiny-qwen3.5-moe-{}.gguf", format.name());
+        let files = Files::open(&fixture(&name)).unwrap();
+        let formats = linnet_runtime::gguf::load::formats(&model, &linnet_build::naming(&package), &files).unwrap();
+        let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
+        // Concatenated rows (gate and up) and heads moved as whole rows
+        // keep their blocks; heads moved within rows of 32-value blocks by
+        // 16 values do not; changed values (norms) are plain.
+        assert_eq!(at("mlp.gate_up_proj"), Some(format), "{name}");
+        assert_eq!(at("linear_attn.in_proj_qkv.weight"), Some(format), "{name}");
+        assert_eq!(at("linear_attn.in_proj_b.weight"), Some(format), "{name}");
+        assert_eq!(at("linear_attn.out_proj.weight"), None, "{name}");
+        assert_eq!(at("input_layernorm.weight"), None, "{name}");
+        // The reference: the same file with every block dequantized, read
+        // as plain values (each change undone on values, not blocks).
+        let plain = dequantized(&fixture(&name));
+        let weights = Weights::Checkpoint { dir: Some(plain.clone()), non_finite: NonFinite::Refuse };
+        let (expected, expected_tokens) = run(&weights, BackendKind::Interp);
+        std::fs::remove_file(&plain).unwrap();
+        let (reference, reference_tokens) = run(&file(&name), BackendKind::Interp);
+        assert!(reference.concat().iter().zip(expected.concat()).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}");
+        assert_eq!(reference_tokens, expected_tokens, "{name}");
+        let (on_cpu, cpu_tokens) = run(&file(&name), BackendKind::Cpu);
+        for (n, (cpu, interp)) in on_cpu.iter().zip(&reference).enumerate() {
+            let apart = distance(cpu, interp);
+            assert!(apart <= 1e-4, "{name}: sequence {n}: the cpu is {apart:.2e} of the scale from the interpreter");
+        }
+        assert_eq!(cpu_tokens, reference_tokens, "{name}");
     }
-    assert_eq!(cpu_tokens, reference_tokens);
 }
 
 /// `path` rewritten with its blocks dequantized to f32, beside it.

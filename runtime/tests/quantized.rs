@@ -17,7 +17,7 @@ use linnet_ir::quant::{dequantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
 use linnet_runtime::gguf::Files;
-use linnet_runtime::quantize::{from_params, Recipe};
+use linnet_runtime::quantize::{from_params, Mix, Recipe};
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
 use std::path::{Path, PathBuf};
@@ -85,10 +85,9 @@ fn entry_paths(
     (outputs, greedy)
 }
 
-/// `forward` on the golden sequences 0 and 1, flattened, on the
-/// interpreter.
-fn logits(weights: &Weights, options: &LoadOptions) -> Vec<f32> {
-    let mut machine = common::load_on(&root().join("models/qwen3.6-35b-a3b"), options, weights, BackendKind::Interp)
+/// `forward` on the golden sequences 0 and 1, flattened, on `backend`.
+fn logits(weights: &Weights, options: &LoadOptions, backend: BackendKind) -> Vec<f32> {
+    let mut machine = common::load_on(&root().join("models/qwen3.6-35b-a3b"), options, weights, backend)
         .unwrap_or_else(|e| panic!("{e}"))
         .machine;
     let golden = common::golden(&oracle(), "f32");
@@ -183,8 +182,8 @@ fn dequantized(file: &Path, dir: &Path) -> PathBuf {
 fn runs_as_its_dequantized_values(recipe: Recipe, options: &LoadOptions, name: &str, backend: BackendKind) {
     let dir = scratch(name);
     let file = quantized(MOE, recipe, options, &dir);
-    let from_file = logits(&checkpoint(&file), options);
-    let dequantized = logits(&checkpoint(&dequantized(&file, &dir)), options);
+    let from_file = logits(&checkpoint(&file), options, BackendKind::Interp);
+    let dequantized = logits(&checkpoint(&dequantized(&file, &dir)), options, BackendKind::Interp);
     assert!(from_file.iter().zip(&dequantized).all(|(a, b)| a.to_bits() == b.to_bits()), "the interpreter differs");
     let (reference, reference_greedy) = entry_paths(MOE, &checkpoint(&file), BackendKind::Interp, options);
     let (ours, greedy) = entry_paths(MOE, &checkpoint(&file), backend, options);
@@ -206,7 +205,40 @@ fn a_q8_0_file_runs_as_its_dequantized_values() {
 
 #[test]
 fn a_q4_k_m_file_runs_as_its_dequantized_values() {
-    runs_as_its_dequantized_values(Recipe::Q4KM, &wide_options(), "q4_k_m", BackendKind::Cpu);
+    runs_as_its_dequantized_values(Recipe::Mix(Mix::Q4KM), &wide_options(), "q4_k_m", BackendKind::Cpu);
+}
+
+/// llama-quantize's other mixes, which hold every other format between
+/// them (Q2_K and Q3_K_M the 2- and 3-bit K-quants with Q4_K, Q5_K and
+/// Q6_K; IQ4_XS with Q5_K; the 32-value formats, at the oracle's widths;
+/// MXFP4 experts with Q8_0): the CPU backend's `forward` is the
+/// interpreter's on the file within the f32 contract. (The interpreter
+/// reads the file as the tests above hold it to, and every entry path
+/// multiplies through the same decoders, which the kernels' tests hold to
+/// the definition on every row count.)
+#[test]
+fn every_mix_runs_forward_as_the_interpreter_reads_it() {
+    let (wide, narrow) = (wide_options(), oracle_options());
+    let mixes = [
+        (Mix::Q2K, &wide),
+        (Mix::Q3KM, &wide),
+        (Mix::Iq4Xs, &wide),
+        (Mix::Mxfp4Moe, &narrow),
+        (Mix::Legacy(BlockFormat::Q4_0), &narrow),
+        (Mix::Legacy(BlockFormat::Q4_1), &narrow),
+        (Mix::Legacy(BlockFormat::Q5_0), &narrow),
+        (Mix::Legacy(BlockFormat::Q5_1), &narrow),
+        (Mix::Legacy(BlockFormat::Iq4Nl), &narrow),
+    ];
+    for (mix, options) in mixes {
+        let dir = scratch(mix.name());
+        let file = quantized(MOE, Recipe::Mix(mix), options, &dir);
+        let reference = logits(&checkpoint(&file), options, BackendKind::Interp);
+        let compiled = logits(&checkpoint(&file), options, BackendKind::Cpu);
+        let distance = distance(&compiled, &reference);
+        assert!(distance <= 1e-4, "{}: the CPU backend is {distance:.2e} of the scale away", mix.name());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 /// The GPU kernels, run on the host, decoding the blocks in registers.
@@ -220,7 +252,7 @@ fn gpu_kernels_run_a_q8_0_file_as_its_dequantized_values() {
 #[cfg(feature = "nvptx")]
 #[test]
 fn gpu_kernels_run_a_q4_k_m_file_as_its_dequantized_values() {
-    runs_as_its_dequantized_values(Recipe::Q4KM, &wide_options(), "q4_k_m", BackendKind::MlirHost);
+    runs_as_its_dequantized_values(Recipe::Mix(Mix::Q4KM), &wide_options(), "q4_k_m", BackendKind::MlirHost);
 }
 
 /// The oracle's model quantized stays near the unquantized one (the
@@ -229,8 +261,8 @@ fn gpu_kernels_run_a_q4_k_m_file_as_its_dequantized_values() {
 fn the_quantized_oracle_stays_near_it() {
     let dir = scratch("near");
     let file = quantized(MOE, Recipe::Uniform(BlockFormat::Q8_0), &oracle_options(), &dir);
-    let from_file = logits(&checkpoint(&file), &oracle_options());
-    let unquantized = logits(&checkpoint(&oracle().join("weights-f32")), &oracle_options());
+    let from_file = logits(&checkpoint(&file), &oracle_options(), BackendKind::Interp);
+    let unquantized = logits(&checkpoint(&oracle().join("weights-f32")), &oracle_options(), BackendKind::Interp);
     let moved = distance(&from_file, &unquantized);
     assert!(moved > 0.0 && moved < 0.6, "q8_0 moved the logits by {moved:.2e} of their scale");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -306,7 +338,7 @@ fn a_bf16_model_reads_the_same_blocks_on(backend: BackendKind, name: &str) {
         stdlib: Some(root().join("stdlib")),
         ..LoadOptions::default()
     };
-    let file = quantized(DENSE, Recipe::Q4KM, &bf16, &dir);
+    let file = quantized(DENSE, Recipe::Mix(Mix::Q4KM), &bf16, &dir);
     let (reference, _) = entry_paths(DENSE, &checkpoint(&file), BackendKind::Interp, &bf16);
     let (ours, _) = entry_paths(DENSE, &checkpoint(&file), backend, &bf16);
     for (at, (ours, reference)) in ours.iter().zip(&reference).enumerate() {

@@ -23,7 +23,7 @@ pub type KernelFn =
 
 /// Changes whenever the kernel calling convention or the helper table
 /// does; an artifact of another version is rebuilt, not run.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// Per entry, its kernels' records.
 pub type EntryKernels = std::collections::BTreeMap<String, Vec<KernelRecord>>;

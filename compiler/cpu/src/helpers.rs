@@ -28,15 +28,9 @@ pub enum Helper {
     Rem,
     DivEuclid,
     RemEuclid,
+    /// The matrix product, for weights held as its last argument says
+    /// ([`weight_code`]).
     MatMul,
-    MatMulBf16,
-    MatMulQ8_0,
-    MatMulQ4K,
-    MatMulQ6K,
-    /// The same, for a parameter declared bf16 (`Matrix::Bf16Blocks`).
-    MatMulQ8_0Bf16,
-    MatMulQ4KBf16,
-    MatMulQ6KBf16,
     BatchStart,
     BatchRow,
     BatchRun,
@@ -52,8 +46,8 @@ pub enum Shape {
     Float2,
     /// `fn(i64, i64) -> i64`
     Int2,
-    /// `fn(input, weight, out, columns, depth, rows) -> i64`: pointers and
-    /// counts.
+    /// `fn(input, weight, out, columns, depth, rows, code) -> i64`:
+    /// pointers, counts and how the weights are held ([`weight_code`]).
     MatMul,
     /// `fn(i64, i64, i64) -> i64`
     Int3,
@@ -63,20 +57,6 @@ pub enum Shape {
 }
 
 impl Helper {
-    /// The matrix product for weights held as `storage`.
-    pub fn matmul(storage: Storage) -> Helper {
-        match storage {
-            Storage::F32 => Helper::MatMul,
-            Storage::Bf16 => Helper::MatMulBf16,
-            Storage::Bf16Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0Bf16,
-            Storage::Bf16Blocks(BlockFormat::Q4K) => Helper::MatMulQ4KBf16,
-            Storage::Bf16Blocks(BlockFormat::Q6K) => Helper::MatMulQ6KBf16,
-            Storage::Blocks(BlockFormat::Q8_0) => Helper::MatMulQ8_0,
-            Storage::Blocks(BlockFormat::Q4K) => Helper::MatMulQ4K,
-            Storage::Blocks(BlockFormat::Q6K) => Helper::MatMulQ6K,
-        }
-    }
-
     pub fn slot(self) -> usize {
         self as usize
     }
@@ -92,14 +72,7 @@ impl Helper {
             | Helper::RoundF16 => Shape::Float1,
             Helper::Max | Helper::Min | Helper::Rem => Shape::Float2,
             Helper::DivEuclid | Helper::RemEuclid => Shape::Int2,
-            Helper::MatMul
-            | Helper::MatMulBf16
-            | Helper::MatMulQ8_0
-            | Helper::MatMulQ4K
-            | Helper::MatMulQ6K
-            | Helper::MatMulQ8_0Bf16
-            | Helper::MatMulQ4KBf16
-            | Helper::MatMulQ6KBf16 => Shape::MatMul,
+            Helper::MatMul => Shape::MatMul,
             Helper::BatchStart | Helper::BatchRow | Helper::BatchRun => Shape::Int3,
             Helper::BlockValue => Shape::BlockValue,
         }
@@ -189,41 +162,27 @@ pub fn format_code(format: BlockFormat) -> i64 {
     BlockFormat::ALL.iter().position(|f| *f == format).expect("a known format") as i64
 }
 
-/// `matmul` over raw parts, for weights held as `code` says.
-///
-/// # Safety
-/// `input` points at `rows × depth` values, `weight` at `columns × depth`,
-/// `out` at room for `rows × columns`: generated code passes checked rows.
-unsafe fn matmul_parts(
-    code: i64,
+/// The kernel entry: `matmul` over raw parts, for weights held as `code`
+/// says ([`weight_code`]).
+extern "C" fn matmul(
     input: *const f32,
     weight: *const u8,
     out: *mut f32,
     columns: i64,
     depth: i64,
     rows: i64,
+    code: i64,
 ) -> i64 {
     let (columns, depth, rows) = (columns as usize, depth as usize, rows as usize);
-    // SAFETY: as the caller promises.
+    // SAFETY: generated code passes checked rows: `input` points at
+    // `rows × depth` values, `weight` at `columns × depth` held as `code`
+    // says, `out` at room for `rows × columns`.
     unsafe {
         let input = std::slice::from_raw_parts(input, rows * depth);
         let out = std::slice::from_raw_parts_mut(out, rows * columns);
         matmul::matmul(input, matrix(code, weight, columns, depth), out, rows);
     }
     0
-}
-
-/// The kernel entry for weights held as `CODE` says.
-extern "C" fn matmul<const CODE: i64>(
-    input: *const f32,
-    weight: *const u8,
-    out: *mut f32,
-    columns: i64,
-    depth: i64,
-    rows: i64,
-) -> i64 {
-    // SAFETY: generated code passes checked rows (see `matmul_parts`).
-    unsafe { matmul_parts(CODE, input, weight, out, columns, depth, rows) }
 }
 
 /// Value `index` of the blocks at `blocks` (format number `format`):
@@ -281,7 +240,7 @@ extern "C" fn batch_run(columns: i64, depth: i64, code: i64) -> i64 {
 }
 
 /// The table every kernel is called with, in [`Helper`] order.
-pub fn table() -> [*const u8; 24] {
+pub fn table() -> [*const u8; 17] {
     [
         exp as *const u8,
         ln as *const u8,
@@ -295,14 +254,7 @@ pub fn table() -> [*const u8; 24] {
         rem as *const u8,
         div_euclid as *const u8,
         rem_euclid as *const u8,
-        matmul::<WEIGHT_F32> as *const u8,
-        matmul::<WEIGHT_BF16> as *const u8,
-        matmul::<{ WEIGHT_BLOCKS }> as *const u8,
-        matmul::<{ WEIGHT_BLOCKS + 1 }> as *const u8,
-        matmul::<{ WEIGHT_BLOCKS + 2 }> as *const u8,
-        matmul::<WEIGHT_BF16_BLOCKS> as *const u8,
-        matmul::<{ WEIGHT_BF16_BLOCKS + 1 }> as *const u8,
-        matmul::<{ WEIGHT_BF16_BLOCKS + 2 }> as *const u8,
+        matmul as *const u8,
         batch_start as *const u8,
         batch_row as *const u8,
         batch_run as *const u8,

@@ -707,7 +707,8 @@ impl Lowerer<'_, '_> {
     ) {
         let columns = shape[shape.len() - 1];
         let depth = self.dim(contraction.depth);
-        let kernel = self.kernel_for(contraction);
+        let code = helpers::weight_code(self.stored(contraction.weight.value).storage());
+        let code = self.builder.ins().iconst(types::I64, code);
         let outer = &output[..output.len() - 1];
         let in_order = contraction
             .input
@@ -728,7 +729,7 @@ impl Lowerer<'_, '_> {
             for extent in &shape[..shape.len() - 1] {
                 rows = self.builder.ins().imul(rows, *extent);
             }
-            self.call(kernel, &[input, weight, out, columns, depth, rows]);
+            self.call(Helper::MatMul, &[input, weight, out, columns, depth, rows, code]);
             return;
         }
         // Rows that pick their weights are recorded, then run by weight
@@ -739,9 +740,7 @@ impl Lowerer<'_, '_> {
         self.builder.def_var(row, zero);
         let call = RowCall { contraction, row, out, columns };
         self.rows(&call, &axes[..axes.len() - 1], &shape[..shape.len() - 1]);
-        let code = helpers::weight_code(self.stored(contraction.weight.value).storage());
-        let weights = self.builder.ins().iconst(types::I64, code);
-        self.call(Helper::BatchRun, &[columns, depth, weights]);
+        self.call(Helper::BatchRun, &[columns, depth, code]);
     }
 
     /// Where the total a contraction's product left for the output at
@@ -759,10 +758,6 @@ impl Lowerer<'_, '_> {
         }
         let bytes = self.builder.ins().imul_imm_s(flat, 4);
         Some(self.builder.ins().iadd(out, bytes))
-    }
-
-    fn kernel_for(&self, contraction: &Contraction) -> Helper {
-        Helper::matmul(self.stored(contraction.weight.value).storage())
     }
 
     /// The loops over the output's rows (`axes`), then one kernel call.
@@ -995,7 +990,7 @@ fn helper_signature(call_conv: CallConv, shape: Shape) -> Signature {
         Shape::Float1 => (types::F64, 1),
         Shape::Float2 => (types::F64, 2),
         Shape::Int2 => (types::I64, 2),
-        Shape::MatMul => (types::I64, 6),
+        Shape::MatMul => (types::I64, 7),
         Shape::Int3 => (types::I64, 3),
         Shape::BlockValue => (types::I64, 3),
     };

@@ -71,6 +71,7 @@ pub fn bf16_value(bits: u16) -> f32 {
 }
 
 /// An f16 value from its bits, exactly.
+#[inline]
 pub fn f16_value(bits: u16) -> f32 {
     let sign = u32::from(bits & 0x8000) << 16;
     let exponent = u32::from(bits >> 10) & 0x1f;

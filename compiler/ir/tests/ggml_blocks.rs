@@ -1,8 +1,8 @@
 //! The block formats against llama.cpp's own reading of them: random
 //! blocks (scales at zero, subnormal, ±the largest f16 among them)
 //! dequantize to exactly the values llama.cpp's `gguf` Python package
-//! gives, and Q8_0 quantizes rows to exactly its reference quantizer's
-//! bytes. The fixtures and the script that made them are in
+//! gives, in every format, and the formats it has reference quantizers
+//! for quantize rows to exactly their bytes. The fixtures and the script that made them are in
 //! `tests/fixtures/quant`.
 
 use linnet_ir::quant::{dequantize, quantize, BlockFormat};
@@ -37,11 +37,21 @@ fn every_format_dequantizes_as_llama_cpp_does() {
 }
 
 #[test]
-fn q8_0_quantizes_as_llama_cpp_does() {
-    let rows = floats(&fixture("q8_0-quantize.values"));
-    let expected = fixture("q8_0-quantize.blocks");
-    let ours = quantize(BlockFormat::Q8_0, &rows).unwrap();
-    for (block, (ours, theirs)) in ours.chunks(34).zip(expected.chunks(34)).enumerate() {
-        assert_eq!(ours, theirs, "block {block} of {:?}", &rows[block * 32..block * 32 + 4]);
+fn reference_quantizers_write_llama_cpps_bytes() {
+    let rows = floats(&fixture("quantize.values"));
+    for format in [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q5_1,
+        BlockFormat::Q8_0,
+        BlockFormat::Mxfp4,
+    ] {
+        let expected = fixture(&format!("{}-quantize.blocks", format.name()));
+        let ours = quantize(format, &rows).unwrap();
+        let (bytes, values) = (format.block_bytes(), format.block_values());
+        for (block, (ours, theirs)) in ours.chunks(bytes).zip(expected.chunks(bytes)).enumerate() {
+            assert_eq!(ours, theirs, "{format} block {block} of {:?}", &rows[block * values..block * values + 4]);
+        }
     }
 }

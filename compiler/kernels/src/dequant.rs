@@ -22,7 +22,7 @@
 
 use super::isa::Isa;
 use super::simd::Lanes;
-use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::quant::{self, layouts, BlockFormat, GroupScale, Offset};
 
 /// Row `blocks` (whole blocks of `format`) decoded into `out`, on `isa`.
 pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
@@ -95,6 +95,8 @@ trait ByteLanes: Lanes {
     /// `acc` less `a[i] · b[i]` in each of its first eight lanes (the
     /// others kept).
     unsafe fn minus_products8(acc: Self::V, a: *const f32, b: *const f32) -> Self::V;
+    /// `table[i]` in each lane, `i` the lane's integer (below 16).
+    unsafe fn lookup16(indices: Self::I, table: &[f32; 16]) -> Self::V;
     /// A Q6_K block's 256 levels `q − 32` (`quant::q6_k_levels`).
     #[inline(always)]
     unsafe fn q6_k_levels(block: *const u8) -> [i8; 256] {
@@ -335,6 +337,275 @@ impl Decoder for Q6K {
     }
 }
 
+/// The formats without a decoder of their own (`BlockFormat::ALL[FORMAT]`):
+/// a vector of levels at a time ([`level_lanes`]), each value its group's
+/// `step · level` (the block's group scales read once, in scalar code,
+/// as `quant::layouts::group_scale` reads them), with the offset added in
+/// a fused multiply-add where the format has one. That rounds where the
+/// definition's addition does: every such format's `step · level` is
+/// exact (an f16 times a scale of at most six bits times a level of at
+/// most seven: at most 24 significant bits). A decode step's products
+/// apply each group's scale once instead (`Decoder::dot`).
+struct Levelled<const FORMAT: usize>;
+
+impl<const FORMAT: usize> Levelled<FORMAT> {
+    const FORMAT: BlockFormat = BlockFormat::ALL[FORMAT];
+    const GROUPS: usize = Self::FORMAT.block_values() / Self::FORMAT.group_values();
+
+    /// The block's group scales (their f16s widened by F16C), and Q5_0's
+    /// and Q5_1's fifth bits a byte each (zeros for the other formats).
+    ///
+    /// # Safety
+    /// `block` is a whole block of the format; the CPU has F16C.
+    #[inline(always)]
+    unsafe fn scales_and_fifth_bits(block: *const u8) -> ([GroupScale; 16], [u8; 32]) {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let bytes = std::slice::from_raw_parts(block, Self::FORMAT.block_bytes());
+            let mut scales = [GroupScale { step: 0.0, offset: Offset::None }; 16];
+            for (group, scale) in scales[..Self::GROUPS].iter_mut().enumerate() {
+                *scale =
+                    layouts::group_scale_reading(Self::FORMAT, bytes, group, |bytes, at| half_at(bytes.as_ptr(), at));
+            }
+            let mut fifth = [0u8; 32];
+            if let Some(start) = fifth_bits_at(Self::FORMAT) {
+                fifth.iter_mut().enumerate().for_each(|(at, bit)| *bit = layouts::fifth_bit(bytes, start, at));
+            }
+            (scales, fifth)
+        }
+    }
+}
+
+impl<const FORMAT: usize> Decoder for Levelled<FORMAT> {
+    const VALUES: usize = BlockFormat::ALL[FORMAT].block_values();
+    const BYTES: usize = BlockFormat::ALL[FORMAT].block_bytes();
+
+    #[inline(always)]
+    unsafe fn pairs<L: ByteLanes>(block: *const u8, sink: &mut impl FnMut(usize, L::V, L::V)) {
+        let (format, group_values) = (Self::FORMAT, Self::FORMAT.group_values());
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let (scales, fifth) = Self::scales_and_fifth_bits(block);
+            for at in (0..Self::VALUES).step_by(2 * L::WIDTH) {
+                let next = at + L::WIDTH;
+                let even = scaled::<L>(scales[at / group_values], level_lanes::<L>(format, block, at, &fifth));
+                let odd = scaled::<L>(scales[next / group_values], level_lanes::<L>(format, block, next, &fifth));
+                sink(at, even, odd);
+            }
+        }
+    }
+
+    /// `step · Σₖ levelₖ · inputₖ ± offset · Σₖ inputₖ` for each group:
+    /// its step applied once to the group's sum of levels times inputs,
+    /// its offset to the inputs' sum (as Q4_K's `dot` does), the groups'
+    /// sums in two chains.
+    #[inline(always)]
+    unsafe fn dot<L: ByteLanes, const R: usize>(
+        block: *const u8,
+        inputs: [*const f32; R],
+        _input_sums: [*const f32; R],
+        sums: &mut [[L::V; R]; 2],
+    ) {
+        let (format, group_values) = (Self::FORMAT, Self::FORMAT.group_values());
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let (scales, fifth) = Self::scales_and_fifth_bits(block);
+            for (group, scale) in scales[..Self::GROUPS].iter().enumerate() {
+                let (mut parts, mut input_sums) = ([L::zero(); R], [L::zero(); R]);
+                for at in (group * group_values..(group + 1) * group_values).step_by(L::WIDTH) {
+                    let level = level_lanes::<L>(format, block, at, &fifth);
+                    for r in 0..R {
+                        let input = L::load(inputs[r].add(at));
+                        parts[r] = L::fma(level, input, parts[r]);
+                        if scale.offset != Offset::None {
+                            input_sums[r] = L::add(input_sums[r], input);
+                        }
+                    }
+                }
+                let (chain, step) = (group % 2, L::splat(scale.step));
+                for r in 0..R {
+                    sums[chain][r] = L::fma(step, parts[r], sums[chain][r]);
+                    sums[chain][r] = match scale.offset {
+                        Offset::None => sums[chain][r],
+                        Offset::Plus(offset) => L::fma(L::splat(offset), input_sums[r], sums[chain][r]),
+                        Offset::Minus(offset) => L::fma(L::splat(-offset), input_sums[r], sums[chain][r]),
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// A group's values from their levels: `step · level`, the offset added
+/// in a fused multiply-add where there is one (exact products: see
+/// [`Levelled`]). (A function, not a closure: a closure the compiler keeps
+/// apart would lose the caller's target features.)
+///
+/// # Safety
+/// The CPU has `L`'s instructions.
+#[inline(always)]
+unsafe fn scaled<L: ByteLanes>(scale: GroupScale, level: L::V) -> L::V {
+    // SAFETY: as the caller promises.
+    unsafe {
+        match scale.offset {
+            Offset::None => L::mul(L::splat(scale.step), level),
+            Offset::Plus(offset) => L::fma(L::splat(scale.step), level, L::splat(offset)),
+            Offset::Minus(offset) => L::fma(L::splat(scale.step), level, L::splat(-offset)),
+        }
+    }
+}
+
+/// Where Q5_0's and Q5_1's u32 of fifth bits starts in a block.
+#[inline(always)]
+fn fifth_bits_at(format: BlockFormat) -> Option<usize> {
+    match format {
+        BlockFormat::Q5_0 => Some(2),
+        BlockFormat::Q5_1 => Some(4),
+        _ => None,
+    }
+}
+
+/// IQ4_NL's and IQ4_XS's levels, and MXFP4's, as f32s to look up.
+const IQ4_LEVELS: [f32; 16] = levels_as_floats(layouts::IQ4_LEVELS);
+const MXFP4_LEVELS: [f32; 16] = levels_as_floats(layouts::MXFP4_LEVELS);
+
+const fn levels_as_floats(levels: [i8; 16]) -> [f32; 16] {
+    let mut floats = [0f32; 16];
+    let mut at = 0;
+    while at < 16 {
+        floats[at] = levels[at] as f32;
+        at += 1;
+    }
+    floats
+}
+
+/// The levels of values `at..at + L::WIDTH` of a block of `format` (one
+/// of [`Levelled`]'s), as f32 lanes, as `quant::layouts::level` reads
+/// them: every format's bits for a vector of values lie in contiguous
+/// bytes under one shift (a vector never crosses a half of a run of 32
+/// nibbles, or a group), but Q5_0's and Q5_1's fifth bits, which `fifth`
+/// holds a byte each.
+///
+/// # Safety
+/// `block` is a whole block of `format`; the CPU has `L`'s instructions.
+#[inline(always)]
+unsafe fn level_lanes<L: ByteLanes>(format: BlockFormat, block: *const u8, at: usize, fifth: &[u8; 32]) -> L::V {
+    // SAFETY: as the caller promises; every read lies in the block (or `fifth`).
+    unsafe {
+        let (group, l) = (at / 32, at % 32);
+        match format {
+            BlockFormat::Q4_0 => L::add(L::float(nibbles::<L>(block, 2, at)), L::splat(-8.0)),
+            BlockFormat::Q4_1 => L::float(nibbles::<L>(block, 4, at)),
+            BlockFormat::Q5_0 => {
+                let low = L::add(L::float(nibbles::<L>(block, 6, at)), L::splat(-16.0));
+                L::fma(L::float(L::load_u8(fifth.as_ptr().add(l))), L::splat(16.0), low)
+            }
+            BlockFormat::Q5_1 => {
+                let low = L::float(nibbles::<L>(block, 8, at));
+                L::fma(L::float(L::load_u8(fifth.as_ptr().add(l))), L::splat(16.0), low)
+            }
+            BlockFormat::Iq4Nl => L::lookup16(nibbles::<L>(block, 2, at), &IQ4_LEVELS),
+            BlockFormat::Mxfp4 => L::lookup16(nibbles::<L>(block, 1, at), &MXFP4_LEVELS),
+            BlockFormat::Q2K => L::float(two_bits::<L>(block, 16, at)),
+            BlockFormat::Q3K => {
+                // A clear high bit (bit `at / 32` of byte `at % 32`) takes 4 off.
+                let high = L::float(bits::<L>(block, l, group, 1));
+                L::fma(high, L::splat(4.0), L::add(L::float(two_bits::<L>(block, 32, at)), L::splat(-4.0)))
+            }
+            BlockFormat::Q5K => {
+                let low = L::float(bits::<L>(block, 48 + group / 2 * 32 + l, 4 * (group % 2), 0xf));
+                L::fma(L::float(bits::<L>(block, 16 + l, group, 1)), L::splat(16.0), low)
+            }
+            BlockFormat::Iq4Xs => L::lookup16(nibbles::<L>(block, 8 + group * 16, l), &IQ4_LEVELS),
+            BlockFormat::Q8_0 | BlockFormat::Q4K | BlockFormat::Q6K => unreachable!("{format} has its own decoder"),
+        }
+    }
+}
+
+/// The bytes from `byte` of `block`, shifted right by `shift` and masked
+/// by `mask`, in i32 lanes.
+///
+/// # Safety
+/// `block` has `L::WIDTH` readable bytes from `byte`; the CPU has `L`'s
+/// instructions.
+#[inline(always)]
+unsafe fn bits<L: ByteLanes>(block: *const u8, byte: usize, shift: usize, mask: i32) -> L::I {
+    // SAFETY: as the caller promises.
+    unsafe { L::and(L::shift_right(L::load_u8(block.add(byte)), shift as u32), mask) }
+}
+
+/// The nibbles of values `at % 32..` of a run of 32 nibbles from byte
+/// `start` of `block`: values 0–15 low, 16–31 high.
+///
+/// # Safety
+/// As [`bits`], for the run's sixteen bytes.
+#[inline(always)]
+unsafe fn nibbles<L: ByteLanes>(block: *const u8, start: usize, at: usize) -> L::I {
+    // SAFETY: as the caller promises.
+    unsafe { bits::<L>(block, start + at % 16, 4 * (at % 32 / 16), 0xf) }
+}
+
+/// Q2_K's and Q3_K's two bits of values `at..` from the 64 bytes at
+/// `start` of `block`: value `128c + 32s + l` at byte `32c + l`, shifted `2s`.
+///
+/// # Safety
+/// As [`bits`], for the 64 bytes.
+#[inline(always)]
+unsafe fn two_bits<L: ByteLanes>(block: *const u8, start: usize, at: usize) -> L::I {
+    // SAFETY: as the caller promises.
+    unsafe { bits::<L>(block, start + at / 128 * 32 + at % 32, 2 * (at % 128 / 32), 3) }
+}
+
+/// `$body` with `$decoder` the [`Levelled`] decoder of `$format` (one of
+/// the formats without a decoder of their own).
+macro_rules! levelled {
+    ($format:expr, |$decoder:ident| $body:expr) => {
+        match $format {
+            BlockFormat::Q4_0 => {
+                type $decoder = Levelled<{ BlockFormat::Q4_0.index() }>;
+                $body
+            }
+            BlockFormat::Q4_1 => {
+                type $decoder = Levelled<{ BlockFormat::Q4_1.index() }>;
+                $body
+            }
+            BlockFormat::Q5_0 => {
+                type $decoder = Levelled<{ BlockFormat::Q5_0.index() }>;
+                $body
+            }
+            BlockFormat::Q5_1 => {
+                type $decoder = Levelled<{ BlockFormat::Q5_1.index() }>;
+                $body
+            }
+            BlockFormat::Q2K => {
+                type $decoder = Levelled<{ BlockFormat::Q2K.index() }>;
+                $body
+            }
+            BlockFormat::Q3K => {
+                type $decoder = Levelled<{ BlockFormat::Q3K.index() }>;
+                $body
+            }
+            BlockFormat::Q5K => {
+                type $decoder = Levelled<{ BlockFormat::Q5K.index() }>;
+                $body
+            }
+            BlockFormat::Iq4Nl => {
+                type $decoder = Levelled<{ BlockFormat::Iq4Nl.index() }>;
+                $body
+            }
+            BlockFormat::Iq4Xs => {
+                type $decoder = Levelled<{ BlockFormat::Iq4Xs.index() }>;
+                $body
+            }
+            BlockFormat::Mxfp4 => {
+                type $decoder = Levelled<{ BlockFormat::Mxfp4.index() }>;
+                $body
+            }
+            BlockFormat::Q8_0 | BlockFormat::Q4K | BlockFormat::Q6K => unreachable!("{} has its own decoder", $format),
+        }
+    };
+}
+
 /// A row of `D`'s blocks, each block's pairs of vectors handed to `sink`
 /// with their position in the row, in order.
 ///
@@ -377,6 +648,7 @@ unsafe fn each_pair_of<L: ByteLanes>(format: BlockFormat, row: &[u8], sink: impl
             BlockFormat::Q8_0 => each_pair::<L, Q8_0>(row, sink),
             BlockFormat::Q4K => each_pair::<L, Q4K>(row, sink),
             BlockFormat::Q6K => each_pair::<L, Q6K>(row, sink),
+            other => levelled!(other, |D| each_pair::<L, D>(row, sink)),
         }
     }
 }
@@ -508,6 +780,7 @@ unsafe fn dot_columns_in<L: ByteLanes>(
             BlockFormat::Q8_0 => rows!(Q8_0),
             BlockFormat::Q4K => rows!(Q4K),
             BlockFormat::Q6K => rows!(Q6K),
+            other => levelled!(other, |D| rows!(D)),
         }
     }
 }
@@ -680,6 +953,12 @@ mod x86 {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(0xff, a), _mm512_maskz_loadu_ps(0xff, b), acc) }
         }
+        /// One permute of the sixteen values.
+        #[inline(always)]
+        unsafe fn lookup16(indices: __m512i, table: &[f32; 16]) -> __m512 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { _mm512_permutexvar_ps(indices, _mm512_loadu_ps(table.as_ptr())) }
+        }
     }
 
     impl ByteLanes for Avx2 {
@@ -724,6 +1003,18 @@ mod x86 {
         unsafe fn minus_products8(acc: __m256, a: *const f32, b: *const f32) -> __m256 {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_fnmadd_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b), acc) }
+        }
+        /// A permute of each half of the table (by the index's low three
+        /// bits), the half chosen by its fourth.
+        #[inline(always)]
+        unsafe fn lookup16(indices: __m256i, table: &[f32; 16]) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe {
+                let low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), indices);
+                let high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr().add(8)), indices);
+                let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(indices, _mm256_set1_epi32(7)));
+                _mm256_blendv_ps(low, high, upper)
+            }
         }
     }
 

@@ -488,6 +488,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
             BlockFormat::Q4K => dot_columns_of::<B, Q4K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
+            other => unreachable!("no integer products for {other} (`choice::kernels_of`)"),
         }
     }
 }

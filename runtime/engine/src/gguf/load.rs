@@ -410,7 +410,7 @@ fn read(
     let name = names.join(" + ");
     if let Some(format) = plan.blocks {
         for ((_, part), bytes) in plan.parts.iter().zip(&bytes) {
-            if let Some(block) = quant::first_non_finite_scale(format, bytes) {
+            if let Some(block) = quant::first_non_finite_block(format, bytes) {
                 non_finite.report(unfinite(param, &part.name, block * format.block_values()), "file", problems);
             }
         }

@@ -6,6 +6,7 @@
 
 use super::{Gguf, GgufError, Meta, Storage, TensorInfo, DEFAULT_ALIGNMENT, MAGIC};
 use crate::error::{io, Error};
+use linnet_ir::quant::BlockFormat;
 use std::path::Path;
 
 /// Bounds what a header may ask for before anything is allocated.
@@ -142,8 +143,10 @@ pub fn read(bytes: &[u8]) -> Result<Gguf, GgufError> {
         }
         let type_id = cursor.u32(&name)?;
         let storage = Storage::from_ggml_type(type_id).ok_or_else(|| {
+            let formats: Vec<&str> = BlockFormat::ALL.iter().map(|format| format.name()).collect();
             cursor.error(format!(
-                "tensor `{name}` is of GGML type {type_id}, which Linnet does not read (it reads f32, f16, bf16, i32, i64, q8_0, q4_k and q6_k)"
+                "tensor `{name}` is of GGML type {type_id}, which Linnet does not read (it reads f32, f16, bf16, i32, i64 and {})",
+                formats.join(", ")
             ))
         })?;
         let offset = cursor.u64(&name)?;

@@ -80,12 +80,12 @@ fn errors_say_what_and_where() {
     let mut huge = bytes.clone();
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(message(&huge).contains("the tensor count"), "{}", message(&huge));
-    // An unknown tensor type (Q4_0 is 2), named with its tensor.
+    // A tensor type Linnet does not read (IQ2_XXS is 16), named with its tensor.
     let mut unknown = bytes.clone();
     let type_at = find_type_field(&bytes, "w");
-    unknown[type_at..type_at + 4].copy_from_slice(&2u32.to_le_bytes());
+    unknown[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
     let text = message(&unknown);
-    assert!(text.contains("tensor `w`") && text.contains("GGML type 2"), "{text}");
+    assert!(text.contains("tensor `w`") && text.contains("GGML type 16"), "{text}");
     std::fs::remove_file(path).unwrap();
 }
 
