@@ -11,10 +11,10 @@
 
 use linnet_exec::tensor::Tensor;
 use linnet_frontend::package::LoadOptions;
-use linnet_ir::quant::{dequantize, BlockFormat};
+use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
 use linnet_runtime::generate::greedy;
-use linnet_runtime::gguf::{read_file, Files, Planned, Storage, Writer};
+use linnet_runtime::gguf::Files;
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Weights};
 use std::path::PathBuf;
@@ -89,7 +89,7 @@ fn llama_cpp_quantized_files_keep_whole_blocks_and_run() {
         assert_eq!(at("input_layernorm.weight"), None, "{name}");
         // The reference: the same file with every block dequantized, read
         // as plain values (each change undone on values, not blocks).
-        let plain = dequantized(&fixture(&name));
+        let plain = common::dequantized_gguf(&fixture(&name));
         let weights = Weights::Checkpoint { dir: Some(plain.clone()), non_finite: NonFinite::Refuse };
         let (expected, expected_tokens) = run(&weights, BackendKind::Interp);
         std::fs::remove_file(&plain).unwrap();
@@ -103,32 +103,6 @@ fn llama_cpp_quantized_files_keep_whole_blocks_and_run() {
         }
         assert_eq!(cpu_tokens, reference_tokens, "{name}");
     }
-}
-
-/// `path` rewritten with its blocks dequantized to f32, beside it.
-fn dequantized(path: &std::path::Path) -> PathBuf {
-    let (bytes, gguf) = read_file(path).unwrap();
-    let plain = |tensor: &linnet_runtime::gguf::TensorInfo| match tensor.storage {
-        Storage::Blocks(_) => Storage::Plain(Dtype::F32),
-        other => other,
-    };
-    let planned: Vec<Planned> =
-        gguf.tensors.iter().map(|t| Planned { name: t.name.clone(), shape: t.shape(), storage: plain(t) }).collect();
-    let out = std::env::temp_dir().join(format!("linnet-llama-cpp-dequantized-{}.gguf", std::process::id()));
-    let mut writer = Writer::create(&out, &gguf.metadata, &planned).unwrap();
-    for tensor in &gguf.tensors {
-        let stored = gguf.tensor_bytes(&bytes, tensor);
-        match tensor.storage {
-            Storage::Blocks(format) => {
-                let mut values = vec![0f32; tensor.elements() as usize];
-                dequantize(format, stored, &mut values).unwrap();
-                writer.write_tensor(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-            }
-            Storage::Plain(_) => writer.write_tensor(stored).unwrap(),
-        }
-    }
-    writer.finish().unwrap();
-    out
 }
 
 #[test]

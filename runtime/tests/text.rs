@@ -5,10 +5,14 @@
 //! diacritics, Cyrillic, CJK, emoji and code; every answer's text, streamed
 //! or whole, sampled or not, is the decoding of its own `token_ids`;
 //! constraints over non-ASCII text hold; the perplexity of held-out text is
-//! transformers' own.
+//! transformers' own; llama-quantize's files of the model, in every format
+//! Linnet reads, run as their values and give the same greedy text on the
+//! CPU as on the interpreter.
 
 use common::load_on;
+use linnet_exec::tensor::Tensor;
 use linnet_frontend::package::LoadOptions;
+use linnet_ir::Dtype;
 use linnet_runtime::generate;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::stops::Detokenizer;
@@ -102,15 +106,19 @@ fn joined_ids(events: &[Value]) -> Vec<Vec<i64>> {
     all
 }
 
+/// The package read through the fixture's card.
+fn options() -> LoadOptions {
+    LoadOptions { nest: Some(card()), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() }
+}
+
 /// Greedy generation through the library, and its text streamed through
 /// the detokenizer: transformers' tokens and transformers' text, for
 /// prompts in every script of the corpus.
 #[test]
 fn greedy_text_is_the_text_transformers_decodes() {
-    let options = LoadOptions { nest: Some(card()), stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let checkpoint = Weights::Checkpoint { dir: Some(weights()), non_finite: NonFinite::Refuse };
     let package = root().join("models/qwen3.6-35b-a3b");
-    let Loaded { mut machine, text, .. } = load_on(&package, &options, &checkpoint, BackendKind::Cpu).unwrap();
+    let Loaded { mut machine, text, .. } = load_on(&package, &options(), &checkpoint, BackendKind::Cpu).unwrap();
     let text = text.expect("the fixture's tokenizer");
     let golden = golden();
     for (script, case) in golden["completions"].as_object().unwrap().iter().chain(golden["chats"].as_object().unwrap())
@@ -440,4 +448,56 @@ fn every_format_costs_what_its_bits_say() {
     assert!((divergences[0].1 / reference - 1.0).abs() < 1e-4, "{divergences:?}");
     assert!(kld("bf16") < kld("q6_k") && kld("q8_0") < kld("q6_k") && kld("q6_k") < kld("q4_k_m"), "{divergences:?}");
     std::fs::remove_dir_all(folder).unwrap();
+}
+
+/// llama-quantize's own files of the model: `tiny-text-q3_k_m.gguf`, its
+/// Q3_K_M mix (Q3_K, Q4_K, Q5_K, Q6_K), and `tiny-text-mixed.gguf`, each
+/// kind of matrix in another format (`--tensor-type`: every other format
+/// Linnet reads). On the interpreter each file's `forward` is bit for bit
+/// that of its values dequantized into a plain file; the CPU backend's is
+/// within the f32 contract, and its greedy text is the interpreter's.
+#[test]
+fn llama_quantize_files_in_every_format_read_as_their_values() {
+    let package = root().join("models/qwen3.6-35b-a3b");
+    let case = &golden()["completions"]["ru"];
+    let prompt = ids(&case["prompt_ids"]);
+    let load = |file: &Path, backend| {
+        let checkpoint = Weights::Checkpoint { dir: Some(file.to_path_buf()), non_finite: NonFinite::Refuse };
+        load_on(&package, &options(), &checkpoint, backend).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+    };
+    let forward = |loaded: &mut Loaded| -> Vec<f32> {
+        let tokens = Tensor::from_i64(Dtype::I32, vec![1, prompt.len()], prompt.clone());
+        let out = loaded.machine.call("forward", vec![tokens]).unwrap().swap_remove(0);
+        out.widened().as_f32().unwrap().to_vec()
+    };
+    let greedy_text = |loaded: &mut Loaded| -> String {
+        loaded.machine.reset().unwrap();
+        let text = loaded.text.as_ref().expect("the fixture's tokenizer");
+        let ids = generate::generate(
+            &mut loaded.machine,
+            &prompt,
+            24,
+            &Sampling::default(),
+            &mut Rng::new(0),
+            &text.end_ids,
+            |_| true,
+        )
+        .unwrap();
+        text.decode(&ids)
+    };
+    for name in ["q3_k_m", "mixed"] {
+        let file = fixture().join(format!("gguf/tiny-text-{name}.gguf"));
+        let plain = common::dequantized_gguf(&file);
+        let expected = forward(&mut load(&plain, BackendKind::Interp));
+        std::fs::remove_file(&plain).unwrap();
+        let mut interpreted = load(&file, BackendKind::Interp);
+        let reference = forward(&mut interpreted);
+        assert!(reference.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: not its values");
+        let mut compiled = load(&file, BackendKind::Cpu);
+        let ours = forward(&mut compiled);
+        let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let apart = ours.iter().zip(&reference).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+        assert!(apart <= 1e-4, "{name}: the CPU is {apart:.2e} of the scale from the interpreter");
+        assert_eq!(greedy_text(&mut compiled), greedy_text(&mut interpreted), "{name}: greedy text");
+    }
 }

@@ -188,12 +188,6 @@ impl Emitter<'_> {
     /// of the block at `base` (`quant::layouts::group_scale`).
     fn group_scale(&mut self, format: BlockFormat, argument: &str, base: &str, group: &str) -> (String, Added) {
         let int = |e: &mut Self, value: i64| e.op(format!("arith.constant {value} : i32"));
-        // A 6-bit scale (an i32) less 32, as f32.
-        let signed = |e: &mut Self, scale: String| {
-            let thirty_two = int(e, 32);
-            let scale = e.op(format!("arith.subi {scale}, {thirty_two} : i32"));
-            e.op(format!("arith.sitofp {scale} : i32 to f32"))
-        };
         match format {
             BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Iq4Nl => {
                 (self.half_at(argument, base, 0), Added::None)
@@ -227,24 +221,18 @@ impl Emitter<'_> {
             BlockFormat::Q3K => {
                 // Low four bits: byte `96 + g % 8` shifted `4 · (g / 8)`;
                 // top two: byte `104 + g % 4` shifted `2 · (g / 4)`.
-                let (eight, four, ninety_six, hundred_four) =
-                    (self.index_constant(8), self.index_constant(4), self.index_constant(96), self.index_constant(104));
-                let low_byte = self.op(format!("arith.remui {group}, {eight} : index"));
-                let low_byte = self.add(&low_byte, &ninety_six);
-                let low = self.byte_at(argument, base, &low_byte);
-                let low_shift = self.op(format!("arith.divui {group}, {eight} : index"));
-                let low = self.shifted_bits(&low, &low_shift, 4, 15);
-                let high_byte = self.op(format!("arith.remui {group}, {four} : index"));
-                let high_byte = self.add(&high_byte, &hundred_four);
-                let high = self.byte_at(argument, base, &high_byte);
-                let high_shift = self.op(format!("arith.divui {group}, {four} : index"));
-                let high = self.shifted_bits(&high, &high_shift, 2, 3);
-                let four_bits = int(self, 4);
-                let high = self.op(format!("arith.shli {high}, {four_bits} : i32"));
-                let scale = self.op(format!("arith.ori {low}, {high} : i32"));
-                let scale = signed(self, scale);
-                let d = self.half_at(argument, base, 108);
-                (self.op(format!("arith.mulf {d}, {scale} : f32")), Added::None)
+                let (eight, four) = (self.index_constant(8), self.index_constant(4));
+                let low = (
+                    self.op(format!("arith.remui {group}, {eight} : index")),
+                    96,
+                    self.op(format!("arith.divui {group}, {eight} : index")),
+                );
+                let high = (
+                    self.op(format!("arith.remui {group}, {four} : index")),
+                    104,
+                    self.op(format!("arith.divui {group}, {four} : index")),
+                );
+                (self.six_bit_step(argument, base, low, high, 108), Added::None)
             }
             BlockFormat::Q5K => {
                 let (step, offset) = self.k_scale_and_min(argument, base, group);
@@ -254,27 +242,51 @@ impl Emitter<'_> {
                 // Low four bits: byte `4 + g / 2` shifted `4 · (g % 2)`; top
                 // two: byte `2 + g / 4` shifted `2 · (g % 4)`.
                 let (two, four) = (self.index_constant(2), self.index_constant(4));
-                let low_byte = self.op(format!("arith.divui {group}, {two} : index"));
-                let low_byte = self.add(&low_byte, &four);
-                let low = self.byte_at(argument, base, &low_byte);
-                let low_shift = self.op(format!("arith.remui {group}, {two} : index"));
-                let low = self.shifted_bits(&low, &low_shift, 4, 15);
-                let high_byte = self.op(format!("arith.divui {group}, {four} : index"));
-                let high_byte = self.add(&high_byte, &two);
-                let high = self.byte_at(argument, base, &high_byte);
-                let high_shift = self.op(format!("arith.remui {group}, {four} : index"));
-                let high = self.shifted_bits(&high, &high_shift, 2, 3);
-                let four_bits = int(self, 4);
-                let high = self.op(format!("arith.shli {high}, {four_bits} : i32"));
-                let scale = self.op(format!("arith.ori {low}, {high} : i32"));
-                let scale = signed(self, scale);
-                let d = self.half_at(argument, base, 0);
-                (self.op(format!("arith.mulf {d}, {scale} : f32")), Added::None)
+                let low = (
+                    self.op(format!("arith.divui {group}, {two} : index")),
+                    4,
+                    self.op(format!("arith.remui {group}, {two} : index")),
+                );
+                let high = (
+                    self.op(format!("arith.divui {group}, {four} : index")),
+                    2,
+                    self.op(format!("arith.remui {group}, {four} : index")),
+                );
+                (self.six_bit_step(argument, base, low, high, 0), Added::None)
             }
             BlockFormat::Q8_0 | BlockFormat::Q4K | BlockFormat::Q6K => {
                 unreachable!("{format} reads its levels with its scales")
             }
         }
+    }
+
+    /// `d · (scale − 32)` (an f32), `d` the f16 at byte `half`, the 6-bit
+    /// scale's low four bits from byte `low.1 + low.0` shifted by `4 ·
+    /// low.2` and its top two from byte `high.1 + high.0` shifted by `2 ·
+    /// high.2` (the indices `.0` and `.2` of the group's).
+    fn six_bit_step(
+        &mut self,
+        argument: &str,
+        base: &str,
+        low: (String, i64, String),
+        high: (String, i64, String),
+        half: i64,
+    ) -> String {
+        let part = |e: &mut Self, (byte, start, count): (String, i64, String), unit: i64, mask: i64| {
+            let start = e.index_constant(start);
+            let byte = e.add(&byte, &start);
+            let value = e.byte_at(argument, base, &byte);
+            e.shifted_bits(&value, &count, unit, mask)
+        };
+        let low = part(self, low, 4, 15);
+        let high = part(self, high, 2, 3);
+        let (four, thirty_two) = (self.op("arith.constant 4 : i32".into()), self.op("arith.constant 32 : i32".into()));
+        let high = self.op(format!("arith.shli {high}, {four} : i32"));
+        let scale = self.op(format!("arith.ori {low}, {high} : i32"));
+        let scale = self.op(format!("arith.subi {scale}, {thirty_two} : i32"));
+        let scale = self.op(format!("arith.sitofp {scale} : i32 to f32"));
+        let d = self.half_at(argument, base, half);
+        self.op(format!("arith.mulf {d}, {scale} : f32"))
     }
 
     /// `(value >> (unit · count)) & mask` of an i32 `value`, `count` an index.

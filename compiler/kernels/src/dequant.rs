@@ -560,47 +560,14 @@ unsafe fn two_bits<L: ByteLanes>(block: *const u8, start: usize, at: usize) -> L
 /// the formats without a decoder of their own).
 macro_rules! levelled {
     ($format:expr, |$decoder:ident| $body:expr) => {
+        levelled!(@arms $format, $decoder, $body, Q4_0 Q4_1 Q5_0 Q5_1 Q2K Q3K Q5K Iq4Nl Iq4Xs Mxfp4)
+    };
+    (@arms $format:expr, $decoder:ident, $body:expr, $($name:ident)*) => {
         match $format {
-            BlockFormat::Q4_0 => {
-                type $decoder = Levelled<{ BlockFormat::Q4_0.index() }>;
+            $(BlockFormat::$name => {
+                type $decoder = Levelled<{ BlockFormat::$name.index() }>;
                 $body
-            }
-            BlockFormat::Q4_1 => {
-                type $decoder = Levelled<{ BlockFormat::Q4_1.index() }>;
-                $body
-            }
-            BlockFormat::Q5_0 => {
-                type $decoder = Levelled<{ BlockFormat::Q5_0.index() }>;
-                $body
-            }
-            BlockFormat::Q5_1 => {
-                type $decoder = Levelled<{ BlockFormat::Q5_1.index() }>;
-                $body
-            }
-            BlockFormat::Q2K => {
-                type $decoder = Levelled<{ BlockFormat::Q2K.index() }>;
-                $body
-            }
-            BlockFormat::Q3K => {
-                type $decoder = Levelled<{ BlockFormat::Q3K.index() }>;
-                $body
-            }
-            BlockFormat::Q5K => {
-                type $decoder = Levelled<{ BlockFormat::Q5K.index() }>;
-                $body
-            }
-            BlockFormat::Iq4Nl => {
-                type $decoder = Levelled<{ BlockFormat::Iq4Nl.index() }>;
-                $body
-            }
-            BlockFormat::Iq4Xs => {
-                type $decoder = Levelled<{ BlockFormat::Iq4Xs.index() }>;
-                $body
-            }
-            BlockFormat::Mxfp4 => {
-                type $decoder = Levelled<{ BlockFormat::Mxfp4.index() }>;
-                $body
-            }
+            })*
             BlockFormat::Q8_0 | BlockFormat::Q4K | BlockFormat::Q6K => unreachable!("{} has its own decoder", $format),
         }
     };

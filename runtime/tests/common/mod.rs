@@ -1,7 +1,8 @@
 //! What the runtime's test files share: where the repository, the oracle
 //! fixture and its model card are, the golden files' contents, the dense
-//! oracle checkpoint's generics, and copies of the f32 checkpoint with a
-//! change made (a tensor missing, a NaN). Each test file uses a part of it.
+//! oracle checkpoint's generics, copies of the f32 checkpoint with a
+//! change made (a tensor missing, a NaN), and a GGUF file's copy with its
+//! blocks dequantized. Each test file uses a part of it.
 #![allow(dead_code)]
 
 pub mod server;
@@ -213,4 +214,34 @@ pub fn altered(case: &str, tensor: &str, change: impl FnOnce(&mut Vec<Stored>)) 
             (change.take().expect("one shard holds it"))(tensors);
         }
     })
+}
+
+/// A copy of the GGUF file `path` with every block dequantized to f32
+/// (`quant::dequantize`, which is llama.cpp's `gguf` package's reading, bit
+/// for bit), in the temporary folder; the caller removes it.
+pub fn dequantized_gguf(path: &Path) -> PathBuf {
+    use linnet_runtime::gguf::{read_file, Planned, Storage, Writer};
+    let (bytes, gguf) = read_file(path).unwrap();
+    let plain = |tensor: &linnet_runtime::gguf::TensorInfo| match tensor.storage {
+        Storage::Blocks(_) => Storage::Plain(linnet_ir::Dtype::F32),
+        other => other,
+    };
+    let planned: Vec<Planned> =
+        gguf.tensors.iter().map(|t| Planned { name: t.name.clone(), shape: t.shape(), storage: plain(t) }).collect();
+    let stem = path.file_stem().unwrap().to_string_lossy();
+    let out = std::env::temp_dir().join(format!("linnet-dequantized-{stem}-{}.gguf", std::process::id()));
+    let mut writer = Writer::create(&out, &gguf.metadata, &planned).unwrap();
+    for tensor in &gguf.tensors {
+        let stored = gguf.tensor_bytes(&bytes, tensor);
+        match tensor.storage {
+            Storage::Blocks(format) => {
+                let mut values = vec![0f32; tensor.elements() as usize];
+                linnet_ir::quant::dequantize(format, stored, &mut values).unwrap();
+                writer.write_tensor(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+            }
+            Storage::Plain(_) => writer.write_tensor(stored).unwrap(),
+        }
+    }
+    writer.finish().unwrap();
+    out
 }

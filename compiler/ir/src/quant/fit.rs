@@ -50,12 +50,6 @@ fn pack_nibbles_of_32(levels: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The four bytes of fifth bits of 32 levels (bit `i` for level `i`).
-fn pack_fifth_bits(levels: &[u8]) -> [u8; 4] {
-    let bits = levels.iter().enumerate().fold(0u32, |bits, (at, level)| bits | (u32::from(level >> 4) << at));
-    bits.to_le_bytes()
-}
-
 /// llama.cpp's reference: the largest magnitude maps to ±127, values are
 /// rounded half away from zero with the f32 scale, the scale stored as f16.
 fn q8_0(values: &[f32], block: &mut [u8]) {
@@ -78,12 +72,7 @@ fn symmetric_legacy(values: &[f32], block: &mut [u8], bits: u32) {
     let top = ((1u32 << bits) - 1) as f32;
     let levels: Vec<u8> = values.iter().map(|v| (v * inverse + (middle + 0.5)).trunc().clamp(0.0, top) as u8).collect();
     put_half(block, 0, d);
-    if bits == 5 {
-        block[2..6].copy_from_slice(&pack_fifth_bits(&levels));
-        pack_nibbles_of_32(&levels, &mut block[6..]);
-    } else {
-        pack_nibbles_of_32(&levels, &mut block[2..]);
-    }
+    pack_legacy_levels(&levels, &mut block[2..], bits);
 }
 
 /// Q4_1 (`bits` 4) and Q5_1 (5), llama.cpp's reference: the range spans
@@ -97,12 +86,21 @@ fn affine_legacy(values: &[f32], block: &mut [u8], bits: u32) {
     let levels: Vec<u8> = values.iter().map(|v| ((v - low) * inverse + 0.5).trunc().clamp(0.0, top) as u8).collect();
     put_half(block, 0, d);
     put_half(block, 2, low);
-    if bits == 5 {
-        block[4..8].copy_from_slice(&pack_fifth_bits(&levels));
-        pack_nibbles_of_32(&levels, &mut block[8..]);
+    pack_legacy_levels(&levels, &mut block[4..], bits);
+}
+
+/// The 32 levels of a legacy format of `bits` bits, from its first byte
+/// after the scales: the fifth bits first (a u32, bit `i` for level `i`)
+/// where there are five, then the nibbles.
+fn pack_legacy_levels(levels: &[u8], out: &mut [u8], bits: u32) {
+    let nibbles_at = if bits == 5 {
+        let fifth = levels.iter().enumerate().fold(0u32, |word, (at, level)| word | (u32::from(level >> 4) << at));
+        out[..4].copy_from_slice(&fifth.to_le_bytes());
+        4
     } else {
-        pack_nibbles_of_32(&levels, &mut block[4..]);
-    }
+        0
+    };
+    pack_nibbles_of_32(levels, &mut out[nibbles_at..]);
 }
 
 /// The index of MXFP4's level (times `step`) nearest `value`, the first
