@@ -25,7 +25,8 @@ model=(models/qwen3.6-35b-a3b --nest "$card")
 
 linnet perplexity "${model[@]}" --weights "$fixture/weights-f32" -f "$text" -c "$ctx" \
     --kl-divergence-base "$work/base.bin" > "$work/f32.txt" 2>/dev/null
-for format in q8_0 q6_k q4_k_m; do
+ours="q8_0 q6_k q5_k_m q4_k_m iq4_xs iq4_nl q5_1 q5_0 q4_1 q4_0 mxfp4_moe q3_k_m q2_k"
+for format in $ours; do
     linnet quantize "${model[@]}" --weights "$fixture/weights-f32" --type "$format" -o "$work/linnet-$format.gguf" >/dev/null
 done
 
@@ -49,9 +50,9 @@ row() {
     echo "| $name | $maker | $ours | $theirs |"
 }
 echo "| f32 safetensors | transformers | $(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$work/f32.txt") | 0 | 0 | 100% | – | – | – |"
-for format in f32 bf16 q8_0 q6_k q4_k_m; do
+for format in f32 bf16 q8_0 q6_k q4_k_m q3_k_m mixed; do
     row "$format" llama.cpp "$fixture/gguf/tiny-text-$format.gguf"
 done
-for format in q8_0 q6_k q4_k_m; do
+for format in $ours; do
     row "linnet-$format" Linnet "$work/linnet-$format.gguf"
 done
