@@ -145,6 +145,18 @@ pub fn q4_k_scales_mins(packed: &[u8]) -> [u8; 16] {
     out
 }
 
+/// Q4_K's (and Q5_K's) 6-bit scale and min of group `group` alone, as
+/// [`q4_k_scales_mins`] unpacks them all.
+#[inline(always)]
+pub fn q4_k_scale_min(packed: &[u8], group: usize) -> (u8, u8) {
+    if group < 4 {
+        (packed[group] & 0x3f, packed[group + 4] & 0x3f)
+    } else {
+        let (low, high) = (packed[group + 4], (packed[group - 4] >> 6, packed[group] >> 6));
+        ((low & 0xf) | (high.0 << 4), (low >> 4) | (high.1 << 4))
+    }
+}
+
 /// Q3_K's sixteen 6-bit scales (before the 32 is taken off): the low
 /// nibbles of bytes 0–7 (groups 0–7), then their high nibbles (8–15);
 /// the top two bits of group `g` in bits `2 · (g / 4)` of byte `8 + g % 4`.
@@ -232,10 +244,10 @@ pub fn group_scale_reading(
         }
         BlockFormat::Q3K => plain(half(block, 108) * f32::from(q3_k_scale(&block[96..108], group) as i8 - 32)),
         BlockFormat::Q4K | BlockFormat::Q5K => {
-            let levels = q4_k_scales_mins(&block[4..16]);
+            let (scale, min) = q4_k_scale_min(&block[4..16], group);
             GroupScale {
-                step: half(block, 0) * f32::from(levels[group]),
-                offset: Offset::Minus(half(block, 2) * f32::from(levels[8 + group])),
+                step: half(block, 0) * f32::from(scale),
+                offset: Offset::Minus(half(block, 2) * f32::from(min)),
             }
         }
         BlockFormat::Q6K => plain(half(block, 208) * f32::from(block[192 + group] as i8)),

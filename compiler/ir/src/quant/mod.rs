@@ -482,6 +482,19 @@ mod tests {
         }
     }
 
+    /// A group's scale and min read alone are what unpacking all sixteen
+    /// gives, for every group of arbitrary packed bytes.
+    #[test]
+    fn a_k_quant_group_scale_read_alone_is_the_unpacked_one() {
+        for packed in arbitrary_blocks(BlockFormat::Q4K, 64, 3).chunks_exact(BlockFormat::Q4K.block_bytes()) {
+            let packed = &packed[4..16];
+            let all = q4_k_scales_mins(packed);
+            for group in 0..8 {
+                assert_eq!(layouts::q4_k_scale_min(packed, group), (all[group], all[8 + group]), "group {group}");
+            }
+        }
+    }
+
     /// Each format's metadata agrees with itself and GGML's sizes; a
     /// block's groups divide it.
     #[test]
