@@ -22,7 +22,7 @@
 
 use super::isa::Isa;
 use super::simd::Lanes;
-use linnet_ir::quant::{self, layouts, BlockFormat, GroupScale, Offset};
+use linnet_ir::quant::{self, layouts, BlockFormat, Offset};
 
 /// Row `blocks` (whole blocks of `format`) decoded into `out`, on `isa`.
 pub fn row(isa: Isa, format: BlockFormat, blocks: &[u8], out: &mut [f32]) {
@@ -352,26 +352,51 @@ impl<const FORMAT: usize> Levelled<FORMAT> {
     const FORMAT: BlockFormat = BlockFormat::ALL[FORMAT];
     const GROUPS: usize = Self::FORMAT.block_values() / Self::FORMAT.group_values();
 
-    /// The block's group scales (their f16s widened by F16C), and Q5_0's
-    /// and Q5_1's fifth bits a byte each (zeros for the other formats).
+    /// The block's group steps and offsets (their f16s widened by F16C;
+    /// an offset signed as it is added, zero where the format has none),
+    /// and Q5_0's and Q5_1's fifth bits a byte each (zeros for the other
+    /// formats).
     ///
     /// # Safety
     /// `block` is a whole block of the format; the CPU has F16C.
     #[inline(always)]
-    unsafe fn scales_and_fifth_bits(block: *const u8) -> ([GroupScale; 16], [u8; 32]) {
+    unsafe fn scales_and_fifth_bits(block: *const u8) -> ([f32; 16], [f32; 16], [u8; 32]) {
         // SAFETY: as the caller promises.
         unsafe {
             let bytes = std::slice::from_raw_parts(block, Self::FORMAT.block_bytes());
-            let mut scales = [GroupScale { step: 0.0, offset: Offset::None }; 16];
-            for (group, scale) in scales[..Self::GROUPS].iter_mut().enumerate() {
-                *scale =
+            let (mut steps, mut offsets) = ([0f32; 16], [0f32; 16]);
+            for group in 0..Self::GROUPS {
+                let scale =
                     layouts::group_scale_reading(Self::FORMAT, bytes, group, |bytes, at| half_at(bytes.as_ptr(), at));
+                steps[group] = scale.step;
+                offsets[group] = match scale.offset {
+                    Offset::None => 0.0,
+                    Offset::Plus(offset) => offset,
+                    Offset::Minus(offset) => -offset,
+                };
             }
             let mut fifth = [0u8; 32];
             if let Some(start) = fifth_bits_at(Self::FORMAT) {
                 fifth.iter_mut().enumerate().for_each(|(at, bit)| *bit = layouts::fifth_bit(bytes, start, at));
             }
-            (scales, fifth)
+            (steps, offsets, fifth)
+        }
+    }
+
+    /// A group's values from their levels: `step · level`, the offset
+    /// added in a fused multiply-add where the format has one (exact
+    /// products: see [`Levelled`]).
+    ///
+    /// # Safety
+    /// The CPU has `L`'s instructions.
+    #[inline(always)]
+    unsafe fn scaled<L: ByteLanes>(step: f32, offset: f32, level: L::V) -> L::V {
+        // SAFETY: as the caller promises.
+        unsafe {
+            match Self::FORMAT.has_offset() {
+                true => L::fma(L::splat(step), level, L::splat(offset)),
+                false => L::mul(L::splat(step), level),
+            }
         }
     }
 }
@@ -385,11 +410,12 @@ impl<const FORMAT: usize> Decoder for Levelled<FORMAT> {
         let (format, group_values) = (Self::FORMAT, Self::FORMAT.group_values());
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
-            let (scales, fifth) = Self::scales_and_fifth_bits(block);
+            let (steps, offsets, fifth) = Self::scales_and_fifth_bits(block);
             for at in (0..Self::VALUES).step_by(2 * L::WIDTH) {
-                let next = at + L::WIDTH;
-                let even = scaled::<L>(scales[at / group_values], level_lanes::<L>(format, block, at, &fifth));
-                let odd = scaled::<L>(scales[next / group_values], level_lanes::<L>(format, block, next, &fifth));
+                let (group, next) = (at / group_values, (at + L::WIDTH) / group_values);
+                let even = Self::scaled::<L>(steps[group], offsets[group], level_lanes::<L>(format, block, at, &fifth));
+                let odd_level = level_lanes::<L>(format, block, at + L::WIDTH, &fifth);
+                let odd = Self::scaled::<L>(steps[next], offsets[next], odd_level);
                 sink(at, even, odd);
             }
         }
@@ -409,48 +435,27 @@ impl<const FORMAT: usize> Decoder for Levelled<FORMAT> {
         let (format, group_values) = (Self::FORMAT, Self::FORMAT.group_values());
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
-            let (scales, fifth) = Self::scales_and_fifth_bits(block);
-            for (group, scale) in scales[..Self::GROUPS].iter().enumerate() {
+            let (steps, offsets, fifth) = Self::scales_and_fifth_bits(block);
+            for group in 0..Self::GROUPS {
                 let (mut parts, mut input_sums) = ([L::zero(); R], [L::zero(); R]);
                 for at in (group * group_values..(group + 1) * group_values).step_by(L::WIDTH) {
                     let level = level_lanes::<L>(format, block, at, &fifth);
                     for r in 0..R {
                         let input = L::load(inputs[r].add(at));
                         parts[r] = L::fma(level, input, parts[r]);
-                        if scale.offset != Offset::None {
+                        if format.has_offset() {
                             input_sums[r] = L::add(input_sums[r], input);
                         }
                     }
                 }
-                let (chain, step) = (group % 2, L::splat(scale.step));
+                let (chain, step, offset) = (group % 2, L::splat(steps[group]), L::splat(offsets[group]));
                 for r in 0..R {
                     sums[chain][r] = L::fma(step, parts[r], sums[chain][r]);
-                    sums[chain][r] = match scale.offset {
-                        Offset::None => sums[chain][r],
-                        Offset::Plus(offset) => L::fma(L::splat(offset), input_sums[r], sums[chain][r]),
-                        Offset::Minus(offset) => L::fma(L::splat(-offset), input_sums[r], sums[chain][r]),
-                    };
+                    if format.has_offset() {
+                        sums[chain][r] = L::fma(offset, input_sums[r], sums[chain][r]);
+                    }
                 }
             }
-        }
-    }
-}
-
-/// A group's values from their levels: `step · level`, the offset added
-/// in a fused multiply-add where there is one (exact products: see
-/// [`Levelled`]). (A function, not a closure: a closure the compiler keeps
-/// apart would lose the caller's target features.)
-///
-/// # Safety
-/// The CPU has `L`'s instructions.
-#[inline(always)]
-unsafe fn scaled<L: ByteLanes>(scale: GroupScale, level: L::V) -> L::V {
-    // SAFETY: as the caller promises.
-    unsafe {
-        match scale.offset {
-            Offset::None => L::mul(L::splat(scale.step), level),
-            Offset::Plus(offset) => L::fma(L::splat(scale.step), level, L::splat(offset)),
-            Offset::Minus(offset) => L::fma(L::splat(scale.step), level, L::splat(-offset)),
         }
     }
 }

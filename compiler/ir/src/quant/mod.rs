@@ -84,6 +84,13 @@ impl BlockFormat {
         }
     }
 
+    /// Whether a group's values add an offset to their scaled levels
+    /// (`layouts::Offset` other than `None`; kernels branch on it at
+    /// compile time).
+    pub const fn has_offset(self) -> bool {
+        matches!(self, BlockFormat::Q4_1 | BlockFormat::Q5_1 | BlockFormat::Q2K | BlockFormat::Q4K | BlockFormat::Q5K)
+    }
+
     /// Bytes per block.
     pub const fn block_bytes(self) -> usize {
         match self {
@@ -478,6 +485,20 @@ mod tests {
                 dequantize(format, &blocks, &mut values).unwrap();
                 let expected = values.iter().any(|v| !v.is_finite()).then_some(1);
                 assert_eq!(first_non_finite_block(format, &blocks), expected, "e {e}, level {level}");
+            }
+        }
+    }
+
+    /// `has_offset` says what every group's scale holds.
+    #[test]
+    fn a_format_has_an_offset_exactly_where_its_groups_do() {
+        for format in BlockFormat::ALL {
+            let blocks = arbitrary_blocks(format, 4, 11);
+            for block in blocks.chunks_exact(format.block_bytes()) {
+                for group in 0..format.block_values() / format.group_values() {
+                    let offset = layouts::group_scale(format, block, group).offset;
+                    assert_eq!(offset != Offset::None, format.has_offset(), "{format} group {group}");
+                }
             }
         }
     }
