@@ -157,6 +157,13 @@ enum Command {
         /// `finish_reason: "abort"`, in seconds.
         #[arg(long, default_value_t = 30.0)]
         drain_timeout: f64,
+        /// Publish the prefix cache's changes for prefix-aware routers, as
+        /// vLLM's `--kv-events-config` does: a JSON object such as
+        /// `{"enable_kv_cache_events": true, "publisher": "zmq",
+        /// "endpoint": "tcp://*:5557", "topic": "kv-events"}`. Blocks are
+        /// named by the hash seed `$PYTHONHASHSEED`, as vLLM's.
+        #[arg(long, value_name = "JSON")]
+        kv_events_config: Option<String>,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -586,20 +593,38 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
         }
-        Command::Serve { model, host, port, queue, api_key, prefix_cache_mb, prefix_block, drain_timeout } => {
+        Command::Serve {
+            model,
+            host,
+            port,
+            queue,
+            api_key,
+            prefix_cache_mb,
+            prefix_block,
+            drain_timeout,
+            kv_events_config,
+        } => {
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
+            let kv_events = kv_events_config
+                .map(|text| linnet_server::kv_events::KvEventsConfig::parse(&text))
+                .transpose()
+                .map(Option::flatten)
+                .map_err(|error| Failure::from(format!("--kv-events-config: {error}")));
             let prefix_cache_bytes = prefix_cache_mb.saturating_mul(1 << 20);
             let prefix_block = prefix_block as usize;
             let drain_timeout = std::time::Duration::try_from_secs_f64(drain_timeout)
                 .map_err(|_| Failure::from(format!("--drain-timeout must be 0 or more seconds, not {drain_timeout}")));
-            let options = drain_timeout.map(|drain_timeout| linnet_server::Options {
-                host,
-                port,
-                queue,
-                api_key,
-                prefix_cache_bytes,
-                prefix_block,
-                drain_timeout,
+            let options = drain_timeout.and_then(|drain_timeout| {
+                Ok(linnet_server::Options {
+                    host,
+                    port,
+                    queue,
+                    api_key,
+                    prefix_cache_bytes,
+                    prefix_block,
+                    drain_timeout,
+                    kv_events: kv_events?,
+                })
             });
             options.and_then(|options| load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?)))
         }

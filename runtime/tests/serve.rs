@@ -913,3 +913,152 @@ fn a_shared_prefix_is_prefilled_once() {
     assert!(metrics.contains("linnet_prefix_cache_hits_total 3\n"), "{metrics}");
     assert!(metrics.contains("linnet_prefix_cache_tokens_total 48\n"), "{metrics}");
 }
+
+/// The prefix cache's changes published as vLLM publishes KV-cache events
+/// (`--kv-events-config`), read as a router reads them: each message the
+/// topic, a sequence number and a batch in the consumers' schema
+/// (`[ts, [["BlockStored", hashes, parent, tokens, block_size, lora_id,
+/// medium], …]]`); a prompt's snapshot arrives as its blocks stored, named
+/// by vLLM's hash chain under `PYTHONHASHSEED`, with their tokens and
+/// parent; a prefix already held publishes nothing; a replay from sequence
+/// 0 sends every batch again; stopping the server clears every block.
+#[test]
+fn kv_cache_events_tell_routers_what_the_prefix_cache_holds() {
+    use zeromq::{Socket, SocketRecv, SocketSend};
+    let free_port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (events_port, replay_port) = (free_port(), free_port());
+    let config = json!({
+        "enable_kv_cache_events": true, "publisher": "zmq", "topic": "kv-events",
+        "endpoint": format!("tcp://127.0.0.1:{events_port}"),
+        "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"),
+    })
+    .to_string();
+    let mut server = Server::start_with(&["--prefix-block", "8", "--kv-events-config", &config]);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _in_runtime = runtime.enter();
+    let mut subscriber = zeromq::SubSocket::new();
+    runtime.block_on(async {
+        subscriber.connect(&format!("tcp://127.0.0.1:{events_port}")).await.unwrap();
+        subscriber.subscribe("kv-events").await.unwrap();
+        // The subscription reaches the publisher before anything is sent.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    });
+    let mut next = || -> (i64, Vec<u8>) {
+        let message = runtime
+            .block_on(tokio::time::timeout(std::time::Duration::from_secs(60), subscriber.recv()))
+            .expect("a batch of events")
+            .unwrap()
+            .into_vec();
+        assert_eq!(message.len(), 3, "{message:?}");
+        assert_eq!(&message[0][..], b"kv-events");
+        (i64::from_be_bytes(message[1][..].try_into().unwrap()), message[2].to_vec())
+    };
+    let hashes = |tokens: &[i64]| linnet_server::kv_events::BlockHasher::new("0").chain(tokens, 8);
+    let uints = |value: &rmpv::Value| -> Vec<u64> {
+        value.as_array().unwrap().iter().map(|number| number.as_u64().unwrap()).collect()
+    };
+    // The batch's one event, checked against the schema.
+    let only_event = |payload: &[u8]| -> Vec<rmpv::Value> {
+        let batch = rmpv::decode::read_value(&mut &payload[..]).unwrap();
+        let batch = batch.as_array().unwrap();
+        assert_eq!(batch.len(), 2, "[ts, events]: {batch:?}");
+        assert!(batch[0].as_f64().unwrap() > 1.7e9, "a time in seconds: {batch:?}");
+        let events = batch[1].as_array().unwrap();
+        assert_eq!(events.len(), 1, "{events:?}");
+        events[0].as_array().unwrap().clone()
+    };
+    let stored = |event: &[rmpv::Value], tokens: &[i64], parent: Option<u64>| {
+        assert_eq!(event.len(), 7, "{event:?}");
+        assert_eq!(event[0].as_str(), Some("BlockStored"));
+        let hashes = hashes(tokens);
+        let first = parent.map_or(0, |parent| hashes.iter().position(|&hash| hash == parent).unwrap() + 1);
+        assert_eq!(uints(&event[1]), hashes[first..]);
+        assert_eq!(event[2].as_u64(), parent, "{event:?}");
+        let ids: Vec<i64> = uints(&event[3]).into_iter().map(|id| id as i64).collect();
+        assert_eq!(ids, tokens[first * 8..]);
+        assert_eq!(event[4].as_u64(), Some(8));
+        assert!(event[5].is_nil() && event[6].is_nil(), "no LoRA, one medium: {event:?}");
+    };
+
+    let shared: Vec<i64> = (0..20).map(|at| 3 + at * 7 % 200).collect();
+    let first = [&shared[..], &[401, 402, 403]].concat();
+    let answer = server.complete(&first, 6);
+    // Kept at 16 of its 23 tokens: two blocks, the first with no parent.
+    let (sequence, first_batch) = next();
+    assert_eq!(sequence, 0);
+    stored(&only_event(&first_batch), &first[..16], None);
+    // Parting from the first after 20 tokens, the second's points are 16
+    // too, held already: nothing to publish. The next turn of the first
+    // conversation is kept at 24: one block more, under the second.
+    server.complete(&[&shared[..], &[404, 405]].concat(), 2);
+    let turn = [&first[..], &answer[..], &[406]].concat();
+    server.complete(&turn, 2);
+    let (sequence, turn_batch) = next();
+    assert_eq!(sequence, 1, "the second prompt published nothing");
+    stored(&only_event(&turn_batch), &turn[..24], Some(hashes(&turn[..16])[1]));
+
+    // A router that missed batches asks for them again from sequence 0.
+    let replayed = runtime.block_on(async {
+        let mut dealer = zeromq::DealerSocket::new();
+        dealer.connect(&format!("tcp://127.0.0.1:{replay_port}")).await.unwrap();
+        let mut request = zeromq::ZmqMessage::from(Vec::new());
+        request.push_back(0i64.to_be_bytes().to_vec().into());
+        dealer.send(request).await.unwrap();
+        let mut replayed = Vec::new();
+        loop {
+            let reply = tokio::time::timeout(std::time::Duration::from_secs(10), dealer.recv())
+                .await
+                .expect("a replay")
+                .unwrap()
+                .into_vec();
+            assert_eq!((reply.len(), reply[0].len()), (3, 0), "[\"\", sequence, payload]: {reply:?}");
+            let sequence = i64::from_be_bytes(reply[1][..].try_into().unwrap());
+            if sequence == -1 {
+                assert!(reply[2].is_empty());
+                break replayed;
+            }
+            replayed.push((sequence, reply[2].to_vec()));
+        }
+    });
+    assert_eq!(replayed, [(0, first_batch), (1, turn_batch)]);
+
+    // Stopping, the replica's cache goes: every block is cleared.
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let (sequence, last) = next();
+    assert_eq!(sequence, 2);
+    let cleared = only_event(&last);
+    assert_eq!(cleared.len(), 1);
+    assert_eq!(cleared[0].as_str(), Some("AllBlocksCleared"));
+    assert!(server.child.wait().unwrap().success());
+}
+
+/// A KV-cache event config that cannot be honoured stops the server
+/// before it serves, saying why.
+#[test]
+fn a_kv_events_config_that_cannot_be_honoured_is_refused() {
+    let weights = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/weights-f32");
+    let card = root().join("tests/fixtures/oracle/tiny-qwen3.5-moe/package/nest-f32.toml");
+    for (args, said) in [
+        (vec!["--kv-events-config", r#"{"enable_kv_cache_events": true, "publisher": "nats"}"#], "`nats`"),
+        (
+            vec!["--kv-events-config", r#"{"enable_kv_cache_events": true}"#, "--prefix-cache-mb", "0"],
+            "--prefix-cache-mb",
+        ),
+        (
+            vec!["--kv-events-config", r#"{"enable_kv_cache_events": true, "endpoint": "tcp://256.0.0.1:1"}"#],
+            "tcp://256.0.0.1:1",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
+            .arg("serve")
+            .arg(root().join("models/qwen3.6-35b-a3b"))
+            .args(["--port", "0", "--nest", card.to_str().unwrap(), "--weights", weights.to_str().unwrap()])
+            .args(&args)
+            .env("LINNET_STDLIB", root().join("stdlib"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(said), "{args:?}: {stderr}");
+    }
+}

@@ -8,6 +8,7 @@
 //! prefills only the rest; prompts are prefilled in parts where the cache
 //! takes snapshots of them.
 
+use super::kv_events::{EventSink, KvEvent};
 use super::prefix::PrefixCache;
 use super::ServeError;
 use linnet_exec::tensor::Tensor;
@@ -183,6 +184,7 @@ pub fn run_batches(
     jobs: mpsc::Receiver<Job>,
     load: &Load,
     mut cache: PrefixCache,
+    events: Option<EventSink>,
 ) {
     let mut rows: Vec<Option<Row>> = (0..limits.rows).map(|_| None).collect();
     let mut queue: VecDeque<Job> = VecDeque::new();
@@ -198,7 +200,13 @@ pub fn run_batches(
         if !busy && queue.is_empty() {
             match jobs.recv() {
                 Ok(job) => queue.push_back(job),
-                Err(_) => return,
+                Err(_) => {
+                    // The server stopped, and its prefix cache with it.
+                    if let Some(events) = &events {
+                        events.publish(vec![KvEvent::AllBlocksCleared]);
+                    }
+                    return;
+                }
             }
         }
         while let Ok(job) = jobs.try_recv() {
@@ -245,6 +253,12 @@ pub fn run_batches(
                 }
             }
             load.cache_bytes.store(cache.bytes() as u64, Ordering::Relaxed);
+            if let Some(events) = &events {
+                let changes = cache.take_events();
+                if !changes.is_empty() {
+                    events.publish(changes);
+                }
+            }
         }
         load.note(&rows, &queue, &limits);
         if !rows.iter().any(Option::is_some) {

@@ -12,6 +12,7 @@
 #![allow(clippy::result_large_err)]
 
 mod batching;
+pub mod kv_events;
 mod metrics;
 mod prefix;
 mod reasoning;
@@ -107,6 +108,9 @@ pub struct Options {
     /// How long a drain (on SIGTERM or Ctrl-C) lets held requests finish
     /// before it ends them.
     pub drain_timeout: std::time::Duration,
+    /// Where the prefix cache's changes are published for routers, if
+    /// anywhere (`--kv-events-config`).
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 struct App {
@@ -851,6 +855,8 @@ pub enum ServeError {
     /// The async runtime or the connection loop failed.
     #[error("the server failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    KvEvents(#[from] kv_events::KvEventsError),
 }
 
 /// Serves `loaded` until Ctrl-C: its machine moves to the scheduler's
@@ -861,10 +867,23 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
     let (jobs, receiver) = mpsc::channel::<Job>();
     let scheduler_load = Arc::new(Load::default());
     let held_load = scheduler_load.clone();
-    let cache = prefix::PrefixCache::new(options.prefix_cache_bytes, options.prefix_block);
+    let mut cache = prefix::PrefixCache::new(options.prefix_cache_bytes, options.prefix_block);
+    let (events, publisher) = match options.kv_events {
+        Some(_) if options.prefix_cache_bytes == 0 => return Err(ServeError::CannotServe(
+            "KV-cache events tell of the prefix cache's blocks: they need a prefix cache (--prefix-cache-mb above 0)"
+                .to_string(),
+        )),
+        Some(config) => {
+            let (sink, publisher) = kv_events::Publisher::start(config)?;
+            let hasher = kv_events::BlockHasher::new(&kv_events::hash_seed());
+            cache = cache.with_ledger(kv_events::BlockLedger::new(hasher, options.prefix_block));
+            (Some(sink), Some(publisher))
+        }
+        None => (None, None),
+    };
     let scheduler_limits = limits.clone();
     let scheduler =
-        std::thread::spawn(move || run_batches(machine, scheduler_limits, receiver, &scheduler_load, cache));
+        std::thread::spawn(move || run_batches(machine, scheduler_limits, receiver, &scheduler_load, cache, events));
     let capacity = limits.rows + options.queue;
     let app = Arc::new(App {
         jobs: std::sync::Mutex::new(jobs),
@@ -921,6 +940,9 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
     })?;
     drop(runtime);
     let _ = scheduler.join();
+    if let Some(publisher) = publisher {
+        publisher.finish();
+    }
     Ok(())
 }
 

@@ -11,7 +11,12 @@
 //! of the prompt (a conversation's next turn continues it) and at the last
 //! boundary before the prompt parts from a recent one (requests that share
 //! a system prompt part right after it).
+//!
+//! With KV-cache events on, a ledger of the blocks the snapshots hold
+//! records what each kept or evicted snapshot changes, for the scheduler
+//! to publish.
 
+use super::kv_events::{BlockLedger, KvEvent};
 use linnet_exec::tensor::Tensor;
 use std::collections::VecDeque;
 
@@ -32,6 +37,7 @@ pub struct PrefixCache {
     used: usize,
     clock: u64,
     recent: VecDeque<Vec<i64>>,
+    ledger: Option<BlockLedger>,
 }
 
 /// What a lookup found: the cached prefix's length and the rows to
@@ -45,7 +51,26 @@ impl PrefixCache {
     /// A cache of at most `budget` bytes of snapshots at multiples of
     /// `block` tokens; a budget of 0 keeps nothing.
     pub fn new(budget: usize, block: usize) -> PrefixCache {
-        PrefixCache { budget, block: block.max(1), snapshots: Vec::new(), used: 0, clock: 0, recent: VecDeque::new() }
+        PrefixCache {
+            budget,
+            block: block.max(1),
+            snapshots: Vec::new(),
+            used: 0,
+            clock: 0,
+            recent: VecDeque::new(),
+            ledger: None,
+        }
+    }
+
+    /// The cache recording, in `ledger`, the blocks its snapshots hold.
+    pub fn with_ledger(self, ledger: BlockLedger) -> PrefixCache {
+        PrefixCache { ledger: Some(ledger), ..self }
+    }
+
+    /// What the snapshots kept and evicted since the last call changed
+    /// in the blocks held, in order (none without a ledger).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.ledger.as_mut().map(BlockLedger::take).unwrap_or_default()
     }
 
     /// The bytes the snapshots hold now.
@@ -100,10 +125,17 @@ impl PrefixCache {
         }
         while self.used + bytes > self.budget {
             let oldest = (0..self.snapshots.len()).min_by_key(|&at| self.snapshots[at].last_used).expect("over budget");
-            self.used -= self.snapshots.swap_remove(oldest).bytes;
+            let evicted = self.snapshots.swap_remove(oldest);
+            self.used -= evicted.bytes;
+            if let Some(ledger) = &mut self.ledger {
+                ledger.dropped(&evicted.tokens);
+            }
         }
         self.clock += 1;
         self.used += bytes;
+        if let Some(ledger) = &mut self.ledger {
+            ledger.kept(tokens);
+        }
         self.snapshots.push(Snapshot { tokens: tokens.to_vec(), rows, bytes, last_used: self.clock });
     }
 }
@@ -173,5 +205,31 @@ mod tests {
         assert!(cache.find(&[1, 0]).is_some() && cache.find(&[3, 0]).is_some());
         cache.insert(&[4], rows(26));
         assert!(cache.find(&[4, 0]).is_none(), "larger than the whole budget: not kept");
+    }
+
+    #[test]
+    fn kept_and_evicted_snapshots_are_recorded_as_blocks_stored_and_removed() {
+        use crate::kv_events::BlockHasher;
+        let hashes = BlockHasher::new("0").chain(&[1, 2, 3, 4], 2);
+        let mut cache = PrefixCache::new(100, 2).with_ledger(BlockLedger::new(BlockHasher::new("0"), 2));
+        cache.insert(&[1, 2], rows(10));
+        cache.insert(&[1, 2, 3, 4], rows(10));
+        let stored: Vec<Vec<u64>> = cache
+            .take_events()
+            .into_iter()
+            .map(|event| match event {
+                KvEvent::BlockStored { block_hashes, .. } => block_hashes,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(stored, [vec![hashes[0]], vec![hashes[1]]]);
+        // [1, 2] is the least recently used: evicted, its block still held
+        // by [1, 2, 3, 4]; then [1, 2, 3, 4] goes, and both blocks with it.
+        cache.insert(&[5, 6], rows(10));
+        cache.insert(&[7, 8], rows(10));
+        let removed: Vec<KvEvent> =
+            cache.take_events().into_iter().filter(|event| matches!(event, KvEvent::BlockRemoved { .. })).collect();
+        assert_eq!(removed, [KvEvent::BlockRemoved { block_hashes: hashes.clone() }]);
+        assert!(PrefixCache::new(100, 2).take_events().is_empty());
     }
 }

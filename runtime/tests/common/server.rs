@@ -48,6 +48,8 @@ impl Server {
             .args(["--port", "0"])
             .args(args)
             .env("LINNET_STDLIB", root().join("stdlib"))
+            // KV-cache events name blocks alike in every run.
+            .env("PYTHONHASHSEED", "0")
             .stderr(Stdio::piped())
             .spawn()
             .expect("linnet serve starts");
