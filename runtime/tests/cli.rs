@@ -1,5 +1,6 @@
 //! `linnet run` and `linnet generate` as a user runs them.
 
+use linnet_ir::quant::BlockFormat;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -534,6 +535,79 @@ fn the_gemma3_and_gpt_oss_packages_run_llama_cpp_s_files_of_their_checkpoints() 
         let distance = distance_from_the_oracle(&golden, package, set, &gguf);
         assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
     }
+}
+
+/// The parameters `weights` keeps in blocks for `models/gpt-oss`, sized
+/// by the checkpoint `config` (a folder's `config.json`): what the model
+/// is built for before it loads.
+fn gpt_oss_formats(weights: &Path, config: &Path) -> std::collections::BTreeMap<String, BlockFormat> {
+    let options = linnet_frontend::package::LoadOptions {
+        checkpoint: Some(linnet_frontend::package::Checkpoint::Config(config.join("config.json"))),
+        stdlib: Some(root().join("stdlib")),
+        ..Default::default()
+    };
+    let (model, package) = linnet_build::lower(&root().join("models/gpt-oss"), &options).unwrap();
+    let naming = linnet_build::naming(&package);
+    if linnet_runtime::weights::is_gguf(weights) {
+        let files = linnet_runtime::gguf::Files::open(weights).unwrap();
+        linnet_runtime::gguf::load::formats(&model, &naming, &files).unwrap()
+    } else {
+        linnet_runtime::weights::formats(&model, &naming, weights).unwrap()
+    }
+}
+
+/// Every expert matrix of the four-layer tiny gpt-oss, and nothing else,
+/// held in MXFP4 blocks.
+fn assert_experts_in_mxfp4(formats: &std::collections::BTreeMap<String, BlockFormat>, source: &str) {
+    let experts: Vec<&String> =
+        formats.keys().filter(|path| path.ends_with("_proj") && path.contains(".mlp.")).collect();
+    assert_eq!(experts.len(), 8, "{source}: {formats:?}");
+    assert!(formats.values().all(|&format| format == BlockFormat::Mxfp4), "{source}: {formats:?}");
+}
+
+/// gpt-oss's experts in MXFP4 as llama.cpp's files hold them (the f32
+/// file's matrices rewritten in MXFP4 by llama.cpp's `gguf` package):
+/// the file stores each expert `[out, in]`, the order the model keeps
+/// it in, so the experts keep their blocks, gate and up rows interleaved
+/// back as whole rows of blocks; the logits are those of the file's
+/// values dequantized into a plain file, within the f32 contract, and
+/// the greedy tokens the same.
+#[test]
+fn gpt_oss_experts_in_llama_cpp_s_mxfp4_files_keep_their_blocks() {
+    let gguf = root().join("tests/fixtures/llama-cpp/tiny-gpt-oss-mxfp4.gguf");
+    let golden = root().join("tests/fixtures/families/tiny-gpt-oss");
+    assert_experts_in_mxfp4(&gpt_oss_formats(&gguf, &golden.join("weights-f32")), "llama.cpp's file");
+    let plain = common::dequantized_gguf(&gguf);
+    let set = [("Limit", "1.5")];
+    let (in_blocks, _) = forward_logits(&golden, "models/gpt-oss", &set, &gguf, 2);
+    let (as_values, _) = forward_logits(&golden, "models/gpt-oss", &set, &plain, 2);
+    let listed: Vec<String> = common::golden(&golden, "f32")[2].tokens.iter().map(i64::to_string).collect();
+    let greedy = |weights: &Path| {
+        linnet_on(
+            "models/gpt-oss",
+            weights,
+            &set,
+            &["generate", "--prompt-ids", &listed.join(","), "--max-tokens", "12", "--print-ids"],
+        )
+    };
+    assert_eq!(greedy(&gguf), greedy(&plain));
+    std::fs::remove_file(&plain).unwrap();
+    let apart = distance(&in_blocks, &as_values);
+    assert!(apart <= 1e-4, "max|diff|/max|ref| = {apart:.2e}");
+}
+
+/// A gpt-oss checkpoint with its experts in MXFP4 as OpenAI's released
+/// checkpoints store them (`_blocks` and `_scales`, two codes a byte),
+/// with no `--set`: the experts are read in GGML's blocks, never widened,
+/// and the logits and greedy tokens are transformers' reading the same
+/// checkpoint (`tests/fixtures/families/tiny-gpt-oss-mxfp4`).
+#[test]
+fn the_gpt_oss_package_runs_openai_s_mxfp4_checkpoints() {
+    let fixture = root().join("tests/fixtures/families/tiny-gpt-oss-mxfp4");
+    let weights = fixture.join("weights-mxfp4");
+    assert_experts_in_mxfp4(&gpt_oss_formats(&weights, &weights), "OpenAI's layout");
+    let distance = distance_from_the_oracle(&fixture, "models/gpt-oss", &[], &weights);
+    assert!(distance <= 1e-4, "max|diff|/max|ref| = {distance:.2e}");
 }
 
 /// `linnet quantize` on the oracle checkpoint: every tensor under its

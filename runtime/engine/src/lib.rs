@@ -15,6 +15,7 @@ pub mod gbnf;
 pub mod generate;
 pub mod gguf;
 pub mod init;
+mod mxfp4;
 pub mod npy;
 pub mod perplexity;
 pub mod quantize;
@@ -87,14 +88,15 @@ pub fn load(
             let found = weights::locate(given.as_deref(), source.repo.as_deref(), source.revision.as_deref())?;
             // GGUF weights are opened once: their formats, parameters and text.
             let gguf_files = if weights::is_gguf(&found) { Some(gguf::Files::open(&found)?) } else { None };
-            if let Some(files) = &gguf_files {
-                // A quantized file's parameters are read in its blocks: the
-                // model is built for its formats.
-                let formats = gguf::load::formats(&built.model, &built.naming(), files)?;
-                if !formats.is_empty() {
-                    let compiler = compiler.ok_or_else(|| Error::Weights(format!("{} stores parameters in block formats, and this runtime has no compiler to build `{}` for them: run it with the `linnet` CLI", found.display(), built.model.name)))?;
-                    built = compiler.stored_variant(&built, &formats).map_err(Error::Compile)?;
-                }
+            // A quantized checkpoint's parameters are read in its blocks:
+            // the model is built for its formats.
+            let formats = match &gguf_files {
+                Some(files) => gguf::load::formats(&built.model, &built.naming(), files)?,
+                None => weights::formats(&built.model, &built.naming(), &found)?,
+            };
+            if !formats.is_empty() {
+                let compiler = compiler.ok_or_else(|| Error::Weights(format!("{} stores parameters in block formats, and this runtime has no compiler to build `{}` for them: run it with the `linnet` CLI", found.display(), built.model.name)))?;
+                built = compiler.stored_variant(&built, &formats).map_err(Error::Compile)?;
             }
             let model = &built.model;
             let naming = built.naming();

@@ -5,14 +5,16 @@
 //! validated against the IR before anything runs: a missing tensor, a wrong
 //! shape or dtype, an unreadable file. All problems are reported at once.
 
+use crate::mxfp4;
 use crate::Error;
 use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
+use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::Model;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -227,12 +229,67 @@ pub fn load(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite) -
         let files = crate::gguf::Files::open(dir).map_err(|e| vec![e.to_string()])?;
         return crate::gguf::load::load(model, naming, &files, non_finite);
     }
-    let tensors = load_stored(&model.as_stored(), naming, dir, non_finite)?;
-    Ok(tensors.into_iter().zip(&model.params).map(|(tensor, param)| tensor.laid_out(param)).collect())
+    let tensors = load_stored(model, naming, dir, non_finite)?;
+    // Blocks are read in the model's order: a block runs along the axis
+    // the model sums over, which its layout puts last.
+    Ok(tensors
+        .into_iter()
+        .zip(&model.params)
+        .map(|(tensor, param)| match tensor.data {
+            Data::Blocks(..) => tensor,
+            _ => tensor.laid_out(param),
+        })
+        .collect())
+}
+
+/// The block format of each parameter a safetensors checkpoint in `dir`
+/// stores quantized (MXFP4 as OpenAI's checkpoints store it: `NAME_blocks`
+/// and `NAME_scales` where `NAME` is missing): what the model is built
+/// for before it loads.
+pub fn formats(model: &Model, naming: &Naming, dir: &Path) -> Result<BTreeMap<String, BlockFormat>, Error> {
+    let names = tensor_names(dir)?;
+    Ok(model
+        .params
+        .iter()
+        .filter_map(|param| {
+            let binding = naming.bindings.get(&param.path)?;
+            let mut names_bound = linnet_artifact::binding_names(binding);
+            if names_bound.any(|name| names.contains(name)) {
+                return None;
+            }
+            let name = linnet_artifact::written_name(binding);
+            let paired = names.contains(&format!("{name}{}", mxfp4::BLOCKS))
+                && names.contains(&format!("{name}{}", mxfp4::SCALES));
+            paired.then(|| (param.path.clone(), BlockFormat::Mxfp4))
+        })
+        .collect())
+}
+
+/// The names of every tensor in the checkpoint in `dir`.
+fn tensor_names(dir: &Path) -> Result<HashSet<String>, Error> {
+    let (files, index) = tensor_files(dir)?;
+    if let Some(index) = index {
+        return Ok(index.into_keys().collect());
+    }
+    let mut names = HashSet::new();
+    for path in files {
+        let unreadable = |error: String| Error::Weights(format!("checkpoint file {}: {error}", path.display()));
+        // SAFETY: the checkpoint is read-only input, as in `load_stored`.
+        let map =
+            File::open(&path).and_then(|file| unsafe { Mmap::map(&file) }).map_err(|e| unreadable(e.to_string()))?;
+        let (_, metadata) = SafeTensors::read_metadata(&map).map_err(|e| unreadable(e.to_string()))?;
+        names.extend(metadata.tensors().into_keys());
+    }
+    Ok(names)
 }
 
 /// The parameters from a safetensors checkpoint, as it stores them.
+/// `model` is laid out as it runs; each parameter is read as the
+/// checkpoint stores it (`Model::as_stored`), but for one held in blocks,
+/// read in the model's order.
 fn load_stored(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite) -> Result<Vec<Tensor>, Vec<String>> {
+    let laid_out = model;
+    let model = &model.as_stored();
     let bindings = &naming.bindings;
     let (files, index) = tensor_files(dir).map_err(|e| vec![e.to_string()])?;
     let mut problems = Vec::new();
@@ -280,7 +337,7 @@ fn load_stored(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite
         Some(Stored { name: name.to_string(), file, map, view: tensors.tensor(name).ok()? })
     };
     let mut unfinite = Vec::new();
-    for param in &model.params {
+    for (param, laid_out) in model.params.iter().zip(&laid_out.params) {
         progress.inc(1);
         let Some(binding) = bindings.get(&param.path) else {
             problems.push(format!("parameter `{}` has no binding in bindings.json", param.path));
@@ -291,6 +348,17 @@ fn load_stored(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite
             .find(|name| holder.contains_key(*name))
             .unwrap_or_else(|| linnet_artifact::written_name(binding))
             .to_string();
+        let in_mxfp4 = |suffix: &str| stored(&format!("{name}{suffix}"));
+        if let (None, Some(blocks), Some(scales)) = (stored(name), in_mxfp4(mxfp4::BLOCKS), in_mxfp4(mxfp4::SCALES)) {
+            match bind_mxfp4(laid_out, &blocks, &scales) {
+                Ok((tensor, unfinite_block)) => {
+                    unfinite.extend(unfinite_block);
+                    params.push(tensor);
+                }
+                Err(problem) => problems.push(problem.to_string()),
+            }
+            continue;
+        }
         // Experts stored one tensor each are looked for only where the fused
         // tensor is missing, each part once.
         let per_expert = || {
@@ -403,6 +471,46 @@ fn bind(param: &linnet_ir::Param, tensor: &Stored) -> Result<(Tensor, bool), Err
         Some(data) => (Tensor { dtype: param.dtype, shape, data }, true),
         None => (Tensor::from_f32(param.dtype, shape, to_f32(param.dtype, tensor.view.data())), false),
     })
+}
+
+/// A parameter (as the model lays it out) stored in MXFP4 as OpenAI's
+/// checkpoints store it, in GGML's blocks ([`mxfp4`]), and a block with
+/// a NaN scale, as a sentence, if there is one.
+fn bind_mxfp4(param: &linnet_ir::Param, blocks: &Stored, scales: &Stored) -> Result<(Tensor, Option<String>), Error> {
+    let wrong = |why: String| Error::Weights(format!("parameter `{}`: {why}", param.path));
+    for tensor in [blocks, scales] {
+        if tensor.view.dtype() != safetensors::Dtype::U8 {
+            return Err(wrong(format!(
+                "{} has dtype {:?}, expected U8 (MXFP4)",
+                tensor.describe(),
+                tensor.view.dtype()
+            )));
+        }
+    }
+    let shape = mxfp4::value_shape(blocks.view.shape(), scales.view.shape())
+        .map_err(|why| wrong(format!("{} and {}: {why}", blocks.describe(), scales.describe())))?;
+    if shape != param.shape {
+        return Err(wrong(format!(
+            "{} holds MXFP4 values of shape {shape:?}, and the model lays the parameter out {:?} (its blocks must run \
+             along the axis it sums over)",
+            blocks.describe(),
+            param.shape
+        )));
+    }
+    if param.storage != Some(BlockFormat::Mxfp4) {
+        return Err(wrong(format!("{} is MXFP4, and the model was not built to read it so", blocks.describe())));
+    }
+    let data = mxfp4::to_ggml(blocks.view.data(), scales.view.data());
+    let unfinite = quant::first_non_finite_block(BlockFormat::Mxfp4, &data).map(|block| {
+        format!(
+            "parameter `{}`: {} holds a NaN scale, the first in the group at flat index {}",
+            param.path,
+            scales.describe(),
+            block * BlockFormat::Mxfp4.block_values()
+        )
+    });
+    let tensor = Tensor { dtype: param.dtype, shape, data: Data::Blocks(BlockFormat::Mxfp4, Elements::from(data)) };
+    Ok((tensor, unfinite))
 }
 
 /// A fused expert parameter from its per-expert parts: each expert's

@@ -293,17 +293,64 @@ fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(So
 
 /// The block format of each parameter that keeps its blocks from
 /// `files`: what the model is built for before it loads. A parameter the
-/// model lays out otherwise than the file stores it (`Param::axes`) is
-/// read as values, whatever the file's format.
+/// model lays out otherwise than the checkpoint (`Param::axes`) keeps its
+/// blocks only where the file stores it in the model's order
+/// ([`in_model_order`]); else it is read as values, whatever the format.
 pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, Error> {
     let plans = plans(&model.as_stored(), naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
-    Ok(model
-        .params
+    let mut formats = BTreeMap::new();
+    for (param, (source, plan)) in model.params.iter().zip(plans) {
+        let blocks = match (&param.axes, in_model_order(param, &source)) {
+            (None, _) => plan.blocks,
+            (Some(_), Some(source)) => {
+                plan_in_model_order(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?
+            }
+            (Some(_), None) => None,
+        };
+        if let Some(format) = blocks {
+            formats.insert(param.path.clone(), format);
+        }
+    }
+    Ok(formats)
+}
+
+/// `source` as it reads for `param` laid out as the model keeps it, where
+/// the file stores the parameter in that order: the model swaps the
+/// checkpoint's last two axes (`Param::axes`) and the file holds each part
+/// transposed (gpt-oss's experts, `[in, out]` in the checkpoint, `[out,
+/// in]` in both the file and the model). Its axes are the model's, and the
+/// transposition is gone.
+fn in_model_order(param: &Param, source: &Source<i64>) -> Option<Source<i64>> {
+    let axes = param.axes.as_ref()?;
+    let rank = axes.len();
+    let swaps_last_two = rank >= 2
+        && axes[..rank - 2].iter().enumerate().all(|(at, &a)| at == a)
+        && axes[rank - 2..] == [rank - 1, rank - 2];
+    if !swaps_last_two || !source.changes.contains(&Change::Transposed) {
+        return None;
+    }
+    let model_axis = |axis: usize| axes.iter().position(|&from| from == axis).unwrap_or(axis);
+    let changes = source
+        .changes
         .iter()
-        .zip(plans)
-        .filter(|(param, _)| param.axes.is_none())
-        .filter_map(|(param, (_, plan))| Some((param.path.clone(), plan.blocks?)))
-        .collect())
+        .filter(|change| **change != Change::Transposed)
+        .map(|change| match *change {
+            Change::TiledHeads { axis, from, groups, per_group, head } => {
+                Change::TiledHeads { axis: model_axis(axis), from, groups, per_group, head }
+            }
+            Change::RotaryPairs { axis, heads, head } => Change::RotaryPairs { axis: model_axis(axis), heads, head },
+            ref other => other.clone(),
+        })
+        .collect();
+    Some(Source { tensors: source.tensors.clone(), axis: model_axis(source.axis), changes })
+}
+
+/// The block format `param`, laid out as the model keeps it, keeps when
+/// read through `source` in the model's order.
+fn plan_in_model_order(param: &Param, source: &Source<i64>, files: &Files) -> Result<Option<BlockFormat>, Vec<String>> {
+    plan(param, source, files)
+        .map(|plan| plan.blocks)
+        .map_err(|why| vec![format!("parameter `{}`: {why} (in {})", param.path, files.path().display())])
 }
 
 /// Moves runs of `T`: the parts of a tensor of `shape` (in units of
@@ -507,17 +554,32 @@ pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite
     let plans = plans(&stored, naming, files)?;
     let mut problems = Vec::new();
     let mut params = Vec::with_capacity(model.params.len());
-    for ((param, kept), (source, plan)) in stored.params.iter().zip(&model.params).zip(&plans) {
-        if plan.blocks != param.storage && kept.axes.is_none() {
+    for ((param, kept), (source, stored_plan)) in stored.params.iter().zip(&model.params).zip(&plans) {
+        // Blocks laid out otherwise than the checkpoint are read in the
+        // model's order, where the file has them so.
+        if let (Some(_), Some(source)) = (kept.storage.filter(|_| kept.axes.is_some()), in_model_order(kept, source)) {
+            match plan(kept, &source, files) {
+                Ok(plan) if plan.blocks == kept.storage => {
+                    params.extend(read(kept, &source, &plan, non_finite, &mut problems));
+                }
+                Ok(_) => problems.push(format!(
+                    "parameter `{}`: the file does not keep it in the blocks the model was built for",
+                    kept.path
+                )),
+                Err(why) => problems.push(format!("parameter `{}`: {why}", kept.path)),
+            }
+            continue;
+        }
+        if stored_plan.blocks != param.storage && kept.axes.is_none() {
             let built = param.storage.map_or("plain elements", BlockFormat::name);
-            let stored = plan.blocks.map_or("plain elements", BlockFormat::name);
+            let stored = stored_plan.blocks.map_or("plain elements", BlockFormat::name);
             problems.push(format!(
                 "parameter `{}`: the file gives it as {stored}, and the model was built for {built}",
                 param.path
             ));
             continue;
         }
-        if let Some(tensor) = read(param, source, plan, non_finite, &mut problems) {
+        if let Some(tensor) = read(param, source, stored_plan, non_finite, &mut problems) {
             params.push(tensor.laid_out(kept));
         }
     }
