@@ -10,7 +10,7 @@ use linnet_ir::Dtype;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
-use linnet_runtime::{bench, generate, npy, Loaded, Weights};
+use linnet_runtime::{bench, generate, npy, speculative, Loaded, Weights};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -71,6 +71,14 @@ enum BackendArg {
     Cuda,
 }
 
+/// Where speculative decoding's drafts come from.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Speculative {
+    /// Prompt lookup: what followed the last tokens where they occurred
+    /// before, in the prompt or the answer.
+    Ngram,
+}
+
 #[derive(Args, Clone)]
 struct SamplingArgs {
     /// 0 is greedy.
@@ -127,6 +135,15 @@ enum Command {
         /// Print the new token ids on one line.
         #[arg(long)]
         print_ids: bool,
+        /// Draft tokens and check them several at a time in one call of the
+        /// model's `verify` entry (greedy only): `ngram` drafts what
+        /// followed the text's last tokens where they occurred before.
+        /// How the drafts fared is printed on stderr.
+        #[arg(long, value_enum)]
+        speculative: Option<Speculative>,
+        /// The most tokens drafted a step.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "speculative")]
+        draft: u32,
     },
     /// An OpenAI-compatible server with continuous batching.
     Serve {
@@ -440,6 +457,7 @@ fn generate_text(
     max_tokens: usize,
     sampling: &SamplingArgs,
     print_ids: bool,
+    ngram_draft: Option<usize>,
 ) -> Result<(), Failure> {
     let settings = Sampling {
         temperature: sampling.temperature,
@@ -477,22 +495,43 @@ fn generate_text(
     let stop = text.as_ref().map(|t| t.end_ids.clone()).unwrap_or_default();
     let mut stream = text.as_ref().filter(|_| !print_ids).map(|text| (text, Detokenizer::new(Vec::new(), Vec::new())));
     let mut stdout = std::io::stdout();
-    let generated = generate::generate(
-        &mut machine,
-        &prompt_ids,
-        max_tokens,
-        &settings,
-        &mut Rng::new(sampling.seed),
-        &stop,
-        |token| {
-            if let Some((text, detokenizer)) = stream.as_mut() {
-                let _ = write!(stdout, "{}", detokenizer.push(Some(text), token).0);
-                let _ = stdout.flush();
-            }
-            true
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let on_token = |token| {
+        if let Some((text, detokenizer)) = stream.as_mut() {
+            let _ = write!(stdout, "{}", detokenizer.push(Some(text), token).0);
+            let _ = stdout.flush();
+        }
+        true
+    };
+    let generated = match ngram_draft {
+        Some(_) if !settings.is_greedy() => {
+            return Err("--speculative decodes greedily (--temperature 0); sampled drafts are not done yet".into())
+        }
+        Some(draft) => {
+            let (generated, acceptance) =
+                speculative::greedy_ngram(&mut machine, &prompt_ids, max_tokens, draft, &stop, on_token)
+                    .map_err(|e| e.to_string())?;
+            eprintln!(
+                "linnet: speculative (ngram, up to {draft} a step): {} of {} drafted tokens accepted ({:.2}) in {} checks; {} tokens in {} model calls",
+                acceptance.accepted,
+                acceptance.drafted,
+                acceptance.rate(),
+                acceptance.checks,
+                generated.len(),
+                acceptance.calls
+            );
+            generated
+        }
+        None => generate::generate(
+            &mut machine,
+            &prompt_ids,
+            max_tokens,
+            &settings,
+            &mut Rng::new(sampling.seed),
+            &stop,
+            on_token,
+        )
+        .map_err(|e| e.to_string())?,
+    };
     let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
     if print_ids {
         println!("{}", ids.join(" "));
@@ -590,8 +629,9 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Run { model, entry, inputs, args, output } => run(&model, &entry, &inputs, &args, output.as_ref()),
-        Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids } => {
-            generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids)
+        Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids, speculative, draft } => {
+            let speculative = speculative.map(|_| draft as usize);
+            generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids, speculative)
         }
         Command::Serve {
             model,

@@ -501,3 +501,26 @@ fn llama_quantize_files_in_every_format_read_as_their_values() {
         assert_eq!(greedy_text(&mut compiled), greedy_text(&mut interpreted), "{name}: greedy text");
     }
 }
+
+/// Speculative greedy decoding with n-gram drafts gives the tokens greedy
+/// decoding gives, on the trained model (whose text repeats, so some
+/// drafts are kept, and where they part from the model's choice the
+/// recurrent states are rolled back), on the interpreter and the CPU.
+#[test]
+fn speculative_ngram_decoding_gives_the_greedy_tokens() {
+    let package = root().join("models/qwen3.6-35b-a3b");
+    let checkpoint = Weights::Checkpoint { dir: Some(weights()), non_finite: NonFinite::Refuse };
+    for (backend, drafts) in [(BackendKind::Interp, &[4][..]), (BackendKind::Cpu, &[1, 4][..])] {
+        let Loaded { mut machine, text, .. } = load_on(&package, &options(), &checkpoint, backend).unwrap();
+        let prompt =
+            text.unwrap().encode_prompt("The cat sat on the mat. The cat sat on the mat. The cat sat on the").unwrap();
+        let greedy = generate::greedy(&mut machine, &prompt, 32).unwrap();
+        for &draft in drafts {
+            let (tokens, acceptance) =
+                linnet_runtime::speculative::greedy_ngram(&mut machine, &prompt, 32, draft, &[], |_| true).unwrap();
+            assert_eq!(tokens, greedy, "{backend:?}, drafts of {draft}");
+            // Both ways through a check: drafts kept, and drafts refused.
+            assert!(acceptance.accepted > 0 && acceptance.accepted < acceptance.drafted, "{backend:?}: {acceptance:?}");
+        }
+    }
+}

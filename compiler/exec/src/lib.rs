@@ -652,6 +652,15 @@ impl Machine {
         self.run.state_rows(row, positions)
     }
 
+    /// Row `row` of every recurrent state (those not written at token
+    /// positions, `rows::positional_states`), the positional ones empty:
+    /// what a row needs put back to return to this moment, since a cache
+    /// written at later positions is overwritten before it is read. Given
+    /// back by [`Machine::set_state_rows`].
+    pub fn recurrent_rows(&mut self, row: usize) -> Result<Vec<Tensor>, RunError> {
+        self.run.state_rows(row, 0)
+    }
+
     /// Rows that [`Machine::state_rows`] gave, written back into row `row`
     /// (of this machine or another of the same model).
     pub fn set_state_rows(&mut self, row: usize, rows: &[Tensor]) -> Result<(), RunError> {

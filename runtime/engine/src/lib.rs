@@ -21,6 +21,7 @@ pub mod perplexity;
 pub mod quantize;
 pub mod random;
 pub mod sampling;
+pub mod speculative;
 pub mod stops;
 pub mod text;
 pub mod vocab;

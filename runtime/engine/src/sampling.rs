@@ -68,6 +68,16 @@ impl Default for Sampling {
 
 impl Sampling {
     /// Why these settings cannot be used, if they cannot.
+    /// Whether every choice is the largest logit's token, whatever came
+    /// before: no temperature, no penalty, no bias.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+            && self.logit_bias.is_empty()
+    }
+
     pub fn validate(&self) -> Result<(), Error> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(Error::Input(format!("temperature must be 0 or more, not {}", self.temperature)));
