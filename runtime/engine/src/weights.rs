@@ -487,8 +487,15 @@ fn bind_mxfp4(param: &linnet_ir::Param, blocks: &Stored, scales: &Stored) -> Res
             )));
         }
     }
-    let shape = mxfp4::value_shape(blocks.view.shape(), scales.view.shape())
-        .map_err(|why| wrong(format!("{} and {}: {why}", blocks.describe(), scales.describe())))?;
+    let shape = mxfp4::value_shape(blocks.view.shape(), scales.view.shape()).ok_or_else(|| {
+        wrong(format!(
+            "{} of shape {:?} and {} of shape {:?} are not an MXFP4 pair ([..., groups, 16] and [..., groups])",
+            blocks.describe(),
+            blocks.view.shape(),
+            scales.describe(),
+            scales.view.shape()
+        ))
+    })?;
     if shape != param.shape {
         return Err(wrong(format!(
             "{} holds MXFP4 values of shape {shape:?}, and the model lays the parameter out {:?} (its blocks must run \

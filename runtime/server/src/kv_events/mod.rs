@@ -48,9 +48,10 @@ impl KvEventsConfig {
     /// nothing to be published (`enable_kv_cache_events` false or publisher
     /// `null`); a field it does not know, or a value it cannot honour, is
     /// an error naming it.
-    pub fn parse(text: &str) -> Result<Option<KvEventsConfig>, String> {
-        let value: Value = serde_json::from_str(text).map_err(|error| format!("not JSON: {error}"))?;
-        let fields = value.as_object().ok_or("not a JSON object")?;
+    pub fn parse(text: &str) -> Result<Option<KvEventsConfig>, KvEventsError> {
+        let bad = |message: String| KvEventsError::Config(message);
+        let value: Value = serde_json::from_str(text).map_err(|error| bad(format!("not JSON: {error}")))?;
+        let fields = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
         let mut config = KvEventsConfig {
             endpoint: "tcp://*:5557".to_string(),
             replay_endpoint: None,
@@ -61,11 +62,12 @@ impl KvEventsConfig {
         let mut enabled = false;
         let mut publisher = None;
         for (name, value) in fields {
-            let text = || value.as_str().map(str::to_string).ok_or(format!("`{name}` must be a string"));
-            let count = || value.as_u64().ok_or(format!("`{name}` must be a whole number"));
+            let text = || value.as_str().map(str::to_string).ok_or_else(|| bad(format!("`{name}` must be a string")));
+            let count = || value.as_u64().ok_or_else(|| bad(format!("`{name}` must be a whole number")));
             match name.as_str() {
                 "enable_kv_cache_events" => {
-                    enabled = value.as_bool().ok_or("`enable_kv_cache_events` must be true or false")?
+                    enabled =
+                        value.as_bool().ok_or_else(|| bad("`enable_kv_cache_events` must be true or false".into()))?
                 }
                 "publisher" => publisher = Some(text()?),
                 "endpoint" => config.endpoint = text()?,
@@ -76,17 +78,17 @@ impl KvEventsConfig {
                 "topic" => config.topic = text()?,
                 "hwm" if count()? == HIGH_WATER_MARK => {}
                 "hwm" => {
-                    return Err(format!(
+                    return Err(bad(format!(
                         "`hwm` can only be {HIGH_WATER_MARK}: the publisher's socket has a fixed high-water mark"
-                    ))
+                    )))
                 }
-                _ => return Err(format!("unknown field `{name}`")),
+                _ => return Err(bad(format!("unknown field `{name}`"))),
             }
         }
         match publisher.as_deref() {
             None | Some("zmq") if enabled => Ok(Some(config)),
             None | Some("zmq" | "null") => Ok(None),
-            Some(other) => Err(format!("publisher `{other}` is not one of `zmq`, `null`")),
+            Some(other) => Err(bad(format!("publisher `{other}` is not one of `zmq`, `null`"))),
         }
     }
 }
@@ -94,6 +96,9 @@ impl KvEventsConfig {
 /// Why events cannot be published.
 #[derive(Debug, thiserror::Error)]
 pub enum KvEventsError {
+    /// The config asks for what cannot be done, or is not vLLM's.
+    #[error("{0}")]
+    Config(String),
     #[error("cannot publish KV-cache events on {endpoint}: {error}")]
     Bind { endpoint: String, error: String },
     #[error("cannot start the KV-cache event publisher: {0}")]
@@ -301,7 +306,7 @@ mod tests {
             (r#"{"enable_kv_cache_events": true, "buffer_steps": -1}"#, "buffer_steps"),
             ("[1]", "object"),
         ] {
-            let error = KvEventsConfig::parse(bad).unwrap_err();
+            let error = KvEventsConfig::parse(bad).unwrap_err().to_string();
             assert!(error.contains(named), "{bad}: {error}");
         }
     }
