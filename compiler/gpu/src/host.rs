@@ -25,6 +25,30 @@ use std::collections::HashMap;
 const HOST_PIPELINE: &str =
     "builtin.module(func.func(math-expand-ops,arith-expand{include-bf16=true},convert-scf-to-cf),convert-math-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
 
+/// compiler-rt's `__truncsfbf2`: f32 to bf16, to nearest even (a NaN
+/// stays a NaN, quiet). LLVM calls it for a conversion to bf16 that the
+/// host lowering leaves to it on a CPU without AVX-512 BF16, and the
+/// execution engine links no compiler-rt. The bf16's bits are returned in
+/// the low half of an f32's, where the x86-64 ABI returns a `bfloat`.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn truncsfbf2(value: f32) -> f32 {
+    let bits = value.to_bits();
+    let rounded = if value.is_nan() { (bits >> 16) | 0x40 } else { (bits + 0x7fff + ((bits >> 16) & 1)) >> 16 };
+    f32::from_bits(rounded)
+}
+
+/// Gives `engine` the runtime functions LLVM may call that it cannot find.
+fn provide_runtime_calls(engine: &ExecutionEngine) {
+    // SAFETY: the function lives as long as the program, and its signature
+    // is the one LLVM calls it with.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        engine.register_symbol("__truncsfbf2", truncsfbf2 as *mut ());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = engine;
+}
+
 /// One entry's kernels, compiled for the host.
 struct Compiled {
     /// Per node: its kernels, in launch order (none for nodes that move
@@ -98,6 +122,7 @@ fn compile(model: &Model, entry_number: usize, analysis: &Analysis) -> Result<Co
     })
     .and_then(|engine| engine)
     .map_err(|error| failed(None, error.to_string()))?;
+    provide_runtime_calls(&engine);
     let called = kernels
         .iter()
         .flatten()
