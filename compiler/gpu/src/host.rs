@@ -21,7 +21,8 @@ use std::collections::HashMap;
 /// intrinsics, `tanh` expanded first: libm has no `rsqrtf` to call; bf16
 /// conversions expanded into integer operations, rounding to nearest even:
 /// on a CPU without AVX-512 BF16, LLVM would call compiler-rt's
-/// `__truncsfbf2`, which the execution engine cannot find).
+/// `__truncsfbf2`, which the execution engine cannot find; for any it
+/// still calls, [`provide_runtime_calls`] gives the engine one).
 const HOST_PIPELINE: &str =
     "builtin.module(func.func(math-expand-ops,arith-expand{include-bf16=true},convert-scf-to-cf),convert-math-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
 
