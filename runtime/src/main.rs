@@ -136,9 +136,11 @@ enum Command {
         #[arg(long)]
         print_ids: bool,
         /// Draft tokens and check them several at a time in one call of the
-        /// model's `verify` entry (greedy only): `ngram` drafts what
-        /// followed the text's last tokens where they occurred before.
-        /// How the drafts fared is printed on stderr.
+        /// model's `verify` entry, kept by the rejection rule (so the
+        /// tokens follow the sampling settings as without drafts; greedy,
+        /// the same tokens): `ngram` drafts what followed the text's last
+        /// tokens where they occurred before. How the drafts fared is
+        /// printed on stderr.
         #[arg(long, value_enum)]
         speculative: Option<Speculative>,
         /// The most tokens drafted a step.
@@ -181,6 +183,16 @@ enum Command {
         /// named by the hash seed `$PYTHONHASHSEED`, as vLLM's.
         #[arg(long, value_name = "JSON")]
         kv_events_config: Option<String>,
+        /// Draft tokens for every request and check them several at a
+        /// time in one call of the model's `verify_slots` entry, kept by
+        /// the rejection rule (the tokens follow each request's sampling as
+        /// without drafts); a request's `num_speculative_tokens` overrides
+        /// `--draft` (0: none). `/metrics` counts drafts and those kept.
+        #[arg(long, value_enum)]
+        speculative: Option<Speculative>,
+        /// The most tokens drafted a step.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "speculative")]
+        draft: u32,
     },
     /// Write a random checkpoint laid out as bindings.json says (and copy
     /// the package's tokenizer files beside it).
@@ -263,6 +275,14 @@ enum Command {
         /// Also print where the measured calls' time went, by kind of node.
         #[arg(long)]
         profile: bool,
+        /// Instead, time greedy decoding with speculative drafts beside
+        /// decoding without: drafts whose every token is the model's
+        /// choice with each of these probabilities, then n-gram drafts.
+        #[arg(long, value_delimiter = ',')]
+        draft_accuracy: Vec<f64>,
+        /// The most tokens drafted a step (with --draft-accuracy).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "draft_accuracy")]
+        draft: u32,
     },
 }
 
@@ -502,13 +522,13 @@ fn generate_text(
         }
         true
     };
+    let mut rng = Rng::new(sampling.seed);
     let generated = match ngram_draft {
-        Some(_) if !settings.is_greedy() => {
-            return Err("--speculative decodes greedily (--temperature 0); sampled drafts are not done yet".into())
-        }
         Some(draft) => {
+            let request =
+                speculative::Request { prompt: &prompt_ids, max_tokens, draft, sampling: &settings, stop: &stop };
             let (generated, acceptance) =
-                speculative::greedy_ngram(&mut machine, &prompt_ids, max_tokens, draft, &stop, on_token)
+                speculative::speculate(&mut machine, &request, speculative::ngram_draft, &mut rng, on_token)
                     .map_err(|e| e.to_string())?;
             eprintln!(
                 "linnet: speculative (ngram, up to {draft} a step): {} of {} drafted tokens accepted ({:.2}) in {} checks; {} tokens in {} model calls",
@@ -521,16 +541,8 @@ fn generate_text(
             );
             generated
         }
-        None => generate::generate(
-            &mut machine,
-            &prompt_ids,
-            max_tokens,
-            &settings,
-            &mut Rng::new(sampling.seed),
-            &stop,
-            on_token,
-        )
-        .map_err(|e| e.to_string())?,
+        None => generate::generate(&mut machine, &prompt_ids, max_tokens, &settings, &mut rng, &stop, on_token)
+            .map_err(|e| e.to_string())?,
     };
     let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
     if print_ids {
@@ -643,6 +655,8 @@ fn main() -> ExitCode {
             prefix_block,
             drain_timeout,
             kv_events_config,
+            speculative,
+            draft,
         } => {
             let api_key = api_key.or_else(|| std::env::var("LINNET_API_KEY").ok());
             let kv_events = kv_events_config
@@ -664,6 +678,7 @@ fn main() -> ExitCode {
                     prefix_block,
                     drain_timeout,
                     kv_events: kv_events?,
+                    draft: speculative.map_or(0, |_| draft as usize),
                 })
             });
             options.and_then(|options| load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?)))
@@ -729,7 +744,7 @@ fn main() -> ExitCode {
         Command::Perplexity { model, file, ctx_size, chunks, kl_divergence_base, kl_divergence } => {
             perplexity(&model, file.as_ref(), ctx_size, chunks, kl_divergence_base.as_ref(), kl_divergence)
         }
-        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile } => {
+        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile, draft_accuracy, draft } => {
             use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {
                 let mut machine = loaded.machine;
                 if !decode_at.is_empty() {
@@ -738,6 +753,13 @@ fn main() -> ExitCode {
                     for (position, mean, sd) in bench::decode_at(&mut machine, &decode_at, repetitions.max(1))? {
                         println!("decode at position {position}: {mean:.1} ms ± {sd:.1} ms per step");
                     }
+                    return Ok(());
+                }
+                if !draft_accuracy.is_empty() {
+                    let runs = repetitions.max(1);
+                    let report =
+                        bench::speculative::run(&mut machine, prompt, generate, draft as usize, &draft_accuracy, runs)?;
+                    println!("{report}");
                     return Ok(());
                 }
                 let report = bench::run(&mut machine, prompt, generate, repetitions.max(1), profile)?;

@@ -265,6 +265,38 @@ fn prefill_then_decode(oracle: &mut Oracle, what: &str) {
     score.check(oracle, &format!("{what} prefill+decode"));
 }
 
+/// `prefill` of a prefix, then the rest through `verify` in spans of
+/// three (speculative decoding's checks), every position's logits against
+/// transformers'; before them a span checked and taken back, its recurrent
+/// states put back as after a refused draft (positional caches need
+/// nothing: they are written again).
+fn verify_after_rollback(oracle: &mut Oracle, what: &str) {
+    let mut score = Score::new();
+    let (a, b) = (oracle.golden[0].tokens.clone(), oracle.golden[1].tokens.clone());
+    let prefix = 4;
+    oracle.machine.reset().unwrap();
+    oracle.machine.call("prefill", vec![tokens(&[&a[..prefix], &b[..prefix]]), scalar(0)]).unwrap();
+    let saved: Vec<Vec<Tensor>> = (0..2).map(|row| oracle.machine.recurrent_rows(row).unwrap()).collect();
+    // Drafts that were not the text: the tokens of the other sequence.
+    oracle
+        .machine
+        .call("verify", vec![tokens(&[&b[prefix..prefix + 2], &a[prefix..prefix + 2]]), scalar(prefix as i64)])
+        .unwrap();
+    for (row, states) in saved.iter().enumerate() {
+        oracle.machine.set_state_rows(row, states).unwrap();
+    }
+    for start in (prefix..a.len()).step_by(3) {
+        let end = (start + 3).min(a.len());
+        let span = vec![tokens(&[&a[start..end], &b[start..end]]), scalar(start as i64)];
+        let rows_out = rows(&oracle.machine.call("verify", span).unwrap().remove(0));
+        for (at, position) in (start..end).enumerate() {
+            score.add(&rows_out[at], &oracle.golden[0].logits[position]);
+            score.add(&rows_out[end - start + at], &oracle.golden[1].logits[position]);
+        }
+    }
+    score.check(oracle, &format!("{what} verify"));
+}
+
 /// `prefill_slots` of prefixes of seq2 and seq3 (different lengths) into
 /// rows 1 and 0, in two parts each (the second continuing the rows, as
 /// after a prefix cache's restore), then `decode_rows` with each row at
@@ -344,6 +376,7 @@ fn every_path_of(mut oracle: Oracle, fixture: Fixture, dtype: &str, backend: lin
     let what = format!("{} {dtype} {backend:?}", fixture.config);
     forward_and_next_token(&mut oracle, &what);
     prefill_then_decode(&mut oracle, &what);
+    verify_after_rollback(&mut oracle, &what);
     slots_then_rows(&mut oracle, &what);
     greedy_generation(&mut oracle, &what, dtype == "f32");
 }

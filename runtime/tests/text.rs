@@ -15,6 +15,7 @@ use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
 use linnet_runtime::generate;
 use linnet_runtime::sampling::{Rng, Sampling};
+use linnet_runtime::speculative::{self, Request};
 use linnet_runtime::stops::Detokenizer;
 use linnet_runtime::weights::NonFinite;
 use linnet_runtime::{BackendKind, Loaded, Weights};
@@ -502,25 +503,92 @@ fn llama_quantize_files_in_every_format_read_as_their_values() {
     }
 }
 
-/// Speculative greedy decoding with n-gram drafts gives the tokens greedy
-/// decoding gives, on the trained model (whose text repeats, so some
+/// Speculative decoding with n-gram drafts gives the tokens decoding
+/// without drafts gives, on the trained model (whose text repeats, so some
 /// drafts are kept, and where they part from the model's choice the
-/// recurrent states are rolled back), on the interpreter and the CPU.
+/// recurrent states are rolled back), on the interpreter and the CPU:
+/// greedily, and with a frequency penalty (each draft judged after the
+/// drafts kept before it).
 #[test]
-fn speculative_ngram_decoding_gives_the_greedy_tokens() {
+fn speculative_ngram_decoding_gives_the_tokens_decoding_gives() {
     let package = root().join("models/qwen3.6-35b-a3b");
     let checkpoint = Weights::Checkpoint { dir: Some(weights()), non_finite: NonFinite::Refuse };
-    for (backend, drafts) in [(BackendKind::Interp, &[4][..]), (BackendKind::Cpu, &[1, 4][..])] {
+    let greedily = Sampling::default();
+    let penalized = Sampling { frequency_penalty: 0.5, ..Sampling::default() };
+    let runs =
+        [(BackendKind::Interp, &greedily, 4), (BackendKind::Cpu, &greedily, 1), (BackendKind::Cpu, &penalized, 4)];
+    for (backend, sampling, draft) in runs {
         let Loaded { mut machine, text, .. } = load_on(&package, &options(), &checkpoint, backend).unwrap();
         let prompt =
             text.unwrap().encode_prompt("The cat sat on the mat. The cat sat on the mat. The cat sat on the").unwrap();
-        let greedy = generate::greedy(&mut machine, &prompt, 32).unwrap();
-        for &draft in drafts {
-            let (tokens, acceptance) =
-                linnet_runtime::speculative::greedy_ngram(&mut machine, &prompt, 32, draft, &[], |_| true).unwrap();
-            assert_eq!(tokens, greedy, "{backend:?}, drafts of {draft}");
-            // Both ways through a check: drafts kept, and drafts refused.
-            assert!(acceptance.accepted > 0 && acceptance.accepted < acceptance.drafted, "{backend:?}: {acceptance:?}");
+        let plain = generate::generate(&mut machine, &prompt, 32, sampling, &mut Rng::new(0), &[], |_| true).unwrap();
+        let request = Request { prompt: &prompt, max_tokens: 32, draft, sampling, stop: &[] };
+        let (tokens, acceptance) =
+            speculative::speculate(&mut machine, &request, speculative::ngram_draft, &mut Rng::new(0), |_| true)
+                .unwrap();
+        assert_eq!(tokens, plain, "{backend:?}, {sampling:?}, drafts of {draft}");
+        // Both ways through a check: drafts kept, and drafts refused.
+        assert!(acceptance.accepted > 0 && acceptance.accepted < acceptance.drafted, "{backend:?}: {acceptance:?}");
+    }
+}
+
+/// Speculative decoding in the server (`--speculative ngram`), on the
+/// trained model: each request's greedy text and log-probabilities are
+/// those of a server without drafts, whether it drafts or not
+/// (`num_speculative_tokens: 0`) and whatever runs beside it (three
+/// requests at once on two rows); `/metrics` counts the checks, the
+/// drafts and those kept, under vLLM's names; a request asking for more
+/// drafts than allowed is refused.
+#[test]
+fn drafts_checked_by_the_server_give_the_text_without_them() {
+    let drafting = start(&["--speculative", "ngram", "--draft", "3"]);
+    let plain = start(&[]);
+    let request = |prompt: &str, drafts: Option<u64>| {
+        let mut body = json!({ "prompt": prompt, "max_tokens": 30, "temperature": 0, "logprobs": 0 });
+        if let Some(drafts) = drafts {
+            body["num_speculative_tokens"] = json!(drafts);
+        }
+        body
+    };
+    let requests = [
+        request("1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", None),
+        request("The cat sat on the mat. The cat sat on the mat. The cat sat on the", None),
+        request("1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", Some(0)),
+    ];
+    let answer = |server: &Server, body: &Value| {
+        let value = post(server, "/v1/completions", body);
+        let choice = &value["choices"][0];
+        let logprobs: Vec<f64> =
+            choice["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        (choice["text"].as_str().unwrap().to_string(), logprobs)
+    };
+    let together: Vec<(String, Vec<f64>)> = std::thread::scope(|scope| {
+        let running: Vec<_> = requests.iter().map(|body| scope.spawn(|| answer(&drafting, body))).collect();
+        running.into_iter().map(|handle| handle.join().unwrap()).collect()
+    });
+    for (body, (text, logprobs)) in requests.iter().zip(&together) {
+        let (expected_text, expected_logprobs) = answer(&plain, body);
+        assert_eq!(*text, expected_text, "{body}");
+        assert_eq!(logprobs.len(), expected_logprobs.len());
+        for (got, expected) in logprobs.iter().zip(&expected_logprobs) {
+            assert!((got - expected).abs() < 1e-3, "{body}: {got} vs {expected}");
         }
     }
+    let (_, metrics) = drafting.call("GET", "/metrics", "");
+    let count = |name: &str| -> u64 {
+        let line =
+            metrics.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("no {name}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (checks, drafted, kept) = (
+        count("vllm:spec_decode_num_drafts_total{"),
+        count("vllm:spec_decode_num_draft_tokens_total{"),
+        count("vllm:spec_decode_num_accepted_tokens_total{"),
+    );
+    assert!(checks > 0 && drafted >= checks && kept > 0 && kept < drafted, "{checks} {drafted} {kept}");
+    assert_eq!(count("linnet_spec_decode_accepted_tokens_total "), kept);
+    let too_many = json!({ "prompt": "1 2", "max_tokens": 2, "num_speculative_tokens": 65 }).to_string();
+    let (status, body) = drafting.call("POST", "/v1/completions", &too_many);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("num_speculative_tokens"), "{body}");
 }

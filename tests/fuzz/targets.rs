@@ -267,7 +267,14 @@ fn request(input: &[u8]) {
     static SERVED: OnceLock<Served> = OnceLock::new();
     let served = SERVED.get_or_init(|| {
         Served::new(
-            Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 512, states: Default::default() },
+            Limits {
+                model: "tiny".into(),
+                rows: 2,
+                max_seq: 64,
+                vocab: 512,
+                states: Default::default(),
+                verifies: true,
+            },
             linnet_runtime::text::TextModel::load(&oracle().join("weights-f32")).expect("the oracle's tokenizer"),
         )
     });

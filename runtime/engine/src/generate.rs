@@ -68,22 +68,9 @@ pub fn generate(
 ) -> Result<Vec<i64>, RunError> {
     let rows =
         batch_rows(machine).map_err(|error| RunError::Inputs { entry: "decode".into(), message: error.to_string() })?;
-    // The last token generated is never written to the caches.
-    let needed = prompt.len() + max_tokens.max(1) - 1;
-    if let Some(positions) = cache_positions(machine.model()).filter(|positions| needed > *positions) {
-        let message = format!(
-            "a prompt of {} tokens and {max_tokens} new ones need {needed} positions; this model's caches hold {positions} (its card's MaxSeq)",
-            prompt.len()
-        );
-        return Err(RunError::Inputs { entry: "prefill".into(), message });
-    }
+    check_room(machine.model(), prompt.len(), max_tokens)?;
     machine.reset()?;
-    let tokens: Vec<i64> = (0..rows).flat_map(|_| prompt.iter().copied()).collect();
-    let prefill = vec![
-        Tensor::from_i64(Dtype::I32, vec![rows, prompt.len()], tokens),
-        Tensor::from_i64(Dtype::I32, Vec::new(), vec![0]),
-    ];
-    let mut logits = machine.call("prefill", prefill)?.remove(0);
+    let mut logits = feed(machine, "prefill", rows, prompt, 0)?;
     let mut generated = Vec::with_capacity(max_tokens);
     let mut history = prompt.to_vec();
     let width = *logits.shape.last().expect("[rows, vocab] logits");
@@ -98,12 +85,41 @@ pub fn generate(
         if !on_token(next) || stop.contains(&next) || step + 1 == max_tokens {
             break;
         }
-        let position = (prompt.len() + step) as i64;
-        let decode = vec![
-            Tensor::from_i64(Dtype::I32, vec![rows, 1], vec![next; rows]),
-            Tensor::from_i64(Dtype::I32, Vec::new(), vec![position]),
-        ];
-        logits = machine.call("decode", decode)?.remove(0);
+        logits = feed(machine, "decode", rows, &[next], prompt.len() + step)?;
     }
     Ok(generated)
+}
+
+/// Whether a prompt of `prompt` tokens and `max_tokens` new ones fit the
+/// model's caches. The last token generated is never written (nor is a
+/// draft checked past it).
+pub(crate) fn check_room(model: &Model, prompt: usize, max_tokens: usize) -> Result<(), RunError> {
+    let needed = prompt + max_tokens.max(1) - 1;
+    match cache_positions(model).filter(|positions| needed > *positions) {
+        None => Ok(()),
+        Some(positions) => {
+            let message = format!(
+                "a prompt of {prompt} tokens and {max_tokens} new ones need {needed} positions; this model's caches hold {positions} (its card's MaxSeq)"
+            );
+            Err(RunError::Inputs { entry: "prefill".into(), message })
+        }
+    }
+}
+
+/// `entry` (`prefill`, `decode`, `verify`) on `tokens` at `position`, every
+/// row given the same tokens: its logits, as f32 values.
+pub(crate) fn feed(
+    machine: &mut Machine,
+    entry: &str,
+    rows: usize,
+    tokens: &[i64],
+    position: usize,
+) -> Result<Tensor, RunError> {
+    let all: Vec<i64> = (0..rows).flat_map(|_| tokens.iter().copied()).collect();
+    let inputs = vec![
+        Tensor::from_i64(Dtype::I32, vec![rows, tokens.len()], all),
+        Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
+    ];
+    let logits = machine.call(entry, inputs)?.remove(0);
+    Ok(if logits.as_f32().is_some() { logits } else { logits.widened().into_owned() })
 }

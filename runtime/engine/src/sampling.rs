@@ -67,7 +67,6 @@ impl Default for Sampling {
 }
 
 impl Sampling {
-    /// Why these settings cannot be used, if they cannot.
     /// Whether every choice is the largest logit's token, whatever came
     /// before: no temperature, no penalty, no bias.
     pub fn is_greedy(&self) -> bool {
@@ -78,6 +77,7 @@ impl Sampling {
             && self.logit_bias.is_empty()
     }
 
+    /// Why these settings cannot be used, if they cannot.
     pub fn validate(&self) -> Result<(), Error> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(Error::Input(format!("temperature must be 0 or more, not {}", self.temperature)));
@@ -105,6 +105,12 @@ impl Sampling {
     /// generated: its last `generated`), from one row of logits (check
     /// them first with [`not_a_number`]).
     pub fn choose(&self, logits: &[f32], history: &[i64], generated: usize, rng: &mut Rng) -> i64 {
+        self.candidates(logits, history, generated).draw(rng)
+    }
+
+    /// The tokens [`Sampling::choose`] can fall on after `history`, with
+    /// their weights: one token where the choice is greedy.
+    pub fn candidates(&self, logits: &[f32], history: &[i64], generated: usize) -> Candidates {
         let mut scores: Vec<f64> = logits.iter().map(|&l| l as f64).collect();
         for &(token, bias) in &self.logit_bias {
             if let Some(score) = scores.get_mut(token) {
@@ -132,11 +138,12 @@ impl Sampling {
             }
         }
         if self.temperature == 0.0 {
-            return scores
+            let largest = scores
                 .iter()
                 .enumerate()
                 .fold((0, f64::NEG_INFINITY), |best, (at, &s)| if s > best.1 { (at, s) } else { best })
-                .0 as i64;
+                .0;
+            return Candidates { tokens: vec![largest], weights: vec![1.0] };
         }
         let mut order: Vec<usize> = (0..scores.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
@@ -159,16 +166,50 @@ impl Sampling {
                 break;
             }
         }
-        let kept = &weights[..keep];
-        let total: f64 = kept.iter().sum();
-        let mut target = rng.next_f64() * total;
-        for (at, w) in kept.iter().enumerate() {
-            if target < *w {
-                return order[at] as i64;
-            }
-            target -= w;
+        order.truncate(keep);
+        weights.truncate(keep);
+        Candidates { tokens: order, weights }
+    }
+}
+
+/// The tokens a sampled choice can fall on, likeliest first, with their
+/// weights (in proportion to their probabilities; never empty).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidates {
+    tokens: Vec<usize>,
+    weights: Vec<f64>,
+}
+
+impl Candidates {
+    /// One token drawn by weight; a single candidate takes no draw, so a
+    /// greedy choice leaves the generator as it was.
+    pub fn draw(&self, rng: &mut Rng) -> i64 {
+        if let [only] = self.tokens[..] {
+            return only as i64;
         }
-        order[keep - 1] as i64
+        let mut target = rng.next_f64() * self.weights.iter().sum::<f64>();
+        for (token, weight) in self.tokens.iter().zip(&self.weights) {
+            if target < *weight {
+                return *token as i64;
+            }
+            target -= weight;
+        }
+        *self.tokens.last().expect("candidates are never empty") as i64
+    }
+
+    /// The chance that [`Candidates::draw`] gives `token`.
+    pub fn probability(&self, token: i64) -> f64 {
+        let weight: f64 =
+            self.tokens.iter().zip(&self.weights).filter(|(t, _)| **t as i64 == token).map(|(_, w)| w).sum();
+        weight / self.weights.iter().sum::<f64>()
+    }
+
+    /// The candidates but `token`; `None` where it was the only one.
+    pub fn without(&self, token: i64) -> Option<Candidates> {
+        let (tokens, weights) =
+            self.tokens.iter().zip(&self.weights).filter(|(t, _)| **t as i64 != token).map(|(t, w)| (*t, *w)).unzip();
+        let rest = Candidates { tokens, weights };
+        (!rest.tokens.is_empty()).then_some(rest)
     }
 }
 

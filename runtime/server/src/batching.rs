@@ -16,6 +16,7 @@ use linnet_exec::{Machine, RunError};
 use linnet_ir::Dtype;
 use linnet_runtime::constrain::Constraint;
 use linnet_runtime::sampling::{Logprobs, Rng, Sampling};
+use linnet_runtime::speculative::{ngram_draft, settle_sampled};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +44,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// What the answer must match (a JSON schema, a regex, a grammar).
     pub constraint: Option<Constraint>,
+    /// The most tokens drafted a step (n-gram lookup, checked with
+    /// `verify_slots`); 0 drafts none.
+    pub draft: usize,
     pub updates: UnboundedSender<Update>,
     /// The prompt's tokens found in the prefix cache, set before its first
     /// token is sent.
@@ -56,8 +60,32 @@ struct Row {
     rng: Rng,
     history: Vec<i64>,
     generated: usize,
-    /// The position the next token goes to.
+    /// The tokens the row's caches and states hold: the position the next
+    /// one fed goes to.
     position: usize,
+    /// Tokens chosen and not yet fed: the last chosen, and after refused
+    /// drafts the kept ones before it.
+    pending: Vec<i64>,
+}
+
+impl Row {
+    /// Up to `job.draft` tokens drafted by n-gram lookup: none under a
+    /// constraint (whose state follows each token), none past the tokens
+    /// asked for or the caches, and none while refused drafts' kept tokens
+    /// wait to be fed.
+    fn drafts(&self, limits: &Limits) -> Vec<i64> {
+        if self.job.constraint.is_some() || self.pending.len() > self.job.draft {
+            return Vec::new();
+        }
+        let room = self
+            .job
+            .draft
+            .min(self.job.max_tokens.saturating_sub(self.generated + 1))
+            .min(limits.max_seq.saturating_sub(self.position + self.pending.len()));
+        let mut drafts = ngram_draft(&self.history, room);
+        drafts.truncate(room);
+        drafts
+    }
 }
 
 /// The model's limits, known to the HTTP side for validation.
@@ -69,6 +97,8 @@ pub struct Limits {
     pub vocab: usize,
     /// What the rows' states hold, for the cache's use over its capacity.
     pub states: StateBytes,
+    /// Whether the model checks drafts (its `verify_slots` entry).
+    pub verifies: bool,
 }
 
 /// The bytes of the model's states (the caches and recurrent states every
@@ -124,7 +154,8 @@ pub fn limits(machine: &Machine) -> Result<Limits, ServeError> {
     let (rows, vocab) = (rows as usize, vocab as usize);
     let max_seq = linnet_runtime::generate::cache_positions(machine.model()).unwrap_or(usize::MAX);
     let states = StateBytes::of(model, rows, max_seq);
-    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab, states })
+    let verifies = model.entry("verify_slots").is_some();
+    Ok(Limits { model: machine.model().name.clone(), rows, max_seq, vocab, states, verifies })
 }
 
 fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
@@ -132,7 +163,8 @@ fn logits_rows(logits: &Tensor) -> Vec<&[f32]> {
     logits.as_f32().expect("float logits").chunks(width).collect()
 }
 
-/// Sends the chosen token; says whether the row goes on.
+/// Chooses the row's next token from `logits` and sends it; says whether
+/// the row goes on.
 fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
     if let Some(message) = linnet_runtime::sampling::not_a_number(logits) {
         let _ = row.job.updates.send(Update::Failed(message));
@@ -149,7 +181,13 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
     };
     let logits = masked.as_deref().unwrap_or(logits);
     let next = row.job.sampling.choose(logits, &row.history, row.generated, &mut row.rng);
+    deliver(row, next, logits, limits)
+}
+
+/// Sends `next`, chosen from `logits`; says whether the row goes on.
+fn deliver(row: &mut Row, next: i64, logits: &[f32], limits: &Limits) -> bool {
     row.history.push(next);
+    row.pending.push(next);
     row.generated += 1;
     let logprobs = row.job.logprobs.map(|top| Logprobs::of(logits, next, top));
     if row.job.updates.send(Update::Token(next, logprobs)).is_err() {
@@ -163,9 +201,11 @@ fn emit(row: &mut Row, logits: &[f32], limits: &Limits) -> bool {
         }
         None => false,
     };
+    // The position the next token would go to.
+    let next_position = row.position + row.pending.len();
     let reason = if complete || row.job.stop.contains(&next) {
         Some("stop")
-    } else if row.generated >= row.job.max_tokens || row.position + 1 >= limits.max_seq {
+    } else if row.generated >= row.job.max_tokens || next_position >= limits.max_seq {
         Some("length")
     } else {
         None
@@ -239,6 +279,7 @@ pub fn run_batches(
                             history: job.prompt.clone(),
                             generated: 0,
                             position: job.prompt.len(),
+                            pending: Vec::new(),
                             job,
                         };
                         if emit(&mut row, &row_logits, &limits) {
@@ -264,35 +305,127 @@ pub fn run_batches(
         if !rows.iter().any(Option::is_some) {
             continue;
         }
-        // One step for every row; a free row computes along and is ignored.
-        let tokens: Vec<i64> =
-            rows.iter().map(|r| r.as_ref().map_or(0, |row| *row.history.last().expect("a token"))).collect();
-        let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
-        let inputs = vec![
-            Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens),
-            Tensor::from_i64(Dtype::I32, vec![limits.rows], positions),
-        ];
-        match machine.call("decode_rows", inputs) {
-            Ok(outputs) => {
-                let logits = &outputs[0];
-                for (slot, row_logits) in rows.iter_mut().zip(logits_rows(logits)) {
-                    if let Some(row) = slot {
-                        row.position += 1;
-                        if !emit(row, row_logits, &limits) {
-                            *slot = None;
-                        }
-                    }
-                }
-            }
-            Err(error) => {
-                for slot in rows.iter_mut() {
-                    if let Some(row) = slot.take() {
-                        let _ = row.job.updates.send(Update::Failed(error.to_string()));
-                    }
+        // One step for every row: one token each through `decode_rows`, or
+        // where a row has drafts or tokens to feed again, every row's
+        // through `verify_slots`.
+        let drafts: Vec<Vec<i64>> =
+            rows.iter().map(|slot| slot.as_ref().map_or_else(Vec::new, |row| row.drafts(&limits))).collect();
+        let plain = drafts.iter().all(Vec::is_empty) && rows.iter().flatten().all(|row| row.pending.len() == 1);
+        let stepped = match plain {
+            true => decode_step(&mut machine, &mut rows, &limits),
+            false => check_step(&mut machine, &mut rows, &drafts, &limits, load),
+        };
+        if let Err(error) = stepped {
+            for slot in rows.iter_mut() {
+                if let Some(row) = slot.take() {
+                    let _ = row.job.updates.send(Update::Failed(error.to_string()));
                 }
             }
         }
     }
+}
+
+/// One token for every row through `decode_rows`; a free row computes
+/// along and is ignored.
+fn decode_step(machine: &mut Machine, rows: &mut [Option<Row>], limits: &Limits) -> Result<(), RunError> {
+    let tokens: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.pending[0])).collect();
+    let positions: Vec<i64> = rows.iter().map(|r| r.as_ref().map_or(0, |row| row.position as i64)).collect();
+    let inputs = vec![
+        Tensor::from_i64(Dtype::I32, vec![limits.rows, 1], tokens),
+        Tensor::from_i64(Dtype::I32, vec![limits.rows], positions),
+    ];
+    let outputs = machine.call("decode_rows", inputs)?;
+    for (slot, row_logits) in rows.iter_mut().zip(logits_rows(&outputs[0])) {
+        if let Some(row) = slot {
+            row.position += 1;
+            row.pending.clear();
+            if !emit(row, row_logits, limits) {
+                *slot = None;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every busy row's pending tokens and drafts through `verify_slots` in
+/// one call. Drafts are kept by the rejection rule; a row that refused
+/// one has its recurrent states put back as before the call (positional
+/// caches need nothing) and feeds its kept tokens again with its next
+/// step.
+fn check_step(
+    machine: &mut Machine,
+    rows: &mut [Option<Row>],
+    drafts: &[Vec<i64>],
+    limits: &Limits,
+    load: &Load,
+) -> Result<(), RunError> {
+    let busy: Vec<usize> = rows.iter().enumerate().filter(|(_, r)| r.is_some()).map(|(at, _)| at).collect();
+    let row = |slot: usize| rows[slot].as_ref().expect("a busy row");
+    let checked: Vec<Vec<i64>> = busy.iter().map(|&slot| [&row(slot).pending[..], &drafts[slot]].concat()).collect();
+    let width = checked.iter().map(Vec::len).max().unwrap_or(1);
+    let saved: Vec<Option<Vec<Tensor>>> = busy
+        .iter()
+        .map(|&slot| (!drafts[slot].is_empty()).then(|| machine.recurrent_rows(slot)).transpose())
+        .collect::<Result<_, _>>()?;
+    let column = |value: &dyn Fn(usize, &[i64]) -> usize| {
+        let values = busy.iter().zip(&checked).map(|(&slot, tokens)| value(slot, tokens) as i64).collect();
+        Tensor::from_i64(Dtype::I32, vec![busy.len()], values)
+    };
+    let padded =
+        checked.iter().flat_map(|tokens| tokens.iter().copied().chain(std::iter::repeat_n(0, width - tokens.len())));
+    let inputs = vec![
+        Tensor::from_i64(Dtype::I32, vec![busy.len(), width], padded.collect()),
+        column(&|slot, _| slot),
+        column(&|slot, _| row(slot).position),
+        column(&|_, tokens| tokens.len()),
+    ];
+    let outputs = machine.call("verify_slots", inputs)?;
+    let scores = outputs[0].as_f32().expect("float logits");
+    let vocab = limits.vocab;
+    for (m, (&slot, saved)) in busy.iter().zip(saved).enumerate() {
+        let row = rows[slot].as_mut().expect("a busy row");
+        let drafts = &drafts[slot];
+        let before = row.pending.len();
+        // The logits after the last pending token, then after each draft.
+        let first = (m * width + before - 1) * vocab;
+        let judged = &scores[first..first + (drafts.len() + 1) * vocab];
+        let going = match saved {
+            None => {
+                row.position += before;
+                row.pending.clear();
+                emit(row, judged, limits)
+            }
+            Some(saved) => {
+                if let Some(message) = linnet_runtime::sampling::not_a_number(judged) {
+                    let _ = row.job.updates.send(Update::Failed(message));
+                    rows[slot] = None;
+                    continue;
+                }
+                let (agreed, following) =
+                    settle_sampled(drafts, judged, &row.job.sampling, &row.history, row.generated, &mut row.rng);
+                load.spec_drafts.fetch_add(1, Ordering::Relaxed);
+                load.spec_draft_tokens.fetch_add(drafts.len() as u64, Ordering::Relaxed);
+                load.spec_accepted_tokens.fetch_add(agreed as u64, Ordering::Relaxed);
+                if agreed < drafts.len() {
+                    machine.set_state_rows(slot, &saved)?;
+                }
+                let tokens = drafts[..agreed].iter().chain([&following]);
+                let going =
+                    tokens.enumerate().all(|(at, &token)| deliver(row, token, &judged[at * vocab..][..vocab], limits));
+                if agreed == drafts.len() {
+                    // Everything checked is in the states: the kept drafts
+                    // too.
+                    row.position += before + agreed;
+                    row.pending.drain(..before + agreed);
+                }
+                going
+            }
+        };
+        if !going {
+            rows[slot] = None;
+        }
+    }
+    Ok(())
 }
 
 /// Prefills `prompts` (each with its row) through `prefill_slots`: each
@@ -375,6 +508,10 @@ pub struct Load {
     pub prefix_hits: AtomicU64,
     pub prefix_tokens: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// Speculative checks made, tokens drafted, and drafts kept.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
     /// The share of the rows' states in use (`StateBytes::usage`), as f64
     /// bits.
     pub state_usage: AtomicU64,

@@ -56,6 +56,9 @@ pub struct Served {
     /// has as special tokens: a chat answer's text shows them, for the
     /// parsers that split reasoning and calls out of it.
     chat_tags: Vec<u32>,
+    /// The most tokens drafted a step for a request that does not say
+    /// (`--speculative ngram --draft N`; 0: none).
+    pub draft: usize,
 }
 
 impl Served {
@@ -70,7 +73,13 @@ impl Served {
             .as_ref()
             .map(|text| reasoning::TAGS.iter().chain(tools::TAGS).filter_map(|tag| text.special_token(tag)).collect())
             .unwrap_or_default();
-        Served { limits, text, grammars, chat_tags }
+        Served { limits, text, grammars, chat_tags, draft: 0 }
+    }
+
+    /// Drafts of up to `draft` tokens a step for every request that does
+    /// not say otherwise.
+    pub fn with_draft(self, draft: usize) -> Served {
+        Served { draft, ..self }
     }
 
     /// Whether `tag` is one special token of this model's vocabulary.
@@ -111,6 +120,9 @@ pub struct Options {
     /// Where the prefix cache's changes are published for routers, if
     /// anywhere (`--kv-events-config`).
     pub kv_events: Option<kv_events::KvEventsConfig>,
+    /// The most tokens drafted a step (n-gram lookup) for requests that do
+    /// not say (`num_speculative_tokens`); 0: none.
+    pub draft: usize,
 }
 
 struct App {
@@ -864,6 +876,11 @@ pub enum ServeError {
 pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
     let Loaded { machine, text, .. } = loaded;
     let limits = limits(&machine)?;
+    if options.draft > 0 && !limits.verifies {
+        return Err(ServeError::CannotServe(
+            "drafts are checked by a `verify_slots` entry, and this model has none".into(),
+        ));
+    }
     let (jobs, receiver) = mpsc::channel::<Job>();
     let scheduler_load = Arc::new(Load::default());
     let held_load = scheduler_load.clone();
@@ -887,7 +904,7 @@ pub fn serve(loaded: Loaded, options: Options) -> Result<(), ServeError> {
     let capacity = limits.rows + options.queue;
     let app = Arc::new(App {
         jobs: std::sync::Mutex::new(jobs),
-        served: Served::new(limits, text),
+        served: Served::new(limits, text).with_draft(options.draft),
         held: Arc::new(AtomicUsize::new(0)),
         capacity,
         metrics: Metrics::new(metrics::CacheConfig {

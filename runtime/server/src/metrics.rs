@@ -4,7 +4,8 @@
 //! model-server protocol, llm-d, Dynamo, vLLM's production stack), under
 //! vLLM's: requests running and waiting, the share of the rows' states in
 //! use (`vllm:kv_cache_usage_perc`), the cache's block size and capacity
-//! (`vllm:cache_config_info`), tokens, finishes by reason, and the time to
+//! (`vllm:cache_config_info`), tokens, speculative drafts and those kept
+//! (`vllm:spec_decode_*`), finishes by reason, and the time to
 //! the first token, between tokens, end to end and in the queue, and each
 //! request's prompt and generated tokens, as histograms.
 
@@ -153,7 +154,8 @@ impl Metrics {
         let generated = self.generated_tokens.load(Ordering::Relaxed).to_string();
         let usage = load.usage().to_string();
         // (Linnet's name, vLLM's names, type, help, value.)
-        let samples: [(&str, &[&str], &str, &str, String); 8] = [
+        let counted = |counter: &AtomicU64| counter.load(Ordering::Relaxed).to_string();
+        let samples: [(&str, &[&str], &str, &str, String); 11] = [
             ("linnet_prompt_tokens_total", &["vllm:prompt_tokens_total"], "counter", "Prompt tokens of requests admitted.", prompt),
             ("linnet_generation_tokens_total", &["vllm:generation_tokens_total"], "counter", "Tokens generated.", generated),
             ("linnet_requests_running", &["vllm:num_requests_running"], "gauge", "Rows decoding now.", running.to_string()),
@@ -168,6 +170,9 @@ impl Metrics {
             ("linnet_prefix_cache_queries_total", &[], "counter", "Prompts looked up in the prefix cache.", load.prefix_queries.load(Ordering::Relaxed).to_string()),
             ("linnet_prefix_cache_hits_total", &[], "counter", "Prompts that found a prefix in the prefix cache.", load.prefix_hits.load(Ordering::Relaxed).to_string()),
             ("linnet_prefix_cache_tokens_total", &[], "counter", "Prompt tokens found in the prefix cache, not prefilled again.", load.prefix_tokens.load(Ordering::Relaxed).to_string()),
+            ("linnet_spec_decode_drafts_total", &["vllm:spec_decode_num_drafts_total"], "counter", "Speculative checks of drafted tokens.", counted(&load.spec_drafts)),
+            ("linnet_spec_decode_draft_tokens_total", &["vllm:spec_decode_num_draft_tokens_total"], "counter", "Tokens drafted and checked.", counted(&load.spec_draft_tokens)),
+            ("linnet_spec_decode_accepted_tokens_total", &["vllm:spec_decode_num_accepted_tokens_total"], "counter", "Drafted tokens kept.", counted(&load.spec_accepted_tokens)),
         ];
         for (name, vllm, kind, help, value) in samples {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
@@ -244,7 +249,8 @@ mod tests {
         metrics.answered("completions", 200);
         metrics.answered("completions", 200);
         metrics.answered("chat", 400);
-        let limits = Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 8, states: Default::default() };
+        let limits =
+            Limits { model: "tiny".into(), rows: 2, max_seq: 64, vocab: 8, states: Default::default(), verifies: true };
         let text = metrics.render(&limits, &Load::default());
         assert!(text.contains("linnet_time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n"), "{text}");
         assert!(text.contains("linnet_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), "{text}");

@@ -36,6 +36,9 @@ pub struct Request {
 /// The most choices a request may ask for (each takes a row).
 const MOST_CHOICES: u64 = 16;
 
+/// The most tokens a request may have drafted a step.
+const MOST_DRAFTS: u64 = 64;
+
 /// A field that must be a number in a range, or absent.
 fn number(body: &Value, name: &str, default: f64, range: std::ops::RangeInclusive<f64>) -> Result<f64, Response> {
     match body.get(name) {
@@ -273,6 +276,12 @@ pub fn parse_request(
     }
     let (tools, forced_calls) = tools(served, body, chat)?;
     let choices = whole(body, "n", 1, 1..=MOST_CHOICES)?;
+    // An extension: the most tokens drafted a step for this request
+    // (n-gram lookup), the server's `--draft` where it says nothing.
+    let draft = whole(body, "num_speculative_tokens", served.draft as u64, 0..=MOST_DRAFTS)? as usize;
+    if draft > 0 && !limits.verifies {
+        return Err(bad("this model has no `verify_slots` entry: it cannot check drafts", "num_speculative_tokens"));
+    }
     let structured = match (structured(body)?, forced_calls) {
         (Some((_, field)), Some(_)) => {
             return Err(bad(format!("`{field}` and a forced `tool_choice` cannot both constrain the answer"), field))
@@ -308,6 +317,7 @@ pub fn parse_request(
                 stop: stop.clone(),
                 logprobs,
                 constraint: constraint.as_ref().map(Constraint::copy),
+                draft,
                 updates,
                 cached: Default::default(),
                 started: Default::default(),

@@ -10,6 +10,8 @@ use linnet_exec::{Machine, Profile};
 use linnet_ir::Dtype;
 use std::time::Instant;
 
+pub mod speculative;
+
 pub struct Report {
     pub model: String,
     pub weight_bytes: usize,
