@@ -283,6 +283,10 @@ enum Command {
         /// The most tokens drafted a step (with --draft-accuracy).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "draft_accuracy")]
         draft: u32,
+        /// With --draft-accuracy, continue this text (through the
+        /// checkpoint's tokenizer) instead of `--prompt` counted tokens.
+        #[arg(long, requires = "draft_accuracy")]
+        prompt_text: Option<String>,
     },
 }
 
@@ -744,9 +748,20 @@ fn main() -> ExitCode {
         Command::Perplexity { model, file, ctx_size, chunks, kl_divergence_base, kl_divergence } => {
             perplexity(&model, file.as_ref(), ctx_size, chunks, kl_divergence_base.as_ref(), kl_divergence)
         }
-        Command::Bench { model, prompt, generate, repetitions, decode_at, threads, profile, draft_accuracy, draft } => {
+        Command::Bench {
+            model,
+            prompt,
+            generate,
+            repetitions,
+            decode_at,
+            threads,
+            profile,
+            draft_accuracy,
+            draft,
+            prompt_text,
+        } => {
             use_threads(threads).and_then(|()| load(&model)).and_then(|loaded| {
-                let mut machine = loaded.machine;
+                let Loaded { mut machine, text, .. } = loaded;
                 if !decode_at.is_empty() {
                     // A first call computes what is hoisted (the rotary tables).
                     bench::decode_at(&mut machine, &decode_at[..1], 1)?;
@@ -756,6 +771,14 @@ fn main() -> ExitCode {
                     return Ok(());
                 }
                 if !draft_accuracy.is_empty() {
+                    let tokens = match (prompt_text, &text) {
+                        (Some(prompt), Some(text)) => Some(text.encode_prompt(&prompt)?),
+                        (Some(_), None) => return Err("--prompt-text needs a tokenizer.json beside the weights".into()),
+                        (None, _) => None,
+                    };
+                    let prompt = tokens
+                        .as_deref()
+                        .map_or(bench::speculative::Prompt::Counting(prompt), bench::speculative::Prompt::Tokens);
                     let runs = repetitions.max(1);
                     let report =
                         bench::speculative::run(&mut machine, prompt, generate, draft as usize, &draft_accuracy, runs)?;

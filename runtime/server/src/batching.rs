@@ -412,9 +412,9 @@ fn check_step(
                 let tokens = drafts[..agreed].iter().chain([&following]);
                 let going =
                     tokens.enumerate().all(|(at, &token)| deliver(row, token, &judged[at * vocab..][..vocab], limits));
-                if agreed == drafts.len() {
+                if going && agreed == drafts.len() {
                     // Everything checked is in the states: the kept drafts
-                    // too.
+                    // too (a row that ended is let go as it is).
                     row.position += before + agreed;
                     row.pending.drain(..before + agreed);
                 }

@@ -34,6 +34,14 @@ pub struct Run {
     pub acceptance: Acceptance,
 }
 
+/// What the timed runs continue: `Counting(n)`, n tokens spread over the
+/// vocabulary (as `linnet bench`'s prompts), or text's tokens.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    Counting(usize),
+    Tokens(&'a [i64]),
+}
+
 pub struct Report {
     pub model: String,
     pub backend: &'static str,
@@ -44,13 +52,13 @@ pub struct Report {
     pub runs: Vec<Run>,
 }
 
-/// Greedy decoding of `generate` tokens after a prompt of `prompt` tokens,
+/// Greedy decoding of `generate` tokens after `prompt`,
 /// without drafts, then with drafts of up to `draft` tokens right with each
 /// probability of `accuracies`, then with n-gram drafts; `repetitions`
 /// timed rounds of each after one that is not timed.
 pub fn run(
     machine: &mut Machine,
-    prompt: usize,
+    prompt: Prompt,
     generate: usize,
     draft: usize,
     accuracies: &[f64],
@@ -68,7 +76,11 @@ pub fn run(
         .entry("decode")
         .and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant()))
         .ok_or_else(|| Error::Input("`decode` has no vocabulary-sized output".into()))?;
-    let prompt_ids: Vec<i64> = (0..prompt.max(1)).map(|i| (i as i64 * 7919 + 13) % vocab).collect();
+    let prompt_ids: Vec<i64> = match prompt {
+        Prompt::Counting(length) => (0..length.max(1)).map(|i| (i as i64 * 7919 + 13) % vocab).collect(),
+        Prompt::Tokens([]) => return Err(Error::Input("the prompt makes no tokens".into())),
+        Prompt::Tokens(tokens) => tokens.to_vec(),
+    };
     let greedily = Sampling::default();
     let request = Request { prompt: &prompt_ids, max_tokens: generate, draft, sampling: &greedily, stop: &[] };
     // One run without drafts says what every run must give.
