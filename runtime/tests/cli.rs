@@ -677,8 +677,9 @@ fn quantize_writes_a_gguf_the_checkpoint_reads_back_from() {
     assert!(stderr.contains("mxfp4_moe, q8_0, q3_k, q4_k, q5_k, q6_k, mxfp4"), "{stderr}");
 }
 
-/// A checkpoint whose config.json contradicts the card: the error shows
-/// the card's line and the file's value, and nothing runs.
+/// A checkpoint whose config.json contradicts the card (a tied head, a
+/// layer of another kind than the stack builds): each error shows the
+/// card's line and the file's value, and nothing runs.
 #[test]
 fn a_checkpoint_that_contradicts_the_card_is_refused_naming_both() {
     let oracle = root().join("tests/fixtures/oracle/tiny-qwen3-dense/weights-f32");
@@ -690,8 +691,9 @@ fn a_checkpoint_that_contradicts_the_card_is_refused_naming_both() {
     }
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let tied = config.replace("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
-    assert_ne!(tied, config);
-    std::fs::write(dir.join("config.json"), tied).unwrap();
+    let sliding = tied.replacen("\"full_attention\"", "\"sliding_attention\"", 1);
+    assert!(tied != config && sliding != tied);
+    std::fs::write(dir.join("config.json"), sliding).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_linnet"))
         .args(["generate", root().join("models/qwen3-8b").to_str().unwrap(), "--prompt-ids", "1,2", "--print-ids"])
         .arg("--weights")
@@ -705,5 +707,9 @@ fn a_checkpoint_that_contradicts_the_card_is_refused_naming_both() {
     assert!(!output.status.success());
     assert!(stderr.contains("[checkpoint-config]"), "{stderr}");
     assert!(stderr.contains("says `tie_word_embeddings` is true, where the card requires false"), "{stderr}");
+    assert!(
+        stderr.contains("where the card builds layer 0 as \"full_attention\": \"full_attention\" where the layer's number plus one is a multiple of 1"),
+        "{stderr}"
+    );
     assert!(stderr.contains("nest.toml") && stderr.contains("config.json"), "{stderr}");
 }

@@ -14,7 +14,13 @@
 //!   one of these (`{ one_of = [] }`: the file must not have the key;
 //!   `required = true` beside `one_of`: the file must have it);
 //! - an expression over the generics (`"head_dim" = "H / Heads"`): the
-//!   file's value must equal it under the generics the card ends with.
+//!   file's value must equal it under the generics the card ends with;
+//! - a list of layer kinds with a period (`"layer_types" = { every =
+//!   "full_attention", period = "Pattern", others = "sliding_attention" }`):
+//!   every `period`-th element (the first at `period - 1`) is `every`, the
+//!   others are `others`, as the package builds its stack; a generic
+//!   period takes the file's (where its list has an `every`), a number
+//!   must be the file's.
 //!
 //! A key the file does not have (or has as `null`) leaves the card's value.
 //! A contradiction is an error at the card's line that names the file's
@@ -40,6 +46,17 @@ pub enum Rule {
     OneOf { allowed: Vec<toml::Value>, required: bool },
     /// The value must equal this expression over the integer generics.
     Derived(String),
+    /// A list whose every `period`-th element is `every` and the others
+    /// `others`.
+    Periodic { every: String, others: String, period: Period },
+}
+
+/// A [`Rule::Periodic`] list's period: a generic that takes the file's, or
+/// a number the file's must be.
+#[derive(Clone, Debug)]
+pub enum Period {
+    Generic(String),
+    Fixed(i64),
 }
 
 /// One `[config]` line.
@@ -87,7 +104,7 @@ pub fn parse(
                 None => {
                     diagnostics.push(
                         Diagnostic::error(Code::PackageError, span, "not a `[config]` rule")
-                            .with_label("`{ generic = \"Name\", otherwise = VALUE }` or `{ one_of = [VALUES] }`"),
+                            .with_label("`{ generic = \"Name\", otherwise = VALUE }`, `{ one_of = [VALUES] }` or `{ every = KIND, period = N, others = KIND }`"),
                     );
                     continue;
                 }
@@ -100,19 +117,33 @@ pub fn parse(
     lines
 }
 
-/// `{ generic = "Name", otherwise = VALUE }` or `{ one_of = [VALUES] }`
-/// (with `required = true` or not).
+/// `{ generic = "Name", otherwise = VALUE }`, `{ one_of = [VALUES] }`
+/// (with `required = true` or not), or `{ every = KIND, period = "Name" |
+/// N, others = KIND }`.
 fn table_rule(table: &toml::value::Table) -> Option<Rule> {
-    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = table.keys().map(String::as_str).collect();
+    keys.sort_unstable();
     match keys.as_slice() {
-        ["generic", "otherwise"] | ["otherwise", "generic"] => match rule_of(table["generic"].as_str()?) {
+        ["every", "others", "period"] => {
+            let period = match &table["period"] {
+                toml::Value::Integer(count) if *count > 0 => Period::Fixed(*count),
+                toml::Value::String(name) => match rule_of(name) {
+                    Rule::Generic { name, per: 1, .. } => Period::Generic(name),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            let kind = |key: &str| table[key].as_str().map(str::to_string);
+            Some(Rule::Periodic { every: kind("every")?, others: kind("others")?, period })
+        }
+        ["generic", "otherwise"] => match rule_of(table["generic"].as_str()?) {
             Rule::Generic { name, per, .. } => {
                 Some(Rule::Generic { name, per, otherwise: Some(table["otherwise"].clone()) })
             }
             _ => None,
         },
         ["one_of"] => Some(Rule::OneOf { allowed: table["one_of"].as_array()?.clone(), required: false }),
-        ["one_of", "required"] | ["required", "one_of"] => {
+        ["one_of", "required"] => {
             Some(Rule::OneOf { allowed: table["one_of"].as_array()?.clone(), required: table["required"].as_bool()? })
         }
         _ => None,
@@ -318,6 +349,42 @@ pub fn apply(
                     NestEntry { name: name.clone(), value, name_span: line.span, value_span: line.span },
                 );
             }
+            Rule::Periodic { every, others, period } => {
+                let kinds: Option<Vec<&str>> =
+                    found.as_array().and_then(|list| list.iter().map(serde_json::Value::as_str).collect());
+                let Some(kinds) = kinds else {
+                    diagnostics.push(contradiction("requires a list of layer kinds".to_string()));
+                    continue;
+                };
+                let first = kinds.iter().position(|kind| kind == every).map(|at| at as i64 + 1);
+                let length = match (period, first) {
+                    (Period::Fixed(length), _) => *length,
+                    (Period::Generic(_), Some(length)) => length,
+                    // No `every` in the list: a period past its end.
+                    (Period::Generic(_), None) => kinds.len() as i64 + 1,
+                };
+                let expected = |at: usize| if (at as i64 + 1) % length == 0 { every } else { others };
+                if let Some(at) = (0..kinds.len()).find(|&at| kinds[at] != expected(at)) {
+                    let period_name = match period {
+                        Period::Fixed(length) => length.to_string(),
+                        Period::Generic(name) => format!("`{name}` ({length})"),
+                    };
+                    diagnostics.push(contradiction(format!(
+                        "builds layer {at} as \"{}\": \"{every}\" where the layer's number plus one is a multiple of {period_name}, \"{others}\" elsewhere",
+                        expected(at)
+                    )));
+                    continue;
+                }
+                if let (Period::Generic(name), Some(length)) = (period, first) {
+                    let entry = NestEntry {
+                        name: name.clone(),
+                        value: NestValue::Int(length),
+                        name_span: line.span,
+                        value_span: line.span,
+                    };
+                    set_generic(generics, entry);
+                }
+            }
             Rule::Derived(expression) => match found.as_i64() {
                 Some(found) => checks.push(ConfigCheck {
                     key: key.clone(),
@@ -344,6 +411,42 @@ mod tests {
         assert!(matches!(rule_of("Groups * 4"), Rule::Generic { ref name, per: 4, .. } if name == "Groups"));
         assert!(matches!(rule_of("H / Heads"), Rule::Derived(_)));
         assert!(matches!(rule_of("silu"), Rule::Equals(toml::Value::String(ref s)) if s == "silu"));
+    }
+
+    /// A periodic list of layer kinds: a generic period takes the file's, a
+    /// fixed one must be the file's, and a list the stack would not build
+    /// is an error naming the first layer it parts at.
+    #[test]
+    fn layer_kinds_follow_their_period() {
+        let check = |rule: &str, config: &str| {
+            let mut sources = SourceMap::default();
+            let card = sources.add("nest.toml", format!("layer_types = {rule}\n"));
+            let table: BTreeMap<Spanned<String>, Spanned<toml::Value>> =
+                toml::from_str(&sources.get(card).text).unwrap();
+            let mut diagnostics = Vec::new();
+            let lines = parse(card, table, &mut diagnostics);
+            let file = sources.add("config.json", config.to_string());
+            let mut generics = Vec::new();
+            apply(&lines, file, None, &sources, &mut generics, &mut diagnostics);
+            let messages: Vec<String> = diagnostics.iter().map(|d| d.message.clone()).collect();
+            (generics.iter().map(|entry| (entry.name.clone(), entry.value.clone())).collect::<Vec<_>>(), messages)
+        };
+        let gemma = r#"{ every = "full", period = "Pattern", others = "sliding" }"#;
+        let six = r#"{"layer_types": ["sliding", "sliding", "full", "sliding", "sliding", "full", "sliding"]}"#;
+        assert_eq!(check(gemma, six), (vec![("Pattern".to_string(), NestValue::Int(3))], vec![]));
+        let (_, errors) = check(gemma, r#"{"layer_types": ["sliding", "full", "full"]}"#);
+        assert!(errors[0].contains("builds layer 2 as \"sliding\""), "{errors:?}");
+        let pairs = r#"{ every = "full", period = 2, others = "sliding" }"#;
+        assert_eq!(check(pairs, r#"{"layer_types": ["sliding", "full", "sliding", "full"]}"#), (vec![], vec![]));
+        let (_, errors) = check(pairs, r#"{"layer_types": ["full", "full"]}"#);
+        assert!(
+            errors[0].contains(
+                "builds layer 0 as \"sliding\": \"full\" where the layer's number plus one is a multiple of 2"
+            ),
+            "{errors:?}"
+        );
+        let (_, errors) = check(pairs, r#"{"layer_types": "full"}"#);
+        assert!(errors[0].contains("requires a list of layer kinds"), "{errors:?}");
     }
 
     #[test]
