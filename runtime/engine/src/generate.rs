@@ -73,12 +73,8 @@ pub fn generate(
     let mut logits = feed(machine, "prefill", rows, prompt, 0)?;
     let mut generated = Vec::with_capacity(max_tokens);
     let mut history = prompt.to_vec();
-    let width = *logits.shape.last().expect("[rows, vocab] logits");
     for step in 0..max_tokens {
-        let row = &logits.as_f32().expect("float logits")[..width];
-        if let Some(message) = crate::sampling::not_a_number(row) {
-            return Err(RunError::Assertion { entry: if step == 0 { "prefill" } else { "decode" }.into(), message });
-        }
+        let row = first_row(&logits, if step == 0 { "prefill" } else { "decode" })?;
         let next = sampling.choose(row, &history, generated.len(), rng);
         generated.push(next);
         history.push(next);
@@ -122,4 +118,16 @@ pub(crate) fn feed(
     ];
     let logits = machine.call(entry, inputs)?.remove(0);
     Ok(if logits.as_f32().is_some() { logits } else { logits.widened().into_owned() })
+}
+
+/// The first batch row of `entry`'s logits (every row is given the same
+/// tokens), checked for NaN.
+pub(crate) fn first_row<'a>(logits: &'a Tensor, entry: &str) -> Result<&'a [f32], RunError> {
+    let rows = logits.shape[0].max(1);
+    let values = logits.as_f32().expect("`feed` gives f32 logits");
+    let row = &values[..values.len() / rows];
+    match crate::sampling::not_a_number(row) {
+        Some(message) => Err(RunError::Assertion { entry: entry.into(), message }),
+        None => Ok(row),
+    }
 }

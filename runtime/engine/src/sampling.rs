@@ -67,16 +67,6 @@ impl Default for Sampling {
 }
 
 impl Sampling {
-    /// Whether every choice is the largest logit's token, whatever came
-    /// before: no temperature, no penalty, no bias.
-    pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
-            && self.repetition_penalty == 1.0
-            && self.frequency_penalty == 0.0
-            && self.presence_penalty == 0.0
-            && self.logit_bias.is_empty()
-    }
-
     /// Why these settings cannot be used, if they cannot.
     pub fn validate(&self) -> Result<(), Error> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {

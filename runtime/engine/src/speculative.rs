@@ -17,8 +17,8 @@
 //! the head of the next call, with its drafts: one call of the model a
 //! step, drafts kept or not.
 
-use crate::generate::{batch_rows, check_room, feed};
-use crate::sampling::{not_a_number, Candidates, Rng, Sampling};
+use crate::generate::{batch_rows, check_room, feed, first_row};
+use crate::sampling::{Candidates, Rng, Sampling};
 use crate::Error;
 use linnet_exec::{Machine, RunError};
 
@@ -200,18 +200,6 @@ pub fn speculate(
             }
         }
         next = following;
-    }
-}
-
-/// The first batch row of `entry`'s logits (every row is given the same
-/// tokens), checked for NaN.
-fn first_row<'a>(logits: &'a linnet_exec::tensor::Tensor, entry: &str) -> Result<&'a [f32], RunError> {
-    let rows = logits.shape[0].max(1);
-    let values = logits.as_f32().expect("`feed` gives f32 logits");
-    let row = &values[..values.len() / rows];
-    match not_a_number(row) {
-        Some(message) => Err(RunError::Assertion { entry: entry.into(), message }),
-        None => Ok(row),
     }
 }
 

@@ -82,9 +82,7 @@ impl Row {
             .draft
             .min(self.job.max_tokens.saturating_sub(self.generated + 1))
             .min(limits.max_seq.saturating_sub(self.position + self.pending.len()));
-        let mut drafts = ngram_draft(&self.history, room);
-        drafts.truncate(room);
-        drafts
+        ngram_draft(&self.history, room)
     }
 }
 

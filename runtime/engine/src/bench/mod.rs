@@ -40,6 +40,20 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
     (mean, variance.sqrt())
 }
 
+/// The size of the model's vocabulary: its `decode` logits' width.
+fn vocab(machine: &Machine) -> Result<i64, Error> {
+    machine
+        .model()
+        .entry("decode")
+        .and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant()))
+        .ok_or_else(|| Error::Input("`decode` has no vocabulary-sized output".into()))
+}
+
+/// `count` prompt tokens spread over a vocabulary of `vocab`.
+fn counting(count: usize, vocab: i64) -> Vec<i64> {
+    (0..count).map(|i| (i as i64 * 7919 + 13) % vocab).collect()
+}
+
 /// Runs `repetitions` of: prefill `prompt` tokens, then decode `generate`
 /// (either may be 0: then that phase is skipped and not reported, and
 /// decode starts from empty states at position 0, as `llama-bench -p 0`).
@@ -52,12 +66,8 @@ pub fn run(
     profile: bool,
 ) -> Result<Report, Error> {
     let rows = batch_rows(machine)?;
-    let vocab = machine
-        .model()
-        .entry("decode")
-        .and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant()))
-        .ok_or_else(|| Error::Input("`decode` has no vocabulary-sized output".into()))?;
-    let tokens: Vec<i64> = (0..rows * prompt).map(|i| (i as i64 * 7919 + 13) % vocab).collect();
+    let vocab = vocab(machine)?;
+    let tokens = counting(rows * prompt, vocab);
     let mut report = Report {
         model: machine.model().name.clone(),
         weight_bytes: machine.model().param_bytes(),

@@ -6,8 +6,8 @@
 //! beside them. Every run must give the tokens the run without drafts
 //! gave, or the bench fails.
 
-use super::mean_sd;
-use crate::generate::{self, batch_rows};
+use super::{counting, mean_sd, vocab};
+use crate::generate;
 use crate::sampling::{Rng, Sampling};
 use crate::speculative::{self, Acceptance, Request};
 use crate::Error;
@@ -70,14 +70,9 @@ pub fn run(
     if let Some(bad) = accuracies.iter().find(|p| !(0.0..=1.0).contains(*p)) {
         return Err(Error::Input(format!("a draft accuracy is a probability, in [0, 1], not {bad}")));
     }
-    batch_rows(machine)?;
-    let vocab = machine
-        .model()
-        .entry("decode")
-        .and_then(|e| e.nodes[e.outputs[0].index()].shape.last().and_then(|d| d.as_constant()))
-        .ok_or_else(|| Error::Input("`decode` has no vocabulary-sized output".into()))?;
+    let vocab = vocab(machine)?;
     let prompt_ids: Vec<i64> = match prompt {
-        Prompt::Counting(length) => (0..length.max(1)).map(|i| (i as i64 * 7919 + 13) % vocab).collect(),
+        Prompt::Counting(length) => counting(length.max(1), vocab),
         Prompt::Tokens([]) => return Err(Error::Input("the prompt makes no tokens".into())),
         Prompt::Tokens(tokens) => tokens.to_vec(),
     };
@@ -85,16 +80,13 @@ pub fn run(
     let request = Request { prompt: &prompt_ids, max_tokens: generate, draft, sampling: &greedily, stop: &[] };
     // One run without drafts says what every run must give.
     let right = generate::generate(machine, &prompt_ids, generate, &greedily, &mut Rng::new(0), &[], |_| true)?;
-    let kinds: Vec<Drafts> = [Drafts::None]
+    let mut runs: Vec<Run> = [Drafts::None]
         .into_iter()
         .chain(accuracies.iter().map(|&p| Drafts::RightWith(p)))
         .chain([Drafts::Ngram])
+        .map(|drafts| Run { drafts, tokens_per_second: (0.0, 0.0), acceptance: Acceptance::default() })
         .collect();
-    let mut runs: Vec<Run> = kinds
-        .iter()
-        .map(|&drafts| Run { drafts, tokens_per_second: (0.0, 0.0), acceptance: Acceptance::default() })
-        .collect();
-    let mut rates = vec![Vec::new(); kinds.len()];
+    let mut rates = vec![Vec::new(); runs.len()];
     // Round-robin, so that whatever drifts in the machine over the run
     // falls on every kind alike; the first round is not timed.
     for round in 0..=repetitions {
