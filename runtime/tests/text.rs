@@ -535,8 +535,8 @@ fn speculative_ngram_decoding_gives_the_tokens_decoding_gives() {
 /// Speculative decoding in the server (`--speculative ngram`), on the
 /// trained model: each request's greedy text and log-probabilities are
 /// those of a server without drafts, whether it drafts or not
-/// (`num_speculative_tokens: 0`) and whatever runs beside it (three
-/// requests at once on two rows); `/metrics` counts the checks, the
+/// (`num_speculative_tokens: 0`) and whatever runs beside it (four
+/// requests at once on two rows, one in Cyrillic); `/metrics` counts the checks, the
 /// drafts and those kept, under vLLM's names; a request asking for more
 /// drafts than allowed is refused.
 #[test]
@@ -554,6 +554,8 @@ fn drafts_checked_by_the_server_give_the_text_without_them() {
         request("1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", None),
         request("The cat sat on the mat. The cat sat on the mat. The cat sat on the", None),
         request("1 2 3 4 5 1 2 3 4 5 1 2 3 4 5 1 2 3", Some(0)),
+        // Characters of several bytes, which tokens split.
+        request("Жизнь — это жизнь. Жизнь — это жизнь. Жизнь — это", None),
     ];
     let answer = |server: &Server, body: &Value| {
         let value = post(server, "/v1/completions", body);
