@@ -77,6 +77,9 @@ enum Speculative {
     /// Prompt lookup: what followed the last tokens where they occurred
     /// before, in the prompt or the answer.
     Ngram,
+    /// The checkpoint's multi-token-prediction layer (the card's
+    /// `[drafter]`), reading the model's hidden states.
+    Mtp,
 }
 
 #[derive(Args, Clone)]
@@ -139,8 +142,9 @@ enum Command {
         /// model's `verify` entry, kept by the rejection rule (so the
         /// tokens follow the sampling settings as without drafts; greedy,
         /// the same tokens): `ngram` drafts what followed the text's last
-        /// tokens where they occurred before. How the drafts fared is
-        /// printed on stderr.
+        /// tokens where they occurred before, `mtp` the checkpoint's
+        /// multi-token-prediction layer. How the drafts fared is printed on
+        /// stderr.
         #[arg(long, value_enum)]
         speculative: Option<Speculative>,
         /// The most tokens drafted a step.
@@ -349,22 +353,38 @@ fn checkpoint_of(weights: &Path) -> Option<Checkpoint> {
     })
 }
 
-fn load(model: &Model) -> Result<Loaded, Failure> {
-    let weights = match model.random_weights {
+/// The weights `model` names: a checkpoint, or random ones.
+fn weights_of(model: &Model) -> Weights {
+    match model.random_weights {
         Some(seed) => Weights::Random(seed),
         None => Weights::Checkpoint {
             dir: model.weights.clone(),
             non_finite: if model.strict { NonFinite::Refuse } else { NonFinite::Warn },
         },
-    };
-    let backend = match model.backend {
+    }
+}
+
+fn backend_of(model: &Model) -> linnet_runtime::BackendKind {
+    match model.backend {
         BackendArg::Cpu => linnet_runtime::BackendKind::Cpu,
         BackendArg::Interp => linnet_runtime::BackendKind::Interp,
         BackendArg::MlirHost => linnet_runtime::BackendKind::MlirHost,
         BackendArg::Cuda => linnet_runtime::BackendKind::Cuda,
-    };
+    }
+}
+
+/// The card's `[drafter]` on `model`'s weights and backend: the machine
+/// of its multi-token-prediction layer.
+fn load_drafter(model: &Model) -> Result<linnet_exec::Machine, Failure> {
+    let options = LoadOptions { drafter: true, ..options(model) };
+    let artifact = linnet_build::cache::artifact_for(&model.package, &options).map_err(|e| e.to_string())?;
+    Ok(linnet_runtime::load(&artifact, &weights_of(model), backend_of(model), Some(&linnet_build::Builder))?.machine)
+}
+
+fn load(model: &Model) -> Result<Loaded, Failure> {
     let artifact = linnet_build::cache::artifact_for(&model.package, &options(model)).map_err(|e| e.to_string())?;
-    let mut loaded = linnet_runtime::load(&artifact, &weights, backend, Some(&linnet_build::Builder))?;
+    let mut loaded =
+        linnet_runtime::load(&artifact, &weights_of(model), backend_of(model), Some(&linnet_build::Builder))?;
     if let Some(path) = &model.tokenizer {
         let text = linnet_runtime::text::TextModel::open(path)?;
         loaded.text = Some(text.ok_or_else(|| format!("--tokenizer {}: no tokenizer there", path.display()))?);
@@ -481,7 +501,7 @@ fn generate_text(
     max_tokens: usize,
     sampling: &SamplingArgs,
     print_ids: bool,
-    ngram_draft: Option<usize>,
+    speculative: Option<(Speculative, usize)>,
 ) -> Result<(), Failure> {
     let settings = Sampling {
         temperature: sampling.temperature,
@@ -527,15 +547,24 @@ fn generate_text(
         true
     };
     let mut rng = Rng::new(sampling.seed);
-    let generated = match ngram_draft {
-        Some(draft) => {
+    let generated = match speculative {
+        Some((drafter, draft)) => {
             let request =
                 speculative::Request { prompt: &prompt_ids, max_tokens, draft, sampling: &settings, stop: &stop };
-            let (generated, acceptance) =
-                speculative::speculate(&mut machine, &request, speculative::ngram_draft, &mut rng, on_token)
-                    .map_err(|e| e.to_string())?;
+            let (generated, acceptance) = match drafter {
+                Speculative::Ngram => {
+                    speculative::speculate(&mut machine, &request, speculative::ngram_draft, &mut rng, on_token)
+                }
+                Speculative::Mtp => {
+                    let mut layer = load_drafter(model)?;
+                    let drafter = linnet_runtime::mtp::MtpDrafter::new(&mut layer).map_err(|e| e.to_string())?;
+                    speculative::speculate(&mut machine, &request, drafter, &mut rng, on_token)
+                }
+            }
+            .map_err(|e| e.to_string())?;
             eprintln!(
-                "linnet: speculative (ngram, up to {draft} a step): {} of {} drafted tokens accepted ({:.2}) in {} checks; {} tokens in {} model calls",
+                "linnet: speculative ({}, up to {draft} a step): {} of {} drafted tokens accepted ({:.2}) in {} checks; {} tokens in {} model calls",
+                format!("{drafter:?}").to_lowercase(),
                 acceptance.accepted,
                 acceptance.drafted,
                 acceptance.rate(),
@@ -646,7 +675,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { model, entry, inputs, args, output } => run(&model, &entry, &inputs, &args, output.as_ref()),
         Command::Generate { model, prompt_ids, prompt, chat, max_tokens, sampling, print_ids, speculative, draft } => {
-            let speculative = speculative.map(|_| draft as usize);
+            let speculative = speculative.map(|drafter| (drafter, draft as usize));
             generate_text(&model, prompt_ids, prompt, chat, max_tokens, &sampling, print_ids, speculative)
         }
         Command::Serve {
@@ -684,6 +713,12 @@ fn main() -> ExitCode {
                     kv_events: kv_events?,
                     draft: speculative.map_or(0, |_| draft as usize),
                 })
+            });
+            let options = options.and_then(|options| match speculative {
+                Some(Speculative::Mtp) => Err(Failure::from(
+                    "--speculative mtp: the server drafts by n-gram only (--speculative ngram); `linnet generate` drafts with the MTP layer",
+                )),
+                _ => Ok(options),
             });
             options.and_then(|options| load(&model).and_then(|loaded| Ok(linnet_server::serve(loaded, options)?)))
         }

@@ -11,9 +11,11 @@
 
 use common::load_on;
 use linnet_exec::tensor::Tensor;
+use linnet_exec::Machine;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::Dtype;
 use linnet_runtime::generate;
+use linnet_runtime::mtp::MtpDrafter;
 use linnet_runtime::sampling::{Rng, Sampling};
 use linnet_runtime::speculative::{self, Request};
 use linnet_runtime::stops::Detokenizer;
@@ -530,6 +532,106 @@ fn speculative_ngram_decoding_gives_the_tokens_decoding_gives() {
         // Both ways through a check: drafts kept, and drafts refused.
         assert!(acceptance.accepted > 0 && acceptance.accepted < acceptance.drafted, "{backend:?}: {acceptance:?}");
     }
+}
+
+/// The model and its multi-token-prediction layer (the card's
+/// `[drafter]`) on `backend`.
+fn model_and_drafter(backend: BackendKind) -> (Loaded, Machine) {
+    let package = root().join("models/qwen3.6-35b-a3b");
+    let checkpoint = Weights::Checkpoint { dir: Some(weights()), non_finite: NonFinite::Refuse };
+    let model = load_on(&package, &options(), &checkpoint, backend).unwrap();
+    let drafter = load_on(&package, &LoadOptions { drafter: true, ..options() }, &checkpoint, backend).unwrap();
+    (model, drafter.machine)
+}
+
+/// The trained MTP layer's logits on `backend` are those its torch module
+/// computes (`scripts/train-text-mtp.py`, `golden-mtp.json`), at every
+/// position of three held-out prompts: from the model's hidden states
+/// (`prefill_hidden`), the first five positions in one call of `draft`,
+/// then one a call, continuing its cache.
+fn mtp_logits_meet_torch_on(backend: BackendKind) {
+    let golden = std::fs::read_to_string(fixture().join("golden-mtp.json")).unwrap();
+    let golden: Value = serde_json::from_str(&golden).unwrap();
+    let (Loaded { mut machine, .. }, mut drafter) = model_and_drafter(backend);
+    let rows = 2;
+    let repeated = |values: &[i64]| (0..rows).flat_map(|_| values.to_vec()).collect::<Vec<_>>();
+    for prompt in golden["prompts"].as_array().unwrap() {
+        let ids = ids(&prompt["ids"]);
+        let tokens = Tensor::from_i64(Dtype::I32, vec![rows, ids.len()], repeated(&ids));
+        machine.reset().unwrap();
+        let hidden =
+            machine.call("prefill_hidden", vec![tokens, position(0)]).unwrap().remove(1).widened().into_owned();
+        let width = hidden.shape[2];
+        let hidden = hidden.as_f32().unwrap().to_vec();
+        drafter.reset().unwrap();
+        let mut at = 0;
+        for length in std::iter::once(5).chain(std::iter::repeat(1)).take(ids.len() - 5) {
+            // Position p's hidden state with the token at p + 1.
+            let states = (0..rows)
+                .flat_map(|row| {
+                    hidden[(row * ids.len() + at) * width..(row * ids.len() + at + length) * width].to_vec()
+                })
+                .collect();
+            let inputs = vec![
+                Tensor::from_i64(Dtype::I32, vec![rows, length], repeated(&ids[at + 1..=at + length])),
+                Tensor::from_f32(Dtype::F32, vec![rows, length, width], states),
+                position(at),
+            ];
+            let logits = drafter.call("draft", inputs).unwrap().remove(0).widened().into_owned();
+            at += length;
+            let expected: Vec<f32> =
+                prompt["logits"][at - 1].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for ours in logits.as_f32().unwrap().chunks(expected.len()) {
+                let apart = ours.iter().zip(&expected).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+                assert!(apart <= 1e-4, "{backend:?}, position {}: {apart:.2e} of the scale from torch", at - 1);
+            }
+        }
+    }
+}
+
+fn position(at: usize) -> Tensor {
+    Tensor::from_i64(Dtype::I32, vec![], vec![at as i64])
+}
+
+#[test]
+fn the_mtp_layer_gives_the_logits_its_torch_module_computes() {
+    mtp_logits_meet_torch_on(BackendKind::Cpu);
+    mtp_logits_meet_torch_on(BackendKind::Interp);
+}
+
+/// Speculative decoding with drafts of the trained MTP layer on `backend`
+/// gives the tokens decoding without drafts gives, with each sampling and
+/// length of drafts; the layer has learned, so drafts are kept, and some
+/// are refused (the states rolled back).
+fn mtp_drafts_are_lossless_on(backend: BackendKind, runs: &[(&Sampling, usize)]) {
+    let (Loaded { mut machine, text, .. }, mut layer) = model_and_drafter(backend);
+    let prompt = text.unwrap().encode_prompt("Der Mensch ist").unwrap();
+    for &(sampling, draft) in runs {
+        let plain = generate::generate(&mut machine, &prompt, 24, sampling, &mut Rng::new(0), &[], |_| true).unwrap();
+        let request = Request { prompt: &prompt, max_tokens: 24, draft, sampling, stop: &[] };
+        let drafter = MtpDrafter::new(&mut layer).unwrap();
+        let (tokens, acceptance) =
+            speculative::speculate(&mut machine, &request, drafter, &mut Rng::new(0), |_| true).unwrap();
+        assert_eq!(tokens, plain, "{backend:?}, {sampling:?}, drafts of {draft}");
+        assert!(acceptance.accepted > 0 && acceptance.accepted < acceptance.drafted, "{backend:?}: {acceptance:?}");
+    }
+}
+
+#[test]
+fn mtp_drafts_give_the_tokens_decoding_gives() {
+    let penalized = Sampling { frequency_penalty: 0.5, ..Sampling::default() };
+    mtp_drafts_are_lossless_on(BackendKind::Interp, &[(&Sampling::default(), 2)]);
+    mtp_drafts_are_lossless_on(BackendKind::Cpu, &[(&Sampling::default(), 1), (&penalized, 3)]);
+}
+
+/// The GPU kernels' bodies, run on the host by MLIR (`--features nvptx`),
+/// for the MTP layer and the entries speculative decoding calls.
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_on_the_host_run_the_mtp_layer_and_its_drafts() {
+    mtp_logits_meet_torch_on(BackendKind::MlirHost);
+    mtp_drafts_are_lossless_on(BackendKind::MlirHost, &[(&Sampling::default(), 2)]);
 }
 
 /// Speculative decoding in the server (`--speculative ngram`), on the

@@ -34,13 +34,17 @@ pub fn artifact_for(path: &Path, options: &LoadOptions) -> Result<PathBuf, Compi
 /// As [`artifact_for`], with the cache in `cache` rather than [`cache_dir`].
 pub fn artifact_in(cache: Option<&Path>, path: &Path, options: &LoadOptions) -> Result<PathBuf, CompileError> {
     if linnet_artifact::is_artifact(path) {
-        if options.nest.is_some() || !options.overrides.is_empty() {
+        if options.nest.is_some() || !options.overrides.is_empty() || options.drafter {
             return Err(CompileError::OptionsForAnArtifact(path.to_path_buf()));
         }
         return Ok(path.to_path_buf());
     }
     let checked = driver::check_package(path, options);
-    let key = crate::content_key(&checked.sources);
+    let mut key = crate::content_key(&checked.sources);
+    if options.drafter {
+        // The same texts may build the model or its drafter.
+        key = crate::variant_key(&key, &[("root", "drafter")]);
+    }
     let dir = match cache {
         Some(cache) => cache.join(&key),
         None => cache_dir()?.join(&key),

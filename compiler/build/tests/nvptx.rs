@@ -201,6 +201,26 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     ptxas_accepts(&built.entries);
 }
 
+/// The seed's multi-token-prediction layer (its card's `[drafter]`): its
+/// `draft` entry, every node a kernel `ptxas` accepts.
+#[test]
+fn every_node_of_the_seeds_mtp_layer_is_ptx_that_ptxas_accepts() {
+    let card = root().join("tests/fixtures/tiny-qwen3.5-moe-text/package/nest.toml");
+    let options =
+        LoadOptions { stdlib: Some(root().join("stdlib")), nest: Some(card), drafter: true, ..LoadOptions::default() };
+    let (model, _) =
+        lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
+    assert_eq!(model.entries.iter().map(|entry| entry.name.as_str()).collect::<Vec<_>>(), ["draft"]);
+    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
+    let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        built.missing.is_empty(),
+        "{}",
+        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    );
+    ptxas_accepts(&built.entries);
+}
+
 /// `out[i] = x[i + 10] + x[i + 20]` over a 4-element `x`: every element
 /// reads outside `x`, twice, and the next node reads outside it again.
 /// The GPU kernels, whose faults are read once when the call ends, name

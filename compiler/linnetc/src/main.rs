@@ -40,6 +40,10 @@ enum Command {
         /// kernels cannot run, with why (as `build` reports them).
         #[arg(long)]
         perf: bool,
+        /// The card's `[drafter]` (a multi-token-prediction layer) in place
+        /// of the model: its root, entry and bindings.
+        #[arg(long)]
+        drafter: bool,
     },
     /// Explain a diagnostic's code (`linnetc explain shape-mismatch`), or
     /// list every code.
@@ -85,6 +89,10 @@ enum Command {
         /// `scripts/install-gpu-tools.sh` puts it.
         #[arg(long)]
         libdevice: Option<PathBuf>,
+        /// The card's `[drafter]` (a multi-token-prediction layer) in place
+        /// of the model: its root, entry and bindings.
+        #[arg(long)]
+        drafter: bool,
     },
 }
 
@@ -260,23 +268,23 @@ fn main() -> ExitCode {
         Command::Fmt { paths, check } => {
             format_files(if paths.is_empty() { vec![PathBuf::from(".")] } else { paths }, check)
         }
-        Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice } => {
+        Command::Build { package, output, emit, nest, overrides, target, gpu_arch, libdevice, drafter } => {
             let package = match package_of(package, "build") {
                 Ok(package) => package,
                 Err(code) => return code,
             };
-            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            let options = LoadOptions { nest, overrides, drafter, ..LoadOptions::default() };
             match target {
                 Target::Cpu => build(&package, output, emit, &options),
                 Target::Nvptx => build_nvptx(&package, output, &gpu_arch, libdevice, &options),
             }
         }
-        Command::Check { package, message_format, nest, overrides, color, perf } => {
+        Command::Check { package, message_format, nest, overrides, color, perf, drafter } => {
             let package = match package_of(package, "check") {
                 Ok(package) => package,
                 Err(code) => return code,
             };
-            let options = LoadOptions { nest, overrides, ..LoadOptions::default() };
+            let options = LoadOptions { nest, overrides, drafter, ..LoadOptions::default() };
             let checked = driver::check_package(&package, &options);
             let stdout = std::io::stdout();
             let mut out = stdout.lock();

@@ -180,7 +180,17 @@ fn build_writes_an_artifact_and_reports_its_memory_plan() {
         manifest["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(
         entries,
-        ["forward", "next_token", "decode", "prefill", "verify", "decode_rows", "prefill_slots", "verify_slots"]
+        [
+            "forward",
+            "next_token",
+            "decode",
+            "prefill",
+            "prefill_hidden",
+            "verify",
+            "decode_rows",
+            "prefill_slots",
+            "verify_slots"
+        ]
     );
     assert_eq!(manifest["params"][0]["tensor"], "model.language_model.embed_tokens.weight");
     assert!(std::fs::metadata(out.join("kernels.o")).unwrap().len() > 1000 && out.join("model.ir.json").is_file());

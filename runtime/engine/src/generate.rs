@@ -111,13 +111,33 @@ pub(crate) fn feed(
     tokens: &[i64],
     position: usize,
 ) -> Result<Tensor, RunError> {
+    Ok(feed_all(machine, entry, rows, tokens, position)?.remove(0))
+}
+
+/// [`feed`], every output of the entry (the logits first; `verify` and
+/// `prefill_hidden` give the hidden states next), as f32 values.
+pub(crate) fn feed_all(
+    machine: &mut Machine,
+    entry: &str,
+    rows: usize,
+    tokens: &[i64],
+    position: usize,
+) -> Result<Vec<Tensor>, RunError> {
     let all: Vec<i64> = (0..rows).flat_map(|_| tokens.iter().copied()).collect();
     let inputs = vec![
         Tensor::from_i64(Dtype::I32, vec![rows, tokens.len()], all),
         Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
     ];
-    let logits = machine.call(entry, inputs)?.remove(0);
-    Ok(if logits.as_f32().is_some() { logits } else { logits.widened().into_owned() })
+    Ok(machine.call(entry, inputs)?.into_iter().map(as_f32).collect())
+}
+
+/// A float tensor with its values as f32.
+pub(crate) fn as_f32(tensor: Tensor) -> Tensor {
+    if tensor.as_f32().is_some() {
+        tensor
+    } else {
+        tensor.widened().into_owned()
+    }
 }
 
 /// The first batch row of `entry`'s logits (every row is given the same

@@ -15,6 +15,7 @@ pub mod gbnf;
 pub mod generate;
 pub mod gguf;
 pub mod init;
+pub mod mtp;
 mod mxfp4;
 pub mod npy;
 pub mod perplexity;

@@ -17,9 +17,10 @@
 //! the head of the next call, with its drafts: one call of the model a
 //! step, drafts kept or not.
 
-use crate::generate::{batch_rows, check_room, feed, first_row};
+use crate::generate::{batch_rows, check_room, feed_all, first_row};
 use crate::sampling::{Candidates, Rng, Sampling};
 use crate::Error;
+use linnet_exec::tensor::Tensor;
 use linnet_exec::{Machine, RunError};
 
 /// The longest run of the history's last tokens looked up.
@@ -57,6 +58,38 @@ pub struct Request<'a> {
     pub draft: usize,
     pub sampling: &'a Sampling,
     pub stop: &'a [i64],
+}
+
+/// What proposes the drafts: given the tokens so far and how many it may
+/// propose, its guesses of the next ones. A drafter proposes with
+/// certainty (the same history gives the same drafts), as [`settle`]
+/// takes them. Any `FnMut(&[i64], usize) -> Vec<i64>` is one
+/// ([`ngram_draft`]); a drafter that reads the model's hidden states (a
+/// multi-token-prediction layer, `crate::mtp`) is told them.
+pub trait Drafter {
+    /// Whether it reads the model's hidden states: the model is then
+    /// called through the entries that give them (`prefill_hidden`,
+    /// `verify`), and [`Drafter::observe`] is told them.
+    fn reads_hidden(&self) -> bool {
+        false
+    }
+
+    /// The model's hidden states after its final norm, `[rows, S, H]`, of
+    /// the tokens at positions `from..from + S` just fed. Those past the
+    /// tokens kept are told again when they are fed again; a drafter reads
+    /// only the positions before the history's last token.
+    fn observe(&mut self, _from: usize, _hidden: &Tensor) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    /// Up to `room` tokens to follow `history`.
+    fn draft(&mut self, history: &[i64], room: usize) -> Result<Vec<i64>, RunError>;
+}
+
+impl<F: FnMut(&[i64], usize) -> Vec<i64>> Drafter for F {
+    fn draft(&mut self, history: &[i64], room: usize) -> Result<Vec<i64>, RunError> {
+        Ok(self(history, room))
+    }
 }
 
 /// Up to `count` tokens that followed the latest earlier occurrence of the
@@ -119,15 +152,40 @@ pub fn settle_sampled(
     settle(drafts, target, rng)
 }
 
+/// The model a speculative run checks drafts with, every batch row given
+/// the same tokens.
+struct Model<'m> {
+    machine: &'m mut Machine,
+    rows: usize,
+    reads_hidden: bool,
+}
+
+impl Model<'_> {
+    /// `tokens` at `position` through `entry`: its logits; `drafter` is
+    /// told the hidden states where it reads them.
+    fn feed(
+        &mut self,
+        drafter: &mut impl Drafter,
+        entry: &str,
+        tokens: &[i64],
+        position: usize,
+    ) -> Result<Tensor, RunError> {
+        let mut outputs = feed_all(self.machine, entry, self.rows, tokens, position)?;
+        if self.reads_hidden {
+            drafter.observe(position, &outputs[1])?;
+        }
+        Ok(outputs.swap_remove(0))
+    }
+}
+
 /// Appends up to `request.max_tokens` tokens to its prompt, `drafter`
-/// proposing up to `request.draft` tokens a step (given the tokens so far
-/// and how many it may propose: [`ngram_draft`], for one); stops after a
-/// token of `request.stop` or when `on_token` returns false. Returns the
-/// new tokens and how the drafts fared.
+/// proposing up to `request.draft` tokens a step; stops after a token of
+/// `request.stop` or when `on_token` returns false. Returns the new tokens
+/// and how the drafts fared.
 pub fn speculate(
     machine: &mut Machine,
     request: &Request,
-    mut drafter: impl FnMut(&[i64], usize) -> Vec<i64>,
+    mut drafter: impl Drafter,
     rng: &mut Rng,
     mut on_token: impl FnMut(i64) -> bool,
 ) -> Result<(Vec<i64>, Acceptance), RunError> {
@@ -136,11 +194,24 @@ pub fn speculate(
     if machine.model().entry("verify").is_none() {
         return Err(inputs("speculative decoding needs the model's `verify` entry (std.nn.decoder's)".into()));
     }
+    let reads_hidden = drafter.reads_hidden();
+    // Without drafts the tokens are fed by `prefill` (or `decode`, one
+    // token), or where the drafter reads hidden states `prefill_hidden`.
+    let feeder = |count: usize| match (reads_hidden, count) {
+        (true, _) => "prefill_hidden",
+        (false, 1) => "decode",
+        (false, _) => "prefill",
+    };
+    if reads_hidden && machine.model().entry("prefill_hidden").is_none() {
+        return Err(inputs("this drafter reads the model's `prefill_hidden` entry (std.nn.decoder's)".into()));
+    }
     let rows = batch_rows(machine).map_err(|error: Error| inputs(error.to_string()))?;
     check_room(machine.model(), prompt.len(), max_tokens)?;
     machine.reset()?;
     let mut acceptance = Acceptance { calls: 1, ..Acceptance::default() };
-    let logits = feed(machine, "prefill", rows, prompt, 0)?;
+    let mut model = Model { machine, rows, reads_hidden };
+    let first = if reads_hidden { "prefill_hidden" } else { "prefill" };
+    let logits = model.feed(&mut drafter, first, prompt, 0)?;
     let mut history = prompt.to_vec();
     let mut generated = 0;
     // The caches and states hold the first `committed` tokens; `pending`
@@ -148,7 +219,7 @@ pub fn speculate(
     // drafts the kept ones before it).
     let mut committed = prompt.len();
     let mut pending = Vec::new();
-    let mut next = sampling.candidates(first_row(&logits, "prefill")?, &history, 0).draw(rng);
+    let mut next = sampling.candidates(first_row(&logits, first)?, &history, 0).draw(rng);
     loop {
         history.push(next);
         pending.push(next);
@@ -159,20 +230,20 @@ pub fn speculate(
         // No draft past the last token asked for; and after refusals in a
         // row, the tokens kept are fed alone before more are drafted.
         let room = if pending.len() > draft { 0 } else { draft.min(max_tokens - generated - 1) };
-        let mut drafts = drafter(&history, room);
+        let mut drafts = if room == 0 { Vec::new() } else { drafter.draft(&history, room)? };
         drafts.truncate(room);
         acceptance.calls += 1;
         if drafts.is_empty() {
-            let entry = if pending.len() == 1 { "decode" } else { "prefill" };
-            let logits = feed(machine, entry, rows, &pending, committed)?;
+            let entry = feeder(pending.len());
+            let logits = model.feed(&mut drafter, entry, &pending, committed)?;
             committed += pending.len();
             pending.clear();
             next = sampling.candidates(first_row(&logits, entry)?, &history, generated).draw(rng);
             continue;
         }
-        let saved: Vec<_> = (0..rows).map(|row| machine.recurrent_rows(row)).collect::<Result<_, _>>()?;
+        let saved: Vec<_> = (0..rows).map(|row| model.machine.recurrent_rows(row)).collect::<Result<_, _>>()?;
         let checked = [&pending[..], &drafts].concat();
-        let scores = feed(machine, "verify", rows, &checked, committed)?;
+        let scores = model.feed(&mut drafter, "verify", &checked, committed)?;
         let by_position = first_row(&scores, "verify")?;
         let width = by_position.len() / checked.len();
         // The logits after the last pending token judge the first draft.
@@ -188,7 +259,7 @@ pub fn speculate(
             // The states saw refused drafts: back to before the check; the
             // kept tokens are fed again with the next call.
             for (row, rows_saved) in saved.iter().enumerate() {
-                machine.set_state_rows(row, rows_saved)?;
+                model.machine.set_state_rows(row, rows_saved)?;
             }
             pending.extend_from_slice(&drafts[..agreed]);
         }

@@ -77,6 +77,24 @@ pub struct Nest {
     /// The derived `[config]` values a checkpoint gave, to hold against
     /// the generics once they are known.
     pub config_checks: Vec<super::config::ConfigCheck>,
+    /// `[drafter]`: the model's drafter for speculative decoding.
+    pub drafter: Option<Drafter>,
+    /// Whether the root, entry and bindings are the drafter's.
+    pub drafting: bool,
+}
+
+/// `[drafter]` of a card: a second root in the package (a
+/// multi-token-prediction layer) that drafts tokens for the model, with
+/// the card's generics and its own bindings, read from the same
+/// checkpoint. Loading with `LoadOptions::drafter` builds it instead of
+/// the model.
+#[derive(Clone, Debug)]
+pub struct Drafter {
+    /// The `[drafter]` table, for messages about it as a whole.
+    pub span: Span,
+    pub root: Option<(String, Span)>,
+    pub entry: Option<(String, Span)>,
+    pub bindings_path: Option<(String, Span)>,
 }
 
 pub struct Bindings {
@@ -193,7 +211,15 @@ struct RawNest {
     generics: Option<Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
     check: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     weights: Option<RawWeights>,
+    drafter: Option<Spanned<RawDrafter>>,
     config: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+}
+
+#[derive(Deserialize)]
+struct RawDrafter {
+    root: Option<Spanned<String>>,
+    entry: Option<Spanned<String>>,
+    bindings: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -265,6 +291,16 @@ pub fn parse_nest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagn
     let check = raw.check.map(|table| entries(file, table)).unwrap_or_default();
     let config = raw.config.map(|table| super::config::parse(file, table, diagnostics)).unwrap_or_default();
     let weights = raw.weights;
+    let drafter = raw.drafter.map(|table| {
+        let table_span = span(table.span());
+        let table = table.into_inner();
+        Drafter {
+            span: table_span,
+            root: named(&table.root),
+            entry: named(&table.entry),
+            bindings_path: named(&table.bindings),
+        }
+    });
     Some(Nest {
         file,
         model_name: raw.model.and_then(|model| model.name),
@@ -281,6 +317,8 @@ pub fn parse_nest(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagn
         revision: weights.and_then(|w| w.revision),
         config,
         config_checks: Vec::new(),
+        drafter,
+        drafting: false,
     })
 }
 

@@ -13,7 +13,7 @@ mod modules;
 mod stdlib;
 
 pub use link::{join_normalized, Member};
-pub use manifest::{Bindings, Nest, NestEntry, NestValue};
+pub use manifest::{Bindings, Drafter, Nest, NestEntry, NestValue};
 pub use stdlib::stdlib_dir;
 
 use crate::code::Code;
@@ -128,6 +128,9 @@ pub struct LoadOptions {
     pub overlay: HashMap<PathBuf, String>,
     /// Where the standard library lives; found next to the compiler if absent.
     pub stdlib: Option<PathBuf>,
+    /// Load the card's `[drafter]` (its root, entry and bindings) in place
+    /// of the model.
+    pub drafter: bool,
 }
 
 impl LoadOptions {
@@ -212,6 +215,31 @@ fn read_checkpoint(
     nest.config_checks = config::apply(&lines, file, stored.as_deref(), sources, &mut nest.generics, diagnostics);
 }
 
+/// The card with its `[drafter]`'s root, entry and bindings in place of
+/// the model's; the drafter has no GGUF names of its own.
+fn as_drafter(mut nest: Nest, diagnostics: &mut Vec<Diagnostic>) -> Option<Nest> {
+    let Some(drafter) = nest.drafter.take() else {
+        diagnostics.push(
+            Diagnostic::error(Code::PackageError, Span::new(nest.file, 0..0), "the model card names no drafter")
+                .with_label("a `[drafter]` table names the drafter's root, entry and bindings"),
+        );
+        return None;
+    };
+    if drafter.root.is_none() {
+        diagnostics.push(
+            Diagnostic::error(Code::UnknownRoot, drafter.span, "`[drafter]` names no root block")
+                .with_label("add `root = \"Mtp\"`"),
+        );
+        return None;
+    }
+    nest.root = drafter.root;
+    nest.entry = drafter.entry;
+    nest.bindings_path = drafter.bindings_path;
+    nest.gguf_names_path = None;
+    nest.drafting = true;
+    Some(nest)
+}
+
 pub fn load(
     dir: &Path,
     options: &LoadOptions,
@@ -249,6 +277,10 @@ pub fn load(
             None
         }
         Err(_) => None,
+    };
+    let nest = match nest {
+        Some(nest) if options.drafter => as_drafter(nest, diagnostics),
+        nest => nest,
     };
 
     let source_path = nest.as_ref().map_or_else(|| PathBuf::from("src/lib.linnet"), |nest| nest.source_path.clone());

@@ -462,7 +462,8 @@ fn check_entries(program: &Program, root: usize, nest: &Nest, values: &Values, d
     let entries: Vec<_> = ids.into_iter().map(|id| &program.fns[id]).filter(|f| f.is_entry()).collect();
     for entry in &nest.check {
         let known = entries.iter().any(|f| f.generics.iter().any(|g| *g.name == entry.name));
-        if !known {
+        // The card's `[check]` dims are the model's: a drafter may take some.
+        if !known && !nest.drafting {
             diagnostics.push(
                 Diagnostic::warning(
                     Code::UnknownCheckDim,
