@@ -282,14 +282,19 @@ enum Command {
         /// Instead, time greedy decoding with speculative drafts beside
         /// decoding without: drafts whose every token is the model's
         /// choice with each of these probabilities, then n-gram drafts.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', group = "speculative_bench")]
         draft_accuracy: Vec<f64>,
-        /// The most tokens drafted a step (with --draft-accuracy).
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "draft_accuracy")]
+        /// Time drafts of the checkpoint's multi-token-prediction layer
+        /// (the card's `[drafter]`) too, beside decoding without drafts and
+        /// with n-gram drafts.
+        #[arg(long, group = "speculative_bench")]
+        mtp: bool,
+        /// The most tokens drafted a step (with --draft-accuracy or --mtp).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64), requires = "speculative_bench")]
         draft: u32,
-        /// With --draft-accuracy, continue this text (through the
+        /// With --draft-accuracy or --mtp, continue this text (through the
         /// checkpoint's tokenizer) instead of `--prompt` counted tokens.
-        #[arg(long, requires = "draft_accuracy")]
+        #[arg(long, requires = "speculative_bench")]
         prompt_text: Option<String>,
     },
 }
@@ -792,6 +797,7 @@ fn main() -> ExitCode {
             threads,
             profile,
             draft_accuracy,
+            mtp,
             draft,
             prompt_text,
         } => {
@@ -805,7 +811,7 @@ fn main() -> ExitCode {
                     }
                     return Ok(());
                 }
-                if !draft_accuracy.is_empty() {
+                if !draft_accuracy.is_empty() || mtp {
                     let tokens = match (prompt_text, &text) {
                         (Some(prompt), Some(text)) => Some(text.encode_prompt(&prompt)?),
                         (Some(_), None) => return Err("--prompt-text needs a tokenizer.json beside the weights".into()),
@@ -814,9 +820,16 @@ fn main() -> ExitCode {
                     let prompt = tokens
                         .as_deref()
                         .map_or(bench::speculative::Prompt::Counting(prompt), bench::speculative::Prompt::Tokens);
-                    let runs = repetitions.max(1);
-                    let report =
-                        bench::speculative::run(&mut machine, prompt, generate, draft as usize, &draft_accuracy, runs)?;
+                    let mut layer = if mtp { Some(load_drafter(&model)?) } else { None };
+                    let timed = bench::speculative::Timed {
+                        prompt,
+                        generate,
+                        draft: draft as usize,
+                        accuracies: &draft_accuracy,
+                        mtp: layer.as_mut(),
+                        repetitions: repetitions.max(1),
+                    };
+                    let report = bench::speculative::run(&mut machine, timed)?;
                     println!("{report}");
                     return Ok(());
                 }

@@ -446,6 +446,78 @@ fn the_qwen35_packages_run_their_checkpoints_with_the_settings_they_state() {
     );
 }
 
+/// A copy of the oracle checkpoint `weights` with a multi-token-prediction
+/// layer (`mtp.*`, in a file of its own, named by the index): the layer the
+/// checkpoint's first full-attention layer (3), `fc` small waves, its norms
+/// zero (a scale of one, as they are zero-centered).
+fn with_mtp_layer(weights: &Path, name: &str) -> PathBuf {
+    let dir = with_config(weights, name, |_| {});
+    let index_path = dir.join("model.safetensors.index.json");
+    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let shards: std::collections::BTreeSet<String> =
+        index["weight_map"].as_object().unwrap().values().map(|file| file.as_str().unwrap().to_string()).collect();
+    let prefix = "model.language_model.layers.3.";
+    let mut hidden = 0;
+    for shard in shards {
+        let bytes = std::fs::read(dir.join(&shard)).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (tensor_name, view) in file.tensors() {
+            if let Some(rest) = tensor_name.strip_prefix(prefix) {
+                tensors.push((format!("mtp.layers.0.{rest}"), view.shape().to_vec(), view.data().to_vec()));
+            }
+            if tensor_name == "model.language_model.norm.weight" {
+                hidden = view.shape()[0];
+            }
+        }
+    }
+    let floats = |values: Vec<f32>| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    let waves = (0..hidden * 2 * hidden).map(|at| 0.05 * (at as f32 * 0.37).sin()).collect();
+    tensors.push(("mtp.fc.weight".into(), vec![hidden, 2 * hidden], floats(waves)));
+    for norm in ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"] {
+        tensors.push((norm.into(), vec![hidden], floats(vec![0.0; hidden])));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("mtp.safetensors")).unwrap();
+    for (name, _, _) in &tensors {
+        index["weight_map"][name] = "mtp.safetensors".into();
+    }
+    std::fs::write(&index_path, index.to_string()).unwrap();
+    dir
+}
+
+/// Checkpoints of both Qwen3.5 packages with an MTP layer: greedy tokens
+/// with `--speculative mtp` and with `--speculative ngram` are those
+/// without, on the interpreter and the CPU.
+#[test]
+fn drafts_of_an_mtp_layer_or_ngrams_give_the_greedy_tokens_of_both_qwen35_packages() {
+    for (config, package) in
+        [("tiny-qwen3.5-moe", "models/qwen3.6-35b-a3b"), ("tiny-qwen3.5-dense", "models/qwen3.8-27b")]
+    {
+        let weights = root().join("tests/fixtures/oracle").join(config).join("weights-f32");
+        let weights = with_mtp_layer(&weights, config);
+        for backend in ["interp", "cpu"] {
+            let generate = ["generate", "--backend", backend, "--prompt-ids", "393,201,20,376,357,20,376"];
+            let tokens = |drafts: &[&str]| {
+                let args = [&generate[..], &["--max-tokens", "16", "--print-ids"], drafts].concat();
+                String::from_utf8(linnet_on(package, &weights, &[], &args)).unwrap()
+            };
+            let plain = tokens(&[]);
+            assert_eq!(plain.split_whitespace().count(), 16, "{plain}");
+            for drafter in ["mtp", "ngram"] {
+                let drafted = tokens(&["--speculative", drafter, "--draft", "3"]);
+                assert_eq!(drafted, plain, "{package} on {backend}, {drafter} drafts");
+            }
+        }
+        std::fs::remove_dir_all(&weights).unwrap();
+    }
+}
+
 /// The settings a checkpoint states are the ones its logits follow: each
 /// set otherwise moves them out of the bound (Llama's ε of 1e-5, not the
 /// 1e-6 of Qwen's cards; its scaled rotary frequencies; gpt-oss's window,

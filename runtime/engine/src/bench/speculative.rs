@@ -2,12 +2,14 @@
 //! without speculative drafts, side by side in one run. The drafts' worth
 //! is set by construction: each drafted token is the model's own greedy
 //! choice (known from the run without drafts) with probability `p`, and
-//! another token otherwise; n-gram drafts (prompt lookup) are timed
-//! beside them. Every run must give the tokens the run without drafts
-//! gave, or the bench fails.
+//! another token otherwise; n-gram drafts (prompt lookup) and a
+//! checkpoint's multi-token-prediction layer are timed beside them. Every
+//! run must give the tokens the run without drafts gave, or the bench
+//! fails.
 
 use super::{counting, mean_sd, vocab};
 use crate::generate;
+use crate::mtp::MtpDrafter;
 use crate::sampling::{Rng, Sampling};
 use crate::speculative::{self, Acceptance, Request};
 use crate::Error;
@@ -23,6 +25,8 @@ pub enum Drafts {
     RightWith(f64),
     /// Prompt lookup.
     Ngram,
+    /// The checkpoint's multi-token-prediction layer.
+    Mtp,
 }
 
 /// Decode throughput with one kind of drafts: tokens/s after the first
@@ -52,18 +56,23 @@ pub struct Report {
     pub runs: Vec<Run>,
 }
 
-/// Greedy decoding of `generate` tokens after `prompt`,
-/// without drafts, then with drafts of up to `draft` tokens right with each
-/// probability of `accuracies`, then with n-gram drafts; `repetitions`
-/// timed rounds of each after one that is not timed.
-pub fn run(
-    machine: &mut Machine,
-    prompt: Prompt,
-    generate: usize,
-    draft: usize,
-    accuracies: &[f64],
-    repetitions: usize,
-) -> Result<Report, Error> {
+/// What [`run`] times: greedy decoding of `generate` tokens after
+/// `prompt`, without drafts, then with drafts of up to `draft` tokens right
+/// with each probability of `accuracies`, then with n-gram drafts, then
+/// with the drafts of `mtp`'s multi-token-prediction layer where given;
+/// `repetitions` timed rounds of each after one that is not timed.
+pub struct Timed<'a> {
+    pub prompt: Prompt<'a>,
+    pub generate: usize,
+    pub draft: usize,
+    pub accuracies: &'a [f64],
+    pub mtp: Option<&'a mut Machine>,
+    pub repetitions: usize,
+}
+
+/// Times what `timed` says on `machine`.
+pub fn run(machine: &mut Machine, timed: Timed) -> Result<Report, Error> {
+    let Timed { prompt, generate, draft, accuracies, mut mtp, repetitions } = timed;
     if generate < 2 {
         return Err(Error::Input("speculative decoding is timed after the first token: generate 2 or more".into()));
     }
@@ -84,6 +93,7 @@ pub fn run(
         .into_iter()
         .chain(accuracies.iter().map(|&p| Drafts::RightWith(p)))
         .chain([Drafts::Ngram])
+        .chain(mtp.is_some().then_some(Drafts::Mtp))
         .map(|drafts| Run { drafts, tokens_per_second: (0.0, 0.0), acceptance: Acceptance::default() })
         .collect();
     let mut rates = vec![Vec::new(); runs.len()];
@@ -113,6 +123,10 @@ pub fn run(
                 }
                 Drafts::Ngram => {
                     speculative::speculate(machine, &request, speculative::ngram_draft, &mut Rng::new(0), on_token)?
+                }
+                Drafts::Mtp => {
+                    let layer = mtp.as_deref_mut().expect("an MTP run only with its layer");
+                    speculative::speculate(machine, &request, MtpDrafter::new(layer)?, &mut Rng::new(0), on_token)?
                 }
             };
             if tokens != right {
@@ -180,6 +194,7 @@ impl std::fmt::Display for Report {
                 Drafts::None => "none".to_string(),
                 Drafts::RightWith(p) => format!("right with p = {p:.2}"),
                 Drafts::Ngram => "n-gram".to_string(),
+                Drafts::Mtp => "MTP layer".to_string(),
             };
             let Acceptance { calls, drafted, accepted, .. } = run.acceptance;
             let (accepted, per_call) = match run.drafts {
