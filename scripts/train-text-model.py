@@ -185,6 +185,27 @@ def batches(stream, seq, batch, generator):
         yield torch.stack([stream[s : s + seq + 1] for s in starts.tolist()])
 
 
+def train(parameters, loss_of, stream, steps, lr, warmup, generator):
+    """AdamW on `parameters` for `steps` batches of 16 × 257 tokens of
+    `stream`, the learning rate warmed up then on a cosine; the last loss."""
+    optimizer = torch.optim.AdamW(parameters, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)),
+    )
+    started = time.time()
+    for step, batch in zip(range(steps), batches(stream, 256, 16, generator)):
+        loss = loss_of(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % 25 == 0 or step == steps - 1:
+            print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
+    return loss
+
+
 def save(model, tokenizer_files, out):
     os.makedirs(out, exist_ok=True)
     tensors = {}
@@ -243,25 +264,10 @@ def main():
 
     model = Qwen3_5MoeForCausalLM(config())
     print(f"model: {sum(p.numel() for p in model.parameters())} parameters")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = 50
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps)),
-    )
-    generator = torch.Generator().manual_seed(0)
     model.train()
-    started = time.time()
-    for step, batch in zip(range(args.steps), batches(stream, 256, 16, generator)):
-        # The labels are shifted inside: the loss is of each next token.
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 25 == 0 or step == args.steps - 1:
-            print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
+    # The labels are shifted inside: the loss is of each next token.
+    train(list(model.parameters()), lambda batch: model(input_ids=batch, labels=batch).loss, stream, args.steps,
+          lr=3e-3, warmup=50, generator=torch.Generator().manual_seed(0))
     model.eval()
 
     files = {name: os.path.join(work, name)

@@ -23,10 +23,8 @@ Run in the venv of `../shared/bench/setup.sh`:
 import argparse
 import importlib.util
 import json
-import math
 import os
 import random
-import time
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -111,28 +109,16 @@ def main():
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     mtp = MultiTokenPredictor(model)
-    optimizer = torch.optim.AdamW(mtp.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = 30
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps)),
-    )
-    generator = torch.Generator().manual_seed(1)
-    started = time.time()
-    for step, batch in zip(range(args.steps), text.batches(stream, 256, 16, generator)):
+
+    def loss_of(batch):
         with torch.no_grad():
             hidden = model.model(input_ids=batch).last_hidden_state
         # At p: the model's state at p and token p + 1 give token p + 2.
-        states = mtp(model, batch[:, 1:-1], hidden[:, :-2])
-        logits = model.lm_head(states)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 2:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(mtp.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 25 == 0 or step == args.steps - 1:
-            print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
+        logits = model.lm_head(mtp(model, batch[:, 1:-1], hidden[:, :-2]))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 2:].reshape(-1))
+
+    loss = text.train(list(mtp.parameters()), loss_of, stream, args.steps, lr=2e-3, warmup=30,
+                      generator=torch.Generator().manual_seed(1))
     mtp.eval()
 
     # Saved under the checkpoint's names, beside the model's tensors.

@@ -37,14 +37,7 @@ fn cuda_nvcc() -> PathBuf {
 fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), ..LoadOptions::default() };
     let (model, _) = lower_package(&root().join("examples/tiny-mlp"), &options).unwrap_or_else(|_| panic!("lowers"));
-    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
-    assert!(libdevice.is_file(), "{} is missing: run scripts/install-gpu-tools.sh", libdevice.display());
-    let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(
-        built.missing.is_empty(),
-        "{}",
-        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-    );
+    let built = built_whole(&model);
     assert_eq!(built.entries.len(), model.entries.len());
     ptxas_accepts(&built.entries);
     // What the build writes into an artifact's section: each entry's PTX
@@ -96,6 +89,20 @@ fn every_node_of_the_tiny_mlp_is_ptx_that_ptxas_accepts() {
 
 /// `ptxas -arch=sm_90` accepts every PTX text, whose entry points are
 /// each launch group and each kernel no group launches.
+/// Every node of `model` as PTX kernels for sm_90, libdevice linked;
+/// none missing.
+fn built_whole(model: &Model) -> linnet_gpu::Built {
+    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
+    assert!(libdevice.is_file(), "{} is missing: run scripts/install-gpu-tools.sh", libdevice.display());
+    let built = linnet_gpu::build(model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        built.missing.is_empty(),
+        "{}",
+        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    );
+    built
+}
+
 fn ptxas_accepts(entries: &[linnet_gpu::BuiltEntry]) {
     // Tests run at once in one process: each call has its own folder.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -144,13 +151,7 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     let options = LoadOptions { stdlib: Some(root().join("stdlib")), nest: Some(card), ..LoadOptions::default() };
     let (model, _) =
         lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
-    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
-    let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(
-        built.missing.is_empty(),
-        "{}",
-        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-    );
+    let built = built_whole(&model);
     let working = |kind: &NodeKind| matches!(kind, NodeKind::Compute(_) | NodeKind::Intrinsic(..));
     let nodes: usize = model.entries.iter().map(|e| e.nodes.iter().filter(|n| working(&n.kind)).count()).sum();
     let with_kernels = |kernels: &[Kernel]| {
@@ -192,12 +193,7 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
         "the embeddings are not in blocks: this test covers less than it says"
     );
     let quantized = model.stored_as(&q8_0).unwrap_or_else(|problems| panic!("{problems:?}"));
-    let built = linnet_gpu::build(&quantized, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(
-        built.missing.is_empty(),
-        "{}",
-        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-    );
+    let built = built_whole(&quantized);
     ptxas_accepts(&built.entries);
 }
 
@@ -211,13 +207,7 @@ fn every_node_of_the_seeds_mtp_layer_is_ptx_that_ptxas_accepts() {
     let (model, _) =
         lower_package(&root().join("models/qwen3.6-35b-a3b"), &options).unwrap_or_else(|_| panic!("lowers"));
     assert_eq!(model.entries.iter().map(|entry| entry.name.as_str()).collect::<Vec<_>>(), ["draft"]);
-    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
-    let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-    assert!(
-        built.missing.is_empty(),
-        "{}",
-        built.missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-    );
+    let built = built_whole(&model);
     ptxas_accepts(&built.entries);
 }
 
@@ -730,7 +720,6 @@ fn parameters_in_blocks_read_their_values_exactly() {
     entry.outputs = vec![Value(2), Value(3)];
     assert!(contraction::of(&entry, 2).is_some(), "the product is no contraction: this test covers less than it says");
     let identity: Vec<f32> = (0..depth * depth).map(|at| f32::from(u8::from(at / depth == at % depth))).collect();
-    let libdevice = cuda_nvcc().join("nvvm/libdevice/libdevice.10.bc");
     for (seed, format) in BlockFormat::ALL.into_iter().enumerate() {
         let param = Param {
             path: "w".into(),
@@ -760,8 +749,7 @@ fn parameters_in_blocks_read_their_values_exactly() {
                 "{format}: element {n}, {k} in a run"
             );
         }
-        let built = linnet_gpu::build(&model, "sm_90", Some(&libdevice)).unwrap_or_else(|error| panic!("{error}"));
-        assert!(built.missing.is_empty());
+        let built = built_whole(&model);
         ptxas_accepts(&built.entries);
     }
 }

@@ -108,6 +108,15 @@ pub fn ngram_draft(history: &[i64], count: usize) -> Vec<i64> {
     Vec::new()
 }
 
+/// Whether drafting waits while `pending` tokens (the last chosen, and
+/// refused drafts' kept ones before it) are to be fed, with drafts of up to
+/// `draft`: they go at the head of the next check, with its drafts, until
+/// refusals in a row have made them more than twice the draft; then they
+/// are fed alone. A check so holds at most three times the draft.
+pub fn drafts_wait(pending: usize, draft: usize) -> bool {
+    pending > 2 * draft
+}
+
 /// The standard rejection rule for drafts proposed with certainty (as an
 /// n-gram lookup proposes them): draft `i` is kept with the chance the
 /// target gives it there (`target(i)`, its candidates after the drafts
@@ -227,9 +236,8 @@ pub fn speculate(
         if !on_token(next) || stop.contains(&next) || generated == max_tokens {
             return Ok((history.split_off(prompt.len()), acceptance));
         }
-        // No draft past the last token asked for; and after refusals in a
-        // row, the tokens kept are fed alone before more are drafted.
-        let room = if pending.len() > draft { 0 } else { draft.min(max_tokens - generated - 1) };
+        // No draft past the last token asked for.
+        let room = if drafts_wait(pending.len(), draft) { 0 } else { draft.min(max_tokens - generated - 1) };
         let mut drafts = if room == 0 { Vec::new() } else { drafter.draft(&history, room)? };
         drafts.truncate(room);
         acceptance.calls += 1;

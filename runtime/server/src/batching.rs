@@ -16,7 +16,7 @@ use linnet_exec::{Machine, RunError};
 use linnet_ir::Dtype;
 use linnet_runtime::constrain::Constraint;
 use linnet_runtime::sampling::{Logprobs, Rng, Sampling};
-use linnet_runtime::speculative::{ngram_draft, settle_sampled};
+use linnet_runtime::speculative::{self, ngram_draft, settle_sampled};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -72,9 +72,9 @@ impl Row {
     /// Up to `job.draft` tokens drafted by n-gram lookup: none under a
     /// constraint (whose state follows each token), none past the tokens
     /// asked for or the caches, and none while refused drafts' kept tokens
-    /// wait to be fed.
+    /// wait to be fed alone (`speculative::drafts_wait`).
     fn drafts(&self, limits: &Limits) -> Vec<i64> {
-        if self.job.constraint.is_some() || self.pending.len() > self.job.draft {
+        if self.job.constraint.is_some() || speculative::drafts_wait(self.pending.len(), self.job.draft) {
             return Vec::new();
         }
         let room = self
