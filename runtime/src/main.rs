@@ -383,7 +383,9 @@ fn backend_of(model: &Model) -> linnet_runtime::BackendKind {
 fn load_drafter(model: &Model) -> Result<linnet_exec::Machine, Failure> {
     let options = LoadOptions { drafter: true, ..options(model) };
     let artifact = linnet_build::cache::artifact_for(&model.package, &options).map_err(|e| e.to_string())?;
-    Ok(linnet_runtime::load(&artifact, &weights_of(model), backend_of(model), Some(&linnet_build::Builder))?.machine)
+    let loaded = linnet_runtime::load(&artifact, &weights_of(model), backend_of(model), Some(&linnet_build::Builder))
+        .map_err(|error| format!("the MTP layer (the card's [drafter]): {error}"))?;
+    Ok(loaded.machine)
 }
 
 fn load(model: &Model) -> Result<Loaded, Failure> {
