@@ -554,7 +554,7 @@ fn generate_text(
         true
     };
     let mut rng = Rng::new(sampling.seed);
-    let generated = match speculative {
+    let (generated, speculation) = match speculative {
         Some((drafter, draft)) => {
             let request =
                 speculative::Request { prompt: &prompt_ids, max_tokens, draft, sampling: &settings, stop: &stop };
@@ -569,7 +569,7 @@ fn generate_text(
                 }
             }
             .map_err(|e| e.to_string())?;
-            eprintln!(
+            let report = format!(
                 "linnet: speculative ({}, up to {draft} a step): {} of {} drafted tokens accepted ({:.2}) in {} checks; {} tokens in {} model calls",
                 format!("{drafter:?}").to_lowercase(),
                 acceptance.accepted,
@@ -579,10 +579,13 @@ fn generate_text(
                 generated.len(),
                 acceptance.calls
             );
-            generated
+            (generated, Some(report))
         }
-        None => generate::generate(&mut machine, &prompt_ids, max_tokens, &settings, &mut rng, &stop, on_token)
-            .map_err(|e| e.to_string())?,
+        None => (
+            generate::generate(&mut machine, &prompt_ids, max_tokens, &settings, &mut rng, &stop, on_token)
+                .map_err(|e| e.to_string())?,
+            None,
+        ),
     };
     let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();
     if print_ids {
@@ -591,6 +594,10 @@ fn generate_text(
         println!("{}", detokenizer.finish(Some(text)));
     } else {
         println!("generated {} token(s): {}", ids.len(), ids.join(" "));
+    }
+    // How the drafts fared, after the text.
+    if let Some(report) = speculation {
+        eprintln!("{report}");
     }
     Ok(())
 }
