@@ -246,6 +246,11 @@ fn in_f32<'a>(generics: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
 /// `linnet COMMAND package --weights weights --set ...` with `args` after;
 /// its standard output.
 fn linnet_on(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str]) -> Vec<u8> {
+    linnet_succeeding(package, weights, set, args).stdout
+}
+
+/// [`linnet_on`]'s run, checked to succeed: its output.
+fn linnet_succeeding(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
     command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(weights);
     for (name, value) in set {
@@ -258,7 +263,7 @@ fn linnet_on(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    output.stdout
+    output
 }
 
 /// Runs `package` on `weights` through the CLI with `set` as `--set`:
@@ -493,7 +498,7 @@ fn with_mtp_layer(weights: &Path, name: &str) -> PathBuf {
 
 /// Checkpoints of both Qwen3.5 packages with an MTP layer: greedy tokens
 /// with `--speculative mtp` and with `--speculative ngram` are those
-/// without, on the interpreter and the CPU.
+/// without, on the interpreter and the CPU, drafts made and checked.
 #[test]
 fn drafts_of_an_mtp_layer_or_ngrams_give_the_greedy_tokens_of_both_qwen35_packages() {
     for (config, package) in
@@ -501,17 +506,28 @@ fn drafts_of_an_mtp_layer_or_ngrams_give_the_greedy_tokens_of_both_qwen35_packag
     {
         let weights = root().join("tests/fixtures/oracle").join(config).join("weights-f32");
         let weights = with_mtp_layer(&weights, config);
+        // Every token of the vocabulary once, then a few: whatever token
+        // comes, it occurred before, so n-gram lookup drafts too.
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(weights.join("config.json")).unwrap()).unwrap();
+        let vocab = config["vocab_size"].as_u64().unwrap();
+        let prompt: Vec<String> = (0..vocab).chain([393, 201, 20, 376]).map(|token| token.to_string()).collect();
+        let prompt = prompt.join(",");
         for backend in ["interp", "cpu"] {
-            let generate = ["generate", "--backend", backend, "--prompt-ids", "393,201,20,376,357,20,376"];
+            let generate = ["generate", "--backend", backend, "--prompt-ids", &prompt];
             let tokens = |drafts: &[&str]| {
                 let args = [&generate[..], &["--max-tokens", "16", "--print-ids"], drafts].concat();
-                String::from_utf8(linnet_on(package, &weights, &[], &args)).unwrap()
+                let output = linnet_succeeding(package, &weights, &[], &args);
+                (String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
             };
-            let plain = tokens(&[]);
+            let (plain, _) = tokens(&[]);
             assert_eq!(plain.split_whitespace().count(), 16, "{plain}");
             for drafter in ["mtp", "ngram"] {
-                let drafted = tokens(&["--speculative", drafter, "--draft", "3"]);
+                let (drafted, report) = tokens(&["--speculative", drafter, "--draft", "3"]);
                 assert_eq!(drafted, plain, "{package} on {backend}, {drafter} drafts");
+                // Drafts were made and checked: "K of N drafted tokens", N > 0.
+                let checked = report.split(" drafted tokens").next().and_then(|head| head.rsplit(' ').next());
+                assert!(checked.is_some_and(|count| count.parse::<usize>().is_ok_and(|n| n > 0)), "{report}");
             }
         }
         std::fs::remove_dir_all(&weights).unwrap();

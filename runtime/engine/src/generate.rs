@@ -123,12 +123,17 @@ pub(crate) fn feed_all(
     tokens: &[i64],
     position: usize,
 ) -> Result<Vec<Tensor>, RunError> {
-    let all: Vec<i64> = (0..rows).flat_map(|_| tokens.iter().copied()).collect();
     let inputs = vec![
-        Tensor::from_i64(Dtype::I32, vec![rows, tokens.len()], all),
+        Tensor::from_i64(Dtype::I32, vec![rows, tokens.len()], every_row(rows, tokens)),
         Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
     ];
     Ok(machine.call(entry, inputs)?.into_iter().map(as_f32).collect())
+}
+
+/// `values` once for each of `rows` batch rows, one after another: every
+/// row given the same input.
+pub(crate) fn every_row<T: Copy>(rows: usize, values: &[T]) -> Vec<T> {
+    (0..rows).flat_map(|_| values.iter().copied()).collect()
 }
 
 /// A float tensor with its values as f32.

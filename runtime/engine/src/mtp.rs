@@ -11,7 +11,7 @@
 //! token. A draft is the drafter's likeliest token, so the same history
 //! gives the same drafts, as the rejection rule takes them.
 
-use crate::generate::{argmax_rows, as_f32};
+use crate::generate::{argmax_rows, as_f32, every_row};
 use crate::speculative::Drafter;
 use linnet_exec::tensor::Tensor;
 use linnet_exec::{Machine, RunError};
@@ -23,11 +23,12 @@ pub struct MtpDrafter<'m> {
     rows: usize,
     width: usize,
     dtype: Dtype,
-    /// The model's hidden states by position (`width` values each), as
-    /// far as it has fed tokens.
-    hidden: Vec<f32>,
     /// Positions the drafter's cache holds from the model's hidden states.
     caught_up: usize,
+    /// The model's hidden states (`width` values each) at the positions
+    /// from `caught_up` on, as far as it has fed tokens: those the cache
+    /// has yet to take.
+    hidden: Vec<f32>,
 }
 
 fn refused(message: String) -> RunError {
@@ -52,7 +53,7 @@ impl<'m> MtpDrafter<'m> {
         };
         let dtype = hidden.dtype;
         machine.reset()?;
-        Ok(MtpDrafter { machine, rows, width, dtype, hidden: Vec::new(), caught_up: 0 })
+        Ok(MtpDrafter { machine, rows, width, dtype, caught_up: 0, hidden: Vec::new() })
     }
 
     /// The `draft` entry on `tokens` (the same for every row) at `position`,
@@ -60,11 +61,9 @@ impl<'m> MtpDrafter<'m> {
     /// the layer's hidden state.
     fn step(&mut self, tokens: &[i64], hidden: &[f32], position: usize) -> Result<(i64, Vec<f32>), RunError> {
         let length = tokens.len();
-        let all_tokens = (0..self.rows).flat_map(|_| tokens.iter().copied()).collect();
-        let all_hidden = (0..self.rows).flat_map(|_| hidden.iter().copied()).collect();
         let inputs = vec![
-            Tensor::from_i64(Dtype::I32, vec![self.rows, length], all_tokens),
-            Tensor::from_f32(self.dtype, vec![self.rows, length, self.width], all_hidden),
+            Tensor::from_i64(Dtype::I32, vec![self.rows, length], every_row(self.rows, tokens)),
+            Tensor::from_f32(self.dtype, vec![self.rows, length, self.width], every_row(self.rows, hidden)),
             Tensor::from_i64(Dtype::I32, Vec::new(), vec![position as i64]),
         ];
         let mut outputs = self.machine.call("draft", inputs)?.into_iter().map(as_f32);
@@ -91,12 +90,18 @@ impl Drafter for MtpDrafter<'_> {
                 hidden.shape, self.width
             )));
         }
-        // The first row: every row was given the same tokens.
+        // The first row: every row was given the same tokens. Positions
+        // before `caught_up` are the kept tokens', told again with the same
+        // states: the cache holds them already.
         let first = &values[..count * self.width];
-        self.hidden.resize(self.hidden.len().max((from + count) * self.width), 0.0);
-        // Positions before `caught_up` are the kept tokens', told again
-        // with the same states: the cache keeps them.
-        self.hidden[from * self.width..(from + count) * self.width].copy_from_slice(first);
+        let skipped = self.caught_up.saturating_sub(from).min(count);
+        if skipped == count {
+            return Ok(());
+        }
+        let at = (from + skipped - self.caught_up) * self.width;
+        let end = at + (count - skipped) * self.width;
+        self.hidden.resize(self.hidden.len().max(end), 0.0);
+        self.hidden[at..end].copy_from_slice(&first[skipped * self.width..]);
         Ok(())
     }
 
@@ -104,11 +109,11 @@ impl Drafter for MtpDrafter<'_> {
         // The model has fed every token before the last: its hidden states
         // at `caught_up..last`, each with the token after it, catch up.
         let last = history.len() - 1;
-        if room == 0 || self.caught_up >= last || self.hidden.len() < last * self.width {
+        let from = self.caught_up;
+        if room == 0 || from >= last || self.hidden.len() < (last - from) * self.width {
             return Ok(Vec::new());
         }
-        let from = self.caught_up;
-        let hidden = self.hidden[from * self.width..last * self.width].to_vec();
+        let hidden: Vec<f32> = self.hidden.drain(..(last - from) * self.width).collect();
         let (mut token, mut state) = self.step(&history[from + 1..=last], &hidden, from)?;
         self.caught_up = last;
         let mut drafts = vec![token];
