@@ -59,6 +59,15 @@ struct Model {
     /// `mlir-host` and `cuda` run the GPU kernels (builds with `--features nvptx`, `cuda`).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     backend: BackendArg,
+    /// Let each of the CPU's products take the fastest kernel for the rows
+    /// it has (bf16 dot products past three rows on AVX-512 BF16, a decode
+    /// step's blocks summed from registers, the VNNI panels and AMX tiles).
+    /// It gives up batch invariance: a row's logits then depend in their
+    /// last bits on the rows beside it, so a prompt alone, batched with
+    /// others or after a cached prefix may differ (and so may its greedy
+    /// text, at a near tie).
+    #[arg(long)]
+    batch_variant: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -389,6 +398,13 @@ fn load_drafter(model: &Model) -> Result<linnet_exec::Machine, Failure> {
 }
 
 fn load(model: &Model) -> Result<Loaded, Failure> {
+    use linnet_kernels::choice::{set_batch_order, BatchOrder};
+    if model.batch_variant {
+        if !matches!(model.backend, BackendArg::Cpu) {
+            return Err("--batch-variant chooses the CPU backend's kernels: it needs `--backend cpu`".into());
+        }
+        set_batch_order(BatchOrder::Variant);
+    }
     let artifact = linnet_build::cache::artifact_for(&model.package, &options(model)).map_err(|e| e.to_string())?;
     let mut loaded =
         linnet_runtime::load(&artifact, &weights_of(model), backend_of(model), Some(&linnet_build::Builder))?;

@@ -868,8 +868,8 @@ fn structured_output_holds_on_a_real_vocabulary() {
 
 /// Prompts that share a prefix: the later ones find it in the prefix cache
 /// (`usage.prompt_tokens_details.cached_tokens`, `/metrics`) and answer as
-/// a server without the cache does, to the same greedy tokens and
-/// log-probabilities within the numerics contract.
+/// a server without the cache does, to the same greedy tokens and the
+/// same log-probabilities, bit for bit (the contract's batch invariance).
 #[test]
 fn a_shared_prefix_is_prefilled_once() {
     let shared: Vec<i64> = (0..20).map(|at| 3 + at * 7 % 200).collect();
@@ -898,9 +898,7 @@ fn a_shared_prefix_is_prefilled_once() {
         let (expected_ids, expected_logprobs, none) = answer(&uncached, prompt);
         assert_eq!(none, 0);
         assert_eq!(ids, expected_ids, "{prompt:?}");
-        for (got, expected) in logprobs.iter().zip(&expected_logprobs) {
-            assert!((got - expected).abs() < 1e-3, "{got} vs {expected}");
-        }
+        assert_eq!(logprobs, expected_logprobs, "{prompt:?}");
         hits.push(found);
     }
     assert_eq!(first_logprobs.len(), 6);
@@ -1060,5 +1058,84 @@ fn a_kv_events_config_that_cannot_be_honoured_is_refused() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success() && stderr.contains(said), "{args:?}: {stderr}");
+    }
+}
+
+/// Batch invariance (the numerics contract): a prompt's log-probabilities
+/// and greedy text are the same bits alone, as one of eight requests at
+/// once, and after another prompt left its prefix in the prefix cache (the
+/// rest prefilled on its own), on the CPU, for the trained text model with
+/// f32 weights, bf16 weights with bf16 activations, and Q4_K_M blocks of
+/// parameters declared f32 (whose decode steps and prefills, in the
+/// batch-variant order, sum in other orders: 1e-6 apart).
+#[test]
+fn a_prompt_gives_the_same_bits_alone_batched_and_after_a_cached_prefix() {
+    let weights = [("weights-f32", "f32"), ("gguf/tiny-text-bf16.gguf", "bf16"), ("gguf/tiny-text-q4_k_m.gguf", "f32")];
+    same_bits_alone_batched_and_after_a_cached_prefix("cpu", &weights);
+}
+
+/// The same on the GPU kernels run on the host by MLIR (`--features
+/// nvptx`), f32 and bf16.
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_on_the_host_give_a_prompt_the_same_bits_alone_batched_and_after_a_cached_prefix() {
+    same_bits_alone_batched_and_after_a_cached_prefix(
+        "mlir-host",
+        &[("weights-f32", "f32"), ("gguf/tiny-text-bf16.gguf", "bf16")],
+    );
+}
+
+/// The trained text model's servers on `backend`, one per (weights under
+/// its fixture, activations' type `T`): a prompt's answer alone, beside
+/// seven others, and after a cached prefix, compared bit for bit.
+fn same_bits_alone_batched_and_after_a_cached_prefix(backend: &str, weights: &[(&str, &str)]) {
+    let dir = root().join("tests/fixtures/tiny-qwen3.5-moe-text");
+    let card = dir.join("package/nest.toml");
+    let held_out: Vec<String> = std::fs::read_to_string(dir.join("held-out.txt"))
+        .unwrap()
+        .split("\n\n")
+        .map(|saying| saying.replace('\n', " "))
+        .collect();
+    let prefix = held_out[..14].join(" ");
+    let prompt = format!("{prefix} The cat sat on the mat, and");
+    let others: Vec<String> = (0..7).map(|at| held_out[20 + 3 * at..23 + 4 * at].join(" ")).collect();
+    // Text, each token's log-probability and the five most likely at each
+    // step, and the prompt's tokens found in the prefix cache.
+    let answer = |server: &Server, prompt: &str| {
+        let body = json!({ "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 5 }).to_string();
+        let (status, body) = server.call("POST", "/v1/completions", &body);
+        assert_eq!(status, 200, "{body}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        let choice = &value["choices"][0];
+        let cached = value["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        let logprobs = &choice["logprobs"];
+        ((choice["text"].clone(), logprobs["token_logprobs"].clone(), logprobs["top_logprobs"].clone()), cached)
+    };
+    let tokenizer = dir.join("weights-f32");
+    for &(weights, dtype) in weights {
+        let what = format!("{weights} with T={dtype} on {backend}");
+        let weights = dir.join(weights);
+        let spawn = |prefix_cache_mb: &str| {
+            let set = [format!("T={dtype}"), "Batch=8".to_string()];
+            let mut args = vec!["--weights", weights.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap()];
+            args.extend(set.iter().flat_map(|value| ["--set", value.as_str()]));
+            args.extend(["--backend", backend, "--prefix-block", "16", "--prefix-cache-mb", prefix_cache_mb]);
+            Server::spawn_card(&card, &args)
+        };
+        let uncached = spawn("0");
+        let (alone, _) = answer(&uncached, &prompt);
+        let (batched, _) = std::thread::scope(|scope| {
+            let others: Vec<_> = others.iter().map(|other| scope.spawn(|| answer(&uncached, other))).collect();
+            let ours = answer(&uncached, &prompt);
+            others.into_iter().for_each(|other| drop(other.join().unwrap()));
+            ours
+        });
+        assert_eq!(batched, alone, "{what}: beside seven other requests");
+        let cached = spawn("64");
+        let (_, none) = answer(&cached, &format!("{prefix} Another ending here"));
+        let (after_prefix, found) = answer(&cached, &prompt);
+        assert_eq!(none, 0);
+        assert!(found >= 64, "{what}: the shared prefix is found in the cache ({found} tokens)");
+        assert_eq!(after_prefix, alone, "{what}: after {found} cached tokens");
     }
 }

@@ -589,16 +589,13 @@ fn attention_split_over_keys_meets_the_reference() {
     attention_meets_the_reference(model, &inputs, mask, 1e-5);
 }
 
-/// The delta rule over a span (`gpu::delta`: each chunk's shared
-/// products first, then a warp per state column solves the chunk's
-/// updates forward), run on the host, against the reference: a key width
-/// that is no multiple of a warp, tokens over two chunks (the second part
-/// past the span), grouped heads, two batch rows; every token's read and
-/// the final state.
+/// The delta rule over a span (`gpu::delta`: a warp per state column
+/// walking the tokens), run on the host, against the reference: a key
+/// width that is no multiple of a warp, 37 tokens, grouped heads, two
+/// batch rows; every token's read and the final state.
 #[test]
-fn the_delta_rule_in_chunks_meets_the_reference() {
-    let kernels = delta_rule_meets_the_reference(Some(37));
-    assert_eq!(kernels, 2, "the span is not taken in chunks: this test covers less than it says");
+fn the_delta_rule_over_a_span_meets_the_reference() {
+    assert_eq!(delta_rule_meets_the_reference(Some(37)), 1);
 }
 
 /// A decode step of the delta rule (`gpu::delta`: a state column's cells
@@ -608,15 +605,68 @@ fn a_step_of_the_delta_rule_meets_the_reference() {
     assert_eq!(delta_rule_meets_the_reference(None), 1);
 }
 
-/// Runs `gated_delta_rule` over `span` tokens (`gated_delta_step` where
-/// none) on the reference and on the GPU kernels run on the host, and
-/// compares every element (f32, so that a token left out shows); the
-/// node's kernels.
-fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
+/// Batch invariance of the delta rule's kernels: a span of 37 tokens
+/// taken whole, in two parts (the second from the first's final state,
+/// as a prefill after the prefix cache takes it), and its first token as
+/// a decode step, give the same bits: every token's read and the final
+/// state.
+#[test]
+fn the_delta_rule_in_parts_gives_the_bits_of_the_whole_span() {
+    let (span, first) = (37usize, 20usize);
+    let run = |tokens: Option<usize>, call: Vec<Tensor>| {
+        let (model, _) = delta_model(tokens);
+        let mut machine = Machine::new(model, Vec::new(), MlirHost::default()).expect("the kernels build");
+        machine.call("delta", call).expect("the kernels run").remove(0)
+    };
+    let (_, inputs) = delta_model(Some(span));
+    let whole_call = delta_call(&inputs);
+    let whole = run(Some(span), whole_call.clone());
+    // Tokens `range` of each per-token input, and `state` in place of the state.
+    let part = |range: std::ops::Range<usize>, state: Tensor| -> Vec<Tensor> {
+        let mut call: Vec<Tensor> = whole_call[..5].iter().map(|tensor| tokens_of(tensor, range.clone())).collect();
+        call.extend([state, whole_call[6].clone()]);
+        call
+    };
+    let head = run(Some(first), part(0..first, whole_call[5].clone()));
+    // The output's rows past the tokens are the state `[B, KD, VH, VD]`;
+    // the input state is `[B, VH, KD, VD]`.
+    let rows = tokens_of(&head, first..head.shape[1]);
+    let [batch, key_width, heads, width] = rows.shape[..] else { unreachable!("four axes") };
+    let values = rows.as_f32().unwrap();
+    let state: Vec<f32> = (0..batch * heads * key_width * width)
+        .map(|at| {
+            let (b, h, i, j) = (
+                at / (heads * key_width * width),
+                at / (key_width * width) % heads,
+                at / width % key_width,
+                at % width,
+            );
+            values[((b * key_width + i) * heads + h) * width + j]
+        })
+        .collect();
+    let state = Tensor::from_f32(Dtype::F32, vec![batch, heads, key_width, width], state);
+    let tail = run(Some(span - first), part(first..span, state));
+    let bits = |tensor: &Tensor| tensor.as_f32().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&tokens_of(&whole, 0..first)), bits(&tokens_of(&head, 0..first)), "the first part's reads");
+    assert_eq!(bits(&tokens_of(&whole, first..whole.shape[1])), bits(&tail), "the second part's reads and the state");
+    // The first token as a decode step: the step's operands have no token axis.
+    let mut step_call: Vec<Tensor> = part(0..1, whole_call[5].clone());
+    for tensor in &mut step_call[..5] {
+        tensor.shape.remove(1);
+    }
+    let step = run(None, step_call);
+    assert_eq!(bits(&tokens_of(&whole, 0..1)), bits(&tokens_of(&step, 0..1)), "the first token's read as a step");
+}
+
+/// The delta rule's node over `span` tokens (`gated_delta_step` where
+/// none) as a model of one entry, `delta`, and its inputs (name, shape,
+/// type): two batch rows, grouped heads, a key width no multiple of a
+/// warp.
+fn delta_model(span: Option<usize>) -> (Model, Vec<(&'static str, Vec<usize>, Dtype)>) {
     let (batch, key_heads, value_heads, key_width, value_width) = (2usize, 2usize, 4usize, 40usize, 5usize);
     let tokens: Vec<usize> = span.into_iter().collect();
     let shape = |rest: &[usize]| [&[batch][..], &tokens, rest].concat();
-    let inputs = [
+    let inputs = vec![
         ("q", shape(&[key_heads, key_width]), Dtype::Bf16),
         ("k", shape(&[key_heads, key_width]), Dtype::Bf16),
         ("v", shape(&[value_heads, value_width]), Dtype::Bf16),
@@ -634,39 +684,64 @@ fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
         source: None,
     };
     let entry = entry_of("delta", &inputs, vec![delta]);
-    let kernels = linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 7, Form::Host)
+    (Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] }, inputs)
+}
+
+/// A call of [`delta_model`]'s entry: keys and queries of unit scale over
+/// the width, decays below 0, rates in 0..1, the scale 0.15.
+fn delta_call(inputs: &[(&str, Vec<usize>, Dtype)]) -> Vec<Tensor> {
+    let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
+    let mut call: Vec<Tensor> = inputs[..6]
+        .iter()
+        .zip(sizes)
+        .enumerate()
+        .map(|(phase, ((name, dims, dtype), size))| {
+            let mut values = wave(dims.iter().product(), phase * 13, size);
+            if *name == "decay" {
+                values.iter_mut().for_each(|x| *x = -x.abs());
+            } else if *name == "beta" {
+                values.iter_mut().for_each(|x| *x = x.abs());
+            }
+            Tensor::from_f32(*dtype, dims.clone(), values)
+        })
+        .collect();
+    call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.15]));
+    call
+}
+
+/// Rows `range` of the second axis of `tensor` (a batch's tokens), in
+/// its type.
+fn tokens_of(tensor: &Tensor, range: std::ops::Range<usize>) -> Tensor {
+    let (batch, rows) = (tensor.shape[0], tensor.shape[1]);
+    let row: usize = tensor.shape[2..].iter().product();
+    let values = tensor.as_f32().unwrap();
+    let taken: Vec<f32> = (0..batch)
+        .flat_map(|b| values[(b * rows + range.start) * row..(b * rows + range.end) * row].to_vec())
+        .collect();
+    let mut shape = tensor.shape.clone();
+    shape[1] = range.len();
+    Tensor::from_f32(tensor.dtype, shape, taken)
+}
+
+/// Runs `gated_delta_rule` over `span` tokens (`gated_delta_step` where
+/// none) on the reference and on the GPU kernels run on the host, and
+/// compares every element (f32, so that a token left out shows); the
+/// node's kernels.
+fn delta_rule_meets_the_reference(span: Option<usize>) -> usize {
+    let (model, inputs) = delta_model(span);
+    let kernels = linnet_gpu::node_kernels(ModelEntry { entry: &model.entries[0], params: &[] }, 7, Form::Host)
         .expect("an intrinsic has kernels")
         .expect("they build");
     assert!(
         kernels.iter().all(|kernel| kernel.lanes == WARP_LANES),
         "the delta rule is not in warps: this test covers less than it says"
     );
-    let model = Model { name: "delta".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
-    // Keys and queries of unit scale over the width, decays below 0, rates in 0..1.
-    let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
-    let call = || {
-        let mut call: Vec<Tensor> = inputs[..6]
-            .iter()
-            .zip(sizes)
-            .enumerate()
-            .map(|(phase, ((name, dims, dtype), size))| {
-                let mut values = wave(dims.iter().product(), phase * 13, size);
-                if *name == "decay" {
-                    values.iter_mut().for_each(|x| *x = -x.abs());
-                } else if *name == "beta" {
-                    values.iter_mut().for_each(|x| *x = x.abs());
-                }
-                Tensor::from_f32(*dtype, dims.clone(), values)
-            })
-            .collect();
-        call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.15]));
-        call
-    };
-    let reference =
-        linnet_exec::interp::machine(model.clone(), Vec::new()).call("delta", call()).expect("the reference runs");
+    let reference = linnet_exec::interp::machine(model.clone(), Vec::new())
+        .call("delta", delta_call(&inputs))
+        .expect("the reference runs");
     let computed = Machine::new(model, Vec::new(), MlirHost::default())
         .expect("the kernels build")
-        .call("delta", call())
+        .call("delta", delta_call(&inputs))
         .expect("the kernels run");
     let (expected, got) = (reference[0].as_f32().unwrap(), computed[0].as_f32().unwrap());
     assert_eq!(expected.len(), got.len());

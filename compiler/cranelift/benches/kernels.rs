@@ -19,6 +19,7 @@ use linnet_ir::numerics::bf16_bits;
 use linnet_ir::quant::{quantize, BlockFormat};
 use linnet_ir::Dtype;
 use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_kernels::choice::{choose, BatchOrder, Storage};
 use linnet_kernels::intrinsics;
 use linnet_kernels::isa::Isa;
 use linnet_kernels::matmul::{matmul_groups, matmul_on};
@@ -35,6 +36,27 @@ fn fastest(runs: usize, mut work: impl FnMut()) -> f64 {
             start.elapsed().as_secs_f64()
         })
         .fold(f64::INFINITY, f64::min)
+}
+
+/// The fastest of `runs` timings of `work` in each batch order that takes
+/// another kernel for these rows (the invariant order first, then the
+/// variant one where it differs), with the order's name for a figure's
+/// label.
+fn in_each_order(
+    isa: Isa,
+    matrix: Matrix,
+    rows: usize,
+    depth: usize,
+    runs: usize,
+    mut work: impl FnMut(BatchOrder),
+) -> Vec<(&'static str, f64)> {
+    let storage = Storage::of(&matrix);
+    let kernel = |order| choose(isa, storage, rows, depth, order);
+    let mut timed = vec![("", fastest(runs, || work(BatchOrder::Invariant)))];
+    if kernel(BatchOrder::Variant) != kernel(BatchOrder::Invariant) {
+        timed.push((" (batch-variant)", fastest(runs, || work(BatchOrder::Variant))));
+    }
+    timed
 }
 
 /// Deterministic values in [-1, 1), exactly bf16.
@@ -69,7 +91,7 @@ fn vector_kernels() {
     for isa in Isa::available() {
         let input = values(depth, 2);
         let mut out = vec![0f32; columns];
-        let seconds = fastest(5, || matmul_on(isa, &input, weight.as_slice(), &mut out, 1));
+        let seconds = fastest(5, || matmul_on(isa, BatchOrder::Invariant, &input, weight.as_slice(), &mut out, 1));
         let gbs = (columns * depth * 2) as f64 / seconds / 1e9;
         println!("matrix-vector bf16 {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of weights", isa.name());
     }
@@ -86,10 +108,13 @@ fn vector_kernels() {
         {
             let input = values(depth, 2);
             let mut out = vec![0f32; columns];
-            let seconds = fastest(5, || matmul_on(isa, &input, matrix, &mut out, 1));
-            let gbs = blocks.len() as f64 / seconds / 1e9;
-            let values_per_second = (columns * depth) as f64 / seconds / 1e9;
-            println!("matrix-vector {format}{kind} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
+            let timed =
+                in_each_order(isa, matrix, 1, depth, 5, |order| matmul_on(isa, order, &input, matrix, &mut out, 1));
+            for (order, seconds) in timed {
+                let gbs = blocks.len() as f64 / seconds / 1e9;
+                let values_per_second = (columns * depth) as f64 / seconds / 1e9;
+                println!("matrix-vector {format}{kind}{order} {columns}×{depth} on {:<10}: {gbs:6.1} GB/s of blocks, {values_per_second:5.1} G weights/s", isa.name());
+            }
         }
     }
     // The same kernels on rows that stay in L2 between calls (1024 of
@@ -104,12 +129,15 @@ fn vector_kernels() {
         for (kind, matrix) in
             [("", Matrix::Blocks(format, &blocks)), (" declared bf16", Matrix::Bf16Blocks(format, &blocks))]
         {
-            let seconds = fastest(200, || matmul_on(isa, &input, matrix, &mut out, 1));
-            let gbs = blocks.len() as f64 / seconds / 1e9;
-            println!(
-                "matrix-vector {format}{kind} {cached_columns}×{depth} in L2 on {:<10}: {gbs:6.1} GB/s of blocks",
-                isa.name()
-            );
+            let timed =
+                in_each_order(isa, matrix, 1, depth, 200, |order| matmul_on(isa, order, &input, matrix, &mut out, 1));
+            for (order, seconds) in timed {
+                let gbs = blocks.len() as f64 / seconds / 1e9;
+                println!(
+                    "matrix-vector {format}{kind}{order} {cached_columns}×{depth} in L2 on {:<10}: {gbs:6.1} GB/s of blocks",
+                    isa.name()
+                );
+            }
         }
     }
 }
@@ -122,9 +150,13 @@ fn matrix_kernels() {
     let input = values(rows * depth, 4);
     for isa in Isa::available() {
         let mut out = vec![0f32; rows * columns];
-        let seconds = fastest(3, || matmul_on(isa, &input, weight.as_slice(), &mut out, rows));
-        let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
-        println!("matrix bf16 {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+        let matrix = Matrix::Bf16(&weight);
+        let timed =
+            in_each_order(isa, matrix, rows, depth, 3, |order| matmul_on(isa, order, &input, matrix, &mut out, rows));
+        for (order, seconds) in timed {
+            let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+            println!("matrix bf16{order} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+        }
     }
     // The same values in blocks, and those blocks as a parameter declared
     // bf16 against bf16 inputs (a bf16 model's prefill): rounded to bf16
@@ -140,9 +172,16 @@ fn matrix_kernels() {
             ];
             for (kind, input, matrix) in kinds {
                 let mut out = vec![0f32; rows * columns];
-                let seconds = fastest(3, || matmul_on(isa, input, matrix, &mut out, rows));
-                let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
-                println!("matrix {format}{kind} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s", isa.name());
+                let timed = in_each_order(isa, matrix, rows, depth, 3, |order| {
+                    matmul_on(isa, order, input, matrix, &mut out, rows)
+                });
+                for (order, seconds) in timed {
+                    let gflops = 2.0 * (rows * columns * depth) as f64 / seconds / 1e9;
+                    println!(
+                        "matrix {format}{kind}{order} {rows}×{columns}×{depth} on {:<10}: {gflops:6.1} GFLOP/s",
+                        isa.name()
+                    );
+                }
             }
         }
     }

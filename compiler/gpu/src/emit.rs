@@ -816,61 +816,12 @@ impl<'e> Emitter<'e> {
         }
     }
 
-    /// Lane `lane`'s own of `value` (of [`Emitter::lane_type`]), the same
-    /// f32 in every lane: a `gpu.shuffle idx` on the device.
-    pub fn lane_value(&mut self, warp: &Warp, value: &str, lane: u32) -> String {
-        if warp.lane.is_none() {
-            return self.op(format!("vector.extract {value}[{lane}] : f32 from vector<{WARP_LANES}xf32>"));
-        }
-        let (from, width) =
-            (self.op(format!("arith.constant {lane} : i32")), self.op(format!("arith.constant {WARP_LANES} : i32")));
-        self.shuffle("idx", value, &from, &width)
-    }
-
     /// Another lane's f32 on the device: `gpu.shuffle MODE` of `value` with
     /// `offset` and `width` (i32s).
     fn shuffle(&mut self, mode: &str, value: &str, offset: &str, width: &str) -> String {
         let (theirs, valid) = (self.fresh(), self.fresh());
         self.line(format!("{theirs}, {valid} = gpu.shuffle {mode} {value}, {offset}, {width} : f32"));
         theirs
-    }
-
-    /// The sums across the lanes of each of `values` ([`WARP_LANES`] of them,
-    /// of [`Emitter::lane_type`]), value `t`'s in lane `t` (a value of that
-    /// type), each summed in [`Emitter::combine_lanes`]' tree.
-    ///
-    /// On the device the lanes halve their values at each step of the
-    /// butterfly: at offset `o`, a lane keeps the half whose sums end in
-    /// lanes on its side of `o` and sends its partner the other, so the
-    /// [`WARP_LANES`] sums take 31 shuffles rather than 31 each. A step pairs
-    /// the same lanes' shares as the tree does (only which lane holds a
-    /// sum differs), so the host's `combine_lanes` gives the same bits.
-    pub fn scatter_sums(&mut self, warp: &Warp, values: &[String]) -> String {
-        assert_eq!(values.len(), WARP_LANES as usize, "a sum for each lane");
-        let Some(lane) = &warp.lane else {
-            let totals = self.combine_lanes(values, Combine::Add);
-            return self.op(format!("vector.from_elements {} : vector<{WARP_LANES}xf32>", totals.join(", ")));
-        };
-        let lane = self.op(format!("arith.index_cast {lane} : index to i32"));
-        let (width, none) =
-            (self.op(format!("arith.constant {WARP_LANES} : i32")), self.op("arith.constant 0 : i32".into()));
-        let mut values = values.to_vec();
-        while values.len() > 1 {
-            let half = values.len() / 2;
-            let offset = self.op(format!("arith.constant {half} : i32"));
-            let side = self.op(format!("arith.andi {lane}, {offset} : i32"));
-            let upper = self.op(format!("arith.cmpi ne, {side}, {none} : i32"));
-            values = (0..half)
-                .map(|k| {
-                    let (low, high) = (&values[k], &values[k + half]);
-                    let sent = self.op(format!("arith.select {upper}, {low}, {high} : f32"));
-                    let kept = self.op(format!("arith.select {upper}, {high}, {low} : f32"));
-                    let theirs = self.shuffle("xor", &sent, &offset, &width);
-                    self.op(format!("arith.addf {kept}, {theirs} : f32"))
-                })
-                .collect();
-        }
-        values.remove(0)
     }
 
     /// `scf.for` over `from..to` (indices) carrying `carried` (initial

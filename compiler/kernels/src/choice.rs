@@ -1,14 +1,15 @@
 //! Which kernel multiplies a group of input rows by a weight matrix: one
 //! table of what each block format's weights can be multiplied with
 //! ([`FormatKernels`]), and one function ([`choose`]) of the weights'
-//! storage, the instruction set and the count of rows that the products
-//! (`matmul`) and their tests both ask.
+//! storage, the instruction set, the count of rows and the batch order
+//! ([`BatchOrder`]) that the products (`matmul`) and their tests both ask.
 
-use super::dequant::DOT_ROWS;
+use super::dequant::{self, DOT_ROWS};
 use super::isa::Isa;
 use super::matrix::Matrix;
 use super::{amx, byte_tiles, int8};
 use linnet_ir::quant::BlockFormat;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a weight matrix is held, as far as choosing its kernel goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +32,39 @@ impl Storage {
             Matrix::Bf16Blocks(format, _) => Storage::Bf16Blocks(*format),
         }
     }
+}
+
+/// Whether a row's products may depend on the rows multiplied beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOrder {
+    /// One kernel for every count of rows of a storage on an instruction
+    /// set, so that each row's sums are taken in one order: a row's
+    /// outputs are the same bits alone, batched with others or prefilled
+    /// in parts (the numerics contract's batch invariance). The default.
+    Invariant,
+    /// The fastest kernel for the count of rows: bf16 dot products past
+    /// three rows, decoded blocks summed from registers for a decode
+    /// step's rows, the VNNI panels and AMX tiles past them. A row's last
+    /// bits then depend on how many rows share its call, and what they are.
+    Variant,
+}
+
+/// Whether the process's products take [`BatchOrder::Variant`].
+static VARIANT: AtomicBool = AtomicBool::new(false);
+
+/// The batch order every product of this process takes (`matmul::matmul`
+/// and the grouped products), [`BatchOrder::Invariant`] unless set.
+pub fn batch_order() -> BatchOrder {
+    match VARIANT.load(Ordering::Relaxed) {
+        true => BatchOrder::Variant,
+        false => BatchOrder::Invariant,
+    }
+}
+
+/// Sets the process's batch order: before the first product, since rows
+/// multiplied in one order and then the other are not comparable.
+pub fn set_batch_order(order: BatchOrder) {
+    VARIANT.store(order == BatchOrder::Variant, Ordering::Relaxed);
 }
 
 /// The products a block format's weights have besides being decoded into
@@ -76,8 +110,13 @@ pub fn kernels_of(format: BlockFormat) -> FormatKernels {
 pub enum Product {
     /// The weights widened into f32 lanes as they are read (f32, bf16 bits).
     Lanes,
-    /// Blocks decoded into f32 lanes, exactly.
+    /// Blocks decoded into f32 lanes, exactly, and multiplied as f32
+    /// weights (`matmul`'s tiles).
     Decoded,
+    /// Blocks decoded in registers straight into a decode step's sums
+    /// (`dequant::dot_columns`): the same values, each group's scale
+    /// applied to its sum.
+    Dots,
     /// bf16 dot products (vectors or AMX tiles) over inputs that are
     /// exactly bf16 values; other inputs take [`Product::Lanes`].
     Bf16Dots,
@@ -106,7 +145,28 @@ impl Product {
 }
 
 /// The kernel that multiplies `rows` input rows of `depth` values by
-/// weights held as `storage` on `isa` (which the CPU has).
+/// weights held as `storage` on `isa` (which the CPU has), in `order`.
+pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize, order: BatchOrder) -> Product {
+    match order {
+        BatchOrder::Invariant => invariant(storage, depth),
+        BatchOrder::Variant => fastest(isa, storage, rows, depth),
+    }
+}
+
+/// The one kernel of a storage whatever the rows: f32 lanes for f32 and
+/// bf16 weights, blocks decoded and multiplied as f32 weights, and for a
+/// parameter declared bf16 in a format with integer products, those
+/// products over every row (each row quantized on its own, its sums in
+/// one order however many rows share the weights).
+fn invariant(storage: Storage, depth: usize) -> Product {
+    match storage {
+        Storage::Bf16Blocks(format) if kernels_of(format).int8 && depth.is_multiple_of(int8::SPAN) => Product::Int8,
+        Storage::F32 | Storage::Bf16 => Product::Lanes,
+        Storage::Blocks(_) | Storage::Bf16Blocks(_) => Product::Decoded,
+    }
+}
+
+/// The fastest kernel for `rows`.
 ///
 /// Integer products over quantized inputs, for a parameter declared bf16
 /// in blocks, where its format has them and the rows are whole spans: a
@@ -117,8 +177,9 @@ impl Product {
 /// are vectors; the byte tiles up to [`byte_tiles::MOST_ROWS`] on AMX with
 /// byte products). Else bf16 dot products where tiles of four rows reuse
 /// each weight load: bf16 weights from four rows, a parameter declared
-/// bf16 in blocks past a decode step's rows.
-pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product {
+/// bf16 in blocks past a decode step's rows. Blocks against a decode
+/// step's rows are summed from registers.
+fn fastest(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product {
     let past_decode = rows > DOT_ROWS;
     if let Storage::Bf16Blocks(format) = storage {
         let kernels = kernels_of(format);
@@ -142,6 +203,7 @@ pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product 
         Storage::Bf16 if bf16_dots && rows >= 4 => Product::Bf16Dots,
         Storage::Bf16Blocks(_) if bf16_dots && past_decode => Product::RoundedBf16Dots,
         Storage::F32 | Storage::Bf16 => Product::Lanes,
+        Storage::Blocks(_) | Storage::Bf16Blocks(_) if !past_decode && dequant::dots_on(isa) => Product::Dots,
         Storage::Blocks(_) | Storage::Bf16Blocks(_) => Product::Decoded,
     }
 }
@@ -150,21 +212,26 @@ pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product 
 mod tests {
     use super::*;
 
+    const ORDERS: [BatchOrder; 2] = [BatchOrder::Invariant, BatchOrder::Variant];
+
     /// Each kernel over quantized inputs is chosen only on a CPU that has
     /// its instructions, and only for the formats the table gives it.
     #[test]
     fn a_kernel_is_chosen_only_where_the_cpu_and_the_format_have_it() {
-        for isa in Isa::available() {
+        for (isa, order) in Isa::available().into_iter().flat_map(|isa| ORDERS.map(|order| (isa, order))) {
             for format in BlockFormat::ALL {
                 for rows in 1..=byte_tiles::MOST_ROWS + 1 {
-                    let product = choose(isa, Storage::Bf16Blocks(format), rows, 4 * int8::SPAN);
+                    let product = choose(isa, Storage::Bf16Blocks(format), rows, 4 * int8::SPAN, order);
                     if product == Product::Panels {
                         assert!(int8::has_vnni() && kernels_of(format).panels, "panels for {format} on {isa:?}");
                     }
                     if product == Product::ByteTiles {
                         assert!(amx::has_byte_products() && kernels_of(format).byte_tiles, "tiles for {format}");
                     }
-                    assert!(!choose(isa, Storage::Blocks(format), rows, 4 * int8::SPAN).quantizes());
+                    if product == Product::Dots {
+                        assert!(dequant::dots_on(isa) && rows <= DOT_ROWS, "dots for {rows} rows on {isa:?}");
+                    }
+                    assert!(!choose(isa, Storage::Blocks(format), rows, 4 * int8::SPAN, order).quantizes());
                 }
             }
         }
@@ -174,12 +241,33 @@ mod tests {
     /// them; an odd depth never takes bf16 dot products.
     #[test]
     fn decode_rows_take_integer_products_and_odd_depths_no_bf16_dots() {
-        for isa in Isa::available() {
+        for (isa, order) in Isa::available().into_iter().flat_map(|isa| ORDERS.map(|order| (isa, order))) {
             for format in BlockFormat::ALL {
-                let expected = if kernels_of(format).int8 { Product::Int8 } else { Product::Decoded };
-                assert_eq!(choose(isa, Storage::Bf16Blocks(format), 1, int8::SPAN), expected, "{format}");
+                let others = match (order, dequant::dots_on(isa)) {
+                    (BatchOrder::Variant, true) => Product::Dots,
+                    _ => Product::Decoded,
+                };
+                let expected = if kernels_of(format).int8 { Product::Int8 } else { others };
+                assert_eq!(choose(isa, Storage::Bf16Blocks(format), 1, int8::SPAN, order), expected, "{format}");
             }
-            assert_eq!(choose(isa, Storage::Bf16, 64, 33), Product::Lanes);
+            assert_eq!(choose(isa, Storage::Bf16, 64, 33, order), Product::Lanes);
+        }
+    }
+
+    /// In the invariant order a storage takes one kernel whatever the
+    /// count of rows, on every instruction set.
+    #[test]
+    fn the_invariant_order_takes_one_kernel_for_every_count_of_rows() {
+        let storages = [Storage::F32, Storage::Bf16].into_iter().chain(
+            BlockFormat::ALL.into_iter().flat_map(|format| [Storage::Blocks(format), Storage::Bf16Blocks(format)]),
+        );
+        for (isa, storage) in Isa::available().into_iter().flat_map(|isa| storages.clone().map(move |s| (isa, s))) {
+            for depth in [int8::SPAN, 4 * int8::SPAN, 96, 33] {
+                let one = choose(isa, storage, 1, depth, BatchOrder::Invariant);
+                for rows in 2..=byte_tiles::MOST_ROWS + 20 {
+                    assert_eq!(choose(isa, storage, rows, depth, BatchOrder::Invariant), one, "{storage:?} on {isa:?}");
+                }
+            }
         }
     }
 }

@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::choice::{choose, Product, Storage};
+use super::choice::{batch_order, choose, BatchOrder, Product, Storage};
 use super::isa::Isa;
 use super::matrix::{Matrix, Rows, Weight};
 use super::simd::{Lanes, OneLane};
@@ -43,13 +43,22 @@ const PARALLEL_PRODUCTS: usize = 1 << 18;
 const ROW_BLOCK: usize = 64;
 
 /// `out[m, n] = Σₖ input[m, k] · weight[n, k]` for `rows` input rows
-/// (`out` is `rows × columns`, `weight` `columns × depth`).
+/// (`out` is `rows × columns`, `weight` `columns × depth`), in the
+/// process's batch order.
 pub fn matmul<'a>(input: &[f32], weight: impl Into<Matrix<'a>>, out: &mut [f32], rows: usize) {
-    matmul_on(Isa::host(), input, weight, out, rows)
+    matmul_on(Isa::host(), batch_order(), input, weight, out, rows)
 }
 
-/// [`matmul`] on a given instruction set, which the CPU must have.
-pub fn matmul_on<'a>(isa: Isa, input: &[f32], weight: impl Into<Matrix<'a>>, out: &mut [f32], rows: usize) {
+/// [`matmul`] on a given instruction set, which the CPU must have, in a
+/// given batch order.
+pub fn matmul_on<'a>(
+    isa: Isa,
+    order: BatchOrder,
+    input: &[f32],
+    weight: impl Into<Matrix<'a>>,
+    out: &mut [f32],
+    rows: usize,
+) {
     if rows == 0 {
         return;
     }
@@ -69,13 +78,14 @@ pub fn matmul_on<'a>(isa: Isa, input: &[f32], weight: impl Into<Matrix<'a>>, out
     count_weight_bytes(&[(&rows, weight)]);
     // SAFETY: the rows point into `input` and `out`, which outlive this
     // call, with `depth` and `columns` elements each.
-    unsafe { run(isa, &[(&rows, weight)], columns, depth) }
+    unsafe { run(isa, order, &[(&rows, weight)], columns, depth) }
 }
 
 /// `out[m][n] = Σₖ input[m][k] · weight[n, k]` for every row `m` of each
 /// group's `Rows`, with the group's weight matrix; the matrices are of one
 /// size (the experts a batch of tokens chose). The threads share out the
 /// columns of every matrix in one pass, so none waits at the end of each.
+/// In the process's batch order.
 ///
 /// # Safety
 /// Each input row has `depth` readable values and each output row room
@@ -83,7 +93,7 @@ pub fn matmul_on<'a>(isa: Isa, input: &[f32], weight: impl Into<Matrix<'a>>, out
 pub unsafe fn matmul_groups(groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
     count_weight_bytes(groups);
     // SAFETY: as the caller promises.
-    unsafe { run(Isa::host(), groups, columns, depth) }
+    unsafe { run(Isa::host(), batch_order(), groups, columns, depth) }
 }
 
 /// `out[m][n] = Σₖ input[m][k] · other[n, k]` for activations against
@@ -94,7 +104,7 @@ pub unsafe fn matmul_groups(groups: &[(&Rows, Matrix)], columns: usize, depth: u
 /// As [`matmul_groups`].
 pub unsafe fn products(rows: &Rows, other: &[f32], columns: usize, depth: usize) {
     // SAFETY: as the caller promises.
-    unsafe { run(Isa::host(), &[(rows, Matrix::F32(other))], columns, depth) }
+    unsafe { run(Isa::host(), batch_order(), &[(rows, Matrix::F32(other))], columns, depth) }
 }
 
 /// Every matrix of `groups` read once: what a decode step streams.
@@ -148,6 +158,9 @@ impl Bf16Inputs {
 enum Prepared {
     /// The f32 rows as they are.
     AsGiven,
+    /// The f32 rows as they are, for blocks summed from registers
+    /// (`dequant::dot_columns`).
+    Dots,
     /// The rows as bf16 bits, for bf16 dot products.
     Bf16(Bf16Inputs),
     /// The rows quantized to 8 bits, for integer dot products (`int8`).
@@ -159,39 +172,40 @@ enum Prepared {
     ByteTiles(byte_tiles::Inputs),
 }
 
-/// `rows` against `weight` as [`choose`] multiplies them on `isa`:
-/// quantized for the integer products, converted to bf16 for bf16 dot
-/// products (as given where a value is not a bf16 value).
-fn prepare(isa: Isa, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
+/// `rows` against `weight` as [`choose`] multiplies them on `isa` in
+/// `order`: quantized for the integer products, converted to bf16 for bf16
+/// dot products (as given where a value is not a bf16 value).
+fn prepare(isa: Isa, order: BatchOrder, rows: &Rows, weight: &Matrix, depth: usize) -> Prepared {
     let quantized = || {
         // SAFETY: each input row has `depth` readable values.
         let inputs = rows.inputs.iter().map(|input| unsafe { std::slice::from_raw_parts(*input, depth) });
         int8::QuantizedRows::new(inputs, depth)
     };
-    match choose(isa, Storage::of(weight), rows.inputs.len(), depth) {
+    match choose(isa, Storage::of(weight), rows.inputs.len(), depth, order) {
         Product::Int8 => Prepared::Int8(quantized()),
         Product::Panels => Prepared::Panels(quantized()),
         Product::ByteTiles => Prepared::ByteTiles(byte_tiles::Inputs::new(&quantized())),
         Product::Bf16Dots | Product::RoundedBf16Dots => {
             Bf16Inputs::new(isa, rows, depth).map_or(Prepared::AsGiven, Prepared::Bf16)
         }
+        Product::Dots => Prepared::Dots,
         Product::Lanes | Product::Decoded => Prepared::AsGiven,
     }
 }
 
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
-unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
+unsafe fn run(isa: Isa, order: BatchOrder, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
     let plan = |group: usize| {
         let (rows, weight) = &groups[group];
         assert!(weight.holds(columns, depth), "a weight row per column");
-        prepare(isa, rows, weight, depth)
+        prepare(isa, order, rows, weight, depth)
     };
     // Conversions past a decode step's rows on every thread (a prefill's
     // experts have thousands of rows between them); a decode step's here.
     let converts = groups.iter().any(|(rows, weight)| {
         let count = rows.inputs.len();
-        let product = choose(isa, Storage::of(weight), count, depth);
+        let product = choose(isa, Storage::of(weight), count, depth, order);
         product.converts_to_bf16() || (product.quantizes() && count > dequant::DOT_ROWS)
     });
     let plans: Vec<Prepared> =
@@ -223,6 +237,10 @@ unsafe fn run(isa: Isa, groups: &[(&Rows, Matrix)], columns: usize, depth: usize
                 }
                 (Matrix::Bf16Blocks(format, blocks), Prepared::Bf16(inputs)) => {
                     rounded_columns(rows, inputs, *format, blocks, depth, range)
+                }
+                (Matrix::Blocks(format, blocks) | Matrix::Bf16Blocks(format, blocks), Prepared::Dots) => {
+                    let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
+                    dequant::dot_columns(isa, *format, blocks, row_bytes, &rows.inputs, &rows.outs, range)
                 }
                 (Matrix::Blocks(format, blocks) | Matrix::Bf16Blocks(format, blocks), _) => {
                     decoded_columns(lanes, rows, *format, blocks, depth, range)
@@ -292,14 +310,6 @@ unsafe fn decoded_columns(
     range: std::ops::Range<usize>,
 ) {
     let row_bytes = format.row_bytes(depth).expect("rows of whole blocks");
-    let count = rows.inputs.len();
-    if count <= dequant::DOT_ROWS && dequant::dots_on(isa) {
-        // A decode step's few rows: each weight row's values go from the
-        // registers they are decoded in straight into the rows' sums.
-        // SAFETY: as the caller promises: `depth` values per input row,
-        // room for the range's columns in each output row, no other writer.
-        return unsafe { dequant::dot_columns(isa, format, blocks, row_bytes, &rows.inputs, &rows.outs, range) };
-    }
     DECODED.with_borrow_mut(|decoded| {
         decoded.resize(DECODED_ROWS * depth, 0.0);
         let mut first = range.start;
@@ -741,7 +751,9 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose, matmul, matmul_groups, matmul_on, Isa, Matrix, Product, Rows, Storage};
+    use super::{choose, matmul, matmul_groups, matmul_on, BatchOrder, Isa, Matrix, Product, Rows, Storage};
+
+    const ORDERS: [BatchOrder; 2] = [BatchOrder::Invariant, BatchOrder::Variant];
 
     /// Every output within the bound on f32 dot products of its length
     /// (`depth · 2⁻²³ · Σ|aₖ·wₖ|`) of the exact sum, on every instruction
@@ -769,14 +781,14 @@ mod tests {
             // bf16-valued inputs take the bf16 dot product where the CPU has it.
             let bf16_input: Vec<f32> =
                 input.iter().map(|x| linnet_ir::numerics::bf16_value(linnet_ir::numerics::bf16_bits(*x))).collect();
-            for isa in Isa::available() {
+            for (isa, order) in Isa::available().into_iter().flat_map(|isa| ORDERS.map(|order| (isa, order))) {
                 for (input, bf16) in [(&input, false), (&input, true), (&bf16_input, true)] {
                     let mut out = vec![f32::NAN; rows * columns];
                     let reference = if bf16 { &widened } else { &weight };
                     if bf16 {
-                        matmul_on(isa, input, bits.as_slice(), &mut out, rows);
+                        matmul_on(isa, order, input, bits.as_slice(), &mut out, rows);
                     } else {
-                        matmul_on(isa, input, weight.as_slice(), &mut out, rows);
+                        matmul_on(isa, order, input, weight.as_slice(), &mut out, rows);
                     }
                     for (at, value) in out.iter().enumerate() {
                         let (m, n) = (at / columns, at % columns);
@@ -794,11 +806,12 @@ mod tests {
     }
 
     /// Weights in blocks give what their dequantized values give as f32
-    /// weights, on every instruction set, for every format: bit for bit
-    /// where rows are decoded and multiplied (many rows, the threads too),
-    /// within the bound on f32 dot products where a few rows take the
-    /// values from registers (`dequant::dot_columns`), its magnitudes
-    /// counting Q4_K's steps and offsets apart (`docs/language.md`).
+    /// weights, on every instruction set, for every format, in both batch
+    /// orders: bit for bit where rows are decoded and multiplied (every
+    /// row in the invariant order; many rows, the threads too), within the
+    /// bound on f32 dot products where a few rows take the values from
+    /// registers (`dequant::dot_columns`), its magnitudes counting Q4_K's
+    /// steps and offsets apart (`docs/language.md`).
     #[test]
     fn blocks_give_what_their_values_give() {
         use linnet_ir::quant::{dequantize, quantize, BlockFormat};
@@ -820,15 +833,16 @@ mod tests {
                     dequantize(format, &without_steps, &mut offsets).unwrap();
                 }
                 let input: Vec<f32> = (0..rows * depth).map(|at| value(at * 13 + 1)).collect();
-                for isa in Isa::available() {
+                for (isa, order) in Isa::available().into_iter().flat_map(|isa| ORDERS.map(|order| (isa, order))) {
                     let mut from_blocks = vec![f32::NAN; rows * columns];
-                    matmul_on(isa, &input, Matrix::Blocks(format, &blocks), &mut from_blocks, rows);
+                    matmul_on(isa, order, &input, Matrix::Blocks(format, &blocks), &mut from_blocks, rows);
                     let mut from_values = vec![f32::NAN; rows * columns];
                     let f32_isa = isa.lanes();
-                    matmul_on(f32_isa, &input, values.as_slice(), &mut from_values, rows);
+                    matmul_on(f32_isa, order, &input, values.as_slice(), &mut from_values, rows);
+                    let dots = choose(isa, Storage::Blocks(format), rows, depth, order) == Product::Dots;
                     for (at, (ours, decoded)) in from_blocks.iter().zip(&from_values).enumerate() {
-                        let what = format!("{format} on {isa:?}, {rows} rows of {depth}, output {at}");
-                        if rows > crate::dequant::DOT_ROWS || !crate::dequant::dots_on(isa) {
+                        let what = format!("{format} on {isa:?}, {order:?}, {rows} rows of {depth}, output {at}");
+                        if !dots {
                             assert_eq!(ours.to_bits(), decoded.to_bits(), "{what}");
                         } else {
                             let (m, n) = (at / columns, at % columns);
@@ -855,9 +869,9 @@ mod tests {
 
     /// Blocks of a parameter declared bf16 (`Matrix::Bf16Blocks`) are
     /// rounded to bf16 only where the contract lets them be and the CPU
-    /// gains by it: more rows than a decode step's, bf16 inputs, AVX-512
-    /// BF16; there they give bit for bit what their values rounded to bf16
-    /// give as bf16 weights. Q4_K, Q6_K and Q8_0 blocks against a decode
+    /// gains by it: in the variant batch order, more rows than a decode
+    /// step's, bf16 inputs, AVX-512 BF16; there they give bit for bit what
+    /// their values rounded to bf16 give as bf16 weights. Q4_K, Q6_K and Q8_0 blocks against a decode
     /// step's rows, and K-quant blocks against any rows on AVX2, give what
     /// `int8` gives over the rows quantized (on every instruction set;
     /// Q4_K past those rows in the panels' order, where the CPU has VNNI
@@ -882,11 +896,11 @@ mod tests {
                     for (input, bf16) in [(&input, false), (&bf16_input, true)] {
                         let product = |weight: Matrix| {
                             let mut out = vec![f32::NAN; rows * columns];
-                            matmul_on(isa, input, weight, &mut out, rows);
+                            matmul_on(isa, BatchOrder::Variant, input, weight, &mut out, rows);
                             out
                         };
                         let ours = product(Matrix::Bf16Blocks(format, &blocks));
-                        let chosen = choose(isa, Storage::Bf16Blocks(format), rows, depth);
+                        let chosen = choose(isa, Storage::Bf16Blocks(format), rows, depth, BatchOrder::Variant);
                         let rounds = chosen == Product::RoundedBf16Dots && bf16;
                         let expected = if chosen.quantizes() {
                             let inputs = crate::int8::QuantizedRows::new(input.chunks_exact(depth), depth);
@@ -944,6 +958,60 @@ mod tests {
             let mut alone = vec![f32::NAN; rows_per_group[g] * columns];
             matmul(&inputs[g], weights[g].as_slice(), &mut alone, rows_per_group[g]);
             assert_eq!(grouped[g], alone, "group {g}");
+        }
+    }
+
+    /// In the invariant batch order each row's outputs are the same bits
+    /// whatever rows share its call: a row multiplied alone and as one of
+    /// 2 to 70 rows (decode steps, a prefill's, the threads' shares of
+    /// the columns), for f32 and bf16 weights and every block format (as
+    /// declared f32 and bf16), over inputs that are bf16 values and not,
+    /// on every instruction set this CPU has.
+    #[test]
+    fn each_row_is_the_same_bits_alone_or_batched() {
+        use linnet_ir::numerics::{bf16_bits, bf16_value};
+        use linnet_ir::quant::{quantize, BlockFormat};
+        let value = |seed: usize| ((seed * 2654435761) % 2001) as f32 / 1000.0 - 1.0;
+        let (columns, depth, most) = (45, 512, 70);
+        let weights: Vec<f32> = (0..columns * depth).map(|at| value(at * 7 + 3)).collect();
+        let bits: Vec<u16> = weights.iter().map(|w| bf16_bits(*w)).collect();
+        let blocks: Vec<(BlockFormat, Vec<u8>)> =
+            BlockFormat::ALL.into_iter().map(|format| (format, quantize(format, &weights).unwrap())).collect();
+        let mut matrices = vec![Matrix::F32(&weights), Matrix::Bf16(&bits)];
+        for (format, blocks) in &blocks {
+            matrices.extend([Matrix::Blocks(*format, blocks), Matrix::Bf16Blocks(*format, blocks)]);
+        }
+        let input: Vec<f32> = (0..most * depth).map(|at| value(at * 13 + 1)).collect();
+        let bf16_input: Vec<f32> = input.iter().map(|x| bf16_value(bf16_bits(*x))).collect();
+        for isa in Isa::available() {
+            for matrix in &matrices {
+                for input in [&input, &bf16_input] {
+                    let product = |rows: usize| {
+                        let mut out = vec![f32::NAN; rows * columns];
+                        matmul_on(isa, BatchOrder::Invariant, &input[..rows * depth], *matrix, &mut out, rows);
+                        out
+                    };
+                    let alone: Vec<Vec<f32>> = (0..most)
+                        .map(|m| {
+                            let mut out = vec![f32::NAN; columns];
+                            let row = &input[m * depth..(m + 1) * depth];
+                            matmul_on(isa, BatchOrder::Invariant, row, *matrix, &mut out, 1);
+                            out
+                        })
+                        .collect();
+                    for rows in [2, 3, 4, 5, 7, 8, 16, 17, 48, 49, most] {
+                        let batched = product(rows);
+                        for (m, (batched, alone)) in batched.chunks_exact(columns).zip(&alone).enumerate() {
+                            let same = batched.iter().zip(alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same,
+                                "{:?} on {isa:?}: row {m} of {rows} differs from it alone",
+                                Storage::of(matrix)
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

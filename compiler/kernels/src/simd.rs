@@ -141,10 +141,15 @@ impl Lanes for Avx512 {
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             // The upper half moved down by F's shuffle (DQ's extract would
-            // need a target feature the kernels do not enable).
+            // need a target feature the kernels do not enable); then the
+            // quarters, then two horizontal adds: the tree `sums` folds
+            // four vectors in, so that a sum is the same bits whichever
+            // of the two takes it (a column in a tile of four or alone).
             let upper = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
             let half = _mm256_add_ps(_mm512_castps512_ps256(v), upper);
-            Avx2::sum(half)
+            let quarter = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+            let pairs = _mm_hadd_ps(quarter, quarter);
+            _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs))
         }
     }
     /// Four vectors' sums folded together: halves, then quarters, then
