@@ -658,11 +658,14 @@ fn the_delta_rule_in_parts_gives_the_bits_of_the_whole_span() {
     assert_eq!(bits(&tokens_of(&whole, 0..1)), bits(&tokens_of(&step, 0..1)), "the first token's read as a step");
 }
 
+/// An entry's input: its name, shape and type.
+type NamedInput = (&'static str, Vec<usize>, Dtype);
+
 /// The delta rule's node over `span` tokens (`gated_delta_step` where
 /// none) as a model of one entry, `delta`, and its inputs (name, shape,
 /// type): two batch rows, grouped heads, a key width no multiple of a
 /// warp.
-fn delta_model(span: Option<usize>) -> (Model, Vec<(&'static str, Vec<usize>, Dtype)>) {
+fn delta_model(span: Option<usize>) -> (Model, Vec<NamedInput>) {
     let (batch, key_heads, value_heads, key_width, value_width) = (2usize, 2usize, 4usize, 40usize, 5usize);
     let tokens: Vec<usize> = span.into_iter().collect();
     let shape = |rest: &[usize]| [&[batch][..], &tokens, rest].concat();
@@ -689,7 +692,7 @@ fn delta_model(span: Option<usize>) -> (Model, Vec<(&'static str, Vec<usize>, Dt
 
 /// A call of [`delta_model`]'s entry: keys and queries of unit scale over
 /// the width, decays below 0, rates in 0..1, the scale 0.15.
-fn delta_call(inputs: &[(&str, Vec<usize>, Dtype)]) -> Vec<Tensor> {
+fn delta_call(inputs: &[NamedInput]) -> Vec<Tensor> {
     let sizes = [0.2, 0.2, 1.0, 0.5, 0.5, 1.0];
     let mut call: Vec<Tensor> = inputs[..6]
         .iter()
