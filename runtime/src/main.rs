@@ -59,13 +59,19 @@ struct Model {
     /// `mlir-host` and `cuda` run the GPU kernels (builds with `--features nvptx`, `cuda`).
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     backend: BackendArg,
+    /// Make every CPU product batch-invariant, over weights in blocks too:
+    /// a row's logits are then the same bits alone, batched with others or
+    /// after a cached prefix in every format (by default only over f32 and
+    /// bf16 weights). It costs a quantized model's decode steps and
+    /// prefills several times their time (`docs/language.md`).
+    #[arg(long, conflicts_with = "batch_variant")]
+    batch_invariant: bool,
     /// Let each of the CPU's products take the fastest kernel for the rows
-    /// it has (bf16 dot products past three rows on AVX-512 BF16, a decode
-    /// step's blocks summed from registers, the VNNI panels and AMX tiles).
-    /// It gives up batch invariance: a row's logits then depend in their
-    /// last bits on the rows beside it, so a prompt alone, batched with
-    /// others or after a cached prefix may differ (and so may its greedy
-    /// text, at a near tie).
+    /// it has, over f32 and bf16 weights too (f32 lanes for up to three
+    /// rows of bf16 weights). It gives up batch invariance: a row's logits
+    /// then depend in their last bits on the rows beside it, so a prompt
+    /// alone, batched with others or after a cached prefix may differ (and
+    /// so may its greedy text, at a near tie).
     #[arg(long)]
     batch_variant: bool,
 }
@@ -399,11 +405,16 @@ fn load_drafter(model: &Model) -> Result<linnet_exec::Machine, Failure> {
 
 fn load(model: &Model) -> Result<Loaded, Failure> {
     use linnet_kernels::choice::{set_batch_order, BatchOrder};
-    if model.batch_variant {
+    let order = match (model.batch_invariant, model.batch_variant) {
+        (true, _) => Some(("--batch-invariant", BatchOrder::Invariant)),
+        (_, true) => Some(("--batch-variant", BatchOrder::Variant)),
+        _ => None,
+    };
+    if let Some((flag, order)) = order {
         if !matches!(model.backend, BackendArg::Cpu) {
-            return Err("--batch-variant chooses the CPU backend's kernels: it needs `--backend cpu`".into());
+            return Err(format!("{flag} chooses the CPU backend's kernels: it needs `--backend cpu`").into());
         }
-        set_batch_order(BatchOrder::Variant);
+        set_batch_order(order);
     }
     let artifact = linnet_build::cache::artifact_for(&model.package, &options(model)).map_err(|e| e.to_string())?;
     let mut loaded =

@@ -1,6 +1,7 @@
 //! `linnet run` and `linnet generate` as a user runs them.
 
 use linnet_ir::quant::BlockFormat;
+use linnet_ir::StoredBlocks;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -628,7 +629,7 @@ fn the_gemma3_and_gpt_oss_packages_run_llama_cpp_s_files_of_their_checkpoints() 
 /// The parameters `weights` keeps in blocks for `models/gpt-oss`, sized
 /// by the checkpoint `config` (a folder's `config.json`): what the model
 /// is built for before it loads.
-fn gpt_oss_formats(weights: &Path, config: &Path) -> std::collections::BTreeMap<String, BlockFormat> {
+fn gpt_oss_formats(weights: &Path, config: &Path) -> std::collections::BTreeMap<String, StoredBlocks> {
     let options = linnet_frontend::package::LoadOptions {
         checkpoint: Some(linnet_frontend::package::Checkpoint::Config(config.join("config.json"))),
         stdlib: Some(root().join("stdlib")),
@@ -646,11 +647,11 @@ fn gpt_oss_formats(weights: &Path, config: &Path) -> std::collections::BTreeMap<
 
 /// Every expert matrix of the four-layer tiny gpt-oss, and nothing else,
 /// held in MXFP4 blocks.
-fn assert_experts_in_mxfp4(formats: &std::collections::BTreeMap<String, BlockFormat>, source: &str) {
+fn assert_experts_in_mxfp4(formats: &std::collections::BTreeMap<String, StoredBlocks>, source: &str) {
     let experts: Vec<&String> =
         formats.keys().filter(|path| path.ends_with("_proj") && path.contains(".mlp.")).collect();
     assert_eq!(experts.len(), 8, "{source}: {formats:?}");
-    assert!(formats.values().all(|&format| format == BlockFormat::Mxfp4), "{source}: {formats:?}");
+    assert!(formats.values().all(|&stored| stored == BlockFormat::Mxfp4.into()), "{source}: {formats:?}");
 }
 
 /// gpt-oss's experts in MXFP4 as llama.cpp's files hold them (the f32

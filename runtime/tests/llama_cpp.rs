@@ -12,7 +12,8 @@
 use linnet_exec::tensor::Tensor;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::BlockFormat;
-use linnet_ir::Dtype;
+use linnet_ir::tiled::Tiled;
+use linnet_ir::{Dtype, StoredBlocks};
 use linnet_runtime::generate::greedy;
 use linnet_runtime::gguf::Files;
 use linnet_runtime::weights::NonFinite;
@@ -80,12 +81,15 @@ fn llama_cpp_quantized_files_keep_whole_blocks_and_run() {
         let formats = linnet_runtime::gguf::load::formats(&model, &linnet_build::naming(&package), &files).unwrap();
         let at = |path: &str| formats.get(&format!("groups.0.linear.0.{path}")).copied();
         // Concatenated rows (gate and up) and heads moved as whole rows
-        // keep their blocks; heads moved within rows of 32-value blocks by
-        // 16 values do not; changed values (norms) are plain.
-        assert_eq!(at("mlp.gate_up_proj"), Some(format), "{name}");
-        assert_eq!(at("linear_attn.in_proj_qkv.weight"), Some(format), "{name}");
-        assert_eq!(at("linear_attn.in_proj_b.weight"), Some(format), "{name}");
-        assert_eq!(at("linear_attn.out_proj.weight"), None, "{name}");
+        // keep their blocks; heads tiled within rows of 32-value blocks by
+        // 16 values keep them too, the product summing the columns in the
+        // file's order; changed values (norms) are plain.
+        let blocks = Some(StoredBlocks::from(format));
+        assert_eq!(at("mlp.gate_up_proj"), blocks, "{name}");
+        assert_eq!(at("linear_attn.in_proj_qkv.weight"), blocks, "{name}");
+        assert_eq!(at("linear_attn.in_proj_b.weight"), blocks, "{name}");
+        let tiled = Some(StoredBlocks { format, tiled: Some(Tiled { groups: 2, per_group: 2, head: 16 }) });
+        assert_eq!(at("linear_attn.out_proj.weight"), tiled, "{name}");
         assert_eq!(at("input_layernorm.weight"), None, "{name}");
         // The reference: the same file with every block dequantized, read
         // as plain values (each change undone on values, not blocks).
@@ -102,6 +106,25 @@ fn llama_cpp_quantized_files_keep_whole_blocks_and_run() {
             assert!(apart <= 1e-4, "{name}: sequence {n}: the cpu is {apart:.2e} of the scale from the interpreter");
         }
         assert_eq!(cpu_tokens, reference_tokens, "{name}");
+    }
+}
+
+/// The GPU kernels run on the host by MLIR (`--features nvptx`) read
+/// llama.cpp's quantized files as the CPU does: their blocks in place, the
+/// output projection's columns in the file's tiled order, gathered for
+/// its product; within the f32 tolerance of the interpreter, its greedy
+/// tokens.
+#[cfg(feature = "nvptx")]
+#[test]
+fn gpu_kernels_on_the_host_run_llama_cpp_quantized_files() {
+    for name in ["tiny-qwen3.5-moe-q4_0.gguf", "tiny-qwen3.5-moe-q8_0.gguf"] {
+        let (reference, reference_tokens) = run(&file(name), BackendKind::Interp);
+        let (on_gpu, gpu_tokens) = run(&file(name), BackendKind::MlirHost);
+        for (n, (gpu, interp)) in on_gpu.iter().zip(&reference).enumerate() {
+            let apart = distance(gpu, interp);
+            assert!(apart <= 1e-4, "{name}: sequence {n}: the GPU kernels are {apart:.2e} of the scale away");
+        }
+        assert_eq!(gpu_tokens, reference_tokens, "{name}");
     }
 }
 

@@ -14,7 +14,7 @@
 use linnet_exec::tensor::Tensor;
 use linnet_frontend::package::LoadOptions;
 use linnet_ir::quant::{dequantize, BlockFormat};
-use linnet_ir::Dtype;
+use linnet_ir::{Dtype, StoredBlocks};
 use linnet_runtime::generate::greedy;
 use linnet_runtime::gguf::Files;
 use linnet_runtime::quantize::{from_params, Mix, Recipe};
@@ -362,7 +362,8 @@ fn the_build_knows_the_formats_and_bad_files_are_named() {
     let naming = linnet_build::naming(&package);
     let formats = linnet_runtime::gguf::load::formats(&model, &naming, &Files::open(&file).unwrap()).unwrap();
     // Norms and 1-D tensors stay plain; every matrix is q8_0.
-    assert!(formats.values().all(|f| *f == BlockFormat::Q8_0) && formats.contains_key("lm_head.weight"), "{formats:?}");
+    let q8_0 = StoredBlocks::from(BlockFormat::Q8_0);
+    assert!(formats.values().all(|f| *f == q8_0) && formats.contains_key("lm_head.weight"), "{formats:?}");
     assert!(!formats.keys().any(|path| path.ends_with("norm.weight")), "{formats:?}");
     let stored = model.clone().stored_as(&formats).unwrap();
     let quantized_bytes: usize = stored.params.iter().filter(|p| p.storage.is_some()).map(|p| p.bytes()).sum();

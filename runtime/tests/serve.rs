@@ -1065,12 +1065,17 @@ fn a_kv_events_config_that_cannot_be_honoured_is_refused() {
 /// and greedy text are the same bits alone, as one of eight requests at
 /// once, and after another prompt left its prefix in the prefix cache (the
 /// rest prefilled on its own), on the CPU, for the trained text model with
-/// f32 weights, bf16 weights with bf16 activations, and Q4_K_M blocks of
-/// parameters declared f32 (whose decode steps and prefills, in the
-/// batch-variant order, sum in other orders: 1e-6 apart).
+/// f32 weights and bf16 weights with bf16 activations (by default), and
+/// Q4_K_M blocks of parameters declared f32 under `--batch-invariant`
+/// (whose decode steps and prefills, in the default order, sum in other
+/// orders: 1e-6 apart).
 #[test]
 fn a_prompt_gives_the_same_bits_alone_batched_and_after_a_cached_prefix() {
-    let weights = [("weights-f32", "f32"), ("gguf/tiny-text-bf16.gguf", "bf16"), ("gguf/tiny-text-q4_k_m.gguf", "f32")];
+    let weights = [
+        ("weights-f32", "f32", None),
+        ("gguf/tiny-text-bf16.gguf", "bf16", None),
+        ("gguf/tiny-text-q4_k_m.gguf", "f32", Some("--batch-invariant")),
+    ];
     same_bits_alone_batched_and_after_a_cached_prefix("cpu", &weights);
 }
 
@@ -1081,14 +1086,15 @@ fn a_prompt_gives_the_same_bits_alone_batched_and_after_a_cached_prefix() {
 fn gpu_kernels_on_the_host_give_a_prompt_the_same_bits_alone_batched_and_after_a_cached_prefix() {
     same_bits_alone_batched_and_after_a_cached_prefix(
         "mlir-host",
-        &[("weights-f32", "f32"), ("gguf/tiny-text-bf16.gguf", "bf16")],
+        &[("weights-f32", "f32", None), ("gguf/tiny-text-bf16.gguf", "bf16", None)],
     );
 }
 
 /// The trained text model's servers on `backend`, one per (weights under
-/// its fixture, activations' type `T`): a prompt's answer alone, beside
-/// seven others, and after a cached prefix, compared bit for bit.
-fn same_bits_alone_batched_and_after_a_cached_prefix(backend: &str, weights: &[(&str, &str)]) {
+/// its fixture, activations' type `T`, a batch order's flag): a prompt's
+/// answer alone, beside seven others, and after a cached prefix, compared
+/// bit for bit.
+fn same_bits_alone_batched_and_after_a_cached_prefix(backend: &str, weights: &[(&str, &str, Option<&str>)]) {
     let dir = root().join("tests/fixtures/tiny-qwen3.5-moe-text");
     let card = dir.join("package/nest.toml");
     let held_out: Vec<String> = std::fs::read_to_string(dir.join("held-out.txt"))
@@ -1112,14 +1118,15 @@ fn same_bits_alone_batched_and_after_a_cached_prefix(backend: &str, weights: &[(
         ((choice["text"].clone(), logprobs["token_logprobs"].clone(), logprobs["top_logprobs"].clone()), cached)
     };
     let tokenizer = dir.join("weights-f32");
-    for &(weights, dtype) in weights {
-        let what = format!("{weights} with T={dtype} on {backend}");
+    for &(weights, dtype, order) in weights {
+        let what = format!("{weights} with T={dtype} on {backend} {}", order.unwrap_or_default());
         let weights = dir.join(weights);
         let spawn = |prefix_cache_mb: &str| {
             let set = [format!("T={dtype}"), "Batch=8".to_string()];
             let mut args = vec!["--weights", weights.to_str().unwrap(), "--tokenizer", tokenizer.to_str().unwrap()];
             args.extend(set.iter().flat_map(|value| ["--set", value.as_str()]));
             args.extend(["--backend", backend, "--prefix-block", "16", "--prefix-cache-mb", prefix_cache_mb]);
+            args.extend(order);
             Server::spawn_card(&card, &args)
         };
         let uncached = spawn("0");

@@ -25,6 +25,7 @@ pub mod gguf_names;
 use gguf_names::GgufNames;
 use linnet_ir::plan::human_bytes;
 use linnet_ir::quant::BlockFormat;
+use linnet_ir::StoredBlocks;
 use linnet_ir::{Dtype, Model};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -356,11 +357,11 @@ pub fn written_name(binding: &str) -> &str {
 /// what it lacks.
 pub trait Compiler {
     /// The artifact of `base` for a checkpoint that stores the parameters
-    /// of `formats` in those block formats.
+    /// of `formats` in those block formats (and column orders).
     fn stored_variant(
         &self,
         base: &Artifact,
-        formats: &BTreeMap<String, BlockFormat>,
+        formats: &BTreeMap<String, StoredBlocks>,
     ) -> Result<Artifact, CompilerError>;
     /// `artifact` with a PTX section for `arch`.
     fn ptx(&self, artifact: Artifact, arch: &str) -> Result<Artifact, CompilerError>;

@@ -8,7 +8,7 @@ use crate::CompileError;
 use linnet_artifact::{Artifact, Manifest};
 use linnet_frontend::driver;
 use linnet_frontend::package::LoadOptions;
-use linnet_ir::quant::BlockFormat;
+use linnet_ir::StoredBlocks;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -86,8 +86,10 @@ fn build_into(
 /// `formats` in those block formats: built in the cache on first use,
 /// keyed by `base`'s key and the formats, so that each quantization of a
 /// model has its own code.
-pub fn stored_variant(base: &Artifact, formats: &BTreeMap<String, BlockFormat>) -> Result<PathBuf, CompileError> {
-    let parts: Vec<(&str, &str)> = formats.iter().map(|(path, format)| (path.as_str(), format.name())).collect();
+pub fn stored_variant(base: &Artifact, formats: &BTreeMap<String, StoredBlocks>) -> Result<PathBuf, CompileError> {
+    let stored: Vec<(&str, String)> =
+        formats.iter().map(|(path, stored)| (path.as_str(), stored.to_string())).collect();
+    let parts: Vec<(&str, &str)> = stored.iter().map(|(path, stored)| (*path, stored.as_str())).collect();
     let key = crate::variant_key(&base.manifest.key, &parts);
     let variant = cache_dir()?.join(&key);
     if linnet_artifact::is_artifact(&variant) {

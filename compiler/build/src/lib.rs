@@ -21,8 +21,7 @@ use linnet_frontend::package::{LoadOptions, Package};
 use linnet_frontend::source::SourceMap;
 use linnet_ir::analysis::Analysis;
 use linnet_ir::dim::Symbol;
-use linnet_ir::quant::BlockFormat;
-use linnet_ir::{plan, Dtype, Model};
+use linnet_ir::{plan, Dtype, Model, StoredBlocks};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -278,7 +277,7 @@ impl Compiler for Builder {
     fn stored_variant(
         &self,
         base: &Artifact,
-        formats: &BTreeMap<String, BlockFormat>,
+        formats: &BTreeMap<String, StoredBlocks>,
     ) -> Result<Artifact, CompilerError> {
         let dir = cache::stored_variant(base, formats)?;
         Ok(linnet_artifact::read(&dir)?)

@@ -17,7 +17,9 @@ use linnet_ir::contraction;
 use linnet_ir::dim::Dim;
 use linnet_ir::quant::BlockFormat;
 use linnet_ir::Dtype;
-use linnet_ir::{BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, UnaryOp, Value};
+use linnet_ir::{
+    BinaryOp, Entry, Input, Intrinsic, Model, Node, NodeKind, ReduceOp, Scalar, StoredBlocks, UnaryOp, Value,
+};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -182,11 +184,11 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     // Every matrix in Q8_0 blocks (the oracle's rows are whole blocks of
     // it only): the products, the experts' and the embeddings' gathers
     // decode them.
-    let q8_0: std::collections::BTreeMap<String, BlockFormat> = model
+    let q8_0: std::collections::BTreeMap<String, StoredBlocks> = model
         .params
         .iter()
         .filter(|param| param.shape.len() >= 2 && param.shape.last().is_some_and(|row| row % 32 == 0))
-        .map(|param| (param.path.clone(), BlockFormat::Q8_0))
+        .map(|param| (param.path.clone(), BlockFormat::Q8_0.into()))
         .collect();
     assert!(
         q8_0.contains_key("embed_tokens.weight"),
@@ -805,6 +807,7 @@ fn parameters_in_blocks_read_their_values_exactly() {
             dtype: Dtype::F32,
             storage: Some(format),
             axes: None,
+            tiled: None,
         };
         let model =
             Model { name: "blocks".into(), params: vec![param], states: Vec::new(), entries: vec![entry.clone()] };

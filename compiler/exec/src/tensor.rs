@@ -349,6 +349,7 @@ mod tests {
             dtype: Dtype::Bf16,
             storage: None,
             axes: Some(vec![0, 2, 1]),
+            tiled: None,
         };
         assert_eq!(param.checkpoint_shape(), vec![2, 3, 4]);
         let stored = Tensor::from_f32(Dtype::Bf16, vec![2, 3, 4], (0..24).map(|v| v as f32).collect()).into_bits();

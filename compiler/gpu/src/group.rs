@@ -260,7 +260,7 @@ mod tests {
 
     /// The parameter `w: [4]` every entry of these tests has.
     static PARAMS: std::sync::LazyLock<[Param; 1]> = std::sync::LazyLock::new(|| {
-        [Param { path: "w".into(), shape: vec![4], dtype: Dtype::F32, storage: None, axes: None }]
+        [Param { path: "w".into(), shape: vec![4], dtype: Dtype::F32, storage: None, axes: None, tiled: None }]
     });
 
     /// `entry` as its kernels are written from it.

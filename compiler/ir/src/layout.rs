@@ -183,7 +183,8 @@ mod tests {
         let x = Input { name: "x".into(), shape: vec![Dim::constant(2), Dim::constant(3)], dtype: Dtype::F32 };
         let entry =
             Entry { name: "run".into(), dims: Vec::new(), requires: Vec::new(), inputs: vec![x], nodes, outputs };
-        let w = Param { path: "w".into(), shape: vec![3, 4], dtype: Dtype::F32, storage: None, axes: None };
+        let w =
+            Param { path: "w".into(), shape: vec![3, 4], dtype: Dtype::F32, storage: None, axes: None, tiled: None };
         Model { name: "m".into(), params: vec![w], states: Vec::new(), entries: vec![entry] }
     }
 

@@ -31,6 +31,7 @@ pub mod schedule;
 #[cfg(test)]
 mod testing;
 mod text;
+pub mod tiled;
 mod verify;
 pub mod views;
 
@@ -67,6 +68,10 @@ pub struct Param {
     /// read the checkpoint's tensor and lay it out so. `None`: as stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub axes: Option<Vec<usize>>,
+    /// Where the model reads its last axis in the checkpoint's tiled order
+    /// (`tiled`): the loaders keep the file's order. `None`: the model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiled: Option<tiled::Tiled>,
 }
 
 impl Param {
@@ -402,6 +407,32 @@ impl Entry {
     }
 }
 
+/// How a checkpoint stores a parameter the model reads in its blocks:
+/// their format, and the tiled order of its columns where the model reads
+/// them as the file keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBlocks {
+    pub format: quant::BlockFormat,
+    pub tiled: Option<tiled::Tiled>,
+}
+
+impl std::fmt::Display for StoredBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.tiled {
+            None => write!(f, "{}", self.format),
+            Some(tiled) => {
+                write!(f, "{}, columns tiled {}x{}x{}", self.format, tiled.per_group, tiled.groups, tiled.head)
+            }
+        }
+    }
+}
+
+impl From<quant::BlockFormat> for StoredBlocks {
+    fn from(format: quant::BlockFormat) -> StoredBlocks {
+        StoredBlocks { format, tiled: None }
+    }
+}
+
 /// A model, instantiated with its card's generics.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Model {
@@ -421,19 +452,22 @@ impl Model {
     }
 
     /// The model with the parameters named in `formats` stored in those
-    /// block formats (the checkpoint's, known when it is opened), or every
-    /// reason it cannot be: a parameter the model lacks, one that is not a
-    /// float, or one whose rows the block does not divide.
+    /// block formats (the checkpoint's, known when it is opened), the
+    /// tiled ones read in the file's column order (`tiled::keep_tiled`), or
+    /// every reason it cannot be: a parameter the model lacks, one that is
+    /// not a float, one whose rows the block does not divide, or one the
+    /// model cannot read tiled.
     pub fn stored_as(
         mut self,
-        formats: &std::collections::BTreeMap<String, quant::BlockFormat>,
+        formats: &std::collections::BTreeMap<String, StoredBlocks>,
     ) -> Result<Model, Vec<String>> {
         let mut problems = Vec::new();
-        for (path, format) in formats {
-            let Some(param) = self.params.iter_mut().find(|p| &p.path == path) else {
+        for (path, stored) in formats {
+            let Some(at) = self.params.iter().position(|p| &p.path == path) else {
                 problems.push(format!("the model has no parameter `{path}`"));
                 continue;
             };
+            let (param, format) = (&mut self.params[at], stored.format);
             let row = param.shape.last().copied().unwrap_or(1);
             if !param.dtype.is_float() {
                 problems.push(format!("`{path}` is {}, and only floats are stored in blocks", param.dtype.name()));
@@ -443,7 +477,12 @@ impl Model {
                     format.block_values()
                 ));
             } else {
-                param.storage = Some(*format);
+                param.storage = Some(format);
+                if let Some(tiled) = stored.tiled {
+                    if let Err(not_kept) = tiled::keep_tiled(&mut self, at, tiled) {
+                        problems.push(format!("`{path}` cannot be read in its tiled order: {}", not_kept.why));
+                    }
+                }
             }
         }
         if problems.is_empty() {
@@ -460,7 +499,7 @@ impl Model {
         let params = self
             .params
             .iter()
-            .map(|param| Param { shape: param.checkpoint_shape(), axes: None, ..param.clone() })
+            .map(|param| Param { shape: param.checkpoint_shape(), axes: None, tiled: None, ..param.clone() })
             .collect();
         Model { name: self.name.clone(), params, states: self.states.clone(), entries: Vec::new() }
     }

@@ -9,7 +9,7 @@ use super::isa::Isa;
 use super::matrix::Matrix;
 use super::{amx, byte_tiles, int8};
 use linnet_ir::quant::BlockFormat;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How a weight matrix is held, as far as choosing its kernel goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,31 +40,52 @@ pub enum BatchOrder {
     /// One kernel for every count of rows of a storage on an instruction
     /// set, so that each row's sums are taken in one order: a row's
     /// outputs are the same bits alone, batched with others or prefilled
-    /// in parts (the numerics contract's batch invariance). The default.
+    /// in parts (the numerics contract's batch invariance), whatever the
+    /// weights' storage (`--batch-invariant`).
     Invariant,
-    /// The fastest kernel for the count of rows: bf16 dot products past
-    /// three rows, decoded blocks summed from registers for a decode
-    /// step's rows, the VNNI panels and AMX tiles past them. A row's last
-    /// bits then depend on how many rows share its call, and what they are.
+    /// [`BatchOrder::Invariant`] for weights stored as plain values (f32,
+    /// bf16), whose invariant kernels are the fast ones;
+    /// [`BatchOrder::Variant`] for weights in blocks, whose invariant
+    /// kernels cost a decode step or a prefill several times its time
+    /// (`docs/language.md`). The default.
+    PlainInvariant,
+    /// The fastest kernel for the count of rows: f32 lanes for up to three
+    /// rows of bf16 weights, decoded blocks summed from registers for a
+    /// decode step's rows, the VNNI panels, AMX byte tiles and bf16 tiles
+    /// past them. A row's last bits then depend on how many rows share its
+    /// call, and what they are (`--batch-variant`).
     Variant,
 }
 
-/// Whether the process's products take [`BatchOrder::Variant`].
-static VARIANT: AtomicBool = AtomicBool::new(false);
-
-/// The batch order every product of this process takes (`matmul::matmul`
-/// and the grouped products), [`BatchOrder::Invariant`] unless set.
-pub fn batch_order() -> BatchOrder {
-    match VARIANT.load(Ordering::Relaxed) {
-        true => BatchOrder::Variant,
-        false => BatchOrder::Invariant,
+impl BatchOrder {
+    /// Whether products over weights held as `storage` take one kernel
+    /// whatever the rows.
+    pub fn invariant_for(self, storage: Storage) -> bool {
+        match self {
+            BatchOrder::Invariant => true,
+            BatchOrder::PlainInvariant => matches!(storage, Storage::F32 | Storage::Bf16),
+            BatchOrder::Variant => false,
+        }
     }
 }
 
+/// The process's batch order, as its index in [`ORDERS`].
+static ORDER: AtomicU8 = AtomicU8::new(1);
+
+/// Every batch order, in [`ORDER`]'s numbering.
+const ORDERS: [BatchOrder; 3] = [BatchOrder::Invariant, BatchOrder::PlainInvariant, BatchOrder::Variant];
+
+/// The batch order every product of this process takes (`matmul::matmul`
+/// and the grouped products), [`BatchOrder::PlainInvariant`] unless set.
+pub fn batch_order() -> BatchOrder {
+    ORDERS[usize::from(ORDER.load(Ordering::Relaxed))]
+}
+
 /// Sets the process's batch order: before the first product, since rows
-/// multiplied in one order and then the other are not comparable.
+/// multiplied in one order and then another are not comparable.
 pub fn set_batch_order(order: BatchOrder) {
-    VARIANT.store(order == BatchOrder::Variant, Ordering::Relaxed);
+    let at = ORDERS.iter().position(|&o| o == order).expect("every order is listed");
+    ORDER.store(at as u8, Ordering::Relaxed);
 }
 
 /// The products a block format's weights have besides being decoded into
@@ -147,20 +168,27 @@ impl Product {
 /// The kernel that multiplies `rows` input rows of `depth` values by
 /// weights held as `storage` on `isa` (which the CPU has), in `order`.
 pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize, order: BatchOrder) -> Product {
-    match order {
-        BatchOrder::Invariant => invariant(storage, depth),
-        BatchOrder::Variant => fastest(isa, storage, rows, depth),
+    match order.invariant_for(storage) {
+        true => invariant(isa, storage, depth),
+        false => fastest(isa, storage, rows, depth),
     }
 }
 
-/// The one kernel of a storage whatever the rows: f32 lanes for f32 and
-/// bf16 weights, blocks decoded and multiplied as f32 weights, and for a
-/// parameter declared bf16 in a format with integer products, those
-/// products over every row (each row quantized on its own, its sums in
-/// one order however many rows share the weights).
-fn invariant(storage: Storage, depth: usize) -> Product {
+/// The one kernel of a storage whatever the rows: bf16 dot products for
+/// bf16 weights and for blocks of a parameter declared bf16 (decoded and
+/// rounded to bf16) where the CPU has them (AMX tiles or `vdpbf16ps`,
+/// whose sums of a row take one order however many rows share the
+/// weights: `matmul` splits a call's rows that are not bf16 values off to
+/// the f32 lanes, row by row); for a parameter declared bf16 in a format
+/// with integer products, those products over every row (each row
+/// quantized on its own); else f32 lanes for f32 and bf16 weights, blocks
+/// decoded and multiplied as f32 weights.
+fn invariant(isa: Isa, storage: Storage, depth: usize) -> Product {
+    let bf16_dots = isa.has_bf16_dots() && depth.is_multiple_of(2);
     match storage {
         Storage::Bf16Blocks(format) if kernels_of(format).int8 && depth.is_multiple_of(int8::SPAN) => Product::Int8,
+        Storage::Bf16 if bf16_dots => Product::Bf16Dots,
+        Storage::Bf16Blocks(_) if bf16_dots => Product::RoundedBf16Dots,
         Storage::F32 | Storage::Bf16 => Product::Lanes,
         Storage::Blocks(_) | Storage::Bf16Blocks(_) => Product::Decoded,
     }
@@ -212,8 +240,6 @@ fn fastest(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product {
 mod tests {
     use super::*;
 
-    const ORDERS: [BatchOrder; 2] = [BatchOrder::Invariant, BatchOrder::Variant];
-
     /// Each kernel over quantized inputs is chosen only on a CPU that has
     /// its instructions, and only for the formats the table gives it.
     #[test]
@@ -243,8 +269,10 @@ mod tests {
     fn decode_rows_take_integer_products_and_odd_depths_no_bf16_dots() {
         for (isa, order) in Isa::available().into_iter().flat_map(|isa| ORDERS.map(|order| (isa, order))) {
             for format in BlockFormat::ALL {
-                let others = match (order, dequant::dots_on(isa)) {
-                    (BatchOrder::Variant, true) => Product::Dots,
+                let invariant = order.invariant_for(Storage::Bf16Blocks(format));
+                let others = match (invariant, dequant::dots_on(isa), isa.has_bf16_dots()) {
+                    (false, true, _) => Product::Dots,
+                    (true, _, true) => Product::RoundedBf16Dots,
                     _ => Product::Decoded,
                 };
                 let expected = if kernels_of(format).int8 { Product::Int8 } else { others };
@@ -267,6 +295,26 @@ mod tests {
                 for rows in 2..=byte_tiles::MOST_ROWS + 20 {
                     assert_eq!(choose(isa, storage, rows, depth, BatchOrder::Invariant), one, "{storage:?} on {isa:?}");
                 }
+            }
+        }
+    }
+
+    /// The default order is the invariant one for weights stored as plain
+    /// values and the variant one for blocks, and the process starts in it.
+    #[test]
+    fn the_default_order_is_invariant_for_plain_weights_only() {
+        assert_eq!(batch_order(), BatchOrder::PlainInvariant);
+        let storages = [Storage::F32, Storage::Bf16].into_iter().chain(
+            BlockFormat::ALL.into_iter().flat_map(|format| [Storage::Blocks(format), Storage::Bf16Blocks(format)]),
+        );
+        for (isa, storage) in Isa::available().into_iter().flat_map(|isa| storages.clone().map(move |s| (isa, s))) {
+            let like = match storage {
+                Storage::F32 | Storage::Bf16 => BatchOrder::Invariant,
+                Storage::Blocks(_) | Storage::Bf16Blocks(_) => BatchOrder::Variant,
+            };
+            for rows in 1..=byte_tiles::MOST_ROWS + 1 {
+                let default = choose(isa, storage, rows, 4 * int8::SPAN, BatchOrder::PlainInvariant);
+                assert_eq!(default, choose(isa, storage, rows, 4 * int8::SPAN, like), "{storage:?} on {isa:?}");
             }
         }
     }

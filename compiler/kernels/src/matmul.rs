@@ -153,6 +153,59 @@ impl Bf16Inputs {
     }
 }
 
+/// In the invariant order, each group whose product takes bf16 inputs
+/// made two groups where some of its rows are bf16 values and some not:
+/// those rows then take the bf16 products and the others the f32 lanes,
+/// each by its own values, whatever rows share its call. `None` where no
+/// group mixes them.
+///
+/// # Safety
+/// Each input row has `depth` readable values.
+unsafe fn split_by_bf16_values<'m>(
+    isa: Isa,
+    order: BatchOrder,
+    groups: &[(&Rows, Matrix<'m>)],
+    depth: usize,
+) -> Option<Vec<(Rows, Matrix<'m>)>> {
+    let takes_bf16 = |rows: &Rows, weight: &Matrix| {
+        order.invariant_for(Storage::of(weight))
+            && choose(isa, Storage::of(weight), rows.inputs.len(), depth, order).converts_to_bf16()
+    };
+    // SAFETY: as the caller promises.
+    let is_bf16 =
+        |row: *const f32| unsafe { std::slice::from_raw_parts(row, depth) }.iter().all(|v| v.to_bits() & 0xffff == 0);
+    let exact: Vec<Vec<bool>> = groups
+        .iter()
+        .map(|(rows, weight)| match takes_bf16(rows, weight) {
+            true => rows.inputs.iter().map(|&row| is_bf16(row)).collect(),
+            false => Vec::new(),
+        })
+        .collect();
+    let mixed = |exact: &Vec<bool>| exact.contains(&true) && exact.contains(&false);
+    if !exact.iter().any(mixed) {
+        return None;
+    }
+    let mut split = Vec::new();
+    for ((rows, weight), exact) in groups.iter().zip(&exact) {
+        if !mixed(exact) {
+            split.push((Rows { inputs: rows.inputs.clone(), outs: rows.outs.clone() }, *weight));
+            continue;
+        }
+        for bf16 in [true, false] {
+            let (inputs, outs) = rows
+                .inputs
+                .iter()
+                .zip(&rows.outs)
+                .zip(exact)
+                .filter(|(_, &is)| is == bf16)
+                .map(|((&input, &out), _)| (input, out))
+                .unzip();
+            split.push((Rows { inputs, outs }, *weight));
+        }
+    }
+    Some(split)
+}
+
 /// A group's inputs as a product over its weights takes them, made once
 /// per call before the threads share out its columns.
 enum Prepared {
@@ -196,6 +249,11 @@ fn prepare(isa: Isa, order: BatchOrder, rows: &Rows, weight: &Matrix, depth: usi
 /// # Safety
 /// As [`matmul_groups`]; the CPU has `isa`.
 unsafe fn run(isa: Isa, order: BatchOrder, groups: &[(&Rows, Matrix)], columns: usize, depth: usize) {
+    if let Some(split) = split_by_bf16_values(isa, order, groups, depth) {
+        let groups: Vec<(&Rows, Matrix)> = split.iter().map(|(rows, weight)| (rows, *weight)).collect();
+        // SAFETY: the same rows and weights, regrouped.
+        return unsafe { run(isa, order, &groups, columns, depth) };
+    }
     let plan = |group: usize| {
         let (rows, weight) = &groups[group];
         assert!(weight.holds(columns, depth), "a weight row per column");
@@ -965,8 +1023,8 @@ mod tests {
     /// whatever rows share its call: a row multiplied alone and as one of
     /// 2 to 70 rows (decode steps, a prefill's, the threads' shares of
     /// the columns), for f32 and bf16 weights and every block format (as
-    /// declared f32 and bf16), over inputs that are bf16 values and not,
-    /// on every instruction set this CPU has.
+    /// declared f32 and bf16), over inputs that are bf16 values, not, and
+    /// both in one call, on every instruction set this CPU has.
     #[test]
     fn each_row_is_the_same_bits_alone_or_batched() {
         use linnet_ir::numerics::{bf16_bits, bf16_value};
@@ -983,9 +1041,12 @@ mod tests {
         }
         let input: Vec<f32> = (0..most * depth).map(|at| value(at * 13 + 1)).collect();
         let bf16_input: Vec<f32> = input.iter().map(|x| bf16_value(bf16_bits(*x))).collect();
+        // Every other row bf16 values: those take the bf16 products, the
+        // others the f32 lanes, in one call.
+        let mixed: Vec<f32> = (0..most * depth).map(|at| [bf16_input[at], input[at]][at / depth % 2]).collect();
         for isa in Isa::available() {
             for matrix in &matrices {
-                for input in [&input, &bf16_input] {
+                for input in [&input, &bf16_input, &mixed] {
                     let product = |rows: usize| {
                         let mut out = vec![f32::NAN; rows * columns];
                         matmul_on(isa, BatchOrder::Invariant, &input[..rows * depth], *matrix, &mut out, rows);

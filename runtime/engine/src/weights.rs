@@ -11,7 +11,7 @@ use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Floats, Tensor};
 use linnet_ir::quant::{self, BlockFormat};
 use linnet_ir::Dtype;
-use linnet_ir::Model;
+use linnet_ir::{Model, StoredBlocks};
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -246,7 +246,7 @@ pub fn load(model: &Model, naming: &Naming, dir: &Path, non_finite: NonFinite) -
 /// stores quantized (MXFP4 as OpenAI's checkpoints store it: `NAME_blocks`
 /// and `NAME_scales` where `NAME` is missing): what the model is built
 /// for before it loads.
-pub fn formats(model: &Model, naming: &Naming, dir: &Path) -> Result<BTreeMap<String, BlockFormat>, Error> {
+pub fn formats(model: &Model, naming: &Naming, dir: &Path) -> Result<BTreeMap<String, StoredBlocks>, Error> {
     let names = tensor_names(dir)?;
     Ok(model
         .params
@@ -260,7 +260,7 @@ pub fn formats(model: &Model, naming: &Naming, dir: &Path) -> Result<BTreeMap<St
             let name = linnet_artifact::written_name(binding);
             let paired = names.contains(&format!("{name}{}", mxfp4::BLOCKS))
                 && names.contains(&format!("{name}{}", mxfp4::SCALES));
-            paired.then(|| (param.path.clone(), BlockFormat::Mxfp4))
+            paired.then(|| (param.path.clone(), BlockFormat::Mxfp4.into()))
         })
         .collect())
 }

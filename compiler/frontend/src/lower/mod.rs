@@ -176,6 +176,7 @@ impl Lowerer<'_, '_> {
                 dtype,
                 storage: None,
                 axes: None,
+                tiled: None,
             });
         }
         for (name, ty, span) in &block.states {

@@ -9,10 +9,13 @@
 //! A parameter read from one tensor in a block format, unchanged, is used
 //! where it lies in the mapped file. One concatenated from several tensors
 //! or with heads to reorder keeps its blocks when the moves are of whole
-//! blocks (rows, or runs of whole blocks within rows), copied once. A
-//! change of values (`plus`, `negated_exp`), a transposition, or a move
-//! that would split blocks reads plain values (blocks dequantized), the converter's changes
-//! undone in f32, rounded to the parameter's dtype.
+//! blocks (rows, or runs of whole blocks within rows), copied once. Heads
+//! tiled within the blocks of a weight's rows (llama.cpp's `ssm_out`) keep
+//! the file's column order where the model reads the weight only as a
+//! product's (`linnet_ir::tiled`), its blocks where they lie. A change of
+//! values (`plus`, `negated_exp`), a transposition, or another move that
+//! would split blocks reads plain values (blocks dequantized), the
+//! converter's changes undone in f32, rounded to the parameter's dtype.
 
 use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
 use crate::weights::NonFinite;
@@ -21,7 +24,8 @@ use linnet_artifact::gguf_names::{Change, Expected, GgufNames, Source};
 use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Tensor};
 use linnet_ir::quant::{self, BlockFormat};
-use linnet_ir::{Model, Param};
+use linnet_ir::tiled::{self, Tiled};
+use linnet_ir::{Model, Param, StoredBlocks};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -295,23 +299,73 @@ fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(So
 /// `files`: what the model is built for before it loads. A parameter the
 /// model lays out otherwise than the checkpoint (`Param::axes`) keeps its
 /// blocks only where the file stores it in the model's order
-/// ([`in_model_order`]); else it is read as values, whatever the format.
-pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, BlockFormat>, Error> {
-    let plans = plans(&model.as_stored(), naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
+/// ([`in_model_order`]); one whose columns the file tiles keeps them where
+/// the model can read its columns as stored ([`in_file_column_order`]);
+/// else it is read as values, whatever the format.
+pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, StoredBlocks>, Error> {
+    let stored = model.as_stored();
+    let plans = plans(&stored, naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
     let mut formats = BTreeMap::new();
-    for (param, (source, plan)) in model.params.iter().zip(plans) {
+    for (at, (param, (source, plan))) in model.params.iter().zip(plans).enumerate() {
         let blocks = match (&param.axes, in_model_order(param, &source)) {
             (None, _) => plan.blocks,
             (Some(_), Some(source)) => {
-                plan_in_model_order(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?
+                kept_blocks(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?
             }
             (Some(_), None) => None,
         };
         if let Some(format) = blocks {
-            formats.insert(param.path.clone(), format);
+            formats.insert(param.path.clone(), format.into());
+        } else if let Some((tiled, source)) = in_file_column_order(param, &source) {
+            let blocks = kept_blocks(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
+            let Some(format) = blocks else { continue };
+            match tiled::readable_tiled(model, at, tiled) {
+                Ok(()) => {
+                    formats.insert(param.path.clone(), StoredBlocks { format, tiled: Some(tiled) });
+                }
+                Err(not_kept) => tracing::info!(
+                    param = %param.path,
+                    why = %not_kept.why,
+                    "read as values: the model cannot read its columns in the file's tiled order"
+                ),
+            }
         }
     }
     Ok(formats)
+}
+
+/// `source` without its tiling of `param`'s columns (a [`Change::TiledHeads`]
+/// over the whole last axis), and that tiling: how the parameter reads
+/// where the model keeps its columns in the file's order
+/// (`linnet_ir::tiled`). `None` where the source tiles no columns so.
+fn in_file_column_order(param: &Param, source: &Source<i64>) -> Option<(Tiled, Source<i64>)> {
+    let last = param.shape.len().checked_sub(1)?;
+    if param.axes.is_some() || param.shape.len() < 2 {
+        return None;
+    }
+    let tilings: Vec<Tiled> = source
+        .changes
+        .iter()
+        .filter_map(|change| match *change {
+            Change::TiledHeads { axis, from: 0, groups, per_group, head } if axis == last => Some(Tiled {
+                groups: usize::try_from(groups).ok()?,
+                per_group: usize::try_from(per_group).ok()?,
+                head: usize::try_from(head).ok()?,
+            }),
+            _ => None,
+        })
+        .collect();
+    let [tiled] = tilings.as_slice() else { return None };
+    if tiled.columns() != param.shape[last] {
+        return None;
+    }
+    let changes = source
+        .changes
+        .iter()
+        .filter(|change| !matches!(change, Change::TiledHeads { axis, .. } if *axis == last))
+        .cloned()
+        .collect();
+    Some((*tiled, Source { tensors: source.tensors.clone(), axis: source.axis, changes }))
 }
 
 /// `source` as it reads for `param` laid out as the model keeps it, where
@@ -345,9 +399,9 @@ fn in_model_order(param: &Param, source: &Source<i64>) -> Option<Source<i64>> {
     Some(Source { tensors: source.tensors.clone(), axis: model_axis(source.axis), changes })
 }
 
-/// The block format `param`, laid out as the model keeps it, keeps when
-/// read through `source` in the model's order.
-fn plan_in_model_order(param: &Param, source: &Source<i64>, files: &Files) -> Result<Option<BlockFormat>, Vec<String>> {
+/// The block format `param`, as the model keeps it, keeps when read
+/// through `source` (in the model's axis order, or the file's column order).
+fn kept_blocks(param: &Param, source: &Source<i64>, files: &Files) -> Result<Option<BlockFormat>, Vec<String>> {
     plan(param, source, files)
         .map(|plan| plan.blocks)
         .map_err(|why| vec![format!("parameter `{}`: {why} (in {})", param.path, files.path().display())])
@@ -564,6 +618,19 @@ pub fn load(model: &Model, naming: &Naming, files: &Files, non_finite: NonFinite
                 }
                 Ok(_) => problems.push(format!(
                     "parameter `{}`: the file does not keep it in the blocks the model was built for",
+                    kept.path
+                )),
+                Err(why) => problems.push(format!("parameter `{}`: {why}", kept.path)),
+            }
+            continue;
+        }
+        if let (Some(tiled), Some((file_tiling, source))) = (kept.tiled, in_file_column_order(kept, source)) {
+            match plan(kept, &source, files) {
+                Ok(plan) if plan.blocks == kept.storage && tiled == file_tiling => {
+                    params.extend(read(kept, &source, &plan, non_finite, &mut problems));
+                }
+                Ok(_) => problems.push(format!(
+                    "parameter `{}`: the file does not keep it in the blocks and column order the model was built for",
                     kept.path
                 )),
                 Err(why) => problems.push(format!("parameter `{}`: {why}", kept.path)),
