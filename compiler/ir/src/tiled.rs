@@ -90,11 +90,7 @@ fn reads(model: &Model, param: usize, tiled: Tiled) -> Result<Vec<Vec<Product>>,
     if info.axes.is_some() {
         return Err(not_kept("the model keeps its axes in another order".into()));
     }
-    model
-        .entries
-        .iter()
-        .map(|entry| products(entry, param).map_err(|why| not_kept(format!("in `{}`, {why}", entry.name))))
-        .collect()
+    model.entries.iter().map(|entry| products(entry, param)).collect()
 }
 
 /// One contraction that reads the parameter: its node and its input.
@@ -107,10 +103,11 @@ struct Product {
 
 /// The contractions of `entry` that read parameter `param`, if those are
 /// all its reads.
-fn products(entry: &Entry, param: usize) -> Result<Vec<Product>, String> {
+fn products(entry: &Entry, param: usize) -> Result<Vec<Product>, NotKept> {
     let is_param = |value: Value| matches!(entry.nodes[value.index()].kind, NodeKind::Param(p) if p == param);
+    let not_kept = |why: String| NotKept { why: format!("in `{}`, {why}", entry.name) };
     if entry.outputs.iter().any(|&output| is_param(output)) {
-        return Err("the entry returns it".into());
+        return Err(not_kept("the entry returns it".into()));
     }
     let mut found = Vec::new();
     for (at, node) in entry.nodes.iter().enumerate() {
@@ -119,20 +116,20 @@ fn products(entry: &Entry, param: usize) -> Result<Vec<Product>, String> {
             continue;
         }
         let NodeKind::Compute(expression) = &node.kind else {
-            return Err(format!("v{at} reads it whole"));
+            return Err(not_kept(format!("v{at} reads it whole")));
         };
         let contraction = contraction::of(entry, at).filter(|c| is_param(c.weight.value));
         let Some(contraction) = contraction else {
-            return Err(format!("v{at} reads it other than as a product's weight"));
+            return Err(not_kept(format!("v{at} reads it other than as a product's weight")));
         };
         if loads_of(expression, contraction.weight.value) != 1 {
-            return Err(format!("v{at} reads it more than once"));
+            return Err(not_kept(format!("v{at} reads it more than once")));
         }
         let input = contraction.input.value;
         let trailing = entry.nodes[input.index()].shape.len() - contraction.input.rows.len();
         let extents = &entry.nodes[input.index()].shape[contraction.input.rows.len()..];
         if extents.iter().any(|extent| extent.as_constant().is_none()) {
-            return Err(format!("v{at} sums over axes of its input whose extents are not constants"));
+            return Err(not_kept(format!("v{at} sums over axes of its input whose extents are not constants")));
         }
         found.push(Product { at, input, trailing });
     }
