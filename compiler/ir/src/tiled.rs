@@ -42,15 +42,24 @@ impl Tiled {
 
     /// [`Tiled::model_column`] of the i64 `stored` as an expression.
     fn model_column_of(self, stored: Scalar) -> Scalar {
-        let int = |value: usize| Scalar::Int(value as i64, Dtype::I64);
-        let binary = |op, a: Scalar, b: Scalar| Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::I64);
-        let at = binary(BinaryOp::Div, stored.clone(), int(self.head));
-        let within = binary(BinaryOp::Rem, stored, int(self.head));
-        let per_group = binary(BinaryOp::Div, at.clone(), int(self.groups));
-        let group = binary(BinaryOp::Rem, at, int(self.groups));
-        let head = binary(BinaryOp::Add, binary(BinaryOp::Mul, group, int(self.per_group)), per_group);
-        binary(BinaryOp::Add, binary(BinaryOp::Mul, head, int(self.head)), within)
+        let [head, groups, per_group] = [self.head, self.groups, self.per_group].map(|n| int(n as i64));
+        let at = binary(BinaryOp::Div, stored.clone(), head.clone());
+        let within = binary(BinaryOp::Rem, stored, head.clone());
+        let per_group_at = binary(BinaryOp::Div, at.clone(), groups.clone());
+        let group = binary(BinaryOp::Rem, at, groups);
+        let model_head = binary(BinaryOp::Add, binary(BinaryOp::Mul, group, per_group), per_group_at);
+        binary(BinaryOp::Add, binary(BinaryOp::Mul, model_head, head), within)
     }
+}
+
+/// The i64 constant `value`, a position's.
+fn int(value: i64) -> Scalar {
+    Scalar::Int(value, Dtype::I64)
+}
+
+/// `a op b` of i64 positions.
+fn binary(op: BinaryOp, a: Scalar, b: Scalar) -> Scalar {
+    Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::I64)
 }
 
 /// Why a parameter cannot be kept in its stored column order.
@@ -176,8 +185,6 @@ fn gathered_read(input: Value, shape: &[Dim], trailing: usize, dtype: Dtype, til
     let lead = shape.len() - trailing;
     let extents: Vec<i64> = shape[lead..].iter().map(|extent| extent.as_constant().unwrap_or(1)).collect();
     let strides: Vec<i64> = (0..trailing).map(|j| extents[j + 1..].iter().product()).collect();
-    let int = |value: i64| Scalar::Int(value, Dtype::I64);
-    let binary = |op, a: Scalar, b: Scalar| Scalar::Binary(op, Box::new(a), Box::new(b), Dtype::I64);
     let index = |axis: usize| Scalar::Index(axis as u32, Dtype::I64);
     let stored = (0..trailing)
         .map(|j| binary(BinaryOp::Mul, index(lead + j), int(strides[j])))

@@ -282,14 +282,19 @@ mod tests {
         }
     }
 
+    /// Every storage on every instruction set this CPU has.
+    fn every_storage_on_every_isa() -> impl Iterator<Item = (Isa, Storage)> {
+        let storages = [Storage::F32, Storage::Bf16].into_iter().chain(
+            BlockFormat::ALL.into_iter().flat_map(|format| [Storage::Blocks(format), Storage::Bf16Blocks(format)]),
+        );
+        Isa::available().into_iter().flat_map(move |isa| storages.clone().map(move |storage| (isa, storage)))
+    }
+
     /// In the invariant order a storage takes one kernel whatever the
     /// count of rows, on every instruction set.
     #[test]
     fn the_invariant_order_takes_one_kernel_for_every_count_of_rows() {
-        let storages = [Storage::F32, Storage::Bf16].into_iter().chain(
-            BlockFormat::ALL.into_iter().flat_map(|format| [Storage::Blocks(format), Storage::Bf16Blocks(format)]),
-        );
-        for (isa, storage) in Isa::available().into_iter().flat_map(|isa| storages.clone().map(move |s| (isa, s))) {
+        for (isa, storage) in every_storage_on_every_isa() {
             for depth in [int8::SPAN, 4 * int8::SPAN, 96, 33] {
                 let one = choose(isa, storage, 1, depth, BatchOrder::Invariant);
                 for rows in 2..=byte_tiles::MOST_ROWS + 20 {
@@ -304,10 +309,7 @@ mod tests {
     #[test]
     fn the_default_order_is_invariant_for_plain_weights_only() {
         assert_eq!(batch_order(), BatchOrder::PlainInvariant);
-        let storages = [Storage::F32, Storage::Bf16].into_iter().chain(
-            BlockFormat::ALL.into_iter().flat_map(|format| [Storage::Blocks(format), Storage::Bf16Blocks(format)]),
-        );
-        for (isa, storage) in Isa::available().into_iter().flat_map(|isa| storages.clone().map(move |s| (isa, s))) {
+        for (isa, storage) in every_storage_on_every_isa() {
             let like = match storage {
                 Storage::F32 | Storage::Bf16 => BatchOrder::Invariant,
                 Storage::Blocks(_) | Storage::Bf16Blocks(_) => BatchOrder::Variant,

@@ -303,22 +303,18 @@ fn plans<'g>(model: &Model, naming: &Naming, files: &'g Files) -> Result<Vec<(So
 /// the model can read its columns as stored ([`in_file_column_order`]);
 /// else it is read as values, whatever the format.
 pub fn formats(model: &Model, naming: &Naming, files: &Files) -> Result<BTreeMap<String, StoredBlocks>, Error> {
-    let stored = model.as_stored();
-    let plans = plans(&stored, naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
+    let plans = plans(&model.as_stored(), naming, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
     let mut formats = BTreeMap::new();
     for (at, (param, (source, plan))) in model.params.iter().zip(plans).enumerate() {
         let blocks = match (&param.axes, in_model_order(param, &source)) {
             (None, _) => plan.blocks,
-            (Some(_), Some(source)) => {
-                kept_blocks(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?
-            }
+            (Some(_), Some(source)) => kept_blocks(param, &source, files)?,
             (Some(_), None) => None,
         };
         if let Some(format) = blocks {
             formats.insert(param.path.clone(), format.into());
         } else if let Some((tiled, source)) = in_file_column_order(param, &source) {
-            let blocks = kept_blocks(param, &source, files).map_err(|problems| Error::Weights(problems.join("\n")))?;
-            let Some(format) = blocks else { continue };
+            let Some(format) = kept_blocks(param, &source, files)? else { continue };
             match tiled::readable_tiled(model, at, tiled) {
                 Ok(()) => {
                     formats.insert(param.path.clone(), StoredBlocks { format, tiled: Some(tiled) });
@@ -401,10 +397,10 @@ fn in_model_order(param: &Param, source: &Source<i64>) -> Option<Source<i64>> {
 
 /// The block format `param`, as the model keeps it, keeps when read
 /// through `source` (in the model's axis order, or the file's column order).
-fn kept_blocks(param: &Param, source: &Source<i64>, files: &Files) -> Result<Option<BlockFormat>, Vec<String>> {
+fn kept_blocks(param: &Param, source: &Source<i64>, files: &Files) -> Result<Option<BlockFormat>, Error> {
     plan(param, source, files)
         .map(|plan| plan.blocks)
-        .map_err(|why| vec![format!("parameter `{}`: {why} (in {})", param.path, files.path().display())])
+        .map_err(|why| Error::Weights(format!("parameter `{}`: {why} (in {})", param.path, files.path().display())))
 }
 
 /// Moves runs of `T`: the parts of a tensor of `shape` (in units of
