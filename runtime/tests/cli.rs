@@ -252,19 +252,25 @@ fn linnet_on(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str])
 
 /// [`linnet_on`]'s run, checked to succeed: its output.
 fn linnet_succeeding(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str]) -> Output {
+    let output = linnet_with(package, weights, set, args);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// `linnet ARGS[0] PACKAGE --weights WEIGHTS --set … ARGS[1..]`, whatever
+/// its outcome.
+fn linnet_with(package: &str, weights: &Path, set: &[(&str, &str)], args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_linnet"));
     command.args(&args[..1]).arg(root().join(package)).arg("--weights").arg(weights);
     for (name, value) in set {
         command.arg("--set").arg(format!("{name}={value}"));
     }
-    let output = command
+    command
         .args(&args[1..])
         .env("LINNET_STDLIB", root().join("stdlib"))
         .env("LINNET_CACHE_DIR", cache())
         .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    output
+        .unwrap()
 }
 
 /// Runs `package` on `weights` through the CLI with `set` as `--set`:
@@ -599,6 +605,33 @@ fn the_llama3_package_runs_llama_cpp_s_files_of_llama_checkpoints() {
         let distance = distance_from_the_oracle(&families.join(name), "models/llama3", set, &gguf);
         assert!(distance <= 1e-4, "{name}: max|diff|/max|ref| = {distance:.2e}");
     }
+}
+
+/// The converter stores Llama 3.1's rotary scaling as the frequencies'
+/// divisors (`rope_freqs.weight`), not as metadata: a card whose scaling
+/// gives other divisors, or scales where the file has none, is refused,
+/// naming the tensor and the settings, instead of run with the card's
+/// scaling.
+#[test]
+fn a_llama_cpp_file_scaled_otherwise_than_the_card_is_refused() {
+    let gguf = root().join("tests/fixtures/llama-cpp/tiny-llama3-f32.gguf");
+    let args = ["generate", "--prompt-ids", "1,2", "--max-tokens", "1"];
+    let card_context = [("RopeFactor", "8"), ("LowFreqFactor", "1"), ("HighFreqFactor", "4")];
+    let unscaled = [("RopeFactor", "1")];
+    for (set, named) in [(&card_context[..], "OriginalContext = 8192"), (&unscaled[..], "RopeFactor = 1")] {
+        let output = linnet_with("models/llama3", &gguf, set, &args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "ran with the card's scaling: {stderr}");
+        assert!(stderr.contains("`rope_freqs.weight` in the file divides rotary pair"), "{stderr}");
+        assert!(stderr.contains(named) && stderr.contains("--set"), "{stderr}");
+    }
+    // A file of an unscaled checkpoint has no divisors: the card's scaling
+    // is refused too.
+    let unscaled_file = root().join("tests/fixtures/llama-cpp/tiny-llama3-tied-f32.gguf");
+    let output = linnet_with("models/llama3", &unscaled_file, &card_context, &args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "ran with the card's scaling: {stderr}");
+    assert!(stderr.contains("the file has no `rope_freqs.weight`"), "{stderr}");
 }
 
 /// The Gemma 3 and gpt-oss checkpoints as llama.cpp's converter writes

@@ -60,4 +60,21 @@ pub struct GgufNames {
     pub absent_means: BTreeMap<String, Expected>,
     /// Parameter path to where its values are.
     pub tensors: BTreeMap<String, Source<i64>>,
+    /// The rotary frequencies' divisors the card's settings give, which a
+    /// file that stores its own (llama.cpp's `rope_freqs`) must agree with.
+    #[serde(default)]
+    pub rope_factors: Option<RopeFactors>,
+}
+
+/// A rotary scaling the converter writes as a tensor of the divisors of
+/// the frequencies (Llama 3's `rope_freqs.weight`) rather than as metadata.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeFactors {
+    /// The file's tensor of divisors, one per rotated pair.
+    pub tensor: String,
+    /// The divisors the card's settings give.
+    pub factors: Vec<f64>,
+    /// The card's settings that gave them, as an error shows them
+    /// (`RopeFactor = 8, LowFreqFactor = 1, …`).
+    pub settings: String,
 }

@@ -16,11 +16,13 @@
 //! ```
 //!
 //! `changes` lists what the converter did to the parameter, in order; the
-//! loader undoes them in reverse. Sizes are integers or expressions over
+//! loader undoes them in reverse. A rotary scaling the converter stores as
+//! a tensor is named by `rope_factors` (`super::rope_factors`). Sizes are integers or expressions over
 //! the card's generics (`+ - * / %`, parentheses), evaluated for the
 //! instance being built: [`resolve`] gives the concrete [`GgufNames`] an
 //! artifact records and the runtime applies.
 
+use super::rope_factors::RawRopeFactors;
 use crate::code::Code;
 use crate::diagnostic::Diagnostic;
 use crate::source::{FileId, SourceMap, Span};
@@ -82,6 +84,7 @@ pub struct GgufFile {
     pub architecture: String,
     metadata: Vec<(String, RawExpected, Span)>,
     pub tensors: Vec<(String, Source<Size>, Span)>,
+    rope_factors: Option<(RawRopeFactors, Span)>,
 }
 
 fn problem(span: Span, message: String, label: &str) -> Diagnostic {
@@ -148,7 +151,20 @@ pub fn parse(file: FileId, sources: &SourceMap, diagnostics: &mut Vec<Diagnostic
             Err(why) => diagnostics.push(problem(span, format!("entry `{path}`: {why}"), "where this parameter is")),
         }
     }
-    Some(GgufFile { file, architecture: architecture.to_string(), metadata, tensors })
+    let rope_factors = root.get("rope_factors").and_then(|value| {
+        let span = super::json_key_span(file, text, "rope_factors");
+        serde_json::from_value::<RawRopeFactors>(value.clone())
+            .map_err(|error| {
+                diagnostics.push(problem(
+                    span,
+                    format!("`rope_factors`: {error}"),
+                    "expected {\"tensor\": NAME, \"llama3\": {dims, theta, factor, low_freq_factor, high_freq_factor, original_context}}",
+                ))
+            })
+            .ok()
+            .map(|raw| (raw, span))
+    });
+    Some(GgufFile { file, architecture: architecture.to_string(), metadata, tensors, rope_factors })
 }
 
 /// The metadata lines of `gguf.json` as `[config]` lines: a GGUF file's
@@ -360,11 +376,17 @@ pub fn resolve(
             Err(why) => diagnostics.push(problem(*span, format!("entry `{path}`: {why}"), "where this parameter is")),
         }
     }
+    let rope_factors = file.rope_factors.as_ref().and_then(|(raw, span)| {
+        super::rope_factors::resolve(raw, values, numbers)
+            .map_err(|why| diagnostics.push(problem(*span, format!("`rope_factors`: {why}"), "the rotary scaling")))
+            .ok()
+    });
     (diagnostics.len() == before).then(|| GgufNames {
         architecture: file.architecture.clone(),
         metadata,
         absent_means,
         tensors,
+        rope_factors,
     })
 }
 

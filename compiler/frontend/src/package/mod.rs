@@ -10,6 +10,7 @@ pub mod gguf_names;
 mod link;
 mod manifest;
 mod modules;
+mod rope_factors;
 mod stdlib;
 
 pub use link::{join_normalized, Member};

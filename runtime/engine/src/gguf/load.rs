@@ -20,7 +20,7 @@
 use super::{Files, Gguf, Meta, Part, Storage, TensorInfo};
 use crate::weights::NonFinite;
 use crate::Error;
-use linnet_artifact::gguf_names::{Change, Expected, GgufNames, Source};
+use linnet_artifact::gguf_names::{Change, Expected, GgufNames, RopeFactors, Source};
 use linnet_artifact::Naming;
 use linnet_exec::tensor::{Data, Elements, Tensor};
 use linnet_ir::quant::{self, BlockFormat};
@@ -66,7 +66,8 @@ fn named_sources(naming: &Naming, files: &Files) -> Result<HashMap<String, Sourc
     }
     match &naming.gguf_names {
         Some(names) if names.architecture == architecture => {
-            let problems = metadata_problems(names, gguf);
+            let mut problems = metadata_problems(names, gguf);
+            problems.extend(names.rope_factors.as_ref().and_then(|expected| rope_factor_problem(expected, files)));
             if problems.is_empty() {
                 Ok(names.tensors.clone().into_iter().collect())
             } else {
@@ -148,6 +149,44 @@ fn metadata_problems(names: &GgufNames, gguf: &Gguf) -> Vec<String> {
         }
     }
     problems
+}
+
+/// How far a file's rotary divisor may be from the card's: the converter
+/// computes them in f32.
+const ROPE_FACTOR_TOLERANCE: f64 = 1e-4;
+
+/// Where the file's rotary divisors (`rope_freqs.weight`) disagree with
+/// those of the card's scaling, as a sentence naming both; a file without
+/// them is unscaled.
+fn rope_factor_problem(expected: &RopeFactors, files: &Files) -> Option<String> {
+    let RopeFactors { tensor, factors: card, settings } = expected;
+    let fix = "set the card's scaling to the file's (`--set`)";
+    let file = match files.tensor(tensor) {
+        None if card.iter().all(|&divisor| divisor == 1.0) => return None,
+        None => {
+            return Some(format!(
+                "the model card scales the rotary frequencies ({settings}), and the file has no `{tensor}`, which llama.cpp's converter writes for that scaling: the file's are unscaled; {fix}"
+            ))
+        }
+        Some((part, info)) => match info.storage {
+            Storage::Plain(stored) if stored.is_float() => crate::weights::to_f32(stored, part.bytes(info)),
+            _ => return Some(format!("`{tensor}` in the file is not a tensor of floats")),
+        },
+    };
+    if file.len() != card.len() {
+        return Some(format!(
+            "`{tensor}` in the file holds {} divisors, and the model card's rotary heads have {} pairs",
+            file.len(),
+            card.len()
+        ));
+    }
+    let differs = |(&in_file, &by_card): &(&f32, &f64)| {
+        (f64::from(in_file) - by_card).abs() > ROPE_FACTOR_TOLERANCE * by_card.abs().max(1.0)
+    };
+    let (pair, (in_file, by_card)) = file.iter().zip(card).enumerate().find(|(_, pair)| differs(pair))?;
+    Some(format!(
+        "`{tensor}` in the file divides rotary pair {pair}'s frequency by {in_file}, and the model card's scaling ({settings}) by {by_card}: {fix}"
+    ))
 }
 
 /// How a parameter is read from its tensors.
@@ -664,6 +703,7 @@ mod tests {
             metadata: map(metadata),
             absent_means: map(absent_means),
             tensors: BTreeMap::new(),
+            rope_factors: None,
         }
     }
 
