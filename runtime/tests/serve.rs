@@ -677,6 +677,75 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
     }
 }
 
+/// gpt-oss's sliding layers keep rings of their window (5 positions in
+/// the tiny checkpoint), which wrap within the prompts here: its greedy
+/// tokens are transformers' alone, beside two other requests, after a
+/// cached prefix longer than the window (the rings restored whole), and
+/// with n-gram drafts checked in one call and refused ones rolled back.
+/// On the reference interpreter the log-probabilities are the same bits
+/// in every case; on the CPU they agree within 1e-5, as gpt-oss's CPU
+/// kernels are not yet batch-invariant (with caches of the whole context
+/// too).
+#[test]
+fn gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted() {
+    gpt_oss_rings_on("cpu", usize::MAX, 1e-5);
+    gpt_oss_rings_on("interp", 1, 0.0);
+}
+
+/// [`gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted`]
+/// on `backend`, for up to `sequences` of the oracle's prompts longer than
+/// the window, log-probabilities within `tolerance`.
+fn gpt_oss_rings_on(backend: &str, sequences: usize, tolerance: f64) {
+    let dir = root().join("tests/fixtures/families/tiny-gpt-oss");
+    let weights = dir.join("weights-f32");
+    let args = ["--weights", weights.to_str().unwrap(), "--set", "Batch=4", "--backend", backend];
+    let cache = ["--prefix-block", "4", "--prefix-cache-mb", "16"];
+    let server = Server::spawn_package(&root().join("models/gpt-oss"), &[&args[..], &cache[..]].concat());
+    let answer = |prompt: &[i64], max_tokens: usize, drafts: usize| {
+        let body = json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 3,
+                           "num_speculative_tokens": drafts });
+        let (status, body) = server.call("POST", "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{body}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        let choice = &value["choices"][0];
+        let cached = value["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        let logprobs: Vec<f64> =
+            choice["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|p| p.as_f64().unwrap()).collect();
+        ((choice["token_ids"].clone(), logprobs), cached)
+    };
+    let agree = |(tokens, logprobs): &(Value, Vec<f64>), (alone, alone_logprobs): &(Value, Vec<f64>), case: &str| {
+        assert_eq!(tokens, alone, "{backend}: {case}");
+        let apart = logprobs.iter().zip(alone_logprobs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(apart <= tolerance, "{backend}: {case}: log-probabilities {apart:e} apart");
+    };
+    let all = common::golden(&dir, "f32");
+    let longer_than_the_window: Vec<_> = all.iter().filter(|sequence| sequence.tokens.len() > 5).collect();
+    assert!(longer_than_the_window.len() >= 2, "prompts longer than the window");
+    for sequence in longer_than_the_window.into_iter().take(sequences) {
+        let length = sequence.greedy.len();
+        let (alone, _) = answer(&sequence.tokens, length, 0);
+        assert_eq!(alone.0, json!(sequence.greedy), "{backend}: transformers' greedy tokens");
+        let batched = std::thread::scope(|scope| {
+            let others: Vec<_> =
+                all.iter().take(2).map(|other| scope.spawn(|| answer(&other.tokens, length, 0))).collect();
+            let ours = answer(&sequence.tokens, length, 0).0;
+            others.into_iter().for_each(|other| drop(other.join().unwrap()));
+            ours
+        });
+        agree(&batched, &alone, "beside two other requests");
+        // A request that shares all but the prompt's last token caches the
+        // prefix; the prompt then continues from it.
+        let mut parted = sequence.tokens[..sequence.tokens.len() - 1].to_vec();
+        parted.extend([1, 2, 3, 4, 5]);
+        answer(&parted, 1, 0);
+        let (after_prefix, found) = answer(&sequence.tokens, length, 0);
+        assert!(found > 5, "{backend}: a cached prefix longer than the window ({found} tokens)");
+        agree(&after_prefix, &alone, &format!("after {found} cached tokens"));
+        let (drafted, _) = answer(&sequence.tokens, length, 3);
+        agree(&drafted, &alone, "with n-gram drafts");
+    }
+}
+
 /// Constrained output over Qwen3.5's real vocabulary (llama.cpp's
 /// vocabulary file) and chat template, with random weights: every answer
 /// to a JSON schema parses and holds to it, a regex's matches it, thinking

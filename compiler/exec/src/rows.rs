@@ -8,27 +8,53 @@
 use crate::backend::{Backend, MemoryError};
 use crate::tensor::{Data, Tensor};
 use crate::{Executor, RunError};
-use linnet_ir::{Intrinsic, Model, NodeKind};
+use linnet_ir::{Entry, Intrinsic, Model, NodeKind, Scalar, Value};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// Which of the model's states are written at token positions (`write_at`,
-/// `write_span`, `write_rows` into axis 2): caches whose positions past a
-/// prompt's end it has not filled.
+/// `write_span`, `write_rows` into axis 2 at the positions an entry is
+/// given): caches whose positions past a prompt's end it has not filled.
+/// A state written at positions computed from those (a ring, at `pos %
+/// Window`) is not: it holds what a prompt left whole, as a recurrent
+/// state does.
 pub fn positional_states(model: &Model) -> Vec<bool> {
-    let mut positional = vec![false; model.states.len()];
+    let mut written_at_given = vec![false; model.states.len()];
+    let mut written_otherwise = vec![false; model.states.len()];
     for entry in &model.entries {
         for node in &entry.nodes {
-            if let NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) =
+            let NodeKind::Intrinsic(Intrinsic::WriteAt | Intrinsic::WriteSpan | Intrinsic::WriteRows, args) =
                 &node.kind
-            {
-                if let Some(NodeKind::State(state)) = args.first().map(|arg| &entry.nodes[arg.index()].kind) {
-                    positional[*state] = true;
-                }
+            else {
+                continue;
+            };
+            let Some(NodeKind::State(state)) = args.first().map(|arg| &entry.nodes[arg.index()].kind) else {
+                continue;
+            };
+            match args.get(2).is_some_and(|&at| is_given(entry, at)) {
+                true => written_at_given[*state] = true,
+                false => written_otherwise[*state] = true,
             }
         }
     }
-    positional
+    written_at_given.iter().zip(&written_otherwise).map(|(&given, &otherwise)| given && !otherwise).collect()
+}
+
+/// Whether `value` is one of `entry`'s inputs as given, read through casts
+/// and reshapes (loads of its elements).
+fn is_given(entry: &Entry, value: Value) -> bool {
+    fn loaded(scalar: &Scalar) -> Option<Value> {
+        match scalar {
+            Scalar::Load(value, _, _) => Some(*value),
+            Scalar::Cast(inner, _) => loaded(inner),
+            _ => None,
+        }
+    }
+    match &entry.nodes[value.index()].kind {
+        NodeKind::Input(_) => true,
+        NodeKind::Compute(scalar) => loaded(scalar).is_some_and(|source| is_given(entry, source)),
+        _ => false,
+    }
 }
 
 /// The flat ranges of `shape`'s row `row` (axis 0), only the first `length`
