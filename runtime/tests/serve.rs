@@ -683,9 +683,10 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
 /// cached prefix longer than the window (the rings restored whole), and
 /// with n-gram drafts checked in one call and refused ones rolled back.
 /// On the reference interpreter the log-probabilities are the same bits
-/// in every case; on the CPU they agree within 1e-5, as gpt-oss's CPU
-/// kernels are not yet batch-invariant (with caches of the whole context
-/// too).
+/// in every case; on the CPU they agree within 1e-5: attention with sinks
+/// runs as generated code whose sums follow the count of keys, the ring's
+/// and the prompt's with its padding (`docs/language.md`, "Batch
+/// invariance").
 #[test]
 fn gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted() {
     gpt_oss_rings_on("cpu", usize::MAX, 1e-5);
