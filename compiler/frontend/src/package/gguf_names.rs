@@ -17,10 +17,10 @@
 //!
 //! `changes` lists what the converter did to the parameter, in order; the
 //! loader undoes them in reverse. A rotary scaling the converter stores as
-//! a tensor is named by `rope_factors` (`super::rope_factors`). Sizes are integers or expressions over
-//! the card's generics (`+ - * / %`, parentheses), evaluated for the
-//! instance being built: [`resolve`] gives the concrete [`GgufNames`] an
-//! artifact records and the runtime applies.
+//! a tensor is named by `rope_factors` (`super::rope_factors`). Sizes are
+//! integers or expressions over the card's generics (`+ - * / %`,
+//! parentheses), evaluated for the instance being built: [`resolve`] gives
+//! the concrete [`GgufNames`] an artifact records and the runtime applies.
 
 use super::rope_factors::RawRopeFactors;
 use crate::code::Code;
