@@ -1,7 +1,9 @@
-//! The standard library's kernels (attention that skips masked keys, cache
-//! writes in place) compute exactly what the Linnet bodies they replace
-//! compute, and fusion changes no result, on the interpreter: every entry
-//! path gives bit-identical results with and without them, f32 and bf16.
+//! The standard library's kernels (attention that skips masked keys, with
+//! sinks or without; cache writes in place) compute exactly what the
+//! Linnet bodies they replace compute, and fusion changes no result, on
+//! the interpreter: every entry path gives bit-identical results with and
+//! without them, f32 and bf16, for the seed and for gpt-oss (attention
+//! with sinks, over rings).
 //! The CPU backend meets the numerics contract against the interpreter
 //! (`linnet_exec::tolerance`) on every path, runs every node as native
 //! code (nothing falls back), gives the same bits whether it carries the
@@ -14,7 +16,7 @@ use linnet_exec::tensor::{Data, Tensor};
 use linnet_exec::{Backend, BuildError, Machine, MemoryError, NodeError, Site, Values};
 use linnet_frontend::driver::lower_package_with;
 use linnet_frontend::lower::Lowering;
-use linnet_frontend::package::LoadOptions;
+use linnet_frontend::package::{Checkpoint, LoadOptions};
 use linnet_ir::analysis::Analysis;
 use linnet_ir::Dtype;
 use linnet_ir::{Intrinsic, Model};
@@ -23,29 +25,59 @@ mod common;
 
 use common::root;
 
-/// The oracle model of `config` lowered with `lowering`, and its weights.
-fn model(config: &str, dtype: &str, lowering: Lowering) -> (Model, Vec<Tensor>) {
-    let dir = root().join("tests/fixtures/oracle").join(config);
-    let options = LoadOptions {
-        nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
-        stdlib: Some(root().join("stdlib")),
-        ..LoadOptions::default()
+/// A model the suite runs: the seed at an oracle's card, or gpt-oss at its
+/// tiny checkpoint's `config.json` (sinks, sliding layers on rings of 5),
+/// two batch rows.
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Seed { config: &'static str, dtype: &'static str },
+    GptOss,
+}
+
+const SEED_F32: Case = Case::Seed { config: "tiny-qwen3.5-moe", dtype: "f32" };
+const SEED_BF16: Case = Case::Seed { config: "tiny-qwen3.5-moe-calm", dtype: "bf16" };
+
+/// Every model the suite runs.
+const CASES: [Case; 3] = [SEED_F32, SEED_BF16, Case::GptOss];
+
+/// The model of `case` lowered with `lowering`, and its weights.
+fn model(case: Case, lowering: Lowering) -> (Model, Vec<Tensor>) {
+    let (package, options, weights) = match case {
+        Case::Seed { config, dtype } => {
+            let dir = root().join("tests/fixtures/oracle").join(config);
+            let options = LoadOptions {
+                nest: Some(dir.join(format!("package/nest-{dtype}.toml"))),
+                stdlib: Some(root().join("stdlib")),
+                ..LoadOptions::default()
+            };
+            ("models/qwen3.6-35b-a3b", options, dir.join(format!("weights-{dtype}")))
+        }
+        Case::GptOss => {
+            let weights = root().join("tests/fixtures/families/tiny-gpt-oss/weights-f32");
+            let options = LoadOptions {
+                checkpoint: Some(Checkpoint::Config(weights.join("config.json"))),
+                overrides: vec![("Batch".into(), "2".into())],
+                stdlib: Some(root().join("stdlib")),
+                ..LoadOptions::default()
+            };
+            ("models/gpt-oss", options, weights)
+        }
     };
-    let (model, checked) = lower_package_with(&root().join("models/qwen3.6-35b-a3b"), &options, lowering)
-        .unwrap_or_else(|_| panic!("lowers"));
+    let (model, checked) =
+        lower_package_with(&root().join(package), &options, lowering).unwrap_or_else(|_| panic!("{case:?} lowers"));
     let package = checked.package.unwrap();
     let params = linnet_runtime::weights::load(
         &model,
         &linnet_build::naming(&package),
-        &dir.join(format!("weights-{dtype}")),
+        &weights,
         linnet_runtime::weights::NonFinite::Refuse,
     )
     .unwrap();
     (model, params)
 }
 
-fn machine(config: &str, dtype: &str, lowering: Lowering, backend: linnet_runtime::BackendKind) -> Machine {
-    let (model, params) = model(config, dtype, lowering);
+fn machine(case: Case, lowering: Lowering, backend: linnet_runtime::BackendKind) -> Machine {
+    let (model, params) = model(case, lowering);
     common::machine_on(backend, model, params)
 }
 
@@ -77,7 +109,8 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
     let mut out = Vec::new();
     let mut call =
         |machine: &mut Machine, entry: &str, inputs: Vec<Tensor>| out.extend(machine.call(entry, inputs).unwrap());
-    call(machine, "forward", vec![ints(vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])]);
+    // Tokens of every case's vocabulary (gpt-oss's has 256).
+    call(machine, "forward", vec![ints(vec![2, 5], vec![5, 17, 42, 9, 200, 1, 2, 3, 4, 255])]);
     call(machine, "next_token", vec![ints(vec![1, 4], vec![7, 8, 9, 10])]);
     call(machine, "prefill", vec![ints(vec![2, 4], vec![5, 17, 42, 9, 1, 2, 3, 4]), ints(vec![], vec![0])]);
     for position in 4..8 {
@@ -100,11 +133,20 @@ fn script(machine: &mut Machine) -> Vec<Tensor> {
 
 #[test]
 fn kernels_equal_the_bodies_they_replace() {
-    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
-        let with_kernels = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        let inlined =
-            script(&mut machine(config, dtype, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
-        assert_equal_outputs(&with_kernels, &inlined, &format!("{config} {dtype}"));
+    let mut used = std::collections::BTreeSet::new();
+    for case in CASES {
+        let mut kernels = machine(case, Lowering::default(), Interp);
+        used.extend(kernels.model().entries.iter().flat_map(|e| &e.nodes).filter_map(|node| match node.kind {
+            linnet_ir::NodeKind::Intrinsic(intrinsic, _) => Some(intrinsic.name()),
+            _ => None,
+        }));
+        let with_kernels = script(&mut kernels);
+        let inlined = script(&mut machine(case, Lowering { library_kernels: false, ..Lowering::default() }, Interp));
+        assert_equal_outputs(&with_kernels, &inlined, &format!("{case:?}"));
+    }
+    for kernel in ["grouped_attention", "grouped_attention_rows", "grouped_attention_sinks", "write_at", "write_slots"]
+    {
+        assert!(used.contains(kernel), "no case runs `{kernel}`: this test covers less than it says");
     }
 }
 
@@ -113,15 +155,15 @@ use linnet_runtime::BackendKind::{self, Interp};
 /// Compiled code meets the contract against the interpreter through every
 /// entry path, f32 and bf16.
 fn meets_the_contract(backend: BackendKind) {
-    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+    for case in CASES {
         let started = std::time::Instant::now();
-        let compiled = script(&mut machine(config, dtype, Lowering::default(), backend));
+        let compiled = script(&mut machine(case, Lowering::default(), backend));
         let compiled_time = started.elapsed();
         let started = std::time::Instant::now();
-        let reference = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        let worst = within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{config} {dtype}: {e}"));
+        let reference = script(&mut machine(case, Lowering::default(), Interp));
+        let worst = within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{case:?}: {e}"));
         eprintln!(
-            "{config} {dtype}: {backend:?} {compiled_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale",
+            "{case:?}: {backend:?} {compiled_time:?} (compiling included), interp {:?}; worst {worst:.2e} of the scale",
             started.elapsed()
         );
     }
@@ -130,11 +172,11 @@ fn meets_the_contract(backend: BackendKind) {
 /// Fused code (values inlined into their consumers) compiled meets the
 /// contract against the unfused model on the interpreter.
 fn fused_code_meets_the_contract(backend: BackendKind) {
-    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+    for case in CASES {
         let unfused = Lowering { optimize: false, ..Lowering::default() };
-        let reference = script(&mut machine(config, dtype, unfused, Interp));
-        let compiled = script(&mut machine(config, dtype, Lowering::default(), backend));
-        within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{config} {dtype} fused on {backend:?}: {e}"));
+        let reference = script(&mut machine(case, unfused, Interp));
+        let compiled = script(&mut machine(case, Lowering::default(), backend));
+        within_contract(&reference, &compiled).unwrap_or_else(|e| panic!("{case:?} fused on {backend:?}: {e}"));
     }
 }
 
@@ -163,7 +205,7 @@ common::for_each_compiled_backend!(conformance);
 /// test above holds the result to the interpreter's.
 #[test]
 fn the_routers_ranks_are_recognized() {
-    let (model, _) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let (model, _) = model(SEED_F32, Lowering::default());
     let layers = model.params.iter().filter(|p| p.path.ends_with("mlp.gate_up_proj")).count();
     assert!(layers > 0);
     for entry in &model.entries {
@@ -178,19 +220,17 @@ fn the_routers_ranks_are_recognized() {
 /// and the fused model has fewer nodes.
 #[test]
 fn fusion_changes_no_result_on_the_interpreter() {
-    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
+    for case in CASES {
         let unfused = Lowering { optimize: false, ..Lowering::default() };
-        let (fused_nodes, unfused_nodes) = (
-            nodes(&machine(config, dtype, Lowering::default(), Interp)),
-            nodes(&machine(config, dtype, unfused, Interp)),
-        );
+        let (fused_nodes, unfused_nodes) =
+            (nodes(&machine(case, Lowering::default(), Interp)), nodes(&machine(case, unfused, Interp)));
         assert!(
             fused_nodes * 10 < unfused_nodes * 8,
             "fusion removes over a fifth of the nodes: {fused_nodes} of {unfused_nodes} left"
         );
-        let reference = script(&mut machine(config, dtype, unfused, Interp));
-        let fused = script(&mut machine(config, dtype, Lowering::default(), Interp));
-        assert_equal_outputs(&fused, &reference, &format!("{config} {dtype} on the interpreter"));
+        let reference = script(&mut machine(case, unfused, Interp));
+        let fused = script(&mut machine(case, Lowering::default(), Interp));
+        assert_equal_outputs(&fused, &reference, &format!("{case:?} on the interpreter"));
     }
 }
 
@@ -273,7 +313,7 @@ impl Backend for Altered {
 /// 1 + 1e-6 (rounding-sized) passes.
 #[test]
 fn a_deliberately_wrong_kernel_fails_the_contract() {
-    let (model, params) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let (model, params) = model(SEED_F32, Lowering::default());
     let entry = model.entries.iter().position(|e| e.name == "forward").unwrap();
     let node = model.entries[entry].outputs[0].index();
     let tokens = vec![Tensor::from_i64(Dtype::I32, vec![2, 5], vec![5, 17, 42, 9, 300, 1, 2, 3, 4, 511])];
@@ -293,7 +333,7 @@ fn a_deliberately_wrong_kernel_fails_the_contract() {
 /// steps, and nowhere else.
 #[test]
 fn the_decoding_steps_carry_their_states() {
-    let (model, _) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let (model, _) = model(SEED_F32, Lowering::default());
     let layers = model.params.iter().filter(|p| p.path.ends_with("linear_attn.A_log")).count();
     assert!(layers > 0);
     for entry in &model.entries {
@@ -312,12 +352,12 @@ fn the_decoding_steps_carry_their_states() {
 /// bf16, two rows at a time.
 #[test]
 fn carrying_states_in_place_changes_no_bit() {
-    for (config, dtype) in [("tiny-qwen3.5-moe", "f32"), ("tiny-qwen3.5-moe-calm", "bf16")] {
-        let (model, params) = model(config, dtype, Lowering::default());
+    for case in [SEED_F32, SEED_BF16] {
+        let (model, params) = model(case, Lowering::default());
         let [carried, written] = [true, false].map(|carries| {
             script(&mut Machine::new(model.clone(), params.clone(), Altered::carrying(carries)).unwrap())
         });
-        assert_equal_outputs(&carried, &written, &format!("{config} {dtype}"));
+        assert_equal_outputs(&carried, &written, &format!("{case:?}"));
     }
 }
 
@@ -326,7 +366,7 @@ fn carrying_states_in_place_changes_no_bit() {
 /// model is loaded, with the node named.
 #[test]
 fn every_node_runs_as_native_code_or_the_model_is_refused() {
-    let (model, params) = model("tiny-qwen3.5-moe", "f32", Lowering::default());
+    let (model, params) = model(SEED_F32, Lowering::default());
     let mut compiled = std::collections::HashMap::new();
     for entry in &model.entries {
         let analysis = Analysis::of(entry);

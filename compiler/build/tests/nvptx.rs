@@ -199,6 +199,27 @@ fn every_node_of_the_seed_is_ptx_that_ptxas_accepts() {
     ptxas_accepts(&built.entries);
 }
 
+/// gpt-oss at its tiny checkpoint's sizes (attention with sinks, over
+/// rings and over the whole cache): every node has a kernel, and ptxas
+/// accepts them all.
+#[test]
+fn every_node_of_gpt_oss_is_ptx_that_ptxas_accepts() {
+    let config = root().join("tests/fixtures/families/tiny-gpt-oss/weights-f32/config.json");
+    let options = LoadOptions {
+        stdlib: Some(root().join("stdlib")),
+        checkpoint: Some(linnet_frontend::package::Checkpoint::Config(config)),
+        ..LoadOptions::default()
+    };
+    let (model, _) = lower_package(&root().join("models/gpt-oss"), &options).unwrap_or_else(|_| panic!("lowers"));
+    let sinks = model
+        .entries
+        .iter()
+        .flat_map(|e| &e.nodes)
+        .any(|n| matches!(n.kind, NodeKind::Intrinsic(Intrinsic::GroupedAttentionSinks, _)));
+    assert!(sinks, "gpt-oss no longer attends with sinks: this test covers less than it says");
+    ptxas_accepts(&built_whole(&model).entries);
+}
+
 /// The seed's multi-token-prediction layer (its card's `[drafter]`): its
 /// `draft` entry, every node a kernel `ptxas` accepts.
 #[test]
@@ -493,39 +514,74 @@ fn rows_sharing_reductions_meet_the_reference() {
 /// Attention as warps (`gpu::intrinsic`'s online softmax), run on the
 /// host, against the reference: a head width that is no multiple of a
 /// warp (a lane's last element past it), more keys than lanes, grouped
-/// heads, a causal mask and a query row it admits no key of.
+/// heads, a causal mask and a query row it admits no key of; without
+/// sinks and with them.
 #[test]
 fn attention_in_warps_meets_the_reference() {
     let (heads, kv_heads, queries, keys, width) = (4usize, 2usize, 3usize, 37usize, 40usize);
-    let inputs = [
-        ("q", vec![1, heads, queries, width], Dtype::Bf16),
-        ("k", vec![1, kv_heads, keys, width], Dtype::Bf16),
-        ("v", vec![1, kv_heads, keys, width], Dtype::Bf16),
-        ("scale", Vec::new(), Dtype::F32),
-        ("mask", vec![queries, keys], Dtype::Bool),
-    ];
-    let attention = Node {
-        kind: NodeKind::Intrinsic(Intrinsic::GroupedAttention, (0..5).map(Value).collect()),
-        shape: dims(&inputs[0].1),
-        dtype: Dtype::Bf16,
-        source: None,
-    };
-    let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernel = &linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 5, Form::Host)
-        .expect("an intrinsic has a kernel")
-        .expect("it builds")[0];
-    assert_eq!(kernel.lanes, WARP_LANES, "attention is not in warps: this test covers less than it says");
-    let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits no key; row 1 the keys up to 20; row 2 every key.
     let mask: Vec<bool> = (0..queries * keys).map(|at| (at / keys == 1 && at % keys <= 20) || at / keys == 2).collect();
-    // bf16: a rounding may fall the other way.
-    attention_meets_the_reference(model, &inputs, mask, 1e-2);
+    for sinks in [false, true] {
+        let mask_dims = if sinks { vec![1, queries, keys] } else { vec![queries, keys] };
+        let inputs = attention_inputs([1, heads, kv_heads, queries, keys, width], mask_dims, Dtype::Bf16, sinks);
+        let model = attention_model(&inputs, Dtype::Bf16);
+        let kernel =
+            &linnet_gpu::node_kernels(ModelEntry { entry: &model.entries[0], params: &[] }, inputs.len(), Form::Host)
+                .expect("an intrinsic has a kernel")
+                .expect("it builds")[0];
+        assert_eq!(kernel.lanes, WARP_LANES, "attention is not in warps: this test covers less than it says");
+        // bf16: a rounding may fall the other way.
+        attention_meets_the_reference(model, &inputs, mask.clone(), 1e-2);
+    }
+}
+
+/// The inputs of an attention node over `[batch, heads, kv_heads,
+/// queries, keys, width]`: q, k and v of `dtype`, the scale, the mask of
+/// `mask_dims`, and a logit per head where there are `sinks`.
+fn attention_inputs(
+    [batch, heads, kv_heads, queries, keys, width]: [usize; 6],
+    mask_dims: Vec<usize>,
+    dtype: Dtype,
+    sinks: bool,
+) -> Vec<(&'static str, Vec<usize>, Dtype)> {
+    let mut inputs = vec![
+        ("q", vec![batch, heads, queries, width], dtype),
+        ("k", vec![batch, kv_heads, keys, width], dtype),
+        ("v", vec![batch, kv_heads, keys, width], dtype),
+        ("scale", Vec::new(), Dtype::F32),
+        ("mask", mask_dims, Dtype::Bool),
+    ];
+    if sinks {
+        inputs.push(("sinks", vec![heads], Dtype::F32));
+    }
+    inputs
+}
+
+/// Entry `attend` of `inputs` (as [`attention_inputs`] makes them): the
+/// attention intrinsic they are the arguments of (`grouped_attention`
+/// with a mask `[Q, K]`, `grouped_attention_rows` with `[B, Q, K]`,
+/// `grouped_attention_sinks` with sinks).
+fn attention_model(inputs: &[(&str, Vec<usize>, Dtype)], dtype: Dtype) -> Model {
+    let intrinsic = match (inputs.len(), inputs[4].1.len()) {
+        (6, _) => Intrinsic::GroupedAttentionSinks,
+        (_, 3) => Intrinsic::GroupedAttentionRows,
+        _ => Intrinsic::GroupedAttention,
+    };
+    let attention = Node {
+        kind: NodeKind::Intrinsic(intrinsic, (0..inputs.len() as u32).map(Value).collect()),
+        shape: dims(&inputs[0].1),
+        dtype,
+        source: None,
+    };
+    let entry = entry_of("attend", inputs, vec![attention]);
+    Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] }
 }
 
 /// Runs attention model `model` (its entry `attend` of `inputs`: q, k, v
-/// as waves, the scale 0.3 and `mask`) on the reference and on the GPU
-/// kernels run on the host: every element within `tolerance` (relative
-/// to one more than its size).
+/// as waves, the scale 0.3, `mask`, and sinks from -6 to 6 (a head's sink may outweigh its keys)
+/// where it has them) on the reference and on the GPU kernels run on the
+/// host: every element within `tolerance` (relative to one more than its
+/// size).
 fn attention_meets_the_reference(model: Model, inputs: &[(&str, Vec<usize>, Dtype)], mask: Vec<bool>, tolerance: f32) {
     let call = || {
         let mut call: Vec<Tensor> = inputs[..3]
@@ -537,6 +593,9 @@ fn attention_meets_the_reference(model: Model, inputs: &[(&str, Vec<usize>, Dtyp
             .collect();
         call.push(Tensor::from_f32(Dtype::F32, Vec::new(), vec![0.3]));
         call.push(Tensor { dtype: Dtype::Bool, shape: inputs[4].1.clone(), data: Data::Bool(mask.clone()) });
+        if let Some((_, dims, dtype)) = inputs.get(5) {
+            call.push(Tensor::from_f32(*dtype, dims.clone(), wave(dims[0], 7, 6.0)));
+        }
         call
     };
     let reference =
@@ -558,37 +617,29 @@ fn attention_meets_the_reference(model: Model, inputs: &[(&str, Vec<usize>, Dtyp
 /// keys walked by warps of their own, then the parts combined; run on the
 /// host, against the reference (f32, so that a key left out shows): keys
 /// over two mask chunks, a mask with holes, a batch row that admits no
-/// key (every key weighs alike) and one that admits only the first.
+/// key (every key weighs alike, or against a sink none) and one that
+/// admits only the first; without sinks and with them.
 #[test]
 fn attention_split_over_keys_meets_the_reference() {
     let (batch, heads, kv_heads, keys, width) = (3usize, 4usize, 2usize, 1100usize, 40usize);
-    let inputs = [
-        ("q", vec![batch, heads, 1, width], Dtype::F32),
-        ("k", vec![batch, kv_heads, keys, width], Dtype::F32),
-        ("v", vec![batch, kv_heads, keys, width], Dtype::F32),
-        ("scale", Vec::new(), Dtype::F32),
-        ("mask", vec![batch, 1, keys], Dtype::Bool),
-    ];
-    let attention = Node {
-        kind: NodeKind::Intrinsic(Intrinsic::GroupedAttentionRows, (0..5).map(Value).collect()),
-        shape: dims(&inputs[0].1),
-        dtype: Dtype::F32,
-        source: None,
-    };
-    let entry = entry_of("attend", &inputs, vec![attention]);
-    let kernels = linnet_gpu::node_kernels(ModelEntry { entry: &entry, params: &[] }, 5, Form::Host)
-        .expect("an intrinsic has kernels")
-        .expect("they build");
-    assert_eq!(
-        kernels.len(),
-        3,
-        "attention of one query is not split over its keys: this test covers less than it says"
-    );
-    let model = Model { name: "attend".into(), params: Vec::new(), states: Vec::new(), entries: vec![entry] };
     // Row 0 admits the keys up to 1050 but every 7th; row 1 none; row 2
     // key 0 alone.
     let mask: Vec<bool> = (0..batch * keys).map(|at| (at <= 1050 && at % 7 != 3) || at == 2 * keys).collect();
-    attention_meets_the_reference(model, &inputs, mask, 1e-5);
+    for sinks in [false, true] {
+        let inputs =
+            attention_inputs([batch, heads, kv_heads, 1, keys, width], vec![batch, 1, keys], Dtype::F32, sinks);
+        let model = attention_model(&inputs, Dtype::F32);
+        let kernels =
+            linnet_gpu::node_kernels(ModelEntry { entry: &model.entries[0], params: &[] }, inputs.len(), Form::Host)
+                .expect("an intrinsic has kernels")
+                .expect("they build");
+        assert_eq!(
+            kernels.len(),
+            3,
+            "attention of one query is not split over its keys: this test covers less than it says"
+        );
+        attention_meets_the_reference(model, &inputs, mask.clone(), 1e-5);
+    }
 }
 
 /// The delta rule over a span (`gpu::delta`: a warp per state column

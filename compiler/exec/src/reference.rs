@@ -26,15 +26,22 @@ fn f32r(value: f64) -> f64 {
     value as f32 as f64
 }
 
-/// The operands of `grouped_attention` and `grouped_attention_rows`,
-/// unpacked from their arguments (`q`, `k`, `v`, `scale`, `mask`): what
-/// every backend's attention reads.
+/// The operands of `grouped_attention`, `grouped_attention_rows` and
+/// `grouped_attention_sinks`, unpacked from their arguments (`q`, `k`,
+/// `v`, `scale`, `mask`, and the sinks where given): what every backend's
+/// attention reads.
 pub struct Attention<'t> {
     pub q: &'t [f32],
     pub k: &'t [f32],
     pub v: &'t [f32],
     pub scale: f32,
     pub mask: &'t [bool],
+    /// Whether the mask has a row per batch row and query (`[B, Q, K]`)
+    /// rather than one per query for every batch row (`[Q, K]`).
+    pub rows_mask: bool,
+    /// A logit per query head that each of its softmaxes counts and that
+    /// weighs no value (`grouped_attention_sinks`).
+    pub sinks: Option<&'t [f32]>,
     /// The query's type, which the output is rounded to.
     pub dtype: Dtype,
     pub batch: usize,
@@ -56,6 +63,8 @@ impl<'t> Attention<'t> {
             v: floats(args[2]),
             scale: floats(args[3])[0],
             mask,
+            rows_mask: args[4].shape.len() == 3,
+            sinks: args.get(5).map(|sinks| floats(sinks)),
             dtype: args[0].dtype,
             batch,
             heads,
@@ -69,6 +78,15 @@ impl<'t> Attention<'t> {
     /// Query heads per key/value head.
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
+    }
+
+    /// The mask row of query `i` of batch row `b`.
+    pub fn mask_row(&self, b: usize, i: usize) -> usize {
+        if self.rows_mask {
+            b * self.queries + i
+        } else {
+            i
+        }
     }
 }
 
@@ -136,11 +154,14 @@ impl<'t> DeltaRule<'t> {
     }
 }
 
-/// `grouped_attention` (mask `[Q, K]`) and `grouped_attention_rows` (mask
-/// `[B, 1, K]`), as their Linnet bodies compute them.
-pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
+/// `grouped_attention` (mask `[Q, K]`), `grouped_attention_rows` (mask
+/// `[B, Q, K]`) and `grouped_attention_sinks` (that mask and a logit per
+/// head), as their Linnet bodies compute them: the first two weigh the
+/// values by the softmax's weights, the last by the unnormalized weights
+/// and divides by their total (the sink's share included) once per output.
+pub fn attention(args: &[&Tensor]) -> Tensor {
     let operands = Attention::of(args);
-    let Attention { q: qf, k: kf, v: vf, mask, dtype, batch, heads, queries, width, kv_heads, keys, .. } = operands;
+    let Attention { q: qf, k: kf, v: vf, sinks, dtype, batch, heads, queries, width, kv_heads, keys, .. } = operands;
     let (scale, group) = (f64::from(operands.scale), operands.group());
     let mut out = vec![0f32; batch * heads * queries * width];
     let mut weights = Vec::with_capacity(keys);
@@ -148,9 +169,9 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
     for b in 0..batch {
         for i in 0..queries {
             // One pass over the mask row; the heads then visit only the
-            // admitted keys. When none is, every key holds -1e30 and the
-            // softmax is uniform over all of them, as the body computes.
-            let any = admitted_keys(mask, if rows_mask { b * queries + i } else { i }, keys, &mut admitted);
+            // admitted keys. When none is, every key holds -1e30, as the
+            // body computes.
+            let any = admitted_keys(operands.mask, operands.mask_row(b, i), keys, &mut admitted);
             for h in 0..heads {
                 let kv = h / group;
                 let q_at = ((b * heads + h) * queries + i) * width;
@@ -165,23 +186,31 @@ pub fn attention(args: &[&Tensor], rows_mask: bool) -> Tensor {
                         masked
                     }
                 }));
+                let sink = sinks.map(|sinks| f64::from(sinks[h]));
                 let top = weights.iter().fold(f64::NEG_INFINITY, |top, w| top.max(*w));
+                let top = sink.map_or(top, |sink| top.max(sink));
                 let mut total = 0.0;
                 for weight in weights.iter_mut() {
                     *weight = f32r(math::exp(f32r(*weight - top)));
                     total += *weight;
                 }
                 let total = f32r(total);
-                for weight in weights.iter_mut() {
-                    *weight = f32r(*weight / total);
-                }
+                // Normalized weights, or the divisor of the weighted sums.
+                let divisor = match sink {
+                    None => {
+                        weights.iter_mut().for_each(|weight| *weight = f32r(*weight / total));
+                        None
+                    }
+                    Some(sink) => Some(f32r(total + f32r(math::exp(f32r(sink - top))))),
+                };
                 for d in 0..width {
                     let mut sum = 0.0;
                     for (weight, &j) in weights.iter().zip(&admitted) {
                         let v_at = ((b * kv_heads + kv) * keys + j) * width + d;
                         sum += f32r(weight * vf[v_at] as f64);
                     }
-                    out[q_at + d] = round(f32r(sum), dtype) as f32;
+                    let mixed = divisor.map_or(f32r(sum), |divisor| f32r(f32r(sum) / divisor));
+                    out[q_at + d] = round(mixed, dtype) as f32;
                 }
             }
         }
@@ -299,8 +328,9 @@ pub fn write_cache(intrinsic: Intrinsic, cache: &mut Tensor, args: &[&Tensor]) -
 
 pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>) -> Tensor {
     match intrinsic {
-        Intrinsic::GroupedAttention => return attention(args, false),
-        Intrinsic::GroupedAttentionRows => return attention(args, true),
+        Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows | Intrinsic::GroupedAttentionSinks => {
+            return attention(args)
+        }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {}
         writer => unreachable!("{} runs through write_cache", writer.name()),
     }

@@ -1,9 +1,10 @@
 //! Attention as kernels in `emit`'s convention, computing what
 //! `linnet_exec::reference` defines in f32: `grouped_attention` (mask `[Q, K]`,
-//! row `i`) and `grouped_attention_rows` (mask `[B, 1, K]`, row `b`), q
-//! `[B, H, Q, D]`, k and v `[B, KvH, K, D]`, the scale, the mask; the
-//! output is q's shape and type. A row its mask admits no key of weighs
-//! every key alike.
+//! row `i`), `grouped_attention_rows` (mask `[B, Q, K]`, row `b · Q + i`)
+//! and `grouped_attention_sinks` (that mask, and a logit per head), q
+//! `[B, H, Q, D]`, k and v `[B, KvH, K, D]`, the scale, the mask, the
+//! sinks; the output is q's shape and type. A row its mask admits no key
+//! of weighs every key alike (at -1e30: against a sink, not at all).
 //!
 //! A decode step's keys are its whole cache (the seed's 262,144
 //! positions), of which its mask admits the few written so far, so no warp
@@ -31,6 +32,9 @@
 //!      kernel).
 //!    - Elsewhere (a prefill's rows, each a query) one warp walks all of
 //!      its row's keys (the last kernel).
+//!    - A head's sink is counted once: a warp that walks a whole row starts
+//!      its online softmax from it (the largest so far the sink, the total
+//!      one), and the parts are combined with it.
 //!
 //! The head's width must be known when the model is built.
 
@@ -60,6 +64,9 @@ struct Plan<'a> {
     args: &'a [Value],
     operands: Operands<'a>,
     rows_mask: bool,
+    /// Whether the node's last argument is a logit per head
+    /// (`grouped_attention_sinks`).
+    sinks: bool,
     width: i64,
     dtype: Dtype,
     mask_rows: Dim,
@@ -74,7 +81,6 @@ pub fn attention_kernels(
     at: usize,
     form: Form,
     args: &[Value],
-    rows_mask: bool,
 ) -> Result<Vec<Kernel>, Unsupported> {
     let operands = Operands { entry, args };
     let width = operands.shape(0)[3]
@@ -87,12 +93,13 @@ pub fn attention_kernels(
         at,
         form,
         args,
-        rows_mask,
+        rows_mask: operands.shape(4).len() == 3,
+        sinks: args.len() == 6,
         width,
         dtype: entry.nodes[at].dtype,
         // A mask row per query row of each batch row (`[B, Q, K]`), or one
         // for all batch rows (`[Q, K]`).
-        mask_rows: if rows_mask {
+        mask_rows: if operands.shape(4).len() == 3 {
             operands.shape(0)[0].mul(&operands.shape(0)[2])
         } else {
             operands.shape(0)[2].clone()
@@ -227,6 +234,11 @@ fn query_row(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, row: &str) -> Quer
     QueryRow { mask_row, b, h, query_at }
 }
 
+/// The sink of a query row's head (an f32), where the node has sinks.
+fn sink(e: &mut Emitter<'_>, plan: &Plan<'_>, row: &QueryRow) -> Option<String> {
+    plan.sinks.then(|| e.load_element(&load_name(5), &row.h, plan.operands.dtype(5)))
+}
+
 /// Where a query row's walk ends (an index) and whether its mask row
 /// admits any key (an `i1`): the largest of its chunks' ends, or all the
 /// keys where it admits none. The lanes read the chunks' ends together.
@@ -250,12 +262,14 @@ fn walk_end(e: &mut Emitter<'_>, s: &Sizes, warp: &Warp, row: &QueryRow) -> (Str
 }
 
 /// What a walk over a query row's keys starts from: the row, its query's
-/// elements in the lanes, whether its mask admits any key.
+/// elements in the lanes, whether its mask admits any key, and the head's
+/// sink where the walk counts it (an f32).
 #[derive(Clone, Copy)]
 struct Walker<'a> {
     row: &'a QueryRow,
     queries: &'a [String],
     any: &'a str,
+    sink: Option<&'a str>,
 }
 
 /// The query row's elements in its lanes, as f32s.
@@ -270,7 +284,8 @@ fn queries(e: &mut Emitter<'_>, plan: &Plan<'_>, s: &Sizes, warp: &Warp, row: &Q
 /// the largest score, the total of the weights and the lanes' weighted
 /// sums (values of [`Emitter::lane_type`]), each relative to the largest.
 /// `walker.any`: whether the row's mask admits any key (else every key
-/// counts, with the same score).
+/// counts, with the same score); `walker.sink`: a logit the walk starts
+/// from (its largest so far, with a weight of one).
 fn walk(
     e: &mut Emitter<'_>,
     plan: &Plan<'_>,
@@ -279,7 +294,7 @@ fn walk(
     walker: &Walker<'_>,
     range: (&str, &str),
 ) -> Vec<String> {
-    let Walker { row, queries, any } = *walker;
+    let Walker { row, queries, any, sink } = *walker;
     let (k, v, scale, mask) = (load_name(1), load_name(2), load_name(3), load_name(4));
     let (kd, vd, scale_dtype) = (plan.operands.dtype(1), plan.operands.dtype(2), plan.operands.dtype(3));
     let (slots, width) = (s.spread.slots(), &s.spread.size);
@@ -291,9 +306,11 @@ fn walk(
     let scale = e.load_element(&scale, &s.zero, scale_dtype);
     let none_admitted = e.not(any);
     let lane_type = e.lane_type();
-    let lowest = e.op("arith.constant 0xFF800000 : f32".into());
-    let nothing = e.op("arith.constant 0.0 : f32".into());
-    let mut carried: Vec<(String, &str)> = vec![(lowest, "f32"), (nothing, "f32")];
+    let (top, total) = match sink {
+        Some(sink) => (sink.to_string(), e.op("arith.constant 1.0 : f32".into())),
+        None => (e.op("arith.constant 0xFF800000 : f32".into()), e.op("arith.constant 0.0 : f32".into())),
+    };
+    let mut carried: Vec<(String, &str)> = vec![(top, "f32"), (total, "f32")];
     let zeros = e.lanes_zero();
     carried.extend((0..slots).map(|_| (zeros.clone(), lane_type.as_str())));
     let types: Vec<&str> = carried.iter().map(|(_, ty)| *ty).collect();
@@ -417,7 +434,9 @@ fn walk_rows<'a>(plan: &'a Plan<'a>, stage: usize) -> Emitter<'a> {
         let row = query_row(e, plan, &s, item);
         let (end, any) = walk_end(e, &s, warp, &row);
         let queries = queries(e, plan, &s, warp, &row);
-        let results = walk(e, plan, &s, warp, &Walker { row: &row, queries: &queries, any: &any }, (&s.zero, &end));
+        let sink = sink(e, plan, &row);
+        let walker = Walker { row: &row, queries: &queries, any: &any, sink: sink.as_deref() };
+        let results = walk(e, plan, &s, warp, &walker, (&s.zero, &end));
         store_row(e, plan, &s, warp, &row, &results[1], &results[2..]);
     });
     e
@@ -453,7 +472,8 @@ fn walk_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'a> 
             let shorter = e.op(format!("arith.cmpi ult, {past}, {end} : index"));
             let to = e.op(format!("arith.select {shorter}, {past}, {end} : index"));
             let queries = queries(e, plan, &s, warp, &row);
-            let results = walk(e, plan, &s, warp, &Walker { row: &row, queries: &queries, any: &any }, (&from, &to));
+            let walker = Walker { row: &row, queries: &queries, any: &any, sink: None };
+            let results = walk(e, plan, &s, warp, &walker, (&from, &to));
             let at = part_at(e, plan, &s, &parts_index, &row_number, &part);
             let one = e.index_constant(1);
             let total_at = e.add(&at, &one);
@@ -477,7 +497,8 @@ fn walk_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'a> 
 
 /// The last kernel where a row's keys are split: a warp per query row and
 /// head combines the parts its walk took, each rescaled to the largest
-/// maximum (their maxima read by the lanes together), in order.
+/// maximum (their maxima read by the lanes together, and the sink where
+/// there is one), in order, after the sink's share.
 fn combine_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'a> {
     let (mut e, s) = plan.emitter(stage);
     let parts_index = e.dim_index(parts);
@@ -498,10 +519,18 @@ fn combine_parts<'a>(plan: &'a Plan<'a>, stage: usize, parts: &Dim) -> Emitter<'
             })
         });
         let top = e.combine_lanes(&tops, Combine::Max).remove(0);
+        let (top, first_total) = match sink(e, plan, &row) {
+            Some(sink) => {
+                let top = e.op(format!("arith.maximumf {top}, {sink} : f32"));
+                let shift = e.op(format!("arith.subf {sink}, {top} : f32"));
+                let share = e.op(format!("math.exp {shift} : f32"));
+                (top, share)
+            }
+            None => (top, e.op("arith.constant 0.0 : f32".into())),
+        };
         let lane_type = e.lane_type();
-        let nothing = e.op("arith.constant 0.0 : f32".into());
         let zeros = e.lanes_zero();
-        let mut carried: Vec<(String, &str)> = vec![(nothing, "f32")];
+        let mut carried: Vec<(String, &str)> = vec![(first_total, "f32")];
         carried.extend((0..s.spread.slots()).map(|_| (zeros.clone(), lane_type.as_str())));
         let combined = e.for_range(&s.zero, &used, &carried, |e, part, so_far| {
             let at = part_at(e, plan, &s, &parts_index, item, part);

@@ -26,14 +26,8 @@ pub fn intrinsic_kernels(entry: ModelEntry<'_>, at: usize, form: Form) -> Result
     let mut emitter = Emitter::new(entry, at, 0, form);
     let operands = Operands { entry, args };
     match intrinsic {
-        Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows => {
-            return super::attention::attention_kernels(
-                entry,
-                at,
-                form,
-                args,
-                *intrinsic == Intrinsic::GroupedAttentionRows,
-            );
+        Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows | Intrinsic::GroupedAttentionSinks => {
+            return super::attention::attention_kernels(entry, at, form, args);
         }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => {
             return super::delta::delta_rule_kernels(entry, at, form, args, *intrinsic == Intrinsic::GatedDeltaRule);

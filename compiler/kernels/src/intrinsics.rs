@@ -88,8 +88,9 @@ macro_rules! on_host_vectors {
 pub fn run(intrinsic: Intrinsic, args: &[&Tensor], shape: Vec<usize>, out: Vec<f32>) -> Tensor {
     assert_eq!(out.len(), shape.iter().product::<usize>(), "an output buffer of the value's size");
     match intrinsic {
-        Intrinsic::GroupedAttention => attention(args, false, out),
-        Intrinsic::GroupedAttentionRows => attention(args, true, out),
+        Intrinsic::GroupedAttention | Intrinsic::GroupedAttentionRows | Intrinsic::GroupedAttentionSinks => {
+            attention(args, out)
+        }
         Intrinsic::GatedDeltaRule | Intrinsic::GatedDeltaStep => delta_rule(intrinsic, args, shape, out),
         writer => unreachable!("{} writes a cache", writer.name()),
     }
@@ -347,34 +348,35 @@ unsafe fn columns_pass<L: Lanes, const N: usize, const LEARN: bool, const NEXT: 
 /// scores for all of them that stay in L2.
 const QUERY_BLOCK: usize = 16;
 
-/// `grouped_attention` (mask `[Q, K]`) and `grouped_attention_rows` (mask
-/// `[B, 1, K]`), one task per (batch row, key/value head, block of
-/// queries): the scores of every query head that shares the key/value
-/// head, for the block's queries, are one matrix product against the keys
-/// up to the last any of them admits (the matrix kernel's). Then per query
-/// and head: a softmax over the keys its mask admits (all keys, uniformly
-/// weighted, when it admits none, as the Linnet body computes), and the
-/// admitted values weighted for all the query's heads in one pass over
-/// them (`weighted_values`), rounded to the query's type.
-fn attention(args: &[&Tensor], rows_mask: bool, mut out: Vec<f32>) -> Tensor {
+/// `grouped_attention` (mask `[Q, K]`), `grouped_attention_rows` (mask
+/// `[B, Q, K]`) and `grouped_attention_sinks` (that mask and a logit per
+/// head), one task per (batch row, key/value head, block of queries): the
+/// scores of every query head that shares the key/value head, for the
+/// block's queries, are one matrix product against the keys up to the last
+/// any of them admits (the matrix kernel's). Then per query and head: a
+/// softmax over the keys its mask admits (all keys at -1e30 when it admits
+/// none, as the Linnet bodies compute), and the admitted values weighted
+/// for all the query's heads in one pass over them (`weighted_values`),
+/// divided by the total where there are sinks, rounded to the query's
+/// type. A query's sums follow its admitted keys in order, whatever else
+/// the call holds: its result is the same alone or batched.
+fn attention(args: &[&Tensor], mut out: Vec<f32>) -> Tensor {
     let operands = Attention::of(args);
     let target = Shared(out.as_mut_ptr());
     let blocks = operands.queries.div_ceil(QUERY_BLOCK);
-    threads::for_each(operands.batch * operands.kv_heads * blocks, &|task| {
-        attention_block(&operands, rows_mask, task, &target)
-    });
+    threads::for_each(operands.batch * operands.kv_heads * blocks, &|task| attention_block(&operands, task, &target));
     Tensor { dtype: operands.dtype, shape: args[0].shape.clone(), data: Data::F32(out.into()) }
 }
 
 on_host_vectors! {
     /// Task `task` of [`attention`]: one batch row's key/value head, for
     /// one block of queries.
-    fn attention_block(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => attention_block_in in lanes
+    fn attention_block(operands: &Attention, task: usize, target: &Shared) => attention_block_in in lanes
 }
 
 #[inline(always)]
-fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) {
-    let &Attention { q: qf, k: kf, v: vf, scale, mask, dtype, batch: _, heads, queries, width, kv_heads, keys } =
+fn attention_block_in<L: Lanes>(operands: &Attention, task: usize, target: &Shared) {
+    let &Attention { q: qf, k: kf, v: vf, scale, mask, sinks, dtype, heads, queries, width, kv_heads, keys, .. } =
         operands;
     let group = operands.group();
     let blocks = queries.div_ceil(QUERY_BLOCK);
@@ -385,12 +387,7 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
         .clone()
         .map(|i| {
             let mut keys_of = Vec::new();
-            let any = linnet_exec::reference::admitted_keys(
-                mask,
-                if rows_mask { b * queries + i } else { i },
-                keys,
-                &mut keys_of,
-            );
+            let any = linnet_exec::reference::admitted_keys(mask, operands.mask_row(b, i), keys, &mut keys_of);
             (any, keys_of)
         })
         .collect();
@@ -413,32 +410,30 @@ fn attention_block_in<L: Lanes>(operands: &Attention, rows_mask: bool, task: usi
         unsafe { matmul::products(&rows, &kf[first_key..first_key + span * width], span, width) };
     }
     // Per query: the softmax of each of its heads' scores over the keys it
-    // admits (every key, uniformly weighted, when it admits none, as the
-    // Linnet body computes), then the admitted values weighted, for all
-    // the query's heads at once (`weighted_values`).
+    // admits, then the admitted values weighted, for all the query's heads
+    // at once (`weighted_values`).
     let first_value = (b * kv_heads + kv) * keys * width;
     // Room for the most keys a query of the block weighs (a cache's
     // length can be far past the keys in it).
     let most_weighed = admitted.iter().map(|(_, keys_of)| keys_of.len()).max().unwrap_or(0);
     let mut weights = vec![0f32; group * most_weighed];
     let mut sums = vec![0f32; group * width];
+    let mut divisors = vec![1f32; group];
     for i in block.clone() {
         let (any, keys_of) = &admitted[i - block.start];
         for (g, head_weights) in weights.chunks_exact_mut(keys_of.len().max(1)).take(group).enumerate() {
             let slot = (i - block.start) * group + g;
-            match *any {
-                true => softmax(&scores[slot * span..(slot + 1) * span], keys_of, scale, head_weights),
-                // exp(0) over a total of one per key.
-                false => head_weights.fill(1.0 / keys_of.len() as f32),
-            }
+            let scores = any.then(|| &scores[slot * span..(slot + 1) * span]);
+            let sink = sinks.map(|sinks| sinks[kv * group + g]);
+            divisors[g] = softmax(Scores { of: scores, keys_of, scale }, sink, head_weights);
         }
         let values = Values { all: &vf[first_value..first_value + keys * width], width, keys_of };
         weighted_values::<L>(&values, &weights[..group * keys_of.len()], group, &mut sums);
-        for g in 0..group {
+        for (g, divisor) in divisors.iter().enumerate() {
             for (d, &s) in sums[g * width..(g + 1) * width].iter().enumerate() {
                 // SAFETY: query `i` of head `kv · group + g` of row `b`:
                 // this task's.
-                unsafe { target.write(query_at(i, g) + d, round(f64::from(s), dtype) as f32) };
+                unsafe { target.write(query_at(i, g) + d, round(f64::from(s / divisor), dtype) as f32) };
             }
         }
     }
@@ -519,21 +514,38 @@ unsafe fn heads_pass<L: Lanes, const H: usize>(values: &Values, weights: &[f32],
     }
 }
 
-/// The softmax of the `scores` of `keys_of`, scaled by `scale`, into
-/// `weights` (one per key of `keys_of`): each weight already divided by the
-/// total.
+/// One query head's scores: `of[j]` for key `j` of `keys_of`, scaled by
+/// `scale`; -1e30 for every key where `of` is `None` (the query admits
+/// none, as the Linnet bodies' mask leaves them).
+struct Scores<'s> {
+    of: Option<&'s [f32]>,
+    keys_of: &'s [usize],
+    scale: f32,
+}
+
+/// The softmax of `scores` into `weights` (one per key of `keys_of`),
+/// counting `sink` where there is one. Returns what the weighted values
+/// are divided by: 1 without a sink (each weight is divided by the total
+/// already), else the total, the sink's share included (the weights are
+/// left unnormalized), as the Linnet bodies compute.
 #[inline(always)]
-fn softmax(scores: &[f32], keys_of: &[usize], scale: f32, weights: &mut [f32]) {
-    for (weight, &j) in weights.iter_mut().zip(keys_of) {
-        *weight = scores[j] * scale;
+fn softmax(scores: Scores, sink: Option<f32>, weights: &mut [f32]) -> f32 {
+    for (weight, &j) in weights.iter_mut().zip(scores.keys_of) {
+        *weight = scores.of.map_or(-1e30, |of| of[j] * scores.scale);
     }
-    let top = weights.iter().fold(f32::NEG_INFINITY, |top, w| top.max(*w));
+    let top = weights.iter().fold(sink.unwrap_or(f32::NEG_INFINITY), |top, w| top.max(*w));
     let mut total = 0f32;
     for weight in weights.iter_mut() {
         *weight = expf::exp(*weight - top);
         total += *weight;
     }
-    weights.iter_mut().for_each(|weight| *weight /= total);
+    match sink {
+        None => {
+            weights.iter_mut().for_each(|weight| *weight /= total);
+            1.0
+        }
+        Some(sink) => total + expf::exp(sink - top),
+    }
 }
 
 #[cfg(test)]
@@ -594,7 +606,9 @@ mod tests {
     /// three query heads a key/value head (a pass of two heads and one of
     /// one), 20 columns (vectors and a remainder), two blocks of queries,
     /// a causal mask with one query that admits no key, against the
-    /// interpreter's: within the contract.
+    /// interpreter's: within the contract. Once with a mask for every
+    /// batch row, once with a mask per batch row and sinks (their values
+    /// around the scores', so that a sink is sometimes the largest).
     #[test]
     fn attention_meets_the_contract_on_every_instruction_set() {
         let (batch, heads, kv_heads, queries, width) = (2, 6, 2, 20, 20);
@@ -602,29 +616,38 @@ mod tests {
             let count = shape.iter().product();
             Tensor::from_f32(Dtype::F32, shape, values(count, seed, -1.0, 1.0))
         };
-        let mask: Vec<bool> =
-            (0..queries * queries).map(|at| at / queries != 3 && at % queries <= at / queries).collect();
-        let args = [
+        let causal = |at: usize| at % queries <= at / queries % queries;
+        let shared_mask: Vec<bool> = (0..queries * queries).map(|at| at / queries != 3 && causal(at)).collect();
+        // Batch row 1's query 5 admits no key.
+        let row_masks: Vec<bool> =
+            (0..batch * queries * queries).map(|at| at / queries != queries + 5 && causal(at)).collect();
+        let mask =
+            |shape: Vec<usize>, mask| Tensor { dtype: Dtype::Bool, shape, data: linnet_exec::tensor::Data::Bool(mask) };
+        let qkv = [
             tensor(vec![batch, heads, queries, width], 11),
             tensor(vec![batch, kv_heads, queries, width], 12),
             tensor(vec![batch, kv_heads, queries, width], 13),
             tensor(Vec::new(), 14),
-            Tensor { dtype: Dtype::Bool, shape: vec![queries, queries], data: linnet_exec::tensor::Data::Bool(mask) },
         ];
-        let args: Vec<&Tensor> = args.iter().collect();
-        let reference = linnet_exec::reference::attention(&args, false);
-        let operands = Attention::of(&args);
-        let blocks = queries.div_ceil(super::QUERY_BLOCK);
-        let run = |block: &dyn Fn(&Attention, bool, usize, &Shared)| {
-            let mut out = vec![f32::NAN; reference.len()];
-            let target = Shared(out.as_mut_ptr());
-            (0..batch * kv_heads * blocks).for_each(|task| block(&operands, false, task, &target));
-            Tensor::from_f32(Dtype::F32, reference.shape.clone(), out)
-        };
-        let outputs = on_every_set!(attention_block_in(operands: &Attention, rows_mask: bool, task: usize, target: &Shared) => run);
-        for (lanes, output) in outputs {
-            if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &output) {
-                panic!("{lanes}: {mismatch}");
+        let sinks = Tensor::from_f32(Dtype::F32, vec![heads], values(heads, 15, -0.5, 0.5));
+        let shared = [mask(vec![queries, queries], shared_mask)];
+        let with_sinks = [mask(vec![batch, queries, queries], row_masks), sinks];
+        for rest in [&shared[..], &with_sinks[..]] {
+            let args: Vec<&Tensor> = qkv.iter().chain(rest).collect();
+            let reference = linnet_exec::reference::attention(&args);
+            let operands = Attention::of(&args);
+            let blocks = queries.div_ceil(super::QUERY_BLOCK);
+            let run = |block: &dyn Fn(&Attention, usize, &Shared)| {
+                let mut out = vec![f32::NAN; reference.len()];
+                let target = Shared(out.as_mut_ptr());
+                (0..batch * kv_heads * blocks).for_each(|task| block(&operands, task, &target));
+                Tensor::from_f32(Dtype::F32, reference.shape.clone(), out)
+            };
+            let outputs = on_every_set!(attention_block_in(operands: &Attention, task: usize, target: &Shared) => run);
+            for (lanes, output) in outputs {
+                if let Err(mismatch) = linnet_exec::tolerance::compare(&reference, &output) {
+                    panic!("{lanes}, {} arguments: {mismatch}", args.len());
+                }
             }
         }
     }

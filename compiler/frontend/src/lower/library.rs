@@ -12,6 +12,7 @@ pub(super) fn kernel_of(module: &str, name: &str) -> Option<Intrinsic> {
     Some(match (module, name) {
         ("std.nn.attention", "grouped_attention") => Intrinsic::GroupedAttention,
         ("std.nn.attention", "grouped_attention_rows") => Intrinsic::GroupedAttentionRows,
+        ("std.nn.attention", "grouped_attention_sinks") => Intrinsic::GroupedAttentionSinks,
         ("std.nn.cache", "write_at") => Intrinsic::WriteAt,
         ("std.nn.cache", "write_span") => Intrinsic::WriteSpan,
         ("std.nn.cache", "write_rows") => Intrinsic::WriteRows,
