@@ -1,5 +1,5 @@
 //! Products of weight rows in blocks of 8-bit or smaller levels (Q4_K,
-//! Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
 //! products: the freedom `docs/language.md` gives a parameter declared
 //! bf16 ("Quantized inputs"), taken in a decode step's products, where
 //! decoding each weight into an f32 lane costs more than reading it, and
@@ -9,8 +9,8 @@
 //! eight Q8_0 blocks'): `step = max|x| / 127`, each level `round(x /
 //! step)` (ties to even) in `-127..=127`, with the levels' sums over each
 //! 16 values. A block's products are then integers, summed exactly in i32
-//! with its small integer scales (Q4_K's mins against the levels' sums,
-//! Q6_K's offset of 32 likewise) in eight lanes ([`lane_of`]), as AVX2's
+//! with its small integer scales (Q4_K's and Q5_K's mins against the
+//! levels' sums, Q6_K's offset of 32 likewise) in eight lanes ([`lane_of`]), as AVX2's
 //! byte products leave them; each lane is multiplied by the block's f16
 //! scale and the span's step and added into an f32 lane of the row, and
 //! the eight f32 lanes are added once, at the row's end ([`Sums`]).
@@ -203,8 +203,11 @@ trait BlockDots: Sums {
     /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
     /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
     /// level[k]` (group `l`'s mins in lane `l`); the groups' 6-bit scales
-    /// and mins unpacked as `quant::q4_k_scales_mins` does.
-    unsafe fn q4_k<const R: usize>(
+    /// and mins unpacked as `quant::q4_k_scales_mins` does. With `FIFTH`,
+    /// Q5_K, whose block has the same scales and mins: each `q` has a
+    /// fifth bit (16), bit `g` of the block's high-bit byte `k % 32`
+    /// (bytes 16–47), and its nibbles follow them (from byte 48).
+    unsafe fn q4_k<const FIFTH: bool, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
         sums: [*const i16; R],
@@ -253,17 +256,22 @@ impl Sums for Portable {
 
 impl BlockDots for Portable {
     #[inline(always)]
-    unsafe fn q4_k<const R: usize>(
+    unsafe fn q4_k<const FIFTH: bool, const R: usize>(
         block: *const u8,
         levels: [*const i8; R],
         sums: [*const i16; R],
     ) -> [([i32; 8], [i32; 8]); R] {
         // SAFETY: as the caller promises, the block and the rows' span are whole.
-        let quants = unsafe { std::slice::from_raw_parts(block.add(16), 128) };
+        let (fifths, quants) = unsafe {
+            let quants_at = if FIFTH { 48 } else { 16 };
+            (std::slice::from_raw_parts(block.add(16), 32), std::slice::from_raw_parts(block.add(quants_at), 128))
+        };
         let scales_mins = quant::q4_k_scales_mins(unsafe { std::slice::from_raw_parts(block.add(4), 12) });
         let nibble = |v: usize| {
             let (chunk, within) = (v / 64, v % 64);
-            i32::from((quants[chunk * 32 + within % 32] >> (4 * (within / 32))) & 0xf)
+            let low = i32::from((quants[chunk * 32 + within % 32] >> (4 * (within / 32))) & 0xf);
+            let fifth = if FIFTH { i32::from((fifths[v % 32] >> (v / 32)) & 1) } else { 0 };
+            low | fifth << 4
         };
         std::array::from_fn(|r| {
             let (levels, sums) =
@@ -320,7 +328,8 @@ trait KQuant {
     const FORMAT: BlockFormat;
     /// The span's sums against each row's span, times the blocks' scales
     /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
-    /// products times `d · step`, then its mins times `−dmin · step`;
+    /// (and Q5_K's) products times `d · step`, then its mins times `−dmin ·
+    /// step`;
     /// Q6_K's times `d · step`; each Q8_0 block's in turn times its
     /// `d · step`.
     unsafe fn add_block<B: BlockDots, const R: usize>(
@@ -332,12 +341,13 @@ trait KQuant {
     );
 }
 
-struct Q4K;
+/// Q4_K, and Q5_K where `FIFTH`.
+struct NibblesK<const FIFTH: bool>;
 struct Q6K;
 struct Q8_0;
 
-impl KQuant for Q4K {
-    const FORMAT: BlockFormat = BlockFormat::Q4K;
+impl<const FIFTH: bool> KQuant for NibblesK<FIFTH> {
+    const FORMAT: BlockFormat = if FIFTH { BlockFormat::Q5K } else { BlockFormat::Q4K };
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(
         block: *const u8,
@@ -349,7 +359,7 @@ impl KQuant for Q4K {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
             let (d, dmin) = (B::half(block, 0), B::half(block, 2));
-            let lanes = B::q4_k::<R>(block, levels, sums);
+            let lanes = B::q4_k::<FIFTH, R>(block, levels, sums);
             for (r, (products, mins)) in lanes.into_iter().enumerate() {
                 into[r] = B::add_scaled(into[r], products, d * steps[r]);
                 into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
@@ -485,7 +495,8 @@ unsafe fn dot_columns_in<B: BlockDots>(
     // SAFETY: as `dot_columns`' caller promises.
     unsafe {
         match format {
-            BlockFormat::Q4K => dot_columns_of::<B, Q4K>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q4K => dot_columns_of::<B, NibblesK<false>>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q5K => dot_columns_of::<B, NibblesK<true>>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
             other => unreachable!("no integer products for {other} (`choice::kernels_of`)"),
@@ -698,9 +709,12 @@ mod x86 {
         }
 
         /// The mins against each 32 levels' sum (each 16's, in pairs)
-        /// by `vpmaddwd`.
+        /// by `vpmaddwd`. Q5_K's fifth bits: chunk `c`'s are bits `2c`
+        /// and `2c + 1` of the high-bit bytes, brought to bits 0 and 1 by
+        /// a shift of the 16-bit words per chunk (bits 0–7 of a byte never
+        /// take its neighbour's), then to bit 4 of each level.
         #[inline(always)]
-        unsafe fn q4_k<const R: usize>(
+        unsafe fn q4_k<const FIFTH: bool, const R: usize>(
             block: *const u8,
             levels: [*const i8; R],
             sums: [*const i16; R],
@@ -709,11 +723,19 @@ mod x86 {
             unsafe {
                 let nibble = _mm256_set1_epi8(0x0f);
                 let packed = q4_k_scales_mins(block);
+                let quants_at = if FIFTH { 48 } else { 16 };
+                let mut fifths = if FIFTH { _mm256_loadu_si256(block.add(16).cast()) } else { _mm256_setzero_si256() };
                 let mut products = [_mm256_setzero_si256(); R];
                 for chunk in 0..4 {
-                    let q = _mm256_loadu_si256(block.add(16 + 32 * chunk).cast());
-                    let (low, high) =
+                    let q = _mm256_loadu_si256(block.add(quants_at + 32 * chunk).cast());
+                    let (mut low, mut high) =
                         (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble));
+                    if FIFTH {
+                        let low_fifths = _mm256_slli_epi16::<4>(_mm256_and_si256(fifths, _mm256_set1_epi8(1)));
+                        let high_fifths = _mm256_slli_epi16::<3>(_mm256_and_si256(fifths, _mm256_set1_epi8(2)));
+                        (low, high) = (_mm256_or_si256(low, low_fifths), _mm256_or_si256(high, high_fifths));
+                        fifths = _mm256_srli_epi16::<2>(fifths);
+                    }
                     let (low_group, high_group) = (2 * chunk as i8, 2 * chunk as i8 + 1);
                     let low_scale = spread(packed, low_group, low_group);
                     let high_scale = spread(packed, high_group, high_group);
@@ -852,8 +874,10 @@ mod x86 {
             unsafe { q8_0_products(quants, levels) }
         }
 
+        /// Q5_K's fifth bits: the high-bit bytes in both halves, the
+        /// upper shifted one bit further, shifted two bits a chunk.
         #[inline(always)]
-        unsafe fn q4_k<const R: usize>(
+        unsafe fn q4_k<const FIFTH: bool, const R: usize>(
             block: *const u8,
             levels: [*const i8; R],
             sums: [*const i16; R],
@@ -864,10 +888,21 @@ mod x86 {
                 let upper_by_a_nibble = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(4));
                 let packed = q4_k_scales_mins(block);
                 let scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(packed));
+                let quants_at = if FIFTH { 48 } else { 16 };
+                let mut fifths = if FIFTH {
+                    let upper_by_a_bit = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi64x(1));
+                    _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16).cast())), upper_by_a_bit)
+                } else {
+                    _mm512_setzero_si512()
+                };
                 let mut products = [_mm512_setzero_si512(); R];
                 for (chunk, picks) in Q4_K_PICKS.iter().enumerate() {
-                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(16 + 32 * chunk).cast()));
-                    let q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
+                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(quants_at + 32 * chunk).cast()));
+                    let mut q = _mm512_and_si512(_mm512_srlv_epi64(q, upper_by_a_nibble), nibble);
+                    if FIFTH {
+                        q = _mm512_or_si512(q, _mm512_slli_epi16::<4>(_mm512_and_si512(fifths, _mm512_set1_epi8(1))));
+                        fifths = _mm512_srli_epi64::<2>(fifths);
+                    }
                     let group_scales = spread_wide(scales, picks);
                     for (sum, levels) in products.iter_mut().zip(levels) {
                         *sum = add_scaled_products::<VNNI>(*sum, q, levels.add(64 * chunk), group_scales);
@@ -1139,7 +1174,7 @@ pub(crate) mod tests {
     #[test]
     fn every_isa_computes_the_same_bits() {
         let (columns, depth) = (5, 4 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
             let count = columns * depth / format.block_values();
             let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
             for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
@@ -1179,7 +1214,7 @@ pub(crate) mod tests {
     #[test]
     fn products_meet_the_contracts_bound() {
         let (columns, depth) = (7, 8 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
             let values: Vec<f32> = activations(1, columns * depth, 11);
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];
