@@ -836,11 +836,11 @@ fn a_checkpoint_that_contradicts_the_card_is_refused_naming_both() {
     assert!(stderr.contains("nest.toml") && stderr.contains("config.json"), "{stderr}");
 }
 
-/// gpt-oss's sliding layers keep rings of `Window` positions: not written
-/// at the positions an entry is given (a prefix cache keeps them whole,
-/// a refused draft puts them back, as recurrent states), and their bytes
-/// the window's; its full layers' caches, and every other package's, are
-/// written at the positions given.
+/// gpt-oss's and Gemma 3's sliding layers keep rings of `Window`
+/// positions: not written at the positions an entry is given (a prefix
+/// cache keeps them whole, a refused draft puts them back, as recurrent
+/// states), and their bytes the window's; their full layers' caches, and
+/// every other package's, are written at the positions given.
 #[test]
 fn sliding_layers_keep_rings_of_their_window() {
     let options = linnet_frontend::package::LoadOptions { stdlib: Some(root().join("stdlib")), ..Default::default() };
@@ -851,11 +851,15 @@ fn sliding_layers_keep_rings_of_their_window() {
             model.states.iter().zip(positional).filter(|(state, _)| state.path.contains("cache_")).collect();
         assert!(!caches.is_empty(), "{package} has no attention caches");
         for (state, positional) in caches {
-            let ring = package == "models/gpt-oss" && state.path.contains(".first.");
-            assert_eq!(positional, !ring, "{package}: {} {:?}", state.path, state.shape);
-            if ring {
-                // The card's window (128), not its context.
-                assert_eq!(state.shape[2], 128, "{}", state.path);
+            let window = match package {
+                "models/gpt-oss" if state.path.contains(".first.") => Some(128),
+                "models/gemma3" if !state.path.contains(".global.") => Some(512),
+                _ => None,
+            };
+            assert_eq!(positional, window.is_none(), "{package}: {} {:?}", state.path, state.shape);
+            if let Some(window) = window {
+                // The card's window, not its context.
+                assert_eq!(state.shape[2], window, "{}", state.path);
             }
         }
     }

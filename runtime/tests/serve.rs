@@ -677,19 +677,29 @@ fn each_family_serves_its_checkpoint_and_chat_template() {
     }
 }
 
-/// gpt-oss's sliding layers keep rings of their window (5 positions in
-/// the tiny checkpoint), which wrap within the prompts here: its greedy
-/// tokens are transformers' alone, beside two other requests, after a
-/// cached prefix longer than the window (the rings restored whole), and
-/// with n-gram drafts checked in one call and refused ones rolled back;
-/// the log-probabilities the same bits in every case, on the CPU and on
-/// the reference interpreter (attention with sinks is a kernel whose sums
-/// follow a query's admitted keys in order: `docs/language.md`, "Batch
-/// invariance").
+/// A family whose sliding layers keep rings of their window: its package,
+/// its tiny checkpoint's fixture and that checkpoint's window.
+type Ringed = (&'static str, &'static str, usize);
+
+/// gpt-oss (attention with sinks, a window of 5 in the tiny checkpoint)
+/// and Gemma 3 (a window of 4, five sliding layers to a global one and two
+/// after them).
+const RINGED: [Ringed; 2] = [("models/gpt-oss", "tiny-gpt-oss", 5), ("models/gemma3", "tiny-gemma3", 4)];
+
+/// The sliding layers' rings wrap within the prompts here: each family's
+/// greedy tokens are transformers' alone, beside two other requests,
+/// after a cached prefix longer than the window (the rings restored
+/// whole), and with n-gram drafts checked in one call and refused ones
+/// rolled back; the log-probabilities the same bits in every case, on the
+/// CPU and on the reference interpreter (attention, with sinks or
+/// without, is a kernel whose sums follow a query's admitted keys in
+/// order: `docs/language.md`, "Batch invariance").
 #[test]
-fn gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted() {
-    gpt_oss_rings_on("cpu", usize::MAX, 0.0);
-    gpt_oss_rings_on("interp", 1, 0.0);
+fn sliding_rings_give_the_same_answer_alone_batched_cached_and_drafted() {
+    for family in RINGED {
+        rings_on(family, "cpu", usize::MAX, 0.0);
+        rings_on(family, "interp", 1, 0.0);
+    }
 }
 
 /// The same on the GPU kernels run on the host by MLIR (`--features
@@ -699,20 +709,22 @@ fn gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted() {
 /// (`docs/language.md`, "Batch invariance").
 #[cfg(feature = "nvptx")]
 #[test]
-fn gpu_kernels_on_the_host_give_gpt_oss_rings_the_same_answer_alone_batched_cached_and_drafted() {
-    gpt_oss_rings_on("mlir-host", 1, 1e-5);
+fn gpu_kernels_on_the_host_give_sliding_rings_the_same_answer_alone_batched_cached_and_drafted() {
+    for family in RINGED {
+        rings_on(family, "mlir-host", 1, 1e-5);
+    }
 }
 
-/// [`gpt_oss_rings_give_the_same_answer_alone_batched_cached_and_drafted`]
-/// on `backend`, for up to `sequences` of the oracle's prompts longer than
-/// the window: log-probabilities the same bits, with drafts within
-/// `drafted`.
-fn gpt_oss_rings_on(backend: &str, sequences: usize, drafted: f64) {
-    let dir = root().join("tests/fixtures/families/tiny-gpt-oss");
+/// [`sliding_rings_give_the_same_answer_alone_batched_cached_and_drafted`]
+/// for `family` on `backend`, for up to `sequences` of the oracle's
+/// prompts longer than the window: log-probabilities the same bits, with
+/// drafts within `drafted`.
+fn rings_on((package, fixture, window): Ringed, backend: &str, sequences: usize, drafted: f64) {
+    let dir = root().join("tests/fixtures/families").join(fixture);
     let weights = dir.join("weights-f32");
     let args = ["--weights", weights.to_str().unwrap(), "--set", "Batch=4", "--backend", backend];
     let cache = ["--prefix-block", "4", "--prefix-cache-mb", "16"];
-    let server = Server::spawn_package(&root().join("models/gpt-oss"), &[&args[..], &cache[..]].concat());
+    let server = Server::spawn_package(&root().join(package), &[&args[..], &cache[..]].concat());
     let answer = |prompt: &[i64], max_tokens: usize, drafts: usize| {
         let body = json!({ "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 3,
                            "num_speculative_tokens": drafts });
@@ -729,17 +741,18 @@ fn gpt_oss_rings_on(backend: &str, sequences: usize, drafted: f64) {
                  (alone, alone_logprobs): &(Value, Vec<f64>),
                  case: &str,
                  tolerance: f64| {
-        assert_eq!(tokens, alone, "{backend}: {case}");
+        assert_eq!(tokens, alone, "{package} on {backend}: {case}");
         let apart = logprobs.iter().zip(alone_logprobs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-        assert!(apart <= tolerance, "{backend}: {case}: log-probabilities {apart:e} apart");
+        assert!(apart <= tolerance, "{package} on {backend}: {case}: log-probabilities {apart:e} apart");
     };
     let all = common::golden(&dir, "f32");
-    let longer_than_the_window: Vec<_> = all.iter().filter(|sequence| sequence.tokens.len() > 5).collect();
+    // Longer than the window by more than the token a cached prefix leaves out.
+    let longer_than_the_window: Vec<_> = all.iter().filter(|sequence| sequence.tokens.len() > window + 1).collect();
     assert!(longer_than_the_window.len() >= 2, "prompts longer than the window");
     for sequence in longer_than_the_window.into_iter().take(sequences) {
         let length = sequence.greedy.len();
         let (alone, _) = answer(&sequence.tokens, length, 0);
-        assert_eq!(alone.0, json!(sequence.greedy), "{backend}: transformers' greedy tokens");
+        assert_eq!(alone.0, json!(sequence.greedy), "{package} on {backend}: transformers' greedy tokens");
         let batched = std::thread::scope(|scope| {
             let others: Vec<_> =
                 all.iter().take(2).map(|other| scope.spawn(|| answer(&other.tokens, length, 0))).collect();
@@ -754,7 +767,10 @@ fn gpt_oss_rings_on(backend: &str, sequences: usize, drafted: f64) {
         parted.extend([1, 2, 3, 4, 5]);
         answer(&parted, 1, 0);
         let (after_prefix, found) = answer(&sequence.tokens, length, 0);
-        assert!(found > 5, "{backend}: a cached prefix longer than the window ({found} tokens)");
+        assert!(
+            found > window as u64,
+            "{package} on {backend}: a cached prefix longer than the window ({found} tokens)"
+        );
         agree(&after_prefix, &alone, &format!("after {found} cached tokens"), 0.0);
         let (drafted_answer, _) = answer(&sequence.tokens, length, 3);
         agree(&drafted_answer, &alone, "with n-gram drafts", drafted);
@@ -767,7 +783,7 @@ fn gpt_oss_rings_on(backend: &str, sequences: usize, drafted: f64) {
     };
     let (drafted, kept) =
         (count("linnet_spec_decode_draft_tokens_total "), count("linnet_spec_decode_accepted_tokens_total "));
-    assert!(drafted > 0 && kept < drafted, "{backend}: {kept} of {drafted} drafted tokens kept");
+    assert!(drafted > 0 && kept < drafted, "{package} on {backend}: {kept} of {drafted} drafted tokens kept");
 }
 
 /// Constrained output over Qwen3.5's real vocabulary (llama.cpp's

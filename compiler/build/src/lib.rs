@@ -110,13 +110,10 @@ pub fn lower(package: &Path, options: &LoadOptions) -> Result<(Model, Package), 
     }
 }
 
-/// The package's bindings: parameter path to checkpoint tensor name.
+/// The package's bindings for its instance: parameter path to checkpoint
+/// tensor name (`linnet_frontend::sema::instantiate::bindings`).
 pub fn bindings(package: &Package) -> HashMap<String, String> {
-    package
-        .bindings
-        .as_ref()
-        .map(|b| b.entries.iter().map(|(path, tensor, _)| (path.clone(), tensor.clone())).collect())
-        .unwrap_or_default()
+    linnet_frontend::sema::instantiate::bindings(package)
 }
 
 /// How a package's parameters are named in checkpoints, for its instance.

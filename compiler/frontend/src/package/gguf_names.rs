@@ -207,6 +207,26 @@ impl std::fmt::Display for SizeError {
 
 impl std::error::Error for SizeError {}
 
+/// A tensor name of `gguf.json` or `bindings.json` with each `{expr}` in
+/// it replaced by the expression's value over `values` ([`evaluate`]): a
+/// tensor whose number follows the instance's sizes,
+/// `model.layers.{Layers - Layers % Pattern + 1}.mlp.up_proj.weight`.
+pub fn instance_name(name: &str, values: &HashMap<String, i64>) -> Result<String, SizeError> {
+    let mut named = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .map(|at| open + at)
+            .ok_or_else(|| SizeError(format!("`{{` without its `}}` in `{name}`")))?;
+        named.push_str(&rest[..open]);
+        named.push_str(&evaluate(&rest[open + 1..close], values)?.to_string());
+        rest = &rest[close + 1..];
+    }
+    named.push_str(rest);
+    Ok(named)
+}
+
 /// `text` evaluated over `values`: integers, names, `+ - * / %` and
 /// parentheses, with the usual precedence; division must be exact.
 pub fn evaluate(text: &str, values: &HashMap<String, i64>) -> Result<i64, SizeError> {
@@ -369,9 +389,11 @@ pub fn resolve(
     }
     let mut tensors = BTreeMap::new();
     for (path, source, span) in &file.tensors {
-        match source.changes.iter().map(|change| resolve_change(change, values)).collect::<Result<Vec<_>, _>>() {
-            Ok(changes) => {
-                tensors.insert(path.clone(), Source { tensors: source.tensors.clone(), axis: source.axis, changes });
+        let changes: Result<Vec<_>, _> = source.changes.iter().map(|change| resolve_change(change, values)).collect();
+        let names: Result<Vec<_>, _> = source.tensors.iter().map(|name| instance_name(name, values)).collect();
+        match changes.and_then(|changes| names.map(|names| (changes, names))) {
+            Ok((changes, names)) => {
+                tensors.insert(path.clone(), Source { tensors: names, axis: source.axis, changes });
             }
             Err(why) => diagnostics.push(problem(*span, format!("entry `{path}`: {why}"), "where this parameter is")),
         }
@@ -408,6 +430,18 @@ mod tests {
         assert!(evaluate("(Groups", &values()).unwrap_err().0.contains("not closed"));
         assert!(evaluate("Groups 2", &values()).unwrap_err().0.contains("unexpected `2`"));
         assert!(evaluate("Groups / 0", &values()).is_err());
+    }
+
+    /// Each `{expr}` of a name is its value for the instance; text outside
+    /// them is kept; an unclosed one, or one that does not evaluate, is
+    /// an error that says which.
+    #[test]
+    fn names_take_the_instances_numbers() {
+        let name = "model.layers.{Groups - Groups % 4 + 1}.mlp.{KeyHeads / 16}";
+        assert_eq!(instance_name(name, &values()), Ok("model.layers.9.mlp.1".to_string()));
+        assert_eq!(instance_name("blk.0.ffn_up.weight", &values()), Ok("blk.0.ffn_up.weight".to_string()));
+        assert!(instance_name("blk.{Groups.weight", &values()).unwrap_err().0.contains("without its `}`"));
+        assert!(instance_name("blk.{Layers}.weight", &values()).unwrap_err().0.contains("`Layers`"));
     }
 
     #[test]

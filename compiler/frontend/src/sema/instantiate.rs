@@ -122,6 +122,7 @@ pub fn check(program: &Program, source_is_sound: bool, diagnostics: &mut Vec<Dia
         );
     }
     if let Some(bindings) = &program.package.bindings {
+        bindings_of(program, &given, diagnostics);
         let entries = bindings.entries.iter().map(|(path, _, span)| (path.as_str(), *span)).collect();
         let covers =
             Covers { file: bindings.file, name: "bindings.json", missing: Code::MissingBinding, what: "binding" };
@@ -162,6 +163,44 @@ fn gguf_names_of(program: &Program, given: &Values, diagnostics: &mut Vec<Diagno
     let dims = given.dims.iter().map(|(name, value)| (name.to_string(), *value)).collect();
     let numbers = given.numbers.iter().map(|(name, value)| (name.to_string(), *value)).collect();
     gguf_names::resolve(file, &dims, &numbers, diagnostics)
+}
+
+/// `bindings.json` for the instance the card makes: each parameter's
+/// tensor name with its `{expr}`s evaluated over the root's sizes
+/// (`given`, as for [`gguf_names_of`]); a name that does not evaluate is
+/// left out, with a diagnostic at its entry.
+fn bindings_of(program: &Program, given: &Values, diagnostics: &mut Vec<Diagnostic>) -> HashMap<String, String> {
+    let Some(file) = &program.package.bindings else { return HashMap::new() };
+    let dims = given.dims.iter().map(|(name, value)| (name.to_string(), *value)).collect();
+    file.entries
+        .iter()
+        .filter_map(|(path, tensor, span)| match crate::package::gguf_names::instance_name(tensor, &dims) {
+            Ok(name) => Some((path.clone(), name)),
+            Err(why) => {
+                diagnostics.push(
+                    Diagnostic::error(Code::PackageError, *span, format!("binding `{path}`: {why}"))
+                        .with_label("a tensor name's `{…}` is an expression over the card's sizes"),
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// `package`'s `bindings.json` for the instance its card makes (see
+/// [`bindings_of`]): parameter path to checkpoint tensor name; empty
+/// without one, or when the card does not evaluate, which `linnetc check`
+/// reports.
+pub fn bindings(package: &crate::package::Package) -> HashMap<String, String> {
+    if package.bindings.is_none() {
+        return HashMap::new();
+    }
+    let mut diagnostics = Vec::new();
+    let program = Program::build(package, &mut diagnostics);
+    match root_generics(&program, &mut diagnostics) {
+        Some((_, given)) => bindings_of(&program, &given, &mut diagnostics),
+        None => HashMap::new(),
+    }
 }
 
 /// `package`'s `gguf.json` for the instance its card makes (see
