@@ -1,5 +1,5 @@
-//! Products of weight rows in blocks of 8-bit or smaller levels (Q4_K,
-//! Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! Products of weight rows in blocks of 8-bit or smaller levels (Q3_K,
+//! Q4_K, Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
 //! products: the freedom `docs/language.md` gives a parameter declared
 //! bf16 ("Quantized inputs"), taken in a decode step's products, where
 //! decoding each weight into an f32 lane costs more than reading it, and
@@ -10,7 +10,7 @@
 //! step)` (ties to even) in `-127..=127`, with the levels' sums over each
 //! 16 values. A block's products are then integers, summed exactly in i32
 //! with its small integer scales (Q4_K's and Q5_K's mins against the
-//! levels' sums, Q6_K's offset of 32 likewise) in eight lanes ([`lane_of`]), as AVX2's
+//! levels' sums, Q6_K's offset of 32 and Q3_K's of 4 likewise) in eight lanes ([`lane_of`]), as AVX2's
 //! byte products leave them; each lane is multiplied by the block's f16
 //! scale and the span's step and added into an f32 lane of the row, and
 //! the eight f32 lanes are added once, at the row's end ([`Sums`]).
@@ -24,7 +24,7 @@
 
 use super::dequant::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::isa::Isa;
-use linnet_ir::quant::{self, BlockFormat};
+use linnet_ir::quant::{self, layouts, BlockFormat};
 
 /// Input values quantized with one step: a K-quant block's span.
 pub const SPAN: usize = 256;
@@ -219,6 +219,13 @@ trait BlockDots: Sums {
     /// taken against the groups' sums of levels.
     unsafe fn q6_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
 
+    /// Q3_K: as Q6_K, over its sixteen groups of 16 with the unsigned
+    /// 3-bit levels (two low bits from bytes 32–95, as `quant::layouts`
+    /// lays them out, the third from the high-bit bytes 0–31, bit `v /
+    /// 32` of byte `v % 32`), less 4 · the groups' scaled sums of levels;
+    /// the scales 6-bit less 32 (`quant::layouts::q3_k_scale`).
+    unsafe fn q3_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
+
     /// Q8_0: lane `l` of `Σ_k q[k] · level[k]` over a block's 32 values
     /// (`q` its signed levels, from `quants`).
     unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
@@ -309,6 +316,26 @@ impl BlockDots for Portable {
     }
 
     #[inline(always)]
+    unsafe fn q3_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [[i32; 8]; R] {
+        // SAFETY: as the caller promises, the block is whole.
+        let block = unsafe { std::slice::from_raw_parts(block, 110) };
+        let unsigned: [i32; SPAN] = std::array::from_fn(|v| i32::from(layouts::level(BlockFormat::Q3K, block, v)) + 4);
+        let scale = |group: usize| i32::from(layouts::q3_k_scale(&block[96..108], group)) - 32;
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
+            }
+            std::array::from_fn(|l| {
+                let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
+                products[l] - 4 * offsets
+            })
+        })
+    }
+
+    #[inline(always)]
     unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
         // SAFETY: as the caller promises, the block's quants and the rows' 32 levels.
         let quants = unsafe { std::slice::from_raw_parts(quants.cast::<i8>(), 32) };
@@ -343,8 +370,29 @@ trait KQuant {
 
 /// Q4_K, and Q5_K where `FIFTH`.
 struct NibblesK<const FIFTH: bool>;
+struct Q3K;
 struct Q6K;
 struct Q8_0;
+
+impl KQuant for Q3K {
+    const FORMAT: BlockFormat = BlockFormat::Q3K;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let d = B::half(block, 108);
+            for (r, products) in B::q3_k::<R>(block, levels, sums).into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+            }
+        }
+    }
+}
 
 impl<const FIFTH: bool> KQuant for NibblesK<FIFTH> {
     const FORMAT: BlockFormat = if FIFTH { BlockFormat::Q5K } else { BlockFormat::Q4K };
@@ -497,6 +545,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
         match format {
             BlockFormat::Q4K => dot_columns_of::<B, NibblesK<false>>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q5K => dot_columns_of::<B, NibblesK<true>>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q3K => dot_columns_of::<B, Q3K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
             other => unreachable!("no integer products for {other} (`choice::kernels_of`)"),
@@ -665,18 +714,79 @@ mod x86 {
         }
     }
 
-    /// Q6_K's offset of 32 times `Σ_g scale[g] · Σ_{k∈g} level[k]`,
-    /// `scales` its sixteen, in eight i32 lanes (groups `2l` and `2l + 1`
-    /// in lane `l`): taken from the products' lanes, lane by lane.
+    /// An offset of `2^SHIFT` (Q6_K's 32, Q3_K's 4) times `Σ_g scale[g] ·
+    /// Σ_{k∈g} level[k]`, `scales` its sixteen, in eight i32 lanes (groups
+    /// `2l` and `2l + 1` in lane `l`): taken from the products' lanes,
+    /// lane by lane.
     ///
     /// # Safety
     /// `sums` has sixteen readable i16; the CPU has AVX2.
     #[inline(always)]
-    unsafe fn q6_k_offsets(scales: __m128i, sums: *const i16) -> __m256i {
+    unsafe fn offsets<const SHIFT: i32>(scales: __m128i, sums: *const i16) -> __m256i {
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
             let scaled_sums = _mm256_madd_epi16(_mm256_loadu_si256(sums.cast()), _mm256_cvtepi8_epi16(scales));
-            _mm256_slli_epi32::<5>(scaled_sums)
+            _mm256_slli_epi32::<SHIFT>(scaled_sums)
+        }
+    }
+
+    /// Q3_K's sixteen scales less 32, as i8, from the block's twelve packed
+    /// bytes (96–107): the low nibbles of bytes 0–7, then their high ones,
+    /// each with its two top bits from byte `8 + g % 4`, bits `2 · (g /
+    /// 4)` (a word shifted by 0, 2, 4 and 6 in its four lanes).
+    ///
+    /// # Safety
+    /// `block` is a whole Q3_K block; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn q3_k_scales(block: *const u8) -> __m128i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let nibble = _mm_set1_epi8(0x0f);
+            let low = _mm_loadl_epi64(block.add(96).cast());
+            let nibbles =
+                _mm_unpacklo_epi64(_mm_and_si128(low, nibble), _mm_and_si128(_mm_srli_epi16::<4>(low), nibble));
+            let word = _mm_set1_epi32(block.add(104).cast::<i32>().read_unaligned());
+            let top_two = _mm_and_si128(_mm_srlv_epi32(word, _mm_set_epi32(6, 4, 2, 0)), _mm_set1_epi8(3));
+            _mm_sub_epi8(_mm_or_si128(nibbles, _mm_slli_epi16::<4>(top_two)), _mm_set1_epi8(32))
+        }
+    }
+
+    /// Q3_K's products in eight i32 lanes, on AVX2 (which AVX-512 CPUs
+    /// have too): per half block, its 32 bytes of two-bit levels give four
+    /// quarters of 32 values (shifted by 0, 2, 4, 6), each with its third
+    /// bit from the high-bit bytes (shifted by the quarter's number), the
+    /// unsigned levels 0–7 against the inputs' by `vpmaddubsw`.
+    ///
+    /// # Safety
+    /// As [`BlockDots::q3_k`]'s, on a CPU with AVX2.
+    #[inline(always)]
+    unsafe fn q3_k_products<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [__m256i; R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let (two_bits, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+            let scales = q3_k_scales(block);
+            let mut thirds = _mm256_loadu_si256(block.cast());
+            let mut products = [_mm256_setzero_si256(); R];
+            for half in 0..2 {
+                let mut low = _mm256_loadu_si256(block.add(32 + 32 * half).cast());
+                for part in 0..4 {
+                    let third = _mm256_slli_epi16::<2>(_mm256_and_si256(thirds, one));
+                    let unsigned = _mm256_or_si256(_mm256_and_si256(low, two_bits), third);
+                    let group = (8 * half + 2 * part) as i8;
+                    let group_scales = spread(scales, group, group + 1);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
+                        let quarter = scaled_products(unsigned, levels.add(128 * half + 32 * part), group_scales);
+                        *sum = _mm256_add_epi32(*sum, quarter);
+                    }
+                    low = _mm256_srli_epi16::<2>(low);
+                    thirds = _mm256_srli_epi16::<1>(thirds);
+                }
+            }
+            std::array::from_fn(|r| _mm256_sub_epi32(products[r], offsets::<2>(scales, sums[r])))
         }
     }
 
@@ -706,6 +816,16 @@ mod x86 {
         unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { q8_0_products(quants, levels) }
+        }
+
+        #[inline(always)]
+        unsafe fn q3_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { q3_k_products(block, levels, sums) }
         }
 
         /// The mins against each 32 levels' sum (each 16's, in pairs)
@@ -787,7 +907,7 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| _mm256_sub_epi32(products[r], q6_k_offsets(scales, sums[r])))
+                std::array::from_fn(|r| _mm256_sub_epi32(products[r], offsets::<5>(scales, sums[r])))
             }
         }
     }
@@ -874,6 +994,17 @@ mod x86 {
             unsafe { q8_0_products(quants, levels) }
         }
 
+        /// In 256-bit lanes, as AVX2.
+        #[inline(always)]
+        unsafe fn q3_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [__m256i; R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { q3_k_products(block, levels, sums) }
+        }
+
         /// Q5_K's fifth bits: the high-bit bytes in both halves, the
         /// upper shifted one bit further, shifted two bits a chunk.
         #[inline(always)]
@@ -946,7 +1077,7 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| _mm256_sub_epi32(halves_added(products[r]), q6_k_offsets(packed, sums[r])))
+                std::array::from_fn(|r| _mm256_sub_epi32(halves_added(products[r]), offsets::<5>(packed, sums[r])))
             }
         }
     }
@@ -1174,7 +1305,7 @@ pub(crate) mod tests {
     #[test]
     fn every_isa_computes_the_same_bits() {
         let (columns, depth) = (5, 4 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [BlockFormat::Q3K, BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
             let count = columns * depth / format.block_values();
             let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
             for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
@@ -1214,7 +1345,7 @@ pub(crate) mod tests {
     #[test]
     fn products_meet_the_contracts_bound() {
         let (columns, depth) = (7, 8 * SPAN);
-        for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [BlockFormat::Q3K, BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
             let values: Vec<f32> = activations(1, columns * depth, 11);
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];

@@ -161,7 +161,7 @@ pub fn q4_k_scale_min(packed: &[u8], group: usize) -> (u8, u8) {
 /// nibbles of bytes 0–7 (groups 0–7), then their high nibbles (8–15);
 /// the top two bits of group `g` in bits `2 · (g / 4)` of byte `8 + g % 4`.
 #[inline(always)]
-fn q3_k_scale(packed: &[u8], group: usize) -> u8 {
+pub fn q3_k_scale(packed: &[u8], group: usize) -> u8 {
     let low = (packed[group % 8] >> (4 * (group / 8))) & 0xf;
     let high = (packed[8 + group % 4] >> (2 * (group / 4))) & 3;
     low | (high << 4)
