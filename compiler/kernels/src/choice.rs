@@ -110,14 +110,13 @@ pub fn kernels_of(format: BlockFormat) -> FormatKernels {
     match format {
         BlockFormat::Q8_0 => FormatKernels { int8: true, int8_past_decode: false, panels: false, byte_tiles: false },
         BlockFormat::Q4K => FormatKernels { int8: true, int8_past_decode: true, panels: true, byte_tiles: true },
-        BlockFormat::Q3K | BlockFormat::Q5K | BlockFormat::Q6K => {
+        BlockFormat::Q2K | BlockFormat::Q3K | BlockFormat::Q5K | BlockFormat::Q6K => {
             FormatKernels { int8: true, int8_past_decode: true, panels: false, byte_tiles: false }
         }
         BlockFormat::Q4_0
         | BlockFormat::Q4_1
         | BlockFormat::Q5_0
         | BlockFormat::Q5_1
-        | BlockFormat::Q2K
         | BlockFormat::Iq4Nl
         | BlockFormat::Iq4Xs
         | BlockFormat::Mxfp4 => {

@@ -1,5 +1,5 @@
-//! Products of weight rows in blocks of 8-bit or smaller levels (Q3_K,
-//! Q4_K, Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! Products of weight rows in blocks of 8-bit or smaller levels (Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
 //! products: the freedom `docs/language.md` gives a parameter declared
 //! bf16 ("Quantized inputs"), taken in a decode step's products, where
 //! decoding each weight into an f32 lane costs more than reading it, and
@@ -9,8 +9,8 @@
 //! eight Q8_0 blocks'): `step = max|x| / 127`, each level `round(x /
 //! step)` (ties to even) in `-127..=127`, with the levels' sums over each
 //! 16 values. A block's products are then integers, summed exactly in i32
-//! with its small integer scales (Q4_K's and Q5_K's mins against the
-//! levels' sums, Q6_K's offset of 32 and Q3_K's of 4 likewise) in eight lanes ([`lane_of`]), as AVX2's
+//! with its small integer scales (Q2_K's, Q4_K's and Q5_K's mins against
+//! the levels' sums, Q6_K's offset of 32 and Q3_K's of 4 likewise) in eight lanes ([`lane_of`]), as AVX2's
 //! byte products leave them; each lane is multiplied by the block's f16
 //! scale and the span's step and added into an f32 lane of the row, and
 //! the eight f32 lanes are added once, at the row's end ([`Sums`]).
@@ -226,6 +226,17 @@ trait BlockDots: Sums {
     /// the scales 6-bit less 32 (`quant::layouts::q3_k_scale`).
     unsafe fn q3_k<const R: usize>(block: *const u8, levels: [*const i8; R], sums: [*const i16; R]) -> [Self::Ints; R];
 
+    /// Q2_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
+    /// sixteen groups of 16 (`q` the 2-bit levels from byte 16, laid out
+    /// as Q3_K's two low bits), and `min[2l] · Σ_{k∈2l} level[k] +
+    /// min[2l + 1] · …`; each group's 4-bit scale and min in the low and
+    /// high nibble of byte `g`.
+    unsafe fn q2_k<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [(Self::Ints, Self::Ints); R];
+
     /// Q8_0: lane `l` of `Σ_k q[k] · level[k]` over a block's 32 values
     /// (`q` its signed levels, from `quants`).
     unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
@@ -336,6 +347,30 @@ impl BlockDots for Portable {
     }
 
     #[inline(always)]
+    unsafe fn q2_k<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [([i32; 8], [i32; 8]); R] {
+        // SAFETY: as the caller promises, the block is whole.
+        let block = unsafe { std::slice::from_raw_parts(block, 84) };
+        let (scale, min) = (|g: usize| i32::from(block[g] & 0xf), |g: usize| i32::from(block[g] >> 4));
+        std::array::from_fn(|r| {
+            let (levels, sums) =
+                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+            let mut products = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                let q = i32::from(layouts::level(BlockFormat::Q2K, block, v));
+                products[lane_of(v)] += scale(v / SUM_VALUES) * q * i32::from(*level);
+            }
+            let mins = std::array::from_fn(|l| {
+                min(2 * l) * i32::from(sums[2 * l]) + min(2 * l + 1) * i32::from(sums[2 * l + 1])
+            });
+            (products, mins)
+        })
+    }
+
+    #[inline(always)]
     unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
         // SAFETY: as the caller promises, the block's quants and the rows' 32 levels.
         let quants = unsafe { std::slice::from_raw_parts(quants.cast::<i8>(), 32) };
@@ -370,8 +405,30 @@ trait KQuant {
 
 /// Q4_K, and Q5_K where `FIFTH`.
 struct NibblesK<const FIFTH: bool>;
+struct Q2K;
 struct Q3K;
 struct Q6K;
+
+impl KQuant for Q2K {
+    const FORMAT: BlockFormat = BlockFormat::Q2K;
+    #[inline(always)]
+    unsafe fn add_block<B: BlockDots, const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+        steps: [f32; R],
+        into: &mut [B::Floats; R],
+    ) {
+        // SAFETY: as the caller promises, the block is whole.
+        unsafe {
+            let (d, dmin) = (B::half(block, 80), B::half(block, 82));
+            for (r, (products, mins)) in B::q2_k::<R>(block, levels, sums).into_iter().enumerate() {
+                into[r] = B::add_scaled(into[r], products, d * steps[r]);
+                into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
+            }
+        }
+    }
+}
 struct Q8_0;
 
 impl KQuant for Q3K {
@@ -545,6 +602,7 @@ unsafe fn dot_columns_in<B: BlockDots>(
         match format {
             BlockFormat::Q4K => dot_columns_of::<B, NibblesK<false>>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q5K => dot_columns_of::<B, NibblesK<true>>(blocks, row_bytes, inputs, outs, range),
+            BlockFormat::Q2K => dot_columns_of::<B, Q2K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q3K => dot_columns_of::<B, Q3K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
             BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
@@ -751,11 +809,52 @@ mod x86 {
         }
     }
 
-    /// Q3_K's products in eight i32 lanes, on AVX2 (which AVX-512 CPUs
-    /// have too): per half block, its 32 bytes of two-bit levels give four
-    /// quarters of 32 values (shifted by 0, 2, 4, 6), each with its third
-    /// bit from the high-bit bytes (shifted by the quarter's number), the
-    /// unsigned levels 0–7 against the inputs' by `vpmaddubsw`.
+    /// Q2_K's and Q3_K's products in eight i32 lanes, on AVX2 (which
+    /// AVX-512 CPUs have too), `scales` their sixteen groups' as i8: per
+    /// half block, the 32 bytes of two-bit levels from byte `quants_at`
+    /// give four quarters of 32 values (shifted by 0, 2, 4, 6); with
+    /// `THIRD` (Q3_K), each with a third bit from the high-bit bytes 0–31
+    /// (shifted by the quarter's number); the unsigned levels (0–3, 0–7)
+    /// against the inputs' by `vpmaddubsw`.
+    ///
+    /// # Safety
+    /// `block` is a whole block of Q3_K where `THIRD`, else Q2_K; each of
+    /// `levels` has a span readable; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn two_bit_products<const THIRD: bool, const R: usize>(
+        block: *const u8,
+        quants_at: usize,
+        scales: __m128i,
+        levels: [*const i8; R],
+    ) -> [__m256i; R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let (two_bits, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+            let mut thirds = if THIRD { _mm256_loadu_si256(block.cast()) } else { _mm256_setzero_si256() };
+            let mut products = [_mm256_setzero_si256(); R];
+            for half in 0..2 {
+                let mut low = _mm256_loadu_si256(block.add(quants_at + 32 * half).cast());
+                for part in 0..4 {
+                    let mut unsigned = _mm256_and_si256(low, two_bits);
+                    if THIRD {
+                        let third = _mm256_slli_epi16::<2>(_mm256_and_si256(thirds, one));
+                        unsigned = _mm256_or_si256(unsigned, third);
+                        thirds = _mm256_srli_epi16::<1>(thirds);
+                    }
+                    let group = (8 * half + 2 * part) as i8;
+                    let group_scales = spread(scales, group, group + 1);
+                    for (sum, levels) in products.iter_mut().zip(levels) {
+                        let quarter = scaled_products(unsigned, levels.add(128 * half + 32 * part), group_scales);
+                        *sum = _mm256_add_epi32(*sum, quarter);
+                    }
+                    low = _mm256_srli_epi16::<2>(low);
+                }
+            }
+            products
+        }
+    }
+
+    /// Q3_K's products, less its offset of 4 (see [`two_bit_products`]).
     ///
     /// # Safety
     /// As [`BlockDots::q3_k`]'s, on a CPU with AVX2.
@@ -767,26 +866,29 @@ mod x86 {
     ) -> [__m256i; R] {
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
-            let (two_bits, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
             let scales = q3_k_scales(block);
-            let mut thirds = _mm256_loadu_si256(block.cast());
-            let mut products = [_mm256_setzero_si256(); R];
-            for half in 0..2 {
-                let mut low = _mm256_loadu_si256(block.add(32 + 32 * half).cast());
-                for part in 0..4 {
-                    let third = _mm256_slli_epi16::<2>(_mm256_and_si256(thirds, one));
-                    let unsigned = _mm256_or_si256(_mm256_and_si256(low, two_bits), third);
-                    let group = (8 * half + 2 * part) as i8;
-                    let group_scales = spread(scales, group, group + 1);
-                    for (sum, levels) in products.iter_mut().zip(levels) {
-                        let quarter = scaled_products(unsigned, levels.add(128 * half + 32 * part), group_scales);
-                        *sum = _mm256_add_epi32(*sum, quarter);
-                    }
-                    low = _mm256_srli_epi16::<2>(low);
-                    thirds = _mm256_srli_epi16::<1>(thirds);
-                }
-            }
+            let products = two_bit_products::<true, R>(block, 32, scales, levels);
             std::array::from_fn(|r| _mm256_sub_epi32(products[r], offsets::<2>(scales, sums[r])))
+        }
+    }
+
+    /// Q2_K's products and its mins against the levels' sums (see
+    /// [`two_bit_products`]).
+    ///
+    /// # Safety
+    /// As [`BlockDots::q2_k`]'s, on a CPU with AVX2.
+    #[inline(always)]
+    unsafe fn q2_k_products<const R: usize>(
+        block: *const u8,
+        levels: [*const i8; R],
+        sums: [*const i16; R],
+    ) -> [(__m256i, __m256i); R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let (packed, nibble) = (_mm_loadu_si128(block.cast()), _mm_set1_epi8(0x0f));
+            let (scales, mins) = (_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16::<4>(packed), nibble));
+            let products = two_bit_products::<false, R>(block, 16, scales, levels);
+            std::array::from_fn(|r| (products[r], offsets::<0>(mins, sums[r])))
         }
     }
 
@@ -826,6 +928,16 @@ mod x86 {
         ) -> [__m256i; R] {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { q3_k_products(block, levels, sums) }
+        }
+
+        #[inline(always)]
+        unsafe fn q2_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(__m256i, __m256i); R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { q2_k_products(block, levels, sums) }
         }
 
         /// The mins against each 32 levels' sum (each 16's, in pairs)
@@ -1003,6 +1115,17 @@ mod x86 {
         ) -> [__m256i; R] {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { q3_k_products(block, levels, sums) }
+        }
+
+        /// In 256-bit lanes, as AVX2.
+        #[inline(always)]
+        unsafe fn q2_k<const R: usize>(
+            block: *const u8,
+            levels: [*const i8; R],
+            sums: [*const i16; R],
+        ) -> [(__m256i, __m256i); R] {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { q2_k_products(block, levels, sums) }
         }
 
         /// Q5_K's fifth bits: the high-bit bytes in both halves, the
@@ -1305,7 +1428,14 @@ pub(crate) mod tests {
     #[test]
     fn every_isa_computes_the_same_bits() {
         let (columns, depth) = (5, 4 * SPAN);
-        for format in [BlockFormat::Q3K, BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [
+            BlockFormat::Q2K,
+            BlockFormat::Q3K,
+            BlockFormat::Q4K,
+            BlockFormat::Q5K,
+            BlockFormat::Q6K,
+            BlockFormat::Q8_0,
+        ] {
             let count = columns * depth / format.block_values();
             let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
             for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
@@ -1345,7 +1475,14 @@ pub(crate) mod tests {
     #[test]
     fn products_meet_the_contracts_bound() {
         let (columns, depth) = (7, 8 * SPAN);
-        for format in [BlockFormat::Q3K, BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+        for format in [
+            BlockFormat::Q2K,
+            BlockFormat::Q3K,
+            BlockFormat::Q4K,
+            BlockFormat::Q5K,
+            BlockFormat::Q6K,
+            BlockFormat::Q8_0,
+        ] {
             let values: Vec<f32> = activations(1, columns * depth, 11);
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];
