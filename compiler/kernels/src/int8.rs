@@ -311,19 +311,8 @@ impl BlockDots for Portable {
         // SAFETY: as above.
         let block = unsafe { std::slice::from_raw_parts(block, 210) };
         let unsigned = quant::q6_k_levels(block).map(|level| i32::from(level) + 32);
-        let scale = |group: usize| i32::from(block[192 + group] as i8);
-        std::array::from_fn(|r| {
-            let (levels, sums) =
-                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
-            let mut products = [0; 8];
-            for (v, level) in levels.iter().enumerate() {
-                products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
-            }
-            std::array::from_fn(|l| {
-                let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
-                products[l] - 32 * offsets
-            })
-        })
+        // SAFETY: as the caller promises, the rows' spans and sums.
+        unsafe { offset_products(&unsigned, |group| i32::from(block[192 + group] as i8), 32, levels, sums) }
     }
 
     #[inline(always)]
@@ -332,18 +321,8 @@ impl BlockDots for Portable {
         let block = unsafe { std::slice::from_raw_parts(block, 110) };
         let unsigned: [i32; SPAN] = std::array::from_fn(|v| i32::from(layouts::level(BlockFormat::Q3K, block, v)) + 4);
         let scale = |group: usize| i32::from(layouts::q3_k_scale(&block[96..108], group)) - 32;
-        std::array::from_fn(|r| {
-            let (levels, sums) =
-                unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
-            let mut products = [0; 8];
-            for (v, level) in levels.iter().enumerate() {
-                products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
-            }
-            std::array::from_fn(|l| {
-                let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
-                products[l] - 4 * offsets
-            })
-        })
+        // SAFETY: as the caller promises, the rows' spans and sums.
+        unsafe { offset_products(&unsigned, scale, 4, levels, sums) }
     }
 
     #[inline(always)]
@@ -385,22 +364,94 @@ impl BlockDots for Portable {
     }
 }
 
+/// Sixteen groups of 16 unsigned levels (`unsigned`) against `R` rows, in
+/// plain loops: lane `l` of `Σ_g scale(g) · Σ_{k∈g} unsigned[k] ·
+/// level[k]`, less `offset` times `Σ_{g∈{2l, 2l+1}} scale(g) · Σ_{k∈g}
+/// level[k]` (Q6_K's and Q3_K's).
+///
+/// # Safety
+/// Each of `levels` has a span of levels readable, each of `sums` their
+/// sixteen sums.
+#[inline(always)]
+unsafe fn offset_products<const R: usize>(
+    unsigned: &[i32; SPAN],
+    scale: impl Fn(usize) -> i32,
+    offset: i32,
+    levels: [*const i8; R],
+    sums: [*const i16; R],
+) -> [[i32; 8]; R] {
+    std::array::from_fn(|r| {
+        let (levels, sums) =
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { (std::slice::from_raw_parts(levels[r], SPAN), std::slice::from_raw_parts(sums[r], 16)) };
+        let mut products = [0; 8];
+        for (v, level) in levels.iter().enumerate() {
+            products[lane_of(v)] += scale(v / SUM_VALUES) * unsigned[v] * i32::from(*level);
+        }
+        std::array::from_fn(|l| {
+            let offsets = scale(2 * l) * i32::from(sums[2 * l]) + scale(2 * l + 1) * i32::from(sums[2 * l + 1]);
+            products[l] - offset * offsets
+        })
+    })
+}
+
 /// The formats, each a span's share of a product.
 trait KQuant {
     const FORMAT: BlockFormat;
-    /// The span's sums against each row's span, times the blocks' scales
-    /// and the span's `steps`, added into the row's lanes `into`: Q4_K's
-    /// (and Q5_K's) products times `d · step`, then its mins times `−dmin ·
-    /// step`;
-    /// Q6_K's times `d · step`; each Q8_0 block's in turn times its
-    /// `d · step`.
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        block: *const u8,
-        levels: [*const i8; R],
-        sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    );
+    /// The span's sums against each row's span (`rows`), times the
+    /// blocks' scales and the span's steps, added into the row's lanes
+    /// `into`: Q2_K's,
+    /// Q4_K's and Q5_K's products times `d · step`, then their mins times
+    /// `−dmin · step` ([`with_mins`]); Q3_K's and Q6_K's times `d · step`
+    /// ([`scaled`]); each Q8_0 block's in turn times its `d · step`.
+    unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]);
+}
+
+/// A span of `R` input rows as a block's product reads it: each row's
+/// levels, their sums over each 16, and the span's step.
+#[derive(Clone, Copy)]
+struct Rows<const R: usize> {
+    levels: [*const i8; R],
+    sums: [*const i16; R],
+    steps: [f32; R],
+}
+
+/// Each row's `lanes` times `d · step` added into its sums.
+///
+/// # Safety
+/// The CPU has `B`'s instruction set.
+#[inline(always)]
+unsafe fn scaled<B: BlockDots, const R: usize>(
+    lanes: [B::Ints; R],
+    d: f32,
+    steps: [f32; R],
+    into: &mut [B::Floats; R],
+) {
+    for (r, products) in lanes.into_iter().enumerate() {
+        // SAFETY: as the caller promises.
+        into[r] = unsafe { B::add_scaled(into[r], products, d * steps[r]) };
+    }
+}
+
+/// Each row's products times `d · step`, then its mins times `−dmin ·
+/// step`, added into its sums.
+///
+/// # Safety
+/// The CPU has `B`'s instruction set.
+#[inline(always)]
+unsafe fn with_mins<B: BlockDots, const R: usize>(
+    lanes: [(B::Ints, B::Ints); R],
+    (d, dmin): (f32, f32),
+    steps: [f32; R],
+    into: &mut [B::Floats; R],
+) {
+    for (r, (products, mins)) in lanes.into_iter().enumerate() {
+        // SAFETY: as the caller promises.
+        unsafe {
+            into[r] = B::add_scaled(into[r], products, d * steps[r]);
+            into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
+        }
+    }
 }
 
 /// Q4_K, and Q5_K where `FIFTH`.
@@ -408,67 +459,41 @@ struct NibblesK<const FIFTH: bool>;
 struct Q2K;
 struct Q3K;
 struct Q6K;
+struct Q8_0;
 
 impl KQuant for Q2K {
     const FORMAT: BlockFormat = BlockFormat::Q2K;
     #[inline(always)]
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        block: *const u8,
-        levels: [*const i8; R],
-        sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    ) {
+    unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
-            let (d, dmin) = (B::half(block, 80), B::half(block, 82));
-            for (r, (products, mins)) in B::q2_k::<R>(block, levels, sums).into_iter().enumerate() {
-                into[r] = B::add_scaled(into[r], products, d * steps[r]);
-                into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
-            }
+            with_mins::<B, R>(
+                B::q2_k(block, rows.levels, rows.sums),
+                (B::half(block, 80), B::half(block, 82)),
+                rows.steps,
+                into,
+            )
         }
     }
 }
-struct Q8_0;
 
 impl KQuant for Q3K {
     const FORMAT: BlockFormat = BlockFormat::Q3K;
     #[inline(always)]
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        block: *const u8,
-        levels: [*const i8; R],
-        sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    ) {
+    unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
         // SAFETY: as the caller promises, the block is whole.
-        unsafe {
-            let d = B::half(block, 108);
-            for (r, products) in B::q3_k::<R>(block, levels, sums).into_iter().enumerate() {
-                into[r] = B::add_scaled(into[r], products, d * steps[r]);
-            }
-        }
+        unsafe { scaled::<B, R>(B::q3_k(block, rows.levels, rows.sums), B::half(block, 108), rows.steps, into) }
     }
 }
 
 impl<const FIFTH: bool> KQuant for NibblesK<FIFTH> {
     const FORMAT: BlockFormat = if FIFTH { BlockFormat::Q5K } else { BlockFormat::Q4K };
     #[inline(always)]
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        block: *const u8,
-        levels: [*const i8; R],
-        sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    ) {
+    unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
         // SAFETY: as the caller promises, the block is whole.
         unsafe {
-            let (d, dmin) = (B::half(block, 0), B::half(block, 2));
-            let lanes = B::q4_k::<FIFTH, R>(block, levels, sums);
-            for (r, (products, mins)) in lanes.into_iter().enumerate() {
-                into[r] = B::add_scaled(into[r], products, d * steps[r]);
-                into[r] = B::add_scaled(into[r], mins, -(dmin * steps[r]));
-            }
+            let lanes = B::q4_k::<FIFTH, R>(block, rows.levels, rows.sums);
+            with_mins::<B, R>(lanes, (B::half(block, 0), B::half(block, 2)), rows.steps, into)
         }
     }
 }
@@ -476,43 +501,23 @@ impl<const FIFTH: bool> KQuant for NibblesK<FIFTH> {
 impl KQuant for Q6K {
     const FORMAT: BlockFormat = BlockFormat::Q6K;
     #[inline(always)]
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        block: *const u8,
-        levels: [*const i8; R],
-        sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    ) {
+    unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
         // SAFETY: as the caller promises, the block is whole.
-        unsafe {
-            let d = B::half(block, 208);
-            for (r, products) in B::q6_k::<R>(block, levels, sums).into_iter().enumerate() {
-                into[r] = B::add_scaled(into[r], products, d * steps[r]);
-            }
-        }
+        unsafe { scaled::<B, R>(B::q6_k(block, rows.levels, rows.sums), B::half(block, 208), rows.steps, into) }
     }
 }
 
 impl KQuant for Q8_0 {
     const FORMAT: BlockFormat = BlockFormat::Q8_0;
     #[inline(always)]
-    unsafe fn add_block<B: BlockDots, const R: usize>(
-        span: *const u8,
-        levels: [*const i8; R],
-        _sums: [*const i16; R],
-        steps: [f32; R],
-        into: &mut [B::Floats; R],
-    ) {
+    unsafe fn add_block<B: BlockDots, const R: usize>(span: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
         let (bytes, values) = (BlockFormat::Q8_0.block_bytes(), BlockFormat::Q8_0.block_values());
         // SAFETY: as the caller promises, the span's blocks are whole.
         unsafe {
             for block in 0..SPAN / values {
                 let at = span.add(bytes * block);
-                let d = B::half(at, 0);
-                let products = B::q8_0::<R>(at.add(2), levels.map(|levels| levels.add(values * block)));
-                for (r, products) in products.into_iter().enumerate() {
-                    into[r] = B::add_scaled(into[r], products, d * steps[r]);
-                }
+                let products = B::q8_0::<R>(at.add(2), rows.levels.map(|levels| levels.add(values * block)));
+                scaled::<B, R>(products, B::half(at, 0), rows.steps, into);
             }
         }
     }
@@ -547,13 +552,12 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
                 prefetch_ahead(block);
             }
             // The block is whole; each row has `spans` spans.
-            F::add_block::<B, R>(
-                block.as_ptr(),
-                levels.map(|levels| levels.add(number * SPAN)),
-                sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
-                steps.map(|steps| steps[number]),
-                &mut lanes,
-            );
+            let rows = Rows {
+                levels: levels.map(|levels| levels.add(number * SPAN)),
+                sums: sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
+                steps: steps.map(|steps| steps[number]),
+            };
+            F::add_block::<B, R>(block.as_ptr(), rows, &mut lanes);
         }
         outs[first..first + R].iter().zip(lanes).for_each(|(out, lanes)| *out.add(n) = B::total(lanes));
     }
@@ -913,32 +917,41 @@ mod x86 {
         }
     }
 
+    /// The [`BlockDots`] methods whose AVX2 code AVX-512 CPUs run as it is,
+    /// in 256-bit lanes (a Q8_0 block is 32 values, and so is each
+    /// quarter of Q2_K's and Q3_K's half blocks): the same in both impls.
+    macro_rules! in_256_bit_lanes {
+        () => {
+            #[inline(always)]
+            unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+                // SAFETY: as the caller promises (the function's `# Safety`).
+                unsafe { q8_0_products(quants, levels) }
+            }
+
+            #[inline(always)]
+            unsafe fn q3_k<const R: usize>(
+                block: *const u8,
+                levels: [*const i8; R],
+                sums: [*const i16; R],
+            ) -> [__m256i; R] {
+                // SAFETY: as the caller promises (the function's `# Safety`).
+                unsafe { q3_k_products(block, levels, sums) }
+            }
+
+            #[inline(always)]
+            unsafe fn q2_k<const R: usize>(
+                block: *const u8,
+                levels: [*const i8; R],
+                sums: [*const i16; R],
+            ) -> [(__m256i, __m256i); R] {
+                // SAFETY: as the caller promises (the function's `# Safety`).
+                unsafe { q2_k_products(block, levels, sums) }
+            }
+        };
+    }
+
     impl BlockDots for Avx2 {
-        #[inline(always)]
-        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q8_0_products(quants, levels) }
-        }
-
-        #[inline(always)]
-        unsafe fn q3_k<const R: usize>(
-            block: *const u8,
-            levels: [*const i8; R],
-            sums: [*const i16; R],
-        ) -> [__m256i; R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q3_k_products(block, levels, sums) }
-        }
-
-        #[inline(always)]
-        unsafe fn q2_k<const R: usize>(
-            block: *const u8,
-            levels: [*const i8; R],
-            sums: [*const i16; R],
-        ) -> [(__m256i, __m256i); R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q2_k_products(block, levels, sums) }
-        }
+        in_256_bit_lanes!();
 
         /// The mins against each 32 levels' sum (each 16's, in pairs)
         /// by `vpmaddwd`. Q5_K's fifth bits: chunk `c`'s are bits `2c`
@@ -1099,34 +1112,7 @@ mod x86 {
     }
 
     impl<const VNNI: bool> BlockDots for Avx512<VNNI> {
-        /// In 256-bit lanes, as AVX2: a block is 32 values.
-        #[inline(always)]
-        unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q8_0_products(quants, levels) }
-        }
-
-        /// In 256-bit lanes, as AVX2.
-        #[inline(always)]
-        unsafe fn q3_k<const R: usize>(
-            block: *const u8,
-            levels: [*const i8; R],
-            sums: [*const i16; R],
-        ) -> [__m256i; R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q3_k_products(block, levels, sums) }
-        }
-
-        /// In 256-bit lanes, as AVX2.
-        #[inline(always)]
-        unsafe fn q2_k<const R: usize>(
-            block: *const u8,
-            levels: [*const i8; R],
-            sums: [*const i16; R],
-        ) -> [(__m256i, __m256i); R] {
-            // SAFETY: as the caller promises (the function's `# Safety`).
-            unsafe { q2_k_products(block, levels, sums) }
-        }
+        in_256_bit_lanes!();
 
         /// Q5_K's fifth bits: the high-bit bytes in both halves, the
         /// upper shifted one bit further, shifted two bits a chunk.
