@@ -922,12 +922,16 @@ mod x86 {
     /// quarter of Q2_K's and Q3_K's half blocks): the same in both impls.
     macro_rules! in_256_bit_lanes {
         () => {
+            /// # Safety
+            /// As the trait's.
             #[inline(always)]
             unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
                 // SAFETY: as the caller promises (the function's `# Safety`).
                 unsafe { q8_0_products(quants, levels) }
             }
 
+            /// # Safety
+            /// As the trait's.
             #[inline(always)]
             unsafe fn q3_k<const R: usize>(
                 block: *const u8,
@@ -938,6 +942,8 @@ mod x86 {
                 unsafe { q3_k_products(block, levels, sums) }
             }
 
+            /// # Safety
+            /// As the trait's.
             #[inline(always)]
             unsafe fn q2_k<const R: usize>(
                 block: *const u8,
