@@ -118,11 +118,18 @@ pub fn bindings(package: &Package) -> HashMap<String, String> {
 
 /// How a package's parameters are named in checkpoints, for its instance.
 pub fn naming(package: &Package) -> Naming {
-    Naming { bindings: bindings(package), gguf_names: linnet_frontend::sema::instantiate::gguf_names(package) }
+    let (bindings, gguf_names) = linnet_frontend::sema::instantiate::names(package);
+    Naming { bindings, gguf_names }
 }
 
-fn gguf_names_of(model: &Model, package: &Package) -> Result<Option<GgufNames>, CompileError> {
-    match (&package.gguf_names, linnet_frontend::sema::instantiate::gguf_names(package)) {
+/// `names`, the package's `gguf.json` for its instance, or the error that
+/// it has one that does not evaluate.
+fn gguf_names_of(
+    model: &Model,
+    package: &Package,
+    names: Option<GgufNames>,
+) -> Result<Option<GgufNames>, CompileError> {
+    match (&package.gguf_names, names) {
         (Some(_), None) => Err(CompileError::GgufNames(model.name.clone())),
         (_, names) => Ok(names),
     }
@@ -131,7 +138,7 @@ fn gguf_names_of(model: &Model, package: &Package) -> Result<Option<GgufNames>, 
 /// The manifest of `model`, lowered from `package`, without its code
 /// sections (`linnet_artifact::write` adds them).
 fn manifest(model: &Model, package: &Package, key: String) -> Result<Manifest, CompileError> {
-    let bindings = bindings(package);
+    let Naming { bindings, gguf_names } = naming(package);
     let nest = package.nest.as_ref();
     let dims: HashMap<Symbol, i64> = driver::check_dims(package);
     let tensor = |name: Option<&str>, shape: Vec<String>, dtype: Dtype| TensorSignature {
@@ -170,7 +177,7 @@ fn manifest(model: &Model, package: &Package, key: String) -> Result<Manifest, C
             repo: nest.and_then(|n| n.repo.clone()),
             revision: nest.and_then(|n| n.revision.clone()),
         },
-        gguf_names: gguf_names_of(model, package)?,
+        gguf_names: gguf_names_of(model, package, gguf_names)?,
         params: model
             .params
             .iter()

@@ -87,19 +87,20 @@ pub fn attention_kernels(
         .as_constant()
         .ok_or_else(|| Unsupported("attention whose head width is known only when the model runs".into()))?;
     let keys = operands.shape(1)[2].clone();
+    // A mask row per query row of each batch row (`[B, Q, K]`), or one for
+    // all batch rows (`[Q, K]`).
+    let rows_mask = operands.shape(4).len() == 3;
     let within = |size: i64| keys.add(&Dim::constant(size - 1)).div(&Dim::constant(size));
     let plan = Plan {
         entry,
         at,
         form,
         args,
-        rows_mask: operands.shape(4).len() == 3,
+        rows_mask,
         sinks: args.len() == 6,
         width,
         dtype: entry.nodes[at].dtype,
-        // A mask row per query row of each batch row (`[B, Q, K]`), or one
-        // for all batch rows (`[Q, K]`).
-        mask_rows: if operands.shape(4).len() == 3 {
+        mask_rows: if rows_mask {
             operands.shape(0)[0].mul(&operands.shape(0)[2])
         } else {
             operands.shape(0)[2].clone()

@@ -195,11 +195,19 @@ pub fn bindings(package: &crate::package::Package) -> HashMap<String, String> {
     if package.bindings.is_none() {
         return HashMap::new();
     }
+    names(package).0
+}
+
+/// `package`'s `bindings.json` and `gguf.json` for the instance its card
+/// makes ([`bindings`], [`gguf_names`]), its program built once for both.
+pub fn names(package: &crate::package::Package) -> (HashMap<String, String>, Option<GgufNames>) {
     let mut diagnostics = Vec::new();
     let program = Program::build(package, &mut diagnostics);
     match root_generics(&program, &mut diagnostics) {
-        Some((_, given)) => bindings_of(&program, &given, &mut diagnostics),
-        None => HashMap::new(),
+        Some((_, given)) => {
+            (bindings_of(&program, &given, &mut diagnostics), gguf_names_of(&program, &given, &mut diagnostics))
+        }
+        None => (HashMap::new(), None),
     }
 }
 
@@ -208,10 +216,7 @@ pub fn bindings(package: &crate::package::Package) -> HashMap<String, String> {
 /// does not evaluate, which `linnetc check` reports.
 pub fn gguf_names(package: &crate::package::Package) -> Option<GgufNames> {
     package.gguf_names.as_ref()?;
-    let mut diagnostics = Vec::new();
-    let program = Program::build(package, &mut diagnostics);
-    let (_, given) = root_generics(&program, &mut diagnostics)?;
-    gguf_names_of(&program, &given, &mut diagnostics)
+    names(package).1
 }
 
 /// The root (a block, or a `type` naming one) as an instance over the
