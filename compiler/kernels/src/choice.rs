@@ -108,7 +108,6 @@ pub struct FormatKernels {
 /// The table: what each block format is multiplied with.
 pub fn kernels_of(format: BlockFormat) -> FormatKernels {
     match format {
-        BlockFormat::Q8_0 => FormatKernels { int8: true, int8_past_decode: false, panels: false, byte_tiles: false },
         BlockFormat::Q4K => FormatKernels { int8: true, int8_past_decode: true, panels: true, byte_tiles: true },
         BlockFormat::Q2K | BlockFormat::Q3K | BlockFormat::Q5K | BlockFormat::Q6K => {
             FormatKernels { int8: true, int8_past_decode: true, panels: false, byte_tiles: false }
@@ -117,11 +116,10 @@ pub fn kernels_of(format: BlockFormat) -> FormatKernels {
         | BlockFormat::Q4_1
         | BlockFormat::Q5_0
         | BlockFormat::Q5_1
+        | BlockFormat::Q8_0
         | BlockFormat::Iq4Nl
         | BlockFormat::Iq4Xs
-        | BlockFormat::Mxfp4 => {
-            FormatKernels { int8: false, int8_past_decode: false, panels: false, byte_tiles: false }
-        }
+        | BlockFormat::Mxfp4 => FormatKernels { int8: true, int8_past_decode: false, panels: false, byte_tiles: false },
     }
 }
 
@@ -185,7 +183,9 @@ pub fn choose(isa: Isa, storage: Storage, rows: usize, depth: usize, order: Batc
 fn invariant(isa: Isa, storage: Storage, depth: usize) -> Product {
     let bf16_dots = isa.has_bf16_dots() && depth.is_multiple_of(2);
     match storage {
-        Storage::Bf16Blocks(format) if kernels_of(format).int8 && depth.is_multiple_of(int8::SPAN) => Product::Int8,
+        Storage::Bf16Blocks(format) if kernels_of(format).int8 && depth.is_multiple_of(format.block_values()) => {
+            Product::Int8
+        }
         Storage::Bf16 if bf16_dots => Product::Bf16Dots,
         Storage::Bf16Blocks(_) if bf16_dots => Product::RoundedBf16Dots,
         Storage::F32 | Storage::Bf16 => Product::Lanes,
@@ -196,7 +196,7 @@ fn invariant(isa: Isa, storage: Storage, depth: usize) -> Product {
 /// The fastest kernel for `rows`.
 ///
 /// Integer products over quantized inputs, for a parameter declared bf16
-/// in blocks, where its format has them and the rows are whole spans: a
+/// in blocks, where its format has them and the rows are whole blocks: a
 /// decode step's few rows (decoding each weight into an f32 lane costs
 /// more than reading it), and past them where [`FormatKernels`] says so
 /// and the lanes are AVX2's or the panels or byte tiles take the rows (the
@@ -217,7 +217,7 @@ fn fastest(isa: Isa, storage: Storage, rows: usize, depth: usize) -> Product {
             && isa == Isa::Amx
             && amx::has_byte_products();
         let past_them = kernels.int8_past_decode && (isa.lanes() == Isa::Avx2 || panels || byte_tiles);
-        if kernels.int8 && depth.is_multiple_of(int8::SPAN) && (!past_decode || past_them) {
+        if kernels.int8 && depth.is_multiple_of(format.block_values()) && (!past_decode || past_them) {
             return match (panels, byte_tiles) {
                 (true, _) => Product::Panels,
                 (_, true) => Product::ByteTiles,
@@ -276,6 +276,10 @@ mod tests {
                 };
                 let expected = if kernels_of(format).int8 { Product::Int8 } else { others };
                 assert_eq!(choose(isa, Storage::Bf16Blocks(format), 1, int8::SPAN, order), expected, "{format}");
+                // A depth the span does not divide (gpt-oss's 2880) but the blocks do.
+                if format.block_values() == int8::RUN {
+                    assert_eq!(choose(isa, Storage::Bf16Blocks(format), 1, 2880, order), expected, "{format}");
+                }
             }
             assert_eq!(choose(isa, Storage::Bf16, 64, 33, order), Product::Lanes);
         }

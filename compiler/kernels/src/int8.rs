@@ -1,26 +1,33 @@
-//! Products of weight rows in blocks of 8-bit or smaller levels (Q2_K,
-//! Q3_K, Q4_K, Q5_K, Q6_K, Q8_0) against input rows quantized to 8 bits, in integer dot
+//! Products of weight rows in blocks (every format: levels of 8 bits or
+//! fewer) against input rows quantized to 8 bits, in integer dot
 //! products: the freedom `docs/language.md` gives a parameter declared
 //! bf16 ("Quantized inputs"), taken in a decode step's products, where
 //! decoding each weight into an f32 lane costs more than reading it, and
 //! in every K-quant product on AVX2 (`choice::choose`).
 //!
 //! An input row is quantized per [`SPAN`] values (a K-quant block's,
-//! eight Q8_0 blocks'): `step = max|x| / 127`, each level `round(x /
+//! eight blocks of 32; a row's last span the values left where the span
+//! does not divide it): `step = max|x| / 127`, each level `round(x /
 //! step)` (ties to even) in `-127..=127`, with the levels' sums over each
 //! 16 values. A block's products are then integers, summed exactly in i32
 //! with its small integer scales (Q2_K's, Q4_K's and Q5_K's mins against
-//! the levels' sums, Q6_K's offset of 32 and Q3_K's of 4 likewise) in eight lanes ([`lane_of`]), as AVX2's
-//! byte products leave them; each lane is multiplied by the block's f16
-//! scale and the span's step and added into an f32 lane of the row, and
+//! the levels' sums, Q6_K's offset of 32 and Q3_K's of 4 likewise,
+//! IQ4_XS's scale of each 32) in eight lanes ([`lane_of`]), as AVX2's
+//! byte products leave them; each lane is multiplied by the block's
+//! scale and the span's step and added into an f32 lane of the row (Q4_1's
+//! and Q5_1's offsets against the levels' sums likewise; the blocks of 32
+//! of a span by turns into two sets of lanes, [`Runs`]), and
 //! the eight f32 lanes are added once, at the row's end ([`Sums`]).
 //! Integer sums are the same in any order and the f32 sums take one order
 //! everywhere, so every instruction set computes the same bits: AVX2's
-//! `vpmaddubsw`/`vpmaddwd` (Q8_0's signed levels by their magnitudes
-//! against the inputs' levels with their signs, `vpsignb`), AVX-512 BW's
+//! `vpmaddubsw`/`vpmaddwd` (the signed levels of the formats of blocks
+//! of 32 by their magnitudes against the inputs' levels with their
+//! signs, `vpsignb`; IQ4_NL's, IQ4_XS's and MXFP4's looked up by
+//! `vpshufb`), AVX-512 BW's
 //! at 64 values a register (its two halves added into eight lanes; with
 //! VNNI, `vpdpwssd` adds the scaled pairs), and the portable loops, which
-//! the tests hold the vector code to.
+//! the tests hold the vector code to. Each format's loops on each
+//! instruction set are a function of their own ([`Columns`]).
 
 use super::dequant::{prefetch_ahead, two_streams, DOT_ROWS};
 use super::isa::Isa;
@@ -41,7 +48,9 @@ pub fn has_vnni() -> bool {
     false
 }
 
-/// Input rows quantized to 8-bit levels per [`SPAN`] values.
+/// Input rows quantized to 8-bit levels per [`SPAN`] values, a row's last
+/// span the values left where [`SPAN`] does not divide its depth (a whole
+/// number of [`RUN`]s).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedRows {
     depth: usize,
@@ -51,49 +60,55 @@ pub struct QuantizedRows {
     /// The levels' sum over each [`SUM_VALUES`] of each row.
     sums: Vec<i16>,
     /// The levels' sums over each 32 values of each row, two to a word
-    /// (the first 32's in the low 16 bits): a Q4_K group's, in pairs.
+    /// (the first 32's in the low 16 bits): a Q4_K group's, in pairs;
+    /// for rows of whole spans.
     pair_sums: Vec<u32>,
 }
 
+/// The values a row's depth is a whole number of: the least block of
+/// any format (Q4_0's, …, IQ4_NL's, MXFP4's).
+pub const RUN: usize = 32;
+
 impl QuantizedRows {
-    /// `rows` (each of `depth` values, a whole number of spans)
+    /// `rows` (each of `depth` values, a whole number of [`RUN`]s)
     /// quantized. A span holding an infinity or NaN gets a NaN step, so
     /// that the products over it are NaN as the exact ones would be.
     pub fn new<'a>(rows: impl ExactSizeIterator<Item = &'a [f32]>, depth: usize) -> QuantizedRows {
-        assert!(depth.is_multiple_of(SPAN), "rows of whole spans");
-        let count = rows.len();
+        assert!(depth.is_multiple_of(RUN), "rows of whole runs");
+        let (count, spans) = (rows.len(), depth.div_ceil(SPAN));
         let mut quantized = QuantizedRows {
             depth,
             levels: vec![0; count * depth],
-            steps: vec![0.0; count * depth / SPAN],
+            steps: vec![0.0; count * spans],
             sums: vec![0; count * depth / SUM_VALUES],
             pair_sums: Vec::new(),
         };
-        let spans = quantized
-            .levels
-            .chunks_exact_mut(SPAN)
-            .zip(&mut quantized.steps)
-            .zip(quantized.sums.chunks_exact_mut(SPAN / SUM_VALUES));
-        let values = rows.flat_map(|row| {
-            assert_eq!(row.len(), depth, "rows of the depth");
-            row.chunks_exact(SPAN)
-        });
+        let rows_levels = quantized.levels.chunks_exact_mut(depth.max(1));
+        let rows_sums = quantized.sums.chunks_exact_mut((depth / SUM_VALUES).max(1));
+        let rows_steps = quantized.steps.chunks_exact_mut(spans.max(1));
         #[cfg(target_arch = "x86_64")]
         let vectors = Isa::host().lanes() == Isa::Avx512;
-        for (((levels, step), sums), values) in spans.zip(values) {
-            #[cfg(target_arch = "x86_64")]
-            if vectors {
-                // SAFETY: the CPU has AVX-512 F and BW; a span's values, levels and sums.
-                *step = unsafe { x86::quantize_span_avx512(values, levels, sums) };
-                continue;
+        for (((row, levels), sums), steps) in rows.zip(rows_levels).zip(rows_sums).zip(rows_steps) {
+            assert_eq!(row.len(), depth, "rows of the depth");
+            let spans =
+                row.chunks(SPAN).zip(levels.chunks_mut(SPAN)).zip(sums.chunks_mut(SPAN / SUM_VALUES)).zip(steps);
+            for (((values, levels), sums), step) in spans {
+                #[cfg(target_arch = "x86_64")]
+                if vectors && values.len() == SPAN {
+                    // SAFETY: the CPU has AVX-512 F and BW; a span's values, levels and sums.
+                    *step = unsafe { x86::quantize_span_avx512(values, levels, sums) };
+                    continue;
+                }
+                *step = quantize_span(values, levels, sums);
             }
-            *step = quantize_span(values, levels, sums);
         }
-        quantized.pair_sums = quantized
-            .sums
-            .chunks_exact(4)
-            .map(|sums| ((sums[0] + sums[1]) as u16) as u32 | u32::from((sums[2] + sums[3]) as u16) << 16)
-            .collect();
+        if depth.is_multiple_of(SPAN) {
+            quantized.pair_sums = quantized
+                .sums
+                .chunks_exact(4)
+                .map(|sums| ((sums[0] + sums[1]) as u16) as u32 | u32::from((sums[2] + sums[3]) as u16) << 16)
+                .collect();
+        }
         quantized
     }
 
@@ -102,16 +117,18 @@ impl QuantizedRows {
         self.depth
     }
 
-    /// Span `span` of row `row`: its [`SPAN`] levels, their sums over each
-    /// 32 in pairs (as `pair_sums`), and its step.
+    /// Span `span` of row `row`, in rows of whole spans: its [`SPAN`]
+    /// levels, their sums over each 32 in pairs (as `pair_sums`), and its
+    /// step.
     pub fn span(&self, row: usize, span: usize) -> (&[i8], &[u32], f32) {
+        assert!(self.depth.is_multiple_of(SPAN), "rows of whole spans");
         let at = row * self.depth / SPAN + span;
         (&self.levels[at * SPAN..(at + 1) * SPAN], &self.pair_sums[at * 4..(at + 1) * 4], self.steps[at])
     }
 
     /// How many rows.
     pub fn len(&self) -> usize {
-        self.steps.len() * SPAN / self.depth.max(1)
+        self.steps.len() / self.depth.div_ceil(SPAN).max(1)
     }
 }
 
@@ -185,6 +202,8 @@ trait Sums {
     /// `into + sums · scale` lane by lane, rounded once; each of `sums`
     /// is under 2²⁴ in magnitude, so exact in f32.
     unsafe fn add_scaled(into: Self::Floats, sums: Self::Ints, scale: f32) -> Self::Floats;
+    /// `a + b` lane by lane.
+    unsafe fn add(a: Self::Floats, b: Self::Floats) -> Self::Floats;
     /// Lanes `l` and `l + 4` added, then those four's `l` and `l + 2`,
     /// then the two.
     unsafe fn total(lanes: Self::Floats) -> f32;
@@ -237,9 +256,16 @@ trait BlockDots: Sums {
         sums: [*const i16; R],
     ) -> [(Self::Ints, Self::Ints); R];
 
-    /// Q8_0: lane `l` of `Σ_k q[k] · level[k]` over a block's 32 values
-    /// (`q` its signed levels, from `quants`).
-    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
+    /// A block of a format of runs of 32 values ([`RunFormat`]): lane `l`
+    /// of `Σ_run scale[run] · Σ_{k∈run} q[k] · level[k]` over its runs,
+    /// `q` the levels `layouts::level` reads (Q4_0's less 8, Q5_0's less
+    /// 16, IQ4_NL's, IQ4_XS's and MXFP4's from their tables, Q4_1's and
+    /// Q5_1's unsigned) and `scale` IQ4_XS's 6-bit scales less 32, else 1.
+    unsafe fn runs<F: RunFormat, const R: usize>(block: *const u8, levels: [*const i8; R]) -> [Self::Ints; R];
+
+    /// Lane `l` of `Σ_k level[k]` over 32 levels: the share of Q4_1's and
+    /// Q5_1's offset.
+    unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [Self::Ints; R];
 }
 
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
@@ -263,6 +289,11 @@ impl Sums for Portable {
     #[inline(always)]
     unsafe fn add_scaled(into: [f32; 8], sums: [i32; 8], scale: f32) -> [f32; 8] {
         std::array::from_fn(|l| (sums[l] as f32).mul_add(scale, into[l]))
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|l| a[l] + b[l])
     }
 
     #[inline(always)]
@@ -350,17 +381,45 @@ impl BlockDots for Portable {
     }
 
     #[inline(always)]
-    unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
-        // SAFETY: as the caller promises, the block's quants and the rows' 32 levels.
-        let quants = unsafe { std::slice::from_raw_parts(quants.cast::<i8>(), 32) };
+    unsafe fn runs<F: RunFormat, const R: usize>(block: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
+        // SAFETY: as the caller promises, the block is whole.
+        let block = unsafe { std::slice::from_raw_parts(block, F::BYTES) };
+        let quants: [i32; SPAN] = std::array::from_fn(|v| match v < 32 * F::RUNS {
+            true => run_scale(F::FORMAT, block, v / 32) * i32::from(layouts::level(F::FORMAT, block, v)),
+            false => 0,
+        });
         std::array::from_fn(|r| {
-            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32) };
+            // SAFETY: as the caller promises, the rows' levels of the block's values.
+            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32 * F::RUNS) };
             let mut products = [0; 8];
-            for (v, (q, level)) in quants.iter().zip(levels).enumerate() {
-                products[lane_of(v)] += i32::from(*q) * i32::from(*level);
+            for (v, level) in levels.iter().enumerate() {
+                products[lane_of(v)] += quants[v] * i32::from(*level);
             }
             products
         })
+    }
+
+    #[inline(always)]
+    unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [[i32; 8]; R] {
+        std::array::from_fn(|r| {
+            // SAFETY: as the caller promises, the rows' 32 levels.
+            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32) };
+            let mut sums = [0; 8];
+            for (v, level) in levels.iter().enumerate() {
+                sums[lane_of(v)] += i32::from(*level);
+            }
+            sums
+        })
+    }
+}
+
+/// The integer scale of run `run` of `block`: IQ4_XS's 6-bit scale less
+/// 32; 1 in the formats whose runs share the block's scale.
+#[inline(always)]
+fn run_scale(format: BlockFormat, block: &[u8], run: usize) -> i32 {
+    match format {
+        BlockFormat::Iq4Xs => i32::from(layouts::iq4_xs_scale(block, run)) - 32,
+        _ => 1,
     }
 }
 
@@ -403,17 +462,21 @@ trait KQuant {
     /// `into`: Q2_K's,
     /// Q4_K's and Q5_K's products times `d · step`, then their mins times
     /// `−dmin · step` ([`with_mins`]); Q3_K's and Q6_K's times `d · step`
-    /// ([`scaled`]); each Q8_0 block's in turn times its `d · step`.
+    /// ([`scaled`]); each block of a [`RunFormat`] in turn times its
+    /// scale and the step, Q4_1's and Q5_1's offsets against the levels'
+    /// sums.
     unsafe fn add_block<B: BlockDots, const R: usize>(block: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]);
 }
 
 /// A span of `R` input rows as a block's product reads it: each row's
-/// levels, their sums over each 16, and the span's step.
+/// levels, their sums over each 16, and the span's step; its values
+/// ([`SPAN`], or fewer in a row's last span: a [`RunFormat`]'s blocks).
 #[derive(Clone, Copy)]
 struct Rows<const R: usize> {
     levels: [*const i8; R],
     sums: [*const i16; R],
     steps: [f32; R],
+    values: usize,
 }
 
 /// Each row's `lanes` times `d · step` added into its sums.
@@ -459,7 +522,6 @@ struct NibblesK<const FIFTH: bool>;
 struct Q2K;
 struct Q3K;
 struct Q6K;
-struct Q8_0;
 
 impl KQuant for Q2K {
     const FORMAT: BlockFormat = BlockFormat::Q2K;
@@ -507,18 +569,93 @@ impl KQuant for Q6K {
     }
 }
 
-impl KQuant for Q8_0 {
-    const FORMAT: BlockFormat = BlockFormat::Q8_0;
+/// The formats whose blocks are runs of 32 values, each block with one
+/// scale (at byte 0: an f16, MXFP4's E8M0 exponent) and, in Q4_1 and
+/// Q5_1, an offset added (the f16 at byte 2): Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0, IQ4_NL, MXFP4, and IQ4_XS, whose block is eight runs, each
+/// with its integer scale ([`BlockDots::runs`]).
+trait RunFormat {
+    const FORMAT: BlockFormat;
+    /// Runs in a block (IQ4_XS's eight, else one).
+    const RUNS: usize = Self::FORMAT.block_values() / 32;
+    /// Bytes in a block.
+    const BYTES: usize = Self::FORMAT.block_bytes();
+}
+
+/// A [`RunFormat`]'s span of blocks.
+struct Runs<F>(std::marker::PhantomData<F>);
+
+macro_rules! run_formats {
+    ($($name:ident),*) => {
+        $(
+            #[doc = concat!("[`BlockFormat::", stringify!($name), "`], as a [`RunFormat`].")]
+            struct $name;
+            impl RunFormat for $name {
+                const FORMAT: BlockFormat = BlockFormat::$name;
+            }
+        )*
+    };
+}
+
+run_formats!(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Iq4Nl, Iq4Xs, Mxfp4);
+
+impl<F: RunFormat> KQuant for Runs<F> {
+    const FORMAT: BlockFormat = F::FORMAT;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(span: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
-        let (bytes, values) = (BlockFormat::Q8_0.block_bytes(), BlockFormat::Q8_0.block_values());
+        let blocks = rows.values / (32 * F::RUNS);
+        // The odd blocks' sums, added to the even ones' at the span's end:
+        // two chains of dependent additions, each half as long.
+        let mut odd = [B::zero(); R];
         // SAFETY: as the caller promises, the span's blocks are whole.
         unsafe {
-            for block in 0..SPAN / values {
-                let at = span.add(bytes * block);
-                let products = B::q8_0::<R>(at.add(2), rows.levels.map(|levels| levels.add(values * block)));
-                scaled::<B, R>(products, B::half(at, 0), rows.steps, into);
+            for block in 0..blocks {
+                let into = if block % 2 == 0 { &mut *into } else { &mut odd };
+                add_run_block::<B, F, R>(span, block, rows, into);
             }
+        }
+        if blocks > 1 {
+            for (into, odd) in into.iter_mut().zip(odd) {
+                // SAFETY: as the caller promises.
+                *into = unsafe { B::add(*into, odd) };
+            }
+        }
+    }
+}
+
+/// Block `block` of a span of a [`RunFormat`]'s blocks against the rows'
+/// levels, times its scale and the span's steps, added into `into`: Q4_1's
+/// and Q5_1's offsets against the levels' sums (a min of `−m`).
+///
+/// # Safety
+/// The span has the block, whole; the rows have its values' levels; the
+/// CPU has `B`'s instruction set.
+#[inline(always)]
+unsafe fn add_run_block<B: BlockDots, F: RunFormat, const R: usize>(
+    span: *const u8,
+    block: usize,
+    rows: Rows<R>,
+    into: &mut [B::Floats; R],
+) {
+    // SAFETY: as the caller promises (the function's `# Safety`).
+    unsafe {
+        let at = span.add(F::BYTES * block);
+        let levels = rows.levels.map(|levels| levels.add(32 * F::RUNS * block));
+        let products = B::runs::<F, R>(at, levels);
+        let scale = match F::FORMAT {
+            BlockFormat::Mxfp4 => quant::layouts::e8m0_half(*at),
+            _ => B::half(at, 0),
+        };
+        match F::FORMAT {
+            BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
+                let sums = B::level_sums::<R>(levels);
+                let mut lanes = [(products[0], sums[0]); R];
+                for r in 1..R {
+                    lanes[r] = (products[r], sums[r]);
+                }
+                with_mins::<B, R>(lanes, (scale, -B::half(at, 2)), rows.steps, into)
+            }
+            _ => scaled::<B, R>(products, scale, rows.steps, into),
         }
     }
 }
@@ -538,29 +675,69 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
     outs: &[*mut f32],
     n: usize,
 ) {
-    let (depth, spans) = (inputs.depth, inputs.depth / SPAN);
+    let (depth, spans) = (inputs.depth, inputs.depth.div_ceil(SPAN));
     let levels: [*const i8; R] = std::array::from_fn(|r| inputs.levels[(first + r) * depth..].as_ptr());
     let sums: [*const i16; R] = std::array::from_fn(|r| inputs.sums[(first + r) * depth / SUM_VALUES..].as_ptr());
     let steps: [&[f32]; R] = std::array::from_fn(|r| &inputs.steps[(first + r) * spans..(first + r + 1) * spans]);
     // SAFETY: as the caller promises.
     unsafe {
         let mut lanes = [B::zero(); R];
-        // A span's bytes: a K-quant block, eight of Q8_0's.
+        // A span's bytes: a K-quant block, eight of Q8_0's (the last
+        // span's fewer where the span does not divide the row).
         let span_bytes = F::FORMAT.row_bytes(SPAN).expect("blocks that divide a span");
-        for (number, block) in row.chunks_exact(span_bytes).enumerate() {
+        // The whole spans with their count of values a constant (their
+        // blocks' loops unrolled), then the last span's values left.
+        let whole = row.chunks_exact(span_bytes);
+        let last = whole.remainder();
+        for (number, block) in whole.enumerate() {
             if first == 0 {
                 prefetch_ahead(block);
             }
-            // The block is whole; each row has `spans` spans.
-            let rows = Rows {
-                levels: levels.map(|levels| levels.add(number * SPAN)),
-                sums: sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
-                steps: steps.map(|steps| steps[number]),
-            };
-            F::add_block::<B, R>(block.as_ptr(), rows, &mut lanes);
+            F::add_block::<B, R>(block.as_ptr(), span_rows(levels, sums, steps, number, SPAN), &mut lanes);
+        }
+        if !last.is_empty() {
+            let values = last.len() / F::FORMAT.block_bytes() * F::FORMAT.block_values();
+            F::add_block::<B, R>(last.as_ptr(), span_rows(levels, sums, steps, spans - 1, values), &mut lanes);
         }
         outs[first..first + R].iter().zip(lanes).for_each(|(out, lanes)| *out.add(n) = B::total(lanes));
     }
+}
+
+/// Span `number` of rows whose levels, sums and steps start at `levels`,
+/// `sums` and `steps`, of `values` values.
+///
+/// # Safety
+/// The rows have the span.
+#[inline(always)]
+unsafe fn span_rows<const R: usize>(
+    levels: [*const i8; R],
+    sums: [*const i16; R],
+    steps: [&[f32]; R],
+    number: usize,
+    values: usize,
+) -> Rows<R> {
+    // SAFETY: as the caller promises.
+    unsafe {
+        Rows {
+            levels: levels.map(|levels| levels.add(number * SPAN)),
+            sums: sums.map(|sums| sums.add(number * SPAN / SUM_VALUES)),
+            steps: steps.map(|steps| steps[number]),
+            values,
+        }
+    }
+}
+
+/// What a product of quantized input rows against weight rows reads and
+/// writes ([`dot_columns`]' arguments but the instruction set and the
+/// format): the weight rows `blocks[n · row_bytes..]` of the columns `n`
+/// in `range`, the input rows, and an output row each.
+#[derive(Clone)]
+struct Operands<'a> {
+    blocks: &'a [u8],
+    row_bytes: usize,
+    inputs: &'a QuantizedRows,
+    outs: &'a [*mut f32],
+    range: std::ops::Range<usize>,
 }
 
 /// Columns `range` of every output row: each weight row, while it is in
@@ -571,13 +748,8 @@ unsafe fn dot_row<B: BlockDots, F: KQuant, const R: usize>(
 /// which no other thread writes; the rows of `blocks` are whole blocks of `F`;
 /// the CPU has `B`'s instruction set.
 #[inline(always)]
-unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
-    blocks: &[u8],
-    row_bytes: usize,
-    inputs: &QuantizedRows,
-    outs: &[*mut f32],
-    range: std::ops::Range<usize>,
-) {
+unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(operands: Operands) {
+    let Operands { blocks, row_bytes, inputs, outs, range } = operands;
     for n in two_streams(range) {
         let row = &blocks[n * row_bytes..(n + 1) * row_bytes];
         for first in (0..inputs.len()).step_by(DOT_ROWS) {
@@ -588,29 +760,44 @@ unsafe fn dot_columns_of<B: BlockDots, F: KQuant>(
     }
 }
 
-/// [`dot_columns_of`] for `format`.
+/// An instruction set's products of one format's rows ([`dot_columns_of`]),
+/// each format's compiled as a function of its own, with the set's
+/// features: one format's loops do not share a function, and the
+/// compiler's choices of registers and inlining, with the others'.
+trait Columns {
+    /// # Safety
+    /// As [`dot_columns_of`]'s, on a CPU with the set.
+    unsafe fn of<F: KQuant>(operands: Operands);
+}
+
+impl Columns for Portable {
+    unsafe fn of<F: KQuant>(operands: Operands) {
+        // SAFETY: as the caller promises.
+        unsafe { dot_columns_of::<Portable, F>(operands) }
+    }
+}
+
+/// [`dot_columns_of`] for `format`, on `C`'s instruction set.
 ///
 /// # Safety
 /// As [`dot_columns_of`].
-#[inline(always)]
-unsafe fn dot_columns_in<B: BlockDots>(
-    format: BlockFormat,
-    blocks: &[u8],
-    row_bytes: usize,
-    inputs: &QuantizedRows,
-    outs: &[*mut f32],
-    range: std::ops::Range<usize>,
-) {
+unsafe fn dot_columns_in<C: Columns>(format: BlockFormat, operands: Operands) {
     // SAFETY: as `dot_columns`' caller promises.
     unsafe {
         match format {
-            BlockFormat::Q4K => dot_columns_of::<B, NibblesK<false>>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q5K => dot_columns_of::<B, NibblesK<true>>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q2K => dot_columns_of::<B, Q2K>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q3K => dot_columns_of::<B, Q3K>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q6K => dot_columns_of::<B, Q6K>(blocks, row_bytes, inputs, outs, range),
-            BlockFormat::Q8_0 => dot_columns_of::<B, Q8_0>(blocks, row_bytes, inputs, outs, range),
-            other => unreachable!("no integer products for {other} (`choice::kernels_of`)"),
+            BlockFormat::Q4K => C::of::<NibblesK<false>>(operands),
+            BlockFormat::Q5K => C::of::<NibblesK<true>>(operands),
+            BlockFormat::Q2K => C::of::<Q2K>(operands),
+            BlockFormat::Q3K => C::of::<Q3K>(operands),
+            BlockFormat::Q6K => C::of::<Q6K>(operands),
+            BlockFormat::Q4_0 => C::of::<Runs<Q4_0>>(operands),
+            BlockFormat::Q4_1 => C::of::<Runs<Q4_1>>(operands),
+            BlockFormat::Q5_0 => C::of::<Runs<Q5_0>>(operands),
+            BlockFormat::Q5_1 => C::of::<Runs<Q5_1>>(operands),
+            BlockFormat::Q8_0 => C::of::<Runs<Q8_0>>(operands),
+            BlockFormat::Iq4Nl => C::of::<Runs<Iq4Nl>>(operands),
+            BlockFormat::Iq4Xs => C::of::<Runs<Iq4Xs>>(operands),
+            BlockFormat::Mxfp4 => C::of::<Runs<Mxfp4>>(operands),
         }
     }
 }
@@ -652,30 +839,33 @@ pub unsafe fn dot_columns(
     range: std::ops::Range<usize>,
 ) {
     assert_operands(format, blocks, row_bytes, inputs.depth, (inputs.len(), outs.len()), &range);
+    let operands = Operands { blocks, row_bytes, inputs, outs, range };
     // SAFETY: as the caller promises, on a CPU with `isa`.
     unsafe {
         match isa.lanes() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 if has_vnni() => x86::dot_columns_avx512_vnni(format, blocks, row_bytes, inputs, outs, range),
+            Isa::Avx512 if has_vnni() => dot_columns_in::<x86::Avx512<true>>(format, operands),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => x86::dot_columns_avx512(format, blocks, row_bytes, inputs, outs, range),
+            Isa::Avx512 => dot_columns_in::<x86::Avx512<false>>(format, operands),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => x86::dot_columns_avx2(format, blocks, row_bytes, inputs, outs, range),
-            _ => dot_columns_in::<Portable>(format, blocks, row_bytes, inputs, outs, range),
+            Isa::Avx2 => dot_columns_in::<x86::Avx2>(format, operands),
+            _ => dot_columns_in::<Portable>(format, operands),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{dot_columns_in, BlockDots, BlockFormat, QuantizedRows, Sums, SPAN, SUM_VALUES};
+    use super::{
+        dot_columns_of, layouts, BlockDots, BlockFormat, Columns, KQuant, Operands, RunFormat, Sums, SPAN, SUM_VALUES,
+    };
     use std::arch::x86_64::*;
 
     /// AVX2's byte products: `vpmaddubsw` multiplies the unsigned weight
     /// levels by the signed input levels and adds pairs into i16 (at most
     /// 2 · 63 · 127, no saturation), `vpmaddwd` multiplies those by the
     /// groups' scales and adds pairs into i32.
-    struct Avx2;
+    pub(super) struct Avx2;
 
     /// `Σ scale · (weights · inputs)` of 32 bytes, in eight i32 lanes.
     ///
@@ -713,6 +903,12 @@ mod x86 {
         unsafe fn add_scaled(into: __m256, sums: __m256i, scale: f32) -> __m256 {
             // SAFETY: as the caller promises (the function's `# Safety`).
             unsafe { _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), into) }
+        }
+
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: as the caller promises (the function's `# Safety`).
+            unsafe { _mm256_add_ps(a, b) }
         }
 
         #[inline(always)]
@@ -872,7 +1068,11 @@ mod x86 {
         unsafe {
             let scales = q3_k_scales(block);
             let products = two_bit_products::<true, R>(block, 32, scales, levels);
-            std::array::from_fn(|r| _mm256_sub_epi32(products[r], offsets::<2>(scales, sums[r])))
+            let mut lanes = products;
+            for (lanes, sums) in lanes.iter_mut().zip(sums) {
+                *lanes = _mm256_sub_epi32(*lanes, offsets::<2>(scales, sums));
+            }
+            lanes
         }
     }
 
@@ -892,42 +1092,150 @@ mod x86 {
             let (packed, nibble) = (_mm_loadu_si128(block.cast()), _mm_set1_epi8(0x0f));
             let (scales, mins) = (_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16::<4>(packed), nibble));
             let products = two_bit_products::<false, R>(block, 16, scales, levels);
-            std::array::from_fn(|r| (products[r], offsets::<0>(mins, sums[r])))
+            let mut lanes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+            for r in 0..R {
+                lanes[r] = (products[r], offsets::<0>(mins, sums[r]));
+            }
+            lanes
         }
     }
 
-    /// Q8_0's products of a block in eight i32 lanes, on AVX2 (which
-    /// AVX-512 CPUs have too): `vpmaddubsw` of the quants' magnitudes by
-    /// the levels with the quants' signs (`vpsignb`: at most 2 · 128 · 127,
-    /// no saturation), pairs added into i32 by `vpmaddwd` by ones.
+    /// The nibbles of sixteen bytes at `bytes` as 32 bytes: values 0–15
+    /// the low halves, 16–31 the high (`layouts`' runs of 32).
     ///
     /// # Safety
-    /// `quants` has 32 readable bytes and each of `levels` 32; the CPU has
-    /// AVX2.
+    /// `bytes` has 16 readable bytes; the CPU has AVX2.
     #[inline(always)]
-    unsafe fn q8_0_products<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+    unsafe fn nibbles(bytes: *const u8) -> __m256i {
         // SAFETY: as the caller promises (the function's `# Safety`).
         unsafe {
-            let quants = _mm256_loadu_si256(quants.cast());
-            let magnitudes = _mm256_abs_epi8(quants);
-            levels.map(|levels| {
-                let signed = _mm256_sign_epi8(_mm256_loadu_si256(levels.cast()), quants);
-                _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), _mm256_set1_epi16(1))
-            })
+            let low = _mm_loadu_si128(bytes.cast());
+            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(low), low), _mm256_set1_epi8(0x0f))
+        }
+    }
+
+    /// Q5_0's and Q5_1's fifth bits as 16 in the bytes of the values that
+    /// have one, from the u32 at `bits` (bit `i` for value `i`): byte `i`
+    /// takes byte `i / 8` of the word, and its bit `i % 8` is tested.
+    ///
+    /// # Safety
+    /// `bits` has 4 readable bytes; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn fifth_bits(bits: *const u8) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let word = _mm256_set1_epi32(bits.cast::<i32>().read_unaligned());
+            let bytes = _mm256_shuffle_epi8(
+                word,
+                _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16))
+        }
+    }
+
+    /// `nibbles` looked up in `table` (sixteen levels).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline(always)]
+    unsafe fn looked_up(table: &[i8; 16], nibbles: __m256i) -> __m256i {
+        // SAFETY: as the caller promises; the table has sixteen bytes.
+        unsafe { _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast())), nibbles) }
+    }
+
+    /// The 32 signed levels of run `run` of `block`, as `layouts::level`
+    /// reads them.
+    ///
+    /// # Safety
+    /// `block` is a whole block of `format`, a [`super::RunFormat`]'s; the
+    /// CPU has AVX2.
+    #[inline(always)]
+    unsafe fn run_levels(format: BlockFormat, block: *const u8, run: usize) -> __m256i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            match format {
+                BlockFormat::Q8_0 => _mm256_loadu_si256(block.add(2).cast()),
+                BlockFormat::Q4_0 => _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8)),
+                BlockFormat::Q4_1 => nibbles(block.add(4)),
+                BlockFormat::Q5_0 => {
+                    let unsigned = _mm256_or_si256(nibbles(block.add(6)), fifth_bits(block.add(2)));
+                    _mm256_sub_epi8(unsigned, _mm256_set1_epi8(16))
+                }
+                BlockFormat::Q5_1 => _mm256_or_si256(nibbles(block.add(8)), fifth_bits(block.add(4))),
+                BlockFormat::Iq4Nl => looked_up(&layouts::IQ4_LEVELS, nibbles(block.add(2))),
+                BlockFormat::Mxfp4 => looked_up(&layouts::MXFP4_LEVELS, nibbles(block.add(1))),
+                BlockFormat::Iq4Xs => looked_up(&layouts::IQ4_LEVELS, nibbles(block.add(8 + 16 * run))),
+                other => unreachable!("{other} is not a format of runs of 32"),
+            }
+        }
+    }
+
+    /// A [`super::RunFormat`]'s block against `R` rows in eight i32
+    /// lanes, on AVX2 (which AVX-512 CPUs have too), run by run:
+    /// `vpmaddubsw` of the levels' magnitudes by the inputs' levels with
+    /// the levels' signs (`vpsignb`: at most 2 · 128 · 127, no
+    /// saturation), pairs added into i32 by `vpmaddwd` by the run's
+    /// integer scale.
+    ///
+    /// # Safety
+    /// As [`BlockDots::runs`]', on a CPU with AVX2.
+    #[inline(always)]
+    unsafe fn run_products<F: RunFormat, const R: usize>(block: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let mut products = [_mm256_setzero_si256(); R];
+            let whole = std::slice::from_raw_parts(block, F::BYTES);
+            for run in 0..F::RUNS {
+                let quants = run_levels(F::FORMAT, block, run);
+                let magnitudes = _mm256_abs_epi8(quants);
+                let scale = _mm256_set1_epi16(super::run_scale(F::FORMAT, whole, run) as i16);
+                for (sum, levels) in products.iter_mut().zip(levels) {
+                    let signed = _mm256_sign_epi8(_mm256_loadu_si256(levels.add(32 * run).cast()), quants);
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), scale));
+                }
+            }
+            products
+        }
+    }
+
+    /// [`BlockDots::level_sums`] on AVX2: the levels by ones, pairs of
+    /// pairs added.
+    ///
+    /// # Safety
+    /// Each of `levels` has 32 readable levels; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [__m256i; R] {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            let mut sums = [_mm256_setzero_si256(); R];
+            for (sum, levels) in sums.iter_mut().zip(levels) {
+                let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256(levels.cast()));
+                *sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            }
+            sums
         }
     }
 
     /// The [`BlockDots`] methods whose AVX2 code AVX-512 CPUs run as it is,
-    /// in 256-bit lanes (a Q8_0 block is 32 values, and so is each
-    /// quarter of Q2_K's and Q3_K's half blocks): the same in both impls.
+    /// in 256-bit lanes (a run of a [`super::RunFormat`] is 32 values, and
+    /// so is each quarter of Q2_K's and Q3_K's half blocks): the same in both impls.
     macro_rules! in_256_bit_lanes {
         () => {
             /// # Safety
             /// As the trait's.
             #[inline(always)]
-            unsafe fn q8_0<const R: usize>(quants: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
+            unsafe fn runs<F: RunFormat, const R: usize>(block: *const u8, levels: [*const i8; R]) -> [__m256i; R] {
                 // SAFETY: as the caller promises (the function's `# Safety`).
-                unsafe { q8_0_products(quants, levels) }
+                unsafe { run_products::<F, R>(block, levels) }
+            }
+
+            /// # Safety
+            /// As the trait's.
+            #[inline(always)]
+            unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [__m256i; R] {
+                // SAFETY: as the caller promises (the function's `# Safety`).
+                unsafe { level_sums(levels) }
             }
 
             /// # Safety
@@ -996,7 +1304,11 @@ mod x86 {
                         *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(low, high));
                     }
                 }
-                std::array::from_fn(|r| (products[r], q4_k_mins(packed, sums[r])))
+                let mut lanes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                for r in 0..R {
+                    lanes[r] = (products[r], q4_k_mins(packed, sums[r]));
+                }
+                lanes
             }
         }
 
@@ -1038,7 +1350,11 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| _mm256_sub_epi32(products[r], offsets::<5>(scales, sums[r])))
+                let mut lanes = products;
+                for (lanes, sums) in lanes.iter_mut().zip(sums) {
+                    *lanes = _mm256_sub_epi32(*lanes, offsets::<5>(scales, sums));
+                }
+                lanes
             }
         }
     }
@@ -1051,7 +1367,7 @@ mod x86 {
     /// scales widened to i16 in every 128-bit lane. With `VNNI`, the
     /// scaled pairs are added into the sums by the same instruction that
     /// multiplies them (`vpdpwssd`).
-    struct Avx512<const VNNI: bool>;
+    pub(super) struct Avx512<const VNNI: bool>;
 
     /// The two 256-bit halves of `v` added, lane by lane.
     ///
@@ -1154,7 +1470,11 @@ mod x86 {
                         *sum = add_scaled_products::<VNNI>(*sum, q, levels.add(64 * chunk), group_scales);
                     }
                 }
-                std::array::from_fn(|r| (halves_added(products[r]), q4_k_mins(packed, sums[r])))
+                let mut lanes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                for r in 0..R {
+                    lanes[r] = (halves_added(products[r]), q4_k_mins(packed, sums[r]));
+                }
+                lanes
             }
         }
 
@@ -1192,7 +1512,11 @@ mod x86 {
                         }
                     }
                 }
-                std::array::from_fn(|r| _mm256_sub_epi32(halves_added(products[r]), offsets::<5>(packed, sums[r])))
+                let mut lanes = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    lanes[r] = _mm256_sub_epi32(halves_added(products[r]), offsets::<5>(packed, sums[r]));
+                }
+                lanes
             }
         }
     }
@@ -1235,56 +1559,29 @@ mod x86 {
         largest / 127.0
     }
 
-    /// `super::dot_columns` on AVX-512 (F, BW).
-    ///
-    /// # Safety
-    /// As [`super::dot_columns`], on a CPU with AVX-512 F and BW.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    pub unsafe fn dot_columns_avx512(
-        format: BlockFormat,
-        blocks: &[u8],
-        row_bytes: usize,
-        inputs: &QuantizedRows,
-        outs: &[*mut f32],
-        range: std::ops::Range<usize>,
-    ) {
-        // SAFETY: as the caller promises.
-        unsafe { dot_columns_in::<Avx512<false>>(format, blocks, row_bytes, inputs, outs, range) }
+    /// [`Columns`] for an instruction set whose features are `$features`.
+    macro_rules! columns_with {
+        ($isa:ty, $features:literal) => {
+            impl Columns for $isa {
+                #[inline(always)]
+                unsafe fn of<F: KQuant>(operands: Operands) {
+                    /// # Safety
+                    /// As [`Columns::of`]'s.
+                    #[target_feature(enable = $features)]
+                    unsafe fn compiled<F: KQuant>(operands: Operands) {
+                        // SAFETY: as the caller promises, with the features.
+                        unsafe { dot_columns_of::<$isa, F>(operands) }
+                    }
+                    // SAFETY: as the caller promises, on a CPU with the features.
+                    unsafe { compiled::<F>(operands) }
+                }
+            }
+        };
     }
 
-    /// `super::dot_columns` on AVX-512 (F, BW) with VNNI.
-    ///
-    /// # Safety
-    /// As [`super::dot_columns`], on a CPU with AVX-512 F, BW and VNNI.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn dot_columns_avx512_vnni(
-        format: BlockFormat,
-        blocks: &[u8],
-        row_bytes: usize,
-        inputs: &QuantizedRows,
-        outs: &[*mut f32],
-        range: std::ops::Range<usize>,
-    ) {
-        // SAFETY: as the caller promises, on a CPU with VNNI.
-        unsafe { dot_columns_in::<Avx512<true>>(format, blocks, row_bytes, inputs, outs, range) }
-    }
-
-    /// `super::dot_columns` on AVX2.
-    ///
-    /// # Safety
-    /// As [`super::dot_columns`], on a CPU with AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_columns_avx2(
-        format: BlockFormat,
-        blocks: &[u8],
-        row_bytes: usize,
-        inputs: &QuantizedRows,
-        outs: &[*mut f32],
-        range: std::ops::Range<usize>,
-    ) {
-        // SAFETY: as the caller promises.
-        unsafe { dot_columns_in::<Avx2>(format, blocks, row_bytes, inputs, outs, range) }
-    }
+    columns_with!(Avx2, "avx2,fma,f16c");
+    columns_with!(Avx512<false>, "avx512f,avx512bw,avx2,fma,f16c");
+    columns_with!(Avx512<true>, "avx512f,avx512bw,avx512vnni,avx2,fma,f16c");
 }
 
 /// [`dot_columns`] over all `columns` of `blocks`, into rows of their own:
@@ -1330,10 +1627,26 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// Every format, at depths of whole spans and, for the formats whose
+    /// blocks are runs of 32, with a last span of 96 values and of 32.
+    fn formats_and_depths() -> impl Iterator<Item = (BlockFormat, usize)> {
+        BlockFormat::ALL.into_iter().flat_map(|format| {
+            let partial = format.block_values() == 32;
+            [4 * SPAN, 4 * SPAN + 96, 2 * SPAN + 32]
+                .into_iter()
+                .filter(move |depth| partial || *depth == 4 * SPAN)
+                .map(move |depth| (format, depth))
+        })
+    }
+
     /// The value level `k` of row `row` stands for.
     fn value(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
-        let at = row * inputs.depth + k;
-        inputs.steps[at / SPAN] * f32::from(inputs.levels[at])
+        step(inputs, row, k) * f32::from(inputs.levels[row * inputs.depth + k])
+    }
+
+    /// The step of value `k` of row `row`.
+    fn step(inputs: &QuantizedRows, row: usize, k: usize) -> f32 {
+        inputs.steps[row * inputs.depth.div_ceil(SPAN) + k / SPAN]
     }
 
     /// The shifter's rounding is `round_ties_even`'s: at every half
@@ -1414,20 +1727,34 @@ pub(crate) mod tests {
         assert_eq!(quantized.sums[SPAN / 16 + 1], sum);
     }
 
+    /// A row whose depth the span does not divide ends with a span of its
+    /// own: the values left, with their own step, rows after it in place.
+    #[test]
+    fn a_rows_last_span_takes_the_values_left() {
+        let depth = SPAN + 64;
+        let mut values = activations(2, depth, 9);
+        values[SPAN..depth].iter_mut().for_each(|value| *value *= 1e-3);
+        let quantized = QuantizedRows::new(values.chunks_exact(depth), depth);
+        assert_eq!((quantized.len(), quantized.steps.len()), (2, 4));
+        for row in 0..2 {
+            let last = &values[row * depth + SPAN..(row + 1) * depth];
+            let largest = last.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(quantized.steps[2 * row + 1], largest / 127.0, "row {row}");
+            for (k, exact) in values[row * depth..(row + 1) * depth].iter().enumerate() {
+                let step = quantized.steps[2 * row + k / SPAN];
+                let level = f32::from(quantized.levels[row * depth + k]);
+                assert!((step * level - exact).abs() <= step / 2.0 * 1.000_01, "row {row} value {k}");
+            }
+        }
+    }
+
     /// Every instruction set computes the portable loops' bits, for every
     /// count of rows a pass takes and counts past it (whole passes and a
     /// tail), over arbitrary blocks (any levels, any scales).
     #[test]
     fn every_isa_computes_the_same_bits() {
-        let (columns, depth) = (5, 4 * SPAN);
-        for format in [
-            BlockFormat::Q2K,
-            BlockFormat::Q3K,
-            BlockFormat::Q4K,
-            BlockFormat::Q5K,
-            BlockFormat::Q6K,
-            BlockFormat::Q8_0,
-        ] {
+        let columns = 5;
+        for (format, depth) in formats_and_depths() {
             let count = columns * depth / format.block_values();
             let blocks = quant::arbitrary_blocks(format, count, 0x5851_f42d_4c95_7f2d);
             for rows in (1..=DOT_ROWS).chain([2 * DOT_ROWS, 2 * DOT_ROWS + 3]) {
@@ -1444,10 +1771,15 @@ pub(crate) mod tests {
                     let mut outs = vec![vec![f32::NAN; columns]; inputs.len()];
                     let pointers: Vec<*mut f32> = outs.iter_mut().map(|out| out.as_mut_ptr()).collect();
                     let row_bytes = blocks.len() / columns;
-                    // SAFETY: each output row has `columns` values; the CPU has AVX-512.
-                    unsafe {
-                        super::x86::dot_columns_avx512(format, &blocks, row_bytes, &inputs, &pointers, 0..columns)
+                    let operands = super::Operands {
+                        blocks: &blocks,
+                        row_bytes,
+                        inputs: &inputs,
+                        outs: &pointers,
+                        range: 0..columns,
                     };
+                    // SAFETY: each output row has `columns` values; the CPU has AVX-512.
+                    unsafe { super::dot_columns_in::<super::x86::Avx512<false>>(format, operands) };
                     runs.push(("Avx512 without VNNI".into(), outs));
                 }
                 for (isa, ours) in runs {
@@ -1466,15 +1798,8 @@ pub(crate) mod tests {
     /// the exact ones: `Σₖ |wₖ| · step / 2` for each span.
     #[test]
     fn products_meet_the_contracts_bound() {
-        let (columns, depth) = (7, 8 * SPAN);
-        for format in [
-            BlockFormat::Q2K,
-            BlockFormat::Q3K,
-            BlockFormat::Q4K,
-            BlockFormat::Q5K,
-            BlockFormat::Q6K,
-            BlockFormat::Q8_0,
-        ] {
+        let columns = 7;
+        for (format, depth) in formats_and_depths() {
             let values: Vec<f32> = activations(1, columns * depth, 11);
             let blocks = quant::quantize(format, &values).unwrap();
             let mut weights = vec![0f32; columns * depth];
@@ -1488,7 +1813,7 @@ pub(crate) mod tests {
                     let input = &inputs[r * depth..(r + 1) * depth];
                     let (mut exact, mut of_quantized, mut bound, mut magnitude) = (0f64, 0f64, 0f64, 0f64);
                     for (k, (w, x)) in weights.iter().zip(input).enumerate() {
-                        let step = f64::from(quantized.steps[(r * depth + k) / SPAN]);
+                        let step = f64::from(step(&quantized, r, k));
                         exact += f64::from(*w) * f64::from(*x);
                         of_quantized += f64::from(*w) * f64::from(value(&quantized, r, k));
                         bound += f64::from(w.abs()) * step / 2.0;

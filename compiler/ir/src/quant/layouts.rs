@@ -169,7 +169,7 @@ pub fn q3_k_scale(packed: &[u8], group: usize) -> u8 {
 
 /// IQ4_XS's 6-bit scale of group `group` (before the 32 is taken off).
 #[inline(always)]
-fn iq4_xs_scale(block: &[u8], group: usize) -> u8 {
+pub fn iq4_xs_scale(block: &[u8], group: usize) -> u8 {
     let low = (block[4 + group / 2] >> (4 * (group % 2))) & 0xf;
     let high = (u16::from_le_bytes([block[2], block[3]]) >> (2 * group)) as u8 & 3;
     low | (high << 4)
