@@ -25,7 +25,8 @@
 //! signs, `vpsignb`; IQ4_NL's, IQ4_XS's and MXFP4's looked up by
 //! `vpshufb`), AVX-512 BW's
 //! at 64 values a register (its two halves added into eight lanes; with
-//! VNNI, `vpdpwssd` adds the scaled pairs), and the portable loops, which
+//! VNNI, `vpdpwssd` adds the scaled pairs; two blocks of 32 a register,
+//! their lanes in its halves, with VNNI by `vpdpbusd`), and the portable loops, which
 //! the tests hold the vector code to. Each format's loops on each
 //! instruction set are a function of their own ([`Columns`]).
 
@@ -218,7 +219,7 @@ trait Sums {
 /// (or `quants`) is a whole block of the method's format; each of
 /// `levels` has the block's values' levels readable, and each of `sums`
 /// their sums over each 16.
-trait BlockDots: Sums {
+trait BlockDots: Sums + Sized {
     /// Q4_K: lane `l` of `Σ_g scale[g] · Σ_{k∈g} q[k] · level[k]` over its
     /// eight groups of 32 (`q` the nibbles), and `min[l] · Σ_{k∈l}
     /// level[k]` (group `l`'s mins in lane `l`); the groups' 6-bit scales
@@ -266,6 +267,15 @@ trait BlockDots: Sums {
     /// Lane `l` of `Σ_k level[k]` over 32 levels: the share of Q4_1's and
     /// Q5_1's offset.
     unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [Self::Ints; R];
+
+    /// A span of a [`RunFormat`]'s blocks added into the rows' lanes, as
+    /// [`run_span`] adds them (an instruction set may take two blocks at a
+    /// time, with the same bits).
+    #[inline(always)]
+    unsafe fn runs_span<F: RunFormat, const R: usize>(span: *const u8, rows: Rows<R>, into: &mut [Self::Floats; R]) {
+        // SAFETY: as the caller promises.
+        unsafe { run_span::<Self, F, R>(span, rows, into) }
+    }
 }
 
 /// Plain loops over `quant`'s definitions of the levels: any CPU.
@@ -603,22 +613,53 @@ impl<F: RunFormat> KQuant for Runs<F> {
     const FORMAT: BlockFormat = F::FORMAT;
     #[inline(always)]
     unsafe fn add_block<B: BlockDots, const R: usize>(span: *const u8, rows: Rows<R>, into: &mut [B::Floats; R]) {
-        let blocks = rows.values / (32 * F::RUNS);
-        // The odd blocks' sums, added to the even ones' at the span's end:
-        // two chains of dependent additions, each half as long.
+        // SAFETY: as the caller promises.
+        unsafe { B::runs_span::<F, R>(span, rows, into) }
+    }
+}
+
+/// A span of a [`RunFormat`]'s blocks against the rows, added into their
+/// lanes: the even blocks' sums into `into`, the odd ones' into a second
+/// set of lanes added to `into` at the span's end (two chains of
+/// dependent additions, each half as long).
+///
+/// # Safety
+/// The span's blocks are whole; the rows have their values' levels; the
+/// CPU has `B`'s instruction set.
+#[inline(always)]
+unsafe fn run_span<B: BlockDots, F: RunFormat, const R: usize>(
+    span: *const u8,
+    rows: Rows<R>,
+    into: &mut [B::Floats; R],
+) {
+    let blocks = rows.values / (32 * F::RUNS);
+    // SAFETY: as the caller promises (the function's `# Safety`).
+    unsafe {
         let mut odd = [B::zero(); R];
-        // SAFETY: as the caller promises, the span's blocks are whole.
-        unsafe {
-            for block in 0..blocks {
-                let into = if block % 2 == 0 { &mut *into } else { &mut odd };
-                add_run_block::<B, F, R>(span, block, rows, into);
-            }
+        for block in 0..blocks {
+            let into = if block % 2 == 0 { &mut *into } else { &mut odd };
+            add_run_block::<B, F, R>(span, block, rows, into);
         }
         if blocks > 1 {
             for (into, odd) in into.iter_mut().zip(odd) {
-                // SAFETY: as the caller promises.
-                *into = unsafe { B::add(*into, odd) };
+                *into = B::add(*into, odd);
             }
+        }
+    }
+}
+
+/// The scale of a [`RunFormat`]'s block: its f16, or MXFP4's E8M0
+/// exponent as `e8m0_half` reads it.
+///
+/// # Safety
+/// `block` is a whole block of `F`; the CPU has `B`'s instruction set.
+#[inline(always)]
+unsafe fn block_scale<B: Sums, F: RunFormat>(block: *const u8) -> f32 {
+    // SAFETY: as the caller promises (the function's `# Safety`).
+    unsafe {
+        match F::FORMAT {
+            BlockFormat::Mxfp4 => layouts::e8m0_half(*block),
+            _ => B::half(block, 0),
         }
     }
 }
@@ -642,10 +683,7 @@ unsafe fn add_run_block<B: BlockDots, F: RunFormat, const R: usize>(
         let at = span.add(F::BYTES * block);
         let levels = rows.levels.map(|levels| levels.add(32 * F::RUNS * block));
         let products = B::runs::<F, R>(at, levels);
-        let scale = match F::FORMAT {
-            BlockFormat::Mxfp4 => quant::layouts::e8m0_half(*at),
-            _ => B::half(at, 0),
-        };
+        let scale = block_scale::<B, F>(at);
         match F::FORMAT {
             BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
                 let sums = B::level_sums::<R>(levels);
@@ -857,7 +895,8 @@ pub unsafe fn dot_columns(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        dot_columns_of, layouts, BlockDots, BlockFormat, Columns, KQuant, Operands, RunFormat, Sums, SPAN, SUM_VALUES,
+        dot_columns_of, layouts, BlockDots, BlockFormat, Columns, KQuant, Operands, Rows, RunFormat, Sums, SPAN,
+        SUM_VALUES,
     };
     use std::arch::x86_64::*;
 
@@ -1114,9 +1153,9 @@ mod x86 {
         }
     }
 
-    /// Q5_0's and Q5_1's fifth bits as 16 in the bytes of the values that
-    /// have one, from the u32 at `bits` (bit `i` for value `i`): byte `i`
-    /// takes byte `i / 8` of the word, and its bit `i % 8` is tested.
+    /// Q5_0's and Q5_1's fifth bits as all ones in the bytes of the values
+    /// that have one, from the u32 at `bits` (bit `i` for value `i`): byte
+    /// `i` takes byte `i / 8` of the word, and its bit `i % 8` is tested.
     ///
     /// # Safety
     /// `bits` has 4 readable bytes; the CPU has AVX2.
@@ -1130,7 +1169,7 @@ mod x86 {
                 _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
             );
             let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16))
+            _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
         }
     }
 
@@ -1158,11 +1197,15 @@ mod x86 {
                 BlockFormat::Q8_0 => _mm256_loadu_si256(block.add(2).cast()),
                 BlockFormat::Q4_0 => _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8)),
                 BlockFormat::Q4_1 => nibbles(block.add(4)),
-                BlockFormat::Q5_0 => {
-                    let unsigned = _mm256_or_si256(nibbles(block.add(6)), fifth_bits(block.add(2)));
-                    _mm256_sub_epi8(unsigned, _mm256_set1_epi8(16))
-                }
-                BlockFormat::Q5_1 => _mm256_or_si256(nibbles(block.add(8)), fifth_bits(block.add(4))),
+                // Less 16 where the fifth bit is clear.
+                BlockFormat::Q5_0 => _mm256_sub_epi8(
+                    nibbles(block.add(6)),
+                    _mm256_andnot_si256(fifth_bits(block.add(2)), _mm256_set1_epi8(16)),
+                ),
+                BlockFormat::Q5_1 => _mm256_or_si256(
+                    nibbles(block.add(8)),
+                    _mm256_and_si256(fifth_bits(block.add(4)), _mm256_set1_epi8(16)),
+                ),
                 BlockFormat::Iq4Nl => looked_up(&layouts::IQ4_LEVELS, nibbles(block.add(2))),
                 BlockFormat::Mxfp4 => looked_up(&layouts::MXFP4_LEVELS, nibbles(block.add(1))),
                 BlockFormat::Iq4Xs => looked_up(&layouts::IQ4_LEVELS, nibbles(block.add(8 + 16 * run))),
@@ -1175,8 +1218,8 @@ mod x86 {
     /// lanes, on AVX2 (which AVX-512 CPUs have too), run by run:
     /// `vpmaddubsw` of the levels' magnitudes by the inputs' levels with
     /// the levels' signs (`vpsignb`: at most 2 · 128 · 127, no
-    /// saturation), pairs added into i32 by `vpmaddwd` by the run's
-    /// integer scale.
+    /// saturation; Q4_1's and Q5_1's levels, unsigned, as they are),
+    /// pairs added into i32 by `vpmaddwd` by the run's integer scale.
     ///
     /// # Safety
     /// As [`BlockDots::runs`]', on a CPU with AVX2.
@@ -1188,10 +1231,12 @@ mod x86 {
             let whole = std::slice::from_raw_parts(block, F::BYTES);
             for run in 0..F::RUNS {
                 let quants = run_levels(F::FORMAT, block, run);
-                let magnitudes = _mm256_abs_epi8(quants);
+                let unsigned = matches!(F::FORMAT, BlockFormat::Q4_1 | BlockFormat::Q5_1);
+                let magnitudes = if unsigned { quants } else { _mm256_abs_epi8(quants) };
                 let scale = _mm256_set1_epi16(super::run_scale(F::FORMAT, whole, run) as i16);
                 for (sum, levels) in products.iter_mut().zip(levels) {
-                    let signed = _mm256_sign_epi8(_mm256_loadu_si256(levels.add(32 * run).cast()), quants);
+                    let levels = _mm256_loadu_si256(levels.add(32 * run).cast());
+                    let signed = if unsigned { levels } else { _mm256_sign_epi8(levels, quants) };
                     *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), scale));
                 }
             }
@@ -1403,6 +1448,45 @@ mod x86 {
         }
     }
 
+    /// Sixteen i32 lanes, each the sum of its four bytes' products,
+    /// `unsigned` by `signed`: with `VNNI` one `vpdpbusd`, else
+    /// `vpmaddubsw` (no saturation at these levels: at most 2 · 128 · 127)
+    /// and `vpmaddwd` by ones.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 BW, and AVX-512 VNNI when `VNNI`.
+    #[inline(always)]
+    unsafe fn byte_dots<const VNNI: bool>(unsigned: __m512i, signed: __m512i) -> __m512i {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe {
+            if VNNI {
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned, signed)
+            } else {
+                _mm512_madd_epi16(_mm512_maddubs_epi16(unsigned, signed), _mm512_set1_epi16(1))
+            }
+        }
+    }
+
+    /// Eight lanes of `low`, then eight of `high`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[inline(always)]
+    unsafe fn pair_of(low: f32, high: f32) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe { _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(low), _mm512_set1_ps(high)) }
+    }
+
+    /// `−x` lane by lane (the sign bit flipped, as f32 negation does).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[inline(always)]
+    unsafe fn negated(x: __m512) -> __m512 {
+        // SAFETY: as the caller promises (the function's `# Safety`).
+        unsafe { _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN))) }
+    }
+
     /// `vpshufb` controls that fill each 128-bit lane `l` with its i16
     /// word `picks[l]`: a group's scale over the lanes of its products.
     const fn word_picks(picks: [u8; 4]) -> [u8; 64] {
@@ -1435,6 +1519,60 @@ mod x86 {
 
     impl<const VNNI: bool> BlockDots for Avx512<VNNI> {
         in_256_bit_lanes!();
+
+        /// A whole span of blocks of 32 two blocks a register: an even
+        /// block's levels in the low half, the next block's in the high
+        /// half, their sums by `vpdpbusd` (VNNI) or `vpmaddubsw` and
+        /// `vpmaddwd`, scaled and added into sixteen f32 lanes whose low
+        /// half is the even blocks' lanes ([`super::run_span`]'s `into`)
+        /// and whose high half the odd blocks', added at the span's end:
+        /// the same operations, lane by lane, as the 256-bit code.
+        #[inline(always)]
+        unsafe fn runs_span<F: RunFormat, const R: usize>(span: *const u8, rows: Rows<R>, into: &mut [__m256; R]) {
+            if rows.values != SPAN || F::RUNS != 1 {
+                // SAFETY: as the caller promises.
+                return unsafe { super::run_span::<Self, F, R>(span, rows, into) };
+            }
+            // SAFETY: as the caller promises (the trait's `# Safety`).
+            unsafe {
+                let offsets = matches!(F::FORMAT, BlockFormat::Q4_1 | BlockFormat::Q5_1);
+                let mut lanes = [_mm512_setzero_ps(); R];
+                for (lanes, into) in lanes.iter_mut().zip(into.iter()) {
+                    *lanes = _mm512_zextps256_ps512(*into);
+                }
+                for pair in 0..SPAN / 64 {
+                    let (even, odd) = (span.add(F::BYTES * 2 * pair), span.add(F::BYTES * (2 * pair + 1)));
+                    let quants = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(run_levels(F::FORMAT, even, 0)),
+                        run_levels(F::FORMAT, odd, 0),
+                    );
+                    let magnitudes = if offsets { quants } else { _mm512_abs_epi8(quants) };
+                    let negative = _mm512_movepi8_mask(quants);
+                    let scales = pair_of(super::block_scale::<Self, F>(even), super::block_scale::<Self, F>(odd));
+                    // The offsets as mins of `−m`, each scaled as `−(min · step)`.
+                    let mins =
+                        if offsets { pair_of(-Self::half(even, 2), -Self::half(odd, 2)) } else { _mm512_setzero_ps() };
+                    for ((lanes, levels), step) in lanes.iter_mut().zip(rows.levels).zip(rows.steps) {
+                        let levels = _mm512_loadu_si512(levels.add(64 * pair).cast());
+                        let signed = match offsets {
+                            true => levels,
+                            false => _mm512_mask_sub_epi8(levels, negative, _mm512_setzero_si512(), levels),
+                        };
+                        let step = _mm512_set1_ps(step);
+                        let products = _mm512_cvtepi32_ps(byte_dots::<VNNI>(magnitudes, signed));
+                        *lanes = _mm512_fmadd_ps(products, _mm512_mul_ps(scales, step), *lanes);
+                        if offsets {
+                            let sums = _mm512_cvtepi32_ps(byte_dots::<VNNI>(_mm512_set1_epi8(1), levels));
+                            *lanes = _mm512_fmadd_ps(sums, negated(_mm512_mul_ps(mins, step)), *lanes);
+                        }
+                    }
+                }
+                for (into, lanes) in into.iter_mut().zip(lanes) {
+                    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(lanes)));
+                    *into = _mm256_add_ps(_mm512_castps512_ps256(lanes), high);
+                }
+            }
+        }
 
         /// Q5_K's fifth bits: the high-bit bytes in both halves, the
         /// upper shifted one bit further, shifted two bits a chunk.
