@@ -394,26 +394,27 @@ impl BlockDots for Portable {
     unsafe fn runs<F: RunFormat, const R: usize>(block: *const u8, levels: [*const i8; R]) -> [[i32; 8]; R] {
         // SAFETY: as the caller promises, the block is whole.
         let block = unsafe { std::slice::from_raw_parts(block, F::BYTES) };
-        let quants: [i32; SPAN] = std::array::from_fn(|v| match v < 32 * F::RUNS {
-            true => run_scale(F::FORMAT, block, v / 32) * i32::from(layouts::level(F::FORMAT, block, v)),
-            false => 0,
-        });
-        std::array::from_fn(|r| {
-            // SAFETY: as the caller promises, the rows' levels of the block's values.
-            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32 * F::RUNS) };
-            let mut products = [0; 8];
-            for (v, level) in levels.iter().enumerate() {
-                products[lane_of(v)] += quants[v] * i32::from(*level);
+        let mut products = [[0; 8]; R];
+        for run in 0..F::RUNS {
+            let scale = run_scale(F::FORMAT, block, run);
+            let quants: [i32; RUN] =
+                std::array::from_fn(|v| scale * i32::from(layouts::level(F::FORMAT, block, RUN * run + v)));
+            for (products, levels) in products.iter_mut().zip(levels) {
+                // SAFETY: as the caller promises, the rows' levels of the block's values.
+                let levels = unsafe { std::slice::from_raw_parts(levels.add(RUN * run), RUN) };
+                for (v, (q, level)) in quants.iter().zip(levels).enumerate() {
+                    products[lane_of(v)] += q * i32::from(*level);
+                }
             }
-            products
-        })
+        }
+        products
     }
 
     #[inline(always)]
     unsafe fn level_sums<const R: usize>(levels: [*const i8; R]) -> [[i32; 8]; R] {
         std::array::from_fn(|r| {
             // SAFETY: as the caller promises, the rows' 32 levels.
-            let levels = unsafe { std::slice::from_raw_parts(levels[r], 32) };
+            let levels = unsafe { std::slice::from_raw_parts(levels[r], RUN) };
             let mut sums = [0; 8];
             for (v, level) in levels.iter().enumerate() {
                 sums[lane_of(v)] += i32::from(*level);
@@ -587,7 +588,7 @@ impl KQuant for Q6K {
 trait RunFormat {
     const FORMAT: BlockFormat;
     /// Runs in a block (IQ4_XS's eight, else one).
-    const RUNS: usize = Self::FORMAT.block_values() / 32;
+    const RUNS: usize = Self::FORMAT.block_values() / RUN;
     /// Bytes in a block.
     const BYTES: usize = Self::FORMAT.block_bytes();
 }
@@ -632,7 +633,7 @@ unsafe fn run_span<B: BlockDots, F: RunFormat, const R: usize>(
     rows: Rows<R>,
     into: &mut [B::Floats; R],
 ) {
-    let blocks = rows.values / (32 * F::RUNS);
+    let blocks = rows.values / (RUN * F::RUNS);
     // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let mut odd = [B::zero(); R];
@@ -681,7 +682,7 @@ unsafe fn add_run_block<B: BlockDots, F: RunFormat, const R: usize>(
     // SAFETY: as the caller promises (the function's `# Safety`).
     unsafe {
         let at = span.add(F::BYTES * block);
-        let levels = rows.levels.map(|levels| levels.add(32 * F::RUNS * block));
+        let levels = rows.levels.map(|levels| levels.add(RUN * F::RUNS * block));
         let products = B::runs::<F, R>(at, levels);
         let scale = block_scale::<B, F>(at);
         match F::FORMAT {
@@ -895,7 +896,7 @@ pub unsafe fn dot_columns(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{
-        dot_columns_of, layouts, BlockDots, BlockFormat, Columns, KQuant, Operands, Rows, RunFormat, Sums, SPAN,
+        dot_columns_of, layouts, BlockDots, BlockFormat, Columns, KQuant, Operands, Rows, RunFormat, Sums, RUN, SPAN,
         SUM_VALUES,
     };
     use std::arch::x86_64::*;
@@ -1235,7 +1236,7 @@ mod x86 {
                 let magnitudes = if unsigned { quants } else { _mm256_abs_epi8(quants) };
                 let scale = _mm256_set1_epi16(super::run_scale(F::FORMAT, whole, run) as i16);
                 for (sum, levels) in products.iter_mut().zip(levels) {
-                    let levels = _mm256_loadu_si256(levels.add(32 * run).cast());
+                    let levels = _mm256_loadu_si256(levels.add(RUN * run).cast());
                     let signed = if unsigned { levels } else { _mm256_sign_epi8(levels, quants) };
                     *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signed), scale));
                 }
